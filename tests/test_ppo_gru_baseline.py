@@ -1,0 +1,360 @@
+"""Tests for cleanrl_astral/ppo_gru_baseline.py: each would fail if the mechanism it names were wrong."""
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from cleanrl_astral import ppo_gru_baseline as m
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "cleanrl_astral", "ppo_gru_baseline.py")
+TINY = ["--num-envs", "4", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "2", "--hidden-size", "16"]
+
+
+def run(args, **kwargs):
+    return subprocess.run([sys.executable, SCRIPT, *args], cwd=ROOT, capture_output=True, text=True, timeout=300, **kwargs)
+
+
+def scalars(run_dir, tag):
+    acc = EventAccumulator(run_dir, size_guidance={"scalars": 0})
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
+
+
+def rollout(memory="gru", oracle=False, hide_velocity=False, num_envs=8, num_steps=64, iterations=2, seed=0):
+    """A real rollout with an untrained agent; the second one starts from a non-zero GRU state and
+    crosses several episode boundaries (random CartPole episodes last ~20 steps)."""
+    torch.manual_seed(seed)
+    modes = m.resolve_modes("seed3", None)
+    envs = m.make_vector_env(num_envs, modes, hide_velocity)
+    agent = m.Agent(2 if hide_velocity else 4, 2, len(modes), 32, memory, oracle)
+    carry = m.new_carry(envs, agent, seed, "cpu")
+    for _ in range(iterations):
+        batch, initial_state, episodes = m.collect_rollout(agent, envs, carry, num_steps, 0.99, None, "cpu")
+    return agent, batch, initial_state, episodes, carry
+
+
+def zero_state_step(agent, inputs):
+    """The GRU output of every step as if the state entering it were zero."""
+    features = agent.encoder(inputs)
+    flat = features.reshape(-1, features.shape[-1])
+    return agent.gru(flat, torch.zeros_like(flat)).reshape(features.shape)
+
+
+def update_args(**overrides):
+    args = m.Args(num_minibatches=2, update_epochs=2)
+    for k, v in overrides.items():
+        setattr(args, k, v)
+    return args
+
+
+# --- recurrent PPO mechanics -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("memory,oracle", [("gru", False), ("none", False), ("gru", True)])
+def test_first_minibatch_ratio_is_one(memory, oracle):
+    agent, batch, initial_state, _, _ = rollout(memory, oracle)
+    assert initial_state.abs().sum() > 0 and batch["starts"][1:].sum() > 0
+    adv, ret = m.compute_gae(batch["rewards"], batch["values"], batch["starts"], torch.zeros(8), torch.zeros(8), 0.99, 0.95)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=1e-3)
+    stats = m.ppo_update(agent, optimizer, batch, initial_state, adv, ret, update_args())
+    assert stats["first_minibatch_ratio_error"] < 1e-5
+
+
+def test_replay_check_detects_wrong_state_handling():
+    """The ratio check above is sensitive: replaying from a zero state, or ignoring episode starts,
+    changes the log-probs of the rollout."""
+    agent, batch, initial_state, _, _ = rollout("gru")
+    with torch.no_grad():
+        _, right, _, _, _ = agent.get_action_and_value(batch["inputs"], initial_state, batch["starts"], batch["actions"])
+        _, zero_state, _, _, _ = agent.get_action_and_value(batch["inputs"], torch.zeros_like(initial_state), batch["starts"], batch["actions"])
+        _, no_reset, _, _, _ = agent.get_action_and_value(batch["inputs"], initial_state, torch.zeros_like(batch["starts"]), batch["actions"])
+    assert (right - batch["logprobs"]).abs().max() < 1e-5
+    assert (zero_state - batch["logprobs"]).abs().max() > 1e-4
+    assert (no_reset - batch["logprobs"]).abs().max() > 1e-4
+
+
+def test_hidden_state_and_prev_inputs_are_zero_at_episode_starts():
+    agent, batch, initial_state, _, _ = rollout("gru")
+    starts = batch["starts"].bool()
+    inputs = batch["inputs"]
+    prev_action, prev_reward = inputs[..., 4:6], inputs[..., 6]
+    assert starts[1:].sum() > 0
+    assert prev_action[starts].abs().sum() == 0 and prev_reward[starts].abs().sum() == 0
+    # inside an episode: previous reward is CartPole's 1 and the previous action is the one taken
+    assert torch.all(prev_reward[~starts] == 1.0)
+    inside = ~starts[1:]
+    assert torch.equal(prev_action[1:].argmax(-1)[inside], batch["actions"][:-1][inside])
+    assert torch.all(prev_action[~starts].sum(-1) == 1.0)
+    with torch.no_grad():
+        hidden, _ = agent.unroll(inputs, initial_state, batch["starts"])
+        fresh = zero_state_step(agent, inputs)
+    # the state entering a first step is zero: its output equals a fresh zero-state step, and only there
+    assert torch.allclose(hidden[starts], fresh[starts], atol=1e-6)
+    assert (hidden[~starts] - fresh[~starts]).abs().amax(-1).min() > 1e-4
+
+
+def test_memory_none_zeroes_state_every_step():
+    agent, batch, initial_state, _, _ = rollout("none")
+    with torch.no_grad():
+        hidden, _ = agent.unroll(batch["inputs"], initial_state, batch["starts"])
+        fresh = zero_state_step(agent, batch["inputs"])
+    assert torch.allclose(hidden, fresh, atol=1e-6)
+
+
+def test_no_autoreset_transition_enters_the_batch():
+    agent, batch, _, episodes, _ = rollout("gru")
+    obs = batch["inputs"][..., :4]
+    # every stored transition is a real CartPole step: reward 1, and never a terminal observation
+    assert torch.all(batch["raw_rewards"] == 1.0)
+    assert obs[..., 0].abs().max() <= 2.4 and obs[..., 2].abs().max() <= 0.2095
+    # first observations are fresh resets (CartPole samples them in [-0.05, 0.05])
+    assert obs[batch["starts"].bool()].abs().max() <= 0.05
+    # lengths of the episodes that lie wholly inside the batch match the episode log
+    lengths = []
+    for i in range(batch["starts"].shape[1]):
+        idx = torch.nonzero(batch["starts"][:, i]).flatten().tolist()
+        lengths += [b - a for a, b in zip(idx, idx[1:])]
+    logged = sorted(length for _, length, _ in episodes)
+    assert lengths and all(length in logged for length in lengths)
+
+
+def test_rollout_checks_catch_next_step_autoreset():
+    """Negative control: gymnasium's default NEXT_STEP autoreset does leak a fake transition (reward 0),
+    which the check above would catch."""
+    modes = m.resolve_modes("seed3", None)
+    envs = gym.vector.SyncVectorEnv([m.make_env(modes) for _ in range(4)])
+    agent = m.Agent(4, 2, 3, 16)
+    carry = m.new_carry(envs, agent, 0, "cpu")
+    batch, _, _ = m.collect_rollout(agent, envs, carry, 64, 0.99, None, "cpu")
+    assert torch.any(batch["raw_rewards"] == 0.0)
+
+
+def test_truncation_bootstraps_from_the_final_observation():
+    modes = [(9.8, 0.5, 1.0)]
+
+    def make():
+        return m.NonStationaryCartPole(gym.make("CartPole-v1", max_episode_steps=5), modes)
+
+    envs = gym.vector.SyncVectorEnv([make], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    torch.manual_seed(0)
+    agent = m.Agent(4, 2, 1, 16)
+    carry = m.new_carry(envs, agent, 3, "cpu")
+    batch, initial_state, _ = m.collect_rollout(agent, envs, carry, 5, 0.99, None, "cpu")
+    assert torch.all(batch["rewards"][:4] == 1.0)
+    # recompute the final observation by replaying the same actions on an identically seeded env
+    env = make()
+    env.reset(seed=3)
+    for a in batch["actions"][:, 0].tolist():
+        final_obs, *_ = env.step(a)
+    with torch.no_grad():
+        _, state = agent.unroll(batch["inputs"], initial_state, batch["starts"])
+        x = agent.build_input(torch.as_tensor(final_obs)[None], batch["actions"][4], torch.ones(1), torch.zeros(1))
+        v_final = agent.get_value(x[None], state, torch.zeros(1, 1))[0, 0]
+    assert batch["rewards"][4, 0].item() == pytest.approx(1.0 + 0.99 * v_final.item(), abs=1e-5)
+
+
+def test_gae_does_not_bootstrap_across_episode_boundaries():
+    rewards = torch.tensor([[1.0], [2.0], [3.0], [4.0]])
+    values = torch.tensor([[10.0], [20.0], [30.0], [40.0]])
+    starts = torch.tensor([[0.0], [0.0], [1.0], [0.0]])
+    adv, ret = m.compute_gae(rewards, values, starts, torch.tensor([50.0]), torch.tensor([1.0]), 0.5, 1.0)
+    # step 3 and step 1 end episodes: their deltas are r - V, with nothing from the next step
+    assert adv[3, 0] == pytest.approx(4.0 - 40.0)
+    assert adv[1, 0] == pytest.approx(2.0 - 20.0)
+    assert adv[2, 0] == pytest.approx((3.0 + 0.5 * 40.0 - 30.0) + 0.5 * adv[3, 0])
+    assert adv[0, 0] == pytest.approx((1.0 + 0.5 * 20.0 - 10.0) + 0.5 * adv[1, 0])
+    assert torch.allclose(ret, adv + values)
+
+
+# --- environment ---------------------------------------------------------------------------------------
+
+
+def trajectory(mode, actions, seed=0, hide_velocity=False):
+    env = m.make_env(m.MODE_PRESETS["inverted4"], hide_velocity, fixed_mode=mode)()
+    obs, info = env.reset(seed=seed)
+    out = [obs]
+    for a in actions:
+        obs, *_ = env.step(a)
+        out.append(obs)
+    return np.array(out), env
+
+
+def test_each_mode_applies_its_physics():
+    actions = [1, 1, 0, 1, 0, 0, 1, 1]
+    trajs = [trajectory(k, actions)[0] for k in range(4)]
+    for k, (g, l, s) in enumerate(m.MODE_PRESETS["inverted4"]):
+        _, env = trajectory(k, [])
+        cp = env.unwrapped
+        assert (cp.gravity, cp.length, cp.force_mag) == (g, l, s * 10.0)
+        assert cp.polemass_length == pytest.approx(cp.masspole * l)
+    # same start, same actions: the three seed3 physics diverge, and mode 3 equals mode 0 only before a push
+    for a in range(3):
+        for b in range(a + 1, 4):
+            assert not np.allclose(trajs[a][1:], trajs[b][1:])
+    np.testing.assert_allclose(trajs[0][0], trajs[3][0])
+
+
+def test_inverted_mode_pushes_the_other_way():
+    normal, _ = trajectory(0, [1])
+    inverted, _ = trajectory(3, [1])
+    # action 1 pushes right: cart velocity goes up in mode 0 and down in the inverted mode
+    assert normal[1, 1] > normal[0, 1] and inverted[1, 1] < inverted[0, 1]
+
+
+def test_hide_velocity_observes_position_and_angle():
+    full, _ = trajectory(0, [1, 0, 1])
+    hidden, env = trajectory(0, [1, 0, 1], hide_velocity=True)
+    assert env.observation_space.shape == (2,)
+    np.testing.assert_array_equal(hidden, full[:, [0, 2]])
+
+
+def test_mode_resampling():
+    env = m.make_env(m.MODE_PRESETS["seed3"])()
+    starts = [env.reset(seed=s)[1]["mode"] for s in range(30)]
+    assert set(starts) == {0, 1, 2}
+    stay = m.make_env(m.MODE_PRESETS["seed3"], switch_prob=0.0)()
+    switch = m.make_env(m.MODE_PRESETS["seed3"], switch_prob=1.0)()
+    for env, expect_change in ((stay, False), (switch, True)):
+        _, info = env.reset(seed=0)
+        seen = {info["mode"]}
+        for _ in range(8):
+            seen.add(env.step(0)[4]["mode"])
+        assert (len(seen) > 1) == expect_change
+    fixed = m.make_env(m.MODE_PRESETS["seed3"], fixed_mode=2, switch_prob=1.0)()
+    assert {fixed.reset(seed=s)[1]["mode"] for s in range(10)} == {2}
+
+
+def test_parse_modes():
+    assert m.parse_modes("9.8,0.5 7.5,0.7 12.0,0.4 9.8,0.5,-1") == [(9.8, 0.5, 1.0), (7.5, 0.7, 1.0), (12.0, 0.4, 1.0), (9.8, 0.5, -1.0)]
+    for bad in ("9.8", "9.8,0.5,2", "a,b", "9.8,-0.5", ""):
+        with pytest.raises(ValueError):
+            m.parse_modes(bad)
+
+
+# --- script-level behaviour ----------------------------------------------------------------------------
+
+
+def test_smoke_save_evaluate_round_trip(tmp_path):
+    result = run([*TINY, "--total-timesteps", "256", "--runs-dir", str(tmp_path), "--save-model", "--eval-episodes", "2", "--hide-velocity"])
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = glob.glob(str(tmp_path / "*"))
+    model = os.path.join(run_dir, "ppo_gru_baseline.cleanrl_model")
+    report = json.load(open(os.path.join(run_dir, "eval.json")))
+    assert set(report["per_mode"]) == {"0", "1", "2"}
+    assert all(len(report["per_mode"][k]["deterministic"]["returns"]) == 2 for k in "012")
+    # training logged what the benchmark reads, and the replay check held on every update
+    assert scalars(run_dir, "charts/episodic_return") and scalars(run_dir, "charts/episodic_return_mode0")
+    errors = [v for _, v in scalars(run_dir, "debug/first_minibatch_ratio_error")]
+    assert len(errors) == 4 and max(errors) < 1e-5
+    # evaluate() works on a saved file with unseen physics, and never writes to it
+    before = open(model, "rb").read()
+    results = m.evaluate(model, episodes_per_mode=3, modes=[(5.0, 0.9, 1.0), (15.0, 0.3, -1.0)])
+    assert set(results) == {0, 1} and all(len(r) == 3 and np.all(r >= 1) for r in results.values())
+    assert open(model, "rb").read() == before
+
+
+def test_controls_and_tracking_run(tmp_path):
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    for extra in (["--memory", "none"], ["--oracle", "--track"], ["--modes-preset", "inverted4", "--switch-prob", "0.05"]):
+        result = run([*TINY, "--total-timesteps", "128", "--runs-dir", str(tmp_path / extra[-1])] + extra, env=env)
+        assert result.returncode == 0, result.stderr
+        (run_dir,) = glob.glob(str(tmp_path / extra[-1] / "*"))
+        assert max(v for _, v in scalars(run_dir, "debug/first_minibatch_ratio_error")) < 1e-5
+    assert glob.glob(str(tmp_path / "--track" / "*" / "wandb" / "offline-run-*"))
+
+
+def test_capture_video_writes_one_video_per_mode(tmp_path):
+    result = run([*TINY, "--total-timesteps", "64", "--runs-dir", str(tmp_path), "--save-model", "--capture-video", "--eval-episodes", "1"])
+    assert result.returncode == 0, result.stderr
+    videos = sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / "*" / "videos" / "*.mp4")))
+    assert [v.split("-")[0] for v in videos] == ["mode0", "mode1", "mode2"]
+
+
+def test_resume_after_kill_loses_no_finished_update(tmp_path):
+    args = [*TINY, "--total-timesteps", str(64 * 100), "--runs-dir", str(tmp_path), "--checkpoint-every", "1"]
+    proc = subprocess.Popen([sys.executable, SCRIPT, *args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    ckpt_path, iteration = None, 0
+    while time.monotonic() < deadline and iteration < 3:
+        found = glob.glob(str(tmp_path / "*" / "checkpoint.pt"))
+        if found:
+            ckpt_path = found[0]
+            try:
+                iteration = torch.load(ckpt_path, weights_only=True)["iteration"]
+            except FileNotFoundError:
+                pass
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert iteration >= 3, proc.stderr.read().decode()
+    ckpt = m.load_checkpoint(ckpt_path)  # the kill never leaves a half-written checkpoint
+    assert ckpt["iteration"] < 100
+    result = run(["--resume", ckpt_path])
+    assert result.returncode == 0, result.stderr
+    assert f"resumed" in result.stdout
+    final = m.load_checkpoint(ckpt_path)
+    assert final["iteration"] == 100 and final["global_step"] == 64 * 100
+    steps = [s for s, _ in scalars(os.path.dirname(ckpt_path), "charts/SPS")]
+    # every update was logged exactly once across the two processes: none lost, none repeated
+    assert sorted(set(steps)) == list(range(64, 64 * 101, 64))
+
+
+def test_resume_restores_optimizer_and_scaler(tmp_path):
+    result = run([*TINY, "--total-timesteps", "128", "--runs-dir", str(tmp_path), "--checkpoint-every", "1"])
+    assert result.returncode == 0, result.stderr
+    (ckpt_path,) = glob.glob(str(tmp_path / "*" / "checkpoint.pt"))
+    ckpt = m.load_checkpoint(ckpt_path)
+    assert ckpt["optimizer"]["state"] and ckpt["reward_scaler"]["count"] > 1
+    assert ckpt["global_step"] == 128 and ckpt["iteration"] == 2
+
+
+BAD_INPUTS = [
+    (["--num-envs", "6", "--num-minibatches", "4"], "not divisible"),
+    (["--modes-preset", "seed7"], "unknown --modes-preset"),
+    (["--modes", "9.8,0.5 oops"], "malformed mode"),
+    (["--fixed-mode", "3"], "--fixed-mode 3 is out of range"),
+    (["--memory", "lstm"], "unknown --memory"),
+    (["--total-timesteps", "10"], "less than one rollout"),
+    (["--resume", "/nonexistent/checkpoint.pt"], "does not exist"),
+]
+
+
+@pytest.mark.parametrize("flags,message", BAD_INPUTS)
+def test_bad_input_fails_fast_with_one_line(tmp_path, flags, message):
+    result = run([*flags, "--runs-dir", str(tmp_path)])
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and lines[0].startswith("ppo_gru_baseline.py: error:")
+    assert not os.listdir(tmp_path)  # no run directory: nothing started
+
+
+def test_incompatible_checkpoints_are_refused(tmp_path):
+    other = tmp_path / "other.pt"
+    torch.save({"script": "ppo_gru_astral", "format": 1}, other)
+    junk = tmp_path / "junk.pt"
+    junk.write_text("not a checkpoint")
+    for path, message in ((other, "written by ppo_gru_astral"), (junk, "not a readable torch file")):
+        result = run(["--resume", str(path)])
+        assert result.returncode == 2 and message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+        with pytest.raises(ValueError, match=message):
+            m.evaluate(str(path))
+
+
+def test_learning_happens(tmp_path):
+    """Catches a broken learner: a random CartPole policy averages ~22; 30k steps of this PPO must do far better."""
+    result = run(["--total-timesteps", "32768", "--num-envs", "16", "--num-steps", "128", "--runs-dir", str(tmp_path), "--seed", "1"])
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = glob.glob(str(tmp_path / "*"))
+    returns = [v for _, v in scalars(run_dir, "charts/episodic_return")]
+    assert np.mean(returns[:50]) < 40
+    assert np.mean(returns[-50:]) > 100
