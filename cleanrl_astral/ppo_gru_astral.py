@@ -332,9 +332,10 @@ class Agent(nn.Module):
         else:
             keep = 1.0 - starts
         hidden = []
-        for t in range(x.shape[0]):
+        # unbind, not features[t]: indexing makes backward zero-fill a full (T, B, H) gradient at every step
+        for feature_t, keep_t in zip(features.unbind(0), keep.unbind(0)):
             # zero the state where the episode restarted: x[t] is a first step
-            state = self.gru(features[t], state * keep[t].unsqueeze(-1))
+            state = self.gru(feature_t, state * keep_t.unsqueeze(-1))
             hidden.append(state)
         return torch.stack(hidden), state
 
