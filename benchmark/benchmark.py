@@ -1,0 +1,408 @@
+"""Benchmark runner: runs every command x grid point x seed, locally or on a Ray cluster, and never loses a failure.
+
+Each run gets its own runs dir (<output>/runs/<run_key>/, passed as `--runs-dir`), its own log file
+(<output>/logs/<run_key>.attempt<k>.log), one JSON line per attempt in <output>/manifest.jsonl and, once it
+exits 0, a completion marker (<output>/markers/<run_key>.json) that `--resume` uses to skip it.
+
+Usage:
+    python benchmark/benchmark.py --command "python cleanrl_astral/ppo_gru_baseline.py --total-timesteps 500000" \
+        --grid "--modes-preset seed3 inverted4" --num-seeds 3 --workers 2 --output benchmark/out/ppo_gru_baseline
+"""
+
+import argparse
+import concurrent.futures
+import hashlib
+import itertools
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from tqdm import tqdm
+
+
+@dataclass
+class RunSpec:
+    """One expanded run: what to execute and where its files go."""
+
+    run_key: str
+    command_index: int
+    command: str
+    grid_index: int
+    grid: list
+    seed: int
+    argv: list
+    cwd: str
+    runs_dir: str
+    log_dir: str
+    threads: int
+
+
+def parse_grid_spec(spec: str) -> list[list[str]]:
+    """One grid dimension -> its points, each a list of extra argv tokens.
+
+    "--flag v1 v2" gives [[--flag, v1], [--flag, v2]]; "A | B | C" gives the three flag strings as
+    alternatives (for boolean flags or several flags at once; an empty alternative adds nothing).
+    """
+    if "|" in spec:
+        return [shlex.split(alt) for alt in spec.split("|")]
+    tokens = shlex.split(spec)
+    if len(tokens) < 2 or not tokens[0].startswith("-"):
+        raise ValueError(
+            f"grid spec {spec!r} must be '--flag value1 value2 ...' or 'alternative1 | alternative2 | ...'"
+        )
+    return [[tokens[0], value] for value in tokens[1:]]
+
+
+def slug(tokens: list[str], max_len: int = 60) -> str:
+    text = "_".join(t.lstrip("-") for t in tokens) or "base"
+    return re.sub(r"[^A-Za-z0-9._=-]+", "-", text)[:max_len]
+
+
+def expand(
+    commands: list[str],
+    grid_specs: list[str],
+    seeds: list[int],
+    output: str,
+    cwd: str,
+    threads: int = 1,
+) -> list[RunSpec]:
+    """Command x grid x seed, in that nesting order; the grid is the Cartesian product of all grid specs."""
+    dimensions = [parse_grid_spec(spec) for spec in grid_specs]
+    grid_points = [sum(combo, []) for combo in itertools.product(*dimensions)]
+    specs = []
+    for ci, command in enumerate(commands):
+        for gi, point in enumerate(grid_points):
+            for seed in seeds:
+                run_key = f"c{ci}__g{gi}_{slug(point)}__s{seed}"
+                runs_dir = os.path.join(output, "runs", run_key)
+                argv = shlex.split(command) + point + ["--seed", str(seed), "--runs-dir", runs_dir]
+                specs.append(
+                    RunSpec(
+                        run_key=run_key,
+                        command_index=ci,
+                        command=command,
+                        grid_index=gi,
+                        grid=point,
+                        seed=seed,
+                        argv=argv,
+                        cwd=cwd,
+                        runs_dir=runs_dir,
+                        log_dir=os.path.join(output, "logs"),
+                        threads=threads,
+                    )
+                )
+    return specs
+
+
+def command_hash(spec: RunSpec) -> str:
+    return hashlib.sha256(json.dumps(spec.argv).encode()).hexdigest()[:16]
+
+
+# the runs this process is waiting on, so a killed runner can stop them instead of leaving orphans behind
+RUNNING: set = set()
+
+
+def execute(spec: RunSpec, attempt: int) -> dict:
+    """Run one attempt in a subprocess (locally or inside a Ray task) and return its manifest record."""
+    # a retried or resumed run starts from an empty runs dir, so exactly one run subdirectory is left behind
+    shutil.rmtree(spec.runs_dir, ignore_errors=True)
+    os.makedirs(spec.runs_dir, exist_ok=True)
+    os.makedirs(spec.log_dir, exist_ok=True)
+    log_path = os.path.join(spec.log_dir, f"{spec.run_key}.attempt{attempt}.log")
+    env = dict(os.environ, OMP_NUM_THREADS=str(spec.threads), MKL_NUM_THREADS=str(spec.threads))
+    started = time.time()
+    with open(log_path, "w") as log:
+        log.write(f"# {shlex.join(spec.argv)}\n# cwd: {spec.cwd}\n# host: {socket.gethostname()}\n")
+        log.flush()
+        try:
+            proc = subprocess.Popen(
+                spec.argv, cwd=spec.cwd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+            RUNNING.add(proc)
+            try:
+                exit_code = proc.wait()
+            finally:
+                RUNNING.discard(proc)
+        except OSError as e:
+            log.write(f"benchmark.py: could not start the command: {e}\n")
+            exit_code = 127
+    wall_time = time.time() - started
+    run_subdirs = sorted(d for d in os.listdir(spec.runs_dir) if os.path.isdir(os.path.join(spec.runs_dir, d)))
+    return {
+        "run_key": spec.run_key,
+        "command_index": spec.command_index,
+        "command": spec.command,
+        "grid_index": spec.grid_index,
+        "grid": shlex.join(spec.grid),
+        "seed": spec.seed,
+        "argv": spec.argv,
+        "full_command": shlex.join(spec.argv),
+        "command_hash": command_hash(spec),
+        "cwd": spec.cwd,
+        "runs_dir": spec.runs_dir,
+        "run_dirs": [os.path.join(spec.runs_dir, d) for d in run_subdirs],
+        "log_path": log_path,
+        "attempt": attempt,
+        "exit_code": exit_code,
+        "wall_time_s": round(wall_time, 3),
+        "started_at": started,
+        "host": socket.gethostname(),
+    }
+
+
+def failed_record(spec: RunSpec, attempt: int, error: str) -> dict:
+    """Manifest record of an attempt whose task raised instead of returning (no exit code, no wall time)."""
+    return {
+        "run_key": spec.run_key, "command_index": spec.command_index, "command": spec.command,
+        "grid_index": spec.grid_index, "grid": shlex.join(spec.grid), "seed": spec.seed, "argv": spec.argv,
+        "full_command": shlex.join(spec.argv), "command_hash": command_hash(spec), "cwd": spec.cwd,
+        "runs_dir": spec.runs_dir, "run_dirs": [],
+        "log_path": os.path.join(spec.log_dir, f"{spec.run_key}.attempt{attempt}.log"),
+        "attempt": attempt, "exit_code": -1, "wall_time_s": None, "started_at": None, "host": None, "error": error,
+    }
+
+
+def marker_path(output: str, run_key: str) -> str:
+    return os.path.join(output, "markers", f"{run_key}.json")
+
+
+def is_complete(output: str, spec: RunSpec) -> bool:
+    """A run counts as done only if its marker exists and was written for exactly this command line."""
+    try:
+        with open(marker_path(output, spec.run_key)) as f:
+            return json.load(f).get("command_hash") == command_hash(spec)
+    except (OSError, json.JSONDecodeError):
+        return False
+
+
+def write_atomic(path: str, text: str) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+class LocalBackend:
+    """A pool of worker threads, each waiting on one subprocess at a time: at most `workers` runs at once."""
+
+    def __init__(self, workers: int):
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers)
+
+    def submit(self, spec: RunSpec, attempt: int) -> concurrent.futures.Future:
+        return self.pool.submit(execute, spec, attempt)
+
+    def shutdown(self):
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        for proc in list(RUNNING):
+            proc.terminate()
+        for proc in list(RUNNING):
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+class RayUnavailable(RuntimeError):
+    pass
+
+
+class RayBackend:
+    """Each run is a Ray task reserving `cpus_per_run` CPUs; Ray's scheduler spreads them over the cluster."""
+
+    def __init__(self, address: str | None, cpus_per_run: float, local_num_cpus: int | None):
+        try:
+            import ray
+        except ImportError as e:
+            raise RayUnavailable(f"ray is not installed ({e}); pip install ray, or use --backend local") from e
+        self.ray = ray
+        if not ray.is_initialized():
+            try:
+                if address:
+                    ray.init(address=address, include_dashboard=False, log_to_driver=False)
+                else:
+                    ray.init(num_cpus=local_num_cpus, include_dashboard=False, log_to_driver=False)
+            except Exception as e:
+                where = f"connect to the Ray cluster at {address}" if address else "start a local Ray instance"
+                raise RayUnavailable(f"could not {where}: {type(e).__name__}: {e}") from e
+        # a failing command is a result, not a crash: Ray must not silently re-run it
+        self.remote_execute = ray.remote(num_cpus=cpus_per_run, max_retries=0)(execute)
+
+    def submit(self, spec: RunSpec, attempt: int) -> concurrent.futures.Future:
+        return self.remote_execute.remote(spec, attempt).future()
+
+    def shutdown(self):
+        self.ray.shutdown()
+
+
+def previous_attempts(spec: RunSpec) -> int:
+    """Attempts an earlier invocation made (one log each, killed ones too), so numbering continues after them."""
+    pattern = re.compile(re.escape(spec.run_key) + r"\.attempt(\d+)\.log$")
+    if not os.path.isdir(spec.log_dir):
+        return 0
+    return max((int(m.group(1)) for m in map(pattern.match, os.listdir(spec.log_dir)) if m), default=0)
+
+
+def run_sweep(specs: list[RunSpec], backend, output: str, retries: int, show_progress: bool = True) -> list[dict]:
+    """Run all specs, re-submitting failures up to `retries` times; returns the final record of every run."""
+    manifest = os.path.join(output, "manifest.jsonl")
+    final = {}
+    pending, attempt_of, tries = {}, {}, {}
+
+    def submit(spec, attempt):
+        future = backend.submit(spec, attempt)
+        pending[future], attempt_of[future] = spec, attempt
+        tries[spec.run_key] = tries.get(spec.run_key, 0) + 1
+
+    for spec in specs:
+        submit(spec, previous_attempts(spec) + 1)
+    progress = tqdm(total=len(specs), desc="runs", unit="run", disable=not show_progress, file=sys.stderr)
+    try:
+        while pending:
+            done, _ = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
+            for future in done:
+                spec, attempt = pending.pop(future), attempt_of.pop(future)
+                try:
+                    record = future.result()
+                except Exception as e:
+                    # the task itself broke (e.g. a Ray worker or node died): a failed attempt, not a crash
+                    record = failed_record(spec, attempt, f"{type(e).__name__}: {e}")
+                with open(manifest, "a") as f:
+                    f.write(json.dumps(record) + "\n")
+                if record["exit_code"] == 0:
+                    write_atomic(marker_path(output, spec.run_key), json.dumps(record))
+                elif tries[spec.run_key] <= retries:
+                    progress.write(
+                        f"benchmark.py: {spec.run_key} failed (exit code {record['exit_code']}, log {record['log_path']}); "
+                        f"retry {tries[spec.run_key]}/{retries}"
+                    )
+                    submit(spec, attempt + 1)
+                    continue
+                final[spec.run_key] = record
+                progress.update(1)
+                progress.set_postfix(failed=sum(r["exit_code"] != 0 for r in final.values()))
+    finally:
+        progress.close()
+    return [final[spec.run_key] for spec in specs]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        prog="benchmark.py",
+        description="Run commands x grid points x seeds and record every run (see docs/benchmark.md).",
+    )
+    p.add_argument("--command", nargs="+", action="extend", required=True,
+                   help="command(s) to benchmark; each is run with '--seed N --runs-dir DIR' and the grid flags appended")
+    p.add_argument("--env-ids", nargs="+", default=[],
+                   help="shorthand for a grid dimension over --env-id (CleanRL compatible)")
+    p.add_argument("--grid", nargs="+", action="extend", default=[],
+                   help="grid dimension(s): '--flag v1 v2' or 'alt1 | alt2' (several specs form a Cartesian product; "
+                        "write --grid=--flag when a spec has no space)")
+    p.add_argument("--num-seeds", type=int, default=3, help="number of seeds per command and grid point")
+    p.add_argument("--start-seed", type=int, default=1, help="first seed; seeds are start-seed .. start-seed+num-seeds-1")
+    p.add_argument("--workers", type=int, default=1, help="local backend: runs at the same time")
+    p.add_argument("--threads-per-run", type=int, default=1, help="OMP_NUM_THREADS/MKL_NUM_THREADS set for every run")
+    p.add_argument("--retries", type=int, default=0, help="re-run a failed run up to this many more times")
+    p.add_argument("--resume", action="store_true",
+                   help="skip runs whose completion marker exists for the same command line")
+    p.add_argument("--dry-run", action="store_true", help="print the expanded commands and exit")
+    p.add_argument("--output", default="benchmark/out/sweep",
+                   help="sweep directory: runs/, logs/, markers/ and manifest.jsonl go here")
+    p.add_argument("--cwd", default=os.getcwd(),
+                   help="working directory of every run (on a Ray cluster it must exist on every node)")
+    p.add_argument("--backend", choices=["local", "ray"], default="local", help="where runs execute")
+    p.add_argument("--ray-address", default=None,
+                   help="ray backend: 'auto' or HOST:PORT of a running cluster; unset starts a local Ray instance")
+    p.add_argument("--cpus-per-run", type=float, default=1.0, help="ray backend: CPUs reserved by each run")
+    p.add_argument("--ray-num-cpus", type=int, default=None,
+                   help="ray backend without --ray-address: CPUs of the local Ray instance (default: all)")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    args = p.parse_args(argv)
+    errors = []
+    if args.num_seeds < 1:
+        errors.append("--num-seeds must be >= 1")
+    if args.workers < 1:
+        errors.append("--workers must be >= 1")
+    if args.retries < 0:
+        errors.append("--retries must be >= 0")
+    if args.threads_per_run < 1:
+        errors.append("--threads-per-run must be >= 1")
+    if args.cpus_per_run <= 0:
+        errors.append("--cpus-per-run must be > 0")
+    if args.ray_address and args.backend != "ray":
+        errors.append("--ray-address needs --backend ray")
+    if any(not c.strip() for c in args.command):
+        errors.append("--command must not be empty")
+    if args.env_ids:
+        args.grid = ["--env-id " + " ".join(shlex.quote(e) for e in args.env_ids)] + args.grid
+    for spec in args.grid:
+        try:
+            parse_grid_spec(spec)
+        except ValueError as e:
+            errors.append(str(e))
+    if errors:
+        print(f"benchmark.py: error: {errors[0]}", file=sys.stderr)
+        sys.exit(2)
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    output = os.path.abspath(args.output)
+    seeds = list(range(args.start_seed, args.start_seed + args.num_seeds))
+    specs = expand(args.command, args.grid, seeds, output, os.path.abspath(args.cwd), args.threads_per_run)
+    keys = [s.run_key for s in specs]
+    if len(set(keys)) != len(keys):
+        print("benchmark.py: error: the grid expands to duplicate runs; remove repeated grid values", file=sys.stderr)
+        return 2
+
+    if args.dry_run:
+        for spec in specs:
+            print(f"{shlex.join(spec.argv)}  # {spec.run_key}")
+        print(f"{len(specs)} runs ({len(args.command)} commands x {len(specs) // len(args.command) // len(seeds)} "
+              f"grid points x {len(seeds)} seeds)", file=sys.stderr)
+        return 0
+
+    os.makedirs(output, exist_ok=True)
+    todo = [s for s in specs if not (args.resume and is_complete(output, s))]
+    if len(todo) < len(specs):
+        print(f"benchmark.py: --resume: skipping {len(specs) - len(todo)} completed runs", file=sys.stderr)
+    if not todo:
+        print("benchmark.py: nothing to do: every run is complete", file=sys.stderr)
+        return 0
+
+    if args.backend == "ray":
+        try:
+            backend = RayBackend(args.ray_address, args.cpus_per_run, args.ray_num_cpus)
+        except RayUnavailable as e:
+            print(f"benchmark.py: error: {e}", file=sys.stderr)
+            return 3
+    else:
+        backend = LocalBackend(args.workers)
+    # a killed runner (SIGTERM) unwinds like Ctrl-C: running commands are stopped and get no completion marker
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        records = run_sweep(todo, backend, output, args.retries, show_progress=not args.no_progress)
+    finally:
+        backend.shutdown()
+
+    failed = [r for r in records if r["exit_code"] != 0]
+    print(f"benchmark.py: {len(records) - len(failed)} of {len(records)} runs succeeded; "
+          f"manifest: {os.path.join(output, 'manifest.jsonl')}", file=sys.stderr)
+    for r in failed:
+        print(f"benchmark.py: FAILED {r['run_key']} (exit code {r['exit_code']}, attempt {r['attempt']}): "
+              f"{r['full_command']}\n    log: {r['log_path']}" + (f"\n    error: {r['error']}" if r.get("error") else ""),
+              file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,389 @@
+"""Benchmark report: tables (markdown + CSV) and learning-curve plots from sweeps written by benchmark.py.
+
+Reads each sweep's manifest.jsonl, every run's TensorBoard events (with tbparse) and eval.json, and aggregates over
+seeds per method (command) and grid point: mean, std and 95% CI (Student t) of
+- the final return: mean of the last 100 logged `charts/episodic_return` values (and per mode,
+  `charts/episodic_return_mode{k}`),
+- the evaluation results in eval.json (deterministic / sampled per mode for the CartPole scripts, any numbers otherwise),
+- the wall time (from the manifest) and SPS (last `charts/SPS` value).
+
+Usage:
+    python benchmark/report.py --sweep benchmark/out/ppo_gru_baseline --output docs/results/ppo_gru_baseline \
+        --labels 0=ppo_gru 1=sb3_ppo
+"""
+
+import argparse
+import glob
+import json
+import os
+import re
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from scipy import stats  # noqa: E402
+from tbparse import SummaryReader  # noqa: E402
+
+RETURN_TAG = "charts/episodic_return"
+MODE_TAG = re.compile(r"^charts/episodic_return_mode(\d+)$")
+SPS_TAG = "charts/SPS"
+
+# metric column -> header of the main table, in this order
+MAIN_METRICS = {
+    "final_return": "Final return (last {n} ep.)",
+    "eval_deterministic_mean": "Eval return (deterministic)",
+    "eval_sampled_mean": "Eval return (sampled)",
+    "wall_time_s": "Wall time (s)",
+    "sps": "SPS",
+}
+
+
+def load_manifest(sweep_dir: str) -> list[dict]:
+    """The last attempt of every run in the sweep (a retried run has one manifest line per attempt)."""
+    path = os.path.join(sweep_dir, "manifest.jsonl")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path} does not exist: run benchmark/benchmark.py --output {sweep_dir} first")
+    latest = {}
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                record = json.loads(line)
+                latest[record["run_key"]] = record
+    return list(latest.values())
+
+
+def default_label(command: str) -> str:
+    """'python cleanrl_astral/ppo.py --x 1' -> 'ppo.py --x 1': the script and its own flags, no interpreter."""
+    tokens = command.split()
+    for i, token in enumerate(tokens):
+        if token.endswith(".py"):
+            return " ".join([os.path.basename(token)] + tokens[i + 1 :])
+    return command
+
+
+def read_scalars(run_dir: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """tag -> (steps, values) in logging order for every scalar tag of the run's TensorBoard events."""
+    df = SummaryReader(run_dir, extra_columns={"wall_time"}).scalars
+    out = {}
+    if df is None or len(df) == 0:
+        return out
+    for tag, group in df.groupby("tag", sort=False):
+        group = group.sort_values(["wall_time", "step"], kind="stable")
+        out[tag] = (group["step"].to_numpy(dtype=float), group["value"].to_numpy(dtype=float))
+    return out
+
+
+def flatten_eval(data: dict) -> dict[str, float]:
+    """eval.json -> flat numeric columns named eval_*.
+
+    The CartPole format (per_mode with deterministic/sampled) gives eval_deterministic_mean, eval_sampled_mean and
+    eval_deterministic_mode{k} / eval_sampled_mode{k}; any other format gives its numeric scalars and one level of
+    nested dicts of numbers (eval_<key> and eval_<key>.<subkey>).
+    """
+    out = {}
+    if isinstance(data.get("per_mode"), dict):
+        for mode, results in sorted(data["per_mode"].items(), key=lambda kv: int(kv[0])):
+            for kind in ("deterministic", "sampled"):
+                if isinstance(results.get(kind), dict) and "mean" in results[kind]:
+                    out[f"eval_{kind}_mode{int(mode)}"] = float(results[kind]["mean"])
+        for kind in ("deterministic", "sampled"):
+            if isinstance(data.get(f"{kind}_mean"), (int, float)):
+                out[f"eval_{kind}_mean"] = float(data[f"{kind}_mean"])
+        return out
+    for key, value in data.items():
+        if isinstance(value, bool):
+            out[f"eval_{key}"] = float(value)
+        elif isinstance(value, (int, float)):
+            out[f"eval_{key}"] = float(value)
+        elif isinstance(value, dict):
+            for sub, v in value.items():
+                if isinstance(v, (int, float)):
+                    out[f"eval_{key}.{sub}"] = float(v)
+    return out
+
+
+def read_run(record: dict, last_n: int) -> tuple[dict, dict, list[str]]:
+    """One run -> (metrics, learning curves {tag: (steps, values)}, warnings)."""
+    problems = []
+    metrics = {"wall_time_s": float(record["wall_time_s"])}
+    run_dirs = record.get("run_dirs") or []
+    if not run_dirs:
+        return metrics, {}, [f"{record['run_key']}: no run directory under {record['runs_dir']}"]
+    if len(run_dirs) > 1:
+        problems.append(f"{record['run_key']}: {len(run_dirs)} run directories, using {run_dirs[-1]}")
+    run_dir = run_dirs[-1]
+    scalars = read_scalars(run_dir)
+    curves = {tag: sv for tag, sv in scalars.items() if tag == RETURN_TAG or MODE_TAG.match(tag)}
+    if RETURN_TAG not in scalars:
+        problems.append(f"{record['run_key']}: no {RETURN_TAG} events in {run_dir}")
+    for tag, (_, values) in curves.items():
+        m = MODE_TAG.match(tag)
+        name = f"final_return_mode{m.group(1)}" if m else "final_return"
+        metrics[name] = float(np.mean(values[-last_n:]))
+    if SPS_TAG in scalars:
+        metrics["sps"] = float(scalars[SPS_TAG][1][-1])
+    eval_path = os.path.join(run_dir, "eval.json")
+    if os.path.exists(eval_path):
+        with open(eval_path) as f:
+            metrics.update(flatten_eval(json.load(f)))
+    return metrics, curves, problems
+
+
+def mode_key(name: str) -> tuple:
+    m = re.search(r"_mode(\d+)$", name)
+    return (name[: m.start()], int(m.group(1))) if m else (name, -1)
+
+
+def aggregate(values: list[float]) -> dict:
+    """mean, sample std and 95% Student-t confidence interval of the mean over seeds."""
+    x = np.asarray([v for v in values if v is not None and np.isfinite(v)], dtype=float)
+    n = len(x)
+    if n == 0:
+        return {"n": 0, "mean": np.nan, "std": np.nan, "ci95_low": np.nan, "ci95_high": np.nan}
+    mean = float(x.mean())
+    if n == 1:
+        return {"n": 1, "mean": mean, "std": np.nan, "ci95_low": np.nan, "ci95_high": np.nan}
+    std = float(x.std(ddof=1))
+    half = float(stats.t.ppf(0.975, n - 1) * std / np.sqrt(n))
+    return {"n": n, "mean": mean, "std": std, "ci95_low": mean - half, "ci95_high": mean + half}
+
+
+def fmt(x: float) -> str:
+    if x is None or not np.isfinite(x):
+        return "–"
+    return f"{x:.1f}" if abs(x) >= 10 else f"{x:.3g}"
+
+
+def cell(agg: dict) -> str:
+    if agg["n"] == 0:
+        return "–"
+    if agg["n"] == 1:
+        return f"{fmt(agg['mean'])} (1 seed)"
+    return f"{fmt(agg['mean'])} ± {fmt(agg['std'])} [{fmt(agg['ci95_low'])}, {fmt(agg['ci95_high'])}]"
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def mean_std_curve(runs: list[tuple[np.ndarray, np.ndarray]], smooth: int, points: int = 200):
+    """Smooth each seed's episodes with a running mean, interpolate onto a common step grid, then mean and std.
+
+    The grid stops at the earliest last step over seeds so that no seed's curve is extrapolated.
+    """
+    runs = [(s, v) for s, v in runs if len(s) > 0]
+    if not runs:
+        return None
+    lo = max(s[0] for s, _ in runs)
+    hi = min(s[-1] for s, _ in runs)
+    if hi <= lo:
+        hi = lo + 1
+    grid = np.linspace(lo, hi, points)
+    curves = []
+    for steps, values in runs:
+        smoothed = pd.Series(values).rolling(smooth, min_periods=1).mean().to_numpy()
+        curves.append(np.interp(grid, steps, smoothed))
+    curves = np.stack(curves)
+    return grid, curves.mean(0), curves.std(0)
+
+
+def plot_curves(groups: dict, tag: str, path: str, title: str, smooth: int) -> bool:
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    drawn = False
+    for name, group in groups.items():
+        result = mean_std_curve([g["curves"][tag] for g in group if tag in g["curves"]], smooth)
+        if result is None:
+            continue
+        grid, mean, std = result
+        n = sum(tag in g["curves"] for g in group)
+        line = ax.plot(grid, mean, label=f"{name} (n={n})")[0]
+        ax.fill_between(grid, mean - std, mean + std, color=line.get_color(), alpha=0.2)
+        drawn = True
+    if drawn:
+        ax.set_xlabel("global step")
+        ax.set_ylabel(f"episodic return (running mean of {smooth} ep.)")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return drawn
+
+
+def parse_labels(items: list[str]) -> dict:
+    """INDEX=NAME names the INDEX-th command across the sweeps; TEXT=NAME names every command containing TEXT
+    (the first such label given wins, so put specific ones such as 'memory none=...' before general ones)."""
+    labels = {}
+    for item in items:
+        key, sep, name = item.rpartition("=")
+        if not sep or not key.strip() or not name.strip():
+            raise ValueError(f"label {item!r} must look like INDEX=NAME or TEXT=NAME, e.g. 0=ppo_gru or 'oracle=ppo_gru_oracle'")
+        labels[int(key) if key.strip().isdigit() else key.strip()] = name.strip()
+    return labels
+
+
+def label_for(labels: dict, command_id: int, command: str) -> str:
+    if command_id in labels:
+        return labels[command_id]
+    for key, name in labels.items():
+        if isinstance(key, str) and key in command:
+            return name
+    return default_label(command)
+
+
+def build_report(sweeps: list[str], output: str, labels: dict, last_n: int = 100, smooth: int = 20,
+                 title: str = "Benchmark") -> dict:
+    """Write report.md, summary.csv, runs.csv and learning-curve PNGs to `output`; return what was written."""
+    os.makedirs(output, exist_ok=True)
+    records, command_ids = [], {}
+    for sweep in sweeps:
+        for record in load_manifest(sweep):
+            # commands are numbered across sweeps in the order given, so labels can name each of them
+            command_ids.setdefault((sweep, record["command_index"]), None)
+            records.append((sweep, record))
+    for i, key in enumerate(sorted(command_ids, key=lambda k: (sweeps.index(k[0]), k[1]))):
+        command_ids[key] = i
+
+    rows, problems, failed = [], [], []
+    groups: dict[str, list] = {}
+    for sweep, record in sorted(records, key=lambda sr: (sweeps.index(sr[0]), sr[1]["command_index"],
+                                                         sr[1]["grid_index"], sr[1]["seed"])):
+        cid = command_ids[(sweep, record["command_index"])]
+        method = label_for(labels, cid, record["command"])
+        if record["exit_code"] != 0:
+            failed.append(record)
+            continue
+        metrics, curves, issues = read_run(record, last_n)
+        problems += issues
+        grid = (" ".join(record["grid"]) if isinstance(record["grid"], list) else str(record["grid"])) or "–"
+        rows.append({"method": method, "grid": grid, "seed": record["seed"], "run_key": record["run_key"],
+                     "run_dir": (record.get("run_dirs") or [""])[-1], **metrics})
+        groups.setdefault((method, grid), []).append({"row": rows[-1], "curves": curves,
+                                                      "run_dir": (record.get("run_dirs") or [None])[-1]})
+
+    runs_df = pd.DataFrame(rows)
+    metric_cols = [c for c in runs_df.columns if c not in ("method", "grid", "seed", "run_key", "run_dir")]
+    summary_rows, aggregates = [], {}
+    for (method, grid), group in groups.items():
+        seeds = [g["row"]["seed"] for g in group]
+        summary = {"method": method, "grid": grid, "n_seeds": len(seeds), "seeds": " ".join(map(str, seeds))}
+        for col in sorted(metric_cols):
+            agg = aggregate([g["row"].get(col) for g in group if g["row"].get(col) is not None])
+            aggregates[(method, grid, col)] = agg
+            for key in ("mean", "std", "ci95_low", "ci95_high"):
+                summary[f"{col}__{key}"] = agg[key]
+        summary_rows.append(summary)
+    runs_path, summary_path = os.path.join(output, "runs.csv"), os.path.join(output, "summary.csv")
+    runs_df.to_csv(runs_path, index=False)
+    pd.DataFrame(summary_rows).to_csv(summary_path, index=False)
+
+    def agg_cell(method, grid, col):
+        agg = aggregates.get((method, grid, col))
+        return cell(agg) if agg else "–"
+
+    lines = [f"# {title}", "",
+             f"Each cell: mean ± std [95% CI of the mean, Student t] over seeds. Final return = mean of the last {last_n} "
+             "logged episodic returns of a run; eval returns from its eval.json; wall time from the sweep manifest; "
+             "SPS = last logged charts/SPS.", ""]
+    main_cols = [c for c in MAIN_METRICS if c in metric_cols]
+    header = ["Method", "Grid", "Seeds"] + [MAIN_METRICS[c].format(n=last_n) for c in main_cols]
+    lines.append(markdown_table(header, [[m, g, str(len(grp))] + [agg_cell(m, g, c) for c in main_cols]
+                                         for (m, g), grp in groups.items()]))
+
+    mode_cols = sorted({c for c in metric_cols if re.search(r"_mode\d+$", c)}, key=mode_key)
+    modes = sorted({mode_key(c)[1] for c in mode_cols})
+    if modes:
+        kinds = [("final_return", f"Final return (last {last_n} ep. of the mode)"),
+                 ("eval_deterministic", "Eval return (deterministic)"), ("eval_sampled", "Eval return (sampled)")]
+        kinds = [(k, h) for k, h in kinds if any(c.startswith(k + "_mode") for c in mode_cols)]
+        table = []
+        for (m, g) in groups:
+            for k in modes:
+                table.append([m, g, str(k)] + [agg_cell(m, g, f"{kind}_mode{k}") for kind, _ in kinds])
+        lines += ["", "## Per mode", "", markdown_table(["Method", "Grid", "Mode"] + [h for _, h in kinds], table)]
+
+    other_cols = [c for c in sorted(metric_cols) if c not in main_cols and c not in mode_cols]
+    if other_cols:
+        lines += ["", "## Other evaluation metrics", "",
+                  markdown_table(["Method", "Grid"] + other_cols,
+                                 [[m, g] + [agg_cell(m, g, c) for c in other_cols] for (m, g) in groups])]
+
+    plots = []
+    curve_tags = sorted({tag for grp in groups.values() for g in grp for tag in g["curves"]},
+                        key=lambda t: (t != RETURN_TAG, int(MODE_TAG.match(t).group(1)) if MODE_TAG.match(t) else -1))
+    named = {(m if g == "–" else f"{m} {g}"): grp for (m, g), grp in groups.items()}
+    for tag in curve_tags:
+        m = MODE_TAG.match(tag)
+        name = f"learning_curve_mode{m.group(1)}.png" if m else "learning_curve.png"
+        if plot_curves(named, tag, os.path.join(output, name), f"{title}: {tag}", smooth):
+            plots.append(name)
+    if plots:
+        lines += ["", "## Learning curves", "", f"Mean ± std over seeds of the running mean of {smooth} episodes.", ""]
+        lines += [f"![{name}]({name})" for name in plots]
+
+    # figures the runs drew themselves (heatmaps, adaptation curves) are linked, not redrawn
+    linked = []
+    for (m, g), grp in groups.items():
+        for entry in grp:
+            if entry["run_dir"]:
+                for png in sorted(glob.glob(os.path.join(entry["run_dir"], "*.png"))):
+                    linked.append(f"- {m} {g} seed {entry['row']['seed']}: [{os.path.basename(png)}]"
+                                  f"({os.path.relpath(png, output)})")
+    if linked:
+        lines += ["", "## Figures written by the runs", ""] + linked
+    if failed:
+        lines += ["", "## Failed runs", ""]
+        lines += [f"- `{r['run_key']}` exit code {r['exit_code']}: `{r['command']}` (log: {r.get('log_path', '?')})"
+                  for r in failed]
+    if problems:
+        lines += ["", "## Warnings", ""] + [f"- {p}" for p in problems]
+    report_path = os.path.join(output, "report.md")
+    with open(report_path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return {"report": report_path, "summary": summary_path, "runs": runs_path, "plots": plots,
+            "problems": problems, "failed": failed}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="report.py", description="Tables and plots from benchmark.py sweeps.")
+    p.add_argument("--sweep", nargs="+", required=True, help="sweep directories (benchmark.py --output)")
+    p.add_argument("--output", required=True, help="where report.md, summary.csv, runs.csv and the PNGs go")
+    p.add_argument("--labels", nargs="+", default=[],
+                   help="INDEX=NAME (commands numbered from 0 across the sweeps in order) or TEXT=NAME (commands containing TEXT; first match wins)")
+    p.add_argument("--last-n", type=int, default=100, help="final return = mean of the last N logged episodes")
+    p.add_argument("--smooth", type=int, default=20, help="running-mean window (episodes) of the plotted curves")
+    p.add_argument("--title", default=None, help="report title (default: the output directory's name)")
+    args = p.parse_args(argv)
+    try:
+        labels = parse_labels(args.labels)
+    except ValueError as e:
+        print(f"report.py: error: {e}", file=sys.stderr)
+        return 2
+    if args.last_n < 1 or args.smooth < 1:
+        print("report.py: error: --last-n and --smooth must be >= 1", file=sys.stderr)
+        return 2
+    missing = [s for s in args.sweep if not os.path.exists(os.path.join(s, "manifest.jsonl"))]
+    if missing:
+        print(f"report.py: error: {missing[0]}/manifest.jsonl does not exist; run benchmark/benchmark.py "
+              f"--output {missing[0]} first", file=sys.stderr)
+        return 2
+    title = args.title or os.path.basename(os.path.normpath(args.output))
+    result = build_report(args.sweep, args.output, labels, args.last_n, args.smooth, title)
+    print(f"report.py: wrote {result['report']}, {result['summary']}, {result['runs']} and "
+          f"{len(result['plots'])} plot(s)", file=sys.stderr)
+    for problem in result["problems"]:
+        print(f"report.py: warning: {problem}", file=sys.stderr)
+    if result["failed"]:
+        print(f"report.py: warning: {len(result['failed'])} failed run(s) left out of the tables", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,369 @@
+"""Tests of benchmark/: the runner (expansion, dry run, failures, retries, resume, Ray backend), the report on a
+real tiny run, and the SB3 peers' copy of the NonStationaryCartPole environment."""
+import importlib.util
+import inspect
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCHMARK = os.path.join(REPO, "benchmark", "benchmark.py")
+REPORT = os.path.join(REPO, "benchmark", "report.py")
+SB3_PEERS = os.path.join(REPO, "benchmark", "sb3_peers.py")
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+
+def load(path):
+    """benchmark/ is a folder of scripts, not a package: import one by path."""
+    name = "_benchmark_" + os.path.splitext(os.path.basename(path))[0]
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # inspect.getsource looks classes up here
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def run_benchmark(*args, cwd=REPO):
+    return subprocess.run([sys.executable, BENCHMARK, "--no-progress", *args], cwd=cwd, capture_output=True, text=True)
+
+
+def manifest(out):
+    with open(os.path.join(out, "manifest.jsonl")) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+@pytest.fixture
+def bench():
+    return load(BENCHMARK)
+
+
+def write_script(path, body):
+    path.write_text("import argparse, os, sys\n"
+                    "p = argparse.ArgumentParser(); p.add_argument('--seed', type=int); p.add_argument('--runs-dir')\n"
+                    "p.add_argument('--tag', default='')\n"
+                    "a = p.parse_args()\n" + body)
+    return path
+
+
+# RUNNER
+def test_expand_command_grid_seeds(bench, tmp_path):
+    specs = bench.expand(["python a.py --x 1", "python b.py"], ["--lr 1 2 3", "--hide | "], [5, 6], str(tmp_path), REPO)
+    assert len(specs) == 2 * 3 * 2 * 2
+    assert len({s.run_key for s in specs}) == len(specs)
+    assert len({s.runs_dir for s in specs}) == len(specs)
+    by_key = {(s.command_index, tuple(s.grid), s.seed): s for s in specs}
+    s = by_key[(0, ("--lr", "2", "--hide"), 6)]
+    assert s.argv == ["python", "a.py", "--x", "1", "--lr", "2", "--hide", "--seed", "6", "--runs-dir", s.runs_dir]
+    assert s.runs_dir == os.path.join(str(tmp_path), "runs", s.run_key)
+    assert by_key[(1, ("--lr", "3"), 5)].argv[:4] == ["python", "b.py", "--lr", "3"]
+    assert bench.parse_grid_spec("--modes-preset seed3 inverted4") == [["--modes-preset", "seed3"], ["--modes-preset", "inverted4"]]
+    with pytest.raises(ValueError):
+        bench.parse_grid_spec("--hide-velocity")
+
+
+def test_dry_run_prints_every_command_and_runs_nothing(tmp_path):
+    out = tmp_path / "sweep"
+    r = run_benchmark("--command", "python x.py --total-timesteps 10", "--grid", "--modes-preset seed3 inverted4",
+                      "--num-seeds", "2", "--start-seed", "7", "--dry-run", "--output", str(out))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 4
+    for preset in ("seed3", "inverted4"):
+        for seed in (7, 8):
+            assert sum(f"--modes-preset {preset} --seed {seed} --runs-dir" in line for line in lines) == 1
+    assert all(line.startswith("python x.py --total-timesteps 10 ") for line in lines)
+    assert not out.exists()
+
+
+def test_bad_flags_exit_2_with_one_line():
+    r = run_benchmark("--command", "python x.py", "--grid=--flag-without-values", "--dry-run")
+    assert r.returncode == 2
+    assert r.stderr.startswith("benchmark.py: error:") and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_failing_command_exits_nonzero_and_is_named(tmp_path):
+    ok = write_script(tmp_path / "ok.py", "os.makedirs(os.path.join(a.runs_dir, f'run_{a.seed}'))\n")
+    bad = write_script(tmp_path / "bad.py", "print('boom on seed', a.seed); sys.exit(3)\n")
+    out = tmp_path / "sweep"
+    r = run_benchmark("--command", f"python {ok}", f"python {bad}", "--num-seeds", "2", "--workers", "2",
+                      "--output", str(out))
+    assert r.returncode == 1
+    records = {rec["run_key"]: rec for rec in manifest(out)}
+    failed = [rec for rec in records.values() if rec["exit_code"] != 0]
+    assert sorted(rec["seed"] for rec in failed) == [1, 2] and all(rec["exit_code"] == 3 for rec in failed)
+    for rec in failed:
+        assert f"FAILED {rec['run_key']}" in r.stderr and rec["log_path"] in r.stderr
+        with open(rec["log_path"]) as f:
+            assert f"boom on seed {rec['seed']}" in f.read()
+    succeeded = [rec for rec in records.values() if rec["exit_code"] == 0]
+    assert len(succeeded) == 2
+    for rec in succeeded:
+        assert rec["run_dirs"] == [os.path.join(rec["runs_dir"], f"run_{rec['seed']}")]
+        assert rec["wall_time_s"] >= 0 and rec["attempt"] == 1
+        assert os.path.exists(out / "markers" / f"{rec['run_key']}.json")
+    assert not any((out / "markers" / f"{rec['run_key']}.json").exists() for rec in failed)
+
+
+def test_retries_rerun_a_failed_run(tmp_path):
+    # fails on its first attempt, succeeds once the marker from that attempt exists
+    flaky = write_script(tmp_path / "flaky.py",
+                         "m = os.path.join(os.path.dirname(os.path.abspath(__file__)), f'tried_{a.tag}')\n"
+                         "if not os.path.exists(m):\n    open(m, 'w').close(); sys.exit(1)\n")
+    r = run_benchmark("--command", f"python {flaky} --tag without", "--num-seeds", "1", "--output", str(tmp_path / "a"))
+    assert r.returncode == 1
+    r = run_benchmark("--command", f"python {flaky} --tag with", "--num-seeds", "1", "--retries", "2",
+                      "--output", str(tmp_path / "b"))
+    assert r.returncode == 0, r.stderr
+    records = manifest(tmp_path / "b")
+    assert [(rec["attempt"], rec["exit_code"]) for rec in records] == [(1, 1), (2, 0)]
+    assert records[0]["log_path"] != records[1]["log_path"]
+    assert all(os.path.exists(rec["log_path"]) for rec in records)
+
+
+def test_resume_skips_completed_runs(tmp_path):
+    # appends its seed to a ledger; seed 2 fails until the file `fixed` exists
+    script = write_script(tmp_path / "ledger.py",
+                          "d = os.path.dirname(os.path.abspath(__file__))\n"
+                          "open(os.path.join(d, 'ledger'), 'a').write(f'{a.seed}{a.tag}\\n')\n"
+                          "sys.exit(1 if a.seed == 2 and not os.path.exists(os.path.join(d, 'fixed')) else 0)\n")
+    out = str(tmp_path / "sweep")
+    ledger = tmp_path / "ledger"
+    assert run_benchmark("--command", f"python {script}", "--num-seeds", "2", "--output", out).returncode == 1
+    assert sorted(ledger.read_text().split()) == ["1", "2"]
+    (tmp_path / "fixed").touch()
+    r = run_benchmark("--command", f"python {script}", "--num-seeds", "2", "--output", out, "--resume")
+    assert r.returncode == 0, r.stderr
+    assert sorted(ledger.read_text().split()) == ["1", "2", "2"]
+    r = run_benchmark("--command", f"python {script}", "--num-seeds", "2", "--output", out, "--resume")
+    assert r.returncode == 0 and "every run is complete" in r.stderr
+    assert sorted(ledger.read_text().split()) == ["1", "2", "2"]
+    # a changed command line is a different run: its old marker must not skip it
+    r = run_benchmark("--command", f"python {script} --tag x", "--num-seeds", "2", "--output", out, "--resume")
+    assert r.returncode == 0
+    assert sorted(ledger.read_text().split()) == ["1", "1x", "2", "2", "2x"]
+
+
+@pytest.mark.timeout(120)
+def test_killed_sweep_stops_its_runs_and_resume_reruns_them(tmp_path):
+    # the run reports its pid through a FIFO (so the test knows it started, without polling), then blocks
+    script = write_script(tmp_path / "blocking.py",
+                          "d = os.path.dirname(os.path.abspath(__file__))\n"
+                          "if not os.path.exists(os.path.join(d, 'release')):\n"
+                          "    open(os.path.join(d, 'ready'), 'w').write(str(os.getpid()))\n"
+                          "    open(os.path.join(d, 'hold')).read()\n")
+    os.mkfifo(tmp_path / "ready")
+    os.mkfifo(tmp_path / "hold")
+    out = tmp_path / "sweep"
+    args = [sys.executable, BENCHMARK, "--no-progress", "--command", f"python {script}", "--num-seeds", "1",
+            "--output", str(out)]
+    runner = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with open(tmp_path / "ready") as f:
+        pid = int(f.read())
+    runner.terminate()
+    runner.communicate(timeout=60)
+    assert runner.returncode != 0
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert not (out / "markers").exists() or not os.listdir(out / "markers")
+    (tmp_path / "release").touch()
+    r = run_benchmark(*args[3:], "--resume")
+    assert r.returncode == 0, r.stderr
+    (record,) = manifest(out)
+    assert record["attempt"] == 2 and record["exit_code"] == 0
+    assert sorted(os.listdir(out / "logs")) == [f"{record['run_key']}.attempt1.log", f"{record['run_key']}.attempt2.log"]
+
+
+def test_ray_backend_runs_commands_and_reports_failures(tmp_path):
+    ok = write_script(tmp_path / "ok.py", "print('ran seed', a.seed, 'in', os.getcwd())\n")
+    bad = write_script(tmp_path / "bad.py", "sys.exit(4)\n")
+    out = tmp_path / "sweep"
+    r = run_benchmark("--backend", "ray", "--ray-num-cpus", "2", "--command", f"python {ok}", f"python {bad}",
+                      "--num-seeds", "1", "--output", str(out), "--cwd", str(tmp_path))
+    if r.returncode == 3 and "could not start a local Ray instance" in r.stderr:
+        pytest.skip(f"Ray cannot start on this machine: {r.stderr.strip()[-300:]}")
+    assert r.returncode == 1, r.stderr
+    records = {rec["command_index"]: rec for rec in manifest(out)}
+    assert records[0]["exit_code"] == 0 and records[1]["exit_code"] == 4
+    with open(records[0]["log_path"]) as f:
+        assert f"ran seed 1 in {tmp_path}" in f.read()
+    assert f"FAILED {records[1]['run_key']}" in r.stderr
+
+
+# REPORT
+def test_report_tables_ci_and_eval_flattening():
+    report = load(REPORT)
+    agg = report.aggregate([1.0, 2.0, 3.0])
+    assert agg["mean"] == pytest.approx(2.0) and agg["std"] == pytest.approx(1.0)
+    # t(0.975, 2 degrees of freedom) = 4.302652729911275
+    assert agg["ci95_high"] - agg["mean"] == pytest.approx(4.302652729911275 / np.sqrt(3))
+    assert report.aggregate([5.0])["n"] == 1 and np.isnan(report.aggregate([5.0])["std"])
+    flat = report.flatten_eval({"task": "sine", "returns_after_steps": {"0": 1.5, "1": 2.5}, "ci95": {"0": 0.1},
+                                "num_tasks": 8, "success": True})
+    assert flat == {"eval_returns_after_steps.0": 1.5, "eval_returns_after_steps.1": 2.5, "eval_ci95.0": 0.1,
+                    "eval_num_tasks": 8.0, "eval_success": 1.0}
+    cartpole = {"per_mode": {"1": {"deterministic": {"mean": 3.0}, "sampled": {"mean": 1.0}},
+                             "0": {"deterministic": {"mean": 2.0}, "sampled": {"mean": 4.0}}},
+                "deterministic_mean": 2.5, "sampled_mean": 2.5, "episodes_per_mode": 10}
+    assert report.flatten_eval(cartpole) == {
+        "eval_deterministic_mode0": 2.0, "eval_sampled_mode0": 4.0, "eval_deterministic_mode1": 3.0,
+        "eval_sampled_mode1": 1.0, "eval_deterministic_mean": 2.5, "eval_sampled_mean": 2.5}
+
+
+def test_report_on_real_sb3_runs(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "sweep"
+    command = f"python {SB3_PEERS} --total-timesteps 1024 --save-model --eval-episodes 2"
+    r = run_benchmark("--command", command, "--num-seeds", "2", "--workers", "2", "--output", str(out))
+    assert r.returncode == 0, r.stderr + "".join(open(rec["log_path"]).read() for rec in manifest(out))
+    rep = tmp_path / "report"
+    r = subprocess.run([sys.executable, REPORT, "--sweep", str(out), "--output", str(rep), "--labels", "0=sb3_ppo",
+                        "--title", "tiny"], cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    text = (rep / "report.md").read_text()
+    assert "| sb3_ppo | – | 2 |" in text and "## Per mode" in text and "![learning_curve.png](learning_curve.png)" in text
+    with open(rep / "learning_curve.png", "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert (rep / "learning_curve_mode0.png").exists()
+
+    import pandas as pd
+
+    runs = pd.read_csv(rep / "runs.csv")
+    summary = pd.read_csv(rep / "summary.csv")
+    assert len(runs) == 2 and len(summary) == 1
+    finals = []
+    for rec in manifest(out):
+        (run_dir,) = rec["run_dirs"]
+        # the report's numbers, recomputed with tensorboard's own reader and from eval.json
+        acc = EventAccumulator(run_dir, size_guidance={"scalars": 0})
+        acc.Reload()
+        returns = [e.value for e in acc.Scalars("charts/episodic_return")]
+        by_mode = sum(len(acc.Scalars(t)) for t in acc.Tags()["scalars"] if t.startswith("charts/episodic_return_mode"))
+        assert by_mode == len(returns) > 0
+        row = runs[runs.run_key == rec["run_key"]].iloc[0]
+        assert row["final_return"] == pytest.approx(np.mean(returns[-100:]), rel=1e-5)
+        assert row["sps"] == acc.Scalars("charts/SPS")[-1].value
+        assert row["wall_time_s"] == pytest.approx(rec["wall_time_s"])
+        with open(os.path.join(run_dir, "eval.json")) as f:
+            assert row["eval_deterministic_mean"] == pytest.approx(json.load(f)["deterministic_mean"])
+        finals.append(row["final_return"])
+    assert summary["final_return__mean"][0] == pytest.approx(np.mean(finals))
+    assert summary["final_return__std"][0] == pytest.approx(np.std(finals, ddof=1))
+
+
+# SB3 PEERS
+@pytest.fixture(scope="module")
+def peers():
+    return load(SB3_PEERS)
+
+
+@pytest.mark.parametrize("preset,hide_velocity,switch_prob", [
+    ("seed3", False, 0.0), ("inverted4", True, 0.0), ("seed3", True, 0.05), ("inverted4", False, 0.05)])
+def test_peers_env_copy_matches_ppo_gru_baseline(peers, preset, hide_velocity, switch_prob):
+    from cleanrl_astral import ppo_gru_baseline as original
+
+    modes = original.resolve_modes(preset, None)
+    assert peers.resolve_modes(preset, None) == modes
+    env_a = original.make_env(modes, hide_velocity, None, switch_prob)()
+    env_b = peers.make_env(modes, hide_velocity, None, switch_prob)()
+    actions = np.random.default_rng(0).integers(2, size=1500)
+    obs_a, info_a = env_a.reset(seed=3)
+    obs_b, info_b = env_b.reset(seed=3)
+    seen_modes, episodes = set(), 0
+    for action in actions:
+        np.testing.assert_array_equal(obs_a, obs_b)
+        assert info_a["mode"] == info_b["mode"]
+        seen_modes.add(info_a["mode"])
+        obs_a, rew_a, term_a, trunc_a, info_a = env_a.step(int(action))
+        obs_b, rew_b, term_b, trunc_b, info_b = env_b.step(int(action))
+        assert (rew_a, term_a, trunc_a) == (rew_b, term_b, trunc_b)
+        if term_a or trunc_a:
+            episodes += 1
+            obs_a, info_a = env_a.reset()
+            obs_b, info_b = env_b.reset()
+    assert episodes > 10 and len(seen_modes) == len(modes)
+    assert obs_a.shape == ((2,) if hide_velocity else (4,))
+
+
+def test_peers_env_source_is_a_verbatim_copy(peers):
+    from cleanrl_astral import ppo_gru_baseline as original
+
+    for name in ("parse_modes", "resolve_modes", "NonStationaryCartPole", "make_env"):
+        assert inspect.getsource(getattr(peers, name)) == inspect.getsource(getattr(original, name)), name
+    assert peers.MODE_PRESETS == original.MODE_PRESETS
+
+
+def test_peers_callback_logs_each_episode_under_its_mode(peers):
+    import gymnasium as gym
+
+    class Spy(gym.Wrapper):
+        """Ground truth: (return, mode) of every finished episode, seen from inside the env."""
+
+        def reset(self, **kwargs):
+            obs, info = self.env.reset(**kwargs)
+            self.ret, self.mode = 0.0, info["mode"]
+            return obs, info
+
+        def step(self, action):
+            obs, reward, terminated, truncated, info = self.env.step(action)
+            self.ret += reward
+            if terminated or truncated:
+                finished.append((self.ret, self.mode))
+            return obs, reward, terminated, truncated, info
+
+    class Writer:
+        def __init__(self):
+            self.calls = []
+
+        def add_scalar(self, tag, value, step):
+            self.calls.append((tag, value))
+
+    finished, writer = [], Writer()
+    modes = peers.MODE_PRESETS["inverted4"]
+    envs = peers.DummyVecEnv([lambda: Spy(peers.make_env(modes)()) for _ in range(3)])
+    args = peers.Args(num_envs=3, num_steps=64, minibatch_size=64, update_epochs=1, total_timesteps=192)
+    model = peers.build_model(args, envs)
+    model.set_logger(peers.configure(None, []))
+    model.learn(args.total_timesteps, callback=peers.CleanRLLogger(writer, 10**9))
+    logged_returns = [v for t, v in writer.calls if t == "charts/episodic_return"]
+    logged_modes = [(v, int(t[len("charts/episodic_return_mode"):])) for t, v in writer.calls
+                    if t.startswith("charts/episodic_return_mode")]
+    assert len(finished) > 5
+    assert sorted(logged_returns) == sorted(r for r, _ in finished)
+    assert sorted(logged_modes) == sorted(finished)
+    assert any(t == "losses/value_loss" for t, _ in writer.calls) and any(t == "charts/SPS" for t, _ in writer.calls)
+
+
+def test_peers_bad_flag_exits_2():
+    r = subprocess.run([sys.executable, SB3_PEERS, "--algo", "a2c"], cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.startswith("sb3_peers.py: error: unknown --algo")
+
+
+def test_peers_recurrent_ppo_smoke(tmp_path):
+    subprocess.run([sys.executable, SB3_PEERS, "--algo", "recurrent_ppo", "--hide-velocity", "--total-timesteps", "256",
+                    "--num-envs", "2", "--num-steps", "64", "--minibatch-size", "64", "--update-epochs", "1",
+                    "--lstm-hidden-size", "16", "--save-model", "--eval-episodes", "2", "--runs-dir", str(tmp_path)],
+                   cwd=REPO, check=True, capture_output=True)
+    (run_dir,) = tmp_path.iterdir()
+    with open(run_dir / "eval.json") as f:
+        data = json.load(f)
+    assert sorted(data["per_mode"]) == ["0", "1", "2"]
+    assert all(len(m["deterministic"]["returns"]) == 2 for m in data["per_mode"].values())
+
+
+def test_labels_by_index_or_command_text():
+    report = load(REPORT)
+    labels = report.parse_labels(["0=first", "--memory none=memoryless", "ppo_gru_baseline.py=gru"])
+    assert report.label_for(labels, 0, "python x.py") == "first"
+    assert report.label_for(labels, 3, "python ppo_gru_baseline.py --memory none") == "memoryless"
+    assert report.label_for(labels, 4, "python ppo_gru_baseline.py --oracle") == "gru"
+    assert report.label_for(labels, 5, "python other.py --x 1") == "other.py --x 1"
+    with pytest.raises(ValueError):
+        report.parse_labels(["=nothing"])
+
