@@ -344,6 +344,14 @@ def new_carry(envs, agent, seed, device):
     }
 
 
+def carry_input(agent, carry, device):
+    """The agent's input for the carried observation, previous action/reward and mode."""
+    return agent.build_input(
+        torch.as_tensor(carry["obs"], device=device), torch.as_tensor(carry["prev_action"], device=device),
+        torch.as_tensor(carry["prev_reward"], device=device), torch.as_tensor(carry["mode"], device=device),
+    )
+
+
 def collect_rollout(agent, envs, carry, num_steps, gamma, reward_scaler, device):
     """Runs `num_steps` steps in every env. Returns the batch (tensors shaped (T, N, ...)), the GRU state
     it started from, and the finished episodes as (return, length, mode)."""
@@ -361,12 +369,7 @@ def collect_rollout(agent, envs, carry, num_steps, gamma, reward_scaler, device)
     episodes = []
     state = carry["state"]
     for step in range(num_steps):
-        x = agent.build_input(
-            torch.as_tensor(carry["obs"], device=device),
-            torch.as_tensor(carry["prev_action"], device=device),
-            torch.as_tensor(carry["prev_reward"], device=device),
-            torch.as_tensor(carry["mode"], device=device),
-        )
+        x = carry_input(agent, carry, device)
         start = torch.as_tensor(carry["start"], dtype=torch.float32, device=device)
         with torch.no_grad():
             action, logprob, _, value, state = agent.get_action_and_value(x[None], state, start[None])
@@ -532,10 +535,7 @@ def evaluate(model_path, episodes_per_mode=10, modes=None, deterministic=True, s
         returns, finished = np.zeros(episodes_per_mode), np.zeros(episodes_per_mode, dtype=bool)
         state = carry["state"]
         while not finished.all():
-            x = agent.build_input(
-                torch.as_tensor(carry["obs"], device=device), torch.as_tensor(carry["prev_action"], device=device),
-                torch.as_tensor(carry["prev_reward"], device=device), torch.as_tensor(carry["mode"], device=device),
-            )
+            x = carry_input(agent, carry, device)
             start = torch.as_tensor(carry["start"], dtype=torch.float32, device=device)
             with torch.no_grad():
                 action, _, _, _, state = agent.get_action_and_value(x[None], state, start[None], deterministic=deterministic)
@@ -692,10 +692,7 @@ if __name__ == "__main__":
 
         # ADVANTAGES (GAE)
         with torch.no_grad():
-            x = agent.build_input(
-                torch.as_tensor(carry["obs"], device=device), torch.as_tensor(carry["prev_action"], device=device),
-                torch.as_tensor(carry["prev_reward"], device=device), torch.as_tensor(carry["mode"], device=device),
-            )
+            x = carry_input(agent, carry, device)
             next_start = torch.as_tensor(carry["start"], dtype=torch.float32, device=device)
             next_value = agent.get_value(x[None], carry["state"], next_start[None])[0]
             advantages, returns = compute_gae(
