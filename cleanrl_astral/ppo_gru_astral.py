@@ -668,13 +668,13 @@ def evaluate(model_path, episodes_per_mode=10, modes=None, deterministic=True, s
 
 def plot_slot_heatmap(slot_weights, path, title):
     """Annotated mode × slot heatmap of mean gate weights, saved as PNG."""
-    fig, ax = plt.subplots(figsize=(1.2 + 0.9 * slot_weights.shape[1], 1.0 + 0.6 * slot_weights.shape[0]))
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.2 + 0.9 * slot_weights.shape[1]), 1.4 + 0.6 * slot_weights.shape[0]))
     im = ax.imshow(slot_weights, cmap="viridis", vmin=0.0, vmax=1.0)
     for (i, j), v in np.ndenumerate(slot_weights):
         ax.text(j, i, f"{v:.2f}", ha="center", va="center", color="white" if v < 0.6 else "black", fontsize=9)
     ax.set_xticks(range(slot_weights.shape[1]), [f"slot {j}" for j in range(slot_weights.shape[1])])
     ax.set_yticks(range(slot_weights.shape[0]), [f"mode {i}" for i in range(slot_weights.shape[0])])
-    ax.set_title(title, fontsize=9)
+    ax.set_title(title, fontsize=7)
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
