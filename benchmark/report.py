@@ -37,6 +37,7 @@ MAIN_METRICS = {
     "final_return": "Final return (last {n} ep.)",
     "eval_deterministic_mean": "Eval return (deterministic)",
     "eval_sampled_mean": "Eval return (sampled)",
+    "eval_deterministic_worst_mode": "Eval return, worst mode (deterministic)",
     "wall_time_s": "Wall time (s)",
     "sps": "SPS",
 }
@@ -93,6 +94,15 @@ def flatten_eval(data: dict) -> dict[str, float]:
         for kind in ("deterministic", "sampled"):
             if isinstance(data.get(f"{kind}_mean"), (int, float)):
                 out[f"eval_{kind}_mean"] = float(data[f"{kind}_mean"])
+            per_mode = [v for k, v in out.items() if k.startswith(f"eval_{kind}_mode")]
+            if per_mode:
+                # the worst mode decides whether a run "solves every mode"
+                out[f"eval_{kind}_worst_mode"] = min(per_mode)
+        # method-specific numbers beside the per-mode returns (e.g. ASTRAL's mode_slot_nmi_deterministic)
+        for key, value in data.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in (
+                "episodes_per_mode", "deterministic_mean", "sampled_mean"):
+                out[f"eval_{key}"] = float(value)
         return out
     for key, value in data.items():
         if isinstance(value, bool):
@@ -306,7 +316,9 @@ def build_report(sweeps: list[str], output: str, labels: dict, last_n: int = 100
         table = []
         for (m, g) in groups:
             for k in modes:
-                table.append([m, g, str(k)] + [agg_cell(m, g, f"{kind}_mode{k}") for kind, _ in kinds])
+                cells = [agg_cell(m, g, f"{kind}_mode{k}") for kind, _ in kinds]
+                if any(c != "–" for c in cells):  # a grid point without mode k (e.g. seed3 has no mode 3)
+                    table.append([m, g, str(k)] + cells)
         lines += ["", "## Per mode", "", markdown_table(["Method", "Grid", "Mode"] + [h for _, h in kinds], table)]
 
     other_cols = [c for c in sorted(metric_cols) if c not in main_cols and c not in mode_cols]

@@ -209,10 +209,11 @@ def test_report_tables_ci_and_eval_flattening():
                     "eval_num_tasks": 8.0, "eval_success": 1.0}
     cartpole = {"per_mode": {"1": {"deterministic": {"mean": 3.0}, "sampled": {"mean": 1.0}},
                              "0": {"deterministic": {"mean": 2.0}, "sampled": {"mean": 4.0}}},
-                "deterministic_mean": 2.5, "sampled_mean": 2.5, "episodes_per_mode": 10}
+                "deterministic_mean": 2.5, "sampled_mean": 2.5, "episodes_per_mode": 10, "mode_slot_nmi_deterministic": 0.25}
     assert report.flatten_eval(cartpole) == {
         "eval_deterministic_mode0": 2.0, "eval_sampled_mode0": 4.0, "eval_deterministic_mode1": 3.0,
-        "eval_sampled_mode1": 1.0, "eval_deterministic_mean": 2.5, "eval_sampled_mean": 2.5}
+        "eval_sampled_mode1": 1.0, "eval_deterministic_mean": 2.5, "eval_sampled_mean": 2.5,
+        "eval_deterministic_worst_mode": 2.0, "eval_sampled_worst_mode": 1.0, "eval_mode_slot_nmi_deterministic": 0.25}
 
 
 def test_report_on_real_sb3_runs(tmp_path):
