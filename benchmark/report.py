@@ -17,6 +17,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import sys
 
 import matplotlib
@@ -340,14 +341,17 @@ def build_report(sweeps: list[str], output: str, labels: dict, last_n: int = 100
         lines += ["", "## Learning curves", "", f"Mean ± std over seeds of the running mean of {smooth} episodes.", ""]
         lines += [f"![{name}]({name})" for name in plots]
 
-    # figures the runs drew themselves (heatmaps, adaptation curves) are linked, not redrawn
+    # figures the runs drew themselves (heatmaps, adaptation curves) are linked, not redrawn; they are copied
+    # beside the report so that a report committed under docs/ does not point into an ignored sweep directory
     linked = []
     for (m, g), grp in groups.items():
         for entry in grp:
             if entry["run_dir"]:
                 for png in sorted(glob.glob(os.path.join(entry["run_dir"], "*.png"))):
-                    linked.append(f"- {m} {g} seed {entry['row']['seed']}: [{os.path.basename(png)}]"
-                                  f"({os.path.relpath(png, output)})")
+                    copy = os.path.join("figures", f"{entry['row']['run_key']}__{os.path.basename(png)}")
+                    os.makedirs(os.path.join(output, "figures"), exist_ok=True)
+                    shutil.copyfile(png, os.path.join(output, copy))
+                    linked.append(f"- {m} {g} seed {entry['row']['seed']}: [{os.path.basename(png)}]({copy})")
     if linked:
         lines += ["", "## Figures written by the runs", ""] + linked
     if failed:

@@ -368,3 +368,21 @@ def test_labels_by_index_or_command_text():
     with pytest.raises(ValueError):
         report.parse_labels(["=nothing"])
 
+
+
+def test_report_copies_the_runs_own_figures(tmp_path):
+    """Heatmaps and adaptation curves the runs drew are linked from the report through copies beside it, so a
+    report committed under docs/ never points into an (ignored) sweep directory."""
+    report = load(REPORT)
+    run_dir = tmp_path / "sweep" / "runs" / "c0__g0_base__s1" / "run"
+    run_dir.mkdir(parents=True)
+    (run_dir / "slot_heatmap.png").write_bytes(b"\x89PNG\r\n\x1a\nfake")
+    (run_dir / "eval.json").write_text(json.dumps({"per_mode": {"0": {"deterministic": {"mean": 9.0}}}}))
+    record = {"run_key": "c0__g0_base__s1", "command_index": 0, "command": "python x.py", "grid_index": 0, "grid": [],
+              "seed": 1, "exit_code": 0, "wall_time_s": 1.0, "runs_dir": str(run_dir.parent), "run_dirs": [str(run_dir)]}
+    (tmp_path / "sweep" / "manifest.jsonl").write_text(json.dumps(record) + "\n")
+    out = tmp_path / "report"
+    report.build_report([str(tmp_path / "sweep")], str(out), {0: "m"})
+    copy = out / "figures" / "c0__g0_base__s1__slot_heatmap.png"
+    assert copy.read_bytes() == b"\x89PNG\r\n\x1a\nfake"
+    assert "(figures/c0__g0_base__s1__slot_heatmap.png)" in (out / "report.md").read_text()
