@@ -1,0 +1,1519 @@
+"""MAML meta-RL with a diagonal linear state-space-model (LRU) policy.
+
+Follows Finn et al. 2017, "Model-Agnostic Meta-Learning for Fast Adaptation of Deep Networks" (RL part:
+policy-gradient inner step with a linear feature baseline, TRPO outer step) with the policy network replaced
+by a Linear Recurrent Unit (Orvieto et al. 2023, "Resurrecting Recurrent Neural Networks for Long Sequences").
+GRU and MLP policies with matched parameter counts serve as baselines.
+
+Usage: python cleanrl_astral/maml_ssm.py train --task point-nav-2d --save-model
+       python cleanrl_astral/maml_ssm.py eval --checkpoint runs/<run>/maml_ssm.cleanrl_model
+"""
+
+import dataclasses
+import json
+import math
+import os
+import random
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Annotated, Optional, Union
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import tyro
+from torch.func import functional_call
+
+TASKS = ("point-nav-2d", "cartpole-physics", "halfcheetah-vel")
+POLICIES = ("ssm", "gru", "mlp")
+# cartpole-physics: (gravity, pole half-length) ranges; train and test boxes are disjoint in both coordinates
+CARTPOLE_TRAIN_RANGES = ((7.0, 11.0), (0.3, 0.6))
+CARTPOLE_TEST_RANGES = ((11.5, 14.0), (0.65, 0.9))
+MUJOCO_PIN = "mujoco==4.0.0"
+
+
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment (also seeds the train and test task streams)"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = False
+    """accepted for CleanRL compatibility; everything runs on CPU (tiny networks, batched simulation)"""
+    track: bool = False
+    """if toggled, this experiment will be tracked with Weights and Biases"""
+    wandb_project_name: str = "cleanrl_astral"
+    """the wandb's project name"""
+    wandb_entity: Optional[str] = None
+    """the entity (team) of wandb's project"""
+    capture_video: bool = False
+    """not supported here (tasks are batched tensors without a renderer); setting it is an error"""
+    save_model: bool = False
+    """whether to save the model (and run `eval` on it) at the end of training"""
+    runs_dir: str = "runs"
+    """directory holding {run_name}/ with TensorBoard logs, checkpoint and eval.json"""
+    config: str = "none"
+    """named preset applied before the other flags: none | basic | paper (see docs/maml_ssm.md)"""
+
+    # Task
+    task: str = "point-nav-2d"
+    """task distribution: point-nav-2d | cartpole-physics | halfcheetah-vel"""
+    max_episode_steps: int = 100
+    """episode horizon"""
+
+    # Policy
+    policy: str = "ssm"
+    """policy network: ssm (diagonal LRU) | gru | mlp (the latter two matched in parameter count)"""
+    hidden_size: int = 64
+    """width of the SSM policy; the gru/mlp widths are chosen to match its parameter count"""
+    state_size: int = 32
+    """number of complex state dimensions of the LRU"""
+    in_context: bool = True
+    """feed the previous action and reward to the policy besides the observation"""
+    dynamics_coef: float = 0.0
+    """weight of the next-observation prediction loss on the shared trunk (the head itself is always trained)"""
+    aux_lr: float = 1e-3
+    """Adam learning rate of the value and dynamics heads"""
+    buffer_size: int = 50_000
+    """capacity of the ExperienceBuffer of meta-training transitions saved with the checkpoint (0 disables)"""
+
+    # MAML
+    outer_steps: int = 200
+    """number of meta-training iterations (0 saves the random initialisation)"""
+    tasks_per_batch: int = 20
+    """tasks per meta-batch"""
+    fast_batch_size: int = 20
+    """episodes per task for each inner step and for the post-adaptation (validation) batch"""
+    num_inner_steps: int = 1
+    """inner policy-gradient steps (0 trains a multi-task policy without adaptation: a baseline)"""
+    inner_lr: float = 0.1
+    """inner step size alpha"""
+    first_order: bool = False
+    """use first-order MAML (inner gradients are not differentiated)"""
+    gamma: float = 0.99
+    """discount factor"""
+    gae_lambda: float = 1.0
+    """lambda of generalised advantage estimation"""
+    outer_optimizer: str = "trpo"
+    """outer update: trpo (KL trust region, as in the paper) | adam"""
+    outer_lr: float = 1e-3
+    """Adam learning rate of the outer update (only with --outer-optimizer adam)"""
+    max_kl: float = 0.01
+    """TRPO trust-region size"""
+    cg_iters: int = 10
+    """conjugate-gradient iterations of TRPO"""
+    cg_damping: float = 1e-5
+    """damping added to the Fisher-vector product"""
+    ls_max_steps: int = 15
+    """maximum backtracking steps of the TRPO line search"""
+    ls_backtrack_ratio: float = 0.8
+    """step shrink factor of the TRPO line search"""
+
+    # Evaluation / adaptation
+    eval_tasks: int = 40
+    """number of fresh test tasks evaluated after training (with --save-model)"""
+    eval_steps: int = 3
+    """inner steps evaluated after training (returns after 0..eval_steps steps)"""
+    eval_later_lr_scale: float = 0.5
+    """evaluation step size is inner_lr for the first step and inner_lr * this for later steps (paper: 0.5)"""
+    adapt_steps: int = 5
+    """default number of test-time adaptation steps of the `adapt` subcommand"""
+    adapt_lr: float = 1e-2
+    """default learning rate of the `adapt` subcommand"""
+    log_every: int = 10
+    """print a progress line every this many iterations"""
+    num_threads: int = 1
+    """torch CPU threads (the networks are tiny: extra threads mostly add contention)"""
+
+
+PRESETS = {
+    "none": {},
+    # the plan's basic preset: 8 parallel episodes per task, time limit 200, small meta-batch
+    "basic": dict(seed=42, fast_batch_size=8, max_episode_steps=200, outer_steps=50, tasks_per_batch=8,
+                  num_inner_steps=1, inner_lr=1e-2, adapt_steps=5, adapt_lr=1e-2),
+    # MAML paper, 2D navigation: 20 tasks x 20 episodes, horizon 100, alpha 0.1, TRPO with KL 0.01
+    "paper": dict(fast_batch_size=20, tasks_per_batch=20, max_episode_steps=100, num_inner_steps=1,
+                  inner_lr=0.1, outer_optimizer="trpo", max_kl=0.01),
+}
+
+
+@dataclass
+class EvalArgs:
+    checkpoint: str
+    """path of a .cleanrl_model written by `train --save-model`"""
+    num_tasks: int = 40
+    """number of fresh test tasks"""
+    num_steps: int = 3
+    """evaluate returns after 0..num_steps inner steps"""
+    inner_lr: Optional[float] = None
+    """first-step size (default: the checkpoint's inner_lr)"""
+    later_lr_scale: float = 0.5
+    """later steps use inner_lr * this (paper: alpha then alpha/2)"""
+    fast_batch_size: Optional[int] = None
+    """episodes per task and step (default: the checkpoint's fast_batch_size)"""
+    eval_seed: Optional[int] = None
+    """seed of the test-task stream and the sampling (default: the checkpoint's seed)"""
+    cuda: bool = False
+    """accepted for CleanRL compatibility; everything runs on CPU (tiny networks, batched simulation)"""
+
+
+@dataclass
+class AdaptArgs:
+    checkpoint: str
+    """path of a .cleanrl_model written by `train --save-model`"""
+    num_tasks: int = 20
+    """number of fresh test tasks"""
+    adapt_steps: Optional[int] = None
+    """adaptation steps K (default: the checkpoint's adapt_steps); returns are reported after 0..K steps"""
+    adapt_lr: Optional[float] = None
+    """adaptation learning rate (default: the checkpoint's adapt_lr)"""
+    adaptation_mode: tuple[str, ...] = ("standard",)
+    """one or more adapters: standard (current-task loss) | hybrid (plus replayed training transitions)"""
+    adapt_objective: tuple[str, ...] = ("pg",)
+    """one or more objectives: pg (uses rewards) | dynamics (reward-free next-obs prediction) | entropy (Tent)"""
+    strategy: str = "none"
+    """registered loss strategy: none | tent (adds --tent-coef x policy entropy)"""
+    tent_coef: float = 1.0
+    """weight of the entropy term of the tent strategy"""
+    experience_weight: float = 1.0
+    """hybrid: weight alpha of the replayed-batch loss"""
+    experience_batch_size: int = 256
+    """hybrid: transitions per replayed batch"""
+    adapt_params: str = "all"
+    """parameters adapted: all | ssm (the recurrent core) | heads (policy, value and dynamics heads)"""
+    adapt_optimizer: str = "sgd"
+    """sgd | adam"""
+    grad_clip: float = 10.0
+    """guard: clip the gradient norm to this"""
+    max_step_norm: float = 1.0
+    """guard: maximum parameter change (L2 norm) per step"""
+    trust_region: float = 2.0
+    """guard: after each step project theta onto ||theta - theta_0|| <= this around the meta-learned theta_0"""
+    ema_decay: float = 0.0
+    """act with an exponential moving average of the adapted parameters (0 disables)"""
+    online: bool = False
+    """adapt during the episode every --online-every env steps instead of between episode batches"""
+    online_every: int = 20
+    """online mode: env steps between adaptation steps"""
+    fast_batch_size: Optional[int] = None
+    """episodes per task and step (default: the checkpoint's fast_batch_size)"""
+    eval_seed: Optional[int] = None
+    """seed of the test-task stream and the sampling (default: the checkpoint's seed)"""
+    cuda: bool = False
+    """accepted for CleanRL compatibility; everything runs on CPU (tiny networks, batched simulation)"""
+
+
+@dataclass
+class AdaptConfig:
+    """What one adapter needs (one objective of an AdaptArgs run)."""
+
+    adapt_objective: str
+    adapt_lr: float
+    adapt_params: str = "all"
+    adapt_optimizer: str = "sgd"
+    grad_clip: float = 10.0
+    max_step_norm: float = 1.0
+    trust_region: float = 2.0
+    ema_decay: float = 0.0
+    strategy: str = "none"
+    tent_coef: float = 1.0
+    experience_weight: float = 1.0
+    experience_batch_size: int = 256
+    discrete: bool = False
+
+
+def adapt_config(aargs: AdaptArgs, objective: str, lr: float, discrete: bool) -> AdaptConfig:
+    shared = {f.name: getattr(aargs, f.name) for f in dataclasses.fields(AdaptConfig) if hasattr(aargs, f.name)}
+    return AdaptConfig(**{**shared, "adapt_objective": objective, "adapt_lr": lr, "discrete": discrete})
+
+
+def validate_adapt_args(a: AdaptArgs) -> Optional[str]:
+    for mode in a.adaptation_mode:
+        if mode not in ("standard", "hybrid"):
+            return f"unknown --adaptation-mode {mode!r}; choose standard or hybrid"
+    for obj in a.adapt_objective:
+        if obj not in ("pg", "dynamics", "entropy"):
+            return f"unknown --adapt-objective {obj!r}; choose pg, dynamics or entropy"
+    if a.strategy not in STRATEGIES:
+        return f"unknown --strategy {a.strategy!r}; registered: {', '.join(STRATEGIES)}"
+    if a.adapt_params == "norm":
+        return "--adapt-params norm: these policies have no normalisation layers with parameters; use all, ssm or heads"
+    if a.adapt_params not in ("all", "ssm", "heads"):
+        return f"unknown --adapt-params {a.adapt_params!r}; choose all, ssm or heads"
+    if a.adapt_optimizer not in ("sgd", "adam"):
+        return f"unknown --adapt-optimizer {a.adapt_optimizer!r}; choose sgd or adam"
+    if a.adapt_lr is not None and a.adapt_lr <= 0:
+        return f"--adapt-lr must be positive, got {a.adapt_lr}"
+    for name in ("grad_clip", "max_step_norm", "trust_region"):
+        if getattr(a, name) <= 0:
+            return f"--{name.replace('_', '-')} must be positive, got {getattr(a, name)}"
+    if not 0 <= a.ema_decay < 1 or a.experience_weight < 0:
+        return "--ema-decay must be in [0, 1) and --experience-weight >= 0"
+    if a.num_tasks < 2 or a.experience_batch_size < 1 or a.online_every < 1 or (a.adapt_steps is not None and a.adapt_steps < 0):
+        return "--num-tasks must be >= 2, --experience-batch-size and --online-every >= 1, --adapt-steps >= 0"
+    if a.fast_batch_size is not None and a.fast_batch_size < 1:
+        return "--fast-batch-size must be >= 1"
+    return None
+
+
+def error(msg: str):
+    print(f"maml_ssm.py: error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def validate_args(args: Args) -> Optional[str]:
+    if args.task not in TASKS:
+        return f"unknown --task {args.task!r}; choose one of {', '.join(TASKS)}"
+    if args.policy not in POLICIES:
+        return f"unknown --policy {args.policy!r}; choose one of {', '.join(POLICIES)}"
+    if args.outer_optimizer not in ("trpo", "adam"):
+        return f"unknown --outer-optimizer {args.outer_optimizer!r}; choose trpo or adam"
+    if args.config not in PRESETS:
+        return f"unknown --config {args.config!r}; choose one of {', '.join(PRESETS)}"
+    for name in ("inner_lr", "outer_lr", "aux_lr", "adapt_lr", "max_kl"):
+        if not getattr(args, name) > 0:
+            return f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}"
+    for name in ("tasks_per_batch", "fast_batch_size", "max_episode_steps", "hidden_size", "state_size",
+                 "eval_tasks", "cg_iters", "num_threads", "ls_max_steps", "log_every"):
+        if getattr(args, name) < 1:
+            return f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}"
+    for name in ("outer_steps", "num_inner_steps", "eval_steps", "adapt_steps", "buffer_size"):
+        if getattr(args, name) < 0:
+            return f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}"
+    if not 0 < args.ls_backtrack_ratio < 1:
+        return f"--ls-backtrack-ratio must be in (0, 1), got {args.ls_backtrack_ratio}"
+    if not (0 < args.gamma <= 1 and 0 <= args.gae_lambda <= 1):
+        return "--gamma must be in (0, 1] and --gae-lambda in [0, 1]"
+    if args.dynamics_coef < 0 or args.eval_later_lr_scale <= 0:
+        return "--dynamics-coef must be >= 0 and --eval-later-lr-scale > 0"
+    if args.capture_video:
+        return "--capture-video is not supported: the tasks are batched tensors without a renderer"
+    if args.task == "halfcheetah-vel" and not mujoco_available():
+        return f"--task halfcheetah-vel needs the 'mujoco' package: pip install {MUJOCO_PIN}"
+    return None
+
+
+def mujoco_available() -> bool:
+    try:
+        import mujoco  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# ------------------------------------------------------------------------------------------------ TASKS
+def sample_tasks(task: str, rng: np.random.Generator, n: int, split: str) -> np.ndarray:
+    """Task parameters, one row per task: goal (x, y) | (gravity, half-length) | target velocity."""
+    if task == "point-nav-2d":
+        return rng.uniform(-0.5, 0.5, size=(n, 2))
+    if task == "cartpole-physics":
+        (g0, g1), (l0, l1) = CARTPOLE_TRAIN_RANGES if split == "train" else CARTPOLE_TEST_RANGES
+        return np.stack([rng.uniform(g0, g1, n), rng.uniform(l0, l1, n)], 1)
+    if task == "halfcheetah-vel":
+        return rng.uniform(0.0, 2.0, size=(n, 1))
+    raise ValueError(f"unknown task {task}")
+
+
+def task_streams(seed: int):
+    """Train and test task samples come from separate seeded streams (SeedSequence entropy [seed, 0|1])."""
+    return np.random.default_rng([seed, 0]), np.random.default_rng([seed, 1])
+
+
+class PointNav2D:
+    """MAML paper 2D navigation, vectorised: start at the origin, reward -||p - goal||, actions clipped to
+    [-0.1, 0.1], an episode ends within 0.01 of the goal (or at the horizon)."""
+
+    obs_dim, act_dim, discrete = 2, 2, False
+
+    def __init__(self, tasks: torch.Tensor, gen: torch.Generator):
+        self.goals = tasks.float()
+        self.n = len(tasks)
+
+    def reset(self):
+        self.pos = torch.zeros(self.n, 2)
+        return self.pos.clone()
+
+    def step(self, action):
+        self.pos = self.pos + action.clamp(-0.1, 0.1)
+        dist = torch.linalg.vector_norm(self.pos - self.goals, dim=1)
+        return self.pos.clone(), -dist, dist < 0.01
+
+
+class CartPolePhysics:
+    """Gymnasium's CartPole-v1 dynamics (Euler, tau 0.02, force 10, thresholds 12 deg / 2.4), vectorised,
+    with per-episode gravity and pole half-length."""
+
+    obs_dim, act_dim, discrete = 4, 2, True
+
+    def __init__(self, tasks: torch.Tensor, gen: torch.Generator):
+        self.gravity, self.length = tasks[:, 0].double(), tasks[:, 1].double()
+        self.n, self.gen = len(tasks), gen
+
+    def reset(self):
+        self.state = torch.rand(self.n, 4, generator=self.gen, dtype=torch.float64) * 0.1 - 0.05
+        return self.state.float()
+
+    def step(self, action):
+        x, x_dot, theta, theta_dot = self.state.unbind(1)
+        masspole, total_mass, tau = 0.1, 1.1, 0.02
+        polemass_length = masspole * self.length
+        force = torch.where(action.reshape(-1) == 1, 10.0, -10.0).double()
+        cos, sin = torch.cos(theta), torch.sin(theta)
+        temp = (force + polemass_length * theta_dot**2 * sin) / total_mass
+        thetaacc = (self.gravity * sin - cos * temp) / (self.length * (4.0 / 3.0 - masspole * cos**2 / total_mass))
+        xacc = temp - polemass_length * thetaacc * cos / total_mass
+        x, x_dot = x + tau * x_dot, x_dot + tau * xacc
+        theta, theta_dot = theta + tau * theta_dot, theta_dot + tau * thetaacc
+        self.state = torch.stack([x, x_dot, theta, theta_dot], 1)
+        done = (x.abs() > 2.4) | (theta.abs() > 12 * 2 * math.pi / 360)
+        return self.state.float(), torch.ones(self.n), done
+
+
+_CHEETAH_POOL: list = []  # gymnasium envs are reused across batches: building one compiles the MJCF model
+
+
+class HalfCheetahVel:
+    """HalfCheetah-v5 with a target forward velocity: reward -|v - v*| - 0.1 ||a||^2."""
+
+    obs_dim, act_dim, discrete = 17, 6, False
+
+    def __init__(self, tasks: torch.Tensor, gen: torch.Generator):
+        import gymnasium as gym
+
+        self.target = tasks[:, 0].double().numpy()
+        self.n = len(tasks)
+        while len(_CHEETAH_POOL) < self.n:
+            _CHEETAH_POOL.append(gym.make("HalfCheetah-v5"))
+        self.envs = _CHEETAH_POOL[: self.n]
+        self.seeds = torch.randint(0, 2**31 - 1, (self.n,), generator=gen).tolist()
+
+    def reset(self):
+        return torch.tensor(np.stack([e.reset(seed=s)[0] for e, s in zip(self.envs, self.seeds)]), dtype=torch.float32)
+
+    def step(self, action):
+        obs, rew = [], []
+        for env, a, v in zip(self.envs, action.clamp(-1, 1).numpy(), self.target):
+            o, _, _, _, info = env.step(a)
+            obs.append(o)
+            rew.append(-abs(info["x_velocity"] - v) + info["reward_ctrl"])
+        return torch.tensor(np.stack(obs), dtype=torch.float32), torch.tensor(rew, dtype=torch.float32), torch.zeros(self.n, dtype=torch.bool)
+
+
+ENV_CLASSES = {"point-nav-2d": PointNav2D, "cartpole-physics": CartPolePhysics, "halfcheetah-vel": HalfCheetahVel}
+
+
+def make_env(task: str, task_params: np.ndarray, episodes_per_task: int, gen: torch.Generator):
+    """One batched environment running `episodes_per_task` episodes of every task (rows grouped by task)."""
+    rows = torch.tensor(np.repeat(task_params, episodes_per_task, axis=0))
+    return ENV_CLASSES[task](rows, gen)
+
+
+# ------------------------------------------------------------------------------------------------ MODEL
+def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class LRU(nn.Module):
+    """Diagonal linear recurrence x_t = lambda * x_{t-1} + gamma * (B u_t), y_t = Re(C x_t) + D * u_t, with
+    complex lambda, B, C and state x held as real and imaginary parts (real arithmetic keeps the higher-order
+    gradients of MAML/TRPO cheap).
+
+    lambda = exp(-(exp(nu_log) + DELTA_MIN) + i exp(theta_log)) so |lambda| <= exp(-DELTA_MIN) < 1 for every
+    parameter value, even in float32; gamma = sqrt(1 - |lambda|^2) normalises the input so the state variance
+    does not blow up as |lambda| -> 1."""
+
+    DELTA_MIN = 1e-4
+
+    def __init__(self, d_model, d_state, r_min=0.4, r_max=0.99, max_phase=math.pi / 10):
+        super().__init__()
+        u1, u2 = torch.rand(d_state), torch.rand(d_state)
+        self.nu_log = nn.Parameter(torch.log(-0.5 * torch.log(u1 * (r_max**2 - r_min**2) + r_min**2)))
+        self.theta_log = nn.Parameter(torch.log(max_phase * u2 + 1e-3))
+        self.B_re = nn.Parameter(torch.randn(d_state, d_model) / math.sqrt(2 * d_model))
+        self.B_im = nn.Parameter(torch.randn(d_state, d_model) / math.sqrt(2 * d_model))
+        self.C_re = nn.Parameter(torch.randn(d_model, d_state) / math.sqrt(d_state))
+        self.C_im = nn.Parameter(torch.randn(d_model, d_state) / math.sqrt(d_state))
+        self.D = nn.Parameter(torch.randn(d_model) * 0.1)
+        self.d_state = d_state
+
+    def lam(self):
+        """(log |lambda|, arg lambda) per state dimension; log |lambda| <= -DELTA_MIN < 0 by construction."""
+        return -(torch.exp(self.nu_log) + self.DELTA_MIN), torch.exp(self.theta_log)
+
+    def _drive(self, u):
+        """gamma * (B u) as real and imaginary parts."""
+        log_r, _ = self.lam()
+        gamma = torch.sqrt(1 - torch.exp(2 * log_r))
+        return (u @ self.B_re.T) * gamma, (u @ self.B_im.T) * gamma
+
+    def _out(self, x_re, x_im, u):
+        return x_re @ self.C_re.T - x_im @ self.C_im.T + self.D * u
+
+    def step(self, u, x, start):
+        """One time step. u: (B, H), x: (B, 2N) real = [Re x | Im x], start: (B,) bool zeroes the state of
+        rows whose episode starts here."""
+        log_r, phase = self.lam()
+        c, s = torch.exp(log_r) * torch.cos(phase), torch.exp(log_r) * torch.sin(phase)
+        x_re, x_im = (x * (~start).unsqueeze(-1).to(x.dtype)).chunk(2, -1)
+        b_re, b_im = self._drive(u)
+        x_re, x_im = c * x_re - s * x_im + b_re, s * x_re + c * x_im + b_im
+        return self._out(x_re, x_im, u), torch.cat([x_re, x_im], -1)
+
+    def scan(self, u, x0, starts):
+        """Whole sequence in parallel: within an episode segment x_t = sum_{s<=t} lambda^(t-s) b_s (+ lambda^(t+1)
+        x0 before the first reset), one masked Toeplitz contraction instead of T sequential steps.
+        u: (T, B, H), x0: (B, 2N), starts: (T, B). Equals applying `step` T times."""
+        T = u.shape[0]
+        log_r, phase = self.lam()
+        b_re, b_im = self._drive(u)
+        lag = torch.arange(T, device=u.device)[:, None] - torch.arange(T, device=u.device)[None, :]  # t - s
+        causal = (lag >= 0).to(u.dtype)
+        # powers lambda^k for k = 0..T-1, gathered into the (N, T, S) Toeplitz matrix lambda^(t-s)
+        k = torch.arange(T, device=u.device, dtype=u.dtype)[None]
+        pow_re = torch.exp(k * log_r[:, None]) * torch.cos(k * phase[:, None])
+        pow_im = torch.exp(k * log_r[:, None]) * torch.sin(k * phase[:, None])
+        idx = lag.clamp(min=0)
+        L_re, L_im = pow_re[:, idx] * causal, pow_im[:, idx] * causal
+        seg = torch.cumsum(starts.long(), 0)  # (T, B): episode segment index; a reset starts a new segment
+        if starts[1:].any():
+            same = (seg.T[:, :, None] == seg.T[:, None, :]).to(u.dtype)  # (B, T, S)
+            conv = lambda L, v: torch.einsum("nts,bts,sbn->tbn", L, same, v)  # noqa: E731
+        else:
+            conv = lambda L, v: torch.einsum("nts,sbn->tbn", L, v)  # noqa: E731
+        x_re = conv(L_re, b_re) - conv(L_im, b_im)
+        x_im = conv(L_re, b_im) + conv(L_im, b_re)
+        # carry of x0: lambda^(t+1) x0 while no reset has happened yet
+        t1 = torch.arange(1, T + 1, device=u.device, dtype=u.dtype)[:, None]
+        p_re, p_im = torch.exp(t1 * log_r) * torch.cos(t1 * phase), torch.exp(t1 * log_r) * torch.sin(t1 * phase)
+        c0 = (seg == 0).to(u.dtype)[..., None]
+        x0_re, x0_im = x0.chunk(2, -1)
+        x_re = x_re + c0 * (p_re[:, None] * x0_re - p_im[:, None] * x0_im)
+        x_im = x_im + c0 * (p_im[:, None] * x0_re + p_re[:, None] * x0_im)
+        return self._out(x_re, x_im, u), torch.cat([x_re[-1], x_im[-1]], -1)
+
+
+class Agent(nn.Module):
+    """Encoder -> core (LRU | GRU | MLP) -> features; heads: action distribution, value, next observation."""
+
+    def __init__(self, kind, obs_dim, act_dim, discrete, hidden, state_size, in_context):
+        super().__init__()
+        self.kind, self.discrete, self.in_context = kind, discrete, in_context
+        self.obs_dim, self.act_dim, self.hidden, self.state_size = obs_dim, act_dim, hidden, state_size
+        in_dim = obs_dim + (act_dim + 1 if in_context else 0)
+        self.encoder = layer_init(nn.Linear(in_dim, hidden))
+        if kind == "ssm":
+            self.core = LRU(hidden, state_size)
+        elif kind == "gru":
+            self.core = nn.GRU(hidden, hidden)
+        else:
+            self.core = layer_init(nn.Linear(hidden, hidden))
+        self.fc = layer_init(nn.Linear(hidden, hidden))
+        self.pi = layer_init(nn.Linear(hidden, act_dim), std=0.01)
+        self.log_std = None if discrete else nn.Parameter(torch.zeros(act_dim))
+        self.value_head = layer_init(nn.Linear(hidden, 1), std=1.0)
+        self.dyn_head = layer_init(nn.Linear(hidden + act_dim, obs_dim), std=1.0)
+
+    def initial_state(self, n, device="cpu"):
+        if self.kind == "ssm":
+            return torch.zeros(n, 2 * self.state_size, dtype=self.encoder.weight.dtype, device=device)
+        if self.kind == "gru":
+            return torch.zeros(n, self.hidden, dtype=self.encoder.weight.dtype, device=device)
+        return torch.zeros(n, 0, device=device)
+
+    def make_input(self, obs, prev_action, prev_reward):
+        """prev_action is a vector (one-hot for discrete actions), zero on the first step of an episode."""
+        return torch.cat([obs, prev_action, prev_reward], -1) if self.in_context else obs
+
+    def forward(self, inputs, starts, state, actions=None, scan=True):
+        """inputs: (T, B, in_dim), starts: (T, B) bool (first step of an episode), state: (B, ...).
+        Returns dict with pi (mean or logits), log_std, value, feats, next_obs (if actions given), state."""
+        h = torch.tanh(self.encoder(inputs))
+        if self.kind == "ssm":
+            if scan:
+                y, state = self.core.scan(h, state, starts)
+            else:
+                ys = []
+                for t in range(h.shape[0]):
+                    y_t, state = self.core.step(h[t], state, starts[t])
+                    ys.append(y_t)
+                y = torch.stack(ys)
+            z = F.gelu(y) + h
+        elif self.kind == "gru":
+            if scan and not starts[1:].any():
+                # only the first step can be a reset: one fused GRU call over the whole sequence
+                y, hn = self.core(h, (state * (~starts[0]).unsqueeze(-1)).unsqueeze(0))
+                state = hn[0]
+            else:
+                ys = []
+                for t in range(h.shape[0]):
+                    y_t, hn = self.core(h[t : t + 1], (state * (~starts[t]).unsqueeze(-1)).unsqueeze(0))
+                    state = hn[0]
+                    ys.append(y_t[0])
+                y = torch.stack(ys)
+            z = y
+        else:
+            z = torch.tanh(self.core(h))
+        feats = torch.tanh(self.fc(z))
+        out = {"pi": self.pi(feats), "log_std": self.log_std, "value": self.value_head(feats.detach())[..., 0],
+               "feats": feats, "state": state}
+        if actions is not None:
+            a = F.one_hot(actions.long()[..., 0], self.act_dim).to(feats.dtype) if self.discrete else actions
+            out["next_obs"] = self.dyn_head(torch.cat([feats, a], -1))
+        return out
+
+
+def make_dist(out, discrete):
+    if discrete:
+        return torch.distributions.Categorical(logits=out["pi"])
+    return torch.distributions.Normal(out["pi"], torch.exp(out["log_std"]).expand_as(out["pi"]))
+
+
+def log_prob(dist, actions, discrete):
+    return dist.log_prob(actions[..., 0].long()) if discrete else dist.log_prob(actions).sum(-1)
+
+
+def count_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def agent_param_count(kind, obs_dim, act_dim, discrete, w, n_state, in_context):
+    """Closed form of count_params(Agent(...)) so the width search does not build hundreds of networks."""
+    in_dim = obs_dim + (act_dim + 1 if in_context else 0)
+    core = {"ssm": 2 * n_state + 4 * n_state * w + w, "gru": 6 * w * w + 6 * w, "mlp": w * w + w}[kind]
+    heads = (w * act_dim + act_dim) + (0 if discrete else act_dim) + (w + 1) + ((w + act_dim) * obs_dim + obs_dim)
+    return in_dim * w + w + core + (w * w + w) + heads
+
+
+def policy_width(args: Args, env_cls) -> int:
+    """The SSM uses --hidden-size; gru/mlp get the width whose parameter count is closest to the SSM's."""
+    spec = (env_cls.obs_dim, env_cls.act_dim, env_cls.discrete)
+    target = agent_param_count("ssm", *spec, args.hidden_size, args.state_size, args.in_context)
+    if args.policy == "ssm":
+        return args.hidden_size
+    return min(range(4, 2049), key=lambda w: abs(agent_param_count(args.policy, *spec, w, args.state_size, args.in_context) - target))
+
+
+def build_agent(args: Args, env_cls) -> Agent:
+    spec = (env_cls.obs_dim, env_cls.act_dim, env_cls.discrete)
+    return Agent(args.policy, *spec, policy_width(args, env_cls), args.state_size, args.in_context)
+
+
+# ------------------------------------------------------------------------------------------------ ROLLOUT
+@torch.no_grad()
+def rollout(model, params_list, env, horizon):
+    """Runs env.n episodes; rows are split evenly into len(params_list) groups, group g acting with
+    params_list[g] (one group per task after adaptation). Returns time-major tensors (T, n, ...)."""
+    n, G = env.n, len(params_list)
+    per = n // G
+    obs = env.reset()
+    prev_a, prev_r = torch.zeros(n, model.act_dim), torch.zeros(n, 1)
+    states = [model.initial_state(per) for _ in range(G)]
+    alive = torch.ones(n, dtype=torch.bool)
+    keys = ("obs", "inputs", "actions", "rewards", "masks", "next_obs", "logp")
+    buf = {k: [] for k in keys}
+    for t in range(horizon):
+        inp = model.make_input(obs, prev_a, prev_r)
+        start = torch.full((per,), t == 0)
+        actions, logps = [], []
+        for g, params in enumerate(params_list):
+            sl = slice(g * per, (g + 1) * per)
+            out = functional_call(model, params, (inp[None, sl], start[None], states[g]), {"scan": False})
+            states[g] = out["state"]
+            dist = make_dist(out, model.discrete)
+            a = dist.sample()[0]
+            a = a[:, None].float() if model.discrete else a
+            actions.append(a)
+            logps.append(log_prob(dist, a[None], model.discrete)[0])
+        action = torch.cat(actions)
+        next_obs, reward, done = env.step(action)
+        for k, v in zip(keys, (obs, inp, action, reward * alive, alive.clone(), next_obs, torch.cat(logps))):
+            buf[k].append(v)
+        alive = alive & ~done
+        prev_a = F.one_hot(action[:, 0].long(), model.act_dim).float() if model.discrete else action
+        obs, prev_r = next_obs, reward[:, None]
+        if not alive.any():
+            break
+    batch = {k: torch.stack(v) for k, v in buf.items()}
+    batch["masks"] = batch["masks"].float()
+    batch["starts"] = torch.zeros_like(batch["masks"], dtype=torch.bool)
+    batch["starts"][0] = True
+    return batch
+
+
+def split_batch(batch, G):
+    """Per-group views (group g = rows g*per .. (g+1)*per)."""
+    per = batch["masks"].shape[1] // G
+    return [{k: v[:, g * per : (g + 1) * per] for k, v in batch.items()} for g in range(G)]
+
+
+def episode_returns(batch):
+    return (batch["rewards"] * batch["masks"]).sum(0)
+
+
+# ------------------------------------------------------------------------------------------------ ADVANTAGES (GAE)
+def linear_baseline(batch, gamma, reg=1e-5):
+    """Per-task linear feature baseline (Duan et al. 2016): ridge regression of the discounted return on
+    [obs, obs^2, t, t^2, t^3, 1] over the task's episodes."""
+    obs, masks, rewards = batch["obs"].double(), batch["masks"].double(), batch["rewards"].double()
+    T, n = masks.shape
+    ret = torch.zeros_like(rewards)
+    running = torch.zeros(n, dtype=torch.float64)
+    for t in reversed(range(T)):
+        running = rewards[t] + gamma * running * masks[t]
+        ret[t] = running
+    o = obs.clamp(-10, 10)
+    al = (torch.arange(T, dtype=torch.float64) / 100.0)[:, None, None].expand(T, n, 1)
+    X = torch.cat([o, o**2, al, al**2, al**3, torch.ones_like(al)], -1) * masks[..., None]
+    Xf, yf = X.reshape(-1, X.shape[-1]), (ret * masks).reshape(-1)
+    A, rhs = Xf.T @ Xf, Xf.T @ yf
+    for _ in range(5):  # raise the ridge until the solve is finite (degenerate features, e.g. constant obs)
+        w = torch.linalg.solve(A + reg * torch.eye(A.shape[0], dtype=A.dtype), rhs)
+        if torch.isfinite(w).all():
+            break
+        reg *= 10
+    return (X @ w) * masks
+
+
+def compute_advantages(batch, gamma, gae_lambda):
+    """GAE with the linear baseline, normalised over the task's valid steps."""
+    values = linear_baseline(batch, gamma)
+    masks, rewards = batch["masks"].double(), batch["rewards"].double()
+    T = masks.shape[0]
+    adv = torch.zeros_like(rewards)
+    last = torch.zeros(masks.shape[1], dtype=torch.float64)
+    for t in reversed(range(T)):
+        next_v = values[t + 1] * masks[t + 1] if t + 1 < T else torch.zeros_like(last)
+        next_m = masks[t + 1] if t + 1 < T else torch.zeros_like(last)
+        delta = rewards[t] + gamma * next_v - values[t]
+        last = delta + gamma * gae_lambda * next_m * last
+        adv[t] = last * masks[t]
+    valid = adv[masks > 0]
+    adv = (adv - valid.mean()) / (valid.std() + 1e-8) * masks
+    return adv.float()
+
+
+# ------------------------------------------------------------------------------------------------ MAML
+def policy_out(model, params, batch):
+    state0 = model.initial_state(batch["masks"].shape[1])
+    return functional_call(model, params, (batch["inputs"], batch["starts"], state0), {"scan": True})
+
+
+def inner_loss(model, params, batch):
+    """REINFORCE with GAE advantages (from rewards through the linear baseline): -E[log pi(a|s) A]."""
+    out = policy_out(model, params, batch)
+    logp = log_prob(make_dist(out, model.discrete), batch["actions"], model.discrete)
+    m = batch["masks"]
+    return -(logp * batch["advantages"] * m).sum() / m.sum()
+
+
+def inner_step(model, params, batch, lr, create_graph):
+    """theta' = theta - lr * grad inner_loss(theta). With create_graph the result stays differentiable in
+    theta through the gradient (second-order MAML); without it the gradient is a constant (first-order)."""
+    loss = inner_loss(model, params, batch)
+    names = [k for k, p in params.items() if p.requires_grad]
+    grads = torch.autograd.grad(loss, [params[k] for k in names], create_graph=create_graph, allow_unused=True)
+    new = dict(params)
+    for k, g in zip(names, grads):
+        if g is not None:
+            new[k] = params[k] - lr * (g if create_graph else g.detach())
+    return new
+
+
+def adapt(model, params, train_batches, lr, first_order, create_graph=True):
+    for b in train_batches:
+        params = inner_step(model, params, b, lr, create_graph and not first_order)
+    return params
+
+
+def kl_divergence(old, new, discrete):
+    """KL(old || new) per step, summed over action dimensions."""
+    if discrete:
+        lo, ln = F.log_softmax(old["pi"], -1), F.log_softmax(new["pi"], -1)
+        return (lo.exp() * (lo - ln)).sum(-1)
+    ls_o, ls_n = old["log_std"].expand_as(old["pi"]), new["log_std"].expand_as(new["pi"])
+    return (ls_n - ls_o + (torch.exp(2 * ls_o) + (old["pi"] - new["pi"]) ** 2) / (2 * torch.exp(2 * ls_n)) - 0.5).sum(-1)
+
+
+def meta_objective(model, params, tasks_data, args, old_outs=None, create_graph=True):
+    """Mean over tasks of the surrogate -E[pi_theta'(a|s)/pi_old(a|s) A] on post-adaptation episodes, where
+    theta' = adapt(theta) on the task's fast batches; also the mean KL(old || new) on those episodes."""
+    losses, kls, outs = [], [], []
+    for i, td in enumerate(tasks_data):
+        p = adapt(model, params, td["train"], args.inner_lr, args.first_order, create_graph)
+        val = td["val"]
+        out = policy_out(model, p, val)
+        old = old_outs[i] if old_outs is not None else {k: (v.detach() if v is not None else None) for k, v in out.items() if k in ("pi", "log_std")}
+        outs.append(old)
+        m = val["masks"]
+        logp = log_prob(make_dist(out, model.discrete), val["actions"], model.discrete)
+        logp_old = log_prob(make_dist(old, model.discrete), val["actions"], model.discrete)
+        ratio = torch.exp(logp - logp_old)
+        losses.append(-(ratio * val["advantages"] * m).sum() / m.sum())
+        kls.append((kl_divergence(old, out, model.discrete) * m).sum() / m.sum())
+    return torch.stack(losses).mean(), torch.stack(kls).mean(), outs
+
+
+def conjugate_gradient(Avp, b, iters, tol=1e-10):
+    x, r, p = torch.zeros_like(b), b.clone(), b.clone()
+    rr = r @ r
+    for _ in range(iters):
+        Ap = Avp(p)
+        alpha = rr / (p @ Ap)
+        x, r = x + alpha * p, r - alpha * Ap
+        rr_new = r @ r
+        if rr_new < tol:
+            break
+        p, rr = r + (rr_new / rr) * p, rr_new
+    return x
+
+
+def trpo_step(model, tasks_data, args):
+    """TRPO outer update: natural gradient direction by conjugate gradient with Hessian(KL)-vector products
+    (differentiating through the inner adaptation), scaled to the KL radius, then a backtracking line search."""
+    names = [k for k, _ in model.named_parameters()]
+    params = dict(model.named_parameters())
+    plist = [params[k] for k in names]
+    # kl is KL(detached self || self): zero with zero gradient, but its Hessian is the Fisher matrix
+    loss, kl, old_outs = meta_objective(model, params, tasks_data, args)
+    grads = torch.autograd.grad(loss, plist, retain_graph=True, allow_unused=True)
+    g = torch.cat([(gr if gr is not None else torch.zeros_like(p)).reshape(-1) for gr, p in zip(grads, plist)])
+    kl_grads = torch.autograd.grad(kl, plist, create_graph=True, allow_unused=True)
+    flat_kl = torch.cat([(gr if gr is not None else torch.zeros_like(p)).reshape(-1) for gr, p in zip(kl_grads, plist)])
+
+    def fvp(v):
+        hv = torch.autograd.grad(flat_kl @ v, plist, retain_graph=True, allow_unused=True)
+        return torch.cat([(h if h is not None else torch.zeros_like(p)).reshape(-1) for h, p in zip(hv, plist)]) + args.cg_damping * v
+
+    step_dir = conjugate_gradient(fvp, -g.detach(), args.cg_iters)
+    shs = 0.5 * step_dir @ fvp(step_dir)
+    step = step_dir * torch.sqrt(2 * args.max_kl / (shs + 1e-12))
+    old_flat = torch.cat([p.detach().reshape(-1) for p in plist])
+    expected = g.detach() @ step
+    frac, accepted, new_kl, ls_steps = 1.0, False, torch.tensor(0.0), 0
+    for ls_steps in range(1, args.ls_max_steps + 1):
+        torch.nn.utils.vector_to_parameters(old_flat + frac * step, plist)
+        new_loss, new_kl, _ = meta_objective(model, dict(model.named_parameters()), tasks_data, args, old_outs, create_graph=False)
+        if (new_loss - loss).item() < 0 and new_kl.item() <= args.max_kl:
+            accepted = True
+            break
+        frac *= args.ls_backtrack_ratio
+    if not accepted:
+        torch.nn.utils.vector_to_parameters(old_flat, plist)
+    return {"outer_loss": loss.item(), "approx_kl": new_kl.item() if accepted else 0.0, "line_search_steps": ls_steps,
+            "accepted": float(accepted), "expected_improve": -expected.item()}
+
+
+def prepare_batch(batch, args):
+    batch["advantages"] = compute_advantages(batch, args.gamma, args.gae_lambda)
+    return batch
+
+
+def sample_task_batches(model, params, task_params, args, gen, num_steps, inner_lrs):
+    """For each task: `num_steps` fast batches, the j-th sampled with theta adapted j times (no graph), then
+    the post-adaptation batch. Returns per-task dicts {"train": [...], "val": batch} and the returns."""
+    K, n = len(task_params), args.fast_batch_size
+    env = make_env(args.task, task_params, n, gen)
+    task_p = [params] * K
+    train = [[] for _ in range(K)]
+    returns = []
+    for j in range(num_steps + 1):
+        plist = task_p if j > 0 else [params]
+        batch = rollout(model, plist, env, args.max_episode_steps)
+        returns.append(episode_returns(batch).reshape(K, n).mean(1))
+        parts = [prepare_batch(b, args) for b in split_batch(batch, K)]
+        if j == num_steps:
+            return [{"train": train[i], "val": parts[i]} for i in range(K)], returns
+        for i in range(K):
+            train[i].append(parts[i])
+            with torch.enable_grad():
+                p = {k: v.detach().requires_grad_(True) for k, v in task_p[i].items()}
+                task_p[i] = {k: v.detach() for k, v in inner_step(model, p, parts[i], inner_lrs[j], False).items()}
+
+
+# ------------------------------------------------------------------------------------------------ CHECKPOINTS
+def save_checkpoint(path, model, args, task_split, extra=None):
+    """torch.save to a temp file in the same directory, then os.replace: a crash never leaves a torn file."""
+    ckpt = {"state_dict": model.state_dict(), "args": dataclasses.asdict(args), "script": "maml_ssm",
+            "task_split": task_split, "param_count": count_params(model)}
+    ckpt.update(extra or {})
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=d, suffix=".tmp")
+    os.close(fd)
+    try:
+        torch.save(ckpt, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def load_checkpoint(path):
+    """Returns (model, args, ckpt) or raises ValueError with a one-line reason."""
+    if not os.path.isfile(path):
+        raise ValueError(f"checkpoint {path!r} does not exist")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # corrupted or not a torch file
+        raise ValueError(f"cannot read checkpoint {path!r}: {type(e).__name__}")
+    if not isinstance(ckpt, dict) or ckpt.get("script") != "maml_ssm":
+        raise ValueError(f"{path!r} is not a maml_ssm checkpoint (script={ckpt.get('script') if isinstance(ckpt, dict) else None!r})")
+    for key in ("state_dict", "args", "task_split"):
+        if key not in ckpt:
+            raise ValueError(f"checkpoint {path!r} lacks {key!r}")
+    known = {f.name for f in dataclasses.fields(Args)}
+    unknown = set(ckpt["args"]) - known
+    if unknown:
+        raise ValueError(f"checkpoint {path!r} has unknown config fields {sorted(unknown)}")
+    args = Args(**ckpt["args"])
+    msg = validate_args(args)
+    if msg:
+        raise ValueError(f"checkpoint config is invalid: {msg}")
+    if ckpt["task_split"].get("task") != args.task:
+        raise ValueError(f"checkpoint task split is for {ckpt['task_split'].get('task')!r} but its config says {args.task!r}")
+    torch.manual_seed(0)
+    model = build_agent(args, ENV_CLASSES[args.task])
+    try:
+        model.load_state_dict(ckpt["state_dict"], strict=True)
+    except RuntimeError as e:
+        raise ValueError(f"checkpoint weights do not match its config (--policy {args.policy}, --hidden-size {args.hidden_size}): {str(e).splitlines()[0]}")
+    return model, args, ckpt
+
+
+# ------------------------------------------------------------------------------------------------ EVALUATION
+def ci95(x):
+    x = np.asarray(x, dtype=np.float64)
+    return float(1.96 * x.std(ddof=1) / math.sqrt(len(x))) if len(x) > 1 else 0.0
+
+
+def evaluate(checkpoint, num_tasks=40, num_steps=3, inner_lr=None, later_lr_scale=0.5, fast_batch_size=None,
+             eval_seed=None, write=True):
+    """Returns on fresh test tasks after 0..num_steps inner steps (inner_lr, then inner_lr * later_lr_scale).
+    Every task starts from its own copy of theta; the checkpoint file is only read. Writes eval.json and
+    eval.png beside the checkpoint when `write`."""
+    model, args, ckpt = load_checkpoint(checkpoint)
+    if fast_batch_size is not None:
+        args.fast_batch_size = fast_batch_size
+    lr = args.inner_lr if inner_lr is None else inner_lr
+    seed = args.seed if eval_seed is None else eval_seed
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    _, test_rng = task_streams(seed)
+    tasks = sample_tasks(args.task, test_rng, num_tasks, "test")
+    seen = np.asarray(ckpt["task_split"]["train_tasks"]).reshape(-1, tasks.shape[1])
+    if len(seen) and (np.abs(seen[None] - tasks[:, None]).max(-1) < 1e-12).any():
+        raise ValueError("a test task coincides with a training task")
+    theta = {k: v.detach().clone() for k, v in model.named_parameters()}
+    lrs = [lr] + [lr * later_lr_scale] * max(num_steps - 1, 0)
+    _, returns = sample_task_batches(model, theta, tasks, args, gen, num_steps, lrs)
+    per_step = [r.numpy() for r in returns]
+    result = {"task": args.task, "returns_after_steps": {str(k): float(r.mean()) for k, r in enumerate(per_step)},
+              "ci95": {str(k): ci95(r) for k, r in enumerate(per_step)}, "num_tasks": num_tasks}
+    if write:
+        out_dir = os.path.dirname(os.path.abspath(checkpoint))
+        tmp = os.path.join(out_dir, "eval.json.tmp")
+        with open(tmp, "w") as f:
+            json.dump(result, f, indent=2)
+        os.replace(tmp, os.path.join(out_dir, "eval.json"))
+        plot_eval(result, os.path.join(out_dir, "eval.png"), f"{args.task} / {args.policy}")
+    return result
+
+
+def plot_eval(result, path, title):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ks = sorted(result["returns_after_steps"], key=int)
+    mean = [result["returns_after_steps"][k] for k in ks]
+    ci = [result["ci95"][k] for k in ks]
+    fig, ax = plt.subplots(figsize=(4.5, 3.2))
+    ax.errorbar([int(k) for k in ks], mean, yerr=ci, marker="o", capsize=3)
+    ax.set_xlabel("inner gradient steps")
+    ax.set_ylabel("mean return (95% CI)")
+    ax.set_title(title)
+    ax.set_xticks([int(k) for k in ks])
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------------------ TEST-TIME ADAPTATION
+class ExperienceBuffer:
+    """Preallocated ring buffer of meta-training transitions (oldest evicted first). Besides (obs, action,
+    reward, next_obs, done, task id) it keeps the policy input (with the in-context signal) and the GAE
+    advantage so replayed transitions can feed the pg objective. Filled by `train` only."""
+
+    FIELDS = ("obs", "inputs", "actions", "rewards", "next_obs", "dones", "advantages", "task_ids")
+
+    def __init__(self, capacity, obs_dim, in_dim, act_dim, device="cpu"):
+        self.capacity, self.device = capacity, torch.device(device)
+        shapes = {"obs": (obs_dim,), "inputs": (in_dim,), "actions": (act_dim,), "rewards": (), "next_obs": (obs_dim,),
+                  "dones": (), "advantages": (), "task_ids": ()}
+        dtypes = {"dones": torch.bool, "task_ids": torch.long}
+        self.data = {k: torch.zeros((capacity, *s), dtype=dtypes.get(k, torch.float32), device=self.device) for k, s in shapes.items()}
+        self.pos, self.size = 0, 0
+
+    def __len__(self):
+        return self.size
+
+    def add(self, **items):
+        n = len(items["obs"])
+        idx = (self.pos + torch.arange(n)) % self.capacity  # wraps around: overwrites the oldest entries
+        for k in self.FIELDS:
+            self.data[k][idx.to(self.device)] = items[k].to(self.device, self.data[k].dtype)
+        self.pos = int((self.pos + n) % self.capacity)
+        self.size = min(self.size + n, self.capacity)
+
+    def sample(self, batch_size, gen):
+        """Uniform batch by index (only the sampled rows are gathered)."""
+        idx = torch.randint(0, self.size, (batch_size,), generator=gen).to(self.device)
+        return {k: v[idx] for k, v in self.data.items()}
+
+    def state_dict(self):
+        return {"capacity": self.capacity, "pos": self.pos, "size": self.size, "data": {k: v.cpu() for k, v in self.data.items()}}
+
+    @classmethod
+    def from_state_dict(cls, sd, device="cpu"):
+        d = sd["data"]
+        buf = cls(sd["capacity"], d["obs"].shape[1], d["inputs"].shape[1], d["actions"].shape[1], device)
+        for k in cls.FIELDS:
+            buf.data[k].copy_(d[k])
+        buf.pos, buf.size = sd["pos"], sd["size"]
+        return buf
+
+
+def add_batch_to_buffer(buffer, batch, task_id):
+    """Valid steps of one task's episodes; done marks an episode's last step."""
+    m = batch["masks"] > 0
+    nxt = torch.cat([batch["masks"][1:], torch.zeros_like(batch["masks"][:1])]) > 0
+    buffer.add(obs=batch["obs"][m], inputs=batch["inputs"][m], actions=batch["actions"][m], rewards=batch["rewards"][m],
+               next_obs=batch["next_obs"][m], dones=(m & ~nxt)[m], advantages=batch["advantages"][m],
+               task_ids=torch.full((int(m.sum()),), task_id, dtype=torch.long))
+
+
+def replay_as_batch(sample):
+    """Replayed transitions as length-1 sequences from a fresh recurrent state (their history is not stored)."""
+    B = len(sample["obs"])
+    return {"inputs": sample["inputs"][None], "starts": torch.ones(1, B, dtype=torch.bool), "actions": sample["actions"][None],
+            "masks": torch.ones(1, B), "advantages": sample["advantages"][None], "rewards": sample["rewards"][None],
+            "next_obs": sample["next_obs"][None], "obs": sample["obs"][None]}
+
+
+def objective_loss(model, params, batch, objective):
+    """pg: the MAML inner rule (reads rewards via the advantages). dynamics: next-observation MSE of the
+    auxiliary head with the reward channel of the input zeroed, so no reward reaches it. entropy: policy
+    entropy (Tent). Returns (loss, model output)."""
+    m = batch["masks"]
+    if objective == "pg":
+        out = policy_out(model, params, batch)
+        logp = log_prob(make_dist(out, model.discrete), batch["actions"], model.discrete)
+        return -(logp * batch["advantages"] * m).sum() / m.sum(), out
+    inputs = batch["inputs"]
+    if objective == "dynamics" and model.in_context:
+        inputs = torch.cat([inputs[..., :-1], torch.zeros_like(inputs[..., -1:])], -1)
+    state0 = model.initial_state(m.shape[1])
+    out = functional_call(model, params, (inputs, batch["starts"], state0), {"actions": batch["actions"]})
+    if objective == "dynamics":
+        return ((((out["next_obs"] - batch["next_obs"]) ** 2).mean(-1)) * m).sum() / m.sum(), out
+    ent = make_dist(out, model.discrete).entropy()
+    ent = ent if model.discrete else ent.sum(-1)
+    return (ent * m).sum() / m.sum(), out
+
+
+STRATEGIES = {}
+
+
+def register_strategy(name):
+    """Decorator: a strategy maps (loss, model output, masks, cfg) to the loss that is minimised."""
+    def deco(fn):
+        STRATEGIES[name] = fn
+        return fn
+    return deco
+
+
+@register_strategy("none")
+def strategy_none(loss, out, masks, cfg):
+    return loss
+
+
+@register_strategy("tent")
+def strategy_tent(loss, out, masks, cfg):
+    ent = make_dist(out, cfg.discrete).entropy()
+    ent = ent if cfg.discrete else ent.sum(-1)
+    return loss + cfg.tent_coef * (ent * masks).sum() / masks.sum()
+
+
+def select_params(names, which):
+    """all | ssm (the recurrent core: LRU, GRU or the MLP's core layer) | heads (policy, value, dynamics)."""
+    if which == "all":
+        return list(names)
+    if which == "ssm":
+        return [n for n in names if n.startswith("core.")]
+    if which == "heads":
+        return [n for n in names if n.startswith(("pi.", "log_std", "value_head.", "dyn_head."))]
+    raise ValueError(f"unknown parameter selection {which!r}")
+
+
+class StandardAdapter:
+    """Gradient steps on the current task's objective from the meta-learned theta_0, with guards: gradient
+    norm clip, maximum parameter change per step, trust region ||theta - theta_0|| <= eps around theta_0, optional
+    EMA of the adapted parameters (used for acting), and parameter selection."""
+
+    def __init__(self, model, theta0, cfg, buffer=None, gen=None):
+        self.model, self.cfg, self.buffer, self.gen = model, cfg, buffer, gen
+        self.theta0 = {k: v.detach().clone() for k, v in theta0.items()}
+        self.names = select_params(list(theta0), cfg.adapt_params)
+        self.params = {k: v.detach().clone() for k, v in theta0.items()}
+        leaves = [self.params[k].requires_grad_(True) for k in self.names]
+        self.opt = (torch.optim.Adam if cfg.adapt_optimizer == "adam" else torch.optim.SGD)(leaves, lr=cfg.adapt_lr)
+        self.ema = {k: v.detach().clone() for k, v in self.params.items()} if cfg.ema_decay > 0 else None
+
+    def acting_params(self):
+        return self.ema if self.ema is not None else {k: v.detach() for k, v in self.params.items()}
+
+    def replay_batch(self):
+        return None
+
+    def loss(self, batch, replay=None):
+        loss, out = objective_loss(self.model, self.params, batch, self.cfg.adapt_objective)
+        return STRATEGIES[self.cfg.strategy](loss, out, batch["masks"], self.cfg)
+
+    def _vec(self, params, names):
+        return torch.cat([params[k].detach().reshape(-1) for k in names])
+
+    def drift(self):
+        return (self._vec(self.params, self.names) - self._vec(self.theta0, self.names)).norm().item()
+
+    def step(self, batch):
+        replay = self.replay_batch()
+        loss = self.loss(batch, replay)
+        leaves = [self.params[k] for k in self.names]
+        grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+        grads = [g if g is not None else torch.zeros_like(p) for g, p in zip(grads, leaves)]
+        gnorm = torch.sqrt(sum((g**2).sum() for g in grads)).item()
+        fired = {"clip": False, "max_step": False, "trust_region": False}
+        if gnorm > self.cfg.grad_clip:
+            fired["clip"] = True
+            grads = [g * (self.cfg.grad_clip / (gnorm + 1e-12)) for g in grads]
+        before = [p.detach().clone() for p in leaves]
+        for p, g in zip(leaves, grads):
+            p.grad = g
+        self.opt.step()
+        with torch.no_grad():
+            delta = torch.sqrt(sum(((p - b) ** 2).sum() for p, b in zip(leaves, before))).item()
+            if delta > self.cfg.max_step_norm:
+                fired["max_step"] = True
+                for p, b in zip(leaves, before):
+                    p.copy_(b + (p - b) * (self.cfg.max_step_norm / delta))
+            drift = self.drift()
+            if drift > self.cfg.trust_region:
+                fired["trust_region"] = True  # project back onto the ball around the meta-learned theta_0
+                for k in self.names:
+                    self.params[k].copy_(self.theta0[k] + (self.params[k] - self.theta0[k]) * (self.cfg.trust_region / drift))
+            if self.ema is not None:
+                d = self.cfg.ema_decay
+                for k in self.names:
+                    self.ema[k] = d * self.ema[k] + (1 - d) * self.params[k].detach()
+        with torch.enable_grad():
+            after = self.loss(batch, replay).item()
+        return {"loss_before": loss.item(), "loss_after": after, "grad_norm": gnorm, "drift": self.drift(),
+                "guard_fired": any(fired.values()), **{f"fired_{k}": v for k, v in fired.items()}}
+
+
+class HybridAdapter(StandardAdapter):
+    """Current-task loss + experience_weight x the same loss on a replayed batch of training transitions
+    (rehearsal against drift away from what meta-training covered)."""
+
+    def replay_batch(self):
+        return replay_as_batch(self.buffer.sample(self.cfg.experience_batch_size, self.gen))
+
+    def loss(self, batch, replay=None):
+        cur = super().loss(batch)
+        if replay is None or self.cfg.experience_weight == 0:
+            return cur
+        return cur + self.cfg.experience_weight * super().loss(replay)
+
+
+ADAPTERS = {"standard": StandardAdapter, "hybrid": HybridAdapter}
+
+
+class FeatureMonitor:
+    """Exponential moving mean/variance of the policy features (the SSM output after the MLP), kept during
+    training; at test time the shift is the mean |mu_test - mu_train| / sigma_train over feature dimensions."""
+
+    def __init__(self, dim, decay=0.99):
+        self.mean, self.var, self.decay, self.count = torch.zeros(dim), torch.ones(dim), decay, 0
+
+    def update(self, feats, masks):
+        f = feats[masks > 0].detach().float()
+        mu, var = f.mean(0), f.var(0, unbiased=False)
+        d = self.decay if self.count else 0.0
+        self.mean, self.var = d * self.mean + (1 - d) * mu, d * self.var + (1 - d) * var
+        self.count += 1
+
+    def shift(self, feats, masks):
+        f = feats[masks > 0].detach().float()
+        return ((f.mean(0) - self.mean).abs() / torch.sqrt(self.var + 1e-6)).mean().item()
+
+    def state_dict(self):
+        return {"mean": self.mean, "var": self.var, "decay": self.decay, "count": self.count}
+
+
+def monitor_stats(model, params, batch, monitor):
+    """Predictive entropy, confidence (exp(-entropy) per step) and feature shift versus training statistics."""
+    with torch.no_grad():
+        out = policy_out(model, params, batch)
+        ent = make_dist(out, model.discrete).entropy()
+        ent = ent if model.discrete else ent.sum(-1)
+        m = batch["masks"]
+        stats = {"entropy": ((ent * m).sum() / m.sum()).item(), "confidence": ((torch.exp(-ent) * m).sum() / m.sum()).item()}
+        if monitor is not None:
+            stats["feature_shift"] = monitor.shift(out["feats"], m)
+    return stats
+
+
+@torch.no_grad()
+def online_rollout(model, adapters, env, horizon, every, objective, args):
+    """Episodes during which every task's adapter takes one step every `every` env steps on the episode so far
+    (the recurrent state carries on; acting switches to the updated parameters). Returns (batch, step stats)."""
+    n, G = env.n, len(adapters)
+    per = n // G
+    obs = env.reset()
+    prev_a, prev_r = torch.zeros(n, model.act_dim), torch.zeros(n, 1)
+    states = [model.initial_state(per) for _ in range(G)]
+    alive = torch.ones(n, dtype=torch.bool)
+    keys = ("obs", "inputs", "actions", "rewards", "masks", "next_obs")
+    buf = {k: [] for k in keys}
+    stats = []
+    for t in range(horizon):
+        if t > 0 and t % every == 0:
+            part = {k: torch.stack(v) for k, v in buf.items()}
+            part["masks"] = part["masks"].float()
+            part["starts"] = torch.zeros_like(part["masks"], dtype=torch.bool)
+            part["starts"][0] = True
+            for g, (ad, b) in enumerate(zip(adapters, split_batch(part, G))):
+                if objective == "pg":
+                    b["advantages"] = compute_advantages(b, args.gamma, args.gae_lambda)
+                with torch.enable_grad():
+                    stats.append(ad.step(b))
+        inp = model.make_input(obs, prev_a, prev_r)
+        start = torch.full((per,), t == 0)
+        actions = []
+        for g, ad in enumerate(adapters):
+            sl = slice(g * per, (g + 1) * per)
+            out = functional_call(model, ad.acting_params(), (inp[None, sl], start[None], states[g]), {"scan": False})
+            states[g] = out["state"]
+            a = make_dist(out, model.discrete).sample()[0]
+            actions.append(a[:, None].float() if model.discrete else a)
+        action = torch.cat(actions)
+        next_obs, reward, done = env.step(action)
+        for k, v in zip(keys, (obs, inp, action, reward * alive, alive.clone(), next_obs)):
+            buf[k].append(v)
+        alive = alive & ~done
+        prev_a = F.one_hot(action[:, 0].long(), model.act_dim).float() if model.discrete else action
+        obs, prev_r = next_obs, reward[:, None]
+        if not alive.any():
+            break
+    batch = {k: torch.stack(v) for k, v in buf.items()}
+    batch["masks"] = batch["masks"].float()
+    batch["starts"] = torch.zeros_like(batch["masks"], dtype=torch.bool)
+    batch["starts"][0] = True
+    return batch, stats
+
+
+def run_adaptation(checkpoint, aargs, writer=None):
+    """Returns on fresh test tasks after 0..K adaptation steps for every adapter x objective. Each task starts
+    from a fresh copy of theta_0; the checkpoint (and its buffer) is only read."""
+    model, args, ckpt = load_checkpoint(checkpoint)
+    buffer = ExperienceBuffer.from_state_dict(ckpt["buffer"]) if ckpt.get("buffer") else None
+    monitor = None
+    if ckpt.get("feature_stats"):
+        fs = ckpt["feature_stats"]
+        monitor = FeatureMonitor(len(fs["mean"]), fs["decay"])
+        monitor.mean, monitor.var, monitor.count = fs["mean"], fs["var"], fs["count"]
+    K = args.adapt_steps if aargs.adapt_steps is None else aargs.adapt_steps
+    lr = args.adapt_lr if aargs.adapt_lr is None else aargs.adapt_lr
+    n_eps = args.fast_batch_size if aargs.fast_batch_size is None else aargs.fast_batch_size
+    seed = args.seed if aargs.eval_seed is None else aargs.eval_seed
+    _, test_rng = task_streams(seed)
+    tasks = sample_tasks(args.task, test_rng, aargs.num_tasks, "test")
+    theta0 = {k: v.detach().clone() for k, v in model.named_parameters()}
+    results = {}
+    for mode in aargs.adaptation_mode:
+        for objective in aargs.adapt_objective:
+            cfg = adapt_config(aargs, objective, lr, model.discrete)
+            torch.manual_seed(seed)
+            gen = torch.Generator().manual_seed(seed)
+            adapters = [ADAPTERS[mode](model, theta0, cfg, buffer, gen) for _ in range(len(tasks))]
+            env = make_env(args.task, tasks, n_eps, gen)
+            per_step, step_logs, mon = [], [], []
+            for k in range(K + 1):
+                if aargs.online:
+                    batch, logs = online_rollout(model, adapters, env, args.max_episode_steps, aargs.online_every, objective, args)
+                    step_logs += logs
+                else:
+                    batch = rollout(model, [ad.acting_params() for ad in adapters], env, args.max_episode_steps)
+                per_step.append(episode_returns(batch).reshape(len(tasks), n_eps).mean(1).numpy())
+                parts = split_batch(batch, len(tasks))
+                mon.append({key: float(np.mean([monitor_stats(model, ad.acting_params(), p, monitor)[key] for ad, p in zip(adapters, parts)]))
+                            for key in (["entropy", "confidence"] + (["feature_shift"] if monitor else []))})
+                if k == K or aargs.online:
+                    continue
+                for ad, p in zip(adapters, parts):
+                    if objective == "pg":
+                        p["advantages"] = compute_advantages(p, args.gamma, args.gae_lambda)
+                    step_logs.append(ad.step(p))
+            name = f"{mode}/{objective}"
+            results[name] = {"returns_after_steps": {str(k): float(r.mean()) for k, r in enumerate(per_step)},
+                             "ci95": {str(k): ci95(r) for k, r in enumerate(per_step)},
+                             "guard_fired_frac": float(np.mean([s["guard_fired"] for s in step_logs])) if step_logs else 0.0,
+                             "final_drift": float(np.mean([ad.drift() for ad in adapters])), "monitor": mon}
+            if writer is not None:
+                for k, r in enumerate(per_step):
+                    writer.add_scalar(f"tta/{mode}_{objective}/return_after_steps", float(r.mean()), k)
+                for i, s in enumerate(step_logs):
+                    for key in ("loss_before", "loss_after", "grad_norm", "drift", "guard_fired"):
+                        writer.add_scalar(f"tta/{mode}_{objective}/{key}", float(s[key]), i)
+                for k, s in enumerate(mon):
+                    for key, v in s.items():
+                        writer.add_scalar(f"tta/{mode}_{objective}/{key}", v, k)
+            print(f"adapt {name}: " + " ".join(f"{k}:{v:.2f}" for k, v in results[name]["returns_after_steps"].items()), flush=True)
+    return {"task": args.task, "num_tasks": len(tasks), "online": aargs.online, "adapt_steps": K, "adapt_lr": lr, "results": results}
+
+
+def plot_adaptation(res, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    base = None
+    for name, r in res["results"].items():
+        ks = sorted(r["returns_after_steps"], key=int)
+        ax.errorbar([int(k) for k in ks], [r["returns_after_steps"][k] for k in ks], yerr=[r["ci95"][k] for k in ks],
+                    marker="o", capsize=2, label=name)
+        base = r["returns_after_steps"]["0"]
+    ax.axhline(base, color="grey", ls=":", lw=1, label="no adaptation")
+    ax.set_xlabel("adaptation steps")
+    ax.set_ylabel("mean return (95% CI)")
+    ax.set_title(f"{res['task']}: test-time adaptation" + (" (online)" if res["online"] else ""))
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+def parse_cli(argv):
+    """tyro subcommands; `train --config NAME` sets the preset as the defaults so every flag still overrides it."""
+    config = "none"
+    for i, a in enumerate(argv):
+        if a == "--config" and i + 1 < len(argv):
+            config = argv[i + 1]
+        elif a.startswith("--config="):
+            config = a.split("=", 1)[1]
+    if config not in PRESETS:
+        error(f"unknown --config {config!r}; choose one of {', '.join(PRESETS)}")
+    train_default = dataclasses.replace(Args(), config=config, **PRESETS[config])
+    Cmd = Union[
+        Annotated[Args, tyro.conf.subcommand("train", default=train_default, description="meta-train a policy with MAML")],
+        Annotated[EvalArgs, tyro.conf.subcommand("eval", description="returns after 0..K inner steps on fresh test tasks")],
+        Annotated[AdaptArgs, tyro.conf.subcommand("adapt", description="test-time adaptation: standard/hybrid x pg/dynamics/entropy")],
+    ]
+    return tyro.cli(Cmd, args=argv, prog="maml_ssm.py")
+
+
+def main_eval(eargs: EvalArgs):
+    if eargs.num_tasks < 2 or eargs.num_steps < 0:
+        error("--num-tasks must be >= 2 (for a confidence interval) and --num-steps >= 0")
+    if (eargs.inner_lr is not None and eargs.inner_lr <= 0) or eargs.later_lr_scale <= 0:
+        error("--inner-lr and --later-lr-scale must be positive")
+    if eargs.fast_batch_size is not None and eargs.fast_batch_size < 1:
+        error("--fast-batch-size must be >= 1")
+    try:
+        load_checkpoint(eargs.checkpoint)
+    except ValueError as e:
+        error(str(e))
+    torch.set_num_threads(1)
+    res = evaluate(eargs.checkpoint, eargs.num_tasks, eargs.num_steps, eargs.inner_lr, eargs.later_lr_scale,
+                   eargs.fast_batch_size, eargs.eval_seed)
+    print(json.dumps(res))
+
+
+def main_adapt(aargs: AdaptArgs):
+    msg = validate_adapt_args(aargs)
+    if msg:
+        error(msg)
+    try:
+        _, _, ckpt = load_checkpoint(aargs.checkpoint)
+    except ValueError as e:
+        error(str(e))
+    if "hybrid" in aargs.adaptation_mode and not (ckpt.get("buffer") and ckpt["buffer"]["size"] > 0):
+        error("--adaptation-mode hybrid needs a checkpoint with a non-empty ExperienceBuffer (train with --buffer-size > 0)")
+    torch.set_num_threads(1)
+    from torch.utils.tensorboard import SummaryWriter
+
+    out_dir = os.path.dirname(os.path.abspath(aargs.checkpoint))
+    stem = "adapt_online" if aargs.online else "adapt"
+    writer = SummaryWriter(os.path.join(out_dir, stem + "_tb"))
+    res = run_adaptation(aargs.checkpoint, aargs, writer)
+    writer.close()
+    tmp = os.path.join(out_dir, stem + ".json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(res, f, indent=2)
+    os.replace(tmp, os.path.join(out_dir, stem + ".json"))
+    plot_adaptation(res, os.path.join(out_dir, stem + ".png"))
+    print(f"wrote {os.path.join(out_dir, stem + '.json')}")
+
+
+def main_train(args: Args):
+    msg = validate_args(args)
+    if msg:
+        error(msg)
+    run_name = f"{args.task}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    if args.track:
+        import wandb
+
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                   config=vars(args), name=run_name, save_code=True)
+    from torch.utils.tensorboard import SummaryWriter
+
+    run_dir = os.path.join(args.runs_dir, run_name)
+    writer = SummaryWriter(run_dir)
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n%s" % "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
+
+    torch.set_num_threads(args.num_threads)
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    gen = torch.Generator().manual_seed(args.seed)
+    train_rng, _ = task_streams(args.seed)
+
+    env_cls = ENV_CLASSES[args.task]
+    spec = (env_cls.obs_dim, env_cls.act_dim, env_cls.discrete)
+    counts = {k: agent_param_count(k, *spec, policy_width(dataclasses.replace(args, policy=k), env_cls), args.state_size, args.in_context) for k in POLICIES}
+    model = build_agent(args, env_cls)
+    print(f"policy {args.policy} (width {model.hidden}): {count_params(model)} parameters; "
+          f"matched counts ssm {counts['ssm']} gru {counts['gru']} mlp {counts['mlp']}; obs/act/discrete {spec}")
+    aux_params = list(model.value_head.parameters()) + list(model.dyn_head.parameters())
+    if args.dynamics_coef > 0:
+        aux_params += [p for n, p in model.named_parameters() if not n.startswith(("value_head", "dyn_head", "pi", "log_std"))]
+    aux_opt = torch.optim.Adam(aux_params, lr=args.aux_lr)
+    outer_opt = torch.optim.Adam(model.parameters(), lr=args.outer_lr) if args.outer_optimizer == "adam" else None
+
+    in_dim = model.encoder.in_features
+    buffer = ExperienceBuffer(args.buffer_size, env_cls.obs_dim, in_dim, model.act_dim if not model.discrete else 1) if args.buffer_size > 0 else None
+    monitor = FeatureMonitor(model.hidden)
+    train_tasks_seen = []
+    global_step, start_time, start_cpu = 0, time.time(), time.process_time()
+    for it in range(1, args.outer_steps + 1):
+        it_start = time.time()
+        # ROLLOUT: fast batches with theta (and theta adapted j times), then post-adaptation batches
+        task_params = sample_tasks(args.task, train_rng, args.tasks_per_batch, "train")
+        train_tasks_seen.append(task_params)
+        theta = {k: v.detach() for k, v in model.named_parameters()}
+        tasks_data, returns = sample_task_batches(model, theta, task_params, args, gen, args.num_inner_steps,
+                                                  [args.inner_lr] * args.num_inner_steps)
+        if buffer is not None:  # task id = index of the task in the checkpoint's task_split["train_tasks"]
+            for i, td in enumerate(tasks_data):
+                add_batch_to_buffer(buffer, td["val"], (it - 1) * args.tasks_per_batch + i)
+        all_batches = [b for td in tasks_data for b in td["train"] + [td["val"]]]
+        global_step += int(sum(b["masks"].sum().item() for b in all_batches))
+
+        # UPDATE: outer (meta) step
+        if args.outer_optimizer == "trpo":
+            stats = trpo_step(model, tasks_data, args)
+        else:
+            loss, _, old_outs = meta_objective(model, dict(model.named_parameters()), tasks_data, args)
+            outer_opt.zero_grad()
+            loss.backward()
+            outer_opt.step()
+            _, kl, _ = meta_objective(model, dict(model.named_parameters()), tasks_data, args, old_outs, create_graph=False)
+            stats = {"outer_loss": loss.item(), "approx_kl": kl.item(), "line_search_steps": 0, "accepted": 1.0}
+        # value head (diagnostic) and next-observation head on this iteration's post-adaptation episodes
+        with torch.no_grad():
+            inner_l = float(np.mean([inner_loss(model, theta, td["train"][0]).item() for td in tasks_data])) if args.num_inner_steps else float("nan")
+        v_losses, d_losses = [], []
+        aux_opt.zero_grad()
+        val_batches = [td["val"] for td in tasks_data]
+        for b in val_batches:
+            out = policy_out(model, dict(model.named_parameters()), b)
+            ret = torch.flip(torch.cumsum(torch.flip(b["rewards"], [0]), 0), [0])
+            m = b["masks"]
+            monitor.update(out["feats"], m)
+            v_loss = (((out["value"] - ret) ** 2) * m).sum() / m.sum()
+            # trunk gets dynamics_coef x the gradient; the head always learns on the (possibly frozen) features
+            feats = args.dynamics_coef * out["feats"] + (1 - args.dynamics_coef) * out["feats"].detach()
+            a = F.one_hot(b["actions"].long()[..., 0], model.act_dim).float() if model.discrete else b["actions"]
+            pred = model.dyn_head(torch.cat([feats, a], -1))
+            d_loss = ((((pred - b["next_obs"]) ** 2).mean(-1)) * m).sum() / m.sum()
+            ((v_loss + d_loss) / len(val_batches)).backward()
+            v_losses.append(v_loss.item())
+            d_losses.append(d_loss.item())
+        aux_opt.step()
+
+        # LOGGING
+        pre, post = returns[0].mean().item(), returns[-1].mean().item()
+        dt = time.time() - it_start
+        sps = int(global_step / (time.time() - start_time))
+        writer.add_scalar("meta/pre_adapt_return", pre, global_step)
+        writer.add_scalar("meta/post_adapt_return", post, global_step)
+        for j, r in enumerate(returns[1:-1], 1):
+            writer.add_scalar(f"meta/return_after_{j}_steps", r.mean().item(), global_step)
+        writer.add_scalar("charts/episodic_return", post, global_step)
+        writer.add_scalar("charts/episodic_length", tasks_data[0]["val"]["masks"].sum(0).mean().item(), global_step)
+        writer.add_scalar("losses/inner_loss", inner_l, global_step)
+        writer.add_scalar("losses/outer_loss", stats["outer_loss"], global_step)
+        writer.add_scalar("losses/approx_kl", stats["approx_kl"], global_step)
+        writer.add_scalar("losses/value_loss", float(np.mean(v_losses)), global_step)
+        writer.add_scalar("losses/dynamics_loss", float(np.mean(d_losses)), global_step)
+        writer.add_scalar("meta/line_search_steps", stats["line_search_steps"], global_step)
+        writer.add_scalar("meta/step_accepted", stats["accepted"], global_step)
+        writer.add_scalar("meta/iteration_time", dt, global_step)
+        if outer_opt is not None:
+            writer.add_scalar("charts/learning_rate", args.outer_lr, global_step)
+        writer.add_scalar("charts/SPS", sps, global_step)
+        if it % args.log_every == 0 or it == 1 or it == args.outer_steps:
+            print(f"iter {it}/{args.outer_steps} step {global_step} SPS {sps} pre {pre:.2f} post {post:.2f} "
+                  f"kl {stats['approx_kl']:.4f} ls {stats['line_search_steps']} {dt:.2f}s/it "
+                  f"elapsed {time.time() - start_time:.0f}s", flush=True)
+
+    train_time, train_cpu = time.time() - start_time, time.process_time() - start_cpu
+    writer.add_scalar("meta/train_wall_time", train_time, global_step)
+    writer.add_scalar("meta/train_cpu_time", train_cpu, global_step)
+    print(f"meta-training wall time {train_time:.1f}s, CPU time {train_cpu:.1f}s")
+    if args.save_model:
+        path = os.path.join(run_dir, f"{args.exp_name}.cleanrl_model")
+        seen = np.concatenate(train_tasks_seen) if train_tasks_seen else np.zeros((0, 1))
+        split = {"task": args.task, "train_stream": [args.seed, 0], "test_stream": [args.seed, 1],
+                 "train_ranges": CARTPOLE_TRAIN_RANGES if args.task == "cartpole-physics" else None,
+                 "test_ranges": CARTPOLE_TEST_RANGES if args.task == "cartpole-physics" else None,
+                 "train_tasks": seen.tolist()}
+        save_checkpoint(path, model, args, split, {"train_wall_time": train_time, "train_cpu_time": train_cpu, "feature_stats": monitor.state_dict(),
+                                                   "buffer": buffer.state_dict() if buffer is not None else None})
+        print(f"model saved to {path}")
+        res = evaluate(path, args.eval_tasks, args.eval_steps, later_lr_scale=args.eval_later_lr_scale)
+        for k, v in res["returns_after_steps"].items():
+            writer.add_scalar("eval/return_after_steps", v, int(k))
+        print(f"eval: {json.dumps(res)}")
+    writer.close()
+
+
+if __name__ == "__main__":
+    cmd = parse_cli(sys.argv[1:])
+    if isinstance(cmd, EvalArgs):
+        main_eval(cmd)
+    elif isinstance(cmd, AdaptArgs):
+        main_adapt(cmd)
+    else:
+        main_train(cmd)
