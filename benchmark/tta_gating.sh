@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Experiment tta_gating: test-time adaptation of the ASTRAL gate (controls none / gate / all / tent) and slot
+# clamping, on the ASTRAL checkpoints of the ppo_gru_astral sweep: seed3, seed3 --hide-velocity and
+# inverted4 --hide-velocity on their training modes, plus unseen physics (g 5.0, l 0.9; g 15.0, l 0.3; inverted force)
+# for the seed3 agents. Seed N of this sweep adapts the checkpoint of training seed N. Budget: agents that score 500
+# make every episode 500 steps, so the full flavour takes hours on 2 cores (see docs/tta_gating.md).
+#   benchmark/tta_gating.sh                      full: 5 checkpoints per setting -> report in docs/results/tta_gating
+#   benchmark/tta_gating.sh --quick              smoke (minutes) on benchmark/out/ppo_gru_astral_quick -> benchmark/out/tta_gating_quick/report
+#   benchmark/tta_gating.sh --train-sweep DIR    read the checkpoints from another sweep (its command 1 must be ppo_gru_astral.py
+#                                                with the grid seed3 | seed3 --hide-velocity | inverted4 --hide-velocity)
+# Other arguments go to benchmark.py (e.g. --num-seeds 2, --dry-run, --backend ray --ray-address auto). Re-running
+# continues a killed sweep; the script exits non-zero if any run failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+quick=0 dry_run=0 train="" out="" report=""
+extra=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --quick) quick=1 ;;
+        --train-sweep) train="$2"; shift ;;
+        --output) out="$2"; shift ;;
+        --report) report="$2"; shift ;;
+        --dry-run) dry_run=1; extra+=("$1") ;;
+        *) extra+=("$1") ;;
+    esac
+    shift
+done
+
+if [ "$quick" = 1 ]; then
+    train=${train:-benchmark/out/ppo_gru_astral_quick} out=${out:-benchmark/out/tta_gating_quick} report=${report:-benchmark/out/tta_gating_quick/report}
+    seeds=1 budget="--episodes 3 --num-seeds 1 --eval-episodes 2" clamp_budget="--eval-episodes 2"
+else
+    train=${train:-benchmark/out/cartpole_main} out=${out:-benchmark/out/tta_gating} report=${report:-docs/results/tta_gating}
+    seeds=5 budget="--episodes 30 --num-seeds 3 --eval-episodes 10 --adapt-lr 0.03" clamp_budget="--eval-episodes 10"
+fi
+
+# {seed} is replaced by the run's --seed inside tta_gating.py, the glob must match exactly one checkpoint
+ckpt() { echo "--checkpoint $train/runs/c1__g$1_*__s{seed}/*/ppo_gru_astral.cleanrl_model"; }
+# unseen physics: two upright settings and the inverted force the seed3 agents never saw
+unseen="--modes '5.0,0.9 15.0,0.3 9.8,0.5,-1'"
+grid="$(ckpt 0) | $(ckpt 1) | $(ckpt 2) | $(ckpt 0) $unseen | $(ckpt 1) $unseen"
+
+python benchmark/benchmark.py \
+    --command "python cleanrl_astral/tta_gating.py adapt $budget" \
+              "python cleanrl_astral/tta_gating.py clamp $clamp_budget" \
+    --grid "$grid" --num-seeds "$seeds" --workers 2 --resume --output "$out" "${extra[@]}"
+status=$?
+if [ "$dry_run" = 1 ]; then exit "$status"; fi
+
+python benchmark/report.py --sweep "$out" --output "$report" --title "tta_gating: gate adaptation and slot clamping" \
+    --labels 0=tta_adapt 1=tta_clamp || status=$?
+exit "$status"
