@@ -1,0 +1,1094 @@
+"""WMIL "reinforce baby": a randomly initialised transformer learns goal-directed behaviour from a parent.
+
+Follows the WMIL plan and its five critical fixes: episodes end only on the time limit; the world model
+predicts the raw next-state tensor; REINFORCE (running-mean baseline) comes before PPO; reward components
+are logged separately; the LLM parent is optional and only replaces the deterministic rule once that works.
+
+Usage (the locked MVP):
+    python cleanrl_astral/reinforce_baby.py --task pattern-echo --num-actions 8 --hidden-dim 64 \
+        --num-layers 2 --algorithm reinforce --parent deterministic --total-timesteps 10000
+"""
+
+import collections
+import concurrent.futures
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import random
+import re
+import sqlite3
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import List, Literal, Optional, Tuple
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import tyro
+
+SCRIPT = os.path.splitext(os.path.basename(__file__))[0]
+
+
+@dataclass
+class Args:
+    exp_name: str = SCRIPT
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = False
+    """if toggled, cuda will be used when available (the model is tiny: the CPU is faster)"""
+    track: bool = False
+    """if toggled, this experiment will be tracked with Weights and Biases"""
+    wandb_project_name: str = "cleanrl_astral"
+    """the wandb's project name"""
+    wandb_entity: Optional[str] = None
+    """the entity (team) of wandb's project"""
+    capture_video: bool = False
+    """the environment is symbolic: writes text transcripts of evaluation episodes to {run_dir}/videos/"""
+    save_model: bool = False
+    """whether to save the model (atomically) into {runs_dir}/{run_name}/{exp_name}.cleanrl_model"""
+    runs_dir: str = "runs"
+    """directory that holds one sub-directory per run"""
+
+    # Environment
+    task: str = "pattern-echo"
+    """pattern-echo | sequence-next | conditional | all (mixes the three tasks)"""
+    num_actions: int = 16
+    """size of the action space (arbitrary symbols); the MVP uses 8"""
+    max_episode_steps: int = 1
+    """time limit: episodes end only here (truncated), never on success"""
+    level: int = 2
+    """difficulty level used without --curriculum (0 easiest .. 2 hardest)"""
+    curriculum: bool = False
+    """if toggled, each task starts at level 0 and levels up on mastery"""
+    mastery_threshold: float = 0.9
+    """success rate over the window at which a task's level goes up"""
+    mastery_window: int = 200
+    """number of recent episodes at the current level the mastery check averages over"""
+    review_prob: float = 0.2
+    """with --curriculum: probability that an episode replays a random already-mastered level (against forgetting)"""
+    parent: Literal["deterministic", "llm"] = "deterministic"
+    """who judges the actions: the deterministic rule or an LLM behind an OpenAI-compatible endpoint"""
+    llm_base_url: Optional[str] = None
+    """base URL of an OpenAI-compatible API, e.g. http://127.0.0.1:8000/v1 (required with --parent llm)"""
+    llm_model: str = "gpt-4o-mini"
+    """model name sent to the chat-completions endpoint"""
+    llm_api_key_env: str = "OPENAI_API_KEY"
+    """environment variable holding the API key (may be unset for local servers)"""
+    llm_timeout: float = 10.0
+    """seconds before an LLM request is abandoned"""
+    llm_retries: int = 2
+    """extra attempts after a failed or invalid LLM answer, before falling back to the rule"""
+    llm_next_state: bool = False
+    """if toggled, the LLM also proposes the next state (validated; the rule is used when invalid)"""
+    llm_cache: str = ""
+    """sqlite file caching LLM answers by (model, task, state, action); empty: {runs_dir}/llm_cache.sqlite"""
+    llm_concurrency: int = 4
+    """parallel LLM requests per batch of episodes"""
+
+    # Model
+    hidden_dim: int = 64
+    """width of the transformer core"""
+    num_layers: int = 2
+    """number of transformer layers"""
+    num_heads: int = 4
+    """attention heads per layer"""
+
+    # Algorithm
+    algorithm: Literal["reinforce", "ppo"] = "reinforce"
+    """reinforce (running-mean baseline, the default per the plan) or ppo (GAE, clipped surrogate)"""
+    total_timesteps: int = 20000
+    """total environment steps"""
+    learning_rate: float = 3e-3
+    """Adam learning rate"""
+    anneal_lr: bool = False
+    """if toggled, the learning rate decays linearly to 0"""
+    num_envs: int = 32
+    """episodes collected in parallel per update"""
+    gamma: float = 0.99
+    """discount factor"""
+    gae_lambda: float = 0.95
+    """GAE lambda (ppo)"""
+    baseline_decay: float = 0.9
+    """running-mean baseline: b <- decay * b + (1 - decay) * mean return (reinforce)"""
+    norm_adv: bool = True
+    """if toggled, advantages are divided by their batch standard deviation"""
+    ent_coef: float = 0.03
+    """entropy bonus coefficient (0.01 lets the policy commit to a wrong symbol for some cues)"""
+    world_model_coef: float = 0.1
+    """weight of the world-model loss (0 disables the world model: the RL-only baseline)"""
+    wm_target: Literal["raw", "embedding"] = "raw"
+    """raw: predict the raw next-state tensor (plan fix 2); embedding: the stop-gradient next embedding"""
+    goal_reward_weight: float = 1.0
+    """weight of the parent's goal reward"""
+    pred_reward_weight: float = 0.1
+    """weight (the plan's scale) of the prediction reward exp(-world-model MSE)"""
+    cons_reward_weight: float = 0.1
+    """weight of the consistency reward (keep an approved answer, change a rejected one)"""
+    kl_coef: float = 0.0
+    """weight of KL(parent oracle distribution || policy); > 0 is the KL-distill baseline"""
+    kl_smoothing: float = 0.1
+    """probability mass the parent's oracle distribution spreads uniformly over all actions"""
+    update_epochs: int = 4
+    """ppo: epochs over each batch"""
+    num_minibatches: int = 1
+    """ppo: minibatches per epoch (a batch is only --num-envs episodes)"""
+    clip_coef: float = 0.2
+    """ppo: surrogate clipping coefficient"""
+    vf_coef: float = 0.5
+    """ppo: value loss coefficient"""
+    max_grad_norm: float = 0.5
+    """gradient clipping norm"""
+
+    # Evaluation, checkpoints
+    eval_episodes: int = 200
+    """evaluation episodes per (task, level)"""
+    baselines: Tuple[str, ...] = ("random",)
+    """baselines evaluated in the same table: random, rl-only, kl-distill (the last two are trained here)"""
+    kl_distill_coef: float = 1.0
+    """kl_coef used by the kl-distill baseline"""
+    analysis: bool = True
+    """if toggled, linear probes per state attribute and a t-SNE PNG of the embeddings"""
+    analysis_samples: int = 600
+    """states embedded for the probes and the t-SNE"""
+    eval_only: bool = False
+    """if toggled, only evaluate --model-path (no training)"""
+    model_path: Optional[str] = None
+    """saved .cleanrl_model or checkpoint for --eval-only"""
+    resume: Optional[str] = None
+    """checkpoint.pt of a run to continue (optimizer, step, RNG, curriculum are restored)"""
+    checkpoint_every: int = 50
+    """write {run_dir}/checkpoint.pt every this many updates (0: never)"""
+    print_every: int = 25
+    """print a progress line every this many updates"""
+
+    # computed at runtime
+    batch_size: int = 0
+    """environment steps per update (computed at runtime)"""
+    num_iterations: int = 0
+    """number of updates (computed at runtime)"""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Environment
+# ---------------------------------------------------------------------------------------------------------
+TASKS = ["pattern-echo", "sequence-next", "conditional"]
+# every level names the number of symbols it uses: --num-actions must cover the levels a run visits
+DIFFICULTY_CONFIGS = {
+    "pattern-echo": [
+        {"target_range": 2, "num_symbols": 2},
+        {"target_range": 4, "num_symbols": 4},
+        {"target_range": 8, "num_symbols": 8},
+    ],
+    "sequence-next": [
+        {"steps": [1], "lengths": [2], "num_symbols": 8},
+        {"steps": [1, 2], "lengths": [3], "num_symbols": 8},
+        {"steps": [-2, -1, 1, 2], "lengths": [2, 3], "num_symbols": 8},
+    ],
+    "conditional": [
+        {"conditions": 1, "form": "if", "num_symbols": 8},
+        {"conditions": 2, "form": "elif", "num_symbols": 8},
+        {"conditions": 3, "form": "nested", "num_symbols": 8},
+    ],
+}
+NUM_LEVELS = 3
+ATTRIBUTES = ["task", "level", "v0", "v1", "v2", "f0", "f1", "f2", "last_action", "last_correct", "step"]
+STATE_DIM = len(ATTRIBUTES)
+FLAG_PAD = 2  # flags and last_correct: 0, 1, or 2 = absent
+
+
+def attribute_vocab(num_actions: int, max_episode_steps: int) -> List[int]:
+    """Number of categories of each attribute; values and last_action use num_actions as padding."""
+    return [len(TASKS), NUM_LEVELS, num_actions + 1, num_actions + 1, num_actions + 1, 3, 3, 3,
+            num_actions + 1, 3, max_episode_steps + 1]
+
+
+@dataclass(frozen=True)
+class State:
+    """One symbolic state; every attribute is a categorical index (absent = padding index)."""
+
+    task: int
+    level: int
+    values: Tuple[int, int, int]
+    flags: Tuple[int, int, int]
+    last_action: int
+    last_correct: int
+    step: int
+    num_actions: int
+
+    def as_list(self) -> List[int]:
+        return [self.task, self.level, *self.values, *self.flags, self.last_action, self.last_correct, self.step]
+
+    def to_tensor(self) -> torch.Tensor:
+        return torch.tensor(self.as_list(), dtype=torch.long)
+
+    @staticmethod
+    def from_list(v: List[int], num_actions: int) -> "State":
+        return State(int(v[0]), int(v[1]), tuple(int(x) for x in v[2:5]), tuple(int(x) for x in v[5:8]),
+                     int(v[8]), int(v[9]), int(v[10]), num_actions)
+
+    def to_prompt(self) -> str:
+        pad = self.num_actions
+        vals = [str(v) for v in self.values if v != pad]
+        flags = [str(f) for f in self.flags if f != FLAG_PAD]
+        task = TASKS[self.task]
+        rule = {
+            "pattern-echo": "the correct action is the cue symbol itself.",
+            "sequence-next": "the values form an arithmetic sequence; the correct action is its next element.",
+            "conditional": {
+                "if": "if f0 == 1 the correct action is v0, else v1.",
+                "elif": "if f0 == 1 the correct action is v0, elif f1 == 1 it is v1, else v2.",
+                "nested": "if f0 == 1: (v0 if f1 == 1 else v1), else: (v2 if f2 == 1 else 7 - v0).",
+            }[DIFFICULTY_CONFIGS["conditional"][self.level]["form"]],
+        }[task]
+        last = "none" if self.last_action == pad else str(self.last_action)
+        verdict = {0: "rejected", 1: "approved", FLAG_PAD: "none"}[self.last_correct]
+        return (f"Task: {task} (level {self.level}). Rule: {rule}\n"
+                f"Values: [{', '.join(vals)}]. Flags: [{', '.join(flags)}].\n"
+                f"Step {self.step}. Previous action: {last} ({verdict}). Actions are symbols 0..{pad - 1}.")
+
+
+class DeterministicParent:
+    """Task instances, transitions and rewards by rule; `oracle_action` is the rule's answer."""
+
+    def __init__(self, num_actions: int):
+        self.num_actions = num_actions
+
+    def new_instance(self, task: str, level: int, rng: np.random.Generator) -> State:
+        cfg = DIFFICULTY_CONFIGS[task][level]
+        pad, n = self.num_actions, cfg["num_symbols"]
+        values, flags = [pad] * 3, [FLAG_PAD] * 3
+        if task == "pattern-echo":
+            values[0] = int(rng.integers(cfg["target_range"]))
+        elif task == "sequence-next":
+            d, length = int(rng.choice(cfg["steps"])), int(rng.choice(cfg["lengths"]))
+            span = abs(d) * length  # the answer a + d * length must stay in [0, n)
+            a = int(rng.integers(0, n - span)) if d > 0 else int(rng.integers(span, n))
+            values[:length] = [a + d * i for i in range(length)]
+        else:
+            used = {"if": 2, "elif": 3, "nested": 3}[cfg["form"]]
+            values[:used] = [int(x) for x in rng.integers(0, n, used)]
+            flags[: cfg["conditions"]] = [int(x) for x in rng.integers(0, 2, cfg["conditions"])]
+        return State(TASKS.index(task), level, tuple(values), tuple(flags), pad, FLAG_PAD, 0, self.num_actions)
+
+    def oracle_action(self, s: State) -> int:
+        task, (v0, v1, v2), (f0, f1, f2) = TASKS[s.task], s.values, s.flags
+        if task == "pattern-echo":
+            return v0
+        if task == "sequence-next":
+            items = [v for v in s.values if v != s.num_actions]
+            return items[-1] + (items[1] - items[0])
+        form = DIFFICULTY_CONFIGS["conditional"][s.level]["form"]
+        if form == "if":
+            return v0 if f0 == 1 else v1
+        if form == "elif":
+            return v0 if f0 == 1 else (v1 if f1 == 1 else v2)
+        n = DIFFICULTY_CONFIGS["conditional"][s.level]["num_symbols"]
+        return (v0 if f1 == 1 else v1) if f0 == 1 else (v2 if f2 == 1 else n - 1 - v0)
+
+    def judge(self, s: State, action: int) -> float:
+        return float(action == self.oracle_action(s))
+
+    def transition(self, s: State, action: int, reward: float) -> State:
+        # the task instance stays fixed for the whole episode: the child sees its last answer and the verdict
+        return dataclasses.replace(s, last_action=int(action), last_correct=int(reward >= 0.5), step=s.step + 1)
+
+    def respond(self, states: List[State], actions: List[int]) -> List[Tuple[float, State]]:
+        out = []
+        for s, a in zip(states, actions):
+            r = self.judge(s, a)
+            out.append((r, self.transition(s, a, r)))
+        return out
+
+
+LLM_SYSTEM_PROMPT = (
+    "You are the parent of a learning child agent in a symbolic task. Judge whether the child's action is "
+    "correct under the stated rule. Answer with strict JSON only, no prose: {\"reward\": 0 or 1%s}."
+)
+
+
+class LLMParent(DeterministicParent):
+    """Judges actions with an OpenAI-compatible chat-completions endpoint; the rule is the fallback.
+
+    Answers are validated, retried, cached on disk (sqlite) by (model, task, state, action), and compared
+    with the deterministic rule (agreement). Only the answer text is used, never token probabilities.
+    """
+
+    def __init__(self, num_actions: int, max_episode_steps: int, base_url: str, model: str, api_key: str,
+                 timeout: float, retries: int, cache_path: str, next_state: bool = False, concurrency: int = 4):
+        super().__init__(num_actions)
+        self.vocab = attribute_vocab(num_actions, max_episode_steps)
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.model, self.api_key, self.timeout, self.retries = model, api_key, timeout, retries
+        self.next_state, self.concurrency = next_state, concurrency
+        os.makedirs(os.path.dirname(os.path.abspath(cache_path)), exist_ok=True)
+        self.db = sqlite3.connect(cache_path)
+        self.db.execute("CREATE TABLE IF NOT EXISTS answers (key TEXT PRIMARY KEY, answer TEXT NOT NULL)")
+        self.db.commit()
+        self.stats = collections.Counter()
+        self.latencies: List[float] = []
+
+    def cache_key(self, s: State, action: int) -> str:
+        raw = json.dumps([self.model, TASKS[s.task], s.as_list(), int(action), self.next_state])
+        return hashlib.sha256(raw.encode()).hexdigest()
+
+    def request(self, s: State, action: int) -> str:
+        extra = ", \"next_state\": {attribute: integer index}" if self.next_state else ""
+        user = f"{s.to_prompt()}\nThe child chose action {int(action)}."
+        if self.next_state:
+            user += f"\nAlso give the next state as indices of the attributes {ATTRIBUTES}."
+        body = {"model": self.model, "temperature": 0,
+                "messages": [{"role": "system", "content": LLM_SYSTEM_PROMPT % extra},
+                             {"role": "user", "content": user}]}
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        req = urllib.request.Request(self.url, data=json.dumps(body).encode(), headers=headers, method="POST")
+        with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            payload = json.loads(resp.read().decode())
+        return payload["choices"][0]["message"]["content"]
+
+    def validate(self, text: str, s: State) -> Optional[Tuple[float, Optional[State]]]:
+        """The parsed (reward, next_state) if the answer is strict, well-formed JSON; None otherwise."""
+        text = re.sub(r"^```(?:json)?\s*|\s*```$", "", text.strip())
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError:
+            return None
+        if not isinstance(obj, dict) or obj.get("reward") not in (0, 1) or isinstance(obj.get("reward"), bool):
+            return None
+        nxt = None
+        if self.next_state:
+            ns = obj.get("next_state")
+            if not isinstance(ns, dict) or set(ns) != set(ATTRIBUTES):
+                return None
+            vals = [ns[a] for a in ATTRIBUTES]
+            if not all(isinstance(v, int) and 0 <= v < k for v, k in zip(vals, self.vocab)):
+                return None
+            nxt = State.from_list(vals, self.num_actions)
+        return float(obj["reward"]), nxt
+
+    def ask(self, s: State, action: int) -> Optional[Tuple[str, float]]:
+        """The first valid answer text within 1 + retries attempts, with its latency; None if all failed."""
+        for _ in range(1 + self.retries):
+            t0 = time.perf_counter()
+            try:
+                text = self.request(s, action)
+            except (urllib.error.URLError, TimeoutError, OSError, ValueError, KeyError, IndexError, TypeError):
+                continue
+            if self.validate(text, s) is not None:
+                return text, 1000.0 * (time.perf_counter() - t0)
+        return None
+
+    def respond(self, states: List[State], actions: List[int]) -> List[Tuple[float, State]]:
+        keys = [self.cache_key(s, a) for s, a in zip(states, actions)]
+        answers: List[Optional[str]] = []
+        for k in keys:
+            row = self.db.execute("SELECT answer FROM answers WHERE key = ?", (k,)).fetchone()
+            answers.append(row[0] if row else None)
+        misses = [i for i, a in enumerate(answers) if a is None]
+        self.stats["cache_hits"] += len(keys) - len(misses)
+        if misses:
+            with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, self.concurrency)) as pool:
+                results = list(pool.map(lambda i: self.ask(states[i], actions[i]), misses))
+            for i, res in zip(misses, results):
+                if res is not None:
+                    answers[i] = res[0]
+                    self.latencies.append(res[1])
+                    self.db.execute("INSERT OR REPLACE INTO answers VALUES (?, ?)", (keys[i], res[0]))
+            self.db.commit()
+        out = []
+        for s, a, text in zip(states, actions, answers):
+            self.stats["queries"] += 1
+            rule = self.judge(s, a)
+            parsed = self.validate(text, s) if text is not None else None
+            if parsed is None:
+                self.stats["fallbacks"] += 1
+                out.append((rule, self.transition(s, a, rule)))
+                continue
+            reward, nxt = parsed
+            self.stats["judged"] += 1
+            self.stats["agreements"] += int(reward == rule)
+            out.append((reward, nxt if nxt is not None else self.transition(s, a, reward)))
+        return out
+
+    def log_stats(self) -> dict:
+        judged = max(1, self.stats["judged"])
+        lat = float(np.mean(self.latencies)) if self.latencies else 0.0
+        return {"parent/llm_agreement": self.stats["agreements"] / judged, "parent/fallbacks": self.stats["fallbacks"],
+                "parent/latency_ms": lat, "parent/cache_hits": self.stats["cache_hits"],
+                "parent/queries": self.stats["queries"]}
+
+
+class BabyEnv:
+    """A batch of `num_envs` synchronous episodes of fixed length; the parent judges every step."""
+
+    def __init__(self, parent: DeterministicParent, num_envs: int, max_episode_steps: int, seed: int):
+        self.parent, self.num_envs, self.max_episode_steps = parent, num_envs, max_episode_steps
+        self.rng = np.random.default_rng(seed)
+        self.states: List[State] = []
+        self.t = 0
+
+    def reset(self, tasks: List[str], levels: List[int]) -> List[State]:
+        self.states = [self.parent.new_instance(t, lv, self.rng) for t, lv in zip(tasks, levels)]
+        self.t = 0
+        return self.states
+
+    def step(self, actions: List[int]):
+        """Returns next states, the parent's goal rewards, terminated, truncated, and per-episode infos."""
+        self.t += 1
+        replies = self.parent.respond(self.states, actions)
+        correct = [a == self.parent.oracle_action(s) for s, a in zip(self.states, actions)]
+        next_states = [nxt for _, nxt in replies]
+        rewards = np.array([r for r, _ in replies], dtype=np.float32)
+        # plan fix 1: no terminal state on success; the only episode end is the time limit
+        terminated = np.zeros(self.num_envs, dtype=bool)
+        truncated = np.full(self.num_envs, self.t >= self.max_episode_steps)
+        # success comes from the rule, apart from the (possibly LLM) reward: it is the answer at the last step
+        infos = {"correct": np.array(correct), "success": np.array(correct) & truncated}
+        self.states = next_states
+        return next_states, rewards, terminated, truncated, infos
+
+
+def states_to_tensor(states: List[State]) -> torch.Tensor:
+    return torch.tensor([s.as_list() for s in states], dtype=torch.long)
+
+
+def consistency_reward(states: List[State], actions: List[int]) -> np.ndarray:
+    """+1 for keeping an approved answer or changing a rejected one, -1 otherwise, 0 at an episode's start."""
+    out = np.zeros(len(states), dtype=np.float32)
+    for i, (s, a) in enumerate(zip(states, actions)):
+        if s.last_correct != FLAG_PAD:
+            keep = a == s.last_action
+            out[i] = 1.0 if keep == (s.last_correct == 1) else -1.0
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Model
+# ---------------------------------------------------------------------------------------------------------
+def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class StateEncoder(nn.Module):
+    """One token per attribute: the attribute's own value embedding plus an attribute-position embedding."""
+
+    def __init__(self, vocab: List[int], hidden_dim: int):
+        super().__init__()
+        self.values = nn.ModuleList(nn.Embedding(k, hidden_dim) for k in vocab)
+        self.position = nn.Parameter(torch.randn(len(vocab), hidden_dim) * 0.02)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.stack([emb(x[:, i]) for i, emb in enumerate(self.values)], dim=1) + self.position
+
+
+class TransformerCore(nn.Module):
+    """Transformer over the attribute tokens; a learned summary token gives the state embedding h."""
+
+    def __init__(self, hidden_dim: int, num_layers: int, num_heads: int):
+        super().__init__()
+        self.summary = nn.Parameter(torch.randn(1, 1, hidden_dim) * 0.02)
+        layer = nn.TransformerEncoderLayer(hidden_dim, num_heads, 2 * hidden_dim, dropout=0.0, batch_first=True,
+                                           norm_first=True)
+        self.layers = nn.TransformerEncoder(layer, num_layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(hidden_dim)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = torch.cat([self.summary.expand(tokens.shape[0], -1, -1), tokens], dim=1)
+        return self.norm(self.layers(x)[:, 0])
+
+
+class WorldModelHead(nn.Module):
+    """Predicts the next state from h and the action: the raw state tensor (default) or its embedding."""
+
+    def __init__(self, hidden_dim: int, num_actions: int, out_dim: int):
+        super().__init__()
+        self.num_actions = num_actions
+        self.net = nn.Sequential(layer_init(nn.Linear(hidden_dim + num_actions, 2 * hidden_dim)), nn.ReLU(),
+                                 layer_init(nn.Linear(2 * hidden_dim, out_dim), std=1.0))
+
+    def forward(self, h: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        return self.net(torch.cat([h, F.one_hot(action, self.num_actions).float()], dim=-1))
+
+
+class Agent(nn.Module):
+    def __init__(self, num_actions: int, max_episode_steps: int, hidden_dim: int, num_layers: int,
+                 num_heads: int, wm_target: str = "raw"):
+        super().__init__()
+        self.encoder = StateEncoder(attribute_vocab(num_actions, max_episode_steps), hidden_dim)
+        self.core = TransformerCore(hidden_dim, num_layers, num_heads)
+        self.action_head = layer_init(nn.Linear(hidden_dim, num_actions), std=0.01)
+        self.value_head = layer_init(nn.Linear(hidden_dim, 1), std=1.0)
+        self.world_model = WorldModelHead(hidden_dim, num_actions, STATE_DIM if wm_target == "raw" else hidden_dim)
+        self.wm_target = wm_target
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        return self.core(self.encoder(x))
+
+    def get_value(self, x: torch.Tensor) -> torch.Tensor:
+        return self.value_head(self.embed(x)).squeeze(-1)
+
+    def get_action_and_value(self, x, action=None, greedy=False):
+        h = self.embed(x)
+        dist = torch.distributions.Categorical(logits=self.action_head(h))
+        if action is None:
+            action = dist.probs.argmax(-1) if greedy else dist.sample()
+        return action, dist.log_prob(action), dist.entropy(), self.value_head(h).squeeze(-1), h, dist.logits
+
+    def world_model_target(self, next_x: torch.Tensor) -> torch.Tensor:
+        if self.wm_target == "raw":
+            return next_x.float()
+        with torch.no_grad():
+            return self.embed(next_x)
+
+
+def num_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Rewards, losses, curriculum
+# ---------------------------------------------------------------------------------------------------------
+@dataclass
+class RewardVector:
+    """The plan's reward components, kept apart so each is logged under reward/...; `total` weighs them."""
+
+    goal: np.ndarray
+    pred: np.ndarray
+    cons: np.ndarray
+
+    def total(self, w_goal: float, w_pred: float, w_cons: float) -> np.ndarray:
+        return w_goal * self.goal + w_pred * self.pred + w_cons * self.cons
+
+
+def prediction_reward(pred: torch.Tensor, target: torch.Tensor) -> np.ndarray:
+    """exp(-MSE) per sample: 1 for a perfect world-model prediction, towards 0 for a poor one."""
+    return torch.exp(-((pred - target) ** 2).mean(-1)).cpu().numpy()
+
+
+def reinforce_returns(rewards: torch.Tensor, gamma: float) -> torch.Tensor:
+    """Discounted return-to-go over (T, N) rewards; episodes are whole, so nothing bootstraps."""
+    returns = torch.zeros_like(rewards)
+    running = torch.zeros_like(rewards[0])
+    for t in reversed(range(rewards.shape[0])):
+        running = rewards[t] + gamma * running
+        returns[t] = running
+    return returns
+
+
+def gae(rewards: torch.Tensor, values: torch.Tensor, gamma: float, lam: float) -> torch.Tensor:
+    """GAE over (T, N) with values[T] = 0: the step counter is observed and the task's horizon is fixed,
+    so nothing is earned after the time limit (bootstrapping there would add an untrained, action-dependent
+    value of a state the agent never acts in)."""
+    adv = torch.zeros_like(rewards)
+    last = torch.zeros_like(rewards[0])
+    for t in reversed(range(rewards.shape[0])):
+        delta = rewards[t] + gamma * values[t + 1] - values[t]
+        last = delta + gamma * lam * last
+        adv[t] = last
+    return adv
+
+
+def kl_to_parent(logits: torch.Tensor, oracle: torch.Tensor, smoothing: float) -> torch.Tensor:
+    """KL(p_parent || pi) with p_parent the oracle action smoothed by `smoothing` mass over all actions."""
+    n = logits.shape[-1]
+    p = torch.full_like(logits, smoothing / n)
+    p.scatter_(-1, oracle.unsqueeze(-1), 1.0 - smoothing + smoothing / n)
+    # xlogy: 0 * log 0 = 0 where smoothing is 0
+    return (torch.special.xlogy(p, p) - p * F.log_softmax(logits, -1)).sum(-1).mean()
+
+
+class CurriculumManager:
+    """Per task: the current level goes up once the success rate over the last `window` episodes at that
+    level reaches `threshold` (the window restarts at each level); without curriculum the level is fixed."""
+
+    def __init__(self, tasks: List[str], enabled: bool, fixed_level: int, threshold: float, window: int,
+                 review_prob: float = 0.0):
+        self.tasks, self.enabled, self.threshold, self.window = tasks, enabled, threshold, window
+        self.review_prob = review_prob
+        self.levels = {t: (0 if enabled else fixed_level) for t in tasks}
+        self.history = {t: collections.deque(maxlen=window) for t in tasks}
+        self.level_ups: List[Tuple[str, int]] = []
+
+    def sample_level(self, task: str, rng: np.random.Generator) -> int:
+        """The current level, or with probability review_prob a uniformly drawn mastered (lower) level."""
+        current = self.levels[task]
+        if self.enabled and current > 0 and rng.random() < self.review_prob:
+            return int(rng.integers(0, current))
+        return current
+
+    def record(self, task: str, level: int, success: bool) -> bool:
+        """Adds one episode's outcome; returns True when this episode made the task level up."""
+        if not self.enabled or level != self.levels[task]:
+            return False
+        h = self.history[task]
+        h.append(float(success))
+        if self.levels[task] < NUM_LEVELS - 1 and len(h) == self.window and np.mean(h) >= self.threshold:
+            self.levels[task] += 1
+            h.clear()
+            self.level_ups.append((task, self.levels[task]))
+            return True
+        return False
+
+    def state_dict(self) -> dict:
+        return {"levels": dict(self.levels), "history": {t: list(h) for t, h in self.history.items()},
+                "level_ups": list(self.level_ups)}
+
+    def load_state_dict(self, d: dict):
+        self.levels = dict(d["levels"])
+        for t, h in d["history"].items():
+            self.history[t] = collections.deque(h, maxlen=self.window)
+        self.level_ups = [tuple(x) for x in d["level_ups"]]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Evaluation and representation analysis
+# ---------------------------------------------------------------------------------------------------------
+class Evaluator:
+    """Success rate, world-model MSE and policy entropy over N episodes per (task, level), with the
+    deterministic rule as judge (evaluation never calls an LLM)."""
+
+    def __init__(self, tasks: List[str], num_actions: int, max_episode_steps: int, episodes: int, seed: int):
+        self.tasks, self.num_actions, self.T = tasks, num_actions, max_episode_steps
+        self.episodes, self.seed = episodes, seed
+
+    @torch.no_grad()
+    def run(self, agent: Optional[Agent], eval_levels: dict, greedy: bool = True, transcript: Optional[list] = None):
+        """agent=None evaluates the uniform random policy."""
+        parent = DeterministicParent(self.num_actions)
+        per_diff, mse_all, ent_all = {}, [], []
+        gen = torch.Generator().manual_seed(self.seed)
+        for ti, task in enumerate(self.tasks):
+            for level in range(NUM_LEVELS):
+                if DIFFICULTY_CONFIGS[task][level]["num_symbols"] > self.num_actions:
+                    continue
+                env = BabyEnv(parent, self.episodes, self.T, self.seed + 1000 * ti + level)
+                states = env.reset([task] * self.episodes, [level] * self.episodes)
+                success = np.zeros(self.episodes, dtype=bool)
+                for _ in range(self.T):
+                    x = states_to_tensor(states)
+                    if agent is None:
+                        action = torch.randint(0, self.num_actions, (self.episodes,), generator=gen)
+                        ent = torch.full((self.episodes,), math.log(self.num_actions))
+                    else:
+                        action, _, ent, _, h, _ = agent.get_action_and_value(x, greedy=greedy)
+                    prev = states
+                    states, _, _, truncated, info = env.step(action.tolist())
+                    success |= info["success"]
+                    ent_all.append(ent.mean().item())
+                    if agent is not None and level == eval_levels[task]:
+                        nx = states_to_tensor(states)
+                        mse_all.append(F.mse_loss(agent.world_model(h, action), agent.world_model_target(nx)).item())
+                    if transcript is not None and len(transcript) < 20:
+                        transcript.append(f"{prev[0].to_prompt()}\n-> action {action[0].item()} "
+                                          f"(oracle {parent.oracle_action(prev[0])})\n")
+                per_diff[f"{task}/level{level}"] = float(success.mean())
+        final = [per_diff[f"{t}/level{eval_levels[t]}"] for t in self.tasks]
+        return {"success_rate": float(np.mean(final)),
+                "world_model_mse": float(np.mean(mse_all)) if mse_all else None,  # the random policy has none
+                "policy_entropy": float(np.mean(ent_all)), "per_difficulty_success": per_diff}
+
+
+@torch.no_grad()
+def representation_analysis(agent: Agent, tasks: List[str], levels: dict, num_actions: int, T: int,
+                            samples: int, seed: int, png_path: str) -> dict:
+    """Linear-probe accuracy of each state attribute from the embedding h, and a t-SNE PNG coloured by
+    the oracle action (the target)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.manifold import TSNE
+    from sklearn.model_selection import train_test_split
+
+    parent, rng = DeterministicParent(num_actions), np.random.default_rng(seed)
+    states = []
+    for i in range(samples):
+        task = tasks[i % len(tasks)]
+        s = parent.new_instance(task, levels[task], rng)
+        # visit later steps too, so last_action/last_correct/step vary
+        for _ in range(int(rng.integers(0, T))):
+            a = int(rng.integers(num_actions))
+            s = parent.transition(s, a, parent.judge(s, a))
+        states.append(s)
+    x = states_to_tensor(states)
+    h = agent.embed(x).numpy()
+    probes = {}
+    for i, name in enumerate(ATTRIBUTES):
+        y = x[:, i].numpy()
+        if len(np.unique(y)) < 2:
+            continue
+        strat = y if np.min(np.unique(y, return_counts=True)[1]) >= 2 else None
+        htr, hte, ytr, yte = train_test_split(h, y, test_size=0.3, random_state=seed, stratify=strat)
+        if len(np.unique(ytr)) < 2:
+            continue
+        clf = LogisticRegression(max_iter=1000).fit(htr, ytr)
+        probes[name] = float(clf.score(hte, yte))
+    target = np.array([parent.oracle_action(s) for s in states])
+    emb = TSNE(n_components=2, init="pca", perplexity=min(30, len(states) // 4), random_state=seed).fit_transform(h)
+    fig, ax = plt.subplots(figsize=(5, 4.5))
+    sc = ax.scatter(emb[:, 0], emb[:, 1], c=target, cmap="tab10" if num_actions <= 10 else "tab20", s=8)
+    fig.colorbar(sc, ax=ax, label="target (oracle action)")
+    ax.set_title(f"t-SNE of state embeddings ({', '.join(tasks)})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=110)
+    plt.close(fig)
+    return probes
+
+
+def build_agent(cfg: dict) -> Agent:
+    return Agent(cfg["num_actions"], cfg["max_episode_steps"], cfg["hidden_dim"], cfg["num_layers"],
+                 cfg["num_heads"], cfg["wm_target"])
+
+
+def evaluate(model_path: str, episodes: int = 200, seed: int = 12345, greedy: bool = True) -> dict:
+    """Loads a saved model (or checkpoint) and evaluates it on the tasks it was trained on."""
+    ckpt = torch.load(model_path, map_location="cpu", weights_only=False)
+    cfg = ckpt["args"]
+    agent = build_agent(cfg)
+    agent.load_state_dict(ckpt["state_dict"])
+    agent.eval()
+    tasks = TASKS if cfg["task"] == "all" else [cfg["task"]]
+    levels = ckpt.get("eval_levels") or {t: cfg["level"] for t in tasks}
+    return Evaluator(tasks, cfg["num_actions"], cfg["max_episode_steps"], episodes, seed).run(agent, levels, greedy)
+
+
+def atomic_torch_save(obj, path: str):
+    tmp = f"{path}.tmp.{os.getpid()}"
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------------------
+def make_parent(args: Args) -> DeterministicParent:
+    if args.parent == "deterministic":
+        return DeterministicParent(args.num_actions)
+    return LLMParent(args.num_actions, args.max_episode_steps, args.llm_base_url, args.llm_model,
+                     os.environ.get(args.llm_api_key_env, ""), args.llm_timeout, args.llm_retries,
+                     args.llm_cache or os.path.join(args.runs_dir, "llm_cache.sqlite"), args.llm_next_state,
+                     args.llm_concurrency)
+
+
+def train(args: Args, run_dir: str, writer, resume: Optional[str] = None, label: str = "") -> Tuple[Agent, dict]:
+    """Trains one agent; returns it with the evaluation levels per task (the curriculum's final levels)."""
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    tasks = TASKS if args.task == "all" else [args.task]
+    agent = Agent(args.num_actions, args.max_episode_steps, args.hidden_dim, args.num_layers, args.num_heads,
+                  args.wm_target).to(device)
+    if not label:
+        print(f"model parameters: {num_parameters(agent):,} (< 1M: {num_parameters(agent) < 1_000_000})")
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    curriculum = CurriculumManager(tasks, args.curriculum, args.level, args.mastery_threshold, args.mastery_window,
+                                   args.review_prob)
+    parent = make_parent(args)
+    env = BabyEnv(parent, args.num_envs, args.max_episode_steps, args.seed)
+    T, N = args.max_episode_steps, args.num_envs
+    baseline = torch.zeros(T)
+    global_step, start_iteration = 0, 1
+    recent_success = collections.deque(maxlen=100)
+    recent_level = collections.defaultdict(lambda: collections.deque(maxlen=100))
+    if resume:
+        ckpt = torch.load(resume, map_location=device, weights_only=False)
+        agent.load_state_dict(ckpt["state_dict"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        curriculum.load_state_dict(ckpt["curriculum"])
+        baseline, global_step, start_iteration = ckpt["baseline"], ckpt["global_step"], ckpt["iteration"] + 1
+        recent_success.extend(ckpt["recent_success"])
+        random.setstate(ckpt["rng"]["python"])
+        np.random.set_state(ckpt["rng"]["numpy"])
+        torch.set_rng_state(ckpt["rng"]["torch"])
+        env.rng.bit_generator.state = ckpt["rng"]["env"]
+        print(f"{label}resumed from {resume} at global_step={global_step}")
+    start_time, start_step = time.time(), global_step
+
+    for iteration in range(start_iteration, args.num_iterations + 1):
+        if args.anneal_lr:
+            optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
+
+        # ROLLOUT: N whole episodes of exactly T steps (the time limit is the only episode end)
+        ep_tasks = [tasks[int(i)] for i in env.rng.integers(0, len(tasks), N)]
+        ep_levels = [curriculum.sample_level(t, env.rng) for t in ep_tasks]
+        states = env.reset(ep_tasks, ep_levels)
+        obs = torch.zeros(T + 1, N, STATE_DIM, dtype=torch.long)
+        actions = torch.zeros(T, N, dtype=torch.long)
+        logprobs, values = torch.zeros(T, N), torch.zeros(T + 1, N)
+        oracle = torch.zeros(T, N, dtype=torch.long)
+        goal, pred, cons = np.zeros((T, N), np.float32), np.zeros((T, N), np.float32), np.zeros((T, N), np.float32)
+        success = np.zeros(N, dtype=bool)
+        for t in range(T):
+            global_step += N
+            obs[t] = states_to_tensor(states)
+            oracle[t] = torch.tensor([parent.oracle_action(s) for s in states])
+            with torch.no_grad():
+                action, logprob, _, value, h, _ = agent.get_action_and_value(obs[t].to(device))
+            actions[t], logprobs[t], values[t] = action.cpu(), logprob.cpu(), value.cpu()
+            cons[t] = consistency_reward(states, action.tolist())
+            states, goal[t], _, truncated, info = env.step(action.tolist())
+            obs[t + 1] = states_to_tensor(states)
+            success |= info["success"]
+            with torch.no_grad():
+                if args.pred_reward_weight != 0:
+                    pred[t] = prediction_reward(agent.world_model(h, action),
+                                                agent.world_model_target(obs[t + 1].to(device)))
+        rv = RewardVector(goal, pred, cons)
+        rewards = torch.as_tensor(rv.total(args.goal_reward_weight, args.pred_reward_weight, args.cons_reward_weight))
+        for task, level, s in zip(ep_tasks, ep_levels, success):
+            recent_success.append(float(s))
+            recent_level[(task, level)].append(float(s))
+            if curriculum.record(task, level, bool(s)):
+                print(f"{label}curriculum: {task} -> level {curriculum.levels[task]} at global_step={global_step}")
+
+        # ADVANTAGES: REINFORCE return-to-go minus a running-mean baseline; PPO uses GAE on the value head
+        if args.algorithm == "reinforce":
+            returns = reinforce_returns(rewards, args.gamma)
+            advantages = returns - baseline.unsqueeze(1)
+            baseline = args.baseline_decay * baseline + (1 - args.baseline_decay) * returns.mean(1)
+        else:
+            advantages = gae(rewards, values, args.gamma, args.gae_lambda)
+            returns = advantages + values[:T]
+
+        # UPDATE
+        b_obs, b_next = obs[:T].reshape(-1, STATE_DIM).to(device), obs[1:].reshape(-1, STATE_DIM).to(device)
+        b_actions, b_logprobs = actions.reshape(-1).to(device), logprobs.reshape(-1).to(device)
+        b_adv, b_returns = advantages.reshape(-1).to(device), returns.reshape(-1).to(device)
+        b_oracle = oracle.reshape(-1).to(device)
+        b_values = values[:T].reshape(-1).to(device)
+        epochs, n_mb = (1, 1) if args.algorithm == "reinforce" else (args.update_epochs, args.num_minibatches)
+        mb_size = args.batch_size // n_mb
+        clipfracs, stats = [], {}
+        for _ in range(epochs):
+            perm = torch.randperm(args.batch_size)
+            for start in range(0, args.batch_size, mb_size):
+                mb = perm[start:start + mb_size]
+                _, newlogprob, entropy, newvalue, h, logits = agent.get_action_and_value(b_obs[mb], b_actions[mb])
+                adv = b_adv[mb]
+                if args.norm_adv and len(mb) > 1:
+                    adv = (adv - adv.mean()) / (adv.std() + 1e-8) if args.algorithm == "ppo" else adv / (adv.std() + 1e-8)
+                if args.algorithm == "reinforce":
+                    pg_loss = -(adv * newlogprob).mean()
+                    v_loss, approx_kl = torch.zeros(()), torch.zeros(())
+                else:
+                    logratio = newlogprob - b_logprobs[mb]
+                    ratio = logratio.exp()
+                    with torch.no_grad():
+                        approx_kl = ((ratio - 1) - logratio).mean()
+                        clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean().item())
+                    pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)).mean()
+                    v_loss = 0.5 * ((newvalue - b_returns[mb]) ** 2).mean()
+                wm_pred = agent.world_model(h, b_actions[mb])
+                wm_loss = F.mse_loss(wm_pred, agent.world_model_target(b_next[mb]))
+                kl = kl_to_parent(logits, b_oracle[mb], args.kl_smoothing) if args.kl_coef > 0 else torch.zeros(())
+                loss = (pg_loss - args.ent_coef * entropy.mean() + args.vf_coef * v_loss
+                        + args.world_model_coef * wm_loss + args.kl_coef * kl)
+                optimizer.zero_grad()
+                loss.backward()
+                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                optimizer.step()
+                stats = {"losses/policy_loss": pg_loss.item(), "losses/value_loss": v_loss.item(),
+                         "losses/entropy": entropy.mean().item(), "losses/approx_kl": approx_kl.item(),
+                         "losses/world_model_mse": wm_loss.item(), "losses/kl_to_parent": kl.item()}
+
+        # LOGGING
+        sps = int((global_step - start_step) / max(time.time() - start_time, 1e-9))
+        ep_return = rewards.sum(0)
+        scalars = {"charts/success_rate": float(np.mean(recent_success)),
+                   "charts/episodic_return": ep_return.mean().item(), "charts/episodic_length": float(T),
+                   "charts/SPS": sps, "charts/learning_rate": optimizer.param_groups[0]["lr"],
+                   "reward/goal": float(goal.sum(0).mean()), "reward/pred": float(pred.sum(0).mean()),
+                   "reward/cons": float(cons.sum(0).mean()), "reward/total": ep_return.mean().item(), **stats}
+        if args.algorithm == "ppo":
+            var_y = b_returns.var()
+            scalars["losses/clipfrac"] = float(np.mean(clipfracs))
+            scalars["losses/explained_variance"] = (1 - (b_returns - b_values).var() / var_y).item() if var_y > 0 else 0.0
+        for (task, level), d in recent_level.items():
+            scalars[f"charts/success_rate_{task}_level{level}"] = float(np.mean(d))
+        for task in tasks:
+            scalars[f"curriculum/level_{task}"] = curriculum.levels[task]
+        if isinstance(parent, LLMParent):
+            scalars.update(parent.log_stats())
+        for k, v in scalars.items():
+            writer.add_scalar(k, v, global_step)
+        if iteration % args.print_every == 0 or iteration == args.num_iterations:
+            lv = " ".join(f"{t}:L{curriculum.levels[t]}" for t in tasks)
+            print(f"{label}global_step={global_step} SPS={sps} success={scalars['charts/success_rate']:.3f} "
+                  f"entropy={stats['losses/entropy']:.3f} wm_mse={stats['losses/world_model_mse']:.3f} [{lv}]")
+        if args.checkpoint_every and iteration % args.checkpoint_every == 0 and not label:
+            atomic_torch_save({"state_dict": agent.state_dict(), "optimizer": optimizer.state_dict(),
+                               "curriculum": curriculum.state_dict(), "baseline": baseline,
+                               "global_step": global_step, "iteration": iteration,
+                               "recent_success": list(recent_success), "args": dataclasses.asdict(args),
+                               "script": SCRIPT, "eval_levels": dict(curriculum.levels),
+                               "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
+                                       "torch": torch.get_rng_state(), "env": env.rng.bit_generator.state}},
+                              os.path.join(run_dir, "checkpoint.pt"))
+    return agent, dict(curriculum.levels)
+
+
+def validate_args(args: Args) -> Optional[str]:
+    """The first problem with the arguments, as a message telling how to fix it; None if they are fine."""
+    if args.task not in TASKS + ["all"]:
+        return f"unknown --task {args.task!r}; choose one of {', '.join(TASKS + ['all'])}"
+    if not 0 <= args.level < NUM_LEVELS:
+        return f"--level must be in 0..{NUM_LEVELS - 1}, got {args.level}"
+    tasks = TASKS if args.task == "all" else [args.task]
+    top = NUM_LEVELS - 1 if args.curriculum else args.level
+    need = max(DIFFICULTY_CONFIGS[t][lv]["num_symbols"] for t in tasks for lv in range(top + 1))
+    if args.num_actions < need:
+        return (f"--num-actions {args.num_actions} is smaller than the {need} symbols task {args.task!r} "
+                f"needs up to level {top}; use --num-actions >= {need}")
+    if args.parent == "llm" and not args.llm_base_url:
+        return "--parent llm needs --llm-base-url (an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1)"
+    for name in ("max_episode_steps", "num_envs", "hidden_dim", "num_layers", "eval_episodes", "mastery_window"):
+        if getattr(args, name) < 1:
+            return f"--{name.replace('_', '-')} must be >= 1"
+    if not 0.0 <= args.review_prob <= 1.0:
+        return f"--review-prob must be in [0, 1], got {args.review_prob}"
+    if not 0.0 <= args.kl_smoothing <= 1.0:
+        return f"--kl-smoothing must be in [0, 1], got {args.kl_smoothing}"
+    if args.hidden_dim % args.num_heads:
+        return f"--hidden-dim {args.hidden_dim} must be divisible by --num-heads {args.num_heads}"
+    n_params = num_parameters(Agent(args.num_actions, args.max_episode_steps, args.hidden_dim, args.num_layers,
+                                    args.num_heads, args.wm_target))
+    if n_params >= 1_000_000:
+        return (f"the model would have {n_params:,} parameters; the baby model must stay under 1M: "
+                f"reduce --hidden-dim or --num-layers (e.g. --hidden-dim 128 --num-layers 4)")
+    bad = [b for b in args.baselines if b not in ("random", "rl-only", "kl-distill")]
+    if bad:
+        return f"unknown baseline {bad[0]!r}; choose from random, rl-only, kl-distill"
+    if args.algorithm == "ppo" and (args.num_envs * args.max_episode_steps) % args.num_minibatches:
+        return "--num-envs * --max-episode-steps must be divisible by --num-minibatches"
+    if args.eval_only and not (args.model_path and os.path.isfile(args.model_path)):
+        return f"--eval-only needs an existing --model-path, got {args.model_path!r}"
+    if args.resume:
+        if not os.path.isfile(args.resume):
+            return f"--resume checkpoint {args.resume!r} does not exist"
+        try:
+            ckpt = torch.load(args.resume, map_location="cpu", weights_only=False)
+        except Exception as e:  # a truncated or foreign file must fail here, before any work
+            return f"--resume {args.resume!r} is not a readable checkpoint ({type(e).__name__})"
+        if ckpt.get("script") != SCRIPT or "optimizer" not in ckpt:
+            return f"--resume {args.resume!r} is not a {SCRIPT} checkpoint (use {{run_dir}}/checkpoint.pt)"
+        for k in ("task", "num_actions", "max_episode_steps", "hidden_dim", "num_layers", "num_heads", "wm_target"):
+            if ckpt["args"][k] != getattr(args, k):
+                return f"--resume checkpoint has {k}={ckpt['args'][k]!r} but this run has {getattr(args, k)!r}"
+    return None
+
+
+if __name__ == "__main__":
+    args = tyro.cli(Args)
+    if isinstance(args.baselines, str):
+        args.baselines = (args.baselines,)
+    error = validate_args(args)
+    if error:
+        print(f"{SCRIPT}.py: error: {error}", file=sys.stderr)
+        sys.exit(2)
+    if args.eval_only:
+        ckpt = torch.load(args.model_path, map_location="cpu", weights_only=False)
+        # the saved run defines what is evaluated: its tasks, action space, horizon and architecture
+        for k in ("task", "num_actions", "max_episode_steps", "hidden_dim", "num_layers", "num_heads", "wm_target"):
+            setattr(args, k, ckpt["args"][k])
+    args.batch_size = args.num_envs * args.max_episode_steps
+    args.num_iterations = max(1, args.total_timesteps // args.batch_size)
+
+    if args.resume:
+        run_dir = os.path.dirname(os.path.abspath(args.resume))
+        run_name = os.path.basename(run_dir)
+    else:
+        run_name = f"{args.task}__{args.exp_name}__{args.seed}__{int(time.time())}"
+        run_dir = os.path.join(args.runs_dir, run_name)
+    os.makedirs(run_dir, exist_ok=True)
+    if args.track:
+        import wandb
+
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                   config=vars(args), name=run_name, save_code=True)
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(run_dir)
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" +
+                    "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    tasks = TASKS if args.task == "all" else [args.task]
+    t0 = time.time()
+    if args.eval_only:
+        agent = build_agent(ckpt["args"])
+        agent.load_state_dict(ckpt["state_dict"])
+        print(f"model parameters: {num_parameters(agent):,} (< 1M: {num_parameters(agent) < 1_000_000})")
+        eval_levels = ckpt.get("eval_levels") or {t: args.level for t in tasks}
+    else:
+        agent, eval_levels = train(args, run_dir, writer, resume=args.resume)
+    train_time = time.time() - t0
+    agent.eval()
+
+    if args.save_model and not args.eval_only:
+        model_path = os.path.join(run_dir, f"{args.exp_name}.cleanrl_model")
+        atomic_torch_save({"state_dict": agent.state_dict(), "args": dataclasses.asdict(args), "script": SCRIPT,
+                           "eval_levels": eval_levels}, model_path)
+        print(f"model saved to {model_path}")
+
+    # EVALUATION: the trained agent and the baselines in one table
+    evaluator = Evaluator(tasks, args.num_actions, args.max_episode_steps, args.eval_episodes, args.seed + 777)
+    transcript = [] if args.capture_video else None
+    result = evaluator.run(agent, eval_levels, transcript=transcript)
+    rows = {"agent": result}
+    baselines = {}
+    for name in args.baselines:
+        if name == "random":
+            baselines[name] = evaluator.run(None, eval_levels)
+            continue
+        variant = dataclasses.replace(args, checkpoint_every=0, world_model_coef=0.0, pred_reward_weight=0.0,
+                                      kl_coef=0.0) if name == "rl-only" else \
+            dataclasses.replace(args, checkpoint_every=0, kl_coef=args.kl_distill_coef)
+        print(f"training baseline {name} with the same budget")
+        sub = SummaryWriter(os.path.join(run_dir, f"baseline_{name}"))
+        b_agent, b_levels = train(variant, run_dir, sub, label=f"[{name}] ")
+        sub.close()
+        b_agent.eval()
+        baselines[name] = evaluator.run(b_agent, b_levels)
+    rows.update(baselines)
+    print(f"\n{'policy':<12} {'success':>8} {'wm_mse':>8} {'entropy':>8}  per-difficulty success")
+    for name, r in rows.items():
+        diff = " ".join(f"{k}={v:.2f}" for k, v in r["per_difficulty_success"].items())
+        mse = "-" if r["world_model_mse"] is None else f"{r['world_model_mse']:.3f}"
+        print(f"{name:<12} {r['success_rate']:>8.3f} {mse:>8} {r['policy_entropy']:>8.3f}  {diff}")
+    for k in ("success_rate", "world_model_mse", "policy_entropy"):
+        writer.add_scalar(f"eval/{k}", result[k], args.total_timesteps)
+
+    out = {"script": SCRIPT, "task": args.task, **result, "baselines": {}, "train_time_s": train_time,
+           "eval_levels": eval_levels, "num_parameters": num_parameters(agent)}
+    for name, r in baselines.items():
+        out["baselines"][name] = {"success_rate": r["success_rate"], "policy_entropy": r["policy_entropy"],
+                                  **({} if r["world_model_mse"] is None else {"world_model_mse": r["world_model_mse"]}),
+                                  **{f"success_{k}": v for k, v in r["per_difficulty_success"].items()}}
+    if args.analysis:
+        png = os.path.join(run_dir, "tsne.png")
+        out["probe_accuracy"] = representation_analysis(agent, tasks, eval_levels, args.num_actions,
+                                                        args.max_episode_steps, args.analysis_samples, args.seed, png)
+        print("linear-probe accuracy: " + " ".join(f"{k}={v:.2f}" for k, v in out["probe_accuracy"].items()))
+        print(f"t-SNE written to {png}")
+    if transcript is not None:
+        os.makedirs(os.path.join(run_dir, "videos"), exist_ok=True)
+        with open(os.path.join(run_dir, "videos", "eval_transcript.txt"), "w") as f:
+            f.write("\n".join(transcript))
+    with open(os.path.join(run_dir, "eval.json"), "w") as f:
+        json.dump(out, f, indent=2)
+    print(f"eval.json written to {run_dir}")
+    writer.close()

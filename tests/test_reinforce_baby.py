@@ -1,0 +1,447 @@
+"""Tests for cleanrl_astral/reinforce_baby.py: environment rules, world-model target, LLM parent (against a
+local OpenAI-compatible server), curriculum, smoke runs per task and algorithm, and bad input."""
+
+import dataclasses
+import http.server
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from cleanrl_astral import reinforce_baby as rb
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = "cleanrl_astral/reinforce_baby.py"
+TINY = ["--num-actions", "8", "--hidden-dim", "32", "--num-layers", "1", "--num-envs", "16",
+        "--total-timesteps", "64", "--eval-episodes", "8", "--no-analysis"]
+
+
+def run_script(*flags, check=True):
+    return subprocess.run([sys.executable, SCRIPT, *flags], cwd=REPO, capture_output=True, text=True, check=check,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def only_run_dir(runs_dir):
+    dirs = [d for d in os.listdir(runs_dir) if os.path.isdir(os.path.join(runs_dir, d))]
+    assert len(dirs) == 1, dirs
+    return os.path.join(runs_dir, dirs[0])
+
+
+# --------------------------------------------------------------------------------------------------- env
+def test_oracle_gets_reward_one_on_every_task_and_level():
+    parent = rb.DeterministicParent(8)
+    for task in rb.TASKS:
+        for level in range(rb.NUM_LEVELS):
+            env = rb.BabyEnv(parent, 300, 1, seed=level)
+            states = env.reset([task] * 300, [level] * 300)
+            oracle = [parent.oracle_action(s) for s in states]
+            assert all(0 <= a < rb.DIFFICULTY_CONFIGS[task][level]["num_symbols"] for a in oracle)
+            _, rewards, _, _, info = env.step(oracle)
+            assert np.all(rewards == 1.0) and info["success"].all(), (task, level)
+
+
+def test_random_policy_gets_one_over_num_actions():
+    for num_actions in (8, 16):
+        parent = rb.DeterministicParent(num_actions)
+        env = rb.BabyEnv(parent, 20000, 1, seed=3)
+        env.reset(["pattern-echo"] * 20000, [2] * 20000)
+        actions = np.random.default_rng(0).integers(0, num_actions, 20000).tolist()
+        _, rewards, _, _, _ = env.step(actions)
+        # the std of the mean is about 0.0023 at 1/8: 0.012 is five of them
+        assert abs(rewards.mean() - 1.0 / num_actions) < 0.012, (num_actions, rewards.mean())
+
+
+def test_episode_ends_only_on_time_limit():
+    parent = rb.DeterministicParent(8)
+    env = rb.BabyEnv(parent, 64, 3, seed=0)
+    states = env.reset(["conditional"] * 64, [1] * 64)
+    for t in range(1, 4):
+        # the oracle answers correctly from the first step: success must not end the episode
+        states, rewards, terminated, truncated, _ = env.step([parent.oracle_action(s) for s in states])
+        assert np.all(rewards == 1.0)
+        assert not terminated.any()
+        assert truncated.all() == (t == 3) and truncated.any() == (t == 3)
+        assert all(s.step == t for s in states)
+
+
+def test_success_is_tracked_apart_from_reward():
+    class GenerousParent(rb.DeterministicParent):
+        def judge(self, s, action):
+            return 1.0
+
+    parent = GenerousParent(8)
+    env = rb.BabyEnv(parent, 200, 2, seed=1)
+    states = env.reset(["pattern-echo"] * 200, [2] * 200)
+    wrong = [(parent.oracle_action(s) + 1) % 8 for s in states]
+    states, rewards, _, _, info = env.step(wrong)
+    assert np.all(rewards == 1.0) and not info["success"].any()  # not at the time limit yet
+    states, rewards, _, _, info = env.step(wrong)
+    assert np.all(rewards == 1.0)
+    assert not info["success"].any() and not info["correct"].any()
+    env.reset(["pattern-echo"] * 200, [2] * 200)
+    env.step([parent.oracle_action(s) for s in env.states])
+    _, _, _, _, info = env.step([parent.oracle_action(s) for s in env.states])
+    assert info["success"].all()
+
+
+def test_state_tensor_prompt_and_round_trip():
+    parent = rb.DeterministicParent(16)
+    rng = np.random.default_rng(0)
+    for task in rb.TASKS:
+        s = parent.new_instance(task, 2, rng)
+        x = s.to_tensor()
+        assert x.shape == (rb.STATE_DIM,) and x.dtype == torch.long
+        vocab = rb.attribute_vocab(16, 1)
+        assert all(0 <= int(v) < k for v, k in zip(x, vocab))
+        assert rb.State.from_list(x.tolist(), 16) == s
+        assert task in s.to_prompt() and "Actions are symbols 0..15" in s.to_prompt()
+
+
+def test_reward_vector_and_consistency():
+    parent = rb.DeterministicParent(8)
+    s0 = parent.new_instance("pattern-echo", 2, np.random.default_rng(0))
+    right, wrong = parent.oracle_action(s0), (parent.oracle_action(s0) + 1) % 8
+    approved, rejected = parent.transition(s0, right, 1.0), parent.transition(s0, wrong, 0.0)
+    cons = rb.consistency_reward([s0, approved, approved, rejected, rejected], [wrong, right, wrong, wrong, right])
+    assert cons.tolist() == [0.0, 1.0, -1.0, -1.0, 1.0]
+    rv = rb.RewardVector(np.array([1.0, 0.0]), np.array([0.5, 0.5]), np.array([1.0, -1.0]))
+    assert np.allclose(rv.total(1.0, 0.1, 0.2), [1.25, -0.15])
+
+
+# ------------------------------------------------------------------------------------------------- model
+def make_agent(wm_target="raw"):
+    torch.manual_seed(0)
+    return rb.Agent(8, 3, 32, 2, 4, wm_target)
+
+
+def test_world_model_target_is_the_raw_next_state_tensor():
+    agent = make_agent("raw")
+    parent = rb.DeterministicParent(8)
+    env = rb.BabyEnv(parent, 5, 3, seed=0)
+    states = env.reset(["sequence-next"] * 5, [1] * 5)
+    actions = [1, 2, 3, 4, 5]
+    next_states, _, _, _, _ = env.step(actions)
+    nx = rb.states_to_tensor(next_states)
+    target = agent.world_model_target(nx)
+    assert torch.equal(target, nx.float()) and target.shape == (5, rb.STATE_DIM)
+    assert nx[:, rb.ATTRIBUTES.index("last_action")].tolist() == actions
+    pred = agent.world_model(agent.embed(rb.states_to_tensor(states)), torch.tensor(actions))
+    assert pred.shape == target.shape
+    emb_agent = make_agent("embedding")
+    emb_target = emb_agent.world_model_target(nx)
+    assert emb_target.shape == (5, 32) and not emb_target.requires_grad
+
+
+def test_gradients_reach_every_parameter():
+    agent = make_agent()
+    parent = rb.DeterministicParent(8)
+    env = rb.BabyEnv(parent, 32, 3, seed=0)
+    states = env.reset(["conditional"] * 32, [2] * 32)
+    x = rb.states_to_tensor(states)
+    action, logprob, entropy, value, h, logits = agent.get_action_and_value(x)
+    nx = rb.states_to_tensor(env.step(action.tolist())[0])
+    wm_loss = torch.nn.functional.mse_loss(agent.world_model(h, action), agent.world_model_target(nx))
+    wm_loss.backward(retain_graph=True)
+    # the world-model loss alone shapes the shared representation (encoder and core), not the policy head
+    for name, p in agent.named_parameters():
+        touched = p.grad is not None and p.grad.abs().sum() > 0
+        assert touched == (not name.startswith(("action_head", "value_head"))), name
+    agent.zero_grad()
+    loss = -(logprob * torch.randn(32)).mean() - 0.01 * entropy.mean() + value.pow(2).mean() + wm_loss
+    loss = loss + rb.kl_to_parent(logits, torch.zeros(32, dtype=torch.long), 0.1)
+    loss.backward()
+    for name, p in agent.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def test_model_size_is_capped_below_one_million_parameters():
+    assert rb.num_parameters(rb.Agent(16, 1, 128, 4, 4)) < 1_000_000
+    assert rb.validate_args(rb.Args(hidden_dim=128, num_layers=4)) is None
+    assert "under 1M" in rb.validate_args(rb.Args(hidden_dim=256, num_layers=4))
+
+
+def test_returns_gae_and_kl():
+    r = torch.tensor([[1.0], [0.0], [1.0]])
+    assert torch.allclose(rb.reinforce_returns(r, 0.5), torch.tensor([[1.25], [0.5], [1.0]]))
+    values = torch.tensor([[0.5], [0.5], [0.5], [0.0]])
+    adv = rb.gae(r, values, 1.0, 1.0)
+    assert torch.allclose(adv + values[:3], torch.tensor([[2.0], [1.0], [1.0]]))
+    logits = torch.zeros(1, 4)
+    assert rb.kl_to_parent(logits, torch.tensor([2]), 1.0).abs() < 1e-6  # full smoothing = uniform = pi
+    assert rb.kl_to_parent(logits, torch.tensor([2]), 0.0) == pytest.approx(np.log(4), abs=1e-5)
+
+
+def test_reinforce_learns_pattern_echo_quickly():
+    args = rb.Args(task="pattern-echo", num_actions=8, total_timesteps=3200, checkpoint_every=0, print_every=10**9)
+    args.batch_size, args.num_iterations = args.num_envs, 3200 // args.num_envs
+    random.seed(1)
+    np.random.seed(1)
+    torch.manual_seed(1)
+
+    class Writer:
+        def __init__(self):
+            self.scalars = {}
+
+        def add_scalar(self, k, v, step):
+            self.scalars.setdefault(k, []).append(v)
+
+    w = Writer()
+    agent, levels = rb.train(args, "/nonexistent", w)
+    result = rb.Evaluator(["pattern-echo"], 8, 1, 400, 5).run(agent.eval(), levels)
+    assert result["success_rate"] > 0.6, result  # random is 0.125
+    ent = w.scalars["losses/entropy"]
+    assert np.mean(ent[-10:]) < np.mean(ent[:10])
+
+
+# ------------------------------------------------------------------------------------------- curriculum
+def test_curriculum_advances_on_mastery_and_not_before():
+    cm = rb.CurriculumManager(["pattern-echo", "conditional"], True, 2, threshold=0.9, window=10)
+    assert cm.levels == {"pattern-echo": 0, "conditional": 0}
+    for _ in range(9):
+        assert not cm.record("pattern-echo", 0, True)  # perfect but the window is not full yet
+    assert cm.levels["pattern-echo"] == 0
+    assert cm.record("pattern-echo", 0, True) and cm.levels["pattern-echo"] == 1
+    assert cm.levels["conditional"] == 0
+    # 8/10 is below 0.9: no level-up however long it lasts
+    for i in range(50):
+        assert not cm.record("pattern-echo", 1, i % 5 not in (0, 1))
+    assert cm.levels["pattern-echo"] == 1
+    for _ in range(10):
+        cm.record("pattern-echo", 0, True)  # outcomes at an old level do not count
+    assert cm.levels["pattern-echo"] == 1
+    for _ in range(9):
+        cm.record("pattern-echo", 1, True)
+    assert cm.levels["pattern-echo"] == 2  # 9 of the last 10 were successes
+    for _ in range(30):
+        cm.record("pattern-echo", 2, True)
+    assert cm.levels["pattern-echo"] == 2  # top level stays
+    rng = np.random.default_rng(0)
+    review = rb.CurriculumManager(["pattern-echo"], True, 2, 0.9, 10, review_prob=0.25)
+    review.levels["pattern-echo"] = 2
+    drawn = np.array([review.sample_level("pattern-echo", rng) for _ in range(4000)])
+    assert set(drawn.tolist()) == {0, 1, 2} and abs((drawn < 2).mean() - 0.25) < 0.03
+    assert {cm.sample_level("conditional", rng) for _ in range(100)} == {0}  # nothing mastered yet
+    fixed = rb.CurriculumManager(["conditional"], False, 1, 0.9, 10, review_prob=0.5)
+    assert {fixed.sample_level("conditional", rng) for _ in range(100)} == {1}
+    for _ in range(30):
+        assert not fixed.record("conditional", 1, True)
+    assert fixed.levels == {"conditional": 1}
+    restored = rb.CurriculumManager(["pattern-echo", "conditional"], True, 2, 0.9, 10)
+    restored.load_state_dict(cm.state_dict())
+    assert restored.levels == cm.levels and list(restored.history["pattern-echo"]) == list(cm.history["pattern-echo"])
+
+
+# ----------------------------------------------------------------------------------------- LLM parent
+class FakeLLM(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        srv = self.server
+        srv.count += 1
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        srv.last_body, srv.last_auth = body, self.headers.get("Authorization")
+        if srv.mode == "http500":
+            self.send_error(500, "internal error")
+            return
+        if srv.mode == "slow":
+            srv.release.wait(10)
+        content = {"valid": json.dumps({"reward": 1}), "fenced": "```json\n{\"reward\": 0}\n```",
+                   "malformed": "{reward: yes", "slow": json.dumps({"reward": 1}),
+                   "bad_reward": json.dumps({"reward": 0.5}),
+                   "next_state": json.dumps({"reward": 1, "next_state": srv.next_state})}[srv.mode]
+        data = json.dumps({"choices": [{"message": {"role": "assistant", "content": content}}]}).encode()
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up (timeout case)
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture
+def llm_server():
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeLLM)
+    srv.daemon_threads = True
+    srv.mode, srv.count, srv.release, srv.next_state = "valid", 0, threading.Event(), None
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    srv.url = f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    yield srv
+    srv.release.set()
+    srv.shutdown()
+    srv.server_close()
+
+
+def make_llm_parent(srv, tmp_path, name="cache.sqlite", **kw):
+    opts = dict(timeout=2.0, retries=1, next_state=False, concurrency=2)
+    opts.update(kw)
+    return rb.LLMParent(8, 3, srv.url, "test-model", "sk-test", opts["timeout"], opts["retries"],
+                        str(tmp_path / name), opts["next_state"], opts["concurrency"])
+
+
+def instance(parent, seed=0):
+    s = parent.new_instance("pattern-echo", 2, np.random.default_rng(seed))
+    return s, parent.oracle_action(s), (parent.oracle_action(s) + 1) % 8
+
+
+def test_llm_parent_valid_answers_are_used_and_cached(llm_server, tmp_path):
+    parent = make_llm_parent(llm_server, tmp_path)
+    s, right, wrong = instance(parent)
+    replies = parent.respond([s, s], [right, wrong])
+    # the server approves everything: its verdict is the reward, even where the rule disagrees
+    assert [r for r, _ in replies] == [1.0, 1.0]
+    assert replies[1][1].last_action == wrong and replies[1][1].last_correct == 1
+    assert llm_server.count == 2 and llm_server.last_auth == "Bearer sk-test"
+    assert llm_server.last_body["model"] == "test-model" and "pattern-echo" in json.dumps(llm_server.last_body)
+    stats = parent.log_stats()
+    assert stats["parent/llm_agreement"] == 0.5 and stats["parent/fallbacks"] == 0
+    assert parent.respond([s], [wrong])[0][0] == 1.0
+    assert llm_server.count == 2 and parent.stats["cache_hits"] == 1
+    # a new parent on the same cache file answers from disk: reruns are reproducible
+    again = make_llm_parent(llm_server, tmp_path)
+    assert again.respond([s], [right])[0][0] == 1.0 and llm_server.count == 2
+    llm_server.mode = "fenced"
+    assert parent.respond([s], [(right + 2) % 8])[0][0] == 0.0 and parent.stats["fallbacks"] == 0
+
+
+@pytest.mark.parametrize("mode", ["malformed", "bad_reward", "http500", "slow"])
+def test_llm_parent_failures_fall_back_to_the_rule(llm_server, tmp_path, mode):
+    llm_server.mode = mode
+    parent = make_llm_parent(llm_server, tmp_path, timeout=0.3 if mode == "slow" else 2.0)
+    s, right, wrong = instance(parent)
+    replies = parent.respond([s, s], [right, wrong])
+    assert [r for r, _ in replies] == [1.0, 0.0]  # the deterministic rule's rewards
+    assert parent.stats["fallbacks"] == 2 and parent.stats["judged"] == 0
+    assert llm_server.count == 4  # 1 + retries attempts per query
+    # failures are not cached: the next identical query asks again
+    parent.respond([s], [wrong])
+    assert llm_server.count == 6 and parent.stats["fallbacks"] == 3 and parent.stats["cache_hits"] == 0
+
+
+def test_llm_parent_next_state_is_validated(llm_server, tmp_path):
+    parent = make_llm_parent(llm_server, tmp_path, next_state=True)
+    s, right, wrong = instance(parent)
+    proposed = parent.transition(s, wrong, 1.0)
+    llm_server.mode = "next_state"
+    llm_server.next_state = dict(zip(rb.ATTRIBUTES, proposed.as_list()))
+    (r, nxt), = parent.respond([s], [wrong])
+    assert r == 1.0 and nxt == proposed and parent.stats["fallbacks"] == 0
+    llm_server.next_state = {**llm_server.next_state, "v0": 99}  # out of the attribute's range
+    (r, nxt), = parent.respond([s], [right])
+    assert r == 1.0 and nxt == parent.transition(s, right, 1.0) and parent.stats["fallbacks"] == 1
+
+
+def test_training_with_llm_parent_runs_and_logs_fallbacks(llm_server, tmp_path):
+    cache = tmp_path / "llm.sqlite"
+    out = run_script("--task", "pattern-echo", *TINY, "--parent", "llm", "--llm-base-url", llm_server.url,
+                     "--llm-cache", str(cache), "--runs-dir", str(tmp_path / "runs"))
+    run_dir = only_run_dir(tmp_path / "runs")
+    assert os.path.isfile(os.path.join(run_dir, "eval.json")) and cache.exists()
+    assert llm_server.count > 0, out.stdout
+    from tbparse import SummaryReader
+
+    tags = set(SummaryReader(run_dir).scalars["tag"])
+    assert {"parent/llm_agreement", "parent/fallbacks", "parent/latency_ms"} <= tags
+
+
+# -------------------------------------------------------------------------------------------- smoke runs
+@pytest.mark.parametrize("task,algorithm,extra", [
+    ("pattern-echo", "reinforce", []),
+    ("sequence-next", "ppo", ["--wm-target", "embedding"]),
+    ("conditional", "reinforce", ["--max-episode-steps", "3"]),
+    ("all", "ppo", ["--max-episode-steps", "2", "--curriculum"]),
+])
+def test_smoke_per_task_and_algorithm(tmp_path, task, algorithm, extra):
+    run_script("--task", task, "--algorithm", algorithm, *TINY, *extra, "--runs-dir", str(tmp_path))
+    run_dir = only_run_dir(tmp_path)
+    with open(os.path.join(run_dir, "eval.json")) as f:
+        ev = json.load(f)
+    assert ev["script"] == "reinforce_baby" and ev["task"] == task
+    assert 0.0 <= ev["success_rate"] <= 1.0 and ev["baselines"]["random"]["success_rate"] < 0.5
+    tasks = rb.TASKS if task == "all" else [task]
+    assert {k.split("/")[0] for k in ev["per_difficulty_success"]} == set(tasks)
+    from tbparse import SummaryReader
+
+    sc = SummaryReader(run_dir).scalars
+    tags = set(sc["tag"])
+    assert {"charts/success_rate", "losses/entropy", "losses/world_model_mse", "reward/goal", "reward/pred",
+            "reward/cons", "charts/SPS"} <= tags
+    steps = sc[sc["tag"] == "charts/success_rate"]["step"].tolist()
+    T = int(extra[extra.index("--max-episode-steps") + 1]) if "--max-episode-steps" in extra else 1
+    batch = 16 * T
+    assert steps == list(range(batch, 64 // batch * batch + 1, batch))  # logged against environment steps
+
+
+def test_full_run_save_evaluate_baselines_analysis_and_eval_only(tmp_path):
+    runs = tmp_path / "runs"
+    flags = [f for f in TINY if f != "--no-analysis"] + ["--analysis-samples", "120"]
+    run_script("--task", "all", "--curriculum", *flags, "--save-model", "--capture-video",
+               "--baselines", "random", "rl-only", "kl-distill", "--runs-dir", str(runs), "--seed", "4")
+    run_dir = only_run_dir(runs)
+    def strict(name):
+        raise AssertionError(f"eval.json holds {name}, which is not JSON")
+
+    with open(os.path.join(run_dir, "eval.json")) as f:
+        ev = json.loads(f.read(), parse_constant=strict)
+    assert set(ev["baselines"]) == {"random", "rl-only", "kl-distill"}
+    assert "world_model_mse" not in ev["baselines"]["random"] and "world_model_mse" in ev["baselines"]["rl-only"]
+    assert all(isinstance(v, float) for v in ev["baselines"]["kl-distill"].values())
+    assert set(ev["probe_accuracy"]) >= {"task", "v0", "v1"}
+    assert os.path.getsize(os.path.join(run_dir, "tsne.png")) > 1000
+    assert os.path.isfile(os.path.join(run_dir, "videos", "eval_transcript.txt"))
+    model = os.path.join(run_dir, "reinforce_baby.cleanrl_model")
+    saved = torch.load(model, weights_only=False)
+    assert saved["script"] == "reinforce_baby" and saved["args"]["task"] == "all"
+    assert not [f for f in os.listdir(run_dir) if ".tmp." in f]
+    # evaluate() on the saved file reproduces the run's own evaluation exactly
+    again = rb.evaluate(model, episodes=8, seed=4 + 777)
+    assert again["success_rate"] == ev["success_rate"]
+    assert again["per_difficulty_success"] == ev["per_difficulty_success"]
+    out = run_script("--task", "all", "--num-actions", "8", "--eval-only", "--model-path", model, "--eval-episodes",
+                     "8", "--seed", "4", "--no-analysis", "--runs-dir", str(tmp_path / "eval"))
+    with open(os.path.join(only_run_dir(tmp_path / "eval"), "eval.json")) as f:
+        assert json.load(f)["success_rate"] == ev["success_rate"]
+    assert "model parameters" in out.stdout
+
+
+def test_resume_continues_from_checkpoint(tmp_path):
+    run_script("--task", "pattern-echo", *TINY, "--checkpoint-every", "2", "--runs-dir", str(tmp_path))
+    run_dir = only_run_dir(tmp_path)
+    ckpt = os.path.join(run_dir, "checkpoint.pt")
+    assert torch.load(ckpt, weights_only=False)["global_step"] == 64
+    out = run_script("--task", "pattern-echo", *[f if f != "64" else "128" for f in TINY], "--resume", ckpt,
+                     "--checkpoint-every", "2", "--runs-dir", str(tmp_path))
+    assert "resumed from" in out.stdout and "global_step=64" in out.stdout
+    assert torch.load(ckpt, weights_only=False)["global_step"] == 128
+    assert "task" in rb.validate_args(rb.Args(task="sequence-next", num_actions=8, resume=ckpt))
+    assert "not a readable checkpoint" in rb.validate_args(rb.Args(num_actions=8, resume=os.path.join(run_dir, "eval.json")))
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--task", "pattern-echo", "--num-actions", "4"], "--num-actions 4"),
+    (["--task", "conditional", "--curriculum", "--num-actions", "6"], "--num-actions 6"),
+    (["--task", "juggling"], "unknown --task"),
+    (["--parent", "llm"], "--llm-base-url"),
+    (["--eval-only", "--model-path", "missing.cleanrl_model"], "--model-path"),
+])
+def test_bad_input_fails_with_one_line_before_any_work(tmp_path, flags, needle):
+    out = run_script(*flags, "--runs-dir", str(tmp_path / "runs"), check=False)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("reinforce_baby.py: error: ") and needle in lines[0], out.stderr
+    assert not (tmp_path / "runs").exists() and out.stdout == ""
+
+
+def test_num_actions_check_depends_on_the_levels_used():
+    assert rb.validate_args(rb.Args(task="pattern-echo", num_actions=4, level=1)) is None
+    assert "--num-actions 4" in rb.validate_args(rb.Args(task="pattern-echo", num_actions=4, level=2))
+    assert rb.validate_args(dataclasses.replace(rb.Args(), num_actions=8, task="all", curriculum=True)) is None
