@@ -58,6 +58,12 @@ def parse_grid_spec(spec: str) -> list[list[str]]:
         raise ValueError(
             f"grid spec {spec!r} must be '--flag value1 value2 ...' or 'alternative1 | alternative2 | ...'"
         )
+    if any(value.startswith("--") for value in tokens[1:]):
+        # "--modes-preset seed3 --hide-velocity" would otherwise run "--modes-preset --hide-velocity" as a value
+        raise ValueError(
+            f"grid spec {spec!r} puts a flag among the values of {tokens[0]}; give several flags of one grid point as "
+            "alternatives ('--a 1 --b | --a 2 --b') or put fixed flags in --command"
+        )
     return [[tokens[0], value] for value in tokens[1:]]
 
 

@@ -44,19 +44,23 @@ sweep() {  # name, seeds, grid
     python benchmark/benchmark.py --command "$BASE" --grid "$3" --num-seeds "$2" --start-seed 1 --workers 1 \
         --resume --no-progress --output "$out/$1" "${extra[@]}" || status=$?
 }
+# adapt every checkpoint of a sweep that has no adapt.json yet
+adapt_sweep() {
+    for ckpt in "$1"/runs/*/*/maml_ssm.cleanrl_model; do
+        [ -f "$ckpt" ] || continue
+        [ -f "$(dirname "$ckpt")/adapt.json" ] && continue
+        nice -n 15 env OMP_NUM_THREADS=1 python cleanrl_astral/maml_ssm.py adapt --checkpoint "$ckpt" --num-tasks 20 \
+            --adapt-steps 3 --adapt-lr 0.1 --adaptation-mode standard hybrid --adapt-objective pg dynamics entropy \
+            > "$(dirname "$ckpt")/adapt.log" 2>&1 || status=$?
+    done
+}
 if [ "$report_only" = 0 ]; then
 sweep ssm "$ssm_seeds" "--policy ssm"
 sweep baselines "$other_seeds" "--policy mlp | --policy ssm --outer-steps 0 | --policy gru | --policy ssm --num-inner-steps 0"
 
 # test-time adaptation (adapt subcommand) on every MAML-SSM checkpoint: standard vs hybrid x pg/dynamics/entropy,
 # K = 3 steps at the meta-training inner lr, 20 fresh test tasks; writes adapt.json beside each checkpoint
-for ckpt in "$out"/ssm/runs/*/*/maml_ssm.cleanrl_model; do
-    [ -f "$ckpt" ] || continue
-    [ -f "$(dirname "$ckpt")/adapt.json" ] && continue
-    nice -n 15 env OMP_NUM_THREADS=1 python cleanrl_astral/maml_ssm.py adapt --checkpoint "$ckpt" --num-tasks 20 \
-        --adapt-steps 3 --adapt-lr 0.1 --adaptation-mode standard hybrid --adapt-objective pg dynamics entropy \
-        > "$(dirname "$ckpt")/adapt.log" 2>&1 || status=$?
-done
+adapt_sweep "$out/ssm"
 
 # cartpole-physics: a short run (held-out gravity/length ranges at test time), seed 1, plus its adaptation
 if [ "$mode" != quick ]; then
@@ -65,13 +69,7 @@ if [ "$mode" != quick ]; then
 --eval-steps 3 --outer-steps $((steps / 3))"
     python benchmark/benchmark.py --command "$CP" --grid "--policy ssm" --num-seeds 1 --start-seed 1 --workers 1 \
         --resume --no-progress --output "$out/cartpole" "${extra[@]}" || status=$?
-    for ckpt in "$out"/cartpole/runs/*/*/maml_ssm.cleanrl_model; do
-        [ -f "$ckpt" ] || continue
-        [ -f "$(dirname "$ckpt")/adapt.json" ] && continue
-        nice -n 15 env OMP_NUM_THREADS=1 python cleanrl_astral/maml_ssm.py adapt --checkpoint "$ckpt" --num-tasks 20 \
-            --adapt-steps 3 --adapt-lr 0.1 --adaptation-mode standard hybrid --adapt-objective pg dynamics entropy \
-            > "$(dirname "$ckpt")/adapt.log" 2>&1 || status=$?
-    done
+    adapt_sweep "$out/cartpole"
 fi
 fi
 

@@ -65,6 +65,9 @@ def test_expand_command_grid_seeds(bench, tmp_path):
     assert bench.parse_grid_spec("--modes-preset seed3 inverted4") == [["--modes-preset", "seed3"], ["--modes-preset", "inverted4"]]
     with pytest.raises(ValueError):
         bench.parse_grid_spec("--hide-velocity")
+    # a flag read as a value would silently launch a wrong command ("--modes-preset --hide-velocity")
+    with pytest.raises(ValueError, match="puts a flag among the values"):
+        bench.parse_grid_spec("--modes-preset seed3 --hide-velocity")
 
 
 def test_dry_run_prints_every_command_and_runs_nothing(tmp_path):
