@@ -257,3 +257,11 @@ def test_learning_happens(tmp_path):
     returns = [v for _, v in scalars(run_dir, "charts/episodic_return")]
     assert np.mean(returns[:50]) < 40
     assert np.mean(returns[-50:]) > 100
+
+
+def test_reward_scaler_is_the_baselines():
+    rng = np.random.default_rng(1)
+    ours, theirs = m.RewardScaler(4, 0.99), baseline.RewardScaler(4, 0.99)
+    for _ in range(20):
+        rewards, dones = rng.normal(1.0, 1.0, 4), rng.random(4) < 0.1
+        assert np.array_equal(ours(rewards, dones), theirs(rewards, dones.copy()))

@@ -358,3 +358,24 @@ def test_learning_happens(tmp_path):
     returns = [v for _, v in scalars(run_dir, "charts/episodic_return")]
     assert np.mean(returns[:50]) < 40
     assert np.mean(returns[-50:]) > 100
+
+
+def test_reward_scaler_divides_by_running_std_of_discounted_return():
+    """Checked against a direct computation: the running variance over all discounted returns seen so far,
+    with each environment's return restarting after its episode ends."""
+    rng = np.random.default_rng(0)
+    scaler = m.RewardScaler(3, gamma=0.9)
+    returns, history = np.zeros(3), []
+    for t in range(40):
+        rewards, dones = rng.normal(5.0, 2.0, 3), rng.random(3) < 0.2
+        returns = returns * 0.9 + rewards
+        history.extend(returns)
+        # pooled with the scaler's prior (mean 0, variance 1, count 1e-4), as gymnasium's NormalizeReward
+        n, mean, var, prior = len(history), np.mean(history), np.var(history), 1e-4
+        pooled = (prior + var * n + mean**2 * prior * n / (n + prior)) / (n + prior)
+        expected = rewards / np.sqrt(pooled + 1e-8)
+        returns[dones] = 0.0
+        np.testing.assert_allclose(scaler(rewards, dones), expected, rtol=1e-9)
+    restored = m.RewardScaler(3, 0.9)
+    restored.load_state_dict(scaler.state_dict())
+    assert (restored.mean, restored.var, restored.count) == (scaler.mean, scaler.var, scaler.count)
