@@ -75,6 +75,8 @@ class Args:
     """number of complex state dimensions of the LRU"""
     in_context: bool = True
     """feed the previous action and reward to the policy besides the observation"""
+    layer_norm: bool = False
+    """LayerNorm (with affine parameters) on the core's output: what `adapt --adapt-params norm` adapts"""
     dynamics_coef: float = 0.0
     """weight of the next-observation prediction loss on the shared trunk (the head itself is always trained)"""
     aux_lr: float = 1e-3
@@ -185,7 +187,8 @@ class AdaptArgs:
     experience_batch_size: int = 256
     """hybrid: transitions per replayed batch"""
     adapt_params: str = "all"
-    """parameters adapted: all | ssm (the recurrent core) | heads (policy, value and dynamics heads)"""
+    """parameters adapted: all | ssm (the recurrent core) | heads (policy, value and dynamics heads) | norm (the
+    LayerNorm's scale and shift; the checkpoint must be trained with --layer-norm)"""
     adapt_optimizer: str = "sgd"
     """sgd | adam"""
     grad_clip: float = 10.0
@@ -241,10 +244,8 @@ def validate_adapt_args(a: AdaptArgs) -> Optional[str]:
             return f"unknown --adapt-objective {obj!r}; choose pg, dynamics or entropy"
     if a.strategy not in STRATEGIES:
         return f"unknown --strategy {a.strategy!r}; registered: {', '.join(STRATEGIES)}"
-    if a.adapt_params == "norm":
-        return "--adapt-params norm: these policies have no normalisation layers with parameters; use all, ssm or heads"
-    if a.adapt_params not in ("all", "ssm", "heads"):
-        return f"unknown --adapt-params {a.adapt_params!r}; choose all, ssm or heads"
+    if a.adapt_params not in ("all", "ssm", "heads", "norm"):
+        return f"unknown --adapt-params {a.adapt_params!r}; choose all, ssm, heads or norm"
     if a.adapt_optimizer not in ("sgd", "adam"):
         return f"unknown --adapt-optimizer {a.adapt_optimizer!r}; choose sgd or adam"
     if a.adapt_lr is not None and a.adapt_lr <= 0:
@@ -502,7 +503,7 @@ class LRU(nn.Module):
 class Agent(nn.Module):
     """Encoder -> core (LRU | GRU | MLP) -> features; heads: action distribution, value, next observation."""
 
-    def __init__(self, kind, obs_dim, act_dim, discrete, hidden, state_size, in_context):
+    def __init__(self, kind, obs_dim, act_dim, discrete, hidden, state_size, in_context, layer_norm=False):
         super().__init__()
         self.kind, self.discrete, self.in_context = kind, discrete, in_context
         self.obs_dim, self.act_dim, self.hidden, self.state_size = obs_dim, act_dim, hidden, state_size
@@ -514,6 +515,7 @@ class Agent(nn.Module):
             self.core = nn.GRU(hidden, hidden)
         else:
             self.core = layer_init(nn.Linear(hidden, hidden))
+        self.norm = nn.LayerNorm(hidden) if layer_norm else None
         self.fc = layer_init(nn.Linear(hidden, hidden))
         self.pi = layer_init(nn.Linear(hidden, act_dim), std=0.01)
         self.log_std = None if discrete else nn.Parameter(torch.zeros(act_dim))
@@ -560,6 +562,8 @@ class Agent(nn.Module):
             z = y
         else:
             z = torch.tanh(self.core(h))
+        if self.norm is not None:
+            z = self.norm(z)
         feats = torch.tanh(self.fc(z))
         out = {"pi": self.pi(feats), "log_std": self.log_std, "value": self.value_head(feats.detach())[..., 0],
                "feats": feats, "state": state}
@@ -583,26 +587,27 @@ def count_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def agent_param_count(kind, obs_dim, act_dim, discrete, w, n_state, in_context):
+def agent_param_count(kind, obs_dim, act_dim, discrete, w, n_state, in_context, layer_norm=False):
     """Closed form of count_params(Agent(...)) so the width search does not build hundreds of networks."""
     in_dim = obs_dim + (act_dim + 1 if in_context else 0)
     core = {"ssm": 2 * n_state + 4 * n_state * w + w, "gru": 6 * w * w + 6 * w, "mlp": w * w + w}[kind]
     heads = (w * act_dim + act_dim) + (0 if discrete else act_dim) + (w + 1) + ((w + act_dim) * obs_dim + obs_dim)
-    return in_dim * w + w + core + (w * w + w) + heads
+    return in_dim * w + w + core + (2 * w if layer_norm else 0) + (w * w + w) + heads
 
 
 def policy_width(args: Args, env_cls) -> int:
     """The SSM uses --hidden-size; gru/mlp get the width whose parameter count is closest to the SSM's."""
     spec = (env_cls.obs_dim, env_cls.act_dim, env_cls.discrete)
-    target = agent_param_count("ssm", *spec, args.hidden_size, args.state_size, args.in_context)
+    target = agent_param_count("ssm", *spec, args.hidden_size, args.state_size, args.in_context, args.layer_norm)
     if args.policy == "ssm":
         return args.hidden_size
-    return min(range(4, 2049), key=lambda w: abs(agent_param_count(args.policy, *spec, w, args.state_size, args.in_context) - target))
+    return min(range(4, 2049), key=lambda w: abs(agent_param_count(args.policy, *spec, w, args.state_size, args.in_context,
+                                                                   args.layer_norm) - target))
 
 
 def build_agent(args: Args, env_cls) -> Agent:
     spec = (env_cls.obs_dim, env_cls.act_dim, env_cls.discrete)
-    return Agent(args.policy, *spec, policy_width(args, env_cls), args.state_size, args.in_context)
+    return Agent(args.policy, *spec, policy_width(args, env_cls), args.state_size, args.in_context, args.layer_norm)
 
 
 # ------------------------------------------------------------------------------------------------ ROLLOUT
@@ -616,11 +621,12 @@ def rollout(model, params_list, env, horizon):
     prev_a, prev_r = torch.zeros(n, model.act_dim), torch.zeros(n, 1)
     states = [model.initial_state(per) for _ in range(G)]
     alive = torch.ones(n, dtype=torch.bool)
-    keys = ("obs", "inputs", "actions", "rewards", "masks", "next_obs", "logp")
+    keys = ("obs", "inputs", "actions", "rewards", "masks", "next_obs", "logp", "states")
     buf = {k: [] for k in keys}
     for t in range(horizon):
         inp = model.make_input(obs, prev_a, prev_r)
         start = torch.full((per,), t == 0)
+        state_in = torch.cat(states)  # the recurrent state this step starts from (stored for replay)
         actions, logps = [], []
         for g, params in enumerate(params_list):
             sl = slice(g * per, (g + 1) * per)
@@ -633,7 +639,7 @@ def rollout(model, params_list, env, horizon):
             logps.append(log_prob(dist, a[None], model.discrete)[0])
         action = torch.cat(actions)
         next_obs, reward, done = env.step(action)
-        for k, v in zip(keys, (obs, inp, action, reward * alive, alive.clone(), next_obs, torch.cat(logps))):
+        for k, v in zip(keys, (obs, inp, action, reward * alive, alive.clone(), next_obs, torch.cat(logps), state_in)):
             buf[k].append(v)
         alive = alive & ~done
         prev_a = F.one_hot(action[:, 0].long(), model.act_dim).float() if model.discrete else action
@@ -700,8 +706,13 @@ def compute_advantages(batch, gamma, gae_lambda):
 
 
 # ------------------------------------------------------------------------------------------------ MAML
+def start_state(model, batch):
+    """The state a batch's sequences start from: stored for replayed transitions, zero for fresh episodes."""
+    return batch["state0"] if "state0" in batch else model.initial_state(batch["masks"].shape[1])
+
+
 def policy_out(model, params, batch):
-    state0 = model.initial_state(batch["masks"].shape[1])
+    state0 = start_state(model, batch)
     return functional_call(model, params, (batch["inputs"], batch["starts"], state0), {"scan": True})
 
 
@@ -948,15 +959,17 @@ def plot_eval(result, path, title):
 # ------------------------------------------------------------------------------------------------ TEST-TIME ADAPTATION
 class ExperienceBuffer:
     """Preallocated ring buffer of meta-training transitions (oldest evicted first). Besides (obs, action,
-    reward, next_obs, done, task id) it keeps the policy input (with the in-context signal) and the GAE
-    advantage so replayed transitions can feed the pg objective. Filled by `train` only."""
+    reward, next_obs, done, task id) it keeps the policy input (with the in-context signal), the GAE
+    advantage so replayed transitions can feed the pg objective, and the recurrent state the policy had when it
+    acted (width 0 for the MLP), so a replayed transition is evaluated in its context rather than from a blank
+    memory. Filled by `train` only."""
 
-    FIELDS = ("obs", "inputs", "actions", "rewards", "next_obs", "dones", "advantages", "task_ids")
+    FIELDS = ("obs", "inputs", "actions", "rewards", "next_obs", "dones", "advantages", "task_ids", "states")
 
-    def __init__(self, capacity, obs_dim, in_dim, act_dim, device="cpu"):
+    def __init__(self, capacity, obs_dim, in_dim, act_dim, state_dim=0, device="cpu"):
         self.capacity, self.device = capacity, torch.device(device)
         shapes = {"obs": (obs_dim,), "inputs": (in_dim,), "actions": (act_dim,), "rewards": (), "next_obs": (obs_dim,),
-                  "dones": (), "advantages": (), "task_ids": ()}
+                  "dones": (), "advantages": (), "task_ids": (), "states": (state_dim,)}
         dtypes = {"dones": torch.bool, "task_ids": torch.long}
         self.data = {k: torch.zeros((capacity, *s), dtype=dtypes.get(k, torch.float32), device=self.device) for k, s in shapes.items()}
         self.pos, self.size = 0, 0
@@ -981,9 +994,17 @@ class ExperienceBuffer:
         return {"capacity": self.capacity, "pos": self.pos, "size": self.size, "data": {k: v.cpu() for k, v in self.data.items()}}
 
     @classmethod
-    def from_state_dict(cls, sd, device="cpu"):
-        d = sd["data"]
-        buf = cls(sd["capacity"], d["obs"].shape[1], d["inputs"].shape[1], d["actions"].shape[1], device)
+    def from_state_dict(cls, sd, state_dim, device="cpu"):
+        """state_dim: width of the model's recurrent state; a buffer saved without states is accepted only for a
+        stateless (MLP) policy, where there is nothing to store."""
+        d = dict(sd["data"])
+        if "states" not in d:
+            if state_dim:
+                raise ValueError("the checkpoint's ExperienceBuffer predates stored recurrent states; retrain it to use hybrid")
+            d["states"] = torch.zeros(sd["capacity"], 0)
+        if d["states"].shape[1] != state_dim:
+            raise ValueError(f"the ExperienceBuffer stores states of width {d['states'].shape[1]}, the model's is {state_dim}")
+        buf = cls(sd["capacity"], d["obs"].shape[1], d["inputs"].shape[1], d["actions"].shape[1], state_dim, device)
         for k in cls.FIELDS:
             buf.data[k].copy_(d[k])
         buf.pos, buf.size = sd["pos"], sd["size"]
@@ -996,13 +1017,16 @@ def add_batch_to_buffer(buffer, batch, task_id):
     nxt = torch.cat([batch["masks"][1:], torch.zeros_like(batch["masks"][:1])]) > 0
     buffer.add(obs=batch["obs"][m], inputs=batch["inputs"][m], actions=batch["actions"][m], rewards=batch["rewards"][m],
                next_obs=batch["next_obs"][m], dones=(m & ~nxt)[m], advantages=batch["advantages"][m],
-               task_ids=torch.full((int(m.sum()),), task_id, dtype=torch.long))
+               task_ids=torch.full((int(m.sum()),), task_id, dtype=torch.long), states=batch["states"][m])
 
 
 def replay_as_batch(sample):
-    """Replayed transitions as length-1 sequences from a fresh recurrent state (their history is not stored)."""
+    """Replayed transitions as length-1 sequences, each continuing from the recurrent state stored with it (the
+    state the acting policy had; the adapted policy would have reached a slightly different one — the usual
+    stored-state approximation of recurrent replay)."""
     B = len(sample["obs"])
-    return {"inputs": sample["inputs"][None], "starts": torch.ones(1, B, dtype=torch.bool), "actions": sample["actions"][None],
+    return {"inputs": sample["inputs"][None], "starts": torch.zeros(1, B, dtype=torch.bool), "state0": sample["states"],
+            "actions": sample["actions"][None],
             "masks": torch.ones(1, B), "advantages": sample["advantages"][None], "rewards": sample["rewards"][None],
             "next_obs": sample["next_obs"][None], "obs": sample["obs"][None]}
 
@@ -1019,8 +1043,7 @@ def objective_loss(model, params, batch, objective):
     inputs = batch["inputs"]
     if objective == "dynamics" and model.in_context:
         inputs = torch.cat([inputs[..., :-1], torch.zeros_like(inputs[..., -1:])], -1)
-    state0 = model.initial_state(m.shape[1])
-    out = functional_call(model, params, (inputs, batch["starts"], state0), {"actions": batch["actions"]})
+    out = functional_call(model, params, (inputs, batch["starts"], start_state(model, batch)), {"actions": batch["actions"]})
     if objective == "dynamics":
         return ((((out["next_obs"] - batch["next_obs"]) ** 2).mean(-1)) * m).sum() / m.sum(), out
     ent = make_dist(out, model.discrete).entropy()
@@ -1052,13 +1075,16 @@ def strategy_tent(loss, out, masks, cfg):
 
 
 def select_params(names, which):
-    """all | ssm (the recurrent core: LRU, GRU or the MLP's core layer) | heads (policy, value, dynamics)."""
+    """all | ssm (the recurrent core: LRU, GRU or the MLP's core layer) | heads (policy, value, dynamics) |
+    norm (the LayerNorm's affine parameters, Tent's choice; only in models trained with --layer-norm)."""
     if which == "all":
         return list(names)
     if which == "ssm":
         return [n for n in names if n.startswith("core.")]
     if which == "heads":
         return [n for n in names if n.startswith(("pi.", "log_std", "value_head.", "dyn_head."))]
+    if which == "norm":
+        return [n for n in names if n.startswith("norm.")]
     raise ValueError(f"unknown parameter selection {which!r}")
 
 
@@ -1233,7 +1259,8 @@ def run_adaptation(checkpoint, aargs, writer=None):
     """Returns on fresh test tasks after 0..K adaptation steps for every adapter x objective. Each task starts
     from a fresh copy of theta_0; the checkpoint (and its buffer) is only read."""
     model, args, ckpt = load_checkpoint(checkpoint)
-    buffer = ExperienceBuffer.from_state_dict(ckpt["buffer"]) if ckpt.get("buffer") else None
+    state_dim = model.initial_state(1).shape[1]
+    buffer = ExperienceBuffer.from_state_dict(ckpt["buffer"], state_dim) if ckpt.get("buffer") else None
     monitor = None
     if ckpt.get("feature_stats"):
         fs = ckpt["feature_stats"]
@@ -1354,11 +1381,18 @@ def main_adapt(aargs: AdaptArgs):
     if msg:
         error(msg)
     try:
-        _, _, ckpt = load_checkpoint(aargs.checkpoint)
+        model, _, ckpt = load_checkpoint(aargs.checkpoint)
     except ValueError as e:
         error(str(e))
-    if "hybrid" in aargs.adaptation_mode and not (ckpt.get("buffer") and ckpt["buffer"]["size"] > 0):
-        error("--adaptation-mode hybrid needs a checkpoint with a non-empty ExperienceBuffer (train with --buffer-size > 0)")
+    if aargs.adapt_params == "norm" and not ckpt["args"].get("layer_norm"):
+        error("--adapt-params norm: this checkpoint has no normalisation layer; train it with --layer-norm, or use all, ssm or heads")
+    if "hybrid" in aargs.adaptation_mode:
+        if not (ckpt.get("buffer") and ckpt["buffer"]["size"] > 0):
+            error("--adaptation-mode hybrid needs a checkpoint with a non-empty ExperienceBuffer (train with --buffer-size > 0)")
+        try:
+            ExperienceBuffer.from_state_dict(ckpt["buffer"], model.initial_state(1).shape[1])
+        except ValueError as e:
+            error(str(e))
     torch.set_num_threads(1)
     from torch.utils.tensorboard import SummaryWriter
 
@@ -1401,7 +1435,8 @@ def main_train(args: Args):
 
     env_cls = ENV_CLASSES[args.task]
     spec = (env_cls.obs_dim, env_cls.act_dim, env_cls.discrete)
-    counts = {k: agent_param_count(k, *spec, policy_width(dataclasses.replace(args, policy=k), env_cls), args.state_size, args.in_context) for k in POLICIES}
+    counts = {k: agent_param_count(k, *spec, policy_width(dataclasses.replace(args, policy=k), env_cls), args.state_size,
+                                   args.in_context, args.layer_norm) for k in POLICIES}
     model = build_agent(args, env_cls)
     print(f"policy {args.policy} (width {model.hidden}): {count_params(model)} parameters; "
           f"matched counts ssm {counts['ssm']} gru {counts['gru']} mlp {counts['mlp']}; obs/act/discrete {spec}")
@@ -1412,7 +1447,9 @@ def main_train(args: Args):
     outer_opt = torch.optim.Adam(model.parameters(), lr=args.outer_lr) if args.outer_optimizer == "adam" else None
 
     in_dim = model.encoder.in_features
-    buffer = ExperienceBuffer(args.buffer_size, env_cls.obs_dim, in_dim, model.act_dim if not model.discrete else 1) if args.buffer_size > 0 else None
+    act_width = model.act_dim if not model.discrete else 1
+    state_dim = model.initial_state(1).shape[1]
+    buffer = ExperienceBuffer(args.buffer_size, env_cls.obs_dim, in_dim, act_width, state_dim) if args.buffer_size > 0 else None
     monitor = FeatureMonitor(model.hidden)
     train_tasks_seen = []
     global_step, start_time, start_cpu = 0, time.time(), time.process_time()

@@ -340,8 +340,8 @@ def test_smoke_train_and_eval(task, extra, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ TEST-TIME ADAPTATION (adapt)
-def filled_buffer(data, capacity=500):
-    buf = m.ExperienceBuffer(capacity, 2, 5, 2)
+def filled_buffer(data, state_dim, capacity=500):
+    buf = m.ExperienceBuffer(capacity, 2, 5, 2, state_dim)
     for i, td in enumerate(data):
         m.add_batch_to_buffer(buf, {k: (v.float() if v.is_floating_point() else v) for k, v in td["val"].items()}, i)
     return buf
@@ -350,16 +350,17 @@ def filled_buffer(data, capacity=500):
 def adapter(model, data, mode="standard", objective="pg", **kw):
     cfg = m.AdaptConfig(adapt_objective=objective, adapt_lr=kw.pop("adapt_lr", 0.1), **kw)
     theta0 = {k: v.detach() for k, v in model.named_parameters()}
-    return m.ADAPTERS[mode](model, theta0, cfg, filled_buffer(data), torch.Generator().manual_seed(0)), theta0
+    buf = filled_buffer(data, model.initial_state(1).shape[1])
+    return m.ADAPTERS[mode](model, theta0, cfg, buf, torch.Generator().manual_seed(0)), theta0
 
 
 def test_buffer_ring_eviction_sampling_and_round_trip():
-    buf = m.ExperienceBuffer(5, 1, 1, 1)
+    buf = m.ExperienceBuffer(5, 1, 1, 1, 1)
 
     def items(vals):
         v = torch.tensor(vals, dtype=torch.float32)
         return dict(obs=v[:, None], inputs=v[:, None], actions=v[:, None], rewards=v, next_obs=v[:, None],
-                    dones=torch.zeros(len(v), dtype=torch.bool), advantages=v, task_ids=v.long())
+                    dones=torch.zeros(len(v), dtype=torch.bool), advantages=v, task_ids=v.long(), states=v[:, None])
 
     buf.add(**items([0, 1, 2]))
     buf.add(**items([3, 4, 5, 6]))
@@ -369,17 +370,56 @@ def test_buffer_ring_eviction_sampling_and_round_trip():
     s = buf.sample(64, torch.Generator().manual_seed(0))
     assert s["obs"].shape == (64, 1) and s["obs"].device == buf.device and s["task_ids"].dtype == torch.long
     assert set(s["obs"][:, 0].tolist()) <= {3.0, 4.0, 5.0, 6.0, 7.0}
-    half = m.ExperienceBuffer(10, 1, 1, 1)
+    half = m.ExperienceBuffer(10, 1, 1, 1, 1)
     half.add(**items([1, 2, 3]))
     assert set(half.sample(50, torch.Generator().manual_seed(1))["obs"][:, 0].tolist()) <= {1.0, 2.0, 3.0}
-    back = m.ExperienceBuffer.from_state_dict(buf.state_dict())
+    back = m.ExperienceBuffer.from_state_dict(buf.state_dict(), 1)
     assert (back.pos, back.size) == (buf.pos, buf.size)
     assert all(torch.equal(back.data[k], buf.data[k]) for k in m.ExperienceBuffer.FIELDS)
+    with pytest.raises(ValueError, match="width 1"):
+        m.ExperienceBuffer.from_state_dict(buf.state_dict(), 4)
+    # a buffer saved before states were stored loads for a stateless (MLP) policy only
+    old = buf.state_dict()
+    old["data"] = {k: v for k, v in old["data"].items() if k != "states"}
+    assert m.ExperienceBuffer.from_state_dict(old, 0).data["states"].shape == (5, 0)
+    with pytest.raises(ValueError, match="predates stored recurrent states"):
+        m.ExperienceBuffer.from_state_dict(old, 8)
+
+
+@pytest.mark.parametrize("policy", ["ssm", "gru"])
+def test_replayed_transition_continues_from_its_stored_recurrent_state(policy):
+    # a transition replayed alone must give the policy/dynamics outputs it had inside its episode; from a fresh
+    # (zero) state it would not, which is what this test rules out
+    model, args, _ = tiny_setup(policy=policy, dtype=torch.float32)
+    rng, _ = m.task_streams(3)
+    env = m.make_env(args.task, m.sample_tasks(args.task, rng, 1, "train"), 4, torch.Generator().manual_seed(3))
+    theta = {k: v.detach() for k, v in model.named_parameters()}
+    batch = m.prepare_batch(m.rollout(model, [theta], env, args.max_episode_steps), args)
+    buf = m.ExperienceBuffer(1000, 2, 5, 2, model.initial_state(1).shape[1])
+    m.add_batch_to_buffer(buf, batch, 0)
+    n = len(buf)
+    rows = {k: v[:n] for k, v in buf.data.items()}
+    with torch.no_grad():
+        seq = m.functional_call(model, theta, (batch["inputs"], batch["starts"], model.initial_state(4)), {"actions": batch["actions"]})
+        one = m.functional_call(model, theta, (rows["inputs"][None], torch.zeros(1, n, dtype=torch.bool), rows["states"]),
+                                {"actions": rows["actions"][None]})
+        fresh = m.functional_call(model, theta, (rows["inputs"][None], torch.ones(1, n, dtype=torch.bool), rows["states"]),
+                                  {"actions": rows["actions"][None]})
+    mask = batch["masks"] > 0
+    assert torch.allclose(one["pi"][0], seq["pi"][mask], atol=1e-5)
+    assert torch.allclose(one["next_obs"][0], seq["next_obs"][mask], atol=1e-5)
+    assert not torch.allclose(fresh["pi"][0], seq["pi"][mask], atol=1e-3)
+    # replay_as_batch feeds exactly these stored states: its pg loss equals the in-sequence one
+    rb = m.replay_as_batch(rows)
+    l_replay, _ = m.objective_loss(model, theta, rb, "pg")
+    adv = batch["advantages"][mask]
+    logp = m.log_prob(m.make_dist(seq, model.discrete), batch["actions"], model.discrete)[mask]
+    assert l_replay.item() == pytest.approx(-(logp * adv).mean().item(), rel=1e-4)
 
 
 def test_buffer_holds_only_training_task_transitions_and_adapt_leaves_checkpoint_intact(trained_ckpt):
     ckpt = torch.load(trained_ckpt, weights_only=False)
-    buf = m.ExperienceBuffer.from_state_dict(ckpt["buffer"])
+    buf = m.ExperienceBuffer.from_state_dict(ckpt["buffer"], 2 * 4)  # TINY: SSM with --state-size 4
     train = torch.tensor(ckpt["task_split"]["train_tasks"], dtype=torch.float32)
     d = {k: v[: len(buf)] for k, v in buf.data.items()}
     assert len(buf) > 0 and d["task_ids"].max() < len(train)
@@ -444,6 +484,23 @@ def test_parameter_selection_leaves_other_parameters_bit_identical():
     assert set(m.select_params(theta0, "ssm")) == {k for k in theta0 if k.startswith("core.")}
 
 
+def test_norm_selection_adapts_only_the_layernorm():
+    torch.manual_seed(0)
+    args = m.Args(hidden_size=6, state_size=3, max_episode_steps=10, fast_batch_size=3, tasks_per_batch=2, layer_norm=True)
+    model = m.build_agent(args, m.PointNav2D)
+    assert m.count_params(model) == m.agent_param_count("ssm", 2, 2, False, 6, 3, True, True)
+    theta = {k: v.detach() for k, v in model.named_parameters()}
+    rng, _ = m.task_streams(0)
+    data, _ = m.sample_task_batches(model, theta, m.sample_tasks(args.task, rng, 2, "train"), args,
+                                    torch.Generator().manual_seed(0), 1, [0.5])
+    ad, theta0 = adapter(model, data, adapt_params="norm", adapt_lr=0.5, objective="dynamics")
+    assert set(ad.names) == {"norm.weight", "norm.bias"}
+    for _ in range(2):
+        ad.step(data[0]["train"][0])
+    assert not torch.equal(ad.params["norm.weight"], theta0["norm.weight"])
+    assert all(torch.equal(v, theta0[k]) for k, v in ad.params.items() if not k.startswith("norm."))
+
+
 @pytest.mark.parametrize("objective", ["pg", "dynamics", "entropy"])
 def test_hybrid_loss_is_current_plus_weighted_replay(objective):
     model, _, data = tiny_setup(dtype=torch.float32)
@@ -504,6 +561,9 @@ def test_adapt_online_and_bad_input(trained_ckpt):
     assert res.returncode == 2 and len(lines) == 1 and "unknown --adaptation-mode" in lines[0], res.stderr
     # the same validator, in process (the subprocess above proves it is wired to one line + exit 2)
     assert "--adapt-lr must be positive" in m.validate_adapt_args(m.AdaptArgs(trained_ckpt, adapt_lr=0.0))
-    assert "no normalisation layers" in m.validate_adapt_args(m.AdaptArgs(trained_ckpt, adapt_params="norm"))
+    res = run(["adapt", "--checkpoint", trained_ckpt, "--adapt-params", "norm"], check=False)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and "train it with --layer-norm" in lines[0], res.stderr
+    assert "unknown --adapt-params" in m.validate_adapt_args(m.AdaptArgs(trained_ckpt, adapt_params="bias"))
     assert "unknown --adapt-objective" in m.validate_adapt_args(m.AdaptArgs(trained_ckpt, adapt_objective=("reward",)))
     assert m.validate_adapt_args(m.AdaptArgs(trained_ckpt)) is None
