@@ -371,10 +371,13 @@ def main(argv=None) -> int:
         return 2
 
     if args.dry_run:
+        done = 0
         for spec in specs:
-            print(f"{shlex.join(spec.argv)}  # {spec.run_key}")
+            skip = args.resume and is_complete(output, spec)
+            done += skip
+            print(f"{shlex.join(spec.argv)}  # {spec.run_key}{' (complete: --resume skips it)' if skip else ''}")
         print(f"{len(specs)} runs ({len(args.command)} commands x {len(specs) // len(args.command) // len(seeds)} "
-              f"grid points x {len(seeds)} seeds)", file=sys.stderr)
+              f"grid points x {len(seeds)} seeds)" + (f", {done} already complete" if args.resume else ""), file=sys.stderr)
         return 0
 
     os.makedirs(output, exist_ok=True)

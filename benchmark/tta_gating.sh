@@ -5,6 +5,10 @@
 # for the seed3 agents. Seed N of this sweep adapts the checkpoint of training seed N. Budget: agents that score 500
 # make every episode 500 steps, so the full flavour takes hours on 2 cores (see docs/tta_gating.md).
 #   benchmark/tta_gating.sh                      full: 5 checkpoints per setting -> report in docs/results/tta_gating
+#   benchmark/tta_gating.sh --budget             what docs/tta_gating.md reports (~1 h on 2 cores): adapt only where an agent
+#                                                has headroom (the inverted force: mode 3 of the inverted4 agents, episodic and
+#                                                online; unseen for the seed3 agents) and clamp on mode 3 and on the two unseen
+#                                                upright physics, 5 training seeds -> benchmark/out/tta_gating/<sweep>
 #   benchmark/tta_gating.sh --quick              smoke (minutes) on benchmark/out/ppo_gru_astral_quick -> benchmark/out/tta_gating_quick/report
 #   benchmark/tta_gating.sh --train-sweep DIR    read the checkpoints from another sweep (its command 1 must be ppo_gru_astral.py
 #                                                with the grid seed3 | seed3 --hide-velocity | inverted4 --hide-velocity)
@@ -13,11 +17,12 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-quick=0 dry_run=0 train="" out="" report=""
+quick=0 budget=0 dry_run=0 train="" out="" report=""
 extra=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --quick) quick=1 ;;
+        --budget) budget=1 ;;
         --train-sweep) train="$2"; shift ;;
         --output) out="$2"; shift ;;
         --report) report="$2"; shift ;;
@@ -26,6 +31,25 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
+
+if [ "$budget" = 1 ]; then
+    # the sweeps of docs/tta_gating.md, command text unchanged so that --resume keeps the seeds already measured
+    C=${train:-benchmark/out/cartpole_main}/runs
+    A="python cleanrl_astral/tta_gating.py adapt"
+    B="--episodes 30 --num-seeds 3 --eval-episodes 10 --adapt-lr 0.03"
+    inv="--checkpoint '$C/c1__g2_*__s{seed}/*/ppo_gru_astral.cleanrl_model'"
+    s3="--checkpoint '$C/c1__g0_*__s{seed}/*/ppo_gru_astral.cleanrl_model'"
+    s3hv="--checkpoint '$C/c1__g1_*__s{seed}/*/ppo_gru_astral.cleanrl_model'"
+    status=0
+    run() { python benchmark/benchmark.py --num-seeds 5 --workers 2 --resume --no-progress "$@" "${extra[@]}" || status=1; }
+    run --command "$A --mode-indices 3 $B $inv" --output benchmark/out/tta_gating/adapt_inverted
+    run --command "$A --modes '9.8,0.5,-1' $B $s3" --output benchmark/out/tta_gating/adapt_unseen_inverted
+    run --command "python cleanrl_astral/tta_gating.py clamp --eval-episodes 5" \
+        --grid "$inv --mode-indices 3 | $s3 --modes '5.0,0.9 15.0,0.3' | $s3hv --modes '5.0,0.9 15.0,0.3'" \
+        --output benchmark/out/tta_gating/clamp_b
+    run --command "$A --online --online-every 8 --mode-indices 3 $B $inv" --output benchmark/out/tta_gating/adapt_inverted_online
+    exit "$status"
+fi
 
 if [ "$quick" = 1 ]; then
     train=${train:-benchmark/out/ppo_gru_astral_quick} out=${out:-benchmark/out/tta_gating_quick} report=${report:-benchmark/out/tta_gating_quick/report}

@@ -139,6 +139,11 @@ def test_resume_skips_completed_runs(tmp_path):
     ledger = tmp_path / "ledger"
     assert run_benchmark("--command", f"python {script}", "--num-seeds", "2", "--output", out).returncode == 1
     assert sorted(ledger.read_text().split()) == ["1", "2"]
+    # a dry run with --resume tells which runs it would skip (seed 1 succeeded, seed 2 failed) and runs nothing
+    r = run_benchmark("--command", f"python {script}", "--num-seeds", "2", "--output", out, "--resume", "--dry-run")
+    marked = [line for line in r.stdout.splitlines() if "--resume skips it" in line]
+    assert len(marked) == 1 and "--seed 1 " in marked[0] and "1 already complete" in r.stderr
+    assert sorted(ledger.read_text().split()) == ["1", "2"]
     (tmp_path / "fixed").touch()
     r = run_benchmark("--command", f"python {script}", "--num-seeds", "2", "--output", out, "--resume")
     assert r.returncode == 0, r.stderr
