@@ -1,9 +1,12 @@
 """Peers for the side-by-side benchmark: stable-baselines3 PPO (MLP) and sb3-contrib RecurrentPPO (LSTM) on
 NonStationaryCartPole, logging the same TensorBoard tags and eval.json as cleanrl_astral/ppo_gru_baseline.py.
 
-Hyperparameters default to the rl-baselines3-zoo tuned CartPole settings (ppo.yml CartPole-v1, identical to
-ppo_lstm.yml CartPoleNoVel-v1): 8 envs x 32 steps, batch 256, 20 epochs, gamma 0.98, GAE lambda 0.8, no entropy
-bonus, learning rate and clip range decayed linearly from 1e-3 and 0.2. The environment section below is a copy
+Hyperparameters default to the rl-baselines3-zoo tuned settings, ppo.yml CartPole-v1 for `ppo` and
+ppo_lstm.yml CartPoleNoVel-v1 for `recurrent_ppo`, which share: 8 envs x 32 steps, batch 256, 20 epochs, gamma 0.98,
+GAE lambda 0.8, no entropy bonus, learning rate and clip range decayed linearly from 1e-3 and 0.2. The recurrent
+entry adds its policy (ReLU, no orthogonal init, LSTM 64 wide with a separate critic LSTM, one 64-unit layer per
+head) and observation normalisation (VecNormalize, observations only); the running statistics are saved with the
+model and applied, frozen, at evaluation. The environment section below is a copy
 of the one in ppo_gru_baseline.py (single-file rule); tests/test_benchmark.py checks the copy behaves identically.
 
 Usage: python benchmark/sb3_peers.py --algo recurrent_ppo --modes-preset seed3 --hide-velocity --save-model
@@ -25,7 +28,7 @@ from sb3_contrib import RecurrentPPO
 from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import configure
-from stable_baselines3.common.vec_env import DummyVecEnv
+from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 from torch.utils.tensorboard import SummaryWriter
 
 SCRIPT = os.path.basename(__file__)[: -len(".py")]
@@ -102,8 +105,8 @@ class Args:
     """coefficient of the value function"""
     max_grad_norm: float = 0.5
     """the maximum norm for the gradient clipping"""
-    lstm_hidden_size: int = 256
-    """recurrent_ppo: LSTM width (sb3-contrib default)"""
+    lstm_hidden_size: int = 64
+    """recurrent_ppo: LSTM width (the zoo's CartPoleNoVel-v1 setting)"""
 
 
 # ENVIRONMENT
@@ -221,8 +224,24 @@ def build_model(args, env, device="cpu"):
         seed=args.seed, device=device, verbose=0,
     )
     if args.algo == "recurrent_ppo":
-        kwargs["policy_kwargs"] = {"lstm_hidden_size": args.lstm_hidden_size}
+        # rl-baselines3-zoo ppo_lstm.yml, CartPoleNoVel-v1
+        kwargs["policy_kwargs"] = dict(ortho_init=False, activation_fn=torch.nn.ReLU, lstm_hidden_size=args.lstm_hidden_size,
+                                       enable_critic_lstm=True, net_arch=dict(pi=[64], vf=[64]))
     return algo_class(policy, env, **kwargs)
+
+
+def normalizes_obs(algo):
+    """The zoo normalises observations (not rewards) for the recurrent entry only."""
+    return algo == "recurrent_ppo"
+
+
+def obs_normalizer(stats):
+    """VecNormalize's frozen observation transform from saved statistics (identity when there are none)."""
+    if stats is None:
+        return lambda obs: obs
+    mean, var = stats["mean"].numpy(), stats["var"].numpy()
+    clip, eps = float(stats["clip_obs"]), float(stats["epsilon"])
+    return lambda obs: np.clip((obs - mean) / np.sqrt(var + eps), -clip, clip).astype(np.float32)
 
 
 def make_sb3_env(num_envs, modes, hide_velocity=False, fixed_mode=None, switch_prob=0.0):
@@ -253,8 +272,11 @@ class CleanRLLogger(BaseCallback):
 
     def _on_training_start(self):
         n = self.training_env.num_envs
+        self.base_env = self.training_env
+        while hasattr(self.base_env, "venv"):  # VecNormalize keeps reset_infos of its own, empty: read the inner env's
+            self.base_env = self.base_env.venv
         self.episode_return, self.episode_length = np.zeros(n), np.zeros(n, dtype=int)
-        self.episode_mode = np.array([info["mode"] for info in self.training_env.reset_infos])
+        self.episode_mode = np.array([info["mode"] for info in self.base_env.reset_infos])
         self.start_time, self.start_step, self.last_print = time.time(), self.num_timesteps, self.num_timesteps
 
     def _on_step(self):
@@ -269,7 +291,7 @@ class CleanRLLogger(BaseCallback):
             self.recent = (self.recent + [ret])[-100:]
             self.recent_by_mode[mode] = (self.recent_by_mode.get(mode, []) + [ret])[-100:]
             self.episode_return[i], self.episode_length[i] = 0.0, 0
-            self.episode_mode[i] = self.training_env.reset_infos[i]["mode"]
+            self.episode_mode[i] = self.base_env.reset_infos[i]["mode"]
         return True
 
     def log_losses(self):
@@ -305,7 +327,8 @@ def atomic_save(obj, path):
 
 
 def load_policy(model_path, device="cpu"):
-    """Rebuilds the SB3 model saved by this script; returns (model, training Args, training modes)."""
+    """Rebuilds the SB3 model saved by this script; returns (model, training Args, training modes, observation
+    transform applied before the policy)."""
     if not os.path.isfile(model_path):
         raise ValueError(f"model {model_path!r} does not exist")
     ckpt = torch.load(model_path, map_location="cpu", weights_only=True)
@@ -316,13 +339,13 @@ def load_policy(model_path, device="cpu"):
     model = build_model(train_args, make_sb3_env(train_args.num_envs, modes, train_args.hide_velocity), device)
     model.policy.load_state_dict(ckpt["state_dict"])
     model.policy.set_training_mode(False)
-    return model, train_args, modes
+    return model, train_args, modes, obs_normalizer(ckpt.get("obs_rms"))
 
 
 def evaluate(model_path, episodes_per_mode=10, modes=None, deterministic=True, seed=0, video_dir=None, device="cpu"):
     """Runs `episodes_per_mode` episodes in each mode of `modes` (default: the training modes) with the saved
     policy, the first episode of each of `episodes_per_mode` envs. Returns {mode index: array of returns}."""
-    model, train_args, train_modes = load_policy(model_path, device)
+    model, train_args, train_modes, prep = load_policy(model_path, device)
     modes = train_modes if modes is None else [tuple(float(v) for v in m) for m in modes]
     results = {}
     for k in range(len(modes)):
@@ -332,7 +355,7 @@ def evaluate(model_path, episodes_per_mode=10, modes=None, deterministic=True, s
         state, starts = None, np.ones(episodes_per_mode, dtype=bool)
         returns, finished = np.zeros(episodes_per_mode), np.zeros(episodes_per_mode, dtype=bool)
         while not finished.all():
-            action, state = model.predict(obs, state=state, episode_start=starts, deterministic=deterministic)
+            action, state = model.predict(prep(obs), state=state, episode_start=starts, deterministic=deterministic)
             obs, reward, done, _ = envs.step(action)
             returns += reward * ~finished
             finished |= done
@@ -340,18 +363,18 @@ def evaluate(model_path, episodes_per_mode=10, modes=None, deterministic=True, s
         envs.close()
         results[k] = returns
         if video_dir is not None:
-            record_episode(model, modes, train_args.hide_velocity, k, video_dir, seed)
+            record_episode(model, prep, modes, train_args.hide_velocity, k, video_dir, seed)
     return results
 
 
-def record_episode(model, modes, hide_velocity, k, video_dir, seed):
+def record_episode(model, prep, modes, hide_velocity, k, video_dir, seed):
     """One deterministic episode of mode k, saved as video_dir/mode{k}-episode-0.mp4."""
     env = make_env(modes, hide_velocity, fixed_mode=k, render_mode="rgb_array")()
     env = gym.wrappers.RecordVideo(env, video_dir, name_prefix=f"mode{k}", episode_trigger=lambda e: True)
     obs, _ = env.reset(seed=seed)
     state, start, done = None, np.ones(1, dtype=bool), False
     while not done:
-        action, state = model.predict(obs[None], state=state, episode_start=start, deterministic=True)
+        action, state = model.predict(prep(obs[None]), state=state, episode_start=start, deterministic=True)
         obs, _, terminated, truncated, _ = env.step(int(action[0]))
         start, done = np.zeros(1, dtype=bool), terminated or truncated
     env.close()
@@ -419,16 +442,22 @@ if __name__ == "__main__":
 
     # ROLLOUT / UPDATE: SB3's learn() loop; the callback does the LOGGING
     envs = make_sb3_env(args.num_envs, modes, args.hide_velocity, args.fixed_mode, args.switch_prob)
+    if normalizes_obs(args.algo):
+        envs = VecNormalize(envs, norm_obs=True, norm_reward=False, gamma=args.gamma)
     model = build_model(args, envs, device)
     model.set_logger(configure(None, []))
     model.learn(args.total_timesteps, callback=CleanRLLogger(writer, max(args.total_timesteps // 50, 1)))
+    obs_rms = None
+    if isinstance(envs, VecNormalize):
+        obs_rms = {"mean": torch.as_tensor(envs.obs_rms.mean), "var": torch.as_tensor(envs.obs_rms.var),
+                   "clip_obs": envs.clip_obs, "epsilon": envs.epsilon}
     envs.close()
 
     if args.save_model:
         model_path = os.path.join(run_dir, f"{exp_name}.cleanrl_model")
         atomic_save(
             {"script": SCRIPT, "args": dataclasses.asdict(args), "modes": modes, "run_name": run_name,
-             "state_dict": model.policy.state_dict()},
+             "state_dict": model.policy.state_dict(), "obs_rms": obs_rms},
             model_path,
         )
         print(f"model saved to {model_path}")

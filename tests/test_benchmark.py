@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHMARK = os.path.join(REPO, "benchmark", "benchmark.py")
@@ -308,7 +309,8 @@ def test_peers_env_source_is_a_verbatim_copy(peers):
     assert peers.MODE_PRESETS == original.MODE_PRESETS
 
 
-def test_peers_callback_logs_each_episode_under_its_mode(peers):
+@pytest.mark.parametrize("normalize", [False, True])
+def test_peers_callback_logs_each_episode_under_its_mode(peers, normalize):
     import gymnasium as gym
 
     class Spy(gym.Wrapper):
@@ -336,6 +338,8 @@ def test_peers_callback_logs_each_episode_under_its_mode(peers):
     finished, writer = [], Writer()
     modes = peers.MODE_PRESETS["inverted4"]
     envs = peers.DummyVecEnv([lambda: Spy(peers.make_env(modes)()) for _ in range(3)])
+    if normalize:  # as for recurrent_ppo: the wrapper has reset_infos of its own, which hold no mode
+        envs = peers.VecNormalize(envs, norm_obs=True, norm_reward=False)
     args = peers.Args(num_envs=3, num_steps=64, minibatch_size=64, update_epochs=1, total_timesteps=192)
     model = peers.build_model(args, envs)
     model.set_logger(peers.configure(None, []))
@@ -364,6 +368,28 @@ def test_peers_recurrent_ppo_smoke(tmp_path):
         data = json.load(f)
     assert sorted(data["per_mode"]) == ["0", "1", "2"]
     assert all(len(m["deterministic"]["returns"]) == 2 for m in data["per_mode"].values())
+
+
+def test_peers_recurrent_ppo_uses_the_zoo_policy_and_its_saved_obs_normalisation(peers, tmp_path):
+    # rl-baselines3-zoo ppo_lstm.yml CartPoleNoVel-v1: ReLU, no orthogonal init, LSTM 64 with a critic LSTM,
+    # pi/vf [64], observations normalised (rewards not)
+    args = peers.Args(algo="recurrent_ppo", hide_velocity=True)
+    model = peers.build_model(args, peers.make_sb3_env(2, peers.MODE_PRESETS["seed3"], True))
+    pol = model.policy
+    assert pol.lstm_actor.hidden_size == 64 and pol.lstm_critic is not None and not pol.ortho_init
+    assert pol.activation_fn is torch.nn.ReLU and pol.net_arch == dict(pi=[64], vf=[64])
+    assert peers.normalizes_obs("recurrent_ppo") and not peers.normalizes_obs("ppo")
+    subprocess.run([sys.executable, SB3_PEERS, "--algo", "recurrent_ppo", "--hide-velocity", "--total-timesteps", "256",
+                    "--num-envs", "2", "--num-steps", "64", "--minibatch-size", "64", "--update-epochs", "1",
+                    "--lstm-hidden-size", "8", "--save-model", "--eval-episodes", "1", "--runs-dir", str(tmp_path)],
+                   cwd=REPO, check=True, capture_output=True)
+    (path,) = tmp_path.glob("*/*.cleanrl_model")
+    rms = torch.load(path, weights_only=True)["obs_rms"]
+    assert rms["mean"].shape == (2,) and rms["mean"].abs().sum() > 0  # statistics of real observations were saved
+    _, _, _, prep = peers.load_policy(str(path))
+    obs = np.array([[0.1, -0.05]], dtype=np.float32)
+    expected = np.clip((obs - rms["mean"].numpy()) / np.sqrt(rms["var"].numpy() + rms["epsilon"]), -rms["clip_obs"], rms["clip_obs"])
+    assert np.allclose(prep(obs), expected, atol=1e-6) and not np.allclose(prep(obs), obs)
 
 
 def test_labels_by_index_or_command_text():
