@@ -48,6 +48,9 @@ if [ "$budget" = 1 ]; then
         --grid "$inv --mode-indices 3 | $s3 --modes '5.0,0.9 15.0,0.3' | $s3hv --modes '5.0,0.9 15.0,0.3'" \
         --output benchmark/out/tta_gating/clamp_b
     run --command "$A --online --online-every 8 --mode-indices 3 $B $inv" --output benchmark/out/tta_gating/adapt_inverted_online
+    if [ "$dry_run" = 0 ]; then
+        python benchmark/tta_summary.py --root benchmark/out/tta_gating --output docs/results/tta_gating/budget_tables.md || status=1
+    fi
     exit "$status"
 fi
 

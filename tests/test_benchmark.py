@@ -420,3 +420,25 @@ def test_report_copies_the_runs_own_figures(tmp_path):
     copy = out / "figures" / "c0__g0_base__s1__slot_heatmap.png"
     assert copy.read_bytes() == b"\x89PNG\r\n\x1a\nfake"
     assert "(figures/c0__g0_base__s1__slot_heatmap.png)" in (out / "report.md").read_text()
+
+
+def test_tta_summary_pairs_gains_per_adaptation_seed_and_pools_over_training_seeds(tmp_path):
+    summary = load(os.path.join(REPO, "benchmark", "tta_summary.py"))
+
+    def control(after):
+        return {"during_per_seed": [[a, a] for a in after], "after_per_seed": {"sampled": after, "deterministic": after}}
+
+    target = {"name": "mode3", "gravity": 9.8, "half_length": 0.5, "force_sign": -1.0}
+    # training seed 1: gate gains +2 and +4 over none on the same evaluation episodes; seed 2: +0 and +2
+    for seed, none, gate in ((1, [10.0, 20.0], [12.0, 24.0]), (2, [15.0, 15.0], [15.0, 17.0])):
+        d = tmp_path / "adapt_inverted" / "runs" / f"c0__g0_base__s{seed}" / "run"
+        d.mkdir(parents=True)
+        (d / "tta.json").write_text(json.dumps({"targets": [target], "results": {"mode3": {
+            "before": {"sampled": {"mean": 1.0, "ci95": 0.0}}, "controls": {"none": control(none), "gate": control(gate)}}}}))
+    out = tmp_path / "tables.md"
+    assert summary.main(["--root", str(tmp_path), "--output", str(out)]) == 0
+    text = out.read_text()
+    assert "| 1 | mode3 (g 9.8, l 0.5, inverted) | gate | 1.0 ± 0.0 | 18.0 ± 76.2 | 18.0 ± 76.2 | 18.0 ± 76.2 | 3.0 ± 12.7 |" in text
+    # pooled: per-seed mean gains 3 and 1 -> mean 2, t(1) CI 12.706 * 1.414 / 1.414 = 12.7
+    assert "| mode3 (g 9.8, l 0.5, inverted) | gate | 2 | 2.0 ± 12.7 | 2/2 |" in text
+    assert summary.main(["--root", str(tmp_path / "missing"), "--output", str(out)]) == 2

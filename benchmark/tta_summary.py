@@ -1,0 +1,138 @@
+"""Tables of the tta_gating benchmark (`benchmark/tta_gating.sh --budget`): one row per training seed x control for
+every adapt sweep, a pooled row per control (gain over `none`, mean and 95% CI over training seeds), and the clamp
+matrix per checkpoint x target. Reads the tta.json / clamp.json files of the sweeps; writes markdown.
+
+Usage: python benchmark/tta_summary.py --root benchmark/out/tta_gating --output docs/results/tta_gating/budget_tables.md
+"""
+import argparse
+import glob
+import json
+import math
+import os
+import re
+import sys
+
+import numpy as np
+from scipy import stats
+
+ADAPT_SWEEPS = [
+    ("adapt_inverted", "inverted force (mode 3) of the inverted4 --hide-velocity agents, episodic"),
+    ("adapt_inverted_online", "inverted force (mode 3) of the inverted4 --hide-velocity agents, --online --online-every 8"),
+    ("adapt_unseen_inverted", "unseen inverted force (g 9.8, l 0.5, -1) for the seed3 agents"),
+]
+SETTINGS = {"g0": "seed3", "g1": "seed3 `--hide-velocity`", "g2": "inverted4 `--hide-velocity`"}
+
+
+def ci95(x):
+    """Half-width of the Student-t 95% CI of the mean (0 for fewer than two values)."""
+    x = np.asarray(x, dtype=float)
+    if len(x) < 2:
+        return 0.0
+    return float(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
+
+
+def fmt(m, h=None):
+    return f"{m:.1f}" if h is None else f"{m:.1f} ± {h:.1f}"
+
+
+def target_labels(d):
+    """target name -> 'name (g, l[, inverted])' from a tta.json / clamp.json."""
+    out = {}
+    for t in d["targets"]:
+        sign = ", inverted" if t["force_sign"] < 0 else ""
+        out[t["name"]] = f"{t['name']} (g {t['gravity']:g}, l {t['half_length']:g}{sign})"
+    return out
+
+
+def training_seed(path):
+    m = re.search(r"__s(\d+)/", path)
+    return int(m.group(1)) if m else -1
+
+
+def adapt_tables(root):
+    lines = []
+    for sweep, title in ADAPT_SWEEPS:
+        files = sorted(glob.glob(os.path.join(root, sweep, "runs", "*", "*", "tta.json")), key=training_seed)
+        if not files:
+            continue
+        lines += [f"\n### {title}\n", f"`{sweep}`: {len(files)} training seeds "
+                  f"({', '.join(str(training_seed(f)) for f in files)}); per row mean ± 95% CI over the adaptation seeds.\n",
+                  "| training seed | target | control | before (sampled) | during (mean of episodes) | after (sampled) "
+                  "| after (deterministic) | gain over `none`, after (sampled) |", "|---|---|---|---|---|---|---|---|"]
+        pooled = {}
+        for f in files:
+            d = json.load(open(f))
+            s, labels = training_seed(f), target_labels(d)
+            for target, res in d["results"].items():
+                before = res["before"]["sampled"]
+                none_after = np.array(res["controls"]["none"]["after_per_seed"]["sampled"])
+                for control, c in res["controls"].items():
+                    during = np.array([np.mean(ep) for ep in c["during_per_seed"]])
+                    after_s = np.array(c["after_per_seed"]["sampled"])
+                    after_d = np.array(c["after_per_seed"]["deterministic"])
+                    gain = after_s - none_after  # paired: same evaluation episodes per adaptation seed
+                    g = "—" if control == "none" else fmt(gain.mean(), ci95(gain))
+                    lines.append(f"| {s} | {labels[target]} | {control} | {fmt(before['mean'], before['ci95'])} | "
+                                 f"{fmt(during.mean(), ci95(during))} | {fmt(after_s.mean(), ci95(after_s))} | "
+                                 f"{fmt(after_d.mean(), ci95(after_d))} | {g} |")
+                    pooled.setdefault((labels[target], control), []).append(gain.mean())
+        lines += ["", "Pooled over training seeds (each seed's mean paired gain; 95% CI over training seeds):", "",
+                  "| target | control | training seeds | gain over `none`, after (sampled) | seeds with gain > 0 |",
+                  "|---|---|---|---|---|"]
+        for (target, control), gains in pooled.items():
+            if control == "none":
+                continue
+            gains = np.array(gains)
+            lines.append(f"| {target} | {control} | {len(gains)} | {fmt(gains.mean(), ci95(gains))} | "
+                         f"{int((gains > 0).sum())}/{len(gains)} |")
+    return lines
+
+
+def clamp_table(root):
+    files = sorted(glob.glob(os.path.join(root, "clamp_b", "runs", "*", "*", "clamp.json")))
+    if not files:
+        return []
+    lines = ["\n### clamp (`clamp_b`)\n", "Mean return per cell over the cell's evaluation episodes; `slot k` = gate forced "
+             "to one-hot k, `uniform` = 1/K each, `learned` = the gate itself. Max |Δ| = largest difference between a "
+             "clamp column and `learned`.\n",
+             "| checkpoint | training seed | target | deterministic: slots / uniform / learned | sampled: slots / uniform / learned "
+             "| max \\|Δ\\| vs learned (det / sampled) | learned gate weights |", "|---|---|---|---|---|---|---|"]
+    rows = []
+    for f in files:
+        d = json.load(open(f))
+        g = re.search(r"c1__(g\d)_", d["checkpoint"]).group(1)
+        rows.append((g, training_seed(f), f, d))
+    for g, s, f, d in sorted(rows, key=lambda r: (r[0], r[1])):
+        labels = target_labels(d)
+        for target, res in d["results"].items():
+            cols = d["columns"]  # slot0..slotK-1, uniform, learned (learned last)
+            det = [res[c]["deterministic"]["mean"] for c in cols]
+            smp = [res[c]["sampled"]["mean"] for c in cols]
+            dd = max(abs(v - det[-1]) for v in det[:-1])
+            ds = max(abs(v - smp[-1]) for v in smp[:-1])
+            w = "[" + ", ".join(f"{x:.2f}" for x in res["learned_slot_weights"]) + "]"
+            lines.append(f"| {SETTINGS.get(g, g)} | {s} | {labels[target]} | {' / '.join(f'{v:.1f}' for v in det)} | "
+                         f"{' / '.join(f'{v:.1f}' for v in smp)} | {dd:.1f} / {ds:.1f} | {w} |")
+    return lines
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--root", default="benchmark/out/tta_gating", help="directory holding the budget sweeps")
+    p.add_argument("--output", required=True, help="markdown file to write")
+    a = p.parse_args(argv)
+    if not os.path.isdir(a.root):
+        print(f"tta_summary.py: error: {a.root!r} is not a directory; run benchmark/tta_gating.sh --budget first", file=sys.stderr)
+        return 2
+    lines = ["# tta_gating budget sweeps", ""] + adapt_tables(a.root) + clamp_table(a.root)
+    os.makedirs(os.path.dirname(os.path.abspath(a.output)), exist_ok=True)
+    tmp = a.output + ".tmp"
+    with open(tmp, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    os.replace(tmp, a.output)
+    print(f"wrote {a.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
