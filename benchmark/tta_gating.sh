@@ -48,6 +48,9 @@ if [ "$budget" = 1 ]; then
         --grid "$inv --mode-indices 3 | $s3 --modes '5.0,0.9 15.0,0.3' | $s3hv --modes '5.0,0.9 15.0,0.3'" \
         --output benchmark/out/tta_gating/clamp_b
     run --command "$A --online --online-every 8 --mode-indices 3 $B $inv" --output benchmark/out/tta_gating/adapt_inverted_online
+    # the one agent with headroom on upright training modes: inverted4 --hide-velocity training seed 3 collapsed
+    # to ~170-230 on modes 0-2 (docs/ppo_gru_astral.md)
+    run --command "$A --mode-indices 0 1 2 $B $inv" --start-seed 3 --num-seeds 1 --output benchmark/out/tta_gating/adapt_collapsed
     if [ "$dry_run" = 0 ]; then
         python benchmark/tta_summary.py --root benchmark/out/tta_gating --output docs/results/tta_gating/budget_tables.md || status=1
     fi

@@ -19,6 +19,7 @@ ADAPT_SWEEPS = [
     ("adapt_inverted", "inverted force (mode 3) of the inverted4 --hide-velocity agents, episodic"),
     ("adapt_inverted_online", "inverted force (mode 3) of the inverted4 --hide-velocity agents, --online --online-every 8"),
     ("adapt_unseen_inverted", "unseen inverted force (g 9.8, l 0.5, -1) for the seed3 agents"),
+    ("adapt_collapsed", "upright modes 0-2 of the inverted4 --hide-velocity agent whose training collapsed (seed 3)"),
 ]
 SETTINGS = {"g0": "seed3", "g1": "seed3 `--hide-velocity`", "g2": "inverted4 `--hide-velocity`"}
 
