@@ -51,6 +51,12 @@ if [ "$budget" = 1 ]; then
     # the one agent with headroom on upright training modes: inverted4 --hide-velocity training seed 3 collapsed
     # to ~170-230 on modes 0-2 (docs/ppo_gru_astral.md)
     run --command "$A --mode-indices 0 1 2 $B $inv" --start-seed 3 --num-seeds 1 --output benchmark/out/tta_gating/adapt_collapsed
+    # the one seed3 agent below 500 on an unseen upright physics (seed3 --hide-velocity seed 4 on g 15.0, l 0.3)
+    run --command "$A --modes '15.0,0.3' $B $s3hv" --start-seed 4 --num-seeds 1 --output benchmark/out/tta_gating/adapt_unseen_upright
+    # clamp on every training mode and on the unseen inverted force, all 5 training seeds (8-11 s a run)
+    run --command "python cleanrl_astral/tta_gating.py clamp --eval-episodes 5" \
+        --grid "$inv | $s3 | $s3hv | $s3 --modes '9.8,0.5,-1' | $s3hv --modes '9.8,0.5,-1'" \
+        --output benchmark/out/tta_gating/clamp_all
     if [ "$dry_run" = 0 ]; then
         python benchmark/tta_summary.py --root benchmark/out/tta_gating --output docs/results/tta_gating/budget_tables.md || status=1
     fi

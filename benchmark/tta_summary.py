@@ -20,7 +20,10 @@ ADAPT_SWEEPS = [
     ("adapt_inverted_online", "inverted force (mode 3) of the inverted4 --hide-velocity agents, --online --online-every 8"),
     ("adapt_unseen_inverted", "unseen inverted force (g 9.8, l 0.5, -1) for the seed3 agents"),
     ("adapt_collapsed", "upright modes 0-2 of the inverted4 --hide-velocity agent whose training collapsed (seed 3)"),
+    ("adapt_unseen_upright", "unseen upright physics g 15.0, l 0.3 for the one seed3 agent below 500 there"),
+    ("full", "full flavour: every training mode of every setting, and the seed3 agents on unseen physics"),
 ]
+CLAMP_SWEEPS = ["clamp_b", "clamp_all", "full"]
 SETTINGS = {"g0": "seed3", "g1": "seed3 `--hide-velocity`", "g2": "inverted4 `--hide-velocity`"}
 
 
@@ -45,6 +48,12 @@ def target_labels(d):
     return out
 
 
+def setting_of(d):
+    """The training setting of the checkpoint a tta.json / clamp.json was made from."""
+    m = re.search(r"c1__(g\d)_", d["checkpoint"])
+    return SETTINGS.get(m.group(1), m.group(1)) if m else "?"
+
+
 def training_seed(path):
     m = re.search(r"__s(\d+)/", path)
     return int(m.group(1)) if m else -1
@@ -56,14 +65,15 @@ def adapt_tables(root):
         files = sorted(glob.glob(os.path.join(root, sweep, "runs", "*", "*", "tta.json")), key=training_seed)
         if not files:
             continue
-        lines += [f"\n### {title}\n", f"`{sweep}`: {len(files)} training seeds "
-                  f"({', '.join(str(training_seed(f)) for f in files)}); per row mean ± 95% CI over the adaptation seeds.\n",
-                  "| training seed | target | control | before (sampled) | during (mean of episodes) | after (sampled) "
-                  "| after (deterministic) | gain over `none`, after (sampled) |", "|---|---|---|---|---|---|---|---|"]
+        seeds = sorted({training_seed(f) for f in files})
+        lines += [f"\n### {title}\n", f"`{sweep}`: {len(files)} runs, training seeds "
+                  f"{', '.join(str(x) for x in seeds)}; per row mean ± 95% CI over the adaptation seeds.\n",
+                  "| checkpoint | training seed | target | control | before (sampled) | during (mean of episodes) | after (sampled) "
+                  "| after (deterministic) | gain over `none`, after (sampled) |", "|---|---|---|---|---|---|---|---|---|"]
         pooled = {}
         for f in files:
             d = json.load(open(f))
-            s, labels = training_seed(f), target_labels(d)
+            s, labels, setting = training_seed(f), target_labels(d), setting_of(d)
             for target, res in d["results"].items():
                 before = res["before"]["sampled"]
                 none_after = np.array(res["controls"]["none"]["after_per_seed"]["sampled"])
@@ -73,27 +83,28 @@ def adapt_tables(root):
                     after_d = np.array(c["after_per_seed"]["deterministic"])
                     gain = after_s - none_after  # paired: same evaluation episodes per adaptation seed
                     g = "—" if control == "none" else fmt(gain.mean(), ci95(gain))
-                    lines.append(f"| {s} | {labels[target]} | {control} | {fmt(before['mean'], before['ci95'])} | "
+                    lines.append(f"| {setting} | {s} | {labels[target]} | {control} | {fmt(before['mean'], before['ci95'])} | "
                                  f"{fmt(during.mean(), ci95(during))} | {fmt(after_s.mean(), ci95(after_s))} | "
                                  f"{fmt(after_d.mean(), ci95(after_d))} | {g} |")
-                    pooled.setdefault((labels[target], control), []).append(gain.mean())
+                    pooled.setdefault((setting, labels[target], control), []).append(gain.mean())
         lines += ["", "Pooled over training seeds (each seed's mean paired gain; 95% CI over training seeds):", "",
-                  "| target | control | training seeds | gain over `none`, after (sampled) | seeds with gain > 0 |",
-                  "|---|---|---|---|---|"]
-        for (target, control), gains in pooled.items():
+                  "| checkpoint | target | control | training seeds | gain over `none`, after (sampled) | seeds with gain > 0 |",
+                  "|---|---|---|---|---|---|"]
+        for (setting, target, control), gains in pooled.items():
             if control == "none":
                 continue
             gains = np.array(gains)
-            lines.append(f"| {target} | {control} | {len(gains)} | {fmt(gains.mean(), ci95(gains))} | "
+            pooled_gain = fmt(gains.mean(), ci95(gains)) if len(gains) > 1 else f"{gains.mean():.1f} (one seed: no CI)"
+            lines.append(f"| {setting} | {target} | {control} | {len(gains)} | {pooled_gain} | "
                          f"{int((gains > 0).sum())}/{len(gains)} |")
     return lines
 
 
-def clamp_table(root):
-    files = sorted(glob.glob(os.path.join(root, "clamp_b", "runs", "*", "*", "clamp.json")))
+def clamp_table(root, sweep):
+    files = sorted(glob.glob(os.path.join(root, sweep, "runs", "*", "*", "clamp.json")))
     if not files:
         return []
-    lines = ["\n### clamp (`clamp_b`)\n", "Mean return per cell over the cell's evaluation episodes; `slot k` = gate forced "
+    lines = [f"\n### clamp (`{sweep}`)\n", "Mean return per cell over the cell's evaluation episodes; `slot k` = gate forced "
              "to one-hot k, `uniform` = 1/K each, `learned` = the gate itself. Max |Δ| = largest difference between a "
              "clamp column and `learned`.\n",
              "| checkpoint | training seed | target | deterministic: slots / uniform / learned | sampled: slots / uniform / learned "
@@ -101,8 +112,7 @@ def clamp_table(root):
     rows = []
     for f in files:
         d = json.load(open(f))
-        g = re.search(r"c1__(g\d)_", d["checkpoint"]).group(1)
-        rows.append((g, training_seed(f), f, d))
+        rows.append((setting_of(d), training_seed(f), f, d))
     for g, s, f, d in sorted(rows, key=lambda r: (r[0], r[1])):
         labels = target_labels(d)
         for target, res in d["results"].items():
@@ -112,7 +122,7 @@ def clamp_table(root):
             dd = max(abs(v - det[-1]) for v in det[:-1])
             ds = max(abs(v - smp[-1]) for v in smp[:-1])
             w = "[" + ", ".join(f"{x:.2f}" for x in res["learned_slot_weights"]) + "]"
-            lines.append(f"| {SETTINGS.get(g, g)} | {s} | {labels[target]} | {' / '.join(f'{v:.1f}' for v in det)} | "
+            lines.append(f"| {g} | {s} | {labels[target]} | {' / '.join(f'{v:.1f}' for v in det)} | "
                          f"{' / '.join(f'{v:.1f}' for v in smp)} | {dd:.1f} / {ds:.1f} | {w} |")
     return lines
 
@@ -125,7 +135,9 @@ def main(argv=None):
     if not os.path.isdir(a.root):
         print(f"tta_summary.py: error: {a.root!r} is not a directory; run benchmark/tta_gating.sh --budget first", file=sys.stderr)
         return 2
-    lines = ["# tta_gating budget sweeps", ""] + adapt_tables(a.root) + clamp_table(a.root)
+    lines = ["# tta_gating sweeps", ""] + adapt_tables(a.root)
+    for sweep in CLAMP_SWEEPS:
+        lines += clamp_table(a.root, sweep)
     os.makedirs(os.path.dirname(os.path.abspath(a.output)), exist_ok=True)
     tmp = a.output + ".tmp"
     with open(tmp, "w") as f:

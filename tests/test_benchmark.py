@@ -433,12 +433,13 @@ def test_tta_summary_pairs_gains_per_adaptation_seed_and_pools_over_training_see
     for seed, none, gate in ((1, [10.0, 20.0], [12.0, 24.0]), (2, [15.0, 15.0], [15.0, 17.0])):
         d = tmp_path / "adapt_inverted" / "runs" / f"c0__g0_base__s{seed}" / "run"
         d.mkdir(parents=True)
-        (d / "tta.json").write_text(json.dumps({"targets": [target], "results": {"mode3": {
+        ckpt = f"out/runs/c1__g2_modes-preset_inverted4__s{seed}/run/ppo_gru_astral.cleanrl_model"
+        (d / "tta.json").write_text(json.dumps({"checkpoint": ckpt, "targets": [target], "results": {"mode3": {
             "before": {"sampled": {"mean": 1.0, "ci95": 0.0}}, "controls": {"none": control(none), "gate": control(gate)}}}}))
     out = tmp_path / "tables.md"
     assert summary.main(["--root", str(tmp_path), "--output", str(out)]) == 0
     text = out.read_text()
-    assert "| 1 | mode3 (g 9.8, l 0.5, inverted) | gate | 1.0 ± 0.0 | 18.0 ± 76.2 | 18.0 ± 76.2 | 18.0 ± 76.2 | 3.0 ± 12.7 |" in text
+    assert "| inverted4 `--hide-velocity` | 1 | mode3 (g 9.8, l 0.5, inverted) | gate | 1.0 ± 0.0 | 18.0 ± 76.2 | 18.0 ± 76.2 | 18.0 ± 76.2 | 3.0 ± 12.7 |" in text
     # pooled: per-seed mean gains 3 and 1 -> mean 2, t(1) CI 12.706 * 1.414 / 1.414 = 12.7
-    assert "| mode3 (g 9.8, l 0.5, inverted) | gate | 2 | 2.0 ± 12.7 | 2/2 |" in text
+    assert "| inverted4 `--hide-velocity` | mode3 (g 9.8, l 0.5, inverted) | gate | 2 | 2.0 ± 12.7 | 2/2 |" in text
     assert summary.main(["--root", str(tmp_path / "missing"), "--output", str(out)]) == 2
