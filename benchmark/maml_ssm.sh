@@ -11,7 +11,7 @@
 #                                      point-nav every arm 5 seeds x 150 outer steps, cartpole 5 seeds x 50,
 #                                      halfcheetah 1 seed x 450, adapt on 10 checkpoints, and the 15-CPU-minute
 #                                      check (MLP 2000 / SSM 650 outer steps, 1 seed); 2 runs at a time
-#   benchmark/maml_ssm.sh --budget     what the docs report (fits ~40 CPU-minutes on a shared 2-core box):
+#   benchmark/maml_ssm.sh --budget     session 1's smaller sweep (the docs now report the full flavour):
 #                                      SSM seeds 1-2, GRU/MLP/baselines seed 1, cartpole seed 1, no halfcheetah
 #   benchmark/maml_ssm.sh --quick      smoke flavour of every code path (a few minutes) -> benchmark/out/maml_ssm_quick
 #   add --report-only to rebuild the tables/PNGs from finished runs without running anything; other flags
