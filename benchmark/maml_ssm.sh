@@ -45,11 +45,11 @@ done
 # must not be averaged with the full ones (150 steps)
 case "$mode" in
     full)   out=benchmark/out/maml_ssm_full report=docs/results/maml_ssm steps=150 ssm_seeds=5 other_seeds=5
-            cp_seeds=5 cp_steps=50 hc_seeds=1 hc_steps=450 long_seeds=1 long_mlp=2000 long_ssm=650 workers=2 ;;
+            cp_seeds=5 cp_steps=50 hc_seeds=1 hc_steps=450 long_seeds=1 long_mlp=2000 long_ssm=650 trpo_seeds=1 trpo_budget=900 workers=2 ;;
     budget) out=benchmark/out/maml_ssm report=docs/results/maml_ssm steps=60 ssm_seeds=2 other_seeds=1
-            cp_seeds=1 cp_steps=20 hc_seeds=0 hc_steps=0 long_seeds=0 long_mlp=0 long_ssm=0 workers=1 ;;
+            cp_seeds=1 cp_steps=20 hc_seeds=0 hc_steps=0 long_seeds=0 long_mlp=0 long_ssm=0 trpo_seeds=0 trpo_budget=0 workers=1 ;;
     quick)  out=benchmark/out/maml_ssm_quick report=benchmark/out/maml_ssm_quick/report steps=2 ssm_seeds=1 other_seeds=1
-            cp_seeds=1 cp_steps=2 hc_seeds=1 hc_steps=1 long_seeds=1 long_mlp=3 long_ssm=3 workers=1 ;;
+            cp_seeds=1 cp_steps=2 hc_seeds=1 hc_steps=1 long_seeds=1 long_mlp=3 long_ssm=3 trpo_seeds=1 trpo_budget=1 workers=1 ;;
 esac
 
 # second-order MAML, Adam outer step (TRPO's 11 Fisher-vector products through the inner step cost ~10x more
@@ -114,6 +114,11 @@ fi
 # the MLP (the paper's policy) and of the SSM with the outer-step counts that take about that long here
 # (~0.43 and ~1.3 CPU-s per iteration); last, so that a cut-short sweep still has everything above
 [ "$long_seeds" -gt 0 ] && sweep long "$long_seeds" "--policy mlp --outer-steps $long_mlp | --policy ssm --outer-steps $long_ssm"
+# the same check with the paper's own outer step: TRPO (KL 0.01) on 20 tasks x 20 episodes, second order, stopped by
+# --cpu-budget at 15 CPU-minutes (MLP ~8 CPU-s per iteration here, so ~110 iterations)
+[ "$trpo_seeds" -gt 0 ] && sweep trpo "$trpo_seeds" "--policy mlp | --policy ssm" \
+    "nice -n 15 python cleanrl_astral/maml_ssm.py train --task point-nav-2d --save-model --config paper --eval-tasks 40 \
+--eval-steps 3 --outer-steps 1000 --cpu-budget $trpo_budget"
 fi
 [ "$dry" = 1 ] && exit "$status"
 
@@ -138,6 +143,8 @@ def arm_of(a):
         return "random init + fine-tune"
     if a["num_inner_steps"] == 0:
         return "pretrained multi-task + fine-tune"
+    if a.get("cpu_budget"):
+        return f"MAML {a['policy'].upper()}, {a['outer_optimizer'].upper()} {a['tasks_per_batch']} x {a['fast_batch_size']}, {a['cpu_budget']:g} CPU-s budget"
     return f"MAML {a['policy'].upper()}, {a['outer_steps']} outer steps"
 
 
@@ -153,7 +160,7 @@ for ckpt in CKPTS:
     arms.setdefault(arm, []).append({"seed": a["seed"], "ret": [ev["returns_after_steps"][k] for k in "0123"],
                                      "ci": [ev["ci95"][k] for k in "0123"], "wall": c.get("train_wall_time", float("nan")),
                                      "cpu": c.get("train_cpu_time", float("nan")),
-                                     "params": c["param_count"], "steps": a["outer_steps"], "tasks": ev["num_tasks"]})
+                                     "params": c["param_count"], "steps": c.get("outer_steps_done", a["outer_steps"]), "tasks": ev["num_tasks"]})
 lines = ["| method | params | seeds | outer steps | 0 steps | 1 step | 2 steps | 3 steps | meta-train wall s | meta-train CPU s |",
          "|---|---|---|---|---|---|---|---|---|---|",
          "| MAML paper, Table 4 (MLP, TRPO) | | | | " + " | ".join(f"{v:.2f}" for v in PAPER) + " | | |"]

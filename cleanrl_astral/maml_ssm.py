@@ -87,6 +87,9 @@ class Args:
     # MAML
     outer_steps: int = 200
     """number of meta-training iterations (0 saves the random initialisation)"""
+    cpu_budget: float = 0.0
+    """stop meta-training after the iteration at which this process has used this many CPU-seconds (0: no limit;
+    --outer-steps stays the maximum)"""
     tasks_per_batch: int = 20
     """tasks per meta-batch"""
     fast_batch_size: int = 20
@@ -290,6 +293,8 @@ def validate_args(args: Args) -> Optional[str]:
         return f"--ls-backtrack-ratio must be in (0, 1), got {args.ls_backtrack_ratio}"
     if not (0 < args.gamma <= 1 and 0 <= args.gae_lambda <= 1):
         return "--gamma must be in (0, 1] and --gae-lambda in [0, 1]"
+    if args.cpu_budget < 0:
+        return f"--cpu-budget must be >= 0 (0: no limit), got {args.cpu_budget}"
     if args.dynamics_coef < 0 or args.eval_later_lr_scale <= 0:
         return "--dynamics-coef must be >= 0 and --eval-later-lr-scale > 0"
     if args.capture_video:
@@ -1452,7 +1457,7 @@ def main_train(args: Args):
     buffer = ExperienceBuffer(args.buffer_size, env_cls.obs_dim, in_dim, act_width, state_dim) if args.buffer_size > 0 else None
     monitor = FeatureMonitor(model.hidden)
     train_tasks_seen = []
-    global_step, start_time, start_cpu = 0, time.time(), time.process_time()
+    global_step, start_time, start_cpu, outer_steps_done = 0, time.time(), time.process_time(), 0
     for it in range(1, args.outer_steps + 1):
         it_start = time.time()
         # ROLLOUT: fast batches with theta (and theta adapted j times), then post-adaptation batches
@@ -1524,10 +1529,15 @@ def main_train(args: Args):
             print(f"iter {it}/{args.outer_steps} step {global_step} SPS {sps} pre {pre:.2f} post {post:.2f} "
                   f"kl {stats['approx_kl']:.4f} ls {stats['line_search_steps']} {dt:.2f}s/it "
                   f"elapsed {time.time() - start_time:.0f}s", flush=True)
+        outer_steps_done = it
+        if args.cpu_budget and time.process_time() - start_cpu >= args.cpu_budget:
+            print(f"--cpu-budget {args.cpu_budget:g}s reached after {it} of {args.outer_steps} outer steps")
+            break
 
     train_time, train_cpu = time.time() - start_time, time.process_time() - start_cpu
     writer.add_scalar("meta/train_wall_time", train_time, global_step)
     writer.add_scalar("meta/train_cpu_time", train_cpu, global_step)
+    writer.add_scalar("meta/outer_steps_done", outer_steps_done, global_step)
     print(f"meta-training wall time {train_time:.1f}s, CPU time {train_cpu:.1f}s")
     if args.save_model:
         path = os.path.join(run_dir, f"{args.exp_name}.cleanrl_model")
@@ -1536,7 +1546,8 @@ def main_train(args: Args):
                  "train_ranges": CARTPOLE_TRAIN_RANGES if args.task == "cartpole-physics" else None,
                  "test_ranges": CARTPOLE_TEST_RANGES if args.task == "cartpole-physics" else None,
                  "train_tasks": seen.tolist()}
-        save_checkpoint(path, model, args, split, {"train_wall_time": train_time, "train_cpu_time": train_cpu, "feature_stats": monitor.state_dict(),
+        save_checkpoint(path, model, args, split, {"train_wall_time": train_time, "train_cpu_time": train_cpu,
+                                                   "outer_steps_done": outer_steps_done, "feature_stats": monitor.state_dict(),
                                                    "buffer": buffer.state_dict() if buffer is not None else None})
         print(f"model saved to {path}")
         res = evaluate(path, args.eval_tasks, args.eval_steps, later_lr_scale=args.eval_later_lr_scale)

@@ -339,6 +339,16 @@ def test_smoke_train_and_eval(task, extra, tmp_path):
     assert glob.glob(str(tmp_path / "*" / "events.out.tfevents.*"))
 
 
+def test_cpu_budget_stops_training_and_records_the_steps_done(tmp_path):
+    # a budget far below one iteration's CPU time: training stops after iteration 1 of 50, and the checkpoint says so
+    out = run(["train", "--runs-dir", str(tmp_path), "--save-model", *TINY, "--outer-steps", "50", "--cpu-budget", "1e-6"])
+    assert "--cpu-budget 1e-06s reached after 1 of 50 outer steps" in out.stdout and "iter 2/50" not in out.stdout
+    (path,) = glob.glob(str(tmp_path / "*" / "maml_ssm.cleanrl_model"))
+    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    assert ckpt["outer_steps_done"] == 1 and ckpt["args"]["outer_steps"] == 50 and ckpt["train_cpu_time"] > 0
+    assert "--cpu-budget must be >= 0" in m.validate_args(m.Args(cpu_budget=-1))
+
+
 # ------------------------------------------------------------------------------------------------ TEST-TIME ADAPTATION (adapt)
 def filled_buffer(data, state_dim, capacity=500):
     buf = m.ExperienceBuffer(capacity, 2, 5, 2, state_dim)
