@@ -37,19 +37,27 @@ sweep --command "python benchmark/sb3_peers.py --algo ppo --total-timesteps $ste
     --grid "$grid" --num-seeds "$peer_seeds" --output "$out/cartpole_sb3_ppo"
 sweep --command "python benchmark/sb3_peers.py --algo recurrent_ppo --total-timesteps $lstm_steps --save-model" \
     --grid "$lstm_grid" --num-seeds "$lstm_seeds" --output "$out/cartpole_sb3_lstm"
-# the fast configuration: the GRU's cost is its sequential replay (compute-bound at hidden 128), so half the hidden size
-# and 128 envs x 32 steps (the same 4096-sample batch, 4 minibatches of 32 whole sequences) on every setting
-fast="--num-envs 128 --num-steps 32 --hidden-size 64"
+# a faster configuration for the 10x-RecurrentPPO target. The update's cost is the GRU's sequential replay, which at
+# hidden 128 is mostly matrix arithmetic, so the search keeps the 4096-sample batch and tries a smaller GRU and/or
+# shorter sequences on the memory setting (seeds 1-5); the first configuration is the one that met the return target
+# there, so it is then run on every setting and, against selection on those seeds, on fresh seeds 6-10
+hv="--modes-preset seed3 --hide-velocity"
+fast="--num-envs 64 --num-steps 64 --hidden-size 64"
+sweep --command "python cleanrl_astral/ppo_gru_baseline.py --total-timesteps $steps --save-model $hv" \
+    --grid "$fast | --num-envs 128 --num-steps 32 | --num-envs 128 --num-steps 32 --hidden-size 64" \
+    --num-seeds "$seeds" --output "$out/cartpole_fast_probe"
 sweep --command "python cleanrl_astral/ppo_gru_baseline.py --total-timesteps $steps --save-model $fast" \
     --grid "$grid" --num-seeds "$seeds" --output "$out/cartpole_fast"
+sweep --command "python cleanrl_astral/ppo_gru_baseline.py --total-timesteps $steps --save-model $fast $hv" \
+    --num-seeds "$seeds" --start-seed $((seeds + 1)) --output "$out/cartpole_fast_fresh_seeds"
 # speed, side by side under one condition: two runs at a time on an otherwise idle machine (as the RecurrentPPO pairs
 # ran), hidden velocity; the GRU at its defaults and with the same 4096-step batch as 64 envs x 64 steps (half the
 # sequential replay length), and SB3 PPO (MLP) as the feed-forward reference
-hv="--modes-preset seed3 --hide-velocity"
 sweep --command "python cleanrl_astral/ppo_gru_baseline.py --total-timesteps $steps --save-model $hv" \
                 "python cleanrl_astral/ppo_gru_baseline.py --total-timesteps $steps --save-model --num-envs 64 --num-steps 64 $hv" \
                 "python benchmark/sb3_peers.py --algo ppo --total-timesteps $steps --save-model $hv" \
                 "python cleanrl_astral/ppo_gru_baseline.py --total-timesteps $steps --save-model $fast $hv" \
+                "python benchmark/sb3_peers.py --algo recurrent_ppo --total-timesteps $lstm_steps --save-model $hv" \
     --num-seeds 2 --output "$out/cartpole_speed"
 case " ${extra[*]} " in *" --dry-run "*) exit "$status" ;; esac
 
@@ -60,5 +68,5 @@ python benchmark/report.py --sweep "$out/cartpole_main" "$out/cartpole_controls"
              "ppo_gru_astral.py=ppo_gru_astral" "algo ppo=sb3_ppo_mlp" "algo recurrent_ppo=sb3_recurrent_ppo_lstm" || status=1
 python benchmark/report.py --sweep "$out/cartpole_speed" --output "$report/speed" \
     --title "ppo_gru_baseline speed: two runs at a time, seed3 --hide-velocity" \
-    --labels "0=ppo_gru" "1=ppo_gru_64envs_x_64steps" "2=sb3_ppo_mlp" "3=ppo_gru_fast" || status=1
+    --labels "0=ppo_gru" "1=ppo_gru_64envs_x_64steps" "2=sb3_ppo_mlp" "3=ppo_gru_fast" "4=sb3_recurrent_ppo_lstm" || status=1
 exit "$status"
