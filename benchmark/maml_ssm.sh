@@ -10,7 +10,9 @@
 #   benchmark/maml_ssm.sh              full (issues 6 and 7) -> benchmark/out/maml_ssm_full, docs/results/maml_ssm:
 #                                      point-nav every arm 5 seeds x 150 outer steps, cartpole 5 seeds x 50,
 #                                      halfcheetah 1 seed x 450, adapt on 10 checkpoints, and the 15-CPU-minute
-#                                      check (MLP 2000 / SSM 650 outer steps, 1 seed); 2 runs at a time
+#                                      check (MLP 2000 / SSM 650 outer steps, 1 seed; and the paper's TRPO on
+#                                      20 x 20 episodes stopped by --cpu-budget 900, MLP and SSM, 3 seeds); 2 runs
+#                                      at a time
 #   benchmark/maml_ssm.sh --budget     session 1's smaller sweep (the docs now report the full flavour):
 #                                      SSM seeds 1-2, GRU/MLP/baselines seed 1, cartpole seed 1, no halfcheetah
 #   benchmark/maml_ssm.sh --quick      smoke flavour of every code path (a few minutes) -> benchmark/out/maml_ssm_quick
@@ -23,7 +25,7 @@
 #   (up to ~4 at 200 steps); adapt ~50 CPU-s on an untrained checkpoint (~50-step episodes), up to ~4x that.
 #   halfcheetah, 5 x 5 episodes, horizon 100: ~1.15 CPU-s/iteration, so 450 iterations ~9 min per run.
 #   Total ~4,400-6,200 CPU-s (point-nav ~3,000, cartpole ~400-2,200, halfcheetah ~525 for its one seed, the
-#   15-CPU-minute pair ~1,800), i.e. ~50-65 min wall
+#   15-CPU-minute pairs ~3,600), i.e. ~65-80 min wall
 #   with 2 workers on an otherwise idle machine; proportionally longer if other jobs share the cores.
 # Runs are niced (nice -n 15, one thread each); re-running continues a killed sweep (--resume).
 set -uo pipefail
@@ -45,7 +47,7 @@ done
 # must not be averaged with the full ones (150 steps)
 case "$mode" in
     full)   out=benchmark/out/maml_ssm_full report=docs/results/maml_ssm steps=150 ssm_seeds=5 other_seeds=5
-            cp_seeds=5 cp_steps=50 hc_seeds=1 hc_steps=450 long_seeds=1 long_mlp=2000 long_ssm=650 trpo_seeds=1 trpo_budget=900 workers=2 ;;
+            cp_seeds=5 cp_steps=50 hc_seeds=1 hc_steps=450 long_seeds=1 long_mlp=2000 long_ssm=650 trpo_seeds=3 trpo_budget=900 workers=2 ;;
     budget) out=benchmark/out/maml_ssm report=docs/results/maml_ssm steps=60 ssm_seeds=2 other_seeds=1
             cp_seeds=1 cp_steps=20 hc_seeds=0 hc_steps=0 long_seeds=0 long_mlp=0 long_ssm=0 trpo_seeds=0 trpo_budget=0 workers=1 ;;
     quick)  out=benchmark/out/maml_ssm_quick report=benchmark/out/maml_ssm_quick/report steps=2 ssm_seeds=1 other_seeds=1
@@ -65,8 +67,12 @@ CP="nice -n 15 python cleanrl_astral/maml_ssm.py train --task cartpole-physics -
 HC="nice -n 15 python cleanrl_astral/maml_ssm.py train --task halfcheetah-vel --save-model --outer-optimizer adam \
 --outer-lr 3e-3 --tasks-per-batch 5 --fast-batch-size 5 --inner-lr 0.1 --max-episode-steps 100 --eval-tasks 20 \
 --eval-steps 3 --outer-steps $hc_steps"
+# the paper's outer step: TRPO (KL 0.01), 20 tasks x 20 episodes, second order, stopped by --cpu-budget
+TRPO="nice -n 15 python cleanrl_astral/maml_ssm.py train --task point-nav-2d --save-model --config paper --eval-tasks 40 \
+--eval-steps 3 --outer-steps 1000 --cpu-budget $trpo_budget"
 ADAPT_EXTRA=""
 if [ "$mode" = quick ]; then
+    TRPO="$TRPO --tasks-per-batch 2 --fast-batch-size 2 --eval-tasks 3"
     BASE="$BASE --tasks-per-batch 2 --fast-batch-size 2 --eval-tasks 3"
     CP="$CP --tasks-per-batch 2 --fast-batch-size 2 --eval-tasks 3 --max-episode-steps 50"
     HC="$HC --tasks-per-batch 2 --fast-batch-size 2 --eval-tasks 2 --max-episode-steps 20"
@@ -116,9 +122,7 @@ fi
 [ "$long_seeds" -gt 0 ] && sweep long "$long_seeds" "--policy mlp --outer-steps $long_mlp | --policy ssm --outer-steps $long_ssm"
 # the same check with the paper's own outer step: TRPO (KL 0.01) on 20 tasks x 20 episodes, second order, stopped by
 # --cpu-budget at 15 CPU-minutes (MLP ~8 CPU-s per iteration here, so ~110 iterations)
-[ "$trpo_seeds" -gt 0 ] && sweep trpo "$trpo_seeds" "--policy mlp | --policy ssm" \
-    "nice -n 15 python cleanrl_astral/maml_ssm.py train --task point-nav-2d --save-model --config paper --eval-tasks 40 \
---eval-steps 3 --outer-steps 1000 --cpu-budget $trpo_budget"
+[ "$trpo_seeds" -gt 0 ] && sweep trpo "$trpo_seeds" "--policy mlp | --policy ssm" "$TRPO"
 fi
 [ "$dry" = 1 ] && exit "$status"
 
@@ -173,7 +177,9 @@ for arm, runs in arms.items():
     else:  # one seed: mean ± 95% CI over its test tasks
         cells = [f"{m:.2f} ± {c:.2f}" for m, c in zip(R[0], runs[0]["ci"])]
     walls = [r["wall"] for r in runs]
-    lines.append(f"| {arm} | {runs[0]['params']} | {','.join(str(r['seed']) for r in runs)} | {runs[0]['steps']} | "
+    steps = sorted({r["steps"] for r in runs})  # a --cpu-budget run stops after a seed-dependent number of steps
+    steps = str(steps[0]) if len(steps) == 1 else f"{steps[0]}–{steps[-1]}"
+    lines.append(f"| {arm} | {runs[0]['params']} | {','.join(str(r['seed']) for r in runs)} | {steps} | "
                  + " | ".join(cells) + f" | {np.mean(walls):.0f} | {np.mean([r['cpu'] for r in runs]):.0f} |")
     ax.errorbar(range(4), R.mean(0), yerr=R.std(0, ddof=1) if len(runs) > 1 else runs[0]["ci"], marker="o", capsize=3, label=arm)
 ax.set_xticks(range(4))
