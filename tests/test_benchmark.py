@@ -443,3 +443,35 @@ def test_tta_summary_pairs_gains_per_adaptation_seed_and_pools_over_training_see
     # pooled: per-seed mean gains 3 and 1 -> mean 2, t(1) CI 12.706 * 1.414 / 1.414 = 12.7
     assert "| inverted4 `--hide-velocity` | mode3 (g 9.8, l 0.5, inverted) | gate | 2 | 2.0 ± 12.7 | 2/2 |" in text
     assert summary.main(["--root", str(tmp_path / "missing"), "--output", str(out)]) == 2
+
+
+def test_tta_summary_one_seed_sweep_has_no_ci_and_every_clamp_sweep_gets_a_table(tmp_path):
+    summary = load(os.path.join(REPO, "benchmark", "tta_summary.py"))
+    target = {"name": "mode0", "gravity": 9.8, "half_length": 0.5, "force_sign": 1.0}
+    ckpt = "out/runs/c1__g0_modes-preset_seed3__s3/run/ppo_gru_astral.cleanrl_model"
+    d = tmp_path / "adapt_collapsed" / "runs" / "c0__g0_base__s3" / "run"
+    d.mkdir(parents=True)
+
+    def ctl(a):
+        return {"during_per_seed": [[x] for x in a], "after_per_seed": {"sampled": a, "deterministic": a}}
+
+    def cell(v):
+        return {"deterministic": {"mean": v}, "sampled": {"mean": v}}
+
+    (d / "tta.json").write_text(json.dumps({"checkpoint": ckpt, "targets": [target], "results": {"mode0": {
+        "before": {"sampled": {"mean": 1.0, "ci95": 0.0}}, "controls": {"none": ctl([10.0, 20.0]), "gate": ctl([13.0, 21.0])}}}}))
+    for sweep, learned in (("clamp_all", 500.0), ("full", 250.0)):
+        d = tmp_path / sweep / "runs" / "c1__g0_base__s3" / "run"
+        d.mkdir(parents=True)
+        (d / "clamp.json").write_text(json.dumps({"checkpoint": ckpt, "targets": [target], "columns": ["slot0", "uniform", "learned"],
+                                                  "results": {"mode0": {"slot0": cell(300.0), "uniform": cell(learned),
+                                                                        "learned": cell(learned), "learned_slot_weights": [1.0]}}}))
+    out = tmp_path / "tables.md"
+    assert summary.main(["--root", str(tmp_path), "--output", str(out)]) == 0
+    text = out.read_text()
+    # one training seed: the pooled gain is its mean paired gain (+3, +1 -> 2.0) with no CI
+    assert "| seed3 | mode0 (g 9.8, l 0.5) | gate | 1 | 2.0 (one seed: no CI) | 1/1 |" in text
+    # a table per clamp sweep, each from its own clamp.json (max |Δ| vs learned 200 in one, 50 in the other)
+    assert "### clamp (`clamp_all`)" in text and "### clamp (`full`)" in text and "### clamp (`clamp_b`)" not in text
+    assert "| seed3 | 3 | mode0 (g 9.8, l 0.5) | 300.0 / 500.0 / 500.0 | 300.0 / 500.0 / 500.0 | 200.0 / 200.0 | [1.00] |" in text
+    assert "| seed3 | 3 | mode0 (g 9.8, l 0.5) | 300.0 / 250.0 / 250.0 | 300.0 / 250.0 / 250.0 | 50.0 / 50.0 | [1.00] |" in text

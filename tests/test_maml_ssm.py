@@ -299,6 +299,7 @@ def test_checkpoint_from_another_config_is_rejected(trained_ckpt, tmp_path):
 @pytest.mark.parametrize("flags,needle", [
     (["--task", "mountain-nav"], "unknown --task"),
     (["--inner-lr", "0"], "--inner-lr must be positive"),
+    (["--cpu-budget", "-1"], "--cpu-budget must be >= 0"),
 ])
 def test_bad_input_is_one_line_and_exit_2(flags, needle, tmp_path):
     res = run(["train", "--runs-dir", str(tmp_path), *flags], check=False)

@@ -265,3 +265,24 @@ def test_reward_scaler_is_the_baselines():
     for _ in range(20):
         rewards, dones = rng.normal(1.0, 1.0, 4), rng.random(4) < 0.1
         assert np.array_equal(ours(rewards, dones), theirs(rewards, dones.copy()))
+
+
+@pytest.mark.parametrize("module", [baseline, m], ids=["ppo_gru_baseline", "ppo_gru_astral"])
+def test_unroll_equals_stepping_the_gru_module_with_resets(module):
+    # unroll calls torch.gru_cell on the module's weights directly; it must equal nn.GRUCell step by step, with the
+    # state zeroed exactly where starts = 1 (random biases, so swapped ih/hh weights or biases would show)
+    torch.manual_seed(0)
+    agent = module.Agent(4, 2, 3, 16)
+    with torch.no_grad():
+        for p in agent.gru.parameters():
+            p.normal_()
+    x, state = torch.randn(7, 3, agent.input_dim), torch.randn(3, 16)
+    starts = torch.zeros(7, 3)
+    starts[0, 1] = starts[3, 0] = starts[5, 2] = 1.0
+    hidden, last = agent.unroll(x, state, starts)
+    h, expected = state, []
+    for t in range(7):
+        h = agent.gru(agent.encoder(x[t]), h * (1 - starts[t]).unsqueeze(-1))
+        expected.append(h)
+    torch.testing.assert_close(hidden, torch.stack(expected), rtol=1e-5, atol=1e-6)  # encoder batching rounds differently
+    torch.testing.assert_close(last, expected[-1], rtol=1e-5, atol=1e-6)
