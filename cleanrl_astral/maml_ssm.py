@@ -126,6 +126,8 @@ class Args:
     """inner steps evaluated after training (returns after 0..eval_steps steps)"""
     eval_later_lr_scale: float = 0.5
     """evaluation step size is inner_lr for the first step and inner_lr * this for later steps (paper: 0.5)"""
+    eval_episodes: Optional[int] = None
+    """episodes per test task and inner step in that evaluation (default: fast_batch_size; paper: 40)"""
     adapt_steps: int = 5
     """default number of test-time adaptation steps of the `adapt` subcommand"""
     adapt_lr: float = 1e-2
@@ -141,9 +143,10 @@ PRESETS = {
     # the plan's basic preset: 8 parallel episodes per task, time limit 200, small meta-batch
     "basic": dict(seed=42, fast_batch_size=8, max_episode_steps=200, outer_steps=50, tasks_per_batch=8,
                   num_inner_steps=1, inner_lr=1e-2, adapt_steps=5, adapt_lr=1e-2),
-    # MAML paper, 2D navigation: 20 tasks x 20 episodes, horizon 100, alpha 0.1, TRPO with KL 0.01
+    # MAML paper, 2D navigation: 20 tasks x 20 episodes, horizon 100, alpha 0.1, TRPO with KL 0.01; its test
+    # script adapts with 4000 steps (40 episodes) per task and step
     "paper": dict(fast_batch_size=20, tasks_per_batch=20, max_episode_steps=100, num_inner_steps=1,
-                  inner_lr=0.1, outer_optimizer="trpo", max_kl=0.01),
+                  inner_lr=0.1, outer_optimizer="trpo", max_kl=0.01, eval_episodes=40),
 }
 
 
@@ -160,7 +163,7 @@ class EvalArgs:
     later_lr_scale: float = 0.5
     """later steps use inner_lr * this (paper: alpha then alpha/2)"""
     fast_batch_size: Optional[int] = None
-    """episodes per task and step (default: the checkpoint's fast_batch_size)"""
+    """episodes per task and step (default: the checkpoint's eval_episodes, else its fast_batch_size)"""
     eval_seed: Optional[int] = None
     """seed of the test-task stream and the sampling (default: the checkpoint's seed)"""
     cuda: bool = False
@@ -295,6 +298,8 @@ def validate_args(args: Args) -> Optional[str]:
         return "--gamma must be in (0, 1] and --gae-lambda in [0, 1]"
     if args.cpu_budget < 0:
         return f"--cpu-budget must be >= 0 (0: no limit), got {args.cpu_budget}"
+    if args.eval_episodes is not None and args.eval_episodes < 1:
+        return f"--eval-episodes must be >= 1, got {args.eval_episodes}"
     if args.dynamics_coef < 0 or args.eval_later_lr_scale <= 0:
         return "--dynamics-coef must be >= 0 and --eval-later-lr-scale > 0"
     if args.capture_video:
@@ -331,10 +336,13 @@ def task_streams(seed: int):
 
 
 class PointNav2D:
-    """MAML paper 2D navigation, vectorised: start at the origin, reward -||p - goal||, actions clipped to
-    [-0.1, 0.1], an episode ends within 0.01 of the goal (or at the horizon)."""
+    """MAML paper 2D navigation, vectorised: start at the origin, reward -||p - goal||, an episode ends within
+    0.01 of the goal (or at the horizon). The policy acts in [-1, 1] per coordinate, scaled to a step in
+    [-0.1, 0.1] (out-of-range actions clipped), as the paper's code does by wrapping the env in rllab's
+    `normalize`: a unit-std Gaussian then explores at the scale of one step, not ten times past it."""
 
     obs_dim, act_dim, discrete = 2, 2, False
+    max_step = 0.1
 
     def __init__(self, tasks: torch.Tensor, gen: torch.Generator):
         self.goals = tasks.float()
@@ -345,7 +353,7 @@ class PointNav2D:
         return self.pos.clone()
 
     def step(self, action):
-        self.pos = self.pos + action.clamp(-0.1, 0.1)
+        self.pos = self.pos + self.max_step * action.clamp(-1.0, 1.0)
         dist = torch.linalg.vector_norm(self.pos - self.goals, dim=1)
         return self.pos.clone(), -dist, dist < 0.01
 
@@ -411,6 +419,9 @@ class HalfCheetahVel:
 
 
 ENV_CLASSES = {"point-nav-2d": PointNav2D, "cartpole-physics": CartPolePhysics, "halfcheetah-vel": HalfCheetahVel}
+# bumped when a task's dynamics change, so that a checkpoint trained on the old ones is refused instead of silently
+# evaluated on the new (point-nav-2d v2: actions in [-1, 1] scaled by 0.1; v1 took raw steps clipped to 0.1)
+TASK_VERSIONS = {"point-nav-2d": 2, "cartpole-physics": 1, "halfcheetah-vel": 1}
 
 
 def make_env(task: str, task_params: np.ndarray, episodes_per_task: int, gen: torch.Generator):
@@ -857,7 +868,7 @@ def sample_task_batches(model, params, task_params, args, gen, num_steps, inner_
 def save_checkpoint(path, model, args, task_split, extra=None):
     """torch.save to a temp file in the same directory, then os.replace: a crash never leaves a torn file."""
     ckpt = {"state_dict": model.state_dict(), "args": dataclasses.asdict(args), "script": "maml_ssm",
-            "task_split": task_split, "param_count": count_params(model)}
+            "task_split": task_split, "param_count": count_params(model), "task_version": TASK_VERSIONS[args.task]}
     ckpt.update(extra or {})
     d = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=d, suffix=".tmp")
@@ -893,6 +904,9 @@ def load_checkpoint(path):
         raise ValueError(f"checkpoint config is invalid: {msg}")
     if ckpt["task_split"].get("task") != args.task:
         raise ValueError(f"checkpoint task split is for {ckpt['task_split'].get('task')!r} but its config says {args.task!r}")
+    if ckpt.get("task_version", 1) != TASK_VERSIONS[args.task]:
+        raise ValueError(f"checkpoint was trained on version {ckpt.get('task_version', 1)} of {args.task}, this script "
+                         f"runs version {TASK_VERSIONS[args.task]} (see TASK_VERSIONS); retrain it")
     torch.manual_seed(0)
     model = build_agent(args, ENV_CLASSES[args.task])
     try:
@@ -914,8 +928,7 @@ def evaluate(checkpoint, num_tasks=40, num_steps=3, inner_lr=None, later_lr_scal
     Every task starts from its own copy of theta; the checkpoint file is only read. Writes eval.json and
     eval.png beside the checkpoint when `write`."""
     model, args, ckpt = load_checkpoint(checkpoint)
-    if fast_batch_size is not None:
-        args.fast_batch_size = fast_batch_size
+    args.fast_batch_size = fast_batch_size or args.eval_episodes or args.fast_batch_size
     lr = args.inner_lr if inner_lr is None else inner_lr
     seed = args.seed if eval_seed is None else eval_seed
     torch.manual_seed(seed)
