@@ -11,7 +11,7 @@
 #                                      point-nav every arm 5 seeds x 150 outer steps, cartpole 5 seeds x 50,
 #                                      halfcheetah 1 seed x 450, adapt on 10 checkpoints, and first the
 #                                      15-CPU-minute check (the paper's TRPO on 20 x 20 episodes stopped by
-#                                      --cpu-budget 900, MLP and SSM, 3 seeds); 2 runs at a time
+#                                      --cpu-budget 900, MLP and SSM, 5 seeds); 2 runs at a time
 #   benchmark/maml_ssm.sh --budget     session 1's smaller sweep (the docs now report the full flavour):
 #                                      SSM seeds 1-2, GRU/MLP/baselines seed 1, cartpole seed 1, no halfcheetah
 #   benchmark/maml_ssm.sh --quick      smoke flavour of every code path (a few minutes) -> benchmark/out/maml_ssm_quick
@@ -47,7 +47,7 @@ done
 # must not be averaged with the full ones (150 steps)
 case "$mode" in
     full)   out=benchmark/out/maml_ssm_full report=docs/results/maml_ssm steps=150 ssm_seeds=5 other_seeds=5
-            cp_seeds=5 cp_steps=50 hc_seeds=1 hc_steps=450 trpo_seeds=3 trpo_budget=900 workers=2 ;;
+            cp_seeds=5 cp_steps=50 hc_seeds=1 hc_steps=450 trpo_seeds=5 trpo_budget=900 workers=2 ;;
     budget) out=benchmark/out/maml_ssm report=docs/results/maml_ssm steps=60 ssm_seeds=2 other_seeds=1
             cp_seeds=1 cp_steps=20 hc_seeds=0 hc_steps=0 trpo_seeds=0 trpo_budget=0 workers=1 ;;
     quick)  out=benchmark/out/maml_ssm_quick report=benchmark/out/maml_ssm_quick/report steps=2 ssm_seeds=1 other_seeds=1
