@@ -23,9 +23,9 @@
 #   cartpole, 5 x 5 episodes, horizon 200: 0.4-0.8 CPU-s/iteration in the first 6, growing with episode length
 #   (up to ~4 at 200 steps); adapt ~50 CPU-s on an untrained checkpoint (~50-step episodes), up to ~4x that.
 #   halfcheetah, 5 x 5 episodes, horizon 100: ~1.15 CPU-s/iteration, so 450 iterations ~9 min per run.
-#   TRPO, 20 x 20 episodes: MLP ~7 CPU-s/iteration, SSM ~22; each run stops at 900 CPU-s, then a ~30 CPU-s eval.
-#   Total ~9,000-10,800 CPU-s (the TRPO runs ~5,600, point-nav Adam ~3,000, cartpole ~400-2,200, halfcheetah ~525
-#   for its one seed), i.e. ~80-95 min wall
+#   TRPO, 20 x 20 episodes: MLP ~7 CPU-s/iteration, SSM ~21; each run stops at 900 CPU-s, then a ~30 CPU-s eval.
+#   Total ~13,000-15,000 CPU-s (the 10 TRPO runs ~9,300, point-nav Adam ~3,000, cartpole ~400-2,200, halfcheetah
+#   ~525 for its one seed), i.e. ~110-125 min wall
 #   with 2 workers on an otherwise idle machine; proportionally longer if other jobs share the cores.
 # Runs are niced (nice -n 15, one thread each); re-running continues a killed sweep (--resume).
 set -uo pipefail
