@@ -330,6 +330,7 @@ def test_eval_episodes_sets_the_evaluation_batch(trained_ckpt, monkeypatch, tmp_
     (["--task", "mountain-nav"], "unknown --task"),
     (["--inner-lr", "0"], "--inner-lr must be positive"),
     (["--cpu-budget", "-1"], "--cpu-budget must be >= 0"),
+    (["--eval-episodes", "0"], "--eval-episodes must be >= 1"),
 ])
 def test_bad_input_is_one_line_and_exit_2(flags, needle, tmp_path):
     res = run(["train", "--runs-dir", str(tmp_path), *flags], check=False)
