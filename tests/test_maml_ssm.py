@@ -611,3 +611,19 @@ def test_adapt_online_and_bad_input(trained_ckpt):
     assert "unknown --adapt-params" in m.validate_adapt_args(m.AdaptArgs(trained_ckpt, adapt_params="bias"))
     assert "unknown --adapt-objective" in m.validate_adapt_args(m.AdaptArgs(trained_ckpt, adapt_objective=("reward",)))
     assert m.validate_adapt_args(m.AdaptArgs(trained_ckpt)) is None
+
+
+@pytest.mark.parametrize("name", ["maml_ssm_paper_policy.patch", "maml_ssm_cg_subsample.patch", "maml_ssm_tanh_mean.patch"])
+def test_probe_patches_quoted_in_the_docs_still_apply(name):
+    """Every hunk's old text (context and removed lines) occurs exactly once in the script, so `patch` applies it
+    without offset or fuzz and the docs' probe commands still run."""
+    script = open(os.path.join(REPO, SCRIPT)).read()
+    text = open(os.path.join(REPO, "benchmark", "probes", name)).read()
+    hunks = text.split("\n@@ ")[1:]
+    assert hunks
+    for h in hunks:
+        lines = h.split("\n")[1:]
+        old = "\n".join(x[1:] for x in lines if x[:1] in (" ", "-"))
+        new = [x[1:] for x in lines if x[:1] == "+"]
+        assert script.count(old + "\n") == 1, old
+        assert new  # every hunk adds code
