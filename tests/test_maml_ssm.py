@@ -615,8 +615,8 @@ def test_adapt_online_and_bad_input(trained_ckpt):
 
 @pytest.mark.parametrize("name", ["maml_ssm_paper_policy.patch", "maml_ssm_cg_subsample.patch", "maml_ssm_tanh_mean.patch"])
 def test_probe_patches_quoted_in_the_docs_still_apply(name):
-    """Every hunk's old text (context and removed lines) occurs exactly once in the script, so `patch` applies it
-    without offset or fuzz and the docs' probe commands still run."""
+    """Every hunk's old text (context and removed lines) occurs exactly once in the script, so `patch` places it
+    unambiguously without fuzz and the docs' probe commands still apply (this does not run the patched script)."""
     script = open(os.path.join(REPO, SCRIPT)).read()
     text = open(os.path.join(REPO, "benchmark", "probes", name)).read()
     hunks = text.split("\n@@ ")[1:]
