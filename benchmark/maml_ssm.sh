@@ -11,7 +11,8 @@
 #                                      point-nav every arm 5 seeds x 150 outer steps, cartpole 5 seeds x 50,
 #                                      halfcheetah 1 seed x 450, adapt on 10 checkpoints, and first the
 #                                      15-CPU-minute check (the paper's TRPO on 20 x 20 episodes stopped by
-#                                      --cpu-budget 900, MLP and SSM, 5 seeds); 2 runs at a time
+#                                      --cpu-budget 900, MLP and SSM, 5 seeds, with the paper code's goal square
+#                                      and again with the Euclidean goal disc); 2 runs at a time
 #   benchmark/maml_ssm.sh --budget     session 1's smaller sweep (the docs now report the full flavour):
 #                                      SSM seeds 1-2, GRU/MLP/baselines seed 1, cartpole seed 1, no halfcheetah
 #   benchmark/maml_ssm.sh --quick      smoke flavour of every code path (a few minutes) -> benchmark/out/maml_ssm_quick
@@ -24,8 +25,8 @@
 #   (up to ~4 at 200 steps); adapt ~50 CPU-s on an untrained checkpoint (~50-step episodes), up to ~4x that.
 #   halfcheetah, 5 x 5 episodes, horizon 100: ~1.15 CPU-s/iteration, so 450 iterations ~9 min per run.
 #   TRPO, 20 x 20 episodes: MLP ~7 CPU-s/iteration, SSM ~21; each run stops at 900 CPU-s, then a ~30 CPU-s eval.
-#   Total ~13,000-15,000 CPU-s (the 10 TRPO runs ~9,300, point-nav Adam ~3,000, cartpole ~400-2,200, halfcheetah
-#   ~525 for its one seed), i.e. ~110-125 min wall
+#   Total ~22,000-24,000 CPU-s (the 20 TRPO runs ~18,600, point-nav Adam ~3,000, cartpole ~400-2,200, halfcheetah
+#   ~525 for its one seed), i.e. ~185-200 min wall
 #   with 2 workers on an otherwise idle machine; proportionally longer if other jobs share the cores.
 # Runs are niced (nice -n 15, one thread each); re-running continues a killed sweep (--resume).
 set -uo pipefail
@@ -106,6 +107,9 @@ if [ "$report_only" = 0 ]; then
 # the issue's target first: the paper's post-adaptation returns within 15 CPU-minutes of meta-training, with the
 # paper's own outer step (TRPO, KL 0.01) on 20 tasks x 20 episodes, second order, stopped by --cpu-budget
 [ "$trpo_seeds" -gt 0 ] && sweep trpo "$trpo_seeds" "--policy mlp | --policy ssm" "$TRPO"
+# the same with the Euclidean goal disc instead of the paper code's goal square: what the paper preset used up to
+# session 5, kept as an ablation of the termination rule
+[ "$trpo_seeds" -gt 0 ] && sweep trpo_euclidean "$trpo_seeds" "--policy mlp | --policy ssm" "$TRPO --no-goal-box --no-fill-steps"
 sweep ssm "$ssm_seeds" "--policy ssm"
 sweep baselines "$other_seeds" "--policy mlp | --policy ssm --outer-steps 0 | --policy gru | --policy ssm --num-inner-steps 0"
 sweep cartpole "$cp_seeds" "--policy ssm" "$CP"
@@ -153,7 +157,8 @@ def arm_of(a):
     if a["num_inner_steps"] == 0:
         return "pretrained multi-task + fine-tune"
     if a.get("cpu_budget"):
-        return f"MAML {a['policy'].upper()}, {a['outer_optimizer'].upper()} {a['tasks_per_batch']} x {a['fast_batch_size']}, {a['cpu_budget']:g} CPU-s budget"
+        goal = "goal square" if a.get("goal_box") else "Euclidean goal"  # checkpoints without the field: Euclidean
+        return f"MAML {a['policy'].upper()}, {a['outer_optimizer'].upper()} {a['tasks_per_batch']} x {a['fast_batch_size']}, {a['cpu_budget']:g} CPU-s budget, {goal}"
     return f"MAML {a['policy'].upper()}, {a['outer_steps']} outer steps"
 
 
@@ -205,7 +210,8 @@ for ckpt in CKPTS:
     if a["task"] != "point-nav-2d" or a["outer_steps"] == 0:
         continue
     df = SummaryReader(os.path.dirname(ckpt)).scalars
-    label = f"{a['policy']}{' (no inner step)' if a['num_inner_steps'] == 0 else ''} s{a['seed']}"
+    budget = f" TRPO {'square' if a.get('goal_box') else 'disc'}" if a.get("cpu_budget") else ""
+    label = f"{a['policy']}{budget}{' (no inner step)' if a['num_inner_steps'] == 0 else ''} s{a['seed']}"
     for ax, tag in zip(axes, ["meta/pre_adapt_return", "meta/post_adapt_return"]):
         d = df[df.tag == tag]
         if len(d):

@@ -65,6 +65,9 @@ class Args:
     """task distribution: point-nav-2d | cartpole-physics | halfcheetah-vel"""
     max_episode_steps: int = 100
     """episode horizon"""
+    goal_box: bool = False
+    """point-nav-2d: end an episode when both coordinates are within 0.01 of the goal (the MAML paper code's
+    rule, set by --config paper) instead of when the Euclidean distance is"""
 
     # Policy
     policy: str = "ssm"
@@ -94,6 +97,9 @@ class Args:
     """tasks per meta-batch"""
     fast_batch_size: int = 20
     """episodes per task for each inner step and for the post-adaptation (validation) batch"""
+    fill_steps: bool = False
+    """count batches in steps, as the MAML paper's code does: keep sampling a task's episodes until they hold
+    fast_batch_size x max_episode_steps steps, so episodes that end early make room for more (set by --config paper)"""
     num_inner_steps: int = 1
     """inner policy-gradient steps (0 trains a multi-task policy without adaptation: a baseline)"""
     inner_lr: float = 0.1
@@ -143,10 +149,11 @@ PRESETS = {
     # the plan's basic preset: 8 parallel episodes per task, time limit 200, small meta-batch
     "basic": dict(seed=42, fast_batch_size=8, max_episode_steps=200, outer_steps=50, tasks_per_batch=8,
                   num_inner_steps=1, inner_lr=1e-2, adapt_steps=5, adapt_lr=1e-2),
-    # MAML paper, 2D navigation: 20 tasks x 20 episodes, horizon 100, alpha 0.1, TRPO with KL 0.01; its test
-    # script adapts with 4000 steps (40 episodes) per task and step
+    # MAML paper, 2D navigation: 20 tasks x 20 episodes, horizon 100, alpha 0.1, TRPO with KL 0.01, the paper
+    # code's goal box and batches counted in steps; its test script adapts with 4000 steps (40 episodes of the
+    # horizon) per task and step
     "paper": dict(fast_batch_size=20, tasks_per_batch=20, max_episode_steps=100, num_inner_steps=1,
-                  inner_lr=0.1, outer_optimizer="trpo", max_kl=0.01, eval_episodes=40),
+                  inner_lr=0.1, outer_optimizer="trpo", max_kl=0.01, eval_episodes=40, goal_box=True, fill_steps=True),
 }
 
 
@@ -302,6 +309,8 @@ def validate_args(args: Args) -> Optional[str]:
         return f"--eval-episodes must be >= 1, got {args.eval_episodes}"
     if args.dynamics_coef < 0 or args.eval_later_lr_scale <= 0:
         return "--dynamics-coef must be >= 0 and --eval-later-lr-scale > 0"
+    if args.goal_box and args.task != "point-nav-2d":
+        return f"--goal-box only applies to --task point-nav-2d, not {args.task}; drop it (or --no-goal-box with --config paper)"
     if args.capture_video:
         return "--capture-video is not supported: the tasks are batched tensors without a renderer"
     if args.task == "halfcheetah-vel" and not mujoco_available():
@@ -337,16 +346,19 @@ def task_streams(seed: int):
 
 class PointNav2D:
     """MAML paper 2D navigation, vectorised: start at the origin, reward -||p - goal||, an episode ends within
-    0.01 of the goal (or at the horizon). The policy acts in [-1, 1] per coordinate, scaled to a step in
-    [-0.1, 0.1] (out-of-range actions clipped), as the paper's code does by wrapping the env in rllab's
-    `normalize`: a unit-std Gaussian then explores at the scale of one step, not ten times past it."""
+    0.01 of the goal (or at the horizon): Euclidean distance, or with `goal_box` both coordinates, which is the
+    paper code's rule (a 0.02-wide square, 27% more area than the disc). The policy acts in [-1, 1] per
+    coordinate, scaled to a step in [-0.1, 0.1] (out-of-range actions clipped), as the paper's code does by
+    wrapping the env in rllab's `normalize`: a unit-std Gaussian then explores at the scale of one step, not ten
+    times past it."""
 
     obs_dim, act_dim, discrete = 2, 2, False
     max_step = 0.1
 
-    def __init__(self, tasks: torch.Tensor, gen: torch.Generator):
+    def __init__(self, tasks: torch.Tensor, gen: torch.Generator, goal_box: bool = False):
         self.goals = tasks.float()
         self.n = len(tasks)
+        self.goal_box = goal_box
 
     def reset(self):
         self.pos = torch.zeros(self.n, 2)
@@ -354,8 +366,10 @@ class PointNav2D:
 
     def step(self, action):
         self.pos = self.pos + self.max_step * action.clamp(-1.0, 1.0)
-        dist = torch.linalg.vector_norm(self.pos - self.goals, dim=1)
-        return self.pos.clone(), -dist, dist < 0.01
+        diff = self.pos - self.goals
+        dist = torch.linalg.vector_norm(diff, dim=1)
+        reached = diff.abs().amax(1) < 0.01 if self.goal_box else dist < 0.01
+        return self.pos.clone(), -dist, reached
 
 
 class CartPolePhysics:
@@ -424,10 +438,12 @@ ENV_CLASSES = {"point-nav-2d": PointNav2D, "cartpole-physics": CartPolePhysics, 
 TASK_VERSIONS = {"point-nav-2d": 2, "cartpole-physics": 1, "halfcheetah-vel": 1}
 
 
-def make_env(task: str, task_params: np.ndarray, episodes_per_task: int, gen: torch.Generator):
+def make_env(args: Args, task_params: np.ndarray, episodes_per_task: int, gen: torch.Generator):
     """One batched environment running `episodes_per_task` episodes of every task (rows grouped by task)."""
     rows = torch.tensor(np.repeat(task_params, episodes_per_task, axis=0))
-    return ENV_CLASSES[task](rows, gen)
+    if args.task == "point-nav-2d":
+        return PointNav2D(rows, gen, goal_box=args.goal_box)
+    return ENV_CLASSES[args.task](rows, gen)
 
 
 # ------------------------------------------------------------------------------------------------ MODEL
@@ -675,6 +691,34 @@ def split_batch(batch, G):
     return [{k: v[:, g * per : (g + 1) * per] for k, v in batch.items()} for g in range(G)]
 
 
+def concat_episodes(parts):
+    """Episodes of several time-major batches side by side; shorter ones are padded with masked-out steps."""
+    T = max(b["masks"].shape[0] for b in parts)
+    pad = lambda v: torch.cat([v, v.new_zeros((T - v.shape[0], *v.shape[1:]))]) if v.shape[0] < T else v
+    return {k: torch.cat([pad(b[k]) for b in parts], 1) for k in parts[0]}
+
+
+def fill_to_steps(model, batches, plist, task_params, args, gen):
+    """--fill-steps: while a task's episodes hold fewer than fast_batch_size x horizon valid steps, sample more
+    episodes of it (with its own parameters) and keep them in order up to the one that reaches that count,
+    as the paper code's sampler stops once its step count is reached."""
+    budget = args.fast_batch_size * args.max_episode_steps
+    steps = [int(b["masks"].sum()) for b in batches]
+    while True:
+        need = [i for i, s in enumerate(steps) if s < budget]
+        if not need:
+            return batches
+        # one more wave for every task still short, sized by its mean episode length so far
+        per = max(math.ceil((budget - steps[i]) * batches[i]["masks"].shape[1] / steps[i]) for i in need)
+        env = make_env(args, task_params[need], per, gen)
+        more = split_batch(rollout(model, [plist[i] for i in need], env, args.max_episode_steps), len(need))
+        for i, b in zip(need, more):
+            before = steps[i] + torch.cumsum(b["masks"].sum(0), 0) - b["masks"].sum(0)  # steps held before each
+            keep = int((before < budget).sum())
+            batches[i] = concat_episodes([batches[i], {k: v[:, :keep] for k, v in b.items()}])
+            steps[i] = int(batches[i]["masks"].sum())
+
+
 def episode_returns(batch):
     return (batch["rewards"] * batch["masks"]).sum(0)
 
@@ -846,15 +890,17 @@ def sample_task_batches(model, params, task_params, args, gen, num_steps, inner_
     """For each task: `num_steps` fast batches, the j-th sampled with theta adapted j times (no graph), then
     the post-adaptation batch. Returns per-task dicts {"train": [...], "val": batch} and the returns."""
     K, n = len(task_params), args.fast_batch_size
-    env = make_env(args.task, task_params, n, gen)
+    env = make_env(args, task_params, n, gen)
     task_p = [params] * K
     train = [[] for _ in range(K)]
     returns = []
     for j in range(num_steps + 1):
         plist = task_p if j > 0 else [params]
-        batch = rollout(model, plist, env, args.max_episode_steps)
-        returns.append(episode_returns(batch).reshape(K, n).mean(1))
-        parts = [prepare_batch(b, args) for b in split_batch(batch, K)]
+        parts = split_batch(rollout(model, plist, env, args.max_episode_steps), K)
+        if args.fill_steps:
+            parts = fill_to_steps(model, parts, task_p if j > 0 else [params] * K, task_params, args, gen)
+        returns.append(torch.stack([episode_returns(b).mean() for b in parts]))
+        parts = [prepare_batch(b, args) for b in parts]
         if j == num_steps:
             return [{"train": train[i], "val": parts[i]} for i in range(K)], returns
         for i in range(K):
@@ -1298,7 +1344,7 @@ def run_adaptation(checkpoint, aargs, writer=None):
             torch.manual_seed(seed)
             gen = torch.Generator().manual_seed(seed)
             adapters = [ADAPTERS[mode](model, theta0, cfg, buffer, gen) for _ in range(len(tasks))]
-            env = make_env(args.task, tasks, n_eps, gen)
+            env = make_env(args, tasks, n_eps, gen)
             per_step, step_logs, mon = [], [], []
             for k in range(K + 1):
                 if aargs.online:

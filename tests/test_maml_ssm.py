@@ -136,6 +136,99 @@ def test_point_nav_scales_and_clips_actions_and_ends_at_goal():
     assert torch.allclose(obs[1], torch.tensor([0.07, -0.08]))
 
 
+def test_point_nav_goal_box_is_the_paper_codes_rule():
+    # goal at the origin's neighbour; both runs take the same step, so rewards agree and only `done` differs
+    goals = torch.tensor([[0.05, 0.05], [0.05, 0.0], [0.05, 0.05]])
+    step = torch.tensor([[0.41, 0.41], [0.39, 0.0], [0.5, 0.385]])  # offsets (-0.009, -0.009), (-0.011, 0), (0, -0.0115)
+    results = {}
+    for box in (False, True):
+        env = m.PointNav2D(goals, torch.Generator(), goal_box=box)
+        env.reset()
+        results[box] = env.step(step)
+    (_, r_l2, done_l2), (_, r_box, done_box) = results[False], results[True]
+    assert torch.equal(r_l2, r_box)
+    assert r_l2[0].item() == pytest.approx(-0.009 * np.sqrt(2), abs=1e-6)
+    assert done_l2.tolist() == [False, False, False]  # 0.0127 away: outside the disc of radius 0.01
+    assert done_box.tolist() == [True, False, False]  # |dx|, |dy| < 0.01: inside the paper code's square
+    assert m.PointNav2D(goals, torch.Generator()).goal_box is False
+
+
+def test_goal_box_follows_the_config_into_training_and_eval(trained_ckpt, monkeypatch, tmp_path):
+    assert m.parse_cli(["train", "--config", "paper"]).goal_box is True
+    assert m.parse_cli(["train", "--config", "paper", "--no-goal-box"]).goal_box is False
+    assert m.parse_cli(["train"]).goal_box is False
+    seen = []
+
+    class Spy(m.PointNav2D):
+        def __init__(self, tasks, gen, goal_box=False):
+            seen.append(goal_box)
+            super().__init__(tasks, gen, goal_box)
+
+    monkeypatch.setattr(m, "PointNav2D", Spy)
+    ckpt = torch.load(trained_ckpt, weights_only=False)
+    del ckpt["args"]["goal_box"]  # a checkpoint from before the flag existed was trained on the Euclidean rule
+    old = str(tmp_path / "old.cleanrl_model")
+    torch.save(ckpt, old)
+    m.evaluate(old, 2, 1, write=False)
+    ckpt["args"]["goal_box"] = True
+    box = str(tmp_path / "box.cleanrl_model")
+    torch.save(ckpt, box)
+    m.evaluate(box, 2, 1, write=False)
+    assert seen == [False, True]
+
+
+class FixedLengthEpisodes:
+    """Stand-in task whose episodes last exactly `task_params[i][0]` steps (reward -1 per step)."""
+
+    obs_dim, act_dim, discrete = 2, 2, False
+
+    def __init__(self, rows):
+        self.length, self.n = rows[:, 0].long(), len(rows)
+
+    def reset(self):
+        self.t = 0
+        return torch.zeros(self.n, 2)
+
+    def step(self, action):
+        self.t += 1
+        return torch.zeros(self.n, 2), -torch.ones(self.n), torch.full((self.n,), self.t) >= self.length
+
+
+@pytest.mark.parametrize("fill", [False, True])
+def test_fill_steps_samples_until_the_step_count_of_the_paper_sampler(fill, monkeypatch):
+    made = []
+
+    def make_env(args, task_params, per, gen):
+        made.append(per)
+        return FixedLengthEpisodes(torch.tensor(np.repeat(task_params, per, axis=0)))
+
+    monkeypatch.setattr(m, "make_env", make_env)
+    torch.manual_seed(0)
+    args = m.Args(policy="mlp", hidden_size=6, max_episode_steps=10, fast_batch_size=2, fill_steps=fill)
+    model = m.build_agent(args, m.PointNav2D)
+    theta = {k: v.detach() for k, v in model.named_parameters()}
+    tasks = np.array([[3.0], [10.0], [7.0], [4.0]])  # budget 2 x 10 = 20 steps per task
+    data, returns = m.sample_task_batches(model, theta, tasks, args, torch.Generator(), 1, [0.1])
+    for b in [data[0]["train"][0], data[0]["val"]]:
+        lengths = b["masks"].sum(0).tolist()
+        if fill:  # 2 episodes of 3 steps, then ceil(14 / 3) = 5 more of which all are needed: 7 episodes, 21 steps
+            assert lengths == [3.0] * 7
+        else:
+            assert lengths == [3.0] * 2
+        assert b["starts"][0].all() and not b["starts"][1:].any()
+    # a task at the full horizon needs nothing more; the third stops at the episode that passes 20 steps
+    assert data[1]["val"]["masks"].sum(0).tolist() == [10.0, 10.0]
+    assert data[2]["val"]["masks"].sum(0).tolist() == ([7.0] * 3 if fill else [7.0] * 2)
+    # exactly 20 steps after 5 episodes of 4: the 6th is not taken
+    assert data[3]["val"]["masks"].sum(0).tolist() == ([4.0] * 5 if fill else [4.0] * 2)
+    for r in returns:  # per task, the mean return over all of its episodes
+        assert r.tolist() == [-3.0, -10.0, -7.0, -4.0]
+    # one env of 2 episodes per task for every step; with fill, one more wave per step for the short tasks, sized
+    # by the neediest (task 0: 5 episodes)
+    assert made == ([2, 5, 5] if fill else [2])
+    assert m.parse_cli(["train", "--config", "paper"]).fill_steps is True and m.Args().fill_steps is False
+
+
 def test_cartpole_physics_matches_gymnasium_at_default_physics():
     import gymnasium as gym
 
@@ -331,6 +424,7 @@ def test_eval_episodes_sets_the_evaluation_batch(trained_ckpt, monkeypatch, tmp_
     (["--inner-lr", "0"], "--inner-lr must be positive"),
     (["--cpu-budget", "-1"], "--cpu-budget must be >= 0"),
     (["--eval-episodes", "0"], "--eval-episodes must be >= 1"),
+    (["--task", "cartpole-physics", "--goal-box"], "--goal-box only applies to --task point-nav-2d"),
 ])
 def test_bad_input_is_one_line_and_exit_2(flags, needle, tmp_path):
     res = run(["train", "--runs-dir", str(tmp_path), *flags], check=False)
@@ -434,7 +528,7 @@ def test_replayed_transition_continues_from_its_stored_recurrent_state(policy):
     # (zero) state it would not, which is what this test rules out
     model, args, _ = tiny_setup(policy=policy, dtype=torch.float32)
     rng, _ = m.task_streams(3)
-    env = m.make_env(args.task, m.sample_tasks(args.task, rng, 1, "train"), 4, torch.Generator().manual_seed(3))
+    env = m.make_env(args, m.sample_tasks(args.task, rng, 1, "train"), 4, torch.Generator().manual_seed(3))
     theta = {k: v.detach() for k, v in model.named_parameters()}
     batch = m.prepare_batch(m.rollout(model, [theta], env, args.max_episode_steps), args)
     buf = m.ExperienceBuffer(1000, 2, 5, 2, model.initial_state(1).shape[1])
