@@ -898,7 +898,7 @@ def sample_task_batches(model, params, task_params, args, gen, num_steps, inner_
         plist = task_p if j > 0 else [params]
         parts = split_batch(rollout(model, plist, env, args.max_episode_steps), K)
         if args.fill_steps:
-            parts = fill_to_steps(model, parts, task_p if j > 0 else [params] * K, task_params, args, gen)
+            parts = fill_to_steps(model, parts, task_p, task_params, args, gen)  # task_p is [theta] * K at j = 0
         returns.append(torch.stack([episode_returns(b).mean() for b in parts]))
         parts = [prepare_batch(b, args) for b in parts]
         if j == num_steps:

@@ -229,6 +229,25 @@ def test_fill_steps_samples_until_the_step_count_of_the_paper_sampler(fill, monk
     assert m.parse_cli(["train", "--config", "paper"]).fill_steps is True and m.Args().fill_steps is False
 
 
+def test_fill_steps_waves_act_with_each_tasks_own_adapted_parameters(monkeypatch):
+    # every kept episode of a post-adaptation batch, first wave or extra, was sampled by its own task's theta'
+    monkeypatch.setattr(m, "make_env", lambda args, tp, per, gen: FixedLengthEpisodes(torch.tensor(np.repeat(tp, per, axis=0))))
+    torch.manual_seed(0)
+    args = m.Args(policy="mlp", hidden_size=6, max_episode_steps=10, fast_batch_size=2, fill_steps=True)
+    model = m.build_agent(args, m.PointNav2D)
+    theta = {k: v.detach() for k, v in model.named_parameters()}
+    data, _ = m.sample_task_batches(model, theta, np.array([[3.0], [4.0], [10.0]]), args, torch.Generator(), 1, [0.5])
+    adapted = [m.inner_step(model, {k: v.clone().requires_grad_(True) for k, v in theta.items()}, td["train"][0], 0.5,
+                            False) for td in data]
+    logp = lambda params, val: m.log_prob(m.make_dist(m.policy_out(model, params, val), False), val["actions"], False) * val["masks"]
+    for td, params in zip(data, adapted):
+        val = td["val"]
+        assert val["masks"].shape[1] > 2 or val["masks"][:, 0].sum() == 10  # the short tasks got extra episodes
+        assert torch.allclose(logp(params, val), val["logp"] * val["masks"], atol=1e-5)
+    # and the check can tell tasks apart: task 0's episodes are not what task 1's theta' would give them
+    assert not torch.allclose(logp(adapted[1], data[0]["val"]), data[0]["val"]["logp"] * data[0]["val"]["masks"], atol=1e-5)
+
+
 def test_cartpole_physics_matches_gymnasium_at_default_physics():
     import gymnasium as gym
 
