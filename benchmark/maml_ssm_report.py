@@ -1,0 +1,256 @@
+"""Tables and plots of the maml_ssm benchmark (`benchmark/maml_ssm.sh`). Reads every finished run under --out
+(`<sweep>/runs/<run>/<run_name>/maml_ssm.cleanrl_model` with its eval.json and adapt.json) and writes into --report:
+point_nav_table.md (point-nav arms next to the MAML paper's Table 4, then cartpole-physics / halfcheetah-vel, then
+the `adapt` tables), the JSON behind them, point_nav_adaptation.png, point_nav_training.png and the adapt figures.
+
+Usage: python benchmark/maml_ssm_report.py --out benchmark/out/maml_ssm_full --report docs/results/maml_ssm
+"""
+import argparse
+import glob
+import json
+import os
+import shutil
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "cleanrl_astral"))
+from maml_ssm import TASK_VERSIONS  # noqa: E402
+
+PAPER = [-40.41, -11.68, -3.33, -3.23]  # MAML paper, Table 4: 2D navigation after 0 / 1 / 2 / 3 steps
+
+
+def arm_of(a):
+    """The row a run belongs to, from its saved config: runs of one arm differ only in the seed."""
+    if a["outer_steps"] == 0:
+        return "random init + fine-tune"
+    if a["num_inner_steps"] == 0:
+        return "pretrained multi-task + fine-tune"
+    if a.get("cpu_budget"):
+        goal = "goal square" if a.get("goal_box") else "Euclidean goal"  # checkpoints without the field: Euclidean
+        return (f"MAML {a['policy'].upper()}, {a['outer_optimizer'].upper()} {a['tasks_per_batch']} x "
+                f"{a['fast_batch_size']}, {a['cpu_budget']:g} CPU-s budget, {goal}")
+    return f"MAML {a['policy'].upper()}, {a['outer_steps']} outer steps"
+
+
+def load_runs(out):
+    """[(checkpoint path, checkpoint dict, eval.json dict)]; refuses runs of an older version of a task."""
+    runs = []
+    for ckpt in sorted(glob.glob(os.path.join(out, "*", "runs", "*", "*", "maml_ssm.cleanrl_model"))):
+        c = torch.load(ckpt, map_location="cpu", weights_only=False)
+        if c.get("task_version", 1) != TASK_VERSIONS[c["args"]["task"]]:  # never pool old dynamics with current
+            raise ValueError(f"{ckpt} was trained on an older {c['args']['task']} (version "
+                             f"{c.get('task_version', 1)}); delete its sweep directory and rerun")
+        with open(os.path.join(os.path.dirname(ckpt), "eval.json")) as f:
+            runs.append((ckpt, c, json.load(f)))
+    return runs
+
+
+def mean_cells(R, cis):
+    """mean ± std across seeds of the per-seed means (several seeds), or ± 95% CI over test tasks (one seed)."""
+    if len(R) > 1:
+        return [f"{m:.2f} ± {s:.2f}" for m, s in zip(R.mean(0), R.std(0, ddof=1))]
+    return [f"{m:.2f} ± {c:.2f}" for m, c in zip(R[0], cis[0])]
+
+
+def point_nav(runs, report):
+    arms = {}
+    for ckpt, c, ev in runs:
+        a = c["args"]
+        if a["task"] != "point-nav-2d":
+            continue
+        arms.setdefault(arm_of(a), []).append({
+            "seed": a["seed"], "ret": [ev["returns_after_steps"][k] for k in "0123"], "ci": [ev["ci95"][k] for k in "0123"],
+            "wall": c.get("train_wall_time", float("nan")), "cpu": c.get("train_cpu_time", float("nan")),
+            "params": c["param_count"], "steps": c.get("outer_steps_done", a["outer_steps"]), "tasks": ev["num_tasks"]})
+    lines = ["| method | params | seeds | outer steps | 0 steps | 1 step | 2 steps | 3 steps | meta-train wall s | meta-train CPU s |",
+             "|---|---|---|---|---|---|---|---|---|---|",
+             "| MAML paper, Table 4 (MLP, TRPO) | | | | " + " | ".join(f"{v:.2f}" for v in PAPER) + " | | |"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(range(4), PAPER, "k--", marker="s", label="MAML paper (Table 4)")
+    for arm, rs in arms.items():
+        R = np.array([r["ret"] for r in rs])
+        steps = sorted({r["steps"] for r in rs})  # a --cpu-budget run stops after a seed-dependent number of steps
+        steps = str(steps[0]) if len(steps) == 1 else f"{steps[0]}–{steps[-1]}"
+        lines.append(f"| {arm} | {rs[0]['params']} | {','.join(str(r['seed']) for r in rs)} | {steps} | "
+                     + " | ".join(mean_cells(R, [r["ci"] for r in rs]))
+                     + f" | {np.mean([r['wall'] for r in rs]):.0f} | {np.mean([r['cpu'] for r in rs]):.0f} |")
+        ax.errorbar(range(4), R.mean(0), yerr=R.std(0, ddof=1) if len(rs) > 1 else rs[0]["ci"], marker="o", capsize=3, label=arm)
+    ax.set_xticks(range(4))
+    ax.set_xlabel("inner policy-gradient steps on the test task")
+    ax.set_ylabel("return (40 fresh test tasks)")
+    ax.set_title("point-nav-2d: return after k adaptation steps")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(report, "point_nav_adaptation.png"), dpi=110)
+    plt.close(fig)
+    return arms, "\n".join(lines) + "\n\n± is the std across seeds (several seeds) or the 95% CI over test tasks (one seed).\n"
+
+
+def training_curves(runs, report):
+    """Pre- and post-adaptation return of the training meta-batches, from each run's TensorBoard log."""
+    from tbparse import SummaryReader
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), sharey=True)
+    for ckpt, c, _ in runs:
+        a = c["args"]
+        if a["task"] != "point-nav-2d" or a["outer_steps"] == 0:
+            continue
+        df = SummaryReader(os.path.dirname(ckpt)).scalars
+        if len(df) == 0:
+            continue
+        budget = f" TRPO {'square' if a.get('goal_box') else 'disc'}" if a.get("cpu_budget") else ""
+        label = f"{a['policy']}{budget}{' (no inner step)' if a['num_inner_steps'] == 0 else ''} s{a['seed']}"
+        for ax, tag in zip(axes, ["meta/pre_adapt_return", "meta/post_adapt_return"]):
+            d = df[df.tag == tag]
+            if len(d):
+                ax.plot(np.arange(1, len(d) + 1), d["value"].to_numpy(), label=label, lw=1.2)
+    for ax, t in zip(axes, ["before adaptation (theta)", "after one inner step (theta')"]):
+        ax.set_title(f"point-nav-2d training meta-batches: {t}", fontsize=9)
+        ax.set_xlabel("outer iteration")
+    axes[0].set_ylabel("mean return")
+    if axes[1].get_legend_handles_labels()[0]:
+        axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(report, "point_nav_training.png"), dpi=110)
+    plt.close(fig)
+
+
+def other_tasks(runs):
+    """cartpole-physics (test tasks from held-out physics ranges) and halfcheetah-vel: eval returns after 0..3
+    inner steps, mean ± std over seeds of the per-seed means, then every seed with its 95% CI over test tasks."""
+    others, text = {}, ""
+    for ckpt, c, ev in runs:
+        a = c["args"]
+        if a["task"] == "point-nav-2d":
+            continue
+        others.setdefault(a["task"], {}).setdefault(arm_of(a), []).append(
+            {"seed": a["seed"], "ret": ev["returns_after_steps"], "ci": ev["ci95"], "tasks": ev["num_tasks"],
+             "wall": c.get("train_wall_time", float("nan")), "cpu": c.get("train_cpu_time", float("nan")),
+             "params": c["param_count"], "steps": a["outer_steps"], "batch": f"{a['tasks_per_batch']} x {a['fast_batch_size']}",
+             "horizon": a["max_episode_steps"]})
+    for task in sorted(others):
+        for arm, rs in others[task].items():
+            rs.sort(key=lambda r: r["seed"])
+            ks = sorted(rs[0]["ret"], key=int)
+            R = np.array([[r["ret"][k] for k in ks] for r in rs])
+            r0 = rs[0]
+            text += (f"\n### {task}: {arm}, eval returns after k inner steps ({r0['tasks']} fresh test tasks per seed)\n\n"
+                     f"{r0['params']} parameters, outer steps: {r0['steps']} of {r0['batch']} episodes (tasks x episodes), "
+                     f"horizon {r0['horizon']}.\n\n"
+                     "| seeds | " + " | ".join(f"{k} steps" for k in ks) + " | meta-train wall s | meta-train CPU s |\n|---|"
+                     + "---|" * (len(ks) + 2) + "\n")
+            cells = ([f"{m:.2f} ± {s:.2f}" for m, s in zip(R.mean(0), R.std(0, ddof=1))] if len(rs) > 1
+                     else [f"{m:.2f}" for m in R[0]])
+            text += (f"| mean over {len(rs)} seed(s) ({','.join(str(r['seed']) for r in rs)}) | " + " | ".join(cells)
+                     + f" | {np.mean([r['wall'] for r in rs]):.0f} | {np.mean([r['cpu'] for r in rs]):.0f} |\n")
+            for r in rs:
+                text += (f"| seed {r['seed']} | " + " | ".join(f"{r['ret'][k]:.2f} ± {r['ci'][k]:.2f}" for k in ks)
+                         + f" | {r['wall']:.0f} | {r['cpu']:.0f} |\n")
+            text += "\nFirst row: mean ± std across seeds (no ± with one seed); seed rows: ± 95% CI over test tasks.\n"
+    return others, text
+
+
+def adapt_tables(out, report):
+    """Test-time adaptation (adapt.json): a summary per task and arm over seeds, then one table per checkpoint."""
+    adapts = []
+    for path in sorted(glob.glob(os.path.join(out, "*", "runs", "*", "*", "adapt.json"))):
+        with open(path) as f:
+            res = json.load(f)
+        a = torch.load(os.path.join(os.path.dirname(path), "maml_ssm.cleanrl_model"), map_location="cpu", weights_only=False)["args"]
+        adapts.append((path, res, a))
+    groups = {}
+    for path, res, a in adapts:
+        groups.setdefault((res["task"], arm_of(a)), []).append((a["seed"], res))
+    summary, text = {}, ""
+    for (task, arm), items in sorted(groups.items()):
+        items.sort(key=lambda t: t[0])
+        seeds = [s for s, _ in items]
+        res0 = items[0][1]
+        ks = sorted(next(iter(res0["results"].values()))["returns_after_steps"], key=int)
+        text += (f"\n### adapt summary: {task}, {arm}, seeds {','.join(map(str, seeds))} ({res0['num_tasks']} test tasks "
+                 f"per seed, lr {res0['adapt_lr']})\n\nmean ± std across seeds of the per-seed mean return over test tasks "
+                 "(no ± with one seed); 0 steps is the unadapted policy (no-adaptation level).\n\n"
+                 "| adapter/objective | seeds | " + " | ".join(f"{k} steps" for k in ks)
+                 + " | guard fired | final drift |\n|---|---|" + "---|" * (len(ks) + 2) + "\n")
+        fig, ax = plt.subplots(figsize=(6.5, 4))
+        names = [n for n in res0["results"] if all(n in r["results"] for _, r in items)]
+        summary[f"{task} / {arm}"] = {"seeds": seeds, "results": {}}
+        for i, name in enumerate(names):
+            R = np.array([[r["results"][name]["returns_after_steps"][k] for k in ks] for _, r in items])
+            sd = R.std(0, ddof=1) if len(items) > 1 else np.zeros(len(ks))
+            guard = np.mean([r["results"][name]["guard_fired_frac"] for _, r in items])
+            drift = np.mean([r["results"][name]["final_drift"] for _, r in items])
+            text += (f"| {name} | {len(items)} | " + " | ".join(f"{m:.2f}" + (f" ± {s:.2f}" if len(items) > 1 else "")
+                                                            for m, s in zip(R.mean(0), sd)) + f" | {guard:.2f} | {drift:.3f} |\n")
+            summary[f"{task} / {arm}"]["results"][name] = {"mean": R.mean(0).tolist(), "std": sd.tolist(), "per_seed": R.tolist()}
+            # small x offsets so the error bars of the 6 lines do not hide each other
+            x = np.array([int(k) for k in ks]) + (i - (len(names) - 1) / 2) * 0.03
+            ax.errorbar(x, R.mean(0), yerr=sd, marker="o", capsize=3, label=name)
+        base = np.mean([r["results"][n]["returns_after_steps"]["0"] for _, r in items for n in names])
+        ax.axhline(base, color="k", ls="--", lw=1, label=f"no adaptation (0 steps): {base:.2f}")
+        ax.set_xticks([int(k) for k in ks])
+        ax.set_xlabel("adaptation steps on the test task")
+        ax.set_ylabel(f"return ({res0['num_tasks']} test tasks per seed)")
+        ax.set_title(f"{task}, {arm}: adapt, {len(items)} seed(s), bars = std across seeds", fontsize=9)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        slug = "".join(ch if ch.isalnum() else "_" for ch in arm.lower())
+        fig.savefig(os.path.join(report, f"adapt_summary_{task}_{slug}.png"), dpi=110)
+        plt.close(fig)
+    # one table per adapt.json: returns after 0..K steps, mean ± 95% CI over test tasks
+    for path, res, a in adapts:
+        seed = a["seed"]
+        with open(os.path.join(os.path.dirname(path), "eval.json")) as f:
+            ev = json.load(f)
+        ks = sorted(next(iter(res["results"].values()))["returns_after_steps"], key=int)
+        text += (f"\n### adapt: {res['task']}, {arm_of(a)}, seed {seed}, {res['num_tasks']} test tasks, lr {res['adapt_lr']}\n\n"
+                 f"eval (meta-learned rule, alpha then alpha/2) on {ev['num_tasks']} tasks: "
+                 + ", ".join(f"{k}: {v:.2f} ± {ev['ci95'][k]:.2f}" for k, v in ev["returns_after_steps"].items()) + "\n\n"
+                 "| adapter/objective | " + " | ".join(f"{k} steps" for k in ks) + " | guard fired | final drift |\n|---|"
+                 + "---|" * (len(ks) + 2) + "\n")
+        for name, r in res["results"].items():
+            text += (f"| {name} | " + " | ".join(f"{r['returns_after_steps'][k]:.2f} ± {r['ci95'][k]:.2f}" for k in ks)
+                     + f" | {r['guard_fired_frac']:.2f} | {r['final_drift']:.3f} |\n")
+        figure = os.path.join(os.path.dirname(path), "adapt.png")
+        if os.path.exists(figure):
+            shutil.copy(figure, os.path.join(report, f"adapt_{res['task']}_seed{seed}.png"))
+    return summary, text
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, help="the sweeps' output directory (benchmark/out/maml_ssm_full)")
+    p.add_argument("--report", required=True, help="where the tables, JSON and PNGs go")
+    args = p.parse_args(argv)
+    if not os.path.isdir(args.out):
+        print(f"maml_ssm_report: --out {args.out!r} is not a directory; run benchmark/maml_ssm.sh first", file=sys.stderr)
+        return 2
+    try:
+        runs = load_runs(args.out)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"maml_ssm_report: {e}", file=sys.stderr)
+        return 2
+    os.makedirs(args.report, exist_ok=True)
+    arms, text = point_nav(runs, args.report)
+    training_curves(runs, args.report)
+    others, more = other_tasks(runs)
+    summary, adapt_text = adapt_tables(args.out, args.report)
+    text += more + adapt_text
+    for name, obj in (("point_nav_runs.json", arms), ("other_tasks_runs.json", others), ("adapt_summary.json", summary)):
+        with open(os.path.join(args.report, name), "w") as f:
+            json.dump(obj, f, indent=2)
+    with open(os.path.join(args.report, "point_nav_table.md"), "w") as f:
+        f.write(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
