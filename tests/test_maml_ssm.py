@@ -4,6 +4,7 @@ import copy
 import dataclasses
 import glob
 import hashlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -740,3 +741,43 @@ def test_probe_patches_quoted_in_the_docs_still_apply(name):
         new = [x[1:] for x in lines if x[:1] == "+"]
         assert script.count(old + "\n") == 1, old
         assert new  # every hunk adds code
+
+
+def test_homing_diagnostic_samples_what_eval_samples(trained_ckpt, tmp_path, capsys):
+    """benchmark/probes/maml_point_nav_homing.py reports the docs' breakdown of the adapted return; its returns are
+    eval's own (same tasks, seeds and step sizes), and its mean-action rollout is the policy without sampling noise."""
+    spec = importlib.util.spec_from_file_location("homing", os.path.join(REPO, "benchmark", "probes", "maml_point_nav_homing.py"))
+    homing = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(homing)
+    res = homing.diagnose(trained_ckpt, num_tasks=3, num_steps=2)
+    ev = m.evaluate(trained_ckpt, 3, 2, write=False)
+    assert [r["return_mean"] for r in res["rows"]] == [ev["returns_after_steps"][k] for k in "012"]
+    model, args, _ = m.load_checkpoint(trained_ckpt)
+    for r in res["rows"]:
+        assert 1 <= r["episode_length"] <= args.max_episode_steps and 0 <= r["ended_at_goal"] <= 1
+        assert 0 <= r["mean_action_reached"] <= 1 and r["mean_action_final_distance_median"] >= 0
+    assert res["rows"][0]["action_std"] == pytest.approx(torch.exp(model.log_std).mean().item())
+    # the mean-action episode of a policy whose mean is (1, 0) everywhere: a goal one full step away along x is
+    # reached on the first step; a goal one step behind the start is never reached (12 steps, 0.2 ... 1.3 away)
+    theta = {k: v.detach().clone() for k, v in model.named_parameters()}
+    theta["pi.weight"] = torch.zeros_like(theta["pi.weight"])
+    theta["pi.bias"] = torch.tensor([1.0, 0.0])
+    ret, steps, dist, reached = homing.mean_action_rollout(model, theta, np.array([0.1, 0.0]), 12, False)
+    assert reached and steps == 1 and dist == pytest.approx(0.0, abs=1e-6)
+    ret, steps, dist, reached = homing.mean_action_rollout(model, theta, np.array([-0.1, 0.0]), 12, False)
+    assert not reached and steps == 12 and dist == pytest.approx(1.3) and ret == pytest.approx(-sum(0.1 * (k + 1) + 0.1 for k in range(12)))
+    assert homing.main([trained_ckpt, "--num-tasks", "0"]) == 2
+    assert homing.main([str(tmp_path / "missing.cleanrl_model")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_homing_oracle_steps_straight_at_the_goal():
+    spec = importlib.util.spec_from_file_location("homing", os.path.join(REPO, "benchmark", "probes", "maml_point_nav_homing.py"))
+    homing = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(homing)
+    # without noise: (0.25, 0) is reached on the third step (positions 0.1, 0.2, 0.25), return -(0.15 + 0.05 + 0)
+    assert homing.oracle_return(np.array([[0.25, 0.0]]), 0.0, 100, True, episodes=2) == pytest.approx(-0.2, abs=1e-6)
+    # noise costs return, more the larger it is
+    goals = np.array([[0.3, -0.2], [-0.4, 0.1]])
+    r = [homing.oracle_return(goals, s, 100, True, episodes=200) for s in (0.0, 0.1, 0.4)]
+    assert r[0] > r[1] > r[2]
