@@ -743,7 +743,7 @@ def test_probe_patches_quoted_in_the_docs_still_apply(name):
         assert new  # every hunk adds code
 
 
-def test_homing_diagnostic_samples_what_eval_samples(trained_ckpt, tmp_path, capsys):
+def test_homing_diagnostic_samples_what_eval_samples(trained_ckpt, tmp_path, capsys, monkeypatch):
     """benchmark/probes/maml_point_nav_homing.py reports the docs' breakdown of the adapted return; its returns are
     eval's own (same tasks, seeds and step sizes), and its mean-action rollout is the policy without sampling noise."""
     spec = importlib.util.spec_from_file_location("homing", os.path.join(REPO, "benchmark", "probes", "maml_point_nav_homing.py"))
@@ -769,6 +769,11 @@ def test_homing_diagnostic_samples_what_eval_samples(trained_ckpt, tmp_path, cap
     assert homing.main([trained_ckpt, "--num-tasks", "0"]) == 2
     assert homing.main([str(tmp_path / "missing.cleanrl_model")]) == 2
     assert "does not exist" in capsys.readouterr().err
+    other = copy.deepcopy(args)
+    other.task = "cartpole-physics"
+    monkeypatch.setattr(homing.m, "load_checkpoint", lambda path: (model, other, {}))
+    assert homing.main([trained_ckpt]) == 2
+    assert "this diagnostic is for point-nav-2d" in capsys.readouterr().err
 
 
 def test_homing_oracle_steps_straight_at_the_goal():
