@@ -774,6 +774,27 @@ def test_homing_diagnostic_samples_what_eval_samples(trained_ckpt, tmp_path, cap
     monkeypatch.setattr(homing.m, "load_checkpoint", lambda path: (model, other, {}))
     assert homing.main([trained_ckpt]) == 2
     assert "this diagnostic is for point-nav-2d" in capsys.readouterr().err
+    assert homing.main([trained_ckpt, "--script", str(tmp_path / "nope.py")]) == 2
+    assert "--script" in capsys.readouterr().err
+
+
+def test_homing_probe_acts_with_the_script_it_is_given(trained_ckpt, tmp_path, capsys):
+    """--script loads a (patched) copy: a copy whose Gaussian mean is scaled by 0 gives other returns than the
+    original on the same checkpoint, so the probe really acts with the given script's model."""
+    spec = importlib.util.spec_from_file_location("homing", os.path.join(REPO, "benchmark", "probes", "maml_point_nav_homing.py"))
+    homing = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(homing)
+    src = open(os.path.join(REPO, SCRIPT)).read()
+    old = 'out = {"pi": self.pi(feats),'
+    assert src.count(old) == 1
+    (tmp_path / "patched.py").write_text(src.replace(old, 'out = {"pi": 0.0 * self.pi(feats),'))
+    line = lambda out: [json.loads(x) for x in out.splitlines() if x.startswith("{")][0]["rows"]
+    assert homing.main([trained_ckpt, "--num-tasks", "2", "--num-steps", "0"]) == 0
+    original = line(capsys.readouterr().out)
+    assert homing.main([trained_ckpt, "--num-tasks", "2", "--num-steps", "0", "--script", str(tmp_path / "patched.py")]) == 0
+    patched = line(capsys.readouterr().out)
+    assert original[0]["return_mean"] == pytest.approx(m.evaluate(trained_ckpt, 2, 0, write=False)["returns_after_steps"]["0"])
+    assert patched[0]["mean_action_return"] != original[0]["mean_action_return"]
 
 
 def test_homing_oracle_steps_straight_at_the_goal():

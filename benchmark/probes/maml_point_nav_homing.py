@@ -10,6 +10,7 @@ it also reports the return of a controller that steps straight at the goal with 
 
 Usage: python benchmark/probes/maml_point_nav_homing.py CHECKPOINT [CHECKPOINT ...] [--num-tasks 40] [--num-steps 3]
        [--episodes N]  (N episodes per task and step, counted in episodes, instead of the checkpoint's eval batch)
+       [--script PATH] (a patched copy of maml_ssm.py, for checkpoints trained with a probe patch)
 """
 import argparse
 import importlib.util
@@ -21,9 +22,18 @@ import numpy as np
 import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_spec = importlib.util.spec_from_file_location("maml_ssm", os.path.join(REPO, "cleanrl_astral", "maml_ssm.py"))
-m = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(m)
+SCRIPT = os.path.join(REPO, "cleanrl_astral", "maml_ssm.py")
+
+
+def load_script(path):
+    """maml_ssm.py, or a probe's patched copy of it: its model class is what a probe checkpoint must act with."""
+    spec = importlib.util.spec_from_file_location("maml_ssm", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+m = load_script(SCRIPT)
 
 
 @torch.no_grad()
@@ -117,10 +127,17 @@ def main(argv=None):
     p.add_argument("--num-tasks", type=int, default=40)
     p.add_argument("--num-steps", type=int, default=3)
     p.add_argument("--episodes", type=int, default=None)
+    p.add_argument("--script", default=SCRIPT, help="maml_ssm.py or a patched copy (benchmark/probes/*.patch)")
     a = p.parse_args(argv)
     if a.num_tasks < 1 or a.num_steps < 0 or (a.episodes is not None and a.episodes < 1):
         print("maml_point_nav_homing: --num-tasks and --episodes must be positive, --num-steps >= 0", file=sys.stderr)
         return 2
+    if not os.path.isfile(a.script):
+        print(f"maml_point_nav_homing: --script {a.script!r} does not exist", file=sys.stderr)
+        return 2
+    global m
+    if os.path.abspath(a.script) != SCRIPT:
+        m = load_script(a.script)
     torch.set_num_threads(1)
     for ckpt in a.checkpoints:
         try:
