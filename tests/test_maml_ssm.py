@@ -756,6 +756,9 @@ def test_homing_diagnostic_samples_what_eval_samples(trained_ckpt, tmp_path, cap
     for r in res["rows"]:
         assert 1 <= r["episode_length"] <= args.max_episode_steps and 0 <= r["ended_at_goal"] <= 1
         assert 0 <= r["mean_action_reached"] <= 1 and r["mean_action_final_distance_median"] >= 0
+        assert 0 <= r["ran_away_overshot"] <= r["ran_away_episodes"] and set(r["runaway_tasks"]) <= {0, 1, 2}
+        assert (r["ran_away_episodes"] > 0) == bool(r["runaway_tasks"])
+    assert np.mean(res["task_returns"][2]) == pytest.approx(res["rows"][2]["return_mean"])
     assert res["rows"][0]["action_std"] == pytest.approx(torch.exp(model.log_std).mean().item())
     # the mean-action episode of a policy whose mean is (1, 0) everywhere: a goal one full step away along x is
     # reached on the first step; a goal one step behind the start is never reached (12 steps, 0.2 ... 1.3 away)
@@ -776,6 +779,26 @@ def test_homing_diagnostic_samples_what_eval_samples(trained_ckpt, tmp_path, cap
     assert "this diagnostic is for point-nav-2d" in capsys.readouterr().err
     assert homing.main([trained_ckpt, "--script", str(tmp_path / "nope.py")]) == 2
     assert "--script" in capsys.readouterr().err
+
+
+def test_homing_counts_run_away_episodes_from_their_last_valid_step():
+    """A run-away episode ends more than RUNAWAY_DISTANCE from its goal; it overshot if it came within PASS_DISTANCE
+    first. The final position is the one after the episode's last valid step, not the padded last row."""
+    spec = importlib.util.spec_from_file_location("homing", os.path.join(REPO, "benchmark", "probes", "maml_point_nav_homing.py"))
+    homing = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(homing)
+    goal = np.array([0.3, 0.0])
+    # three episodes (columns), positions after each step along x; episode 0 reaches the goal at step 3 and its
+    # padded rows hold a far-away position that must be ignored; episode 1 passes the goal and runs on to 1.0;
+    # episode 2 heads the other way and never comes near
+    xs = torch.tensor([[0.1, 0.1, -0.1], [0.2, 0.2, -0.2], [0.3, 0.3, -0.3], [9.0, 1.0, -0.4]])
+    masks = torch.tensor([[1.0, 1, 1], [1, 1, 1], [1, 1, 1], [0, 1, 1]])
+    batch = {"next_obs": torch.stack([xs, torch.zeros_like(xs)], -1), "masks": masks}
+    final, closest = homing.episode_distances(batch, goal)
+    assert final == pytest.approx([0.0, 0.7, 0.7], abs=1e-6) and closest == pytest.approx([0.0, 0.0, 0.4], abs=1e-6)
+    other = {"next_obs": torch.zeros(2, 1, 2), "masks": torch.ones(2, 1)}  # a second task whose episode stays at its goal
+    counts = homing.count_runaways([batch, other], [goal, np.zeros(2)])
+    assert counts == {"ran_away": 0.5, "ran_away_overshot": 1, "ran_away_episodes": 2, "runaway_tasks": [0]}
 
 
 def test_homing_probe_acts_with_the_script_it_is_given(trained_ckpt, tmp_path, capsys):

@@ -6,7 +6,9 @@ alpha/2), so its returns equal eval.json's, and reports after 0..K inner steps: 
 tasks, mean episode length, the fraction of episodes that end at the goal before the horizon, the policy's action
 std, and the same task's adapted parameters acting with their mean action (no sampling noise): return, the distance
 to the goal where that noise-free policy ends up (median over tasks), and how often it reaches the goal. For scale,
-it also reports the return of a controller that steps straight at the goal with the same action noise.
+it also reports the return of a controller that steps straight at the goal with the same action noise. Run-away
+episodes are counted too: the share that end more than RUNAWAY_DISTANCE from their goal, how many of those passed
+within PASS_DISTANCE of it first (overshoots), and the test tasks that have such an episode.
 
 Usage: python benchmark/probes/maml_point_nav_homing.py CHECKPOINT [CHECKPOINT ...] [--num-tasks 40] [--num-steps 3]
        [--episodes N]  (N episodes per task and step, counted in episodes, instead of the checkpoint's eval batch)
@@ -34,6 +36,31 @@ def load_script(path):
 
 
 m = load_script(SCRIPT)
+RUNAWAY_DISTANCE = 0.5  # an episode that ends this far from its goal left it (goals lie in [-0.5, 0.5]^2)
+PASS_DISTANCE = 0.05  # ... and overshot it if it came this close first (half an action step)
+
+
+def episode_distances(batch, goal):
+    """Per episode of one task's batch: (final distance to the goal, smallest distance to it on the way)."""
+    masks = batch["masks"]
+    dist = torch.linalg.vector_norm(batch["next_obs"] - torch.as_tensor(goal, dtype=batch["next_obs"].dtype), dim=-1)
+    last = masks.sum(0).long() - 1
+    final = dist[last, torch.arange(dist.shape[1])]
+    closest = torch.where(masks > 0, dist, torch.full_like(dist, float("inf"))).min(0).values
+    return final.numpy(), closest.numpy()
+
+
+def count_runaways(batches, goals):
+    """Over one step's task batches: the share of episodes that end more than RUNAWAY_DISTANCE from their goal,
+    how many of those overshot (came within PASS_DISTANCE first), how many there are, and the tasks that have one."""
+    away, overshot = [], []
+    for b, g in zip(batches, goals):
+        final, closest = episode_distances(b, g)
+        away.append(final > RUNAWAY_DISTANCE)
+        overshot.append(away[-1] & (closest < PASS_DISTANCE))
+    every = np.concatenate(away)
+    return {"ran_away": float(every.mean()), "ran_away_overshot": int(np.concatenate(overshot).sum()),
+            "ran_away_episodes": int(every.sum()), "runaway_tasks": [i for i, a in enumerate(away) if a.any()]}
 
 
 @torch.no_grad()
@@ -100,7 +127,7 @@ def diagnose(checkpoint, num_tasks=40, num_steps=3, episodes=None):
                      "action_std": float(np.mean([torch.exp(p["log_std"]).mean().item() for p in params])),
                      "mean_action_return": float(np.mean([d[0] for d in det])),
                      "mean_action_final_distance_median": float(np.median([d[2] for d in det])),
-                     "mean_action_reached": float(np.mean([d[3] for d in det]))})
+                     "mean_action_reached": float(np.mean([d[3] for d in det])), **count_runaways(batches, tasks)})
         if k < num_steps:  # the adapted parameters evaluate() reached: the same inner step on the same batch
             for i, b in enumerate(batches):
                 with torch.enable_grad():
@@ -109,16 +136,20 @@ def diagnose(checkpoint, num_tasks=40, num_steps=3, episodes=None):
     oracle = oracle_return(tasks, rows[-1]["action_std"], args.max_episode_steps, args.goal_box)
     return {"checkpoint": checkpoint, "seed": args.seed, "policy": args.policy, "num_tasks": num_tasks,
             "episodes": args.fast_batch_size, "fill_steps": args.fill_steps, "goal_box": args.goal_box, "rows": rows,
-            "oracle_return_at_final_std": oracle}
+            "oracle_return_at_final_std": oracle, "goals": np.asarray(tasks).tolist(),
+            "task_returns": [r.numpy().tolist() for r in returns]}
 
 
 def table(res):
     head = ("| steps | return (mean) | return (median) | episode length | ended at goal | action std | "
-            "mean action: return | mean action: final distance (median) | mean action: reached |\n" + "|---" * 9 + "|\n")
+            "mean action: return | mean action: final distance (median) | mean action: reached | "
+            f"ended > {RUNAWAY_DISTANCE} from goal (overshot / episodes) | tasks with one |\n" + "|---" * 11 + "|\n")
     return head + "".join(
         f"| {r['step']} | {r['return_mean']:.2f} | {r['return_median']:.2f} | {r['episode_length']:.1f} | "
         f"{r['ended_at_goal']:.2f} | {r['action_std']:.3f} | {r['mean_action_return']:.2f} | "
-        f"{r['mean_action_final_distance_median']:.3f} | {r['mean_action_reached']:.2f} |\n" for r in res["rows"])
+        f"{r['mean_action_final_distance_median']:.3f} | {r['mean_action_reached']:.2f} | "
+        f"{r['ran_away']:.3f} ({r['ran_away_overshot']} / {r['ran_away_episodes']}) | {len(r['runaway_tasks'])} |\n"
+        for r in res["rows"])
 
 
 def main(argv=None):
