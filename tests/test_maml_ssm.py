@@ -759,6 +759,7 @@ def test_homing_diagnostic_samples_what_eval_samples(trained_ckpt, tmp_path, cap
         assert 0 <= r["ran_away_overshot"] <= r["ran_away_episodes"] and set(r["runaway_tasks"]) <= {0, 1, 2}
         assert (r["ran_away_episodes"] > 0) == bool(r["runaway_tasks"])
     assert np.mean(res["task_returns"][2]) == pytest.approx(res["rows"][2]["return_mean"])
+    assert np.allclose(res["goals"], m.sample_tasks("point-nav-2d", m.task_streams(res["seed"])[1], 3, "test"))
     assert res["rows"][0]["action_std"] == pytest.approx(torch.exp(model.log_std).mean().item())
     # the mean-action episode of a policy whose mean is (1, 0) everywhere: a goal one full step away along x is
     # reached on the first step; a goal one step behind the start is never reached (12 steps, 0.2 ... 1.3 away)
@@ -788,17 +789,19 @@ def test_homing_counts_run_away_episodes_from_their_last_valid_step():
     homing = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(homing)
     goal = np.array([0.3, 0.0])
-    # three episodes (columns), positions after each step along x; episode 0 reaches the goal at step 3 and its
-    # padded rows hold a far-away position that must be ignored; episode 1 passes the goal and runs on to 1.0;
-    # episode 2 heads the other way and never comes near
-    xs = torch.tensor([[0.1, 0.1, -0.1], [0.2, 0.2, -0.2], [0.3, 0.3, -0.3], [9.0, 1.0, -0.4]])
-    masks = torch.tensor([[1.0, 1, 1], [1, 1, 1], [1, 1, 1], [0, 1, 1]])
+    # four episodes (columns), positions after each step along x; episode 0 reaches the goal at step 3 and its
+    # padded row holds a far-away position that must be ignored; episode 1 passes the goal and runs on to 1.0;
+    # episode 2 heads the other way and never comes near; episode 3 heads away too and ends after two steps, its
+    # padded rows sitting on the goal, which must not count as having come near it
+    xs = torch.tensor([[0.1, 0.1, -0.1, -0.3], [0.2, 0.2, -0.2, -0.4], [0.3, 0.3, -0.3, 0.3], [9.0, 1.0, -0.4, 0.3]])
+    masks = torch.tensor([[1.0, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 0], [0, 1, 1, 0]])
     batch = {"next_obs": torch.stack([xs, torch.zeros_like(xs)], -1), "masks": masks}
     final, closest = homing.episode_distances(batch, goal)
-    assert final == pytest.approx([0.0, 0.7, 0.7], abs=1e-6) and closest == pytest.approx([0.0, 0.0, 0.4], abs=1e-6)
+    assert final == pytest.approx([0.0, 0.7, 0.7, 0.7], abs=1e-6)
+    assert closest == pytest.approx([0.0, 0.0, 0.4, 0.6], abs=1e-6)
     other = {"next_obs": torch.zeros(2, 1, 2), "masks": torch.ones(2, 1)}  # a second task whose episode stays at its goal
     counts = homing.count_runaways([batch, other], [goal, np.zeros(2)])
-    assert counts == {"ran_away": 0.5, "ran_away_overshot": 1, "ran_away_episodes": 2, "runaway_tasks": [0]}
+    assert counts == {"ran_away": 0.6, "ran_away_overshot": 1, "ran_away_episodes": 3, "runaway_tasks": [0]}
 
 
 def test_homing_probe_acts_with_the_script_it_is_given(trained_ckpt, tmp_path, capsys):
