@@ -727,7 +727,8 @@ def test_adapt_online_and_bad_input(trained_ckpt):
     assert m.validate_adapt_args(m.AdaptArgs(trained_ckpt)) is None
 
 
-@pytest.mark.parametrize("name", ["maml_ssm_paper_policy.patch", "maml_ssm_cg_subsample.patch", "maml_ssm_tanh_mean.patch"])
+@pytest.mark.parametrize("name", ["maml_ssm_paper_policy.patch", "maml_ssm_cg_subsample.patch", "maml_ssm_tanh_mean.patch",
+                                  "maml_ssm_rllab_baseline.patch"])
 def test_probe_patches_quoted_in_the_docs_still_apply(name):
     """Every hunk's old text (context and removed lines) occurs exactly once in the script, so `patch` places it
     unambiguously without fuzz and the docs' probe commands still apply (this does not run the patched script)."""
@@ -741,6 +742,56 @@ def test_probe_patches_quoted_in_the_docs_still_apply(name):
         new = [x[1:] for x in lines if x[:1] == "+"]
         assert script.count(old + "\n") == 1, old
         assert new  # every hunk adds code
+
+
+def load_probe(name, tmp_path):
+    """The script with a probe patch applied (each hunk's old text replaced by its new text), imported."""
+    script = open(os.path.join(REPO, SCRIPT)).read()
+    for h in open(os.path.join(REPO, "benchmark", "probes", name)).read().split("\n@@ ")[1:]:
+        lines = h.split("\n")[1:]
+        old = "\n".join(x[1:] for x in lines if x[:1] in (" ", "-")) + "\n"
+        new = "\n".join(x[1:] for x in lines if x[:1] in (" ", "+")) + "\n"
+        assert script.count(old) == 1
+        script = script.replace(old, new)
+    path = tmp_path / ("probe_" + name.replace(".patch", ".py"))
+    path.write_text(script)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_rllab_baseline_probe_predicts_each_batch_with_the_fit_made_before_it(tmp_path):
+    p = load_probe("maml_ssm_rllab_baseline.patch", tmp_path)
+    torch.manual_seed(0)
+    args = p.Args(policy="mlp", hidden_size=6, max_episode_steps=10, fast_batch_size=3, rllab_baseline=True)
+    model = p.build_agent(args, p.PointNav2D)
+    theta = {k: v.detach() for k, v in model.named_parameters()}
+    tasks = p.sample_tasks(args.task, np.random.default_rng(0), 3, "train")
+    fit = lambda bs: p.linear_baseline(None, args.gamma, fit_on=bs)
+    same = lambda b, w: torch.allclose(b["advantages"], p.compute_advantages(b, args.gamma, args.gae_lambda, w=w), atol=1e-6)
+
+    # evaluation (the paper's test script: one baseline per task): zero first, then the previous step's fit
+    data, _ = p.sample_task_batches(model, theta, tasks, args, torch.Generator().manual_seed(0), 2, [0.1, 0.05])
+    for td in data:
+        (b0, b1), b2 = td["train"], td["val"]
+        assert same(b0, "zero") and same(b1, fit([b0])) and same(b2, fit([b1]))
+        assert not same(b1, fit([b1])) and not same(b0, fit([b0]))  # not the batch's own fit
+        # a batch's own fit is the script's per-task baseline
+        assert torch.allclose(p.linear_baseline(b1, args.gamma), p.linear_baseline(b1, args.gamma, w=fit([b1])))
+
+    # meta-training (one baseline for all tasks): refitted after each task's batch and on each step's whole batch
+    shared = {"w": fit([data[0]["val"]])}
+    first = shared["w"]
+    data, _ = p.sample_task_batches(model, theta, tasks, args, torch.Generator().manual_seed(1), 1, [0.1], shared)
+    pre, post = [td["train"][0] for td in data], [td["val"] for td in data]
+    assert same(pre[0], first) and same(pre[1], fit([pre[0]])) and same(pre[2], fit([pre[1]]))
+    assert same(post[0], fit(pre)) and same(post[1], fit([post[0]])) and same(post[2], fit([post[1]]))
+    assert torch.allclose(shared["w"], fit(post))
+    # without the flag the probe computes what the script does
+    args.rllab_baseline = False
+    data, _ = p.sample_task_batches(model, theta, tasks, args, torch.Generator().manual_seed(1), 1, [0.1], shared)
+    assert same(data[0]["train"][0], fit([data[0]["train"][0]]))
 
 
 def test_homing_diagnostic_samples_what_eval_samples(trained_ckpt, tmp_path, capsys, monkeypatch):
