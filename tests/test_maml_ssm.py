@@ -727,30 +727,34 @@ def test_adapt_online_and_bad_input(trained_ckpt):
     assert m.validate_adapt_args(m.AdaptArgs(trained_ckpt)) is None
 
 
+def probe_hunks(name):
+    """(old text, new text, added lines) of each hunk of a probe patch in benchmark/probes/."""
+    hunks = []
+    for h in open(os.path.join(REPO, "benchmark", "probes", name)).read().split("\n@@ ")[1:]:
+        lines = h.split("\n")[1:]
+        old = "\n".join(x[1:] for x in lines if x[:1] in (" ", "-")) + "\n"
+        new = "\n".join(x[1:] for x in lines if x[:1] in (" ", "+")) + "\n"
+        hunks.append((old, new, [x for x in lines if x[:1] == "+"]))
+    return hunks
+
+
 @pytest.mark.parametrize("name", ["maml_ssm_paper_policy.patch", "maml_ssm_cg_subsample.patch", "maml_ssm_tanh_mean.patch",
                                   "maml_ssm_rllab_baseline.patch"])
 def test_probe_patches_quoted_in_the_docs_still_apply(name):
     """Every hunk's old text (context and removed lines) occurs exactly once in the script, so `patch` places it
     unambiguously without fuzz and the docs' probe commands still apply (this does not run the patched script)."""
     script = open(os.path.join(REPO, SCRIPT)).read()
-    text = open(os.path.join(REPO, "benchmark", "probes", name)).read()
-    hunks = text.split("\n@@ ")[1:]
+    hunks = probe_hunks(name)
     assert hunks
-    for h in hunks:
-        lines = h.split("\n")[1:]
-        old = "\n".join(x[1:] for x in lines if x[:1] in (" ", "-"))
-        new = [x[1:] for x in lines if x[:1] == "+"]
-        assert script.count(old + "\n") == 1, old
-        assert new  # every hunk adds code
+    for old, _, added in hunks:
+        assert script.count(old) == 1, old
+        assert added  # every hunk adds code
 
 
 def load_probe(name, tmp_path):
     """The script with a probe patch applied (each hunk's old text replaced by its new text), imported."""
     script = open(os.path.join(REPO, SCRIPT)).read()
-    for h in open(os.path.join(REPO, "benchmark", "probes", name)).read().split("\n@@ ")[1:]:
-        lines = h.split("\n")[1:]
-        old = "\n".join(x[1:] for x in lines if x[:1] in (" ", "-")) + "\n"
-        new = "\n".join(x[1:] for x in lines if x[:1] in (" ", "+")) + "\n"
+    for old, new, _ in probe_hunks(name):
         assert script.count(old) == 1
         script = script.replace(old, new)
     path = tmp_path / ("probe_" + name.replace(".patch", ".py"))
