@@ -772,7 +772,7 @@ def test_rllab_baseline_probe_predicts_each_batch_with_the_fit_made_before_it(tm
     model = p.build_agent(args, p.PointNav2D)
     theta = {k: v.detach() for k, v in model.named_parameters()}
     tasks = p.sample_tasks(args.task, np.random.default_rng(0), 3, "train")
-    fit = lambda bs: p.linear_baseline(None, args.gamma, fit_on=bs)
+    fit = lambda bs: p.fit_linear_baseline(bs, args.gamma)
     same = lambda b, w: torch.allclose(b["advantages"], p.compute_advantages(b, args.gamma, args.gae_lambda, w=w), atol=1e-6)
 
     # evaluation (the paper's test script: one baseline per task): zero first, then the previous step's fit
@@ -781,8 +781,10 @@ def test_rllab_baseline_probe_predicts_each_batch_with_the_fit_made_before_it(tm
         (b0, b1), b2 = td["train"], td["val"]
         assert same(b0, "zero") and same(b1, fit([b0])) and same(b2, fit([b1]))
         assert not same(b1, fit([b1])) and not same(b0, fit([b0]))  # not the batch's own fit
-        # a batch's own fit is the script's per-task baseline
-        assert torch.allclose(p.linear_baseline(b1, args.gamma), p.linear_baseline(b1, args.gamma, w=fit([b1])))
+        # the probe's default (the batch's own fit) is the script's per-task baseline, bit for bit
+        assert torch.equal(p.linear_baseline(b1, args.gamma), m.linear_baseline(b1, args.gamma))
+        assert torch.equal(p.compute_advantages(b1, args.gamma, args.gae_lambda),
+                           m.compute_advantages(b1, args.gamma, args.gae_lambda))
 
     # meta-training (one baseline for all tasks): refitted after each task's batch and on each step's whole batch
     shared = {"w": fit([data[0]["val"]])}
