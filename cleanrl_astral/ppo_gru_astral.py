@@ -870,6 +870,7 @@ if __name__ == "__main__":
             print(f"iter {iteration}/{args.num_iterations} step {global_step} SPS {sps} return {mean_recent} | {by_mode} | slot NMI {nmi:.2f}", flush=True)
 
         if args.checkpoint_every and (iteration % args.checkpoint_every == 0 or iteration == args.num_iterations):
+            writer.flush()  # the logs of every update the checkpoint claims reach disk first: a kill loses none
             py_state = random.getstate()
             np_state = np.random.get_state()
             atomic_save(

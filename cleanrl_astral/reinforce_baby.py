@@ -927,6 +927,7 @@ def train(args: Args, run_dir: str, writer, resume: Optional[str] = None, label:
             print(f"{label}global_step={global_step} SPS={sps} success={scalars['charts/success_rate']:.3f} "
                   f"entropy={stats['losses/entropy']:.3f} wm_mse={stats['losses/world_model_mse']:.3f} [{lv}]")
         if args.checkpoint_every and iteration % args.checkpoint_every == 0 and not label:
+            writer.flush()  # the logs of every update the checkpoint claims reach disk first: a kill loses none
             atomic_torch_save({"state_dict": agent.state_dict(), "optimizer": optimizer.state_dict(),
                                "curriculum": curriculum.state_dict(), "baseline": baseline,
                                "global_step": global_step, "iteration": iteration,

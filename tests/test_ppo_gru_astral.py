@@ -207,6 +207,16 @@ def test_smoke_save_evaluate_json_and_heatmap(tmp_path):
         baseline.evaluate(model)
 
 
+def test_a_checkpoint_never_claims_updates_whose_logs_are_not_on_disk(tmp_path, die_after_third_checkpoint):
+    args = [*TINY, "--total-timesteps", str(64 * 10), "--runs-dir", str(tmp_path), "--checkpoint-every", "1"]
+    result = subprocess.run([sys.executable, "-c", die_after_third_checkpoint, SCRIPT, *args], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    (ckpt_path,) = glob.glob(str(tmp_path / "*" / "checkpoint.pt"))
+    assert m.load_checkpoint(ckpt_path)["iteration"] == 3
+    assert [s for s, _ in scalars(os.path.dirname(ckpt_path), "charts/SPS")] == [64, 128, 192]
+
+
 def test_resume_continues_the_run(tmp_path):
     result = run([*TINY, "--total-timesteps", "128", "--runs-dir", str(tmp_path), "--checkpoint-every", "1"])
     assert result.returncode == 0, result.stderr

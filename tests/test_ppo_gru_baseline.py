@@ -280,6 +280,16 @@ def test_capture_video_writes_one_video_per_mode(tmp_path):
     assert [v.split("-")[0] for v in videos] == ["mode0", "mode1", "mode2"]
 
 
+def test_a_checkpoint_never_claims_updates_whose_logs_are_not_on_disk(tmp_path, die_after_third_checkpoint):
+    args = [*TINY, "--total-timesteps", str(64 * 10), "--runs-dir", str(tmp_path), "--checkpoint-every", "1"]
+    result = subprocess.run([sys.executable, "-c", die_after_third_checkpoint, SCRIPT, *args], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    (ckpt_path,) = glob.glob(str(tmp_path / "*" / "checkpoint.pt"))
+    assert m.load_checkpoint(ckpt_path)["iteration"] == 3
+    assert [s for s, _ in scalars(os.path.dirname(ckpt_path), "charts/SPS")] == [64, 128, 192]
+
+
 def test_resume_after_kill_loses_no_finished_update(tmp_path):
     args = [*TINY, "--total-timesteps", str(64 * 100), "--runs-dir", str(tmp_path), "--checkpoint-every", "1"]
     proc = subprocess.Popen([sys.executable, SCRIPT, *args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

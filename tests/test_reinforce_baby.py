@@ -413,6 +413,21 @@ def test_full_run_save_evaluate_baselines_analysis_and_eval_only(tmp_path):
     assert "model parameters" in out.stdout
 
 
+def test_a_checkpoint_never_claims_updates_whose_logs_are_not_on_disk(tmp_path, die_after_third_checkpoint):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    flags = [f if f != "64" else "160" for f in TINY]
+    subprocess.run([sys.executable, "-c", die_after_third_checkpoint, SCRIPT, "--task", "pattern-echo", *flags,
+                    "--checkpoint-every", "1", "--runs-dir", str(tmp_path)], cwd=REPO, check=True,
+                   capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    run_dir = only_run_dir(tmp_path)
+    assert torch.load(os.path.join(run_dir, "checkpoint.pt"), weights_only=False)["global_step"] == 48
+    acc = EventAccumulator(run_dir, size_guidance={"scalars": 0})
+    acc.Reload()
+    tags = acc.Tags()["scalars"]
+    assert "charts/SPS" in tags
+    assert {tag: [e.step for e in acc.Scalars(tag)] for tag in tags} == {tag: [16, 32, 48] for tag in tags}
+
+
 def test_resume_continues_from_checkpoint(tmp_path):
     run_script("--task", "pattern-echo", *TINY, "--checkpoint-every", "2", "--runs-dir", str(tmp_path))
     run_dir = only_run_dir(tmp_path)
