@@ -356,7 +356,7 @@ def carry_input(agent, carry, device):
 
 def collect_rollout(agent, envs, carry, num_steps, gamma, reward_scaler, device):
     """Runs `num_steps` steps in every env. Returns the batch (tensors shaped (T, N, ...)), the GRU state
-    it started from, and the finished episodes as (return, length, mode)."""
+    it started from, and the finished episodes as (return, length, mode, index of the rollout step it ended in)."""
     n = envs.num_envs
     batch = {
         "inputs": torch.zeros(num_steps, n, agent.input_dim, device=device),
@@ -400,7 +400,7 @@ def collect_rollout(agent, envs, carry, num_steps, gamma, reward_scaler, device)
         carry["episode_return"] += reward
         carry["episode_length"] += 1
         for i in np.flatnonzero(done):
-            episodes.append((float(carry["episode_return"][i]), int(carry["episode_length"][i]), int(carry["episode_mode"][i])))
+            episodes.append((float(carry["episode_return"][i]), int(carry["episode_length"][i]), int(carry["episode_mode"][i]), step))
         carry["episode_return"][done] = 0.0
         carry["episode_length"][done] = 0
         mode = np.asarray(infos["mode"])
@@ -641,7 +641,9 @@ if __name__ == "__main__":
             project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True, config=vars(args),
             name=run_name, id=run_name, resume="allow", dir=run_dir, save_code=True,
         )
-    writer = SummaryWriter(run_dir)
+    # a resumed run appends to the killed run's directory; purge_step makes TensorBoard drop what the killed run
+    # logged after its last checkpoint (an update it never finished), so every update is logged exactly once
+    writer = SummaryWriter(run_dir, purge_step=None if ckpt is None else ckpt["global_step"] + 1)
     writer.add_text(
         "hyperparameters", "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
     )
@@ -684,12 +686,15 @@ if __name__ == "__main__":
 
         # ROLLOUT
         batch, initial_state, episodes = collect_rollout(agent, envs, carry, args.num_steps, args.gamma, reward_scaler, device)
-        for ep_return, ep_length, ep_mode in episodes:
+        for ep_return, ep_length, ep_mode, ep_end in episodes:
             recent.append(ep_return)
             recent_by_mode[ep_mode].append(ep_return)
-            writer.add_scalar("charts/episodic_return", ep_return, global_step)
-            writer.add_scalar("charts/episodic_length", ep_length, global_step)
-            writer.add_scalar(f"charts/episodic_return_mode{ep_mode}", ep_return, global_step)
+            # logged at the global step where the episode ended (CleanRL's convention): every log of an update
+            # lies in (previous global_step, global_step], which is what a resumed run's purge_step relies on
+            end_step = global_step + (ep_end + 1) * args.num_envs
+            writer.add_scalar("charts/episodic_return", ep_return, end_step)
+            writer.add_scalar("charts/episodic_length", ep_length, end_step)
+            writer.add_scalar(f"charts/episodic_return_mode{ep_mode}", ep_return, end_step)
         global_step += args.batch_size
 
         # ADVANTAGES (GAE)

@@ -1019,7 +1019,10 @@ if __name__ == "__main__":
                    config=vars(args), name=run_name, save_code=True)
     from torch.utils.tensorboard import SummaryWriter
 
-    writer = SummaryWriter(run_dir)
+    # a resumed run appends to the killed run's directory; purge_step makes TensorBoard drop what the killed run
+    # logged after its last checkpoint (an update it never finished), so every update is logged exactly once
+    resume_step = torch.load(args.resume, map_location="cpu", weights_only=False)["global_step"] if args.resume else None
+    writer = SummaryWriter(run_dir, purge_step=None if resume_step is None else resume_step + 1)
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" +
                     "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
 
@@ -1059,7 +1062,8 @@ if __name__ == "__main__":
                                       kl_coef=0.0) if name == "rl-only" else \
             dataclasses.replace(args, checkpoint_every=0, kl_coef=args.kl_distill_coef)
         print(f"training baseline {name} with the same budget")
-        sub = SummaryWriter(os.path.join(run_dir, f"baseline_{name}"))
+        # baselines are never checkpointed: a resumed run retrains them from scratch and drops any partial logs
+        sub = SummaryWriter(os.path.join(run_dir, f"baseline_{name}"), purge_step=0 if args.resume else None)
         b_agent, b_levels = train(variant, run_dir, sub, label=f"[{name}] ")
         sub.close()
         b_agent.eval()

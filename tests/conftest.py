@@ -6,11 +6,14 @@ torch.set_num_threads(1)
 
 
 @pytest.fixture
-def die_after_third_checkpoint():
-    """Python code for `python -c CODE SCRIPT ARGS...`: runs SCRIPT and dies like SIGKILL (os._exit: no atexit, no
-    writer close) right after its third checkpoint.pt is written. TensorBoard's writer thread is slowed down (a slow
-    disk), so events still queued at the kill are lost unless the script flushed them before the checkpoint."""
-    return """
+def die_at_checkpoint():
+    """`die_at_checkpoint(n, written=True)` is Python code for `python -c CODE SCRIPT ARGS...`: it runs SCRIPT and
+    dies like SIGKILL (os._exit: no atexit, no writer close) right after its n-th checkpoint.pt is written, or, with
+    written=False, right before (after everything the script does first, such as logging and flushing that
+    update). TensorBoard's writer thread is slowed down (a slow disk), so events still queued at the kill are lost
+    unless the script flushed them before the checkpoint."""
+    def code(n, written=True):
+        return f"""
 import os, runpy, sys, time
 from tensorboard.summary.writer import record_writer
 real_write = record_writer.RecordWriter.write
@@ -20,12 +23,29 @@ def slow_write(self, data):
 record_writer.RecordWriter.write = slow_write
 real_replace, saved = os.replace, []
 def replace(src, dst):
-    real_replace(src, dst)
-    if str(dst).endswith("checkpoint.pt"):
+    is_checkpoint = str(dst).endswith("checkpoint.pt")
+    if is_checkpoint:
         saved.append(dst)
-        if len(saved) == 3:
-            os._exit(0)
+    nth = is_checkpoint and len(saved) == {n}
+    if nth and not {written}:
+        os._exit(0)
+    real_replace(src, dst)
+    if nth:
+        os._exit(0)
 os.replace = replace
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
+    return code
+
+
+@pytest.fixture
+def logged_scalars():
+    """`logged_scalars(run_dir)`: {tag: [(step, wall_time), ...]} as TensorBoard shows the run (resumes purged)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    def read(run_dir):
+        acc = EventAccumulator(run_dir, size_guidance={"scalars": 0})
+        acc.Reload()
+        return {tag: [(e.step, e.wall_time) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    return read

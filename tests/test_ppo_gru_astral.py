@@ -6,6 +6,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -207,14 +208,48 @@ def test_smoke_save_evaluate_json_and_heatmap(tmp_path):
         baseline.evaluate(model)
 
 
-def test_a_checkpoint_never_claims_updates_whose_logs_are_not_on_disk(tmp_path, die_after_third_checkpoint):
-    args = [*TINY, "--total-timesteps", str(64 * 10), "--runs-dir", str(tmp_path), "--checkpoint-every", "1"]
-    result = subprocess.run([sys.executable, "-c", die_after_third_checkpoint, SCRIPT, *args], cwd=ROOT,
+# The checkpoint, resume and logging plumbing is the baseline's, copied into this script: these run on both.
+BOTH_SCRIPTS = pytest.mark.parametrize("script,tiny", [
+    (SCRIPT, TINY), (os.path.join(ROOT, "cleanrl_astral", "ppo_gru_baseline.py"), TINY[:-2]),
+], ids=["astral", "baseline"])
+
+
+@BOTH_SCRIPTS
+def test_a_checkpoint_never_claims_updates_whose_logs_are_not_on_disk(tmp_path, die_at_checkpoint, script, tiny):
+    args = [*tiny, "--total-timesteps", str(64 * 10), "--runs-dir", str(tmp_path), "--checkpoint-every", "1"]
+    result = subprocess.run([sys.executable, "-c", die_at_checkpoint(3), script, *args], cwd=ROOT,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     (ckpt_path,) = glob.glob(str(tmp_path / "*" / "checkpoint.pt"))
-    assert m.load_checkpoint(ckpt_path)["iteration"] == 3
+    assert torch.load(ckpt_path, weights_only=True)["iteration"] == 3
     assert [s for s, _ in scalars(os.path.dirname(ckpt_path), "charts/SPS")] == [64, 128, 192]
+
+
+@BOTH_SCRIPTS
+def test_resumed_run_logs_every_update_exactly_once(tmp_path, die_at_checkpoint, logged_scalars, script, tiny):
+    """Killed after logging update 4 but before checkpointing it, the run resumes from update 3 and plays update 4
+    again. TensorBoard must show the resumed run's update 4 only (purge_step), and every episode at the step it
+    ended: an episode logged at its update's first step would share a step with the previous update's logs."""
+    args = [*tiny, "--total-timesteps", str(64 * 6), "--runs-dir", str(tmp_path), "--checkpoint-every", "1"]
+    result = subprocess.run([sys.executable, "-c", die_at_checkpoint(4, written=False), script, *args], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    (ckpt_path,) = glob.glob(str(tmp_path / "*" / "checkpoint.pt"))
+    run_dir = os.path.dirname(ckpt_path)
+    assert torch.load(ckpt_path, weights_only=True)["global_step"] == 192
+    killed = logged_scalars(run_dir)
+    # update 4 reached the disk, episodes included, and nothing later
+    assert max(step for events in killed.values() for step, _ in events) == 256
+    assert any(192 < step for step, _ in killed["charts/episodic_return"])
+    resumed_at = time.time()
+    result = subprocess.run([sys.executable, script, "--resume", ckpt_path], cwd=ROOT, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    final = logged_scalars(run_dir)
+    assert [step for step, _ in final["charts/SPS"]] == [64, 128, 192, 256, 320, 384]
+    stale = [(tag, step) for tag, events in final.items() for step, wall in events if (step > 192) != (wall > resumed_at)]
+    assert not stale, stale[:5]
+    assert any(step > 192 for step, _ in final["charts/episodic_return"])
 
 
 def test_resume_continues_the_run(tmp_path):

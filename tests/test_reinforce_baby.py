@@ -9,6 +9,7 @@ import random
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -413,10 +414,10 @@ def test_full_run_save_evaluate_baselines_analysis_and_eval_only(tmp_path):
     assert "model parameters" in out.stdout
 
 
-def test_a_checkpoint_never_claims_updates_whose_logs_are_not_on_disk(tmp_path, die_after_third_checkpoint):
+def test_a_checkpoint_never_claims_updates_whose_logs_are_not_on_disk(tmp_path, die_at_checkpoint):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     flags = [f if f != "64" else "160" for f in TINY]
-    subprocess.run([sys.executable, "-c", die_after_third_checkpoint, SCRIPT, "--task", "pattern-echo", *flags,
+    subprocess.run([sys.executable, "-c", die_at_checkpoint(3), SCRIPT, "--task", "pattern-echo", *flags,
                     "--checkpoint-every", "1", "--runs-dir", str(tmp_path)], cwd=REPO, check=True,
                    capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     run_dir = only_run_dir(tmp_path)
@@ -426,6 +427,58 @@ def test_a_checkpoint_never_claims_updates_whose_logs_are_not_on_disk(tmp_path, 
     tags = acc.Tags()["scalars"]
     assert "charts/SPS" in tags
     assert {tag: [e.step for e in acc.Scalars(tag)] for tag in tags} == {tag: [16, 32, 48] for tag in tags}
+
+
+def test_resumed_run_logs_every_update_exactly_once(tmp_path, die_at_checkpoint, logged_scalars):
+    """Killed after logging update 4 but before checkpointing it, the run resumes from update 3 and plays update 4
+    again: TensorBoard must show the resumed run's update 4 only (purge_step)."""
+    flags = ["--task", "pattern-echo", *[f if f != "64" else "96" for f in TINY], "--checkpoint-every", "1",
+             "--runs-dir", str(tmp_path)]
+    subprocess.run([sys.executable, "-c", die_at_checkpoint(4, written=False), SCRIPT, *flags], cwd=REPO, check=True,
+                   capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    run_dir = only_run_dir(tmp_path)
+    ckpt = os.path.join(run_dir, "checkpoint.pt")
+    assert torch.load(ckpt, weights_only=False)["global_step"] == 48
+    assert max(step for step, _ in logged_scalars(run_dir)["charts/SPS"]) == 64  # update 4 reached the disk
+    resumed_at = time.time()
+    run_script(*flags, "--resume", ckpt)
+    final = logged_scalars(run_dir)
+    assert [step for step, _ in final["charts/SPS"]] == [16, 32, 48, 64, 80, 96]
+    stale = [(tag, step) for tag, events in final.items() for step, wall in events if (step > 48) != (wall > resumed_at)]
+    assert not stale, stale[:5]
+
+
+def test_resumed_run_retrains_baselines_without_their_partial_logs(tmp_path, logged_scalars):
+    """Killed while training the rl-only baseline (never checkpointed), a resumed run trains it again from scratch:
+    the killed run's partial baseline logs must not show (purge_step=0 in the baseline's writer)."""
+    die_in_baseline = """
+import os, runpy, sys
+from torch.utils.tensorboard import SummaryWriter
+real_add_scalar, seen = SummaryWriter.add_scalar, []
+def add_scalar(self, tag, value, step=None, *args, **kwargs):
+    real_add_scalar(self, tag, value, step, *args, **kwargs)
+    if "baseline_" in self.log_dir and tag == "charts/SPS":
+        seen.append(step)
+        if len(seen) == 3:
+            self.flush()
+            os._exit(0)
+SummaryWriter.add_scalar = add_scalar
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+    flags = ["--task", "pattern-echo", *[f if f != "64" else "96" for f in TINY], "--checkpoint-every", "1",
+             "--baselines", "rl-only", "--runs-dir", str(tmp_path)]
+    subprocess.run([sys.executable, "-c", die_in_baseline, SCRIPT, *flags], cwd=REPO, check=True,
+                   capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    run_dir = only_run_dir(tmp_path)
+    baseline_dir = os.path.join(run_dir, "baseline_rl-only")
+    assert [step for step, _ in logged_scalars(baseline_dir)["charts/SPS"]] == [16, 32, 48]
+    resumed_at = time.time()
+    out = run_script(*flags, "--resume", os.path.join(run_dir, "checkpoint.pt"))
+    assert "resumed from" in out.stdout and "global_step=96" in out.stdout
+    final = logged_scalars(baseline_dir)
+    assert [step for step, _ in final["charts/SPS"]] == [16, 32, 48, 64, 80, 96]
+    assert all(wall > resumed_at for events in final.values() for _, wall in events)
 
 
 def test_resume_continues_from_checkpoint(tmp_path):
