@@ -700,8 +700,10 @@ def concat_episodes(parts):
 
 def fill_to_steps(model, batches, plist, task_params, args, gen):
     """--fill-steps: while a task's episodes hold fewer than fast_batch_size x horizon valid steps, sample more
-    episodes of it (with its own parameters) and keep them in order up to the one that reaches that count,
-    as the paper code's sampler stops once its step count is reached."""
+    episodes of it (with its own parameters) and keep them in order up to the one that reaches that count.
+    Every episode started is kept, whatever its length. The paper code's sampler counts steps too, but drops the
+    episodes still running when the count is reached; that favours short episodes (benchmark/probes/
+    maml_paper_sampler_eval.py measures it)."""
     budget = args.fast_batch_size * args.max_episode_steps
     steps = [int(b["masks"].sum()) for b in batches]
     while True:

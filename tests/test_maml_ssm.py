@@ -890,3 +890,85 @@ def test_homing_oracle_steps_straight_at_the_goal():
     goals = np.array([[0.3, -0.2], [-0.4, 0.1]])
     r = [homing.oracle_return(goals, s, 100, True, episodes=200) for s in (0.0, 0.1, 0.4)]
     assert r[0] > r[1] > r[2]
+
+
+def load_paper_sampler_probe():
+    spec = importlib.util.spec_from_file_location("paper_sampler", os.path.join(REPO, "benchmark", "probes", "maml_paper_sampler_eval.py"))
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    return probe
+
+
+def simulate_vectorized_sampler(lengths, budget):
+    """The paper code's sampling loop, step by step: all envs step together, each starts its next episode when one
+    ends, finished episodes add their length to the count, and the count is checked after every full step."""
+    W, n = lengths.shape
+    keep = np.zeros((W, n), dtype=bool)
+    episode, elapsed, samples = [0] * n, [0] * n, 0
+    while samples < budget:
+        for j in range(n):
+            elapsed[j] += 1
+            if elapsed[j] == lengths[episode[j], j]:
+                keep[episode[j], j] = True
+                samples += lengths[episode[j], j]
+                episode[j], elapsed[j] = episode[j] + 1, 0
+    return keep
+
+
+def test_paper_sampler_keeps_what_the_papers_lockstep_loop_keeps():
+    """benchmark/probes/maml_paper_sampler_eval.py: lockstep_keep is the paper's vectorised sampler's stopping rule,
+    checked against a step-by-step simulation of its loop, and it favours short episodes."""
+    probe = load_paper_sampler_probe()
+    # two envs, horizon 4, budget 8: env 0 finishes four 1-step episodes by step 4, when env 1 finishes its first
+    # 4-step one; 4 + 4 = 8 reaches the budget after step 4, so env 0's fifth and env 1's second are dropped
+    lengths = np.array([[1, 4], [1, 4], [1, 4], [1, 4], [4, 4], [4, 4], [4, 4], [4, 4]])
+    expected = np.zeros_like(lengths, dtype=bool)
+    expected[:4, 0] = expected[0, 1] = True
+    assert (probe.lockstep_keep(lengths, 8).numpy() == expected).all()
+    rng = np.random.default_rng(0)
+    H, n = 10, 6
+    for trial in range(300):
+        lengths = rng.integers(1, H + 1, size=(2 * H, n)) if trial % 3 else np.full((2 * H, n), H)
+        if trial % 3 == 2:  # mostly long episodes with a few short ones, where dropping the running ones matters most
+            lengths = np.where(rng.random((2 * H, n)) < 0.3, rng.integers(1, 4, size=(2 * H, n)), H)
+        keep = probe.lockstep_keep(lengths, n * H).numpy()
+        assert (keep == simulate_vectorized_sampler(lengths, n * H)).all()
+        assert keep[0].all() and lengths[keep].sum() >= n * H  # every env's first episode ends by step H
+        if trial % 3 == 0:
+            assert keep.sum() == n  # all episodes as long as the horizon: exactly the first wave
+    # episodes of lengths 1..H, equally likely: the kept ones are shorter on average than the episodes run
+    lengths = rng.integers(1, H + 1, size=(2 * H, 200))
+    assert lengths[probe.lockstep_keep(lengths, 200 * H).numpy()].mean() < lengths.mean() - 0.5
+    with pytest.raises(ValueError, match="fewer than the budget"):
+        probe.lockstep_keep(np.full((2, 3), 4), 100)
+    with pytest.raises(ValueError, match="sample more"):
+        probe.lockstep_keep(np.array([[4, 1], [4, 1]]), 8)  # env 1's episodes end at step 2, stopping is at step 4
+
+
+def test_paper_sampler_probe_samples_what_eval_samples(trained_ckpt, capsys, tmp_path):
+    """The probe draws eval's test tasks and first episodes (its first-episode return before adaptation is eval's
+    return when eval keeps only those), applies the paper's rule to every step's batch, and restores the script."""
+    probe = load_paper_sampler_probe()
+    model, args, _ = m.load_checkpoint(trained_ckpt)
+    assert not args.fill_steps  # so eval's own batch is exactly one episode per env
+    original = m.fill_to_steps
+    res = probe.paper_sampler_eval(m, trained_ckpt, num_tasks=3, num_steps=2)
+    assert m.fill_to_steps is original
+    ev = m.evaluate(trained_ckpt, 3, 2, write=False)
+    assert res["rows"][0]["first_episode_return"] == pytest.approx(ev["returns_after_steps"]["0"], abs=1e-6)
+    n = args.eval_episodes or args.fast_batch_size
+    for r in res["rows"]:
+        assert r["kept_episodes"] >= n and 1 <= r["kept_length"] <= args.max_episode_steps
+        assert 1 <= r["first_episode_length"] <= args.max_episode_steps
+        # the kept episodes reach the budget, and stop within one horizon of it (a probe that kept every episode
+        # it sampled would hold at least 2 x horizon steps per env)
+        assert n * args.max_episode_steps <= r["kept_steps"] < n * (2 * args.max_episode_steps - 1) + 1
+    assert [r["steps"] for r in res["rows"]] == [0, 1, 2]
+    assert probe.main([trained_ckpt, "--num-tasks", "2", "--num-steps", "0"]) == 0
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert line["checkpoint"] == trained_ckpt and len(line["rows"]) == 1
+    assert probe.main([str(tmp_path / "missing.cleanrl_model")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert probe.main([trained_ckpt, "--num-tasks", "0"]) == 2
+    assert probe.main([trained_ckpt, "--script", str(tmp_path / "nope.py")]) == 2
+    assert "--script" in capsys.readouterr().err

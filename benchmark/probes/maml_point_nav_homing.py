@@ -15,7 +15,6 @@ Usage: python benchmark/probes/maml_point_nav_homing.py CHECKPOINT [CHECKPOINT .
        [--script PATH] (a patched copy of maml_ssm.py, for checkpoints trained with a probe patch)
 """
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -23,16 +22,8 @@ import sys
 import numpy as np
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPT = os.path.join(REPO, "cleanrl_astral", "maml_ssm.py")
-
-
-def load_script(path):
-    """maml_ssm.py, or a probe's patched copy of it: its model class is what a probe checkpoint must act with."""
-    spec = importlib.util.spec_from_file_location("maml_ssm", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from probe_common import SCRIPT, load_script  # noqa: E402
 
 
 m = load_script(SCRIPT)
