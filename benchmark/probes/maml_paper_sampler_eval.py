@@ -54,7 +54,8 @@ def make_fill(m, record):
     """A stand-in for maml_ssm.fill_to_steps that applies the paper's rule to each task: the batch it gets is the
     first episode of each of its n envs; it samples further episodes per env (with the task's own parameters)
     until every env's episodes cover 2 x horizon steps, keeps those `lockstep_keep` keeps, and appends to `record`
-    (returns and lengths of the kept episodes and of the first episodes) for each task."""
+    for each task: the first episodes' mean return and length, and the kept episodes' mean length, count and
+    steps (their mean return is what the script computes from the batch this returns)."""
 
     def fill(model, batches, plist, task_params, args, gen):
         n, horizon = batches[0]["masks"].shape[1], args.max_episode_steps
@@ -104,9 +105,9 @@ def paper_sampler_eval(m, checkpoint, num_tasks=40, num_steps=3):
     for j, r in enumerate(returns):
         per_task = record[j * num_tasks : (j + 1) * num_tasks]
         mean = lambda key: float(np.mean([t[key] for t in per_task]))
-        rows.append({"steps": j, "return": float(r.mean()), "first_episode_return": mean("first_return"), "kept_length": mean("kept_length"),
-                     "first_episode_length": mean("first_length"), "kept_episodes": mean("kept_episodes"),
-                     "kept_steps": mean("kept_steps")})
+        rows.append({"steps": j, "return": float(r.mean()), "first_episode_return": mean("first_return"),
+                     "kept_length": mean("kept_length"), "first_episode_length": mean("first_length"),
+                     "kept_episodes": mean("kept_episodes"), "kept_steps": mean("kept_steps")})
     return {"checkpoint": checkpoint, "seed": args.seed, "rows": rows}
 
 
