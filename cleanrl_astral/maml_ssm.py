@@ -99,7 +99,8 @@ class Args:
     """episodes per task for each inner step and for the post-adaptation (validation) batch"""
     fill_steps: bool = False
     """count batches in steps, as the MAML paper's code does: keep sampling a task's episodes until they hold
-    fast_batch_size x max_episode_steps steps, so episodes that end early make room for more (set by --config paper)"""
+    fast_batch_size x max_episode_steps steps, so episodes that end early make room for more (set by --config paper).
+    Unlike the paper's sampler, every episode started is kept (see docs/maml_ssm.md, "The paper's test sampler")"""
     num_inner_steps: int = 1
     """inner policy-gradient steps (0 trains a multi-task policy without adaptation: a baseline)"""
     inner_lr: float = 0.1
