@@ -21,7 +21,9 @@ import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "cleanrl_astral"))
+sys.path.insert(0, os.path.join(REPO, "benchmark"))
 from maml_ssm import TASK_VERSIONS  # noqa: E402
+from report import read_scalars  # noqa: E402
 
 PAPER = [-40.41, -11.68, -3.33, -3.23]  # MAML paper, Table 4: 2D navigation after 0 / 1 / 2 / 3 steps
 
@@ -95,22 +97,20 @@ def point_nav(runs, report):
 
 def training_curves(runs, report):
     """Pre- and post-adaptation return of the training meta-batches, from each run's TensorBoard log."""
-    from tbparse import SummaryReader
-
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), sharey=True)
     for ckpt, c, _ in runs:
         a = c["args"]
         if a["task"] != "point-nav-2d" or a["outer_steps"] == 0:
             continue
-        df = SummaryReader(os.path.dirname(ckpt)).scalars
-        if len(df) == 0:
+        scalars = read_scalars(os.path.dirname(ckpt))
+        if not scalars:
             continue
         budget = f" TRPO {'square' if a.get('goal_box') else 'disc'}" if a.get("cpu_budget") else ""
         label = f"{a['policy']}{budget}{' (no inner step)' if a['num_inner_steps'] == 0 else ''} s{a['seed']}"
         for ax, tag in zip(axes, ["meta/pre_adapt_return", "meta/post_adapt_return"]):
-            d = df[df.tag == tag]
-            if len(d):
-                ax.plot(np.arange(1, len(d) + 1), d["value"].to_numpy(), label=label, lw=1.2)
+            if tag in scalars:
+                values = scalars[tag][1]
+                ax.plot(np.arange(1, len(values) + 1), values, label=label, lw=1.2)
     for ax, t in zip(axes, ["before adaptation (theta)", "after one inner step (theta')"]):
         ax.set_title(f"point-nav-2d training meta-batches: {t}", fontsize=9)
         ax.set_xlabel("outer iteration")

@@ -57,7 +57,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
-from tbparse import SummaryReader
+
+sys.path.insert(0, "benchmark")
+from report import read_scalars  # TensorBoard's own reader: the run's own events, purges applied
 
 out, report = sys.argv[1], sys.argv[2]
 TASKS = ["pattern-echo", "sequence-next", "conditional"]
@@ -66,8 +68,7 @@ TASKS = ["pattern-echo", "sequence-next", "conditional"]
 def load(run_key_dir):
     """(scalars by tag, eval.json or None for a run that has not finished)."""
     run_dir = [d for d in glob.glob(os.path.join(run_key_dir, "*")) if os.path.isdir(d)][0]
-    df = SummaryReader(run_dir).scalars
-    series = {tag: (g["step"].to_numpy(), g["value"].to_numpy()) for tag, g in df.groupby("tag")}
+    series = read_scalars(run_dir)
     path = os.path.join(run_dir, "eval.json")
     if not os.path.isfile(path):
         return series, None

@@ -1,7 +1,7 @@
 """Benchmark report: tables (markdown + CSV) and learning-curve plots from sweeps written by benchmark.py.
 
-Reads each sweep's manifest.jsonl, every run's TensorBoard events (with tbparse) and eval.json, and aggregates over
-seeds per method (command) and grid point: mean, std and 95% CI (Student t) of
+Reads each sweep's manifest.jsonl, every run's TensorBoard events (as TensorBoard shows them: see read_scalars) and
+eval.json, and aggregates over seeds per method (command) and grid point: mean, std and 95% CI (Student t) of
 - the final return: mean of the last 100 logged `charts/episodic_return` values (and per mode,
   `charts/episodic_return_mode{k}`),
 - the evaluation results in eval.json (deterministic / sampled per mode for the CartPole scripts, any numbers otherwise),
@@ -15,6 +15,7 @@ Usage:
 import argparse
 import glob
 import json
+import logging
 import os
 import re
 import shutil
@@ -27,7 +28,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from scipy import stats  # noqa: E402
-from tbparse import SummaryReader  # noqa: E402
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
 RETURN_TAG = "charts/episodic_return"
 MODE_TAG = re.compile(r"^charts/episodic_return_mode(\d+)$")
@@ -68,14 +69,25 @@ def default_label(command: str) -> str:
 
 
 def read_scalars(run_dir: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """tag -> (steps, values) in logging order for every scalar tag of the run's TensorBoard events."""
-    df = SummaryReader(run_dir, extra_columns={"wall_time"}).scalars
+    """tag -> (steps, values) in logging order for every scalar tag of the run, exactly as TensorBoard shows them.
+
+    Read with TensorBoard's own EventAccumulator, which
+    - reads only the event files in run_dir itself, so a sub-run's events in a sub-directory (e.g. reinforce_baby's
+      baseline_{name}) are not mixed into the run's curves;
+    - applies purges: a resumed run opens its writer with purge_step = checkpoint step + 1, and what the killed run
+      logged from that step on is dropped rather than drawn twice.
+    A missing directory or one without events gives {}.
+    """
+    if not os.path.isdir(run_dir):
+        return {}
+    # a purge is logged as a warning ("Detected out of order event.step ..."); for a resumed run it is expected
+    logging.getLogger("tensorboard").setLevel(logging.ERROR)
+    acc = EventAccumulator(run_dir, size_guidance={"scalars": 0})  # 0: keep every event, no reservoir sampling
+    acc.Reload()
     out = {}
-    if df is None or len(df) == 0:
-        return out
-    for tag, group in df.groupby("tag", sort=False):
-        group = group.sort_values(["wall_time", "step"], kind="stable")
-        out[tag] = (group["step"].to_numpy(dtype=float), group["value"].to_numpy(dtype=float))
+    for tag in acc.Tags()["scalars"]:
+        events = acc.Scalars(tag)
+        out[tag] = (np.array([e.step for e in events], dtype=float), np.array([e.value for e in events], dtype=float))
     return out
 
 

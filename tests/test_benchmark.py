@@ -225,9 +225,22 @@ def test_report_tables_ci_and_eval_flattening():
         "eval_deterministic_worst_mode": 2.0, "eval_sampled_worst_mode": 1.0, "eval_mode_slot_nmi_deterministic": 0.25}
 
 
-def test_report_on_real_sb3_runs(tmp_path):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+def raw_scalars(run_dir):
+    """tag -> values of every scalar record in the run's own event files, in file order, decoded record by record:
+    an independent check of the report's reader (for a run that was never resumed, where no purge applies)."""
+    import glob
 
+    from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
+
+    out = {}
+    for path in sorted(glob.glob(os.path.join(run_dir, "events.out.tfevents.*"))):
+        for event in LegacyEventFileLoader(path).Load():
+            for value in event.summary.value:
+                out.setdefault(value.tag, []).append(value.simple_value)
+    return out
+
+
+def test_report_on_real_sb3_runs(tmp_path):
     out = tmp_path / "sweep"
     command = f"python {SB3_PEERS} --total-timesteps 1024 --save-model --eval-episodes 2"
     r = run_benchmark("--command", command, "--num-seeds", "2", "--workers", "2", "--output", str(out))
@@ -250,15 +263,14 @@ def test_report_on_real_sb3_runs(tmp_path):
     finals = []
     for rec in manifest(out):
         (run_dir,) = rec["run_dirs"]
-        # the report's numbers, recomputed with tensorboard's own reader and from eval.json
-        acc = EventAccumulator(run_dir, size_guidance={"scalars": 0})
-        acc.Reload()
-        returns = [e.value for e in acc.Scalars("charts/episodic_return")]
-        by_mode = sum(len(acc.Scalars(t)) for t in acc.Tags()["scalars"] if t.startswith("charts/episodic_return_mode"))
+        # the report's numbers, recomputed from the raw event records and from eval.json
+        raw = raw_scalars(run_dir)
+        returns = raw["charts/episodic_return"]
+        by_mode = sum(len(v) for t, v in raw.items() if t.startswith("charts/episodic_return_mode"))
         assert by_mode == len(returns) > 0
         row = runs[runs.run_key == rec["run_key"]].iloc[0]
         assert row["final_return"] == pytest.approx(np.mean(returns[-100:]), rel=1e-5)
-        assert row["sps"] == acc.Scalars("charts/SPS")[-1].value
+        assert row["sps"] == pytest.approx(raw["charts/SPS"][-1])
         assert row["wall_time_s"] == pytest.approx(rec["wall_time_s"])
         with open(os.path.join(run_dir, "eval.json")) as f:
             assert row["eval_deterministic_mean"] == pytest.approx(json.load(f)["deterministic_mean"])
@@ -402,6 +414,49 @@ def test_labels_by_index_or_command_text():
     with pytest.raises(ValueError):
         report.parse_labels(["=nothing"])
 
+
+
+def test_report_reads_a_resumed_run_as_tensorboard_shows_it(tmp_path):
+    """A killed run resumed from its checkpoint reopens its writer with purge_step; TensorBoard then drops what the
+    killed run logged from that step on, for every tag. A sub-run's events in a sub-directory (reinforce_baby's
+    baseline_{name}) belong to another curve. The report must read the run the same way: no step drawn twice, no
+    purged tag left behind, no sub-run mixed in."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    report = load(REPORT)
+    run_dir = tmp_path / "sweep" / "runs" / "c0__g0_base__s1" / "run"
+    killed = SummaryWriter(str(run_dir))
+    for step in range(1, 11):
+        killed.add_scalar("charts/episodic_return", step, step)
+        killed.add_scalar("charts/SPS", 1000 + step, step)
+    killed.close()
+    resumed = SummaryWriter(str(run_dir), purge_step=6)  # checkpoint at step 5
+    for step in range(6, 13):
+        resumed.add_scalar("charts/episodic_return", 100 + step, step)
+    resumed.close()
+    sub = SummaryWriter(str(run_dir / "baseline_rl-only"))
+    for step in range(1, 13):
+        sub.add_scalar("charts/episodic_return", -1000.0, step)
+    sub.close()
+
+    scalars = report.read_scalars(str(run_dir))
+    steps, values = scalars["charts/episodic_return"]
+    assert steps.tolist() == list(range(1, 13))
+    assert values.tolist() == [1, 2, 3, 4, 5, 106, 107, 108, 109, 110, 111, 112]
+    # the resumed run never logged SPS: its purged steps are gone all the same
+    assert scalars["charts/SPS"][0].tolist() == [1, 2, 3, 4, 5]
+    assert report.read_scalars(str(tmp_path / "no_such_run")) == {}
+
+    record = {"run_key": "c0__g0_base__s1", "command_index": 0, "command": "python x.py", "grid_index": 0, "grid": [],
+              "seed": 1, "exit_code": 0, "wall_time_s": 1.0, "runs_dir": str(run_dir.parent), "run_dirs": [str(run_dir)]}
+    (tmp_path / "sweep" / "manifest.jsonl").write_text(json.dumps(record) + "\n")
+    out = tmp_path / "report"
+    report.build_report([str(tmp_path / "sweep")], str(out), {0: "m"}, last_n=100)
+    import pandas as pd
+
+    row = pd.read_csv(out / "runs.csv").iloc[0]
+    assert row["final_return"] == pytest.approx(np.mean(values))
+    assert row["sps"] == 1005
 
 
 def test_report_copies_the_runs_own_figures(tmp_path):
