@@ -276,6 +276,24 @@ def validate_adapt_args(a: AdaptArgs) -> Optional[str]:
     return None
 
 
+def claim_run_dir(runs_dir: str, run_name: str) -> tuple[str, str]:
+    """Create a new run directory and return (run_name, run_dir).
+
+    Runs with the same name started in the same second (a shell loop over flags with one seed) would otherwise share
+    one directory, mixing their TensorBoard events and overwriting each other's checkpoints and eval.json. os.mkdir is
+    atomic, so each run gets a directory of its own: a name already taken gets the suffix __2, __3, ...
+    """
+    os.makedirs(runs_dir, exist_ok=True)
+    suffix = 1
+    while True:
+        name = run_name if suffix == 1 else f"{run_name}__{suffix}"
+        try:
+            os.mkdir(os.path.join(runs_dir, name))
+            return name, os.path.join(runs_dir, name)
+        except FileExistsError:
+            suffix += 1
+
+
 def error(msg: str):
     print(f"maml_ssm.py: error: {msg}", file=sys.stderr)
     sys.exit(2)
@@ -1480,7 +1498,7 @@ def main_train(args: Args):
     msg = validate_args(args)
     if msg:
         error(msg)
-    run_name = f"{args.task}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    run_name, run_dir = claim_run_dir(args.runs_dir, f"{args.task}__{args.exp_name}__{args.seed}__{int(time.time())}")
     if args.track:
         import wandb
 
@@ -1488,7 +1506,6 @@ def main_train(args: Args):
                    config=vars(args), name=run_name, save_code=True)
     from torch.utils.tensorboard import SummaryWriter
 
-    run_dir = os.path.join(args.runs_dir, run_name)
     writer = SummaryWriter(run_dir)
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n%s" % "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
 

@@ -574,6 +574,24 @@ def record_episode(agent, modes, hide_velocity, k, video_dir, seed, device):
     env.close()
 
 
+def claim_run_dir(runs_dir: str, run_name: str) -> tuple[str, str]:
+    """Create a new run directory and return (run_name, run_dir).
+
+    Runs with the same name started in the same second (a shell loop over flags with one seed) would otherwise share
+    one directory, mixing their TensorBoard events and overwriting each other's checkpoints and eval.json. os.mkdir is
+    atomic, so each run gets a directory of its own: a name already taken gets the suffix __2, __3, ...
+    """
+    os.makedirs(runs_dir, exist_ok=True)
+    suffix = 1
+    while True:
+        name = run_name if suffix == 1 else f"{run_name}__{suffix}"
+        try:
+            os.mkdir(os.path.join(runs_dir, name))
+            return name, os.path.join(runs_dir, name)
+        except FileExistsError:
+            suffix += 1
+
+
 def fail(message):
     print(f"{SCRIPT}.py: error: {message}", file=sys.stderr)
     sys.exit(2)
@@ -631,8 +649,7 @@ if __name__ == "__main__":
         run_dir = os.path.dirname(os.path.abspath(args.resume))
     else:
         run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-        run_dir = os.path.join(args.runs_dir, run_name)
-    os.makedirs(run_dir, exist_ok=True)
+        run_name, run_dir = claim_run_dir(args.runs_dir, run_name)
 
     if args.track:
         import wandb

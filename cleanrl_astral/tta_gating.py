@@ -646,6 +646,24 @@ def write_json(obj, path):
     os.replace(f"{path}.tmp", path)
 
 
+def claim_run_dir(runs_dir: str, run_name: str) -> tuple[str, str]:
+    """Create a new run directory and return (run_name, run_dir).
+
+    Runs with the same name started in the same second (a shell loop over flags with one seed) would otherwise share
+    one directory, mixing their TensorBoard events and overwriting each other's checkpoints and eval.json. os.mkdir is
+    atomic, so each run gets a directory of its own: a name already taken gets the suffix __2, __3, ...
+    """
+    os.makedirs(runs_dir, exist_ok=True)
+    suffix = 1
+    while True:
+        name = run_name if suffix == 1 else f"{run_name}__{suffix}"
+        try:
+            os.mkdir(os.path.join(runs_dir, name))
+            return name, os.path.join(runs_dir, name)
+        except FileExistsError:
+            suffix += 1
+
+
 def fail(message):
     print(f"{SCRIPT}.py: error: {message}", file=sys.stderr)
     sys.exit(2)
@@ -689,9 +707,7 @@ if __name__ == "__main__":
         fail(str(e))
     train_args = ckpt["args"]
     hide_velocity, num_slots = train_args["hide_velocity"], train_args["num_abstractions"]
-    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    run_dir = os.path.join(args.runs_dir, run_name)
-    os.makedirs(run_dir, exist_ok=True)
+    run_name, run_dir = claim_run_dir(args.runs_dir, f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
 
     if args.track:
         import wandb

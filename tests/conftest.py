@@ -1,3 +1,6 @@
+import os
+import time
+
 import pytest
 import torch
 
@@ -49,3 +52,28 @@ def logged_scalars():
         acc.Reload()
         return {tag: [(e.step, e.wall_time) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
     return read
+
+
+@pytest.fixture
+def occupied_run_names():
+    """`occupied_run_names(runs_dir, prefix)` takes every run name `{prefix}{t}` a run started now could pick (t =
+    int(time.time()) over the next ten minutes), as runs of the same command and seed started in the same second
+    would, and returns `check()`. After the run, `check()` asserts that no taken directory was written into and
+    returns the one directory the run created for itself."""
+    def occupy(runs_dir, prefix):
+        now = int(time.time())
+        taken = [os.path.join(runs_dir, f"{prefix}{t}") for t in range(now - 1, now + 600)]
+        for d in taken:
+            os.makedirs(d)
+            with open(os.path.join(d, "another_run.txt"), "w") as f:
+                f.write("not yours")
+
+        def check():
+            for d in taken:
+                assert os.listdir(d) == ["another_run.txt"], f"the run wrote into {d}, which another run holds"
+            new = sorted(set(os.path.join(runs_dir, n) for n in os.listdir(runs_dir)) - set(taken))
+            assert len(new) == 1 and new[0].endswith("__2") and new[0][: -len("__2")] in taken, new
+            assert any(f.startswith("events.out.tfevents.") for f in os.listdir(new[0])), os.listdir(new[0])
+            return new[0]
+        return check
+    return occupy

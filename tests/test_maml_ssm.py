@@ -495,6 +495,16 @@ def test_cpu_budget_stops_training_and_records_the_steps_done(tmp_path):
     assert "--cpu-budget must be >= 0" in m.validate_args(m.Args(cpu_budget=-1))
 
 
+def test_runs_started_in_the_same_second_get_directories_of_their_own(tmp_path, occupied_run_names):
+    """Runs of one command and seed started in the same second (a shell loop over flags) used to share
+    runs/{run_name}: their TensorBoard events mixed, and the later run's files replaced the earlier run's."""
+    check = occupied_run_names(str(tmp_path), "point-nav-2d__collide__7__")
+    run(["train", "--task", "point-nav-2d", "--runs-dir", str(tmp_path), "--save-model", *TINY, "--exp-name", "collide",
+         "--seed", "7"])
+    run_dir = check()
+    assert glob.glob(os.path.join(run_dir, "*.cleanrl_model")) and os.path.isfile(os.path.join(run_dir, "eval.json"))
+
+
 # ------------------------------------------------------------------------------------------------ TEST-TIME ADAPTATION (adapt)
 def filled_buffer(data, state_dim, capacity=500):
     buf = m.ExperienceBuffer(capacity, 2, 5, 2, state_dim)

@@ -226,6 +226,20 @@ def test_a_checkpoint_never_claims_updates_whose_logs_are_not_on_disk(tmp_path, 
 
 
 @BOTH_SCRIPTS
+def test_runs_started_in_the_same_second_get_directories_of_their_own(tmp_path, occupied_run_names, script, tiny):
+    """Runs of one command and seed started in the same second (a shell loop over flags) used to share
+    runs/{run_name}: their TensorBoard events mixed, and the later run's files replaced the earlier run's."""
+    check = occupied_run_names(str(tmp_path), "NonStationaryCartPole__collide__7__")
+    result = subprocess.run([sys.executable, script, *tiny, "--total-timesteps", "64", "--exp-name", "collide",
+                             "--seed", "7", "--runs-dir", str(tmp_path), "--save-model", "--eval-episodes", "1"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    run_dir = check()
+    assert os.path.isfile(os.path.join(run_dir, "collide.cleanrl_model"))
+    assert os.path.isfile(os.path.join(run_dir, "eval.json"))
+
+
+@BOTH_SCRIPTS
 def test_resumed_run_logs_every_update_exactly_once(tmp_path, die_at_checkpoint, logged_scalars, script, tiny):
     """Killed after logging update 4 but before checkpointing it, the run resumes from update 3 and plays update 4
     again. TensorBoard must show the resumed run's update 4 only (purge_step), and every episode at the step it

@@ -387,6 +387,17 @@ def test_smoke_per_task_and_algorithm(tmp_path, task, algorithm, extra):
     assert steps == list(range(batch, 64 // batch * batch + 1, batch))  # logged against environment steps
 
 
+def test_runs_started_in_the_same_second_get_directories_of_their_own(tmp_path, occupied_run_names):
+    """Runs of one command and seed started in the same second (a shell loop over flags) used to share
+    runs/{run_name}: their TensorBoard events mixed, and the later run's files replaced the earlier run's."""
+    check = occupied_run_names(str(tmp_path), "pattern-echo__collide__7__")
+    run_script("--task", "pattern-echo", *TINY, "--exp-name", "collide", "--seed", "7", "--runs-dir", str(tmp_path),
+               "--save-model")
+    run_dir = check()
+    assert os.path.isfile(os.path.join(run_dir, "collide.cleanrl_model"))
+    assert os.path.isfile(os.path.join(run_dir, "eval.json"))
+
+
 def test_full_run_save_evaluate_baselines_analysis_and_eval_only(tmp_path):
     runs = tmp_path / "runs"
     flags = [f for f in TINY if f != "--no-analysis"] + ["--analysis-samples", "120"]

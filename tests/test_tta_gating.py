@@ -316,6 +316,16 @@ def test_clamp_smoke(checkpoint, tmp_path):
     assert "tta/clamp_return_mode0_slot1_sampled" in acc.Tags()["scalars"]
 
 
+def test_runs_started_in_the_same_second_get_directories_of_their_own(checkpoint, tmp_path, occupied_run_names):
+    """Runs of one command and seed started in the same second (a shell loop over flags) used to share
+    runs/{run_name}: their TensorBoard events mixed, and the later run's files replaced the earlier run's."""
+    check = occupied_run_names(str(tmp_path), "NonStationaryCartPole__collide__7__")
+    result = run(["clamp", "--checkpoint", checkpoint, "--eval-episodes", "1", "--runs-dir", str(tmp_path),
+                  "--exp-name", "collide", "--seed", "7"])
+    assert result.returncode == 0, result.stderr
+    assert os.path.isfile(os.path.join(check(), "clamp.json"))
+
+
 # --- bad input ------------------------------------------------------------------------------------------
 
 
