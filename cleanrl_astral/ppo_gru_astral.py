@@ -707,17 +707,22 @@ def claim_run_dir(runs_dir: str, run_name: str) -> tuple[str, str]:
 
     Runs with the same name started in the same second (a shell loop over flags with one seed) would otherwise share
     one directory, mixing their TensorBoard events and overwriting each other's checkpoints and eval.json. os.mkdir is
-    atomic, so each run gets a directory of its own: a name already taken gets the suffix __2, __3, ...
+    atomic, so each run gets a directory of its own: a name already taken gets the suffix __2, __3, ... An unusable
+    --runs-dir (a file, not writable) is a one-line error.
     """
-    os.makedirs(runs_dir, exist_ok=True)
-    suffix = 1
-    while True:
-        name = run_name if suffix == 1 else f"{run_name}__{suffix}"
-        try:
-            os.mkdir(os.path.join(runs_dir, name))
-            return name, os.path.join(runs_dir, name)
-        except FileExistsError:
-            suffix += 1
+    try:
+        os.makedirs(runs_dir, exist_ok=True)
+        suffix = 1
+        while True:
+            name = run_name if suffix == 1 else f"{run_name}__{suffix}"
+            try:
+                os.mkdir(os.path.join(runs_dir, name))
+                return name, os.path.join(runs_dir, name)
+            except FileExistsError:
+                suffix += 1
+    except OSError as e:  # --runs-dir itself is unusable: a file, not writable, ...
+        reason = "not a directory" if os.path.exists(runs_dir) and not os.path.isdir(runs_dir) else e.strerror
+        fail(f"cannot create a run directory in --runs-dir {runs_dir!r} ({reason}); pass a writable directory")
 
 
 def fail(message):

@@ -505,6 +505,15 @@ def test_runs_started_in_the_same_second_get_directories_of_their_own(tmp_path, 
     assert glob.glob(os.path.join(run_dir, "*.cleanrl_model")) and os.path.isfile(os.path.join(run_dir, "eval.json"))
 
 
+def test_a_runs_dir_that_is_a_file_is_a_one_line_error(tmp_path):
+    (tmp_path / "runs").write_text("")
+    result = run(["train", "--runs-dir", str(tmp_path / "runs"), *TINY], check=False)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("maml_ssm.py: error: ") and \
+        "--runs-dir" in lines[0] and "not a directory" in lines[0], result.stderr
+    assert result.stdout == ""
+
+
 # ------------------------------------------------------------------------------------------------ TEST-TIME ADAPTATION (adapt)
 def filled_buffer(data, state_dim, capacity=500):
     buf = m.ExperienceBuffer(capacity, 2, 5, 2, state_dim)

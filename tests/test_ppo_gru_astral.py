@@ -240,6 +240,17 @@ def test_runs_started_in_the_same_second_get_directories_of_their_own(tmp_path, 
 
 
 @BOTH_SCRIPTS
+def test_a_runs_dir_that_is_a_file_is_a_one_line_error(tmp_path, script, tiny):
+    (tmp_path / "runs").write_text("")
+    result = subprocess.run([sys.executable, script, *tiny, "--total-timesteps", "64", "--runs-dir",
+                             str(tmp_path / "runs")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"{os.path.basename(script)}: error: ")
+    assert "--runs-dir" in lines[0] and "not a directory" in lines[0], result.stderr
+    assert result.stdout == ""
+
+
+@BOTH_SCRIPTS
 def test_resumed_run_logs_every_update_exactly_once(tmp_path, die_at_checkpoint, logged_scalars, script, tiny):
     """Killed after logging update 4 but before checkpointing it, the run resumes from update 3 and plays update 4
     again. TensorBoard must show the resumed run's update 4 only (purge_step), and every episode at the step it

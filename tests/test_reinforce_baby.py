@@ -398,6 +398,15 @@ def test_runs_started_in_the_same_second_get_directories_of_their_own(tmp_path, 
     assert os.path.isfile(os.path.join(run_dir, "eval.json"))
 
 
+def test_a_runs_dir_that_is_a_file_is_a_one_line_error(tmp_path):
+    (tmp_path / "runs").write_text("")
+    result = run_script("--task", "pattern-echo", *TINY, "--runs-dir", str(tmp_path / "runs"), check=False)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("reinforce_baby.py: error: ") and \
+        "--runs-dir" in lines[0] and "not a directory" in lines[0], result.stderr
+    assert result.stdout == ""
+
+
 def test_full_run_save_evaluate_baselines_analysis_and_eval_only(tmp_path):
     runs = tmp_path / "runs"
     flags = [f for f in TINY if f != "--no-analysis"] + ["--analysis-samples", "120"]

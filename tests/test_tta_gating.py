@@ -326,6 +326,15 @@ def test_runs_started_in_the_same_second_get_directories_of_their_own(checkpoint
     assert os.path.isfile(os.path.join(check(), "clamp.json"))
 
 
+def test_a_runs_dir_that_is_a_file_is_a_one_line_error(checkpoint, tmp_path):
+    (tmp_path / "runs").write_text("")
+    result = run(["clamp", "--checkpoint", checkpoint, "--eval-episodes", "1", "--runs-dir", str(tmp_path / "runs")])
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("tta_gating.py: error: ") and \
+        "--runs-dir" in lines[0] and "not a directory" in lines[0], result.stderr
+    assert result.stdout == ""
+
+
 # --- bad input ------------------------------------------------------------------------------------------
 
 
