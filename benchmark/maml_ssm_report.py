@@ -96,8 +96,10 @@ def point_nav(runs, report):
 
 
 def training_curves(runs, report):
-    """Pre- and post-adaptation return of the training meta-batches, from each run's TensorBoard log."""
+    """Pre- and post-adaptation return of the training meta-batches, from each run's TensorBoard log.
+    Returns what it drew: {label: {tag: values}}."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), sharey=True)
+    drawn = {}
     for ckpt, c, _ in runs:
         a = c["args"]
         if a["task"] != "point-nav-2d" or a["outer_steps"] == 0:
@@ -111,6 +113,7 @@ def training_curves(runs, report):
             if tag in scalars:
                 values = scalars[tag][1]
                 ax.plot(np.arange(1, len(values) + 1), values, label=label, lw=1.2)
+                drawn.setdefault(label, {})[tag] = values.tolist()
     for ax, t in zip(axes, ["before adaptation (theta)", "after one inner step (theta')"]):
         ax.set_title(f"point-nav-2d training meta-batches: {t}", fontsize=9)
         ax.set_xlabel("outer iteration")
@@ -120,6 +123,7 @@ def training_curves(runs, report):
     fig.tight_layout()
     fig.savefig(os.path.join(report, "point_nav_training.png"), dpi=110)
     plt.close(fig)
+    return drawn
 
 
 def other_tasks(runs):

@@ -577,6 +577,19 @@ def test_maml_ssm_report_keeps_the_goal_rules_apart_and_pools_seeds(tmp_path):
     runs = json.loads((rep / "point_nav_runs.json").read_text())
     assert sorted(r["seed"] for r in runs[square]) == [1, 2] and sorted(r["seed"] for r in runs[disc]) == [1, 2]
     assert (rep / "point_nav_adaptation.png").stat().st_size > 0 and (rep / "point_nav_training.png").stat().st_size > 0
+    # the training curves come from the run's own TensorBoard events, as TensorBoard shows them (resume purged)
+    from torch.utils.tensorboard import SummaryWriter
+
+    run_dir = out / "trpo" / "runs" / "c0__s1" / "run1"
+    for purge_step, values in ((None, [-70.0, -60.0, -50.0]), (2, [-55.0, -45.0])):
+        w = SummaryWriter(str(run_dir), purge_step=purge_step)
+        for i, v in enumerate(values, start=1 if purge_step is None else purge_step):
+            w.add_scalar("meta/pre_adapt_return", v, i)
+            w.add_scalar("meta/post_adapt_return", v / 10, i)
+        w.close()
+    drawn = report.training_curves(report.load_runs(str(out)), str(rep))
+    assert drawn == {"mlp TRPO square s1": {"meta/pre_adapt_return": [-70.0, -55.0, -45.0],
+                                            "meta/post_adapt_return": [-7.0, -5.5, -4.5]}}
 
 
 def test_maml_ssm_report_refuses_runs_of_an_older_task_version(tmp_path, capsys):
