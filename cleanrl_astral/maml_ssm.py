@@ -441,11 +441,12 @@ class HalfCheetahVel:
         self.n = len(tasks)
         while len(_CHEETAH_POOL) < self.n:
             _CHEETAH_POOL.append(gym.make("HalfCheetah-v5"))
-        self.envs = _CHEETAH_POOL[: self.n]
-        self.seeds = torch.randint(0, 2**31 - 1, (self.n,), generator=gen).tolist()
+        self.envs, self.gen = _CHEETAH_POOL[: self.n], gen
 
     def reset(self):
-        return torch.tensor(np.stack([e.reset(seed=s)[0] for e, s in zip(self.envs, self.seeds)]), dtype=torch.float32)
+        # fresh start states at every reset: the inner-step batch and the post-adaptation batch must not share them
+        seeds = torch.randint(0, 2**31 - 1, (self.n,), generator=self.gen).tolist()
+        return torch.tensor(np.stack([e.reset(seed=s)[0] for e, s in zip(self.envs, seeds)]), dtype=torch.float32)
 
     def step(self, action):
         obs, rew = [], []
@@ -871,6 +872,12 @@ def conjugate_gradient(Avp, b, iters, tol=1e-10):
     return x
 
 
+def kl_radius_step(step_dir, f_step_dir, max_kl):
+    """The multiple of step_dir whose quadratic KL estimate 0.5 s^T F s equals max_kl (rllab's sqrt(2 delta /
+    s^T F s)); f_step_dir = F step_dir."""
+    return step_dir * torch.sqrt(2 * max_kl / (step_dir @ f_step_dir + 1e-12))
+
+
 def trpo_step(model, tasks_data, args):
     """TRPO outer update: natural gradient direction by conjugate gradient with Hessian(KL)-vector products
     (differentiating through the inner adaptation), scaled to the KL radius, then a backtracking line search."""
@@ -889,8 +896,7 @@ def trpo_step(model, tasks_data, args):
         return torch.cat([(h if h is not None else torch.zeros_like(p)).reshape(-1) for h, p in zip(hv, plist)]) + args.cg_damping * v
 
     step_dir = conjugate_gradient(fvp, -g.detach(), args.cg_iters)
-    shs = 0.5 * step_dir @ fvp(step_dir)
-    step = step_dir * torch.sqrt(2 * args.max_kl / (shs + 1e-12))
+    step = kl_radius_step(step_dir, fvp(step_dir), args.max_kl)
     old_flat = torch.cat([p.detach().reshape(-1) for p in plist])
     expected = g.detach() @ step
     frac, accepted, new_kl, ls_steps = 1.0, False, torch.tensor(0.0), 0
@@ -1474,6 +1480,9 @@ def main_adapt(aargs: AdaptArgs):
         model, _, ckpt = load_checkpoint(aargs.checkpoint)
     except ValueError as e:
         error(str(e))
+    if aargs.online and aargs.online_every >= ckpt["args"]["max_episode_steps"]:
+        error(f"--online-every {aargs.online_every} is not below the checkpoint's horizon "
+              f"({ckpt['args']['max_episode_steps']} steps): no step would adapt; choose a smaller --online-every")
     if aargs.adapt_params == "norm" and not ckpt["args"].get("layer_norm"):
         error("--adapt-params norm: this checkpoint has no normalisation layer; train it with --layer-norm, or use all, ssm or heads")
     if "hybrid" in aargs.adaptation_mode:

@@ -341,6 +341,19 @@ def test_second_order_meta_gradient_matches_finite_differences():
     assert (g2 - g1).norm() > 1e-3 * g2.norm()
 
 
+def test_trpo_first_trial_step_has_the_kl_radius():
+    """The line search starts from the step whose quadratic KL estimate 0.5 s^T F s is --max-kl (rllab's
+    scaling); a step of twice the radius makes the first trials overshoot and wastes meta-objective passes."""
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(6, 6, generator=gen, dtype=torch.float64)
+    fisher = a @ a.T + 0.1 * torch.eye(6, dtype=torch.float64)
+    direction = torch.randn(6, generator=gen, dtype=torch.float64)
+    for max_kl in (0.01, 0.003):
+        step = m.kl_radius_step(direction, fisher @ direction, max_kl)
+        assert (0.5 * step @ fisher @ step).item() == pytest.approx(max_kl, rel=1e-9)
+        assert torch.allclose(step / step.norm(), direction / direction.norm())
+
+
 def test_trpo_step_respects_trust_region_and_improves():
     model, args, data = tiny_setup(dtype=torch.float32)
     args = dataclasses.replace(args, max_kl=0.005, cg_iters=5)
@@ -467,6 +480,19 @@ def test_config_preset_is_overridable_flag_by_flag():
     assert (a.seed, a.fast_batch_size, a.max_episode_steps, a.outer_steps, a.tasks_per_batch) == (42, 8, 200, 50, 8)
     assert a.inner_lr == 0.5 and a.adapt_lr == 1e-2 and a.config == "basic"
     assert m.parse_cli(["train"]).seed == 1
+
+
+@pytest.mark.parametrize("task", ["cartpole-physics", pytest.param("halfcheetah-vel", marks=pytest.mark.skipif(
+    not m.mujoco_available(), reason="mujoco not installed"))])
+def test_each_batch_of_an_iteration_starts_from_fresh_states(task, tmp_path, monkeypatch):
+    """One environment serves every batch of an iteration (the inner-step batch, then the post-adaptation batch):
+    each reset must draw new start states, or the outer objective is measured on the starts theta' adapted on."""
+    monkeypatch.chdir(tmp_path)  # MuJoCo writes MUJOCO_LOG.TXT into the working directory
+    rng, _ = m.task_streams(0)
+    tasks = m.sample_tasks(task, rng, 2, "train")
+    env = m.make_env(m.Args(task=task), tasks, 3, torch.Generator().manual_seed(0))
+    first, second = env.reset(), env.reset()
+    assert first.shape == second.shape and not torch.isclose(first, second).all(dim=1).any()
 
 
 @pytest.mark.parametrize("task,extra", [
@@ -741,6 +767,10 @@ def test_adapt_online_and_bad_input(trained_ckpt):
     res = run(["adapt", "--checkpoint", trained_ckpt, "--adapt-params", "norm"], check=False)
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1 and "train it with --layer-norm" in lines[0], res.stderr
+    horizon = torch.load(trained_ckpt, weights_only=False)["args"]["max_episode_steps"]
+    res = run(["adapt", "--checkpoint", trained_ckpt, "--online", "--online-every", str(horizon)], check=False)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and "no step would adapt" in lines[0], res.stderr
     assert "unknown --adapt-params" in m.validate_adapt_args(m.AdaptArgs(trained_ckpt, adapt_params="bias"))
     assert "unknown --adapt-objective" in m.validate_adapt_args(m.AdaptArgs(trained_ckpt, adapt_objective=("reward",)))
     assert m.validate_adapt_args(m.AdaptArgs(trained_ckpt)) is None
