@@ -746,6 +746,9 @@ def validate(args):
             f"--num-envs {args.num_envs} is not divisible by --num-minibatches {args.num_minibatches}; "
             "minibatches hold whole environments' sequences"
         )
+    if args.norm_adv and args.num_envs // args.num_minibatches * args.num_steps < 2:
+        raise ValueError("a minibatch of one step cannot normalise its advantages (their std is undefined); "
+                         "raise --num-steps or --num-envs, or lower --num-minibatches")
     if not 0.0 <= args.switch_prob <= 1.0:
         raise ValueError(f"--switch-prob {args.switch_prob} must be in [0, 1]")
     if args.checkpoint_every < 0:
@@ -775,6 +778,9 @@ if __name__ == "__main__":
             ckpt = load_checkpoint(args.resume)
         except ValueError as e:
             fail(f"cannot resume: {e}")
+        if "optimizer" not in ckpt:
+            fail(f"cannot resume: {args.resume!r} is a saved model, not a training checkpoint; resume from the run's "
+                 "checkpoint.pt (written every --checkpoint-every updates)")
         args = Args(**{**ckpt["args"], "resume": args.resume})
     try:
         modes = validate(args)

@@ -2,6 +2,7 @@
 recurrent PPO plumbing it shares with the baseline."""
 import glob
 import json
+import dataclasses
 import math
 import os
 import subprocess
@@ -299,6 +300,7 @@ BAD_INPUTS = [
     (["--slot-dim", "0"], "--slot-dim must be at least 1"),
     (["--lambda-orth", "-0.1"], "--lambda-orth must be non-negative"),
     (["--num-envs", "6", "--num-minibatches", "4"], "not divisible"),
+    (["--num-envs", "4", "--num-minibatches", "4", "--num-steps", "1"], "a minibatch of one step"),
     (["--modes", "9.8"], "malformed mode"),
 ]
 
@@ -317,6 +319,16 @@ def test_baseline_checkpoint_is_refused(tmp_path):
     torch.save({"script": "ppo_gru_baseline", "format": 1}, path)
     result = run(["--resume", str(path)])
     assert result.returncode == 2 and "written by ppo_gru_baseline" in result.stderr
+
+
+def test_a_saved_model_cannot_be_resumed(tmp_path):
+    """--save-model's file holds no optimizer or RNG state: --resume on it is a one-line error, not a KeyError."""
+    model = tmp_path / "ppo_gru_astral.cleanrl_model"
+    torch.save({"script": "ppo_gru_astral", "format": m.CHECKPOINT_FORMAT, "args": dataclasses.asdict(m.Args()),
+                "modes": [], "run_name": "r", "state_dict": {}}, model)
+    result = run(["--resume", str(model), "--runs-dir", str(tmp_path / "runs")])
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "is a saved model, not a training checkpoint" in result.stderr and not (tmp_path / "runs").exists()
 
 
 def test_learning_happens(tmp_path):

@@ -1,5 +1,6 @@
 """Tests for cleanrl_astral/ppo_gru_baseline.py: each would fail if the mechanism it names were wrong."""
 import glob
+import dataclasses
 import json
 import os
 import signal
@@ -329,6 +330,7 @@ def test_resume_restores_optimizer_and_scaler(tmp_path):
 
 BAD_INPUTS = [
     (["--num-envs", "6", "--num-minibatches", "4"], "not divisible"),
+    (["--num-envs", "4", "--num-minibatches", "4", "--num-steps", "1"], "a minibatch of one step"),
     (["--modes-preset", "seed7"], "unknown --modes-preset"),
     (["--modes", "9.8,0.5 oops"], "malformed mode"),
     (["--fixed-mode", "3"], "--fixed-mode 3 is out of range"),
@@ -357,6 +359,13 @@ def test_incompatible_checkpoints_are_refused(tmp_path):
         assert result.returncode == 2 and message in result.stderr and len(result.stderr.strip().splitlines()) == 1
         with pytest.raises(ValueError, match=message):
             m.evaluate(str(path))
+    # a saved model (what --save-model writes) holds no optimizer or RNG state: it cannot continue a run
+    model = tmp_path / "ppo_gru_baseline.cleanrl_model"
+    torch.save({"script": "ppo_gru_baseline", "format": m.CHECKPOINT_FORMAT, "args": dataclasses.asdict(m.Args()),
+                "modes": [], "run_name": "r", "state_dict": {}}, model)
+    result = run(["--resume", str(model), "--runs-dir", str(tmp_path / "runs")])
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "is a saved model, not a training checkpoint" in result.stderr and not (tmp_path / "runs").exists()
 
 
 def test_learning_happens(tmp_path):
