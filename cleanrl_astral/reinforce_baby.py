@@ -600,6 +600,17 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, gamma: float, lam: float) -
     return adv
 
 
+def scale_advantages(adv: torch.Tensor, algorithm: str) -> torch.Tensor:
+    """PPO: centred and divided by the minibatch std. REINFORCE: the running-mean baseline already centres them,
+    so they are only divided by the std, and not at all when every return is equal (a batch of 0/1 episodes that
+    all succeeded or all failed): return - baseline over a std of 0 would be scaled by 1e8 and swamp the entropy
+    and world-model terms under the gradient clip."""
+    if algorithm == "ppo":
+        return (adv - adv.mean()) / (adv.std() + 1e-8)
+    std = adv.std()
+    return adv / (std + 1e-8) if std > 1e-6 else adv
+
+
 def kl_to_parent(logits: torch.Tensor, oracle: torch.Tensor, smoothing: float) -> torch.Tensor:
     """KL(p_parent || pi) with p_parent the oracle action smoothed by `smoothing` mass over all actions."""
     n = logits.shape[-1]
@@ -765,6 +776,12 @@ def evaluate(model_path: str, episodes: int = 200, seed: int = 12345, greedy: bo
     return Evaluator(tasks, cfg["num_actions"], cfg["max_episode_steps"], episodes, seed).run(agent, levels, greedy)
 
 
+def seed_everything(seed: int):
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
 def atomic_torch_save(obj, path: str):
     tmp = f"{path}.tmp.{os.getpid()}"
     torch.save(obj, tmp)
@@ -833,6 +850,9 @@ def train(args: Args, run_dir: str, writer, resume: Optional[str] = None, label:
         curriculum.load_state_dict(ckpt["curriculum"])
         baseline, global_step, start_iteration = ckpt["baseline"], ckpt["global_step"], ckpt["iteration"] + 1
         recent_success.extend(ckpt["recent_success"])
+        for key, d in ckpt["recent_level"].items():
+            task, level = key.split("|")
+            recent_level[(task, int(level))].extend(d)
         random.setstate(ckpt["rng"]["python"])
         np.random.set_state(ckpt["rng"]["numpy"])
         torch.set_rng_state(ckpt["rng"]["torch"])
@@ -902,7 +922,7 @@ def train(args: Args, run_dir: str, writer, resume: Optional[str] = None, label:
                 _, newlogprob, entropy, newvalue, h, logits = agent.get_action_and_value(b_obs[mb], b_actions[mb])
                 adv = b_adv[mb]
                 if args.norm_adv and len(mb) > 1:
-                    adv = (adv - adv.mean()) / (adv.std() + 1e-8) if args.algorithm == "ppo" else adv / (adv.std() + 1e-8)
+                    adv = scale_advantages(adv, args.algorithm)
                 if args.algorithm == "reinforce":
                     pg_loss = -(adv * newlogprob).mean()
                     v_loss, approx_kl = torch.zeros(()), torch.zeros(())
@@ -957,6 +977,7 @@ def train(args: Args, run_dir: str, writer, resume: Optional[str] = None, label:
                                "curriculum": curriculum.state_dict(), "baseline": baseline,
                                "global_step": global_step, "iteration": iteration,
                                "recent_success": list(recent_success), "args": dataclasses.asdict(args),
+                               "recent_level": {f"{t}|{lv}": list(d) for (t, lv), d in recent_level.items()},
                                "script": SCRIPT, "eval_levels": dict(curriculum.levels),
                                "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
                                        "torch": torch.get_rng_state(), "env": env.rng.bit_generator.state}},
@@ -1008,6 +1029,8 @@ def validate_args(args: Args) -> Optional[str]:
             return f"--resume {args.resume!r} is not a readable checkpoint ({type(e).__name__})"
         if ckpt.get("script") != SCRIPT or "optimizer" not in ckpt:
             return f"--resume {args.resume!r} is not a {SCRIPT} checkpoint (use {{run_dir}}/checkpoint.pt)"
+        if "recent_level" not in ckpt:  # per-level success windows would restart empty: a silently different log
+            return f"--resume {args.resume!r} was written by an older {SCRIPT} without per-level success; start afresh"
         for k in ("task", "num_actions", "max_episode_steps", "hidden_dim", "num_layers", "num_heads", "wm_target"):
             if ckpt["args"][k] != getattr(args, k):
                 return f"--resume checkpoint has {k}={ckpt['args'][k]!r} but this run has {getattr(args, k)!r}"
@@ -1050,9 +1073,7 @@ if __name__ == "__main__":
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" +
                     "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
 
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
+    seed_everything(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     tasks = TASKS if args.task == "all" else [args.task]
     t0 = time.time()
@@ -1088,6 +1109,7 @@ if __name__ == "__main__":
         print(f"training baseline {name} with the same budget")
         # baselines are never checkpointed: a resumed run retrains them from scratch and drops any partial logs
         sub = SummaryWriter(os.path.join(run_dir, f"baseline_{name}"), purge_step=0 if args.resume else None)
+        seed_everything(args.seed)  # as its own run with these flags would be, whatever the agent's run consumed
         b_agent, b_levels = train(variant, run_dir, sub, label=f"[{name}] ")
         sub.close()
         b_agent.eval()

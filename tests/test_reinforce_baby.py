@@ -43,6 +43,18 @@ def scalar_steps(run_dir):
     return {tag: [e.step for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
+@pytest.fixture
+def logged_values():
+    """`logged_values(run_dir)`: {tag: [(step, value), ...]} as TensorBoard shows the run (resumes purged)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    def read(run_dir):
+        acc = EventAccumulator(run_dir, size_guidance={"scalars": 0})
+        acc.Reload()
+        return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    return read
+
+
 # --------------------------------------------------------------------------------------------------- env
 def test_oracle_gets_reward_one_on_every_task_and_level():
     parent = rb.DeterministicParent(8)
@@ -185,6 +197,29 @@ def test_returns_gae_and_kl():
     logits = torch.zeros(1, 4)
     assert rb.kl_to_parent(logits, torch.tensor([2]), 1.0).abs() < 1e-6  # full smoothing = uniform = pi
     assert rb.kl_to_parent(logits, torch.tensor([2]), 0.0) == pytest.approx(np.log(4), abs=1e-5)
+
+
+def test_reinforce_advantages_are_scaled_only_when_the_returns_differ():
+    """REINFORCE's advantages are return - running baseline, already centred: they are divided by their std, except
+    when every return in the batch is equal (all 0/1 episodes succeeded or all failed), where the std is 0 and the
+    division would blow them up by 1e8. PPO's are centred and scaled as usual."""
+    same = torch.full((32,), 0.7)
+    assert torch.equal(rb.scale_advantages(same, "reinforce"), same)
+    mixed = torch.tensor([0.5, -0.5, 0.5, 1.5])
+    assert torch.allclose(rb.scale_advantages(mixed, "reinforce"), mixed / mixed.std(), rtol=1e-6)
+    ppo = rb.scale_advantages(mixed, "ppo")
+    assert ppo.mean().abs() < 1e-6 and ppo.std() == pytest.approx(1.0, abs=1e-5)
+
+
+def test_reinforce_with_0_1_returns_keeps_its_policy_loss_bounded(tmp_path, logged_values):
+    """Without the prediction reward, pattern-echo's returns are 0 or 1, and once the task is learnt whole batches
+    succeed: the policy loss must stay of order one, not jump to ~1e5 with the entropy collapsing."""
+    run_script("--task", "pattern-echo", "--num-actions", "8", "--world-model-coef", "0", "--pred-reward-weight", "0",
+               "--total-timesteps", "6400", "--eval-episodes", "8", "--no-analysis", "--runs-dir", str(tmp_path))
+    scalars = logged_values(only_run_dir(tmp_path))
+    losses = [abs(v) for _, v in scalars["losses/policy_loss"]]
+    assert len(losses) == 200 and max(losses) < 50, max(losses)
+    assert scalars["charts/success_rate"][-1][1] > 0.9
 
 
 def test_reinforce_learns_pattern_echo_quickly():
@@ -504,6 +539,46 @@ runpy.run_path(sys.argv[0], run_name="__main__")
     final = logged_scalars(baseline_dir)
     assert [step for step, _ in final["charts/SPS"]] == [16, 32, 48, 64, 80, 96]
     assert all(wall > resumed_at for events in final.values() for _, wall in events)
+
+
+def test_resumed_run_logs_what_an_uninterrupted_run_logs(tmp_path, die_at_checkpoint, logged_values):
+    """A run killed after checkpoint 5 and resumed must log, from update 6 on, exactly the values of the same run
+    left alone, for every tag but SPS: the per-level success windows included (they were not checkpointed and
+    restarted empty)."""
+    flags = ["--task", "all", "--curriculum", *[f if f != "64" else "160" for f in TINY], "--checkpoint-every", "1",
+             "--seed", "2"]
+    run_script(*flags, "--runs-dir", str(tmp_path / "whole"))
+    subprocess.run([sys.executable, "-c", die_at_checkpoint(5), SCRIPT, *flags, "--runs-dir", str(tmp_path / "cut")],
+                   cwd=REPO, check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    cut = only_run_dir(tmp_path / "cut")
+    run_script(*flags, "--runs-dir", str(tmp_path / "cut"), "--resume", os.path.join(cut, "checkpoint.pt"))
+    whole, resumed = logged_values(only_run_dir(tmp_path / "whole")), logged_values(cut)
+    per_level = [t for t in whole if t.startswith("charts/success_rate_")]
+    assert per_level and set(resumed) == set(whole)
+    for tag in whole:
+        if tag != "charts/SPS":
+            assert resumed[tag] == whole[tag], tag
+    assert [step for step, _ in resumed["charts/SPS"]] == list(range(16, 161, 16))
+
+
+def test_in_process_baseline_is_the_run_its_own_flags_would_make(tmp_path, logged_values):
+    """`--baselines rl-only` trains in the agent's process; it must reseed first, so that its training is the run
+    `--world-model-coef 0 --pred-reward-weight 0` would make alone with the same seed, not one that depends on how
+    much randomness the agent's run consumed."""
+    common = ["--task", "pattern-echo", *[f if f != "64" else "160" for f in TINY], "--seed", "3"]
+    run_script(*common, "--baselines", "rl-only", "--runs-dir", str(tmp_path / "with"))
+    run_script(*common, "--world-model-coef", "0", "--pred-reward-weight", "0", "--runs-dir", str(tmp_path / "alone"))
+    inside = logged_values(os.path.join(only_run_dir(tmp_path / "with"), "baseline_rl-only"))
+    alone = logged_values(only_run_dir(tmp_path / "alone"))
+    for tag in ("losses/entropy", "losses/policy_loss", "charts/success_rate", "charts/episodic_return"):
+        assert inside[tag] == alone[tag], tag
+    with open(os.path.join(only_run_dir(tmp_path / "with"), "eval.json")) as f:
+        in_eval = json.load(f)["baselines"]["rl-only"]
+    with open(os.path.join(only_run_dir(tmp_path / "alone"), "eval.json")) as f:
+        alone_eval = json.load(f)
+    assert in_eval["success_rate"] == alone_eval["success_rate"]
+    assert {k: v for k, v in in_eval.items() if k.startswith("success_") and k != "success_rate"} == \
+        {f"success_{k}": v for k, v in alone_eval["per_difficulty_success"].items()}
 
 
 def test_resume_continues_from_checkpoint(tmp_path):
