@@ -43,6 +43,7 @@ class RunSpec:
     runs_dir: str
     log_dir: str
     threads: int
+    num_commands: int = 1  # how many --command values the sweep has: the report numbers commands across sweeps
 
 
 def parse_grid_spec(spec: str) -> list[list[str]]:
@@ -103,6 +104,7 @@ def expand(
                         runs_dir=runs_dir,
                         log_dir=os.path.join(output, "logs"),
                         threads=threads,
+                        num_commands=len(commands),
                     )
                 )
     return specs
@@ -145,6 +147,7 @@ def execute(spec: RunSpec, attempt: int) -> dict:
     return {
         "run_key": spec.run_key,
         "command_index": spec.command_index,
+        "num_commands": spec.num_commands,
         "command": spec.command,
         "grid_index": spec.grid_index,
         "grid": shlex.join(spec.grid),
@@ -167,7 +170,8 @@ def execute(spec: RunSpec, attempt: int) -> dict:
 def failed_record(spec: RunSpec, attempt: int, error: str) -> dict:
     """Manifest record of an attempt whose task raised instead of returning (no exit code, no wall time)."""
     return {
-        "run_key": spec.run_key, "command_index": spec.command_index, "command": spec.command,
+        "run_key": spec.run_key, "command_index": spec.command_index, "num_commands": spec.num_commands,
+        "command": spec.command,
         "grid_index": spec.grid_index, "grid": shlex.join(spec.grid), "seed": spec.seed, "argv": spec.argv,
         "full_command": shlex.join(spec.argv), "command_hash": command_hash(spec), "cwd": spec.cwd,
         "runs_dir": spec.runs_dir, "run_dirs": [],
@@ -264,6 +268,12 @@ def run_sweep(specs: list[RunSpec], backend, output: str, retries: int, show_pro
     pending, attempt_of, tries = {}, {}, {}
 
     def submit(spec, attempt):
+        # the attempt empties the run's directory, so a marker left by an earlier success must go with it: if this
+        # attempt fails or is killed, --resume has to run it again
+        try:
+            os.remove(marker_path(output, spec.run_key))
+        except FileNotFoundError:
+            pass
         future = backend.submit(spec, attempt)
         pending[future], attempt_of[future] = spec, attempt
         tries[spec.run_key] = tries.get(spec.run_key, 0) + 1
@@ -365,9 +375,11 @@ def main(argv=None) -> int:
     output = os.path.abspath(args.output)
     seeds = list(range(args.start_seed, args.start_seed + args.num_seeds))
     specs = expand(args.command, args.grid, seeds, output, os.path.abspath(args.cwd), args.threads_per_run)
-    keys = [s.run_key for s in specs]
-    if len(set(keys)) != len(keys):
-        print("benchmark.py: error: the grid expands to duplicate runs; remove repeated grid values", file=sys.stderr)
+    # the same command line twice (a repeated --command or grid value) would be pooled by the report as extra seeds
+    runs = [(s.command, tuple(s.grid), s.seed) for s in specs]
+    if len(set(runs)) != len(runs):
+        print("benchmark.py: error: the commands and grid expand to duplicate runs; remove repeated --command or grid "
+              "values", file=sys.stderr)
         return 2
 
     if args.dry_run:

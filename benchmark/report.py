@@ -153,6 +153,8 @@ def read_run(record: dict, last_n: int) -> tuple[dict, dict, list[str]]:
     if os.path.exists(eval_path):
         with open(eval_path) as f:
             metrics.update(flatten_eval(json.load(f)))
+    else:  # its eval cells then average fewer seeds than the Seeds column says
+        problems.append(f"{record['run_key']}: no eval.json in {run_dir}")
     return metrics, curves, problems
 
 
@@ -265,20 +267,20 @@ def build_report(sweeps: list[str], output: str, labels: dict, last_n: int = 100
                  title: str = "Benchmark") -> dict:
     """Write report.md, summary.csv, runs.csv and learning-curve PNGs to `output`; return what was written."""
     os.makedirs(output, exist_ok=True)
-    records, command_ids = [], {}
+    # commands are numbered across sweeps in the order given (a sweep's commands take the numbers after the previous
+    # sweep's), by their index in their own sweep, so a label names the same command whichever have records yet
+    records, offsets, offset = [], {}, 0
     for sweep in sweeps:
-        for record in load_manifest(sweep):
-            # commands are numbered across sweeps in the order given, so labels can name each of them
-            command_ids.setdefault((sweep, record["command_index"]), None)
-            records.append((sweep, record))
-    for i, key in enumerate(sorted(command_ids, key=lambda k: (sweeps.index(k[0]), k[1]))):
-        command_ids[key] = i
+        offsets[sweep] = offset
+        manifest = load_manifest(sweep)
+        records += [(sweep, record) for record in manifest]
+        offset += max((record.get("num_commands", record["command_index"] + 1) for record in manifest), default=0)
 
     rows, problems, failed = [], [], []
     groups: dict[str, list] = {}
     for sweep, record in sorted(records, key=lambda sr: (sweeps.index(sr[0]), sr[1]["command_index"],
                                                          sr[1]["grid_index"], sr[1]["seed"])):
-        cid = command_ids[(sweep, record["command_index"])]
+        cid = offsets[sweep] + record["command_index"]
         method = label_for(labels, cid, record["command"])
         if record["exit_code"] != 0:
             failed.append(record)

@@ -686,3 +686,54 @@ def test_reinforce_baby_report_checks_the_mvp_criteria_per_seed_and_compares_met
     # no MVP runs: one line, exit 2, nothing written
     assert rep_mod.main(["--out", str(tmp_path / "empty"), "--report", str(tmp_path / "rep2")]) == 2
     assert not (tmp_path / "rep2").exists()
+
+
+def test_a_rerun_that_fails_loses_its_old_marker_so_resume_runs_it_again(tmp_path):
+    """A run re-made without --resume starts from an emptied directory; if it then fails, the marker of its earlier
+    success must not make the next --resume skip it (the report would read the emptied directory)."""
+    script = write_script(tmp_path / "flip.py",
+                          "d = os.path.dirname(os.path.abspath(__file__))\n"
+                          "open(os.path.join(d, 'ledger'), 'a').write(f'{a.seed}\\n')\n"
+                          "os.makedirs(os.path.join(a.runs_dir, 'run'))\n"
+                          "sys.exit(3 if os.path.exists(os.path.join(d, 'broken')) else 0)\n")
+    out = str(tmp_path / "sweep")
+    assert run_benchmark("--command", f"python {script}", "--num-seeds", "1", "--output", out).returncode == 0
+    (tmp_path / "broken").touch()
+    assert run_benchmark("--command", f"python {script}", "--num-seeds", "1", "--output", out).returncode == 1
+    (tmp_path / "broken").unlink()
+    r = run_benchmark("--command", f"python {script}", "--num-seeds", "1", "--output", out, "--resume")
+    assert r.returncode == 0 and "skipping" not in r.stderr, r.stderr
+    assert (tmp_path / "ledger").read_text().split() == ["1", "1", "1"]
+
+
+def test_the_same_command_line_twice_is_refused(tmp_path):
+    """Two grid values or commands that expand to one command line would be pooled by the report as extra seeds."""
+    for flags in (["--command", "python x.py", "--grid", "--lr 1 1"], ["--command", "python x.py", "python x.py"]):
+        r = run_benchmark(*flags, "--output", str(tmp_path / "sweep"), "--dry-run")
+        assert r.returncode == 2 and "duplicate runs" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_labels_follow_the_command_index_and_a_missing_eval_json_is_a_warning(tmp_path):
+    """--labels 1=... names command 1 even while command 0 has no finished run; a run without eval.json is listed
+    under the warnings (its eval cells average fewer seeds than the Seeds column)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    report = load(REPORT)
+    sweep = tmp_path / "sweep"
+    records = []
+    for seed in (1, 2):
+        run_dir = sweep / "runs" / f"c1__g0_base__s{seed}" / "run"
+        w = SummaryWriter(str(run_dir))
+        w.add_scalar("charts/episodic_return", 10.0 * seed, 1)
+        w.close()
+        if seed == 1:
+            (run_dir / "eval.json").write_text(json.dumps({"deterministic_mean": 5.0}))
+        records.append({"run_key": f"c1__g0_base__s{seed}", "command_index": 1, "num_commands": 2,
+                        "command": "python fast.py", "grid_index": 0, "grid": "", "seed": seed, "exit_code": 0,
+                        "wall_time_s": 1.0, "runs_dir": str(run_dir.parent), "run_dirs": [str(run_dir)]})
+    (sweep / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    result = report.build_report([str(sweep)], str(tmp_path / "report"), {0: "slow_method", 1: "fast_method"})
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "fast_method" in text and "slow_method" not in text
+    assert any("c1__g0_base__s2: no eval.json" in p for p in result["problems"])
