@@ -592,6 +592,12 @@ def test_resume_continues_from_checkpoint(tmp_path):
     assert torch.load(ckpt, weights_only=False)["global_step"] == 128
     assert "task" in rb.validate_args(rb.Args(task="sequence-next", num_actions=8, resume=ckpt))
     assert "not a readable checkpoint" in rb.validate_args(rb.Args(num_actions=8, resume=os.path.join(run_dir, "eval.json")))
+    # a checkpoint from before the per-level success windows were saved would restart them empty: refused
+    old = torch.load(ckpt, weights_only=False)
+    del old["recent_level"]
+    torch.save(old, tmp_path / "old.pt")
+    assert "older reinforce_baby" in rb.validate_args(rb.Args(task="pattern-echo", num_actions=8, hidden_dim=32,
+                                                               num_layers=1, resume=str(tmp_path / "old.pt")))
 
 
 @pytest.mark.parametrize("flags,needle", [
