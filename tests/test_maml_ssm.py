@@ -1021,3 +1021,31 @@ def test_paper_sampler_probe_samples_what_eval_samples(trained_ckpt, capsys, tmp
     assert probe.main([trained_ckpt, "--num-tasks", "0"]) == 2
     assert probe.main([trained_ckpt, "--script", str(tmp_path / "nope.py")]) == 2
     assert "--script" in capsys.readouterr().err
+
+
+def test_trpo_step_stats_probe_reads_what_the_run_logged(trained_ckpt):
+    """benchmark/probes/maml_trpo_step_stats.py (the before/after table of docs/maml_ssm.md, "TRPO's step scaling"):
+    iterations from the checkpoint, line-search trials and accepted KL from the run's own events, returns from
+    eval.json."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    spec = importlib.util.spec_from_file_location("trpo_stats", os.path.join(REPO, "benchmark", "probes", "maml_trpo_step_stats.py"))
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    run_dir = os.path.dirname(trained_ckpt)
+    r = probe.stats(run_dir)
+    ckpt = torch.load(trained_ckpt, weights_only=False)
+    acc = EventAccumulator(run_dir, size_guidance={"scalars": 0})
+    acc.Reload()
+    trials = [e.value for e in acc.Scalars("meta/line_search_steps")]
+    accepted = [e.value > 0.5 for e in acc.Scalars("meta/step_accepted")]
+    kls = [e.value for e, a in zip(acc.Scalars("losses/approx_kl"), accepted) if a]
+    assert r["iterations"] == ckpt["outer_steps_done"] == len(trials)
+    assert r["cpu_s_per_iteration"] == pytest.approx(ckpt["train_cpu_time"] / ckpt["outer_steps_done"])
+    assert r["mean_trials"] == pytest.approx(np.mean(trials)) and r["accepted"] == pytest.approx(np.mean(accepted))
+    if kls:
+        assert r["mean_accepted_kl"] == pytest.approx(np.mean(kls))
+    with open(os.path.join(run_dir, "eval.json")) as f:
+        ev = json.load(f)["returns_after_steps"]
+    assert r["returns"] == [ev[str(k)] for k in range(len(ev))]
+    assert probe.main([]) == 2
