@@ -183,12 +183,15 @@ def fmt(x: float) -> str:
     return f"{x:.1f}" if abs(x) >= 10 else f"{x:.3g}"
 
 
-def cell(agg: dict) -> str:
+def cell(agg: dict, seeds: int) -> str:
+    """One table cell; `seeds` is the row's seed count, and a cell aggregating fewer (a run without eval.json, say)
+    names its own count so that the Seeds column does not overstate it."""
     if agg["n"] == 0:
         return "–"
     if agg["n"] == 1:
         return f"{fmt(agg['mean'])} (1 seed)"
-    return f"{fmt(agg['mean'])} ± {fmt(agg['std'])} [{fmt(agg['ci95_low'])}, {fmt(agg['ci95_high'])}]"
+    text = f"{fmt(agg['mean'])} ± {fmt(agg['std'])} [{fmt(agg['ci95_low'])}, {fmt(agg['ci95_high'])}]"
+    return text if agg["n"] == seeds else f"{text} ({agg['n']} seeds)"
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
@@ -311,7 +314,7 @@ def build_report(sweeps: list[str], output: str, labels: dict, last_n: int = 100
 
     def agg_cell(method, grid, col):
         agg = aggregates.get((method, grid, col))
-        return cell(agg) if agg else "–"
+        return cell(agg, len(groups[(method, grid)])) if agg else "–"
 
     lines = [f"# {title}", "",
              f"Each cell: mean ± std [95% CI of the mean, Student t] over seeds. Final return = mean of the last {last_n} "

@@ -716,19 +716,19 @@ def test_the_same_command_line_twice_is_refused(tmp_path):
 
 def test_labels_follow_the_command_index_and_a_missing_eval_json_is_a_warning(tmp_path):
     """--labels 1=... names command 1 even while command 0 has no finished run; a run without eval.json is listed
-    under the warnings (its eval cells average fewer seeds than the Seeds column)."""
+    under the warnings, and the eval cells, which average fewer seeds than the Seeds column, say how many."""
     from torch.utils.tensorboard import SummaryWriter
 
     report = load(REPORT)
     sweep = tmp_path / "sweep"
     records = []
-    for seed in (1, 2):
+    for seed in (1, 2, 3):
         run_dir = sweep / "runs" / f"c1__g0_base__s{seed}" / "run"
         w = SummaryWriter(str(run_dir))
         w.add_scalar("charts/episodic_return", 10.0 * seed, 1)
         w.close()
-        if seed == 1:
-            (run_dir / "eval.json").write_text(json.dumps({"deterministic_mean": 5.0}))
+        if seed != 2:
+            (run_dir / "eval.json").write_text(json.dumps({"deterministic_mean": 4.0 + seed}))
         records.append({"run_key": f"c1__g0_base__s{seed}", "command_index": 1, "num_commands": 2,
                         "command": "python fast.py", "grid_index": 0, "grid": "", "seed": seed, "exit_code": 0,
                         "wall_time_s": 1.0, "runs_dir": str(run_dir.parent), "run_dirs": [str(run_dir)]})
@@ -737,3 +737,5 @@ def test_labels_follow_the_command_index_and_a_missing_eval_json_is_a_warning(tm
     text = (tmp_path / "report" / "report.md").read_text()
     assert "fast_method" in text and "slow_method" not in text
     assert any("c1__g0_base__s2: no eval.json" in p for p in result["problems"])
+    # final return over seeds 1-3 (10, 20, 30); deterministic eval over seeds 1 and 3 only (5, 7)
+    assert "| fast_method | – | 3 | 20.0 ± 10.0 [-4.84, 44.8] | 6 ± 1.41 [-6.71, 18.7] (2 seeds) |" in text
