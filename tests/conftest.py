@@ -77,3 +77,25 @@ def occupied_run_names():
             return new[0]
         return check
     return occupy
+
+
+@pytest.fixture
+def forward_gae():
+    """`forward_gae(rewards, values, continues, gamma, lam)`: GAE of one sequence by its definition, summed forwards,
+    A_t = sum_k (gamma lam)^k delta_{t+k} up to the last step of t's episode, delta_s = r_s + gamma c_s V_{s+1} - V_s,
+    where c_s = continues[s] is 1 when step s+1 belongs to the same episode (values has T+1 entries; V_T is the
+    bootstrap value). An independent check of the scripts' backward recursions."""
+    def gae(rewards, values, continues, gamma, lam):
+        T = len(rewards)
+        deltas = [rewards[s] + gamma * continues[s] * values[s + 1] - values[s] for s in range(T)]
+        advantages = []
+        for t in range(T):
+            total, s = 0.0, t
+            while s < T:
+                total += (gamma * lam) ** (s - t) * deltas[s]
+                if not continues[s]:
+                    break
+                s += 1
+            advantages.append(total)
+        return advantages
+    return gae

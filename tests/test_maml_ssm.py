@@ -300,6 +300,28 @@ def test_functional_inner_step_equals_manual_sgd_on_copied_module():
     assert changed > 5
 
 
+def test_advantages_are_gae_on_the_linear_baseline_normalised_over_valid_steps(forward_gae, monkeypatch):
+    """Episodes of different lengths padded with masks: GAE with gamma and lambda below 1 over each episode's
+    valid steps, no bootstrap after the last (termination or horizon), then normalised over the task's valid steps
+    and zero on the padding."""
+    gamma, lam = 0.9, 0.5
+    masks = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
+    rewards = torch.tensor([[-1.0, -0.5, -2.0], [-0.8, -0.4, -1.0], [-0.6, -0.3, 9.0], [-0.4, 9.0, 9.0],
+                            [-0.2, 9.0, 9.0]])  # 9.0 on padding must not leak in
+    values = torch.tensor([[-3.0, -1.0, -2.5], [-2.0, -0.7, -1.2], [-1.5, -0.2, 5.0], [-0.9, 5.0, 5.0],
+                           [-0.3, 5.0, 5.0]], dtype=torch.float64)
+    monkeypatch.setattr(m, "linear_baseline", lambda batch, g: values * batch["masks"].double())
+    batch = {"obs": torch.zeros(5, 3, 2), "masks": masks, "rewards": rewards}
+    adv = m.compute_advantages(batch, gamma, lam)
+    raw = torch.zeros(5, 3, dtype=torch.float64)
+    for n, length in enumerate([5, 3, 2]):
+        raw[:length, n] = torch.tensor(forward_gae(rewards[:length, n].tolist(), values[:length, n].tolist() + [0.0],
+                                                   [1.0] * (length - 1) + [0.0], gamma, lam), dtype=torch.float64)
+    valid = raw[masks > 0]
+    assert adv[masks > 0].tolist() == pytest.approx(((valid - valid.mean()) / (valid.std() + 1e-8)).tolist(), abs=1e-5)
+    assert torch.all(adv[masks == 0] == 0)
+
+
 def test_inner_loss_depends_on_rewards():
     model, args, data = tiny_setup()
     batch = data[0]["train"][0]

@@ -14,6 +14,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from cleanrl_astral import ppo_gru_astral
 from cleanrl_astral import ppo_gru_baseline as m
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -179,6 +180,26 @@ def test_gae_does_not_bootstrap_across_episode_boundaries():
     assert adv[1, 0] == pytest.approx(2.0 - 20.0)
     assert adv[2, 0] == pytest.approx((3.0 + 0.5 * 40.0 - 30.0) + 0.5 * adv[3, 0])
     assert adv[0, 0] == pytest.approx((1.0 + 0.5 * 20.0 - 10.0) + 0.5 * adv[1, 0])
+    assert torch.allclose(ret, adv + values)
+
+
+@pytest.mark.parametrize("module", [m, ppo_gru_astral], ids=["ppo_gru_baseline", "ppo_gru_astral"])
+@pytest.mark.parametrize("next_start", [0.0, 1.0])
+def test_gae_matches_its_definition_with_discounting_and_bootstrapping(forward_gae, next_start, module):
+    """gamma and lambda both below 1, episodes cut inside the rollout, and the rollout's last step bootstrapping
+    from next_value unless the next step opens an episode: every advantage equals GAE summed forwards (both PPO
+    scripts carry their own compute_gae)."""
+    gamma, lam = 0.9, 0.5
+    rewards = torch.tensor([[1.0, -1.0], [2.0, 0.5], [3.0, 2.0], [4.0, -3.0], [0.5, 1.0]])
+    values = torch.tensor([[10.0, 1.0], [20.0, -2.0], [30.0, 3.0], [40.0, 0.0], [5.0, 6.0]])
+    starts = torch.tensor([[1.0, 1.0], [0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 0.0]])
+    next_value, next_start_t = torch.tensor([50.0, -7.0]), torch.tensor([next_start, 0.0])
+    adv, ret = module.compute_gae(rewards, values, starts, next_value, next_start_t, gamma, lam)
+    for n in range(2):
+        continues = [1.0 - starts[t + 1, n].item() for t in range(4)] + [1.0 - next_start_t[n].item()]
+        expected = forward_gae(rewards[:, n].tolist(), values[:, n].tolist() + [next_value[n].item()], continues,
+                               gamma, lam)
+        assert adv[:, n].tolist() == pytest.approx(expected, rel=1e-6)
     assert torch.allclose(ret, adv + values)
 
 

@@ -188,12 +188,19 @@ def test_model_size_is_capped_below_one_million_parameters():
     assert "under 1M" in rb.validate_args(rb.Args(hidden_dim=256, num_layers=4))
 
 
-def test_returns_gae_and_kl():
+def test_returns_gae_and_kl(forward_gae):
     r = torch.tensor([[1.0], [0.0], [1.0]])
     assert torch.allclose(rb.reinforce_returns(r, 0.5), torch.tensor([[1.25], [0.5], [1.0]]))
     values = torch.tensor([[0.5], [0.5], [0.5], [0.0]])
     adv = rb.gae(r, values, 1.0, 1.0)
     assert torch.allclose(adv + values[:3], torch.tensor([[2.0], [1.0], [1.0]]))
+    # gamma and lambda below 1 each show, and values[T] enters the last step's delta as given (the script passes 0)
+    values = torch.tensor([[0.5, -1.0], [0.2, 0.3], [0.8, 2.0], [0.4, -0.6]])
+    r2 = torch.tensor([[1.0, 0.0], [0.0, 2.0], [1.0, -1.0]])
+    adv = rb.gae(r2, values, 0.9, 0.5)
+    for n in range(2):
+        expected = forward_gae(r2[:, n].tolist(), values[:, n].tolist(), [1.0, 1.0, 1.0], 0.9, 0.5)
+        assert adv[:, n].tolist() == pytest.approx(expected, rel=1e-6)
     logits = torch.zeros(1, 4)
     assert rb.kl_to_parent(logits, torch.tensor([2]), 1.0).abs() < 1e-6  # full smoothing = uniform = pi
     assert rb.kl_to_parent(logits, torch.tensor([2]), 0.0) == pytest.approx(np.log(4), abs=1e-5)
