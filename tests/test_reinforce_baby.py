@@ -382,7 +382,10 @@ def test_llm_parent_failures_fall_back_to_the_rule(llm_server, tmp_path, mode):
 def test_llm_parent_next_state_is_validated(llm_server, tmp_path):
     parent = make_llm_parent(llm_server, tmp_path, next_state=True)
     s, right, wrong = instance(parent)
-    proposed = parent.transition(s, wrong, 1.0)
+    # a valid state the rule would not produce from this reply (the rule sets last_correct = 1 for reward 1), so
+    # nxt == proposed shows the LLM's state is used, not recomputed
+    proposed = dataclasses.replace(parent.transition(s, wrong, 1.0), last_correct=0)
+    assert proposed != parent.transition(s, wrong, 1.0)
     llm_server.mode = "next_state"
     llm_server.next_state = dict(zip(rb.ATTRIBUTES, proposed.as_list()))
     (r, nxt), = parent.respond([s], [wrong])
