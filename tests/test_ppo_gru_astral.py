@@ -278,6 +278,33 @@ def test_resumed_run_logs_every_update_exactly_once(tmp_path, die_at_checkpoint,
     assert any(step > 192 for step, _ in final["charts/episodic_return"])
 
 
+@BOTH_SCRIPTS
+def test_resume_carries_on_the_optimizer_and_reward_scaler(tmp_path, die_at_checkpoint, script, tiny):
+    """Killed after update 2 of 3 and resumed, the run must end with the Adam step count and the reward scaler's
+    sample count of the run left alone: both continue from the checkpoint instead of starting afresh (their
+    moments differ, because the resumed run restarts the episodes that were in flight)."""
+    args = [*tiny, "--total-timesteps", str(64 * 3), "--checkpoint-every", "1"]
+    alone = subprocess.run([sys.executable, script, *args, "--runs-dir", str(tmp_path / "whole")], cwd=ROOT,
+                           capture_output=True, text=True, timeout=300)
+    assert alone.returncode == 0, alone.stderr
+    cut = subprocess.run([sys.executable, "-c", die_at_checkpoint(2), script, *args, "--runs-dir", str(tmp_path / "cut")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert cut.returncode == 0, cut.stderr
+    (ckpt_path,) = glob.glob(str(tmp_path / "cut" / "*" / "checkpoint.pt"))
+    killed = torch.load(ckpt_path, weights_only=True)
+    assert killed["iteration"] == 2
+    result = subprocess.run([sys.executable, script, "--resume", ckpt_path], cwd=ROOT, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    (whole_path,) = glob.glob(str(tmp_path / "whole" / "*" / "checkpoint.pt"))
+    whole, resumed = torch.load(whole_path, weights_only=True), torch.load(ckpt_path, weights_only=True)
+    assert resumed["iteration"] == whole["iteration"] == 3
+    adam_steps = lambda ckpt: {int(state["step"]) for state in ckpt["optimizer"]["state"].values()}  # noqa: E731
+    assert adam_steps(resumed) == adam_steps(whole) and adam_steps(whole) == {3 * adam_steps(killed).pop() // 2}
+    assert resumed["reward_scaler"]["count"] == pytest.approx(whole["reward_scaler"]["count"])
+    assert resumed["reward_scaler"]["count"] > killed["reward_scaler"]["count"] > 1
+
+
 def test_resume_continues_the_run(tmp_path):
     result = run([*TINY, "--total-timesteps", "128", "--runs-dir", str(tmp_path), "--checkpoint-every", "1"])
     assert result.returncode == 0, result.stderr

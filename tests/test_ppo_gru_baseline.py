@@ -340,7 +340,9 @@ def test_resume_after_kill_loses_no_finished_update(tmp_path):
     assert sorted(steps) == list(range(64, 64 * 101, 64))
 
 
-def test_resume_restores_optimizer_and_scaler(tmp_path):
+def test_checkpoint_holds_optimizer_and_scaler(tmp_path):
+    """What a resume needs is in the checkpoint; that a resume uses it is
+    test_ppo_gru_astral.py::test_resume_carries_on_the_optimizer_and_reward_scaler (run on both scripts)."""
     result = run([*TINY, "--total-timesteps", "128", "--runs-dir", str(tmp_path), "--checkpoint-every", "1"])
     assert result.returncode == 0, result.stderr
     (ckpt_path,) = glob.glob(str(tmp_path / "*" / "checkpoint.pt"))
