@@ -58,7 +58,8 @@ class Args:
     runs_dir: str = "runs"
     """directory under which `{run_name}/` is written"""
     resume: Optional[str] = None
-    """path of a `checkpoint.pt` to continue from (all other settings are taken from the checkpoint)"""
+    """path of a `checkpoint.pt` to continue from (all other settings are the checkpoint's; a flag that disagrees is
+    refused)"""
     checkpoint_every: int = 10
     """write `runs/{run_name}/checkpoint.pt` every this many updates (0 disables)"""
     eval_episodes: int = 10
@@ -725,6 +726,17 @@ def claim_run_dir(runs_dir: str, run_name: str) -> tuple[str, str]:
         fail(f"cannot create a run directory in --runs-dir {runs_dir!r} ({reason}); pass a writable directory")
 
 
+def flags_given(argv):
+    """Args field names of the flags on a command line: --name, --name=value, and --no-name for a boolean."""
+    fields = {f.name for f in dataclasses.fields(Args)}
+    names = set()
+    for token in argv:
+        if token.startswith("--"):
+            name = token[2:].split("=", 1)[0].replace("-", "_")
+            names.add(name[3:] if name.startswith("no_") and name[3:] in fields else name)
+    return names
+
+
 def fail(message):
     print(f"{SCRIPT}.py: error: {message}", file=sys.stderr)
     sys.exit(2)
@@ -781,6 +793,12 @@ if __name__ == "__main__":
         if "optimizer" not in ckpt:
             fail(f"cannot resume: {args.resume!r} is a saved model, not a training checkpoint; resume from the run's "
                  "checkpoint.pt (written every --checkpoint-every updates)")
+        # the checkpoint's settings define the resumed run; a flag given beside --resume that disagrees with them
+        # would otherwise be dropped without a word
+        for name in sorted(flags_given(sys.argv[1:]) - {"resume"}):
+            if name in ckpt["args"] and getattr(args, name) != ckpt["args"][name]:
+                fail(f"a resumed run keeps its checkpoint's settings: --{name.replace('_', '-')} "
+                     f"{getattr(args, name)!r} differs from the checkpoint's {ckpt['args'][name]!r}; drop the flag")
         args = Args(**{**ckpt["args"], "resume": args.resume})
     try:
         modes = validate(args)

@@ -164,7 +164,8 @@ class Args:
     model_path: Optional[str] = None
     """saved .cleanrl_model or checkpoint for --eval-only"""
     resume: Optional[str] = None
-    """checkpoint.pt of a run to continue (optimizer, step, RNG, curriculum are restored)"""
+    """checkpoint.pt of a run to continue (settings, optimizer, step, RNG, curriculum are restored; only
+    --total-timesteps may differ from the checkpoint)"""
     checkpoint_every: int = 50
     """write {run_dir}/checkpoint.pt every this many updates (0: never)"""
     print_every: int = 25
@@ -1031,10 +1032,34 @@ def validate_args(args: Args) -> Optional[str]:
             return f"--resume {args.resume!r} is not a {SCRIPT} checkpoint (use {{run_dir}}/checkpoint.pt)"
         if "recent_level" not in ckpt:  # per-level success windows would restart empty: a silently different log
             return f"--resume {args.resume!r} was written by an older {SCRIPT} without per-level success; start afresh"
-        for k in ("task", "num_actions", "max_episode_steps", "hidden_dim", "num_layers", "num_heads", "wm_target"):
-            if ckpt["args"][k] != getattr(args, k):
-                return f"--resume checkpoint has {k}={ckpt['args'][k]!r} but this run has {getattr(args, k)!r}"
     return None
+
+
+def flags_given(argv) -> set:
+    """Args field names of the flags on a command line: --name, --name=value, and --no-name for a boolean."""
+    fields = {f.name for f in dataclasses.fields(Args)}
+    names = set()
+    for token in argv:
+        if token.startswith("--"):
+            name = token[2:].split("=", 1)[0].replace("-", "_")
+            names.add(name[3:] if name.startswith("no_") and name[3:] in fields else name)
+    return names
+
+
+def resumed_args(args: Args, saved: dict, given: set) -> Tuple[Optional[Args], Optional[str]]:
+    """The settings of a resumed run: the checkpoint's (`saved`), with --total-timesteps as given to extend or
+    shorten the run. Any other flag given beside --resume must agree with the checkpoint: taking it would make a
+    different run than the one checkpointed, and dropping it silently would not be what was asked for."""
+    may_change = {"resume", "total_timesteps"}
+    for name in sorted(given - may_change):
+        if name in saved and getattr(args, name) != saved[name]:
+            return None, (f"a resumed run keeps its checkpoint's settings: --{name.replace('_', '-')} "
+                          f"{getattr(args, name)!r} differs from the checkpoint's {saved[name]!r}; drop the flag "
+                          "(only --total-timesteps may change)")
+    fields = {f.name for f in dataclasses.fields(Args)}
+    merged = {k: v for k, v in saved.items() if k in fields}
+    merged.update({k: getattr(args, k) for k in may_change if k == "resume" or k in given})
+    return Args(**merged), None
 
 
 if __name__ == "__main__":
@@ -1042,6 +1067,10 @@ if __name__ == "__main__":
     if isinstance(args.baselines, str):
         args.baselines = (args.baselines,)
     error = validate_args(args)
+    if error is None and args.resume:
+        saved = torch.load(args.resume, map_location="cpu", weights_only=False)["args"]
+        args, error = resumed_args(args, saved, flags_given(sys.argv[1:]))
+        error = error or validate_args(args)
     if error:
         print(f"{SCRIPT}.py: error: {error}", file=sys.stderr)
         sys.exit(2)

@@ -305,6 +305,27 @@ def test_resume_carries_on_the_optimizer_and_reward_scaler(tmp_path, die_at_chec
     assert resumed["reward_scaler"]["count"] > killed["reward_scaler"]["count"] > 1
 
 
+@BOTH_SCRIPTS
+def test_a_flag_beside_resume_must_agree_with_the_checkpoint(tmp_path, script, tiny):
+    """A resumed run takes the checkpoint's settings. A flag that disagrees (asking for more steps, say) used to be
+    dropped without a word; it is refused in one line before any work. A flag that agrees is accepted."""
+    result = subprocess.run([sys.executable, script, *tiny, "--total-timesteps", "128", "--checkpoint-every", "1",
+                             "--runs-dir", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    (ckpt_path,) = glob.glob(str(tmp_path / "*" / "checkpoint.pt"))
+    before = os.path.getmtime(ckpt_path)
+    for flags, needle in ((["--total-timesteps", "256"], "--total-timesteps 256 differs from the checkpoint's 128"),
+                          (["--no-norm-reward"], "--norm-reward False differs from the checkpoint's True")):
+        result = subprocess.run([sys.executable, script, "--resume", ckpt_path, *flags], cwd=ROOT, capture_output=True,
+                                text=True, timeout=300)
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and len(lines) == 1 and needle in lines[0], result.stderr
+    assert os.path.getmtime(ckpt_path) == before
+    result = subprocess.run([sys.executable, script, "--resume", ckpt_path, "--num-envs", "4"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "resumed" in result.stdout, result.stderr
+
+
 def test_resume_continues_the_run(tmp_path):
     result = run([*TINY, "--total-timesteps", "128", "--runs-dir", str(tmp_path), "--checkpoint-every", "1"])
     assert result.returncode == 0, result.stderr

@@ -600,7 +600,23 @@ def test_resume_continues_from_checkpoint(tmp_path):
                      "--checkpoint-every", "2", "--runs-dir", str(tmp_path))
     assert "resumed from" in out.stdout and "global_step=64" in out.stdout
     assert torch.load(ckpt, weights_only=False)["global_step"] == 128
-    assert "task" in rb.validate_args(rb.Args(task="sequence-next", num_actions=8, resume=ckpt))
+    # only --resume and --total-timesteps: every other setting is the checkpoint's (8 actions, 1 layer, no analysis),
+    # not the defaults (16 actions, 2 layers, analysis on)
+    out = run_script("--resume", ckpt, "--total-timesteps", "192")
+    saved = torch.load(ckpt, weights_only=False)
+    assert saved["global_step"] == 192 and saved["args"]["total_timesteps"] == 192
+    assert (saved["args"]["num_actions"], saved["args"]["num_layers"], saved["args"]["analysis"]) == (8, 1, False)
+    # a flag that disagrees with the checkpoint is refused in one line before any work, not silently taken or dropped
+    for flags, needle in ((["--curriculum"], "--curriculum True differs from the checkpoint's False"),
+                          (["--learning-rate", "0.01"], "--learning-rate 0.01 differs"),
+                          (["--task", "sequence-next"], "--task 'sequence-next' differs")):
+        refused = run_script("--resume", ckpt, *flags, check=False)
+        lines = refused.stderr.strip().splitlines()
+        assert refused.returncode == 2 and len(lines) == 1 and needle in lines[0], refused.stderr
+    assert torch.load(ckpt, weights_only=False)["global_step"] == 192
+    args, error = rb.resumed_args(rb.Args(task="pattern-echo", num_actions=8, resume=ckpt), saved["args"],
+                                  {"task", "num_actions", "resume"})
+    assert error is None and args.hidden_dim == 32 and args.total_timesteps == 192
     assert "not a readable checkpoint" in rb.validate_args(rb.Args(num_actions=8, resume=os.path.join(run_dir, "eval.json")))
     # a checkpoint from before the per-level success windows were saved would restart them empty: refused
     old = torch.load(ckpt, weights_only=False)
