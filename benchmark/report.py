@@ -407,6 +407,12 @@ def main(argv=None) -> int:
         print(f"report.py: error: {missing[0]}/manifest.jsonl does not exist; run benchmark/benchmark.py "
               f"--output {missing[0]} first", file=sys.stderr)
         return 2
+    real = [os.path.realpath(s) for s in args.sweep]
+    twice = next((s for s, r in zip(args.sweep, real) if real.count(r) > 1), None)
+    if twice is not None:
+        print(f"report.py: error: sweep {twice} is given twice; its runs would count as extra seeds and narrow the "
+              "confidence intervals; give each sweep once", file=sys.stderr)
+        return 2
     title = args.title or os.path.basename(os.path.normpath(args.output))
     result = build_report(args.sweep, args.output, labels, args.last_n, args.smooth, title)
     print(f"report.py: wrote {result['report']}, {result['summary']}, {result['runs']} and "

@@ -10,6 +10,7 @@ Usage: python cleanrl_astral/ppo_gru_astral.py --modes-preset seed3 --hide-veloc
 """
 import dataclasses
 import json
+import math
 import os
 import random
 import sys
@@ -744,6 +745,23 @@ def fail(message):
 
 def validate(args):
     """Every check that can fail before training starts; returns the resolved modes."""
+    # NaN and inf pass every `x <= 0` check below and reach the optimizer or the loss: refused first
+    for field in dataclasses.fields(Args):
+        value = getattr(args, field.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"--{field.name.replace('_', '-')} {value} must be a finite number")
+    if not 0 <= args.seed < 2**32:
+        raise ValueError(f"--seed {args.seed} must be in [0, 2**32 - 1] (the range numpy and gymnasium accept)")
+    if not 0.0 < args.gamma <= 1.0 or not 0.0 <= args.gae_lambda <= 1.0:
+        raise ValueError(f"--gamma {args.gamma} must be in (0, 1] and --gae-lambda {args.gae_lambda} in [0, 1]")
+    for name in ("clip_coef", "max_grad_norm"):
+        if getattr(args, name) <= 0:
+            raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)} must be positive")
+    for name in ("ent_coef", "vf_coef"):
+        if getattr(args, name) < 0:
+            raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)} must be non-negative")
+    if args.target_kl is not None and args.target_kl <= 0:
+        raise ValueError(f"--target-kl {args.target_kl} must be positive (leave it out to disable early stopping)")
     modes = resolve_modes(args.modes_preset, args.modes)
     if args.fixed_mode is not None and not 0 <= args.fixed_mode < len(modes):
         raise ValueError(f"--fixed-mode {args.fixed_mode} is out of range; there are {len(modes)} modes (0..{len(modes) - 1})")

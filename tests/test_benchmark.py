@@ -737,5 +737,8 @@ def test_labels_follow_the_command_index_and_a_missing_eval_json_is_a_warning(tm
     text = (tmp_path / "report" / "report.md").read_text()
     assert "fast_method" in text and "slow_method" not in text
     assert any("c1__g0_base__s2: no eval.json" in p for p in result["problems"])
+    # the same sweep given twice (here once through a trailing slash) would double its seeds: refused
+    assert report.main(["--sweep", str(sweep), str(sweep) + "/", "--output", str(tmp_path / "twice")]) == 2
+    assert not (tmp_path / "twice").exists()
     # final return over seeds 1-3 (10, 20, 30); deterministic eval over seeds 1 and 3 only (5, 7)
     assert "| fast_method | – | 3 | 20.0 ± 10.0 [-4.84, 44.8] | 6 ± 1.41 [-6.71, 18.7] (2 seeds) |" in text

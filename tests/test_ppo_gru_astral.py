@@ -350,6 +350,14 @@ BAD_INPUTS = [
     (["--num-envs", "6", "--num-minibatches", "4"], "not divisible"),
     (["--num-envs", "4", "--num-minibatches", "4", "--num-steps", "1"], "a minibatch of one step"),
     (["--modes", "9.8"], "malformed mode"),
+    (["--learning-rate", "nan"], "--learning-rate nan must be a finite number"),
+    (["--gamma", "-1"], "--gamma -1.0 must be in (0, 1]"),
+    (["--gae-lambda", "2"], "--gae-lambda 2.0 in [0, 1]"),
+    (["--clip-coef", "0"], "--clip-coef 0.0 must be positive"),
+    (["--max-grad-norm", "-1"], "--max-grad-norm -1.0 must be positive"),
+    (["--seed", "-1"], "--seed -1 must be in [0, 2**32 - 1]"),
+    (["--tau", "inf"], "--tau inf must be a finite number"),
+    (["--lambda-w-ent", "nan"], "--lambda-w-ent nan must be a finite number"),
 ]
 
 

@@ -360,6 +360,13 @@ BAD_INPUTS = [
     (["--memory", "lstm"], "unknown --memory"),
     (["--total-timesteps", "10"], "less than one rollout"),
     (["--resume", "/nonexistent/checkpoint.pt"], "does not exist"),
+    (["--learning-rate", "nan"], "--learning-rate nan must be a finite number"),
+    (["--gamma", "-1"], "--gamma -1.0 must be in (0, 1]"),
+    (["--gae-lambda", "2"], "--gae-lambda 2.0 in [0, 1]"),
+    (["--clip-coef", "0"], "--clip-coef 0.0 must be positive"),
+    (["--max-grad-norm", "-1"], "--max-grad-norm -1.0 must be positive"),
+    (["--seed", "-1"], "--seed -1 must be in [0, 2**32 - 1]"),
+    (["--target-kl", "nan"], "--target-kl nan must be a finite number"),
 ]
 
 
