@@ -988,6 +988,31 @@ def train(args: Args, run_dir: str, writer, resume: Optional[str] = None, label:
 
 def validate_args(args: Args) -> Optional[str]:
     """The first problem with the arguments, as a message telling how to fix it; None if they are fine."""
+    # NaN and inf pass every `x < 0` check below and reach the optimizer or the loss: refused first
+    for field in dataclasses.fields(Args):
+        value = getattr(args, field.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"--{field.name.replace('_', '-')} {value} must be a finite number"
+    if not 0 <= args.seed < 2**32:
+        return f"--seed {args.seed} must be in [0, 2**32 - 1] (the range numpy accepts)"
+    for name in ("num_heads", "num_minibatches", "update_epochs", "print_every", "llm_concurrency"):
+        if getattr(args, name) < 1:
+            return f"--{name.replace('_', '-')} must be >= 1"
+    if args.total_timesteps < args.num_envs * args.max_episode_steps:
+        return (f"--total-timesteps {args.total_timesteps} is less than one update (--num-envs x --max-episode-steps "
+                f"= {args.num_envs * args.max_episode_steps})")
+    if args.learning_rate <= 0 or args.checkpoint_every < 0 or args.llm_retries < 0 or args.llm_timeout <= 0:
+        return "--learning-rate and --llm-timeout must be positive, --checkpoint-every and --llm-retries >= 0"
+    if not 0.0 < args.gamma <= 1.0 or not 0.0 <= args.gae_lambda <= 1.0 or not 0.0 <= args.baseline_decay < 1.0:
+        return "--gamma must be in (0, 1], --gae-lambda in [0, 1] and --baseline-decay in [0, 1)"
+    if not 0.0 < args.mastery_threshold <= 1.0 or args.clip_coef <= 0 or args.max_grad_norm <= 0:
+        return "--mastery-threshold must be in (0, 1], --clip-coef and --max-grad-norm positive"
+    if args.analysis and args.analysis_samples < 2:
+        return "--analysis-samples must be >= 2 (or --no-analysis)"
+    if args.model_path and not args.eval_only:
+        return "--model-path is only read with --eval-only; add --eval-only, or drop --model-path to train"
+    if args.parent == "llm" and args.llm_base_url and not args.llm_base_url.startswith(("http://", "https://")):
+        return f"--llm-base-url {args.llm_base_url!r} must be an http:// or https:// URL, e.g. http://127.0.0.1:8000/v1"
     if args.task not in TASKS + ["all"]:
         return f"unknown --task {args.task!r}; choose one of {', '.join(TASKS + ['all'])}"
     if not 0 <= args.level < NUM_LEVELS:

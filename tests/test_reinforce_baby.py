@@ -641,6 +641,29 @@ def test_bad_input_fails_with_one_line_before_any_work(tmp_path, flags, needle):
     assert not (tmp_path / "runs").exists() and out.stdout == ""
 
 
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"learning_rate": float("nan")}, "--learning-rate nan must be a finite number"),
+    ({"baseline_decay": float("inf")}, "--baseline-decay inf must be a finite number"),
+    ({"seed": -1}, "--seed -1 must be in [0, 2**32 - 1]"),
+    ({"num_heads": 0}, "--num-heads must be >= 1"),  # was a ZeroDivisionError inside the check itself
+    ({"print_every": 0}, "--print-every must be >= 1"),
+    ({"algorithm": "ppo", "update_epochs": 0}, "--update-epochs must be >= 1"),
+    ({"total_timesteps": 0}, "--total-timesteps 0 is less than one update"),
+    ({"gamma": -1.0}, "--gamma must be in (0, 1]"),
+    ({"baseline_decay": 2.0}, "--baseline-decay in [0, 1)"),
+    ({"mastery_threshold": 0.0}, "--mastery-threshold must be in (0, 1]"),
+    ({"analysis_samples": 0}, "--analysis-samples must be >= 2"),
+    ({"model_path": "x.cleanrl_model"}, "--model-path is only read with --eval-only"),
+    ({"parent": "llm", "llm_base_url": "notaurl"}, "must be an http:// or https:// URL"),
+])
+def test_meaningless_values_are_refused_by_validate_args(kwargs, needle):
+    """Values that used to train silently (NaN, a budget of 0, a decay of 2, an LLM URL that every request fails on,
+    so the whole run fell back to the rule) or crash after the run directory existed."""
+    error = rb.validate_args(rb.Args(**{"num_actions": 8, **kwargs}))
+    assert error is not None and needle in error, error
+    assert rb.validate_args(rb.Args(num_actions=8)) is None
+
+
 def test_num_actions_check_depends_on_the_levels_used():
     assert rb.validate_args(rb.Args(task="pattern-echo", num_actions=4, level=1)) is None
     assert "--num-actions 4" in rb.validate_args(rb.Args(task="pattern-echo", num_actions=4, level=2))
