@@ -249,7 +249,26 @@ def adapt_config(aargs: AdaptArgs, objective: str, lr: float, discrete: bool) ->
     return AdaptConfig(**{**shared, "adapt_objective": objective, "adapt_lr": lr, "discrete": discrete})
 
 
+def finite_and_seeded(a) -> Optional[str]:
+    """NaN and inf pass every `x <= 0` check and reach the optimizer or the loss; seeds outside numpy's range fail
+    only after the run directory exists. Checked first for train, eval and adapt arguments alike."""
+    for field in dataclasses.fields(a):
+        value = getattr(a, field.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"--{field.name.replace('_', '-')} {value} must be a finite number"
+    for name in ("seed", "eval_seed"):
+        value = getattr(a, name, None)
+        if value is not None and not 0 <= value < 2**32:
+            return f"--{name.replace('_', '-')} {value} must be in [0, 2**32 - 1]"
+    return None
+
+
 def validate_adapt_args(a: AdaptArgs) -> Optional[str]:
+    msg = finite_and_seeded(a)
+    if msg:
+        return msg
+    if not a.adaptation_mode or not a.adapt_objective:
+        return "--adaptation-mode and --adapt-objective each need at least one value"
     for mode in a.adaptation_mode:
         if mode not in ("standard", "hybrid"):
             return f"unknown --adaptation-mode {mode!r}; choose standard or hybrid"
@@ -305,6 +324,9 @@ def error(msg: str):
 
 
 def validate_args(args: Args) -> Optional[str]:
+    msg = finite_and_seeded(args)
+    if msg:
+        return msg
     if args.task not in TASKS:
         return f"unknown --task {args.task!r}; choose one of {', '.join(TASKS)}"
     if args.policy not in POLICIES:
@@ -331,8 +353,10 @@ def validate_args(args: Args) -> Optional[str]:
         return f"--cpu-budget must be >= 0 (0: no limit), got {args.cpu_budget}"
     if args.eval_episodes is not None and args.eval_episodes < 1:
         return f"--eval-episodes must be >= 1, got {args.eval_episodes}"
-    if args.dynamics_coef < 0 or args.eval_later_lr_scale <= 0:
-        return "--dynamics-coef must be >= 0 and --eval-later-lr-scale > 0"
+    if args.dynamics_coef < 0 or args.eval_later_lr_scale <= 0 or args.cg_damping < 0:
+        return "--dynamics-coef and --cg-damping must be >= 0 and --eval-later-lr-scale > 0"
+    if args.save_model and args.eval_tasks < 2:
+        return f"--eval-tasks {args.eval_tasks}: the evaluation after --save-model needs >= 2 tasks for its 95% CI"
     if args.goal_box and args.task != "point-nav-2d":
         return f"--goal-box only applies to --task point-nav-2d, not {args.task}; drop it (or --no-goal-box with --config paper)"
     if args.capture_video:
@@ -1456,6 +1480,8 @@ def parse_cli(argv):
 
 
 def main_eval(eargs: EvalArgs):
+    if finite_and_seeded(eargs):
+        error(finite_and_seeded(eargs))
     if eargs.num_tasks < 2 or eargs.num_steps < 0:
         error("--num-tasks must be >= 2 (for a confidence interval) and --num-steps >= 0")
     if (eargs.inner_lr is not None and eargs.inner_lr <= 0) or eargs.later_lr_scale <= 0:

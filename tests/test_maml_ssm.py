@@ -480,6 +480,8 @@ def test_eval_episodes_sets_the_evaluation_batch(trained_ckpt, monkeypatch, tmp_
     (["--cpu-budget", "-1"], "--cpu-budget must be >= 0"),
     (["--eval-episodes", "0"], "--eval-episodes must be >= 1"),
     (["--task", "cartpole-physics", "--goal-box"], "--goal-box only applies to --task point-nav-2d"),
+    (["--cpu-budget", "nan"], "--cpu-budget nan must be a finite number"),
+    (["--seed", "-1"], "--seed -1 must be in [0, 2**32 - 1]"),
 ])
 def test_bad_input_is_one_line_and_exit_2(flags, needle, tmp_path):
     res = run(["train", "--runs-dir", str(tmp_path), *flags], check=False)
@@ -492,6 +494,13 @@ def test_validate_args_rejects_bad_values(monkeypatch):
     assert "--outer-lr must be positive" in m.validate_args(m.Args(outer_lr=-1e-3))
     assert "unknown --policy" in m.validate_args(m.Args(policy="lstm"))
     assert "--fast-batch-size must be >= 1" in m.validate_args(m.Args(fast_batch_size=0))
+    # NaN passed every `<= 0` check and trained (or crashed after the run directory existed); found by a CLI fuzz
+    for kwargs, needle in (({"dynamics_coef": float("nan")}, "--dynamics-coef nan must be a finite"),
+                           ({"max_kl": float("inf")}, "--max-kl inf must be a finite"),
+                           ({"cg_damping": -1.0}, "--cg-damping must be >= 0"),
+                           ({"eval_tasks": 1, "save_model": True}, "needs >= 2 tasks for its 95% CI")):
+        assert needle in m.validate_args(m.Args(**kwargs)), kwargs
+    assert m.validate_args(m.Args(eval_tasks=1)) is None  # no evaluation without --save-model
     assert m.validate_args(m.Args()) is None
     monkeypatch.setattr(m, "mujoco_available", lambda: False)
     assert "pip install mujoco" in m.validate_args(m.Args(task="halfcheetah-vel"))
@@ -795,6 +804,9 @@ def test_adapt_online_and_bad_input(trained_ckpt):
     assert res.returncode == 2 and len(lines) == 1 and "no step would adapt" in lines[0], res.stderr
     assert "unknown --adapt-params" in m.validate_adapt_args(m.AdaptArgs(trained_ckpt, adapt_params="bias"))
     assert "unknown --adapt-objective" in m.validate_adapt_args(m.AdaptArgs(trained_ckpt, adapt_objective=("reward",)))
+    assert "at least one value" in m.validate_adapt_args(m.AdaptArgs(trained_ckpt, adapt_objective=()))
+    assert "--trust-region nan must be a finite" in m.validate_adapt_args(m.AdaptArgs(trained_ckpt, trust_region=float("nan")))
+    assert "--eval-seed -1 must be in" in m.validate_adapt_args(m.AdaptArgs(trained_ckpt, eval_seed=-1))
     assert m.validate_adapt_args(m.AdaptArgs(trained_ckpt)) is None
 
 
