@@ -20,6 +20,7 @@ import copy
 import dataclasses
 import glob
 import json
+import math
 import os
 import random
 import sys
@@ -676,6 +677,16 @@ def fail(message):
 
 def validate(args):
     """Every check that can fail before any work starts. Returns (checkpoint path, checkpoint, agent, targets, reward scale)."""
+    # NaN and inf pass every `x > 0` style check and reach the optimizer; a seed out of numpy's range fails late
+    for field in dataclasses.fields(args):
+        value = getattr(args, field.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"--{field.name.replace('_', '-')} {value} must be a finite number")
+    if not 0 <= args.seed < 2**32:
+        raise ValueError(f"--seed {args.seed} must be in [0, 2**32 - 1]")
+    if args.mode_indices is not None and (not args.mode_indices or len(set(args.mode_indices)) != len(args.mode_indices)):
+        raise ValueError("--mode-indices needs distinct training-mode indices (a repeated one would be counted twice in "
+                         "eval.json but once in tta.json)")
     path = resolve_checkpoint_path(args.checkpoint, args.seed)
     ckpt, agent = load_astral_checkpoint(path)
     targets = resolve_targets(args.mode_indices, args.modes, ckpt)
@@ -691,6 +702,8 @@ def validate(args):
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
         if not args.adapt_lr > 0 or not args.max_grad_norm > 0 or not 0 <= args.gamma <= 1 or args.tent_kl_coef < 0:
             raise ValueError("--adapt-lr and --max-grad-norm must be positive, --gamma in [0, 1], --tent-kl-coef non-negative")
+        if args.reward_scale is not None and not args.reward_scale > 0:
+            raise ValueError(f"--reward-scale {args.reward_scale} must be positive")
         if args.online and ({"gate", "all"} & set(args.controls)):
             reward_scale = args.reward_scale if args.reward_scale is not None else critic_reward_scale(path, ckpt)
             if reward_scale is None or not reward_scale > 0:

@@ -378,7 +378,13 @@ def test_bad_input_fails_with_one_line_before_any_work(case, expected, checkpoin
     (dict(controls=["gate", "bogus"]), "--controls"),
     (dict(mode_indices=[0], modes="9.8,0.5"), "not both"),
     (dict(episodes=0), "--episodes"),
-    (dict(online=True, reward_scale=-1.0), "reward scale"),
+    (dict(online=True, reward_scale=-1.0), "--reward-scale -1.0 must be positive"),
+    (dict(reward_scale=-5.0), "--reward-scale -5.0 must be positive"),
+    (dict(online=True, reward_scale=float("inf")), "--reward-scale inf must be a finite number"),
+    (dict(adapt_lr=float("nan")), "--adapt-lr nan must be a finite number"),
+    (dict(seed=-1), "--seed -1 must be in"),
+    (dict(mode_indices=[0, 0]), "--mode-indices needs distinct"),
+    (dict(mode_indices=[]), "--mode-indices needs distinct"),
 ])
 def test_validate_rejects_bad_adapt_settings(checkpoint, overrides, expected):
     with pytest.raises(ValueError, match=expected):
