@@ -13,6 +13,7 @@ Usage: python benchmark/sb3_peers.py --algo recurrent_ppo --modes-preset seed3 -
 """
 import dataclasses
 import json
+import math
 import os
 import random
 import sys
@@ -387,6 +388,19 @@ def fail(message):
 
 def validate(args):
     """Every check that can fail before training starts; returns the resolved modes."""
+    # NaN and inf pass every `x <= 0` check below and reach SB3's optimizer: refused first
+    for field in dataclasses.fields(Args):
+        value = getattr(args, field.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"--{field.name.replace('_', '-')} {value} must be a finite number")
+    if not 0 <= args.seed < 2**32:
+        raise ValueError(f"--seed {args.seed} must be in [0, 2**32 - 1]")
+    if not 0.0 < args.gamma <= 1.0 or not 0.0 <= args.gae_lambda <= 1.0:
+        raise ValueError(f"--gamma {args.gamma} must be in (0, 1] and --gae-lambda {args.gae_lambda} in [0, 1]")
+    if args.clip_coef <= 0 or args.max_grad_norm <= 0 or args.ent_coef < 0 or args.vf_coef < 0:
+        raise ValueError("--clip-coef and --max-grad-norm must be positive, --ent-coef and --vf-coef non-negative")
+    if args.minibatch_size < 2:
+        raise ValueError("--minibatch-size must be at least 2 (SB3 normalises advantages per minibatch)")
     modes = resolve_modes(args.modes_preset, args.modes)
     if args.algo not in ALGOS:
         raise ValueError(f"unknown --algo {args.algo!r}; choose one of {', '.join(ALGOS)}")

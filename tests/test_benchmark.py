@@ -1,5 +1,6 @@
 """Tests of benchmark/: the runner (expansion, dry run, failures, retries, resume, Ray backend), the report on a
 real tiny run, and the SB3 peers' copy of the NonStationaryCartPole environment."""
+import dataclasses
 import importlib.util
 import inspect
 import json
@@ -368,6 +369,22 @@ def test_peers_callback_logs_each_episode_under_its_mode(peers, normalize):
 def test_peers_bad_flag_exits_2():
     r = subprocess.run([sys.executable, SB3_PEERS, "--algo", "a2c"], cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.startswith("sb3_peers.py: error: unknown --algo")
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    ({"learning_rate": float("nan")}, "--learning-rate nan must be a finite number"),
+    ({"max_grad_norm": float("nan")}, "--max-grad-norm nan must be a finite number"),
+    ({"gamma": -1.0}, "--gamma -1.0 must be in (0, 1]"),
+    ({"clip_coef": 0.0}, "--clip-coef and --max-grad-norm must be positive"),
+    ({"seed": -1}, "--seed -1 must be in"),
+    ({"minibatch_size": 1}, "--minibatch-size must be at least 2"),
+])
+def test_peers_refuse_meaningless_values_before_any_work(peers, overrides, needle):
+    """Found by a CLI fuzz: these trained silently with the value, or failed inside SB3 after the run dir existed."""
+    with pytest.raises(ValueError) as err:
+        peers.validate(dataclasses.replace(peers.Args(), **overrides))
+    assert needle in str(err.value)
+    peers.validate(peers.Args())
 
 
 def test_peers_recurrent_ppo_smoke(tmp_path):
