@@ -397,8 +397,12 @@ def validate(args):
         raise ValueError(f"--seed {args.seed} must be in [0, 2**32 - 1]")
     if not 0.0 < args.gamma <= 1.0 or not 0.0 <= args.gae_lambda <= 1.0:
         raise ValueError(f"--gamma {args.gamma} must be in (0, 1] and --gae-lambda {args.gae_lambda} in [0, 1]")
-    if args.clip_coef <= 0 or args.max_grad_norm <= 0 or args.ent_coef < 0 or args.vf_coef < 0:
-        raise ValueError("--clip-coef and --max-grad-norm must be positive, --ent-coef and --vf-coef non-negative")
+    for name in ("clip_coef", "max_grad_norm"):
+        if getattr(args, name) <= 0:
+            raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)} must be positive")
+    for name in ("ent_coef", "vf_coef"):
+        if getattr(args, name) < 0:
+            raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)} must be non-negative")
     if args.minibatch_size < 2:
         raise ValueError("--minibatch-size must be at least 2 (SB3 normalises advantages per minibatch)")
     modes = resolve_modes(args.modes_preset, args.modes)

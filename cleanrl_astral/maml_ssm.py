@@ -353,8 +353,11 @@ def validate_args(args: Args) -> Optional[str]:
         return f"--cpu-budget must be >= 0 (0: no limit), got {args.cpu_budget}"
     if args.eval_episodes is not None and args.eval_episodes < 1:
         return f"--eval-episodes must be >= 1, got {args.eval_episodes}"
-    if args.dynamics_coef < 0 or args.eval_later_lr_scale <= 0 or args.cg_damping < 0:
-        return "--dynamics-coef and --cg-damping must be >= 0 and --eval-later-lr-scale > 0"
+    for name in ("dynamics_coef", "cg_damping"):
+        if getattr(args, name) < 0:
+            return f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}"
+    if args.eval_later_lr_scale <= 0:
+        return f"--eval-later-lr-scale must be positive, got {args.eval_later_lr_scale}"
     if args.save_model and args.eval_tasks < 2:
         return f"--eval-tasks {args.eval_tasks}: the evaluation after --save-model needs >= 2 tasks for its 95% CI"
     if args.goal_box and args.task != "point-nav-2d":
@@ -1480,8 +1483,9 @@ def parse_cli(argv):
 
 
 def main_eval(eargs: EvalArgs):
-    if finite_and_seeded(eargs):
-        error(finite_and_seeded(eargs))
+    msg = finite_and_seeded(eargs)
+    if msg:
+        error(msg)
     if eargs.num_tasks < 2 or eargs.num_steps < 0:
         error("--num-tasks must be >= 2 (for a confidence interval) and --num-steps >= 0")
     if (eargs.inner_lr is not None and eargs.inner_lr <= 0) or eargs.later_lr_scale <= 0:

@@ -1001,12 +1001,15 @@ def validate_args(args: Args) -> Optional[str]:
     if args.total_timesteps < args.num_envs * args.max_episode_steps:
         return (f"--total-timesteps {args.total_timesteps} is less than one update (--num-envs x --max-episode-steps "
                 f"= {args.num_envs * args.max_episode_steps})")
-    if args.learning_rate <= 0 or args.checkpoint_every < 0 or args.llm_retries < 0 or args.llm_timeout <= 0:
-        return "--learning-rate and --llm-timeout must be positive, --checkpoint-every and --llm-retries >= 0"
-    if not 0.0 < args.gamma <= 1.0 or not 0.0 <= args.gae_lambda <= 1.0 or not 0.0 <= args.baseline_decay < 1.0:
-        return "--gamma must be in (0, 1], --gae-lambda in [0, 1] and --baseline-decay in [0, 1)"
-    if not 0.0 < args.mastery_threshold <= 1.0 or args.clip_coef <= 0 or args.max_grad_norm <= 0:
-        return "--mastery-threshold must be in (0, 1], --clip-coef and --max-grad-norm positive"
+    for name, ok, need in (("learning_rate", lambda v: v > 0, "positive"), ("llm_timeout", lambda v: v > 0, "positive"),
+                           ("clip_coef", lambda v: v > 0, "positive"), ("max_grad_norm", lambda v: v > 0, "positive"),
+                           ("checkpoint_every", lambda v: v >= 0, ">= 0 (0: never)"),
+                           ("llm_retries", lambda v: v >= 0, ">= 0"), ("gamma", lambda v: 0 < v <= 1, "in (0, 1]"),
+                           ("gae_lambda", lambda v: 0 <= v <= 1, "in [0, 1]"),
+                           ("baseline_decay", lambda v: 0 <= v < 1, "in [0, 1)"),
+                           ("mastery_threshold", lambda v: 0 < v <= 1, "in (0, 1]")):
+        if not ok(getattr(args, name)):
+            return f"--{name.replace('_', '-')} {getattr(args, name)} must be {need}"
     if args.analysis and args.analysis_samples < 2:
         return "--analysis-samples must be >= 2 (or --no-analysis)"
     if args.model_path and not args.eval_only:
@@ -1046,17 +1049,21 @@ def validate_args(args: Args) -> Optional[str]:
         return "--num-envs * --max-episode-steps must be divisible by --num-minibatches"
     if args.eval_only and not (args.model_path and os.path.isfile(args.model_path)):
         return f"--eval-only needs an existing --model-path, got {args.model_path!r}"
-    if args.resume:
-        if not os.path.isfile(args.resume):
-            return f"--resume checkpoint {args.resume!r} does not exist"
-        try:
-            ckpt = torch.load(args.resume, map_location="cpu", weights_only=False)
-        except Exception as e:  # a truncated or foreign file must fail here, before any work
-            return f"--resume {args.resume!r} is not a readable checkpoint ({type(e).__name__})"
-        if ckpt.get("script") != SCRIPT or "optimizer" not in ckpt:
-            return f"--resume {args.resume!r} is not a {SCRIPT} checkpoint (use {{run_dir}}/checkpoint.pt)"
-        if "recent_level" not in ckpt:  # per-level success windows would restart empty: a silently different log
-            return f"--resume {args.resume!r} was written by an older {SCRIPT} without per-level success; start afresh"
+    return resume_problem(args.resume) if args.resume else None
+
+
+def resume_problem(path: str) -> Optional[str]:
+    """What is wrong with a --resume checkpoint, or None: checked before its settings replace the command line's."""
+    if not os.path.isfile(path):
+        return f"--resume checkpoint {path!r} does not exist"
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # a truncated or foreign file must fail here, before any work
+        return f"--resume {path!r} is not a readable checkpoint ({type(e).__name__})"
+    if ckpt.get("script") != SCRIPT or "optimizer" not in ckpt:
+        return f"--resume {path!r} is not a {SCRIPT} checkpoint (use {{run_dir}}/checkpoint.pt)"
+    if "recent_level" not in ckpt:  # per-level success windows would restart empty: a silently different log
+        return f"--resume {path!r} was written by an older {SCRIPT} without per-level success; start afresh"
     return None
 
 
@@ -1091,11 +1098,12 @@ if __name__ == "__main__":
     args = tyro.cli(Args)
     if isinstance(args.baselines, str):
         args.baselines = (args.baselines,)
-    error = validate_args(args)
+    # a resumed run is validated with the checkpoint's settings, not the command line's defaults
+    error = resume_problem(args.resume) if args.resume else None
     if error is None and args.resume:
         saved = torch.load(args.resume, map_location="cpu", weights_only=False)["args"]
         args, error = resumed_args(args, saved, flags_given(sys.argv[1:]))
-        error = error or validate_args(args)
+    error = error or validate_args(args)
     if error:
         print(f"{SCRIPT}.py: error: {error}", file=sys.stderr)
         sys.exit(2)

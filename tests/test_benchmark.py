@@ -375,7 +375,8 @@ def test_peers_bad_flag_exits_2():
     ({"learning_rate": float("nan")}, "--learning-rate nan must be a finite number"),
     ({"max_grad_norm": float("nan")}, "--max-grad-norm nan must be a finite number"),
     ({"gamma": -1.0}, "--gamma -1.0 must be in (0, 1]"),
-    ({"clip_coef": 0.0}, "--clip-coef and --max-grad-norm must be positive"),
+    ({"clip_coef": 0.0}, "--clip-coef 0.0 must be positive"),
+    ({"ent_coef": -0.1}, "--ent-coef -0.1 must be non-negative"),
     ({"seed": -1}, "--seed -1 must be in"),
     ({"minibatch_size": 1}, "--minibatch-size must be at least 2"),
 ])

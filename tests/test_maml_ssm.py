@@ -419,6 +419,13 @@ def test_eval_leaves_checkpoint_bit_identical_and_writes_eval_json(trained_ckpt)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == res
     # evaluation starts every task from the checkpoint's theta: the same seed gives the same numbers
     assert m.evaluate(trained_ckpt, 3, 3, write=False) == res
+    # NaN passed eval's `<= 0` checks and crashed inside the first adaptation step; a bad seed failed in numpy
+    for flags, needle in ((["--inner-lr", "nan"], "--inner-lr nan must be a finite number"),
+                          (["--eval-seed", "-1"], "--eval-seed -1 must be in [0, 2**32 - 1]")):
+        bad = run(["eval", "--checkpoint", trained_ckpt, *flags], check=False)
+        lines = bad.stderr.strip().splitlines()
+        assert bad.returncode == 2 and len(lines) == 1 and needle in lines[0], bad.stderr
+    assert sha(trained_ckpt) == digest
 
 
 def test_eval_test_tasks_never_seen_in_training(trained_ckpt):
@@ -497,7 +504,8 @@ def test_validate_args_rejects_bad_values(monkeypatch):
     # NaN passed every `<= 0` check and trained (or crashed after the run directory existed); found by a CLI fuzz
     for kwargs, needle in (({"dynamics_coef": float("nan")}, "--dynamics-coef nan must be a finite"),
                            ({"max_kl": float("inf")}, "--max-kl inf must be a finite"),
-                           ({"cg_damping": -1.0}, "--cg-damping must be >= 0"),
+                           ({"cg_damping": -1.0}, "--cg-damping must be >= 0, got -1.0"),
+                           ({"eval_later_lr_scale": 0.0}, "--eval-later-lr-scale must be positive, got 0.0"),
                            ({"eval_tasks": 1, "save_model": True}, "needs >= 2 tasks for its 95% CI")):
         assert needle in m.validate_args(m.Args(**kwargs)), kwargs
     assert m.validate_args(m.Args(eval_tasks=1)) is None  # no evaluation without --save-model

@@ -358,6 +358,8 @@ BAD_INPUTS = [
     (["--seed", "-1"], "--seed -1 must be in [0, 2**32 - 1]"),
     (["--tau", "inf"], "--tau inf must be a finite number"),
     (["--lambda-w-ent", "nan"], "--lambda-w-ent nan must be a finite number"),
+    (["--ent-coef", "-1"], "--ent-coef -1.0 must be non-negative"),
+    (["--target-kl", "0"], "--target-kl 0.0 must be positive"),
 ]
 
 

@@ -367,6 +367,8 @@ BAD_INPUTS = [
     (["--max-grad-norm", "-1"], "--max-grad-norm -1.0 must be positive"),
     (["--seed", "-1"], "--seed -1 must be in [0, 2**32 - 1]"),
     (["--target-kl", "nan"], "--target-kl nan must be a finite number"),
+    (["--ent-coef", "-1"], "--ent-coef -1.0 must be non-negative"),
+    (["--target-kl", "0"], "--target-kl 0.0 must be positive"),
 ]
 
 

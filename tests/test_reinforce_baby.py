@@ -614,6 +614,9 @@ def test_resume_continues_from_checkpoint(tmp_path):
         lines = refused.stderr.strip().splitlines()
         assert refused.returncode == 2 and len(lines) == 1 and needle in lines[0], refused.stderr
     assert torch.load(ckpt, weights_only=False)["global_step"] == 192
+    # validated with the checkpoint's settings: one update is 16 env steps here (16 envs), 32 with the defaults,
+    # so a budget of 16 is a valid (already reached) budget for this run, not "less than one update"
+    assert run_script("--resume", ckpt, "--total-timesteps", "16").returncode == 0
     args, error = rb.resumed_args(rb.Args(task="pattern-echo", num_actions=8, resume=ckpt), saved["args"],
                                   {"task", "num_actions", "resume"})
     assert error is None and args.hidden_dim == 32 and args.total_timesteps == 192
@@ -649,9 +652,16 @@ def test_bad_input_fails_with_one_line_before_any_work(tmp_path, flags, needle):
     ({"print_every": 0}, "--print-every must be >= 1"),
     ({"algorithm": "ppo", "update_epochs": 0}, "--update-epochs must be >= 1"),
     ({"total_timesteps": 0}, "--total-timesteps 0 is less than one update"),
-    ({"gamma": -1.0}, "--gamma must be in (0, 1]"),
-    ({"baseline_decay": 2.0}, "--baseline-decay in [0, 1)"),
-    ({"mastery_threshold": 0.0}, "--mastery-threshold must be in (0, 1]"),
+    ({"gamma": -1.0}, "--gamma -1.0 must be in (0, 1]"),
+    ({"algorithm": "ppo", "gae_lambda": 2.0}, "--gae-lambda 2.0 must be in [0, 1]"),
+    ({"baseline_decay": 2.0}, "--baseline-decay 2.0 must be in [0, 1)"),
+    ({"mastery_threshold": 0.0}, "--mastery-threshold 0.0 must be in (0, 1]"),
+    ({"clip_coef": 0.0}, "--clip-coef 0.0 must be positive"),
+    ({"checkpoint_every": -1}, "--checkpoint-every -1 must be >= 0"),
+    ({"llm_retries": -1}, "--llm-retries -1 must be >= 0"),
+    ({"llm_timeout": 0.0}, "--llm-timeout 0.0 must be positive"),
+    ({"llm_concurrency": 0}, "--llm-concurrency must be >= 1"),
+    ({"algorithm": "ppo", "num_minibatches": 0}, "--num-minibatches must be >= 1"),  # was a ZeroDivisionError
     ({"analysis_samples": 0}, "--analysis-samples must be >= 2"),
     ({"model_path": "x.cleanrl_model"}, "--model-path is only read with --eval-only"),
     ({"parent": "llm", "llm_base_url": "notaurl"}, "must be an http:// or https:// URL"),
