@@ -14,6 +14,7 @@ import concurrent.futures
 import hashlib
 import itertools
 import json
+import math
 import os
 import re
 import shlex
@@ -52,9 +53,13 @@ def parse_grid_spec(spec: str) -> list[list[str]]:
     "--flag v1 v2" gives [[--flag, v1], [--flag, v2]]; "A | B | C" gives the three flag strings as
     alternatives (for boolean flags or several flags at once; an empty alternative adds nothing).
     """
+    try:
+        alternatives = [shlex.split(alt) for alt in spec.split("|")]
+    except ValueError as e:  # shlex: "No closing quotation" and the like
+        raise ValueError(f"grid spec {spec!r} cannot be split into arguments ({e}); check its quotes") from e
     if "|" in spec:
-        return [shlex.split(alt) for alt in spec.split("|")]
-    tokens = shlex.split(spec)
+        return alternatives
+    tokens = alternatives[0]
     if len(tokens) < 2 or not tokens[0].startswith("-"):
         raise ValueError(
             f"grid spec {spec!r} must be '--flag value1 value2 ...' or 'alternative1 | alternative2 | ...'"
@@ -351,12 +356,23 @@ def parse_args(argv=None):
         errors.append("--retries must be >= 0")
     if args.threads_per_run < 1:
         errors.append("--threads-per-run must be >= 1")
-    if args.cpus_per_run <= 0:
-        errors.append("--cpus-per-run must be > 0")
+    if args.start_seed < 0:
+        errors.append(f"--start-seed must be >= 0, got {args.start_seed}")
+    if not math.isfinite(args.cpus_per_run) or args.cpus_per_run <= 0:
+        errors.append(f"--cpus-per-run must be a finite number > 0, got {args.cpus_per_run}")
+    if os.path.exists(args.output) and not os.path.isdir(args.output):
+        errors.append(f"--output {args.output} is a file; give a directory (it is created if missing)")
+    # a missing working directory would make every run fail with exit code 127; a Ray cluster's nodes are not ours
+    if not args.ray_address and not os.path.isdir(args.cwd):
+        errors.append(f"--cwd {args.cwd} is not a directory")
     if args.ray_address and args.backend != "ray":
         errors.append("--ray-address needs --backend ray")
-    if any(not c.strip() for c in args.command):
-        errors.append("--command must not be empty")
+    for command in args.command:
+        try:
+            if not shlex.split(command):
+                errors.append("--command must not be empty")
+        except ValueError as e:  # shlex: "No closing quotation" and the like
+            errors.append(f"--command {command!r} cannot be split into arguments ({e}); check its quotes")
     if args.env_ids:
         args.grid = ["--env-id " + " ".join(shlex.quote(e) for e in args.env_ids)] + args.grid
     for spec in args.grid:

@@ -732,6 +732,27 @@ def test_the_same_command_line_twice_is_refused(tmp_path):
     assert not (tmp_path / "sweep").exists()
 
 
+def test_bad_runner_flags_are_one_line_errors_before_any_run(tmp_path):
+    """Each used to be a traceback (an --output that is a file, an unbalanced quote), a sweep of runs that all
+    failed (--cwd missing, a negative seed the scripts refuse) or a Ray reservation of NaN CPUs."""
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    cases = {
+        ("--output", str(a_file)): "is a file",
+        ("--cwd", str(tmp_path / "missing")): "is not a directory",
+        ("--cpus-per-run", "nan"): "--cpus-per-run must be a finite number > 0, got nan",
+        ("--start-seed", "-1"): "--start-seed must be >= 0, got -1",
+        ("--command", "python x.py --tag 'open"): "check its quotes",
+        ("--grid", "--tag 'a | b"): "check its quotes",
+    }
+    for flags, message in cases.items():
+        command = [] if flags[0] == "--command" else ["--command", "python x.py"]
+        output = [] if flags[0] == "--output" else ["--output", str(tmp_path / "sweep")]
+        r = run_benchmark(*command, *flags, *output, "--num-seeds", "1")
+        assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, (flags, r.stderr)
+    assert not (tmp_path / "sweep").exists() and a_file.read_text() == ""
+
+
 def test_labels_follow_the_command_index_and_a_missing_eval_json_is_a_warning(tmp_path):
     """--labels 1=... names command 1 even while command 0 has no finished run; a run without eval.json is listed
     under the warnings, and the eval cells, which average fewer seeds than the Seeds column, say how many."""
