@@ -45,17 +45,33 @@ MAIN_METRICS = {
 }
 
 
+# what build_report reads from every manifest line (benchmark.py writes these and more)
+MANIFEST_KEYS = ("run_key", "command_index", "command", "grid_index", "grid", "seed", "exit_code", "runs_dir",
+                 "wall_time_s")
+
+
 def load_manifest(sweep_dir: str) -> list[dict]:
     """The last attempt of every run in the sweep (a retried run has one manifest line per attempt)."""
     path = os.path.join(sweep_dir, "manifest.jsonl")
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path} does not exist: run benchmark/benchmark.py --output {sweep_dir} first")
+    if not os.path.isfile(path):
+        raise ValueError(f"{path} is not a file; give the --output directory of a benchmark.py sweep")
     latest = {}
-    with open(path) as f:
-        for line in f:
-            if line.strip():
+    with open(path, errors="replace") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
                 record = json.loads(line)
-                latest[record["run_key"]] = record
+            except json.JSONDecodeError:
+                record = None
+            if not isinstance(record, dict) or any(key not in record for key in MANIFEST_KEYS):
+                missing = [key for key in MANIFEST_KEYS if key not in record] if isinstance(record, dict) else []
+                why = f"lacks {', '.join(missing)}" if missing else "is not a JSON object"
+                raise ValueError(f"{path} line {number} {why}: not a benchmark.py manifest record; re-run the sweep "
+                                 "with benchmark.py --resume into a fresh --output, or remove that line")
+            latest[record["run_key"]] = record
     return list(latest.values())
 
 
@@ -280,6 +296,10 @@ def build_report(sweeps: list[str], output: str, labels: dict, last_n: int = 100
         offset += max((record.get("num_commands", record["command_index"] + 1) for record in manifest), default=0)
 
     rows, problems, failed = [], [], []
+    command_ids = {offsets[sweep] + record["command_index"] for sweep, record in records}
+    for key, name in labels.items():
+        if key not in command_ids if isinstance(key, int) else not any(key in r["command"] for _, r in records):
+            problems.append(f"label {key}={name} matches no command of these sweeps (a typo, or its runs are missing)")
     groups: dict[str, list] = {}
     for sweep, record in sorted(records, key=lambda sr: (sweeps.index(sr[0]), sr[1]["command_index"],
                                                          sr[1]["grid_index"], sr[1]["seed"])):
@@ -412,6 +432,15 @@ def main(argv=None) -> int:
     if twice is not None:
         print(f"report.py: error: sweep {twice} is given twice; its runs would count as extra seeds and narrow the "
               "confidence intervals; give each sweep once", file=sys.stderr)
+        return 2
+    try:
+        manifests = [load_manifest(s) for s in args.sweep]
+    except ValueError as e:
+        print(f"report.py: error: {e}", file=sys.stderr)
+        return 2
+    if not any(manifests):
+        print(f"report.py: error: no runs recorded in {' '.join(args.sweep)}; the sweep has not finished a run yet",
+              file=sys.stderr)
         return 2
     title = args.title or os.path.basename(os.path.normpath(args.output))
     result = build_report(args.sweep, args.output, labels, args.last_n, args.smooth, title)

@@ -753,6 +753,32 @@ def test_bad_runner_flags_are_one_line_errors_before_any_run(tmp_path):
     assert not (tmp_path / "sweep").exists() and a_file.read_text() == ""
 
 
+def test_a_corrupt_or_empty_manifest_is_a_one_line_error_before_the_report_is_written(tmp_path):
+    """Each used to be a traceback (JSONDecodeError, KeyError, IsADirectoryError) or, for an empty manifest, an
+    empty report with exit 0."""
+    report = load(REPORT)
+    good = {"run_key": "c0__g0_base__s1", "command_index": 0, "command": "python x.py", "grid_index": 0, "grid": "",
+            "seed": 1, "exit_code": 0, "runs_dir": "r", "wall_time_s": 1.0}
+    cases = {
+        json.dumps(good) + "\n{truncated": "line 2 is not a JSON object",
+        json.dumps({k: v for k, v in good.items() if k != "seed"}): "line 1 lacks seed",
+        "[1, 2]": "line 1 is not a JSON object",
+        "\n": "no runs recorded",
+        None: "is not a file",
+    }
+    for i, (text, message) in enumerate(cases.items()):
+        sweep = tmp_path / f"sweep{i}"
+        if text is None:
+            (sweep / "manifest.jsonl").mkdir(parents=True)
+        else:
+            sweep.mkdir()
+            (sweep / "manifest.jsonl").write_text(text)
+        r = subprocess.run([sys.executable, REPORT, "--sweep", str(sweep), "--output", str(tmp_path / "rep")],
+                           cwd=REPO, capture_output=True, text=True)
+        assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, (text, r.stderr)
+    assert not (tmp_path / "rep").exists()
+
+
 def test_labels_follow_the_command_index_and_a_missing_eval_json_is_a_warning(tmp_path):
     """--labels 1=... names command 1 even while command 0 has no finished run; a run without eval.json is listed
     under the warnings, and the eval cells, which average fewer seeds than the Seeds column, say how many."""
@@ -774,8 +800,15 @@ def test_labels_follow_the_command_index_and_a_missing_eval_json_is_a_warning(tm
     (sweep / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     result = report.build_report([str(sweep)], str(tmp_path / "report"), {0: "slow_method", 1: "fast_method"})
     text = (tmp_path / "report" / "report.md").read_text()
-    assert "fast_method" in text and "slow_method" not in text
+    tables = text.split("## Warnings")[0]
+    assert "fast_method" in tables and "slow_method" not in tables
     assert any("c1__g0_base__s2: no eval.json" in p for p in result["problems"])
+    # a label that names nothing is most likely a typo: said, not silently ignored
+    assert any(p.startswith("label 0=slow_method matches no command") for p in result["problems"])
+    result = report.build_report([str(sweep)], str(tmp_path / "report2"), {"fats.py": "fast_method"})
+    assert any(p.startswith("label fats.py=fast_method matches no command") for p in result["problems"])
+    assert not any(p.startswith("label") for p in
+                   report.build_report([str(sweep)], str(tmp_path / "report3"), {"fast.py": "f"})["problems"])
     # the same sweep given twice (here once through a trailing slash) would double its seeds: refused
     assert report.main(["--sweep", str(sweep), str(sweep) + "/", "--output", str(tmp_path / "twice")]) == 2
     assert not (tmp_path / "twice").exists()
