@@ -10,6 +10,7 @@ Usage (the locked MVP):
 """
 
 import collections
+import contextlib
 import concurrent.futures
 import dataclasses
 import hashlib
@@ -1040,8 +1041,11 @@ def validate_args(args: Args) -> Optional[str]:
     n_params = num_parameters(Agent(args.num_actions, args.max_episode_steps, args.hidden_dim, args.num_layers,
                                     args.num_heads, args.wm_target))
     if n_params >= 1_000_000:
-        return (f"the model would have {n_params:,} parameters; the baby model must stay under 1M: "
-                f"reduce --hidden-dim or --num-layers (e.g. --hidden-dim 128 --num-layers 4)")
+        # the state embedding has one row per value of every attribute, the step counter included
+        embeddings = sum(attribute_vocab(args.num_actions, args.max_episode_steps)) * args.hidden_dim
+        fix = (f"reduce --max-episode-steps or --num-actions ({embeddings:,} of them are in the state embedding)"
+               if embeddings >= n_params / 2 else "reduce --hidden-dim or --num-layers (e.g. --hidden-dim 128 --num-layers 4)")
+        return f"the model would have {n_params:,} parameters; the baby model must stay under 1M: {fix}"
     bad = [b for b in args.baselines if b not in ("random", "rl-only", "kl-distill")]
     if bad:
         return f"unknown baseline {bad[0]!r}; choose from random, rl-only, kl-distill"
@@ -1049,7 +1053,34 @@ def validate_args(args: Args) -> Optional[str]:
         return "--num-envs * --max-episode-steps must be divisible by --num-minibatches"
     if args.eval_only and not (args.model_path and os.path.isfile(args.model_path)):
         return f"--eval-only needs an existing --model-path, got {args.model_path!r}"
-    return resume_problem(args.resume) if args.resume else None
+    problem = model_problem(args.model_path) if args.eval_only else None
+    problem = problem or (llm_cache_problem(args.llm_cache) if args.parent == "llm" and args.llm_cache else None)
+    return problem or (resume_problem(args.resume) if args.resume else None)
+
+
+def model_problem(path: str) -> Optional[str]:
+    """What is wrong with an --eval-only --model-path, or None: checked before its settings are read."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # a truncated or foreign file must fail here, before any work
+        return f"--model-path {path!r} is not a readable model file ({type(e).__name__})"
+    if not isinstance(ckpt, dict) or ckpt.get("script") != SCRIPT or "state_dict" not in ckpt or "args" not in ckpt:
+        return (f"--model-path {path!r} is not a {SCRIPT} model; give the {{exp_name}}.cleanrl_model or "
+                "checkpoint.pt of a reinforce_baby run")
+    return None
+
+
+def llm_cache_problem(path: str) -> Optional[str]:
+    """What is wrong with an --llm-cache path, or None: a directory or a non-sqlite file would fail mid-run."""
+    if os.path.isdir(path):
+        return f"--llm-cache {path!r} is a directory; give a file path (it is created if missing)"
+    if os.path.exists(path):
+        try:
+            with contextlib.closing(sqlite3.connect(path)) as db:
+                db.execute("SELECT name FROM sqlite_master").fetchall()
+        except sqlite3.DatabaseError as e:
+            return f"--llm-cache {path!r} is not an sqlite database ({e}); give a new path or a cache a run wrote"
+    return None
 
 
 def resume_problem(path: str) -> Optional[str]:

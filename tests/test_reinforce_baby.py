@@ -674,6 +674,43 @@ def test_meaningless_values_are_refused_by_validate_args(kwargs, needle):
     assert rb.validate_args(rb.Args(num_actions=8)) is None
 
 
+def test_foreign_model_files_and_llm_caches_are_refused_before_any_work(tmp_path):
+    """--eval-only on an empty file or another script's model was an EOFError or KeyError, and an --llm-cache that
+    is a directory or not an sqlite file an sqlite3 traceback after the run directory existed."""
+    empty, foreign, junk = tmp_path / "empty.cleanrl_model", tmp_path / "ppo.cleanrl_model", tmp_path / "junk.sqlite"
+    empty.write_bytes(b"")
+    torch.save({"state_dict": {}, "args": {}}, foreign)  # what another script's --save-model writes
+    junk.write_text("not a database, but long enough for sqlite to read its header " * 4)
+    base = {"num_actions": 8}
+    cases = [
+        ({"eval_only": True, "model_path": str(empty)}, "is not a readable model file"),
+        ({"eval_only": True, "model_path": str(foreign)}, "is not a reinforce_baby model"),
+        ({"parent": "llm", "llm_base_url": "http://127.0.0.1:9/v1", "llm_cache": str(tmp_path)}, "is a directory"),
+        ({"parent": "llm", "llm_base_url": "http://127.0.0.1:9/v1", "llm_cache": str(junk)},
+         "is not an sqlite database"),
+    ]
+    for kwargs, needle in cases:
+        error = rb.validate_args(rb.Args(**base, **kwargs))
+        assert error is not None and needle in error, (kwargs, error)
+    # a cache a run wrote, and a path not there yet, are fine
+    rb.LLMParent(8, 1, "http://127.0.0.1:9/v1", "m", "", 1.0, 0, str(tmp_path / "ok.sqlite")).db.close()
+    for cache in (tmp_path / "ok.sqlite", tmp_path / "new.sqlite"):
+        assert rb.validate_args(rb.Args(**base, parent="llm", llm_base_url="http://127.0.0.1:9/v1",
+                                        llm_cache=str(cache))) is None
+    out = run_script("--eval-only", "--model-path", str(foreign), "--runs-dir", str(tmp_path / "runs"), check=False)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and "not a reinforce_baby model" in out.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_oversized_model_names_the_flag_that_made_it_so():
+    """A long horizon grows the step-counter embedding, not the transformer: the message must not advise
+    shrinking --hidden-dim for it."""
+    error = rb.validate_args(rb.Args(max_episode_steps=100_000, total_timesteps=10**9, num_envs=1))
+    assert "under 1M" in error and "--max-episode-steps" in error and "--hidden-dim" not in error, error
+    error = rb.validate_args(rb.Args(hidden_dim=256, num_layers=4))
+    assert "under 1M" in error and "--hidden-dim" in error and "--max-episode-steps" not in error, error
+
+
 def test_num_actions_check_depends_on_the_levels_used():
     assert rb.validate_args(rb.Args(task="pattern-echo", num_actions=4, level=1)) is None
     assert "--num-actions 4" in rb.validate_args(rb.Args(task="pattern-echo", num_actions=4, level=2))
