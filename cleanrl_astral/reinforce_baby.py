@@ -1044,7 +1044,8 @@ def validate_args(args: Args) -> Optional[str]:
         # the state embedding has one row per value of every attribute, the step counter included
         embeddings = sum(attribute_vocab(args.num_actions, args.max_episode_steps)) * args.hidden_dim
         fix = (f"reduce --max-episode-steps or --num-actions ({embeddings:,} of them are in the state embedding)"
-               if embeddings >= n_params / 2 else "reduce --hidden-dim or --num-layers (e.g. --hidden-dim 128 --num-layers 4)")
+               if embeddings >= n_params / 2
+               else "reduce --hidden-dim or --num-layers (e.g. --hidden-dim 128 --num-layers 4)")
         return f"the model would have {n_params:,} parameters; the baby model must stay under 1M: {fix}"
     bad = [b for b in args.baselines if b not in ("random", "rl-only", "kl-distill")]
     if bad:

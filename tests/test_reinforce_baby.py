@@ -698,7 +698,8 @@ def test_foreign_model_files_and_llm_caches_are_refused_before_any_work(tmp_path
         assert rb.validate_args(rb.Args(**base, parent="llm", llm_base_url="http://127.0.0.1:9/v1",
                                         llm_cache=str(cache))) is None
     out = run_script("--eval-only", "--model-path", str(foreign), "--runs-dir", str(tmp_path / "runs"), check=False)
-    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and "not a reinforce_baby model" in out.stderr
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+    assert "not a reinforce_baby model" in out.stderr
     assert not (tmp_path / "runs").exists()
 
 
