@@ -395,6 +395,9 @@ def validate(args):
             raise ValueError(f"--{field.name.replace('_', '-')} {value} must be a finite number")
     if not 0 <= args.seed < 2**32:
         raise ValueError(f"--seed {args.seed} must be in [0, 2**32 - 1]")
+    # the name becomes part of a directory name and of the model file's name: a '/' makes the save fail after training
+    if not args.exp_name.strip() or "/" in args.exp_name:
+        raise ValueError(f"--exp-name {args.exp_name!r} must be a non-empty name without '/'")
     if not 0.0 < args.gamma <= 1.0 or not 0.0 <= args.gae_lambda <= 1.0:
         raise ValueError(f"--gamma {args.gamma} must be in (0, 1] and --gae-lambda {args.gae_lambda} in [0, 1]")
     for name in ("clip_coef", "max_grad_norm"):
@@ -437,7 +440,10 @@ if __name__ == "__main__":
     exp_name = args.exp_name if args.exp_name != SCRIPT else f"{SCRIPT}_{args.algo}"
     run_name = f"{args.env_id}__{exp_name}__{args.seed}__{int(time.time())}"
     run_dir = os.path.join(args.runs_dir, run_name)
-    os.makedirs(run_dir, exist_ok=True)
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+    except OSError as e:  # --runs-dir is a file, or not writable
+        fail(f"--runs-dir {args.runs_dir}: cannot create the run directory ({e.strerror}); give a writable directory")
 
     if args.track:
         import wandb

@@ -260,6 +260,10 @@ def finite_and_seeded(a) -> Optional[str]:
         value = getattr(a, name, None)
         if value is not None and not 0 <= value < 2**32:
             return f"--{name.replace('_', '-')} {value} must be in [0, 2**32 - 1]"
+    # the name becomes part of a directory name and of the model file's name: a '/' makes the save fail after training
+    name = getattr(a, "exp_name", "x")
+    if not name.strip() or "/" in name:
+        return f"--exp-name {name!r} must be a non-empty name without '/'"
     return None
 
 

@@ -752,6 +752,9 @@ def validate(args):
             raise ValueError(f"--{field.name.replace('_', '-')} {value} must be a finite number")
     if not 0 <= args.seed < 2**32:
         raise ValueError(f"--seed {args.seed} must be in [0, 2**32 - 1] (the range numpy and gymnasium accept)")
+    # the name becomes part of a directory name and of the model file's name: a '/' makes the save fail after training
+    if not args.exp_name.strip() or "/" in args.exp_name:
+        raise ValueError(f"--exp-name {args.exp_name!r} must be a non-empty name without '/'")
     if not 0.0 < args.gamma <= 1.0 or not 0.0 <= args.gae_lambda <= 1.0:
         raise ValueError(f"--gamma {args.gamma} must be in (0, 1] and --gae-lambda {args.gae_lambda} in [0, 1]")
     for name in ("clip_coef", "max_grad_norm"):

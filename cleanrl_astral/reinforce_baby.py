@@ -996,6 +996,9 @@ def validate_args(args: Args) -> Optional[str]:
             return f"--{field.name.replace('_', '-')} {value} must be a finite number"
     if not 0 <= args.seed < 2**32:
         return f"--seed {args.seed} must be in [0, 2**32 - 1] (the range numpy accepts)"
+    # the name becomes part of a directory name and of the model file's name: a '/' makes the save fail after training
+    if not args.exp_name.strip() or "/" in args.exp_name:
+        return f"--exp-name {args.exp_name!r} must be a non-empty name without '/'"
     for name in ("num_heads", "num_minibatches", "update_epochs", "print_every", "llm_concurrency"):
         if getattr(args, name) < 1:
             return f"--{name.replace('_', '-')} must be >= 1"

@@ -684,6 +684,9 @@ def validate(args):
             raise ValueError(f"--{field.name.replace('_', '-')} {value} must be a finite number")
     if not 0 <= args.seed < 2**32:
         raise ValueError(f"--seed {args.seed} must be in [0, 2**32 - 1]")
+    # the name becomes part of a directory name and of the model file's name: a '/' makes the save fail after training
+    if not args.exp_name.strip() or "/" in args.exp_name:
+        raise ValueError(f"--exp-name {args.exp_name!r} must be a non-empty name without '/'")
     if args.mode_indices is not None and (not args.mode_indices or len(set(args.mode_indices)) != len(args.mode_indices)):
         raise ValueError("--mode-indices needs distinct training-mode indices (a repeated one would be counted twice in "
                          "eval.json but once in tta.json)")

@@ -1,0 +1,71 @@
+"""Every script puts --exp-name into its run directory's and model file's names, so a name with '/' used to fail
+only at the save after training (or nest the run one directory down), and an empty one wrote a hidden
+'.cleanrl_model'. All refuse such names before any work."""
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+from cleanrl_astral import maml_ssm, ppo_gru_astral, ppo_gru_baseline, reinforce_baby, tta_gating
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load_sb3_peers():
+    spec = importlib.util.spec_from_file_location("sb3_peers", os.path.join(REPO, "benchmark", "sb3_peers.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def problem(module, args_class, **kwargs):
+    """The validation message of a script for these settings, None if accepted."""
+    if module is reinforce_baby:
+        return module.validate_args(args_class(**kwargs))
+    if module is maml_ssm:
+        return module.finite_and_seeded(args_class(**kwargs))
+    try:
+        module.validate(args_class(**kwargs))
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+@pytest.mark.parametrize("script", ["ppo_gru_baseline", "ppo_gru_astral", "reinforce_baby", "maml_ssm", "tta_adapt",
+                                    "tta_clamp", "sb3_peers"])
+def test_exp_names_that_cannot_name_a_file_are_refused(script):
+    module, args_class = {
+        "ppo_gru_baseline": (ppo_gru_baseline, ppo_gru_baseline.Args),
+        "ppo_gru_astral": (ppo_gru_astral, ppo_gru_astral.Args),
+        "reinforce_baby": (reinforce_baby, reinforce_baby.Args),
+        "maml_ssm": (maml_ssm, maml_ssm.Args),
+        "tta_adapt": (tta_gating, lambda **kw: tta_gating.AdaptArgs(checkpoint="missing", **kw)),
+        "tta_clamp": (tta_gating, lambda **kw: tta_gating.ClampArgs(checkpoint="missing", **kw)),
+        "sb3_peers": (None, None),
+    }[script]
+    if script == "sb3_peers":
+        module = load_sb3_peers()
+        args_class = module.Args
+    for bad in ("", "  ", "a/b"):
+        message = problem(module, args_class, exp_name=bad)
+        assert message is not None and f"--exp-name {bad!r} must be a non-empty name without '/'" in message, message
+    message = problem(module, args_class, exp_name="my_run-2")  # tta_gating then stops at its missing checkpoint
+    assert message is None or "--exp-name" not in message, message
+
+
+def test_the_cli_refuses_a_bad_exp_name_and_an_unusable_runs_dir_before_creating_anything(tmp_path):
+    runs = tmp_path / "runs"
+    r = subprocess.run([sys.executable, "cleanrl_astral/ppo_gru_baseline.py", "--exp-name", "a/b", "--runs-dir",
+                        str(runs)], cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "ppo_gru_baseline.py: error: --exp-name 'a/b' must be a non-empty name without '/'"], r.stderr
+    assert not runs.exists()
+    # sb3_peers made its run directory with os.makedirs: a --runs-dir that is a file was a NotADirectoryError
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    r = subprocess.run([sys.executable, "benchmark/sb3_peers.py", "--runs-dir", str(a_file)],
+                       cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--runs-dir" in r.stderr, r.stderr
+    assert a_file.read_text() == ""
