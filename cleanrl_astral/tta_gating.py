@@ -405,8 +405,12 @@ def critic_reward_scale(model_path, ckpt):
     path = os.path.join(os.path.dirname(model_path), "checkpoint.pt")
     if not os.path.isfile(path):
         return None
-    train_ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    if train_ckpt.get("run_name") != ckpt["run_name"] or not train_ckpt.get("reward_scaler"):
+    try:
+        train_ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # truncated or foreign: said here, before any work
+        raise ValueError(f"{path} is not a readable ppo_gru_astral checkpoint ({type(e).__name__}); pass --reward-scale S "
+                         "(the final std of the run's reward normaliser) instead") from e
+    if not isinstance(train_ckpt, dict) or train_ckpt.get("run_name") != ckpt["run_name"] or not train_ckpt.get("reward_scaler"):
         return None
     return float(np.sqrt(train_ckpt["reward_scaler"]["var"] + 1e-8))
 

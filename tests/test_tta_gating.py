@@ -391,6 +391,29 @@ def test_validate_rejects_bad_adapt_settings(checkpoint, overrides, expected):
         m.validate(adapt_args(checkpoint, **overrides))
 
 
+def test_online_with_a_corrupt_training_checkpoint_is_a_clear_error(checkpoint, tmp_path):
+    """--online reads the critic's reward scale from checkpoint.pt beside the model; a truncated file was an EOFError
+    traceback. An intact copy of the same files is accepted, so the error comes from the corruption."""
+    import shutil
+
+    for corrupt in (False, True):
+        run = tmp_path / f"run_{corrupt}"
+        run.mkdir()
+        model = run / os.path.basename(checkpoint)
+        shutil.copyfile(checkpoint, model)
+        train_ckpt = os.path.join(os.path.dirname(checkpoint), "checkpoint.pt")
+        if corrupt:
+            (run / "checkpoint.pt").write_bytes(open(train_ckpt, "rb").read()[:100])
+        else:
+            shutil.copyfile(train_ckpt, run / "checkpoint.pt")
+        args = adapt_args(str(model), online=True, controls=["none", "gate"])
+        if corrupt:
+            with pytest.raises(ValueError, match="checkpoint.pt is not a readable ppo_gru_astral checkpoint .*--reward-scale"):
+                m.validate(args)
+        else:
+            assert m.validate(args)[-1] > 0
+
+
 def test_validate_rejects_inconsistent_checkpoints_and_malformed_modes(checkpoint, tmp_path):
     with pytest.raises(ValueError, match="K=4 slots of dimension d=8 but its state dict holds slots of shape \\(3, 8\\)"):
         m.validate(m.ClampArgs(checkpoint=inconsistent_checkpoint(checkpoint, tmp_path)))
