@@ -368,6 +368,20 @@ def validate_args(args: Args) -> Optional[str]:
         return f"--goal-box only applies to --task point-nav-2d, not {args.task}; drop it (or --no-goal-box with --config paper)"
     if args.capture_video:
         return "--capture-video is not supported: the tasks are batched tensors without a renderer"
+    # sizes that cannot fit fail here, not as a MemoryError once the run directory exists. Both figures are lower
+    # bounds: weights, gradients and Adam's two moments (16 bytes a parameter), and one meta-batch's observations
+    env_cls = ENV_CLASSES[args.task]
+    spec = (env_cls.obs_dim, env_cls.act_dim, env_cls.discrete)
+    params = agent_param_count(args.policy, *spec, policy_width(args, env_cls), args.state_size, args.in_context,
+                               args.layer_norm)
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if 16 * params > ram:
+        return (f"the policy would have {params:,} parameters, {16 * params / 2**30:,.0f} GiB with gradients and Adam "
+                f"state, more than this machine's {ram / 2**30:.0f} GiB: reduce --hidden-size or --state-size")
+    if 4 * args.tasks_per_batch * args.fast_batch_size * args.max_episode_steps * env_cls.obs_dim > ram:
+        return (f"a meta-batch of --tasks-per-batch {args.tasks_per_batch} x --fast-batch-size {args.fast_batch_size} "
+                f"episodes of --max-episode-steps {args.max_episode_steps} needs more than this machine's "
+                f"{ram / 2**30:.0f} GiB: reduce them")
     if args.task == "halfcheetah-vel" and not mujoco_available():
         return f"--task halfcheetah-vel needs the 'mujoco' package: pip install {MUJOCO_PIN}"
     return None
@@ -689,8 +703,19 @@ def policy_width(args: Args, env_cls) -> int:
     target = agent_param_count("ssm", *spec, args.hidden_size, args.state_size, args.in_context, args.layer_norm)
     if args.policy == "ssm":
         return args.hidden_size
-    return min(range(4, 2049), key=lambda w: abs(agent_param_count(args.policy, *spec, w, args.state_size, args.in_context,
-                                                                   args.layer_norm) - target))
+
+    def count(w):
+        return agent_param_count(args.policy, *spec, w, args.state_size, args.in_context, args.layer_norm)
+
+    # counts grow with the width: bisect for the first width whose count reaches the target, then take the closer
+    # of it and the width below (the smaller on a tie)
+    lo, hi = 4, 4
+    while count(hi) < target:
+        hi *= 2
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if count(mid) < target else (lo, mid)
+    return min((w for w in (lo - 1, lo) if w >= 4), key=lambda w: abs(count(w) - target))
 
 
 def build_agent(args: Args, env_cls) -> Agent:

@@ -800,6 +800,19 @@ def validate(args):
     for name in ("lambda_w_ent", "lambda_lb", "lambda_orth"):
         if getattr(args, name) < 0:
             raise ValueError(f"--{name.replace('_', '-')} must be non-negative")
+    # sizes that cannot fit fail here, not as a MemoryError once the run directory exists. Both figures are lower
+    # bounds: weights, gradients and Adam's two moments (16 bytes a parameter), and the rollout's inputs
+    with torch.device("meta"):  # shapes only, no memory
+        agent = agent_from_args(args, len(modes))
+    params = sum(p.numel() for p in agent.parameters())
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if 16 * params > ram:
+        raise ValueError(f"the agent would have {params:,} parameters, {16 * params / 2**30:,.0f} GiB with gradients "
+                         f"and Adam state, more than this machine's {ram / 2**30:.0f} GiB:"
+                         " reduce --hidden-size, --num-abstractions or --slot-dim")
+    if 4 * args.num_steps * args.num_envs * agent.input_dim > ram:
+        raise ValueError(f"a rollout of --num-steps {args.num_steps} x --num-envs {args.num_envs} needs more than this "
+                         f"machine's {ram / 2**30:.0f} GiB: reduce them")
     return modes
 
 

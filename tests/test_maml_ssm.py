@@ -124,6 +124,22 @@ def test_matched_parameter_counts(task):
     assert max(counts.values()) / min(counts.values()) < 1.03
 
 
+def test_matched_width_is_the_closest_at_any_size():
+    """The width search used to stop at 2048, so an SSM wider than about 2,900 got an unmatched MLP baseline
+    without a word. The chosen width must beat its two neighbours, whatever the size."""
+    env_cls = m.ENV_CLASSES["point-nav-2d"]
+    spec = (env_cls.obs_dim, env_cls.act_dim, env_cls.discrete)
+    for hidden in (4, 64, 3000, 20000):
+        for kind in ("gru", "mlp"):
+            a = m.Args(policy=kind, hidden_size=hidden)
+            target = m.agent_param_count("ssm", *spec, hidden, a.state_size, True)
+            w = m.policy_width(a, env_cls)
+            gap = [abs(m.agent_param_count(kind, *spec, v, a.state_size, True) - target) for v in (w - 1, w, w + 1)]
+            assert gap[1] <= gap[2] and (w == 4 or gap[1] <= gap[0]), (hidden, kind, w, gap)
+            if hidden >= 64:
+                assert gap[1] / target < 0.03, (hidden, kind, w, gap)
+
+
 # ------------------------------------------------------------------------------------------------ TASKS
 def test_point_nav_scales_and_clips_actions_and_ends_at_goal():
     # the policy acts in [-1, 1]: 0.5 is a step of 0.05, and 5 is clipped to a step of 0.1 (paper's normalize)

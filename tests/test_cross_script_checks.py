@@ -1,6 +1,8 @@
-"""Every script puts --exp-name into its run directory's and model file's names, so a name with '/' used to fail
-only at the save after training (or nest the run one directory down), and an empty one wrote a hidden
-'.cleanrl_model'. All refuse such names before any work."""
+"""Checks every training script makes alike, before any work.
+
+- --exp-name goes into the run directory's and the model file's names: a name with '/' used to fail only at the
+  save after training (or nest the run one directory down), and an empty one wrote a hidden '.cleanrl_model'.
+- Sizes that cannot fit in memory (--hidden-size 1000000) were a MemoryError after the run directory existed."""
 import importlib.util
 import os
 import subprocess
@@ -69,3 +71,35 @@ def test_the_cli_refuses_a_bad_exp_name_and_an_unusable_runs_dir_before_creating
                        cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--runs-dir" in r.stderr, r.stderr
     assert a_file.read_text() == ""
+
+
+def ram_bytes():
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+@pytest.mark.parametrize("module", [ppo_gru_baseline, ppo_gru_astral])
+def test_ppo_sizes_beyond_this_machines_memory_are_refused(module):
+    def message(**kwargs):
+        try:
+            module.validate(module.Args(**kwargs))
+        except ValueError as e:
+            return str(e)
+        return None
+
+    # the width at which weights, gradients and Adam state (16 bytes a parameter, 3H^2 of a GRU's) pass the RAM
+    too_wide = int((ram_bytes() / 16 / 3) ** 0.5) + 1
+    assert "reduce --hidden-size" in message(hidden_size=too_wide)
+    assert message(hidden_size=too_wide // 4) is None  # a quarter of it is sixteen times smaller: fits
+    steps = 128
+    envs = ram_bytes() // (4 * steps * 2) + 1  # the inputs alone (at least 2 floats a step) pass the RAM
+    assert "--num-envs" in message(num_envs=envs, num_steps=steps, total_timesteps=envs * steps, num_minibatches=1)
+    assert message(num_envs=64, num_steps=steps, total_timesteps=64 * steps) is None
+
+
+def test_maml_sizes_beyond_this_machines_memory_are_refused():
+    too_wide = int((ram_bytes() / 16) ** 0.5) + 1  # the SSM's output MLP alone has H^2 weights
+    assert "reduce --hidden-size" in maml_ssm.validate_args(maml_ssm.Args(hidden_size=too_wide))
+    assert maml_ssm.validate_args(maml_ssm.Args(hidden_size=too_wide // 4)) is None
+    episodes = ram_bytes() // (4 * 20 * 100 * 2) + 1
+    error = maml_ssm.validate_args(maml_ssm.Args(tasks_per_batch=20, fast_batch_size=episodes, max_episode_steps=100))
+    assert "--fast-batch-size" in error
