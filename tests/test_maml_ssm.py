@@ -907,6 +907,35 @@ def test_rllab_baseline_probe_predicts_each_batch_with_the_fit_made_before_it(tm
     assert same(data[0]["train"][0], fit([data[0]["train"][0]]))
 
 
+def test_corner_probe_mirrors_one_draw_of_goals_into_every_corner(trained_ckpt, tmp_path, capsys, monkeypatch):
+    """benchmark/probes/maml_point_nav_corners.py (the docs' run-away-by-corner table): the same goals mirrored into
+    each corner, adapted with eval's step sizes, and the unadapted policy's first mean action as the policy gives it."""
+    spec = importlib.util.spec_from_file_location("corners", os.path.join(REPO, "benchmark", "probes",
+                                                                          "maml_point_nav_corners.py"))
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    seen, real = [], probe.m.sample_task_batches
+
+    def spy(model, theta, tasks, args, gen, num_steps, lrs, *rest):
+        seen.append((np.array(tasks), list(lrs)))
+        return real(model, theta, tasks, args, gen, num_steps, lrs, *rest)
+
+    monkeypatch.setattr(probe.m, "sample_task_batches", spy)
+    res = probe.corners(trained_ckpt, num_goals=3, num_steps=2)
+    model, args, _ = m.load_checkpoint(trained_ckpt)
+    assert [r["corner"] for r in res["rows"]] == [list(c) for c in probe.CORNERS] and len(seen) == 4
+    for (tasks, lrs), (sx, sy) in zip(seen, probe.CORNERS):
+        assert np.allclose(tasks, seen[0][0] * np.array([sx, sy])) and (np.sign(tasks) == [sx, sy]).all()
+        assert (np.abs(tasks) >= probe.LOW).all() and lrs == [args.inner_lr, args.inner_lr * args.eval_later_lr_scale]
+    for r in res["rows"]:
+        assert len(r["mean"]) == 3 and all(0 <= n <= 3 for n in r["tasks_below_threshold"])
+    x = model.make_input(torch.zeros(1, 2), torch.zeros(1, 2), torch.zeros(1, 1))[None]
+    with torch.no_grad():
+        pi = model(x, torch.tensor([[True]]), model.initial_state(1), scan=False)["pi"][0, 0].clamp(-1, 1)
+    assert res["first_mean_action"] == pytest.approx(pi.tolist())
+    assert probe.main([str(tmp_path / "missing.cleanrl_model")]) == 2 and "does not exist" in capsys.readouterr().err
+
+
 def test_homing_diagnostic_samples_what_eval_samples(trained_ckpt, tmp_path, capsys, monkeypatch):
     """benchmark/probes/maml_point_nav_homing.py reports the docs' breakdown of the adapted return; its returns are
     eval's own (same tasks, seeds and step sizes), and its mean-action rollout is the policy without sampling noise."""
