@@ -1,4 +1,5 @@
 """Tests for cleanrl_astral/ppo_gru_baseline.py: each would fail if the mechanism it names were wrong."""
+import copy
 import glob
 import dataclasses
 import json
@@ -429,3 +430,184 @@ def test_reward_scaler_divides_by_running_std_of_discounted_return():
     restored = m.RewardScaler(3, 0.9)
     restored.load_state_dict(scaler.state_dict())
     assert (restored.mean, restored.var, restored.count) == (scaler.mean, scaler.var, scaler.count)
+
+
+# --- the PPO update, term by term ----------------------------------------------------------------------
+
+
+class ScriptedAgent(torch.nn.Module):
+    """Stands in for the agent in ppo_update: the log-prob, entropy and value of every (step, env) are free
+    parameters, so the gradient the update's loss sends to them is the loss' derivative with respect to each output.
+    inputs[..., 0] and initial_state[:, 0] hold the env index, so each call records which envs its minibatch holds."""
+
+    def __init__(self, logprobs, values, entropy):
+        super().__init__()
+        self.logprob, self.value, self.entropy = (torch.nn.Parameter(t.clone()) for t in (logprobs, values, entropy))
+        self.minibatches = []
+
+    def get_action_and_value(self, x, state, starts, action=None):
+        mb = x[0, :, 0].long()
+        assert torch.all(x[..., 0] == x[:1, :, 0]) and torch.equal(state[:, 0].long(), mb)  # inputs and state agree
+        self.minibatches.append(mb.tolist())
+        return action, self.logprob[:, mb], self.entropy[:, mb], self.value[:, mb], state
+
+
+class GradSpy:
+    """An optimizer that never moves the parameters: each step() records the gradients (by parameter name), so a
+    test reads the derivatives of the loss ppo_update minimised, and every minibatch and run sees the same agent."""
+
+    def __init__(self, module):
+        self.named = list(module.named_parameters())
+        self.grads = []
+
+    def zero_grad(self):
+        for _, p in self.named:
+            p.grad = None
+
+    def step(self):
+        self.grads.append({n: torch.zeros_like(p) if p.grad is None else p.grad.clone() for n, p in self.named})
+
+
+def scripted_update(advantages, returns, old_values, new_values=None, **overrides):
+    """ppo_update on a ScriptedAgent whose log-probs equal the acted ones (ratio 1), without gradient clipping:
+    returns (agent, spy, stats)."""
+    T, N = advantages.shape
+    env_index = torch.arange(N, dtype=torch.float32)
+    batch = {"inputs": env_index.expand(T, N)[..., None].clone(), "starts": torch.zeros(T, N),
+             "actions": torch.zeros(T, N, dtype=torch.long), "logprobs": torch.full((T, N), -0.7), "values": old_values}
+    new_values = old_values if new_values is None else new_values
+    agent = ScriptedAgent(batch["logprobs"], new_values, torch.full((T, N), 0.6))
+    spy = GradSpy(agent)
+    args = update_args(max_grad_norm=1e9, **overrides)
+    stats = m.ppo_update(agent, spy, batch, env_index[:, None], advantages, returns, args)
+    return agent, spy, stats
+
+
+def test_entropy_bonus_lowers_the_loss():
+    """The loss is pg_loss - ent_coef * H + vf_coef * v_loss (H the minibatch-mean entropy): its derivative with
+    respect to each sample's entropy is -ent_coef / (samples in the minibatch). A + sign would minimise entropy, so
+    training would drive the policy deterministic instead of exploring."""
+    gen = torch.Generator().manual_seed(0)
+    T, N = 4, 2
+    adv, ret = torch.randn(T, N, generator=gen), torch.randn(T, N, generator=gen)
+    _, spy, stats = scripted_update(adv, ret, torch.zeros(T, N), num_minibatches=1, update_epochs=1, ent_coef=0.1)
+    assert len(spy.grads) == 1 and stats["entropy"] == pytest.approx(0.6)
+    torch.testing.assert_close(spy.grads[0]["entropy"], torch.full((T, N), -0.1 / (T * N)))
+
+
+def test_value_loss_takes_the_larger_of_the_clipped_and_unclipped_errors():
+    """Clipped value loss (PPO2): 0.5 * mean(max((V - R)^2, (V_old + clip(V - V_old, +-eps) - R)^2)). On a hand case
+    where the two errors differ, the loss and its gradient follow the larger one; with min, the clipping would loosen
+    the value update instead of bounding it (loss 0.34375 here)."""
+    old = torch.tensor([[0.0, 0.0], [0.0, 1.0]])
+    new = torch.tensor([[0.5, 1.0], [0.1, 0.5]])
+    ret = torch.tensor([[1.0, -1.0], [1.0, 0.0]])
+    # per sample: (0.5-1)^2=0.25 vs (0.2-1)^2=0.64 | (1+1)^2=4 vs (0.2+1)^2=1.44 | 0.81 both | 0.25 vs (0.8-0)^2=0.64
+    _, spy, stats = scripted_update(torch.ones(2, 2), ret, old, new, num_minibatches=1, update_epochs=1,
+                                    clip_coef=0.2, vf_coef=0.5, clip_vloss=True)
+    assert stats["value_loss"] == pytest.approx(0.5 * (0.64 + 4.0 + 0.81 + 0.64) / 4)
+    # d/dV of vf_coef * v_loss: zero where the clipped error wins (its clip is saturated), 2 (V - R) / 4 / 2 otherwise
+    torch.testing.assert_close(spy.grads[0]["value"], 0.5 * torch.tensor([[0.0, 0.5], [-0.225, 0.0]]))
+
+
+@pytest.mark.parametrize("norm_adv", [True, False])
+def test_advantages_are_normalised_within_each_minibatch(norm_adv):
+    """At ratio 1 the derivative of the clipped surrogate with respect to a sample's log-prob is -A / (samples in
+    the minibatch), A the advantage the loss used: with --norm-adv, A is standardised over its own minibatch
+    (mean 0, std 1); without it, the raw advantage. Envs 0-1 and 2-3 have advantages of different scale and offset,
+    so per-minibatch and whole-batch normalisation differ."""
+    gen = torch.Generator().manual_seed(0)
+    T, N = 3, 4
+    adv = torch.randn(T, N, generator=gen) * torch.tensor([1.0, 1.0, 20.0, 20.0]) + torch.tensor([5.0, 5.0, -40.0, 9.0])
+    agent, spy, _ = scripted_update(adv, torch.zeros(T, N), torch.zeros(T, N), num_minibatches=2, update_epochs=1,
+                                    norm_adv=norm_adv)
+    assert len(spy.grads) == len(agent.minibatches) == 2
+    for mb, grads in zip(agent.minibatches, spy.grads):
+        a = adv[:, mb]
+        used = (a - a.mean()) / (a.std() + 1e-8) if norm_adv else a
+        if norm_adv:
+            whole = (a - adv.mean()) / (adv.std() + 1e-8)
+            assert (used - whole).abs().max() > 0.1  # the check below tells the two apart
+        expected = torch.zeros(T, N)
+        expected[:, mb] = -used / a.numel()
+        torch.testing.assert_close(grads["logprob"], expected)
+
+
+def test_each_epoch_visits_every_env_exactly_once():
+    """Minibatches hold whole environments: in every epoch the minibatches partition the envs (a reshuffled
+    permutation cut into consecutive slices). Taking the same first slice each time would train on a quarter of
+    the rollout, several times over."""
+    T, N = 2, 8
+    agent, spy, _ = scripted_update(torch.ones(T, N), torch.zeros(T, N), torch.zeros(T, N), num_minibatches=4,
+                                    update_epochs=3)
+    assert len(agent.minibatches) == len(spy.grads) == 12
+    for epoch in range(3):
+        minibatches = agent.minibatches[4 * epoch : 4 * epoch + 4]
+        assert [len(mb) for mb in minibatches] == [2] * 4
+        assert sorted(i for mb in minibatches for i in mb) == list(range(N)), minibatches
+
+
+def synthetic_batch(agent, T=6, N=4, seed=0):
+    """A batch as collect_rollout returns it, acted by `agent` on random inputs (episodes restart mid-rollout),
+    with random advantages and returns: (batch, initial_state, advantages, returns)."""
+    gen = torch.Generator().manual_seed(seed)
+    inputs = torch.randn(T, N, agent.input_dim, generator=gen)
+    starts = torch.zeros(T, N)
+    starts[0], starts[T // 2, ::2] = 1.0, 1.0
+    initial_state = torch.zeros(N, agent.hidden_size)
+    actions = torch.randint(0, 2, (T, N), generator=gen)
+    with torch.no_grad():
+        _, logprobs, _, values, *_ = agent.get_action_and_value(inputs, initial_state, starts, actions)
+    batch = {"inputs": inputs, "starts": starts, "actions": actions, "logprobs": logprobs, "values": values}
+    return batch, initial_state, torch.randn(T, N, generator=gen), torch.randn(T, N, generator=gen)
+
+
+def test_target_kl_stops_the_update_after_the_epoch_that_exceeds_it():
+    """--target-kl ends the update after the first epoch whose last minibatch's approx_kl exceeds it. With a tiny
+    target, the first epoch's second minibatch already sees a moved policy, so only that epoch's 2 Adam steps are
+    taken (of 2 minibatches x 4 epochs = 8); without a target, or with a huge one, all 8 are."""
+    torch.manual_seed(0)
+    agent = m.Agent(4, 2, 3, 16)
+    batch, initial_state, adv, ret = synthetic_batch(agent)
+    steps = {}
+    for target_kl in (None, 1e-8, 1e3):
+        trained = copy.deepcopy(agent)
+        optimizer = torch.optim.Adam(trained.parameters(), lr=1e-2)
+        args = update_args(num_minibatches=2, update_epochs=4, target_kl=target_kl)
+        stats = m.ppo_update(trained, optimizer, batch, initial_state, adv, ret, args)
+        steps[target_kl] = int(optimizer.state[trained.actor[-1].weight]["step"])
+        if target_kl == 1e-8:
+            assert stats["approx_kl"] > target_kl
+    assert steps == {None: 8, 1e-8: 2, 1e3: 8}
+
+
+def test_episodes_cut_by_the_time_limit_are_logged():
+    """An episode ends when it terminates or is truncated by the time limit; both are finished episodes and must
+    reach the episode log (charts/episodic_return). With a 5-step limit no CartPole episode can fail, so every
+    episode here is a truncation: 2 envs x 12 steps finish 4 episodes of return 5, at steps 4 and 9."""
+    modes = [(9.8, 0.5, 1.0)]
+
+    def make():
+        return m.NonStationaryCartPole(gym.make("CartPole-v1", max_episode_steps=5), modes)
+
+    envs = gym.vector.SyncVectorEnv([make, make], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    torch.manual_seed(0)
+    agent = m.Agent(4, 2, 1, 16)
+    carry = m.new_carry(envs, agent, 0, "cpu")
+    batch, _, episodes = m.collect_rollout(agent, envs, carry, 12, 0.99, None, "cpu")
+    # truncations, not failures: their rewards were bootstrapped, and the envs restart right after
+    assert torch.all(batch["rewards"][[4, 9]] != 1.0) and torch.all(batch["starts"][[5, 10]] == 1.0)
+    assert sorted(episodes) == [(5.0, 5, 0, 4)] * 2 + [(5.0, 5, 0, 9)] * 2
+
+
+def test_learning_rate_anneals_linearly_to_zero(tmp_path):
+    """With --anneal-lr (the default) update k of n uses lr * (1 - (k - 1) / n): 3e-3, 2e-3, 1e-3 for n = 3, as
+    logged in charts/learning_rate (the optimizer's lr). A constant lr would not decay."""
+    result = run(["--num-envs", "2", "--num-steps", "8", "--num-minibatches", "1", "--update-epochs", "1",
+                  "--hidden-size", "8", "--total-timesteps", "48", "--learning-rate", "0.003",
+                  "--checkpoint-every", "0", "--runs-dir", str(tmp_path)])
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = glob.glob(str(tmp_path / "*"))
+    logged = scalars(run_dir, "charts/learning_rate")
+    assert [step for step, _ in logged] == [16, 32, 48]
+    assert [lr for _, lr in logged] == pytest.approx([3e-3, 2e-3, 1e-3], rel=1e-6)
