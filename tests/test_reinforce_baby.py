@@ -716,3 +716,178 @@ def test_num_actions_check_depends_on_the_levels_used():
     assert rb.validate_args(rb.Args(task="pattern-echo", num_actions=4, level=1)) is None
     assert "--num-actions 4" in rb.validate_args(rb.Args(task="pattern-echo", num_actions=4, level=2))
     assert rb.validate_args(dataclasses.replace(rb.Args(), num_actions=8, task="all", curriculum=True)) is None
+
+
+# ------------------------------------------------------------------------- what train computes, step by step
+class RecordingWriter:
+    """Stands in for the SummaryWriter: every scalar train logs, in order."""
+
+    def __init__(self):
+        self.scalars = {}
+
+    def add_scalar(self, tag, value, step):
+        self.scalars.setdefault(tag, []).append(value)
+
+    def flush(self):
+        pass
+
+
+def train_tiny(**overrides):
+    """rb.train in-process on a tiny pattern-echo setting (16 envs, a 1-layer width-32 core); returns (agent, levels,
+    the logged scalars)."""
+    settings = dict(task="pattern-echo", num_actions=8, hidden_dim=32, num_layers=1, num_envs=16, total_timesteps=32,
+                    checkpoint_every=0, print_every=10**9, seed=1)
+    args = rb.Args(**{**settings, **overrides})
+    args.batch_size = args.num_envs * args.max_episode_steps
+    args.num_iterations = max(1, args.total_timesteps // args.batch_size)
+    rb.seed_everything(args.seed)
+    writer = RecordingWriter()
+    agent, levels = rb.train(args, "/nonexistent", writer)
+    return agent, levels, writer.scalars
+
+
+def test_a_correct_answer_before_the_time_limit_is_not_a_success():
+    """Success is the answer at the episode's end (the time limit): an episode answered correctly at its first steps
+    and wrongly at its last one failed. If this failed, `success` were set by any correct step, and training's
+    `success |= info["success"]` would count such episodes (and the curriculum master levels) as successes."""
+    parent = rb.DeterministicParent(8)
+    env = rb.BabyEnv(parent, 50, 3, seed=0)
+    states = env.reset(["pattern-echo"] * 50, [2] * 50)
+    for t in range(3):
+        right = [parent.oracle_action(s) for s in states]
+        states, _, _, truncated, info = env.step(right if t < 2 else [(a + 1) % 8 for a in right])
+        assert truncated.all() == (t == 2) and info["correct"].all() == (t < 2)
+        assert not info["success"].any(), t
+
+
+def test_reinforce_advantage_is_the_return_minus_the_baseline_of_earlier_batches(monkeypatch):
+    """REINFORCE's advantage is G_t - b_t, b the running mean of the earlier batches' returns, and b is updated with
+    this batch's returns only afterwards. If this failed, either nothing were subtracted (a noisier gradient), or b
+    were updated first, so that it holds this batch's own returns (which depend on its actions: a biased gradient)."""
+    returns_seen, advantages_seen = [], []
+    real_returns, real_scale = rb.reinforce_returns, rb.scale_advantages
+
+    def reinforce_returns(rewards, gamma):
+        returns_seen.append(real_returns(rewards, gamma))
+        return returns_seen[-1]
+
+    def scale_advantages(adv, algorithm):
+        advantages_seen.append(adv.detach().clone())
+        return real_scale(adv, algorithm)
+
+    monkeypatch.setattr(rb, "reinforce_returns", reinforce_returns)
+    monkeypatch.setattr(rb, "scale_advantages", scale_advantages)
+    decay = 0.8
+    train_tiny(max_episode_steps=2, total_timesteps=96, baseline_decay=decay)
+    assert len(returns_seen) == len(advantages_seen) == 3
+    baseline = torch.zeros(2)
+    for returns, adv in zip(returns_seen, advantages_seen):
+        expected = (returns - baseline.unsqueeze(1)).reshape(-1)
+        # the update's minibatch is a permutation of the batch
+        assert torch.allclose(adv.sort().values, expected.sort().values, atol=1e-6)
+        baseline = decay * baseline + (1 - decay) * returns.mean(1)
+    assert baseline.abs().min() > 0.05  # a baseline that matters
+
+
+def test_trains_world_model_loss_reaches_the_shared_representation(monkeypatch):
+    """The world-model loss of train's update shapes the encoder and the transformer core (the plan's auxiliary
+    objective): with every other loss term switched off, the gradient at the update reaches every parameter of both.
+    If this failed, the world-model head were trained on a detached h and the representation learnt nothing from it."""
+    agents, grads = [], []
+
+    class Agent(rb.Agent):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            agents.append(self)
+
+    real_clip = torch.nn.utils.clip_grad_norm_
+
+    def clip_grad_norm_(parameters, max_norm):
+        grads.append({n: None if p.grad is None else p.grad.clone() for n, p in agents[0].named_parameters()})
+        return real_clip(parameters, max_norm)
+
+    monkeypatch.setattr(rb, "Agent", Agent)
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip_grad_norm_)
+    # no rewards (so zero advantages), no entropy or KL term: the loss is world_model_coef * wm_loss alone
+    train_tiny(goal_reward_weight=0.0, pred_reward_weight=0.0, cons_reward_weight=0.0, ent_coef=0.0)
+    grad = grads[0]  # the first update's
+    assert all(g is None or not g.any() for n, g in grad.items() if n.startswith(("action_head", "value_head")))
+    shared = {n: g for n, g in grad.items() if n.startswith(("encoder.", "core."))}
+    untouched = [n for n, g in shared.items() if g is None or not g.any()]
+    assert len(shared) > 10 and not untouched, untouched
+
+
+def test_curriculum_counts_an_episode_at_the_level_it_was_played(monkeypatch):
+    """With --review-prob some episodes replay an easier, already mastered level: train records each episode with the
+    level it was played at, so only episodes at the current level count towards mastering it. If this failed, easy
+    review episodes would fill the current level's mastery window and level the task up unearned."""
+    managers, played = [], []
+
+    class Mastered(rb.CurriculumManager):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.levels = {t: rb.NUM_LEVELS - 1 for t in self.tasks}  # every lower level mastered: reviews happen
+            managers.append(self)
+
+    real_reset = rb.BabyEnv.reset
+
+    def reset(self, tasks, levels):
+        played.extend(levels)
+        return real_reset(self, tasks, levels)
+
+    monkeypatch.setattr(rb, "CurriculumManager", Mastered)
+    monkeypatch.setattr(rb.BabyEnv, "reset", reset)
+    train_tiny(curriculum=True, review_prob=0.5, mastery_window=1000, total_timesteps=64)
+    (cm,) = managers
+    at_current = played.count(rb.NUM_LEVELS - 1)
+    assert len(played) == 64 and 10 < at_current < 54  # about half were reviews
+    assert len(cm.history["pattern-echo"]) == at_current
+
+
+def test_ppo_ratio_uses_the_stored_log_probs_and_the_value_target_is_advantage_plus_value(monkeypatch):
+    """PPO's ratio is pi_new / pi_old with pi_old the rollout's stored log-probs: 1 on the first minibatch of the first
+    epoch (nothing has changed yet), and no longer 1 once earlier minibatches have updated the policy. The value head's
+    target is the GAE advantage plus the rollout's value. If this failed, the ratio were always 1 (no clipping: plain
+    policy gradient over several epochs), or the value head regressed onto the advantages."""
+    seen = []
+    real_gae = rb.gae
+
+    def gae(rewards, values, gamma, lam):
+        seen.append((values.clone(), real_gae(rewards, values, gamma, lam)))
+        return seen[-1][1]
+
+    monkeypatch.setattr(rb, "gae", gae)
+    # one epoch of one minibatch: the logged approx_kl and value loss are those of the very first minibatch
+    _, _, first = train_tiny(algorithm="ppo", max_episode_steps=2, update_epochs=1, num_minibatches=1)
+    ((values, adv),) = seen
+    assert abs(first["losses/approx_kl"][0]) < 1e-8  # ratio 1: the stored log-probs are the policy's own
+    # the value head still gives the rollout's values, so the loss is 0.5 mean (returns - values)^2
+    assert first["losses/value_loss"][0] == pytest.approx(0.5 * adv.pow(2).mean().item(), rel=1e-4)
+    assert abs(0.5 * (values[:2] - adv).pow(2).mean().item() - first["losses/value_loss"][0]) > 0.01
+    # four epochs of two minibatches: the last minibatch is scored against the rollout's policy, which has moved
+    _, _, later = train_tiny(algorithm="ppo", max_episode_steps=2, update_epochs=4, num_minibatches=2)
+    assert later["losses/approx_kl"][0] > 1e-6
+
+
+def test_prediction_reward_scores_the_world_model_against_the_next_state(monkeypatch):
+    """The rollout's prediction reward is exp(-MSE) of the world model's prediction against the state the action led
+    to (obs[t + 1]). If this failed, it were scored against the current state, rewarding a model that predicts that
+    nothing happens."""
+    targets, next_states = [], []
+    real_reward, real_step = rb.prediction_reward, rb.BabyEnv.step
+
+    def prediction_reward(pred, target):
+        targets.append(target.clone())
+        return real_reward(pred, target)
+
+    def step(self, actions):
+        out = real_step(self, actions)
+        next_states.append(rb.states_to_tensor(out[0]))
+        return out
+
+    monkeypatch.setattr(rb, "prediction_reward", prediction_reward)
+    monkeypatch.setattr(rb.BabyEnv, "step", step)
+    train_tiny(max_episode_steps=2, total_timesteps=64)
+    assert len(targets) == len(next_states) == 4
+    for target, nxt in zip(targets, next_states):
+        assert torch.equal(target, nxt.float())

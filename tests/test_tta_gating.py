@@ -1,11 +1,13 @@
 """Tests for cleanrl_astral/tta_gating.py: it reads ppo_gru_astral.py's checkpoints with identical copies of the
 environment and agent, each control updates exactly the parameters it promises, the REINFORCE loss reaches the
 gate, clamping sets z = A_k, and both subcommands run end to end and refuse bad input."""
+import copy
 import dataclasses
 import glob
 import hashlib
 import inspect
 import json
+import math
 import os
 import subprocess
 import sys
@@ -434,3 +436,216 @@ def test_checkpoint_path_pattern_picks_the_seeds_file(checkpoint):
     with pytest.raises(ValueError, match="matches 0 files"):
         m.resolve_checkpoint_path(checkpoint.replace("__1__", "__{seed}__*"), 2)
     assert dataclasses.asdict(m.ClampArgs(checkpoint="x"))["exp_name"] == "tta_gating_clamp"
+
+
+# --- what the losses, the reports and the figures are made of ---------------------------------------------------
+
+
+def test_tent_kl_term_is_kl_of_the_policy_from_the_anchor_not_the_reverse():
+    """tent_loss's anchor term is KL(pi || pi_unadapted) = sum_a p(a) log(p(a) / q(a)), as its docstring says. If
+    this failed, the KL were taken the other way, KL(q || p), which weighs actions by the anchor's probabilities and
+    differs on asymmetric distributions (here 0.368 against 0.511)."""
+    logits, anchor = torch.log(torch.tensor([[0.9, 0.1]])), torch.log(torch.tensor([[0.5, 0.5]]))
+    weights = torch.tensor([[1.0, 0.0]])  # a one-hot gate: no gate entropy
+    forward = 0.9 * math.log(0.9 / 0.5) + 0.1 * math.log(0.1 / 0.5)
+    reverse = 0.5 * math.log(0.5 / 0.9) + 0.5 * math.log(0.5 / 0.1)
+    assert abs(forward - reverse) > 0.1
+    kl = m.tent_loss(logits, anchor, weights, 1.0) - m.tent_loss(logits, anchor, weights, 0.0)
+    assert kl.item() == pytest.approx(forward, abs=1e-5)
+    policy_entropy = -(0.9 * math.log(0.9) + 0.1 * math.log(0.1))
+    assert m.tent_loss(logits, anchor, weights, 2.0).item() == pytest.approx(policy_entropy + 2 * forward, abs=1e-5)
+
+
+def test_online_actor_critic_does_not_bootstrap_past_the_pole_falling(checkpoint, monkeypatch):
+    """--online: a segment cut by --online-every continues, so its n-step target bootstraps from the critic's value of
+    the next observation; the segment that ends with the pole falling (terminated) has no future. If this failed, the
+    last target of an episode added gamma * V(s_terminal), value that is never earned."""
+    ckpt, agent = m.load_astral_checkpoint(checkpoint)
+    anchor = copy.deepcopy(agent).requires_grad_(False)
+    optimizer = torch.optim.Adam(m.adapted_parameters(agent, "gate"), lr=0.05)
+    target = m.resolve_targets([0], None, ckpt)[0]
+    env = m.make_env(target["modes"], ckpt["args"]["hide_velocity"], fixed_mode=target["index"])()
+    ends, bootstraps = [], []
+    real_step, real_loss = env.step, m.actor_critic_loss
+
+    def step(action):
+        out = real_step(action)
+        ends.append(out[2:4])
+        return out
+
+    def loss(logprobs, values, rewards, bootstrap_value, gamma, reward_scale):
+        bootstraps.append(bootstrap_value)
+        return real_loss(logprobs, values, rewards, bootstrap_value, gamma, reward_scale)
+
+    env.step = step
+    monkeypatch.setattr(m, "actor_critic_loss", loss)
+    torch.manual_seed(0)
+    _, updates = m.adaptation_episode(agent, anchor, env, 3, "gate", optimizer,
+                                      adapt_args(checkpoint, online=True, online_every=4), 1.0)
+    assert ends[-1] == (True, False), "the episode must end with the pole falling for this test to mean anything"
+    assert updates == len(bootstraps) >= 3 and len(ends) > 8
+    assert all(b != 0.0 for b in bootstraps[:-1])  # the cut segments do bootstrap
+    assert bootstraps[-1] == 0.0
+
+
+def test_tent_anchor_is_the_unadapted_policy_on_the_same_inputs(checkpoint, monkeypatch):
+    """tent's KL term holds the adapted policy near the checkpoint's: its anchor logits must be the unadapted agent's,
+    fed the observations, actions and rewards of the episode. If this failed, the anchor were the adapted agent itself,
+    the KL term were 0 (and without gradient) whatever the adaptation did, and entropy minimisation collapsed the
+    policy unchecked."""
+    ckpt, anchor = m.load_astral_checkpoint(checkpoint)
+    anchor.requires_grad_(False)
+    agent = copy.deepcopy(anchor)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # an agent that has moved away from its anchor, as after some adaptation
+        for p in agent.actor.parameters():
+            p.add_(torch.randn(p.shape, generator=g))
+    optimizer = torch.optim.Adam(m.adapted_parameters(agent, "tent"), lr=0.05)
+    target = m.resolve_targets([0], None, ckpt)[0]
+    hide_velocity = ckpt["args"]["hide_velocity"]
+    env = m.make_env(target["modes"], hide_velocity, fixed_mode=target["index"])()
+    actions, calls = [], []
+    real_step, real_loss = env.step, m.tent_loss
+
+    def step(action):
+        actions.append(action)
+        return real_step(action)
+
+    def loss(logits, anchor_logits, gate_weights, kl_coef):
+        calls.append((logits.detach().clone(), anchor_logits.detach().clone()))
+        return real_loss(logits, anchor_logits, gate_weights, kl_coef)
+
+    env.step = step
+    monkeypatch.setattr(m, "tent_loss", loss)
+    torch.manual_seed(0)
+    m.adaptation_episode(agent, anchor, env, 5, "tent", optimizer, adapt_args(checkpoint), 1.0)
+    ((logits, anchor_logits),) = calls
+    assert len(actions) == len(anchor_logits) > 3
+    # the unadapted agent replayed on the episode
+    replay = m.make_env(target["modes"], hide_velocity, fixed_mode=target["index"])()
+    obs, info = replay.reset(seed=5)
+    state, prev_action, prev_reward, start, expected = anchor.initial_state(1), -1, 0.0, 1.0, []
+    with torch.no_grad():
+        for action in actions:
+            dist, _, state, _ = m.policy_step(anchor, obs, prev_action, prev_reward, info["mode"], state, start)
+            expected.append(dist.logits)
+            obs, prev_reward, _, _, info = replay.step(action)
+            prev_action, prev_reward, start = action, float(prev_reward), 0.0
+    assert torch.allclose(anchor_logits, torch.cat(expected), atol=1e-6)
+    assert (logits - anchor_logits).abs().max() > 0.1  # the adapted policy is not its anchor
+    assert all(torch.equal(v, ckpt["state_dict"][k]) for k, v in anchor.state_dict().items())
+
+
+def test_adapt_after_numbers_evaluate_each_controls_adapted_agent(checkpoint, tmp_path):
+    """A control's "after" evaluation (returns and the gate weights acted with) is that of its own adapted agent, on
+    the seeds of "before". If this failed, the unadapted agent were evaluated after adaptation: every control would
+    report the same "after" as `none`, and a real gain of adapting would read as zero."""
+    result = run(["adapt", "--checkpoint", checkpoint, "--mode-indices", "1", "--controls", "none", "gate",
+                  "--episodes", "2", "--num-seeds", "1", "--eval-episodes", "3", "--adapt-lr", "0.05", "--save-model",
+                  "--runs-dir", str(tmp_path)])
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = glob.glob(str(tmp_path / "*"))
+    with open(os.path.join(run_dir, "tta.json")) as f:
+        controls = json.load(f)["results"]["mode1"]["controls"]
+    saved = torch.load(os.path.join(run_dir, "tta_gating_adapt.cleanrl_model"), weights_only=True)["adapted"]
+    assert [s["control"] for s in saved] == ["none", "gate"]
+    ckpt, agent = m.load_astral_checkpoint(checkpoint)
+    target = m.resolve_targets([1], None, ckpt)[0]
+    eval_seed = 100_000 + 10_000 * 1  # seed 1, first target
+    for entry in saved:
+        agent.load_state_dict(entry["state_dict"])
+        reported = controls[entry["control"]]
+        for kind, deterministic in (("deterministic", True), ("sampled", False)):
+            torch.manual_seed(eval_seed)
+            returns, weights = m.evaluate_target(agent, target, ckpt["args"]["hide_velocity"], 3, deterministic,
+                                                 eval_seed)
+            assert reported["after_per_seed"][kind] == [float(returns.mean())], (entry["control"], kind)
+            if deterministic:
+                assert reported["slot_weights_after_per_seed"] == [weights.tolist()], entry["control"]
+    # the gate's adaptation changed how it gates, so evaluating the wrong agent could not match both
+    assert controls["gate"]["slot_weights_after_per_seed"] != controls["none"]["slot_weights_after_per_seed"]
+
+
+@pytest.fixture(scope="module")
+def sharp_clamp(checkpoint, tmp_path_factory):
+    """(model path, clamp.json) of a clamp run on the tiny checkpoint made into three clearly different policies, one
+    per slot: slots 10u, -10u and 0 (FiLM's beta pushes h far one way, the other way, or not at all) and a 1000x
+    actor output layer, so each slot's returns differ from the others' on the evaluation seeds."""
+    tmp = tmp_path_factory.mktemp("sharp_clamp")
+    ckpt = torch.load(checkpoint, weights_only=True)
+    state = ckpt["state_dict"]
+    u = torch.randn(state["bank.slots"].shape[1], generator=torch.Generator().manual_seed(0))
+    state["bank.slots"] = torch.stack([10 * u, -10 * u, torch.zeros_like(u)])
+    state["actor.2.weight"] = state["actor.2.weight"] * 1000
+    path = str(tmp / "slot_policies.cleanrl_model")
+    torch.save(ckpt, path)
+    result = run(["clamp", "--checkpoint", path, "--eval-episodes", "3", "--runs-dir", str(tmp / "runs")])
+    assert result.returncode == 0, result.stderr
+    (report,) = glob.glob(str(tmp / "runs" / "*" / "clamp.json"))
+    with open(report) as f:
+        return path, json.load(f)
+
+
+def test_clamp_column_slot_k_is_the_return_with_the_gate_clamped_to_slot_k(sharp_clamp):
+    """Column slot{k} of the clamp report holds the returns of the agent with its gate clamped to the one-hot e_k,
+    on the run's evaluation seeds. If this failed, a column showed another slot's returns (an off-by-one in the
+    clamp settings), and every conclusion about what slot k does would be about a different slot."""
+    path, report = sharp_clamp
+    ckpt, agent = m.load_astral_checkpoint(path)
+    K = ckpt["args"]["num_abstractions"]
+    per_slot = {k: [] for k in range(K)}
+    for ti, target in enumerate(m.resolve_targets(None, None, ckpt)):
+        eval_seed = 100_000 + 1 + 1000 * ti  # --seed 1
+        for k in range(K):
+            for kind, deterministic in (("deterministic", True), ("sampled", False)):
+                torch.manual_seed(eval_seed)
+                returns, weights = m.evaluate_target(agent, target, ckpt["args"]["hide_velocity"], 3, deterministic,
+                                                     eval_seed, torch.eye(K)[k])
+                assert np.array_equal(weights, np.eye(K)[k])
+                assert report["results"][target["name"]][f"slot{k}"][kind]["returns"] == returns.tolist(), (ti, k)
+                per_slot[k].append(returns.tolist())
+    # the slots act differently, so a column holding another slot's returns cannot match
+    assert all(per_slot[j] != per_slot[k] for j in range(K) for k in range(j + 1, K))
+
+
+def test_clamp_preferred_slot_is_the_one_the_learned_gate_weighs_most(sharp_clamp):
+    """Each mode's preferred slot is the argmax of the learned gate's mean weights there. If this failed, it were
+    another slot (the argmin), and "preferred minus other slots" compared the wrong slot with the rest."""
+    _, report = sharp_clamp
+    for name, res in report["results"].items():
+        weights = res["learned_slot_weights"]
+        assert np.argmax(weights) != np.argmin(weights), name  # a gate with a favourite, not a uniform one
+        assert res["preferred_slot"] == int(np.argmax(weights)), name
+        k = res["preferred_slot"]
+        for kind in ("deterministic", "sampled"):
+            others = [res[f"slot{j}"][kind]["mean"] for j in range(len(weights)) if j != k]
+            assert res[f"preferred_minus_other_slots_{kind}"] == pytest.approx(res[f"slot{k}"][kind]["mean"]
+                                                                               - np.mean(others))
+
+
+def test_clamp_heatmap_draws_targets_as_rows_and_gate_settings_as_columns(tmp_path, monkeypatch):
+    """plot_clamp_heatmap shows matrix[kind] as it is (row i = target i, column j = gate setting j, labelled so) and
+    writes each cell's value on that cell. If this failed, the matrix were drawn transposed: targets under the
+    column labels and settings under the row labels, every cell misread."""
+    import matplotlib.axes
+
+    images, texts = [], []
+    real_imshow, real_text = matplotlib.axes.Axes.imshow, matplotlib.axes.Axes.text
+
+    def imshow(self, X, *args, **kwargs):
+        images.append(np.array(X))
+        return real_imshow(self, X, *args, **kwargs)
+
+    def text(self, x, y, s, *args, **kwargs):
+        texts.append((x, y, s))
+        return real_text(self, x, y, s, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "imshow", imshow)
+    monkeypatch.setattr(matplotlib.axes.Axes, "text", text)
+    matrix = {"deterministic": np.array([[10.0, 20.0, 30.0], [40.0, 50.0, 60.0]]),
+              "sampled": np.array([[110.0, 120.0, 130.0], [140.0, 150.0, 160.0]])}
+    path = tmp_path / "heatmap.png"
+    m.plot_clamp_heatmap(matrix, ["mode0", "mode1"], ["slot0", "slot1", "uniform"], str(path), "title")
+    assert path.stat().st_size > 0
+    assert len(images) == 2 and all(np.array_equal(image, matrix[kind]) for image, kind in zip(images, matrix))
+    assert texts == [(j, i, f"{v:.0f}") for kind in matrix for (i, j), v in np.ndenumerate(matrix[kind])]
