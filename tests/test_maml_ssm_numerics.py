@@ -416,3 +416,144 @@ def test_cpu_budget_counts_process_time_not_wall_time(tmp_path, monkeypatch, cap
     m.main_train(dataclasses.replace(args, exp_name="cpu"))
     out = capsys.readouterr().out
     assert "--cpu-budget 1000s reached after 1 of 2 outer steps" in out and "iter 2/2" not in out
+
+
+# ------------------------------------------------------------------------------------------------ added checks
+def test_meta_objective_kl_is_the_mean_not_the_sum_over_tasks():
+    """With three tasks whose adapted policies move by different amounts, the meta-objective's KL is the mean over
+    tasks of each task's own KL (computed here task by task, one task per call). A sum over tasks is three times
+    it, which would shrink TRPO's trust region as the meta-batch grows."""
+    model, args, data = setup(n_tasks=3, per=2)
+    theta0 = dict(model.named_parameters())
+    _, _, old = m.meta_objective(model, theta0, data, args)
+    gen = torch.Generator().manual_seed(5)
+    theta1 = {k: (v.detach() + 0.3 * torch.randn(v.shape, generator=gen, dtype=v.dtype)).requires_grad_(True)
+              for k, v in theta0.items()}
+    per_task = [m.meta_objective(model, theta1, [td], args, [o], create_graph=False)[1].item()
+                for td, o in zip(data, old)]
+    _, kl, _ = m.meta_objective(model, theta1, data, args, old, create_graph=False)
+    assert min(per_task) > 1e-3 and max(per_task) - min(per_task) > 1e-4 * max(per_task)
+    assert kl.item() == pytest.approx(float(np.mean(per_task)), rel=1e-10)
+    assert abs(kl.item() - sum(per_task)) > 0.5 * kl.item()
+
+
+def test_ci95_is_1_96_sample_sd_over_sqrt_n():
+    """The evaluation's 95% interval half-width is 1.96 s / sqrt(n) with s the sample standard deviation (n - 1 in
+    its denominator), computed here by hand on five known per-task returns. The population sd, or sqrt(n - 1)
+    under it, is off by more than 10% at n = 5; a single task has no interval (0)."""
+    x = [-3.0, -1.0, 0.5, 2.0, 7.5]
+    n, mean = len(x), sum(x) / len(x)
+    s = (sum((v - mean) ** 2 for v in x) / (n - 1)) ** 0.5
+    expected = 1.96 * s / n**0.5
+    assert m.ci95(x) == pytest.approx(expected, rel=1e-12)
+    assert m.ci95(np.array(x, dtype=np.float32)) == pytest.approx(expected, rel=1e-6)
+    assert m.ci95([4.0]) == 0.0 and expected > 1.0
+
+
+def test_evaluate_reports_ci95_of_the_per_task_returns(tmp_path, monkeypatch):
+    """evaluate's ci95 for each number of inner steps is 1.96 s / sqrt(num_tasks) of the per-task mean returns the
+    sampler gave for that step (the sampler is replaced by one returning known returns)."""
+    torch.manual_seed(0)
+    args = m.Args(policy="mlp", hidden_size=4, max_episode_steps=3, fast_batch_size=1)
+    model = m.build_agent(args, m.PointNav2D)
+    path = str(tmp_path / "tiny.cleanrl_model")
+    m.save_checkpoint(path, model, args, {"task": args.task, "train_tasks": []})
+    known = [torch.tensor([1.0, 3.0, -2.0, 6.0]), torch.tensor([0.0, 0.0, 4.0, 10.0])]
+    monkeypatch.setattr(m, "sample_task_batches", lambda *a, **kw: (None, known))
+    res = m.evaluate(path, num_tasks=4, num_steps=1, write=False)
+    for k, r in enumerate(known):
+        v = r.double().tolist()
+        mean = sum(v) / 4
+        s = (sum((a - mean) ** 2 for a in v) / 3) ** 0.5
+        assert res["ci95"][str(k)] == pytest.approx(1.96 * s / 2, rel=1e-6)
+        assert res["returns_after_steps"][str(k)] == pytest.approx(mean, rel=1e-6)
+
+
+def test_lru_matches_the_normalised_complex_recurrence():
+    """LRU.step and LRU.scan equal the complex recurrence x_t = lambda x_{t-1} + gamma (B u_t), y_t = Re(C x_t) +
+    D u_t with gamma = sqrt(1 - |lambda|^2), computed here in complex128 from the parameters. Without the input
+    normalisation (gamma = 1) the state is 1/gamma times larger (gamma is well below 1 for every state dim here)."""
+    torch.manual_seed(0)
+    lru = m.LRU(4, 3).double()
+    T, Bn = 7, 2
+    u = torch.randn(T, Bn, 4, dtype=torch.float64)
+    r = torch.exp(-(torch.exp(lru.nu_log) + lru.DELTA_MIN)).detach()
+    lam = torch.polar(r, torch.exp(lru.theta_log).detach())
+    gamma = torch.sqrt(1 - r**2)
+    B = torch.complex(lru.B_re, lru.B_im).detach()
+    C = torch.complex(lru.C_re, lru.C_im).detach()
+    x = torch.zeros(Bn, 3, dtype=torch.complex128)
+    ys = []
+    for t in range(T):
+        x = lam * x + gamma * (u[t].to(torch.complex128) @ B.T)
+        ys.append((x @ C.T).real + lru.D.detach() * u[t])
+    expected_y, expected_x = torch.stack(ys), torch.cat([x.real, x.imag], -1)
+    assert gamma.max() < 0.95
+    with torch.no_grad():
+        y_scan, x_scan = lru.scan(u, torch.zeros(Bn, 6, dtype=torch.float64), torch.zeros(T, Bn, dtype=torch.bool))
+        xs = torch.zeros(Bn, 6, dtype=torch.float64)
+        for t in range(T):
+            y_step, xs = lru.step(u[t], xs, torch.zeros(Bn, dtype=torch.bool))
+    assert torch.allclose(y_scan, expected_y, atol=1e-10), (y_scan - expected_y).abs().max()
+    assert torch.allclose(x_scan, expected_x, atol=1e-10) and torch.allclose(xs, expected_x, atol=1e-10)
+    assert torch.allclose(y_step, expected_y[-1], atol=1e-10)
+    assert expected_x.abs().max() > 0.1
+
+
+def test_main_train_samples_with_inner_lr_at_every_inner_step(tmp_path, monkeypatch):
+    """Meta-training samples the fast batches with theta adapted at --inner-lr on every one of the
+    --num-inner-steps steps, the schedule the meta-objective re-adapts with; another list (a single entry, a smaller
+    step later) would make the sampled actions' log-probabilities disagree with the TRPO step's old policy."""
+    seen = []
+    real = m.sample_task_batches
+
+    def spy(model, params, task_params, args_, gen, num_steps, inner_lrs):
+        seen.append((num_steps, list(inner_lrs)))
+        return real(model, params, task_params, args_, gen, num_steps, inner_lrs)
+
+    monkeypatch.setattr(m, "sample_task_batches", spy)
+    args = m.Args(runs_dir=str(tmp_path), exp_name="lrs", outer_steps=1, tasks_per_batch=2, fast_batch_size=2,
+                  max_episode_steps=3, policy="mlp", hidden_size=4, cg_iters=2, ls_max_steps=1, buffer_size=0,
+                  num_inner_steps=2, inner_lr=0.37)
+    m.main_train(args)
+    assert seen == [(2, [0.37, 0.37])]
+
+
+def test_adapter_max_step_guard_caps_the_parameter_change():
+    """With a large SGD step, one adapter step moves the adapted parameters by exactly --max-step-norm (the guard
+    rescales the change, keeping its direction) and reports that the guard fired; without the guard the change is
+    far larger."""
+    model, _, data = setup(dtype=torch.float32)
+    theta0 = {k: v.detach() for k, v in model.named_parameters()}
+    batch = data[0]["train"][0]
+    cfg = m.AdaptConfig("pg", adapt_lr=50.0, grad_clip=1e9, max_step_norm=0.05, trust_region=1e9)
+    free = m.StandardAdapter(model, theta0, dataclasses.replace(cfg, max_step_norm=1e9))
+    capped = m.StandardAdapter(model, theta0, cfg)
+    assert not free.step(batch)["fired_max_step"]
+    info = capped.step(batch)
+    d_free = free._vec(free.params, free.names) - free._vec(theta0, free.names)
+    d_cap = capped._vec(capped.params, capped.names) - capped._vec(theta0, capped.names)
+    assert d_free.norm() > 1.0 and info["fired_max_step"]
+    assert d_cap.norm().item() == pytest.approx(0.05, rel=1e-4)
+    assert torch.allclose(d_cap, d_free * (0.05 / d_free.norm()), atol=1e-6)
+
+
+def test_save_checkpoint_writes_its_temp_file_beside_the_checkpoint(tmp_path, monkeypatch):
+    """The temp file is created in the checkpoint's own directory, so the final os.replace is a rename on one
+    filesystem (atomic); a temp file in /tmp or the working directory may cross filesystems. No temp file is left."""
+    torch.manual_seed(0)
+    args = m.Args(policy="mlp", hidden_size=4)
+    model = m.build_agent(args, m.PointNav2D)
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    replaced = []
+    real_replace = m.os.replace
+    monkeypatch.setattr(m.os, "replace", lambda src, dst: (replaced.append((src, dst)), real_replace(src, dst))[1])
+    path = str(tmp_path / "ckpt" / "a.cleanrl_model")
+    m.save_checkpoint(path, model, args, {"task": args.task, "train_tasks": []})
+    assert len(replaced) == 1
+    src, dst = replaced[0]
+    assert dst == path and m.os.path.dirname(m.os.path.abspath(src)) == str(tmp_path / "ckpt")
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["a.cleanrl_model"]
+    assert list((tmp_path / "cwd").iterdir()) == []
