@@ -814,3 +814,94 @@ def test_labels_follow_the_command_index_and_a_missing_eval_json_is_a_warning(tm
     assert not (tmp_path / "twice").exists()
     # final return over seeds 1-3 (10, 20, 30); deterministic eval over seeds 1 and 3 only (5, 7)
     assert "| fast_method | – | 3 | 20.0 ± 10.0 [-4.84, 44.8] | 6 ± 1.41 [-6.71, 18.7] (2 seeds) |" in text
+
+
+def test_retries_means_that_many_more_attempts_and_no_more(tmp_path):
+    """--retries 1 must give a run that fails once exactly one more attempt (which succeeds), and a run that always
+    fails exactly two attempts in all; an off-by-one in the retry count gives the flaky run no second chance or the
+    broken one a third."""
+    flaky = write_script(tmp_path / "flaky.py",
+                         "m = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'tried')\n"
+                         "if not os.path.exists(m):\n    open(m, 'w').close(); sys.exit(1)\n")
+    bad = write_script(tmp_path / "bad.py", "sys.exit(5)\n")
+    out = tmp_path / "sweep"
+    r = run_benchmark("--command", f"python {flaky}", f"python {bad}", "--num-seeds", "1", "--retries", "1",
+                      "--output", str(out))
+    assert r.returncode == 1, r.stderr
+    attempts = {}
+    for rec in manifest(out):
+        attempts.setdefault(rec["command_index"], []).append((rec["attempt"], rec["exit_code"]))
+    assert attempts == {0: [(1, 1), (2, 0)], 1: [(1, 5), (2, 5)]}
+    assert "FAILED c1__" in r.stderr and "FAILED c0__" not in r.stderr
+
+
+def test_env_ids_add_a_grid_dimension_beside_the_grid(tmp_path):
+    """--env-ids is one more grid dimension: with --grid it must form the Cartesian product, not replace it."""
+    r = run_benchmark("--command", "python x.py", "--env-ids", "EnvA", "EnvB", "--grid", "--lr 1 2", "--num-seeds", "1",
+                      "--output", str(tmp_path / "sweep"), "--dry-run")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 4
+    for env in ("EnvA", "EnvB"):
+        for lr in ("1", "2"):
+            assert sum(f"--env-id {env} --lr {lr} --seed 1 " in line for line in lines) == 1
+
+
+def test_report_groups_seeds_per_method_and_grid_point_and_keeps_each_runs_last_attempt(tmp_path):
+    """Seeds are pooled only within one method and one grid point; a failed run stays out of the tables even though
+    its directory holds events; a retried run counts by its last attempt; the final return is the mean of the last
+    N logged episodes. Pooled grid points or methods, a failed run in the tables, the first attempt kept, or all
+    (or the first N) episodes averaged would each change a number checked here."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    import pandas as pd
+
+    report = load(REPORT)
+    sweep = tmp_path / "sweep"
+    records = []
+
+    def run(ci, gi, seed, final, exit_code=0, attempt=1):
+        key = f"c{ci}__g{gi}_lr_{gi + 1}__s{seed}"
+        run_dir = sweep / "runs" / key / f"run_a{attempt}"
+        w = SummaryWriter(str(run_dir))
+        for step, value in enumerate([-500.0] * 5 + [final - 1, final, final + 1], 1):  # last 3 average to `final`
+            w.add_scalar("charts/episodic_return", value, step)
+        w.close()
+        records.append({"run_key": key, "command_index": ci, "num_commands": 2, "command": f"python m{ci}.py",
+                        "grid_index": gi, "grid": f"--lr {gi + 1}", "seed": seed, "exit_code": exit_code,
+                        "attempt": attempt, "wall_time_s": 1.0, "runs_dir": str(run_dir.parent),
+                        "run_dirs": [str(run_dir)]})
+
+    for ci in (0, 1):
+        for gi in (0, 1):
+            for seed in (1, 2):
+                if (ci, gi, seed) == (1, 1, 2):
+                    run(ci, gi, seed, 7000.0, exit_code=1, attempt=1)  # failed first attempt, then retried
+                    run(ci, gi, seed, 100 * ci + 10 * gi + seed, attempt=2)
+                else:
+                    run(ci, gi, seed, 100 * ci + 10 * gi + seed)
+    run(0, 0, 3, 9000.0, exit_code=2)  # a failed run whose directory holds events all the same
+    (sweep / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    result = report.build_report([str(sweep)], str(tmp_path / "report"), {0: "m0", 1: "m1"}, last_n=3)
+    assert [r["run_key"] for r in result["failed"]] == ["c0__g0_lr_1__s3"]
+    summary = pd.read_csv(tmp_path / "report" / "summary.csv")
+    got = {(row.method, row.grid): (row.n_seeds, str(row.seeds), row.final_return__mean)
+           for row in summary.itertuples()}
+    assert got == {(f"m{ci}", f"--lr {gi + 1}"): (2, "1 2", pytest.approx(100 * ci + 10 * gi + 1.5))
+                   for ci in (0, 1) for gi in (0, 1)}
+    assert summary["final_return__std"].tolist() == pytest.approx([np.sqrt(0.5)] * 4)
+
+
+def test_learning_curves_are_smoothed_over_the_given_window_and_stop_at_the_shortest_run():
+    """The plotted curve of a seed is the running mean of `smooth` episodes; an unsmoothed (or wrongly smoothed)
+    curve of returns alternating 0, 10 would not be flat at 5. The common grid must end at the shortest run's last
+    step so that no seed is extrapolated."""
+    report = load(REPORT)
+    steps = np.arange(10, dtype=float)
+    alternating = np.array([0.0, 10.0] * 5)
+    grid, mean, std = report.mean_std_curve([(steps, alternating), (steps[:7], alternating[:7] + 2.0)], smooth=2,
+                                            points=7)
+    assert grid.tolist() == [0, 1, 2, 3, 4, 5, 6]
+    # seed 1 smoothed: 0, 5, 5, ...; seed 2 (shifted by 2): 2, 7, 7, ...
+    assert mean.tolist() == pytest.approx([1.0] + [6.0] * 6)
+    assert std.tolist() == pytest.approx([1.0] * 7)
