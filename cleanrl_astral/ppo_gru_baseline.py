@@ -679,6 +679,12 @@ def validate(args):
     if 4 * args.num_steps * args.num_envs * agent.input_dim > ram:
         raise ValueError(f"a rollout of --num-steps {args.num_steps} x --num-envs {args.num_envs} needs more than this "
                          f"machine's {ram / 2**30:.0f} GiB: reduce them")
+    # the update replays a minibatch's sequences with autograd, which keeps at least the recurrent state of every step
+    envs_per_minibatch = args.num_envs // args.num_minibatches
+    if 4 * args.num_steps * envs_per_minibatch * args.hidden_size > ram:
+        raise ValueError(f"replaying a minibatch of --num-steps {args.num_steps} x {envs_per_minibatch} envs x "
+                         f"--hidden-size {args.hidden_size} needs more than this machine's {ram / 2**30:.0f} GiB: "
+                         "raise --num-minibatches or reduce them")
     return modes
 
 

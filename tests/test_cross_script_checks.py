@@ -2,7 +2,8 @@
 
 - --exp-name goes into the run directory's and the model file's names: a name with '/' used to fail only at the
   save after training (or nest the run one directory down), and an empty one wrote a hidden '.cleanrl_model'.
-- Sizes that cannot fit in memory (--hidden-size 1000000) were a MemoryError after the run directory existed."""
+- Sizes that cannot fit in memory (--hidden-size 1000000) were a MemoryError after the run directory existed;
+  since session 17 so is a PPO minibatch whose replay cannot fit."""
 import importlib.util
 import os
 import subprocess
@@ -94,6 +95,15 @@ def test_ppo_sizes_beyond_this_machines_memory_are_refused(module):
     envs = ram_bytes() // (4 * steps * 2) + 1  # the inputs alone (at least 2 floats a step) pass the RAM
     assert "--num-envs" in message(num_envs=envs, num_steps=steps, total_timesteps=envs * steps, num_minibatches=1)
     assert message(num_envs=64, num_steps=steps, total_timesteps=64 * steps) is None
+    # the replay keeps at least H floats a step and env of a minibatch: with inputs that fit, the minibatch does not
+    steps, width = 4096, 1024
+    envs = ram_bytes() // (4 * steps * width) + 1
+    assert 4 * steps * envs * 10 < ram_bytes()  # the rollout's inputs (under 10 floats a step) fit
+    error = message(num_envs=envs, num_steps=steps, hidden_size=width, total_timesteps=envs * steps, num_minibatches=1)
+    assert error is not None and "raise --num-minibatches" in error, error
+    # one env a minibatch replays 4096 x 1024 floats (16 MiB): accepted
+    assert message(num_envs=envs, num_steps=steps, hidden_size=width, total_timesteps=envs * steps,
+                   num_minibatches=envs) is None
 
 
 def test_maml_sizes_beyond_this_machines_memory_are_refused():
