@@ -261,9 +261,9 @@ def finite_and_seeded(a) -> Optional[str]:
         if value is not None and not 0 <= value < 2**32:
             return f"--{name.replace('_', '-')} {value} must be in [0, 2**32 - 1]"
     # the name becomes part of a directory name and of the model file's name: a '/' makes the save fail after training
-    name = getattr(a, "exp_name", "x")
-    if not name.strip() or "/" in name:
-        return f"--exp-name {name!r} must be a non-empty name without '/'"
+    # (train only: eval and adapt write beside their checkpoint)
+    if isinstance(a, Args) and (not a.exp_name.strip() or "/" in a.exp_name):
+        return f"--exp-name {a.exp_name!r} must be a non-empty name without '/'"
     return None
 
 
