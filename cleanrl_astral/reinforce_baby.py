@@ -14,6 +14,7 @@ import contextlib
 import concurrent.futures
 import dataclasses
 import hashlib
+import http.client
 import json
 import math
 import os
@@ -34,6 +35,7 @@ import torch.nn.functional as F
 import tyro
 
 SCRIPT = os.path.splitext(os.path.basename(__file__))[0]
+EVAL_SEED_OFFSET = 777  # evaluation episodes are drawn from seed + this: never the training stream
 
 
 @dataclass
@@ -320,8 +322,9 @@ LLM_SYSTEM_PROMPT = (
 class LLMParent(DeterministicParent):
     """Judges actions with an OpenAI-compatible chat-completions endpoint; the rule is the fallback.
 
-    Answers are validated, retried, cached on disk (sqlite) by (model, task, state, action), and compared
-    with the deterministic rule (agreement). Only the answer text is used, never token probabilities.
+    Answers are validated, retried, cached on disk (sqlite) by the whole request and what decides an answer's
+    validity, and compared with the deterministic rule (agreement). Only the answer text is used, never token
+    probabilities.
     """
 
     def __init__(self, num_actions: int, max_episode_steps: int, base_url: str, model: str, api_key: str,
@@ -338,28 +341,43 @@ class LLMParent(DeterministicParent):
         self.stats = collections.Counter()
         self.latencies: List[float] = []
 
-    def cache_key(self, s: State, action: int) -> str:
-        raw = json.dumps([self.model, TASKS[s.task], s.as_list(), int(action), self.next_state])
-        return hashlib.sha256(raw.encode()).hexdigest()
-
-    def request(self, s: State, action: int) -> str:
+    def body(self, s: State, action: int) -> dict:
         extra = ", \"next_state\": {attribute: integer index}" if self.next_state else ""
         user = f"{s.to_prompt()}\nThe child chose action {int(action)}."
         if self.next_state:
             user += f"\nAlso give the next state as indices of the attributes {ATTRIBUTES}."
-        body = {"model": self.model, "temperature": 0,
+        return {"model": self.model, "temperature": 0,
                 "messages": [{"role": "system", "content": LLM_SYSTEM_PROMPT % extra},
                              {"role": "user", "content": user}]}
+
+    def cache_key(self, s: State, action: int) -> str:
+        # everything that changes the answer (the whole request, the endpoint) or its validity (the attribute
+        # ranges, which depend on --num-actions and --max-episode-steps), so no run reuses another's answer wrongly
+        raw = json.dumps([self.url, self.body(s, action), s.as_list(), int(action), self.vocab])
+        return hashlib.sha256(raw.encode()).hexdigest()
+
+    def request(self, s: State, action: int) -> str:
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        req = urllib.request.Request(self.url, data=json.dumps(body).encode(), headers=headers, method="POST")
+        data = json.dumps(self.body(s, action)).encode()
+        req = urllib.request.Request(self.url, data=data, headers=headers, method="POST")
+        # the socket timeout bounds each read; the deadline bounds the whole reply (a server sending a few bytes at a
+        # time would otherwise hold the request open for as long as it likes)
+        deadline = time.monotonic() + self.timeout
+        chunks = []
         with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-            payload = json.loads(resp.read().decode())
+            while chunk := resp.read1(65536):
+                chunks.append(chunk)
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no complete reply within --llm-timeout {self.timeout} s")
+        payload = json.loads(b"".join(chunks).decode())
         return payload["choices"][0]["message"]["content"]
 
-    def validate(self, text: str, s: State) -> Optional[Tuple[float, Optional[State]]]:
+    def validate(self, text, s: State, action: int) -> Optional[Tuple[float, Optional[State]]]:
         """The parsed (reward, next_state) if the answer is strict, well-formed JSON; None otherwise."""
+        if not isinstance(text, str):  # endpoints answer null (a refusal, a tool call) or a list of content parts
+            return None
         text = re.sub(r"^```(?:json)?\s*|\s*```$", "", text.strip())
         try:
             obj = json.loads(text)
@@ -376,6 +394,11 @@ class LLMParent(DeterministicParent):
             if not all(isinstance(v, int) and 0 <= v < k for v, k in zip(vals, self.vocab)):
                 return None
             nxt = State.from_list(vals, self.num_actions)
+            # the LLM may choose the verdict the child sees (last_correct), not a new task instance: success is
+            # judged by the rule on the instance, so changing it would move the goalposts (or make it unsolvable)
+            kept = dataclasses.replace(s, last_action=int(action), step=s.step + 1, last_correct=nxt.last_correct)
+            if nxt != kept:
+                return None
         return float(obj["reward"]), nxt
 
     def ask(self, s: State, action: int) -> Optional[Tuple[str, float]]:
@@ -384,9 +407,10 @@ class LLMParent(DeterministicParent):
             t0 = time.perf_counter()
             try:
                 text = self.request(s, action)
-            except (urllib.error.URLError, TimeoutError, OSError, ValueError, KeyError, IndexError, TypeError):
+            except (urllib.error.URLError, http.client.HTTPException, TimeoutError, OSError, ValueError, KeyError,
+                    IndexError, TypeError):
                 continue
-            if self.validate(text, s) is not None:
+            if self.validate(text, s, action) is not None:
                 return text, 1000.0 * (time.perf_counter() - t0)
         return None
 
@@ -399,19 +423,24 @@ class LLMParent(DeterministicParent):
         misses = [i for i, a in enumerate(answers) if a is None]
         self.stats["cache_hits"] += len(keys) - len(misses)
         if misses:
+            # one request per distinct (state, action): a batch holds many repeats, and a judge that is not
+            # deterministic would otherwise give one pair different rewards within the batch
+            first = list({keys[i]: i for i in reversed(misses)}.values())
             with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, self.concurrency)) as pool:
-                results = list(pool.map(lambda i: self.ask(states[i], actions[i]), misses))
-            for i, res in zip(misses, results):
+                results = dict(zip(first, pool.map(lambda i: self.ask(states[i], actions[i]), first)))
+            for i, res in results.items():
                 if res is not None:
-                    answers[i] = res[0]
                     self.latencies.append(res[1])
                     self.db.execute("INSERT OR REPLACE INTO answers VALUES (?, ?)", (keys[i], res[0]))
+            text_of = {keys[i]: res[0] for i, res in results.items() if res is not None}
+            for i in misses:
+                answers[i] = text_of.get(keys[i])
             self.db.commit()
         out = []
         for s, a, text in zip(states, actions, answers):
             self.stats["queries"] += 1
             rule = self.judge(s, a)
-            parsed = self.validate(text, s) if text is not None else None
+            parsed = self.validate(text, s, a) if text is not None else None
             if parsed is None:
                 self.stats["fallbacks"] += 1
                 out.append((rule, self.transition(s, a, rule)))
@@ -428,6 +457,12 @@ class LLMParent(DeterministicParent):
         return {"parent/llm_agreement": self.stats["agreements"] / judged, "parent/fallbacks": self.stats["fallbacks"],
                 "parent/latency_ms": lat, "parent/cache_hits": self.stats["cache_hits"],
                 "parent/queries": self.stats["queries"]}
+
+    def state_dict(self) -> dict:
+        return {"stats": dict(self.stats), "latencies": list(self.latencies)}
+
+    def load_state_dict(self, state: dict):
+        self.stats, self.latencies = collections.Counter(state["stats"]), list(state["latencies"])
 
 
 class BabyEnv:
@@ -766,10 +801,13 @@ def build_agent(cfg: dict) -> Agent:
                  cfg["num_heads"], cfg["wm_target"])
 
 
-def evaluate(model_path: str, episodes: int = 200, seed: int = 12345, greedy: bool = True) -> dict:
-    """Loads a saved model (or checkpoint) and evaluates it on the tasks it was trained on."""
+def evaluate(model_path: str, episodes: Optional[int] = None, seed: Optional[int] = None, greedy: bool = True) -> dict:
+    """Loads a saved model (or checkpoint) and evaluates it on the tasks it was trained on. By default on the run's
+    own evaluation episodes (its --eval-episodes, seed + 777), so it reproduces the run's eval.json."""
     ckpt = torch.load(model_path, map_location="cpu", weights_only=False)
     cfg = ckpt["args"]
+    episodes = cfg["eval_episodes"] if episodes is None else episodes
+    seed = cfg["seed"] + EVAL_SEED_OFFSET if seed is None else seed
     agent = build_agent(cfg)
     agent.load_state_dict(ckpt["state_dict"])
     agent.eval()
@@ -859,6 +897,8 @@ def train(args: Args, run_dir: str, writer, resume: Optional[str] = None, label:
         np.random.set_state(ckpt["rng"]["numpy"])
         torch.set_rng_state(ckpt["rng"]["torch"])
         env.rng.bit_generator.state = ckpt["rng"]["env"]
+        if isinstance(parent, LLMParent) and ckpt.get("parent"):  # its counters are logged as running totals
+            parent.load_state_dict(ckpt["parent"])
         print(f"{label}resumed from {resume} at global_step={global_step}")
     start_time, start_step = time.time(), global_step
 
@@ -981,6 +1021,7 @@ def train(args: Args, run_dir: str, writer, resume: Optional[str] = None, label:
                                "recent_success": list(recent_success), "args": dataclasses.asdict(args),
                                "recent_level": {f"{t}|{lv}": list(d) for (t, lv), d in recent_level.items()},
                                "script": SCRIPT, "eval_levels": dict(curriculum.levels),
+                               "parent": parent.state_dict() if isinstance(parent, LLMParent) else None,
                                "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
                                        "torch": torch.get_rng_state(), "env": env.rng.bit_generator.state}},
                               os.path.join(run_dir, "checkpoint.pt"))
@@ -1147,6 +1188,9 @@ if __name__ == "__main__":
         # the saved run defines what is evaluated: its tasks, action space, horizon and architecture
         for k in ("task", "num_actions", "max_episode_steps", "hidden_dim", "num_layers", "num_heads", "wm_target"):
             setattr(args, k, ckpt["args"][k])
+        # and, unless given, its evaluation episodes, so the figures reproduce the run's own eval.json
+        for k in {"seed", "eval_episodes"} - flags_given(sys.argv[1:]):
+            setattr(args, k, ckpt["args"][k])
     args.batch_size = args.num_envs * args.max_episode_steps
     args.num_iterations = max(1, args.total_timesteps // args.batch_size)
 
@@ -1191,7 +1235,8 @@ if __name__ == "__main__":
         print(f"model saved to {model_path}")
 
     # EVALUATION: the trained agent and the baselines in one table
-    evaluator = Evaluator(tasks, args.num_actions, args.max_episode_steps, args.eval_episodes, args.seed + 777)
+    evaluator = Evaluator(tasks, args.num_actions, args.max_episode_steps, args.eval_episodes,
+                          args.seed + EVAL_SEED_OFFSET)
     transcript = [] if args.capture_video else None
     result = evaluator.run(agent, eval_levels, transcript=transcript)
     rows = {"agent": result}

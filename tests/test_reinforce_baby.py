@@ -301,9 +301,15 @@ class FakeLLM(http.server.BaseHTTPRequestHandler):
             return
         if srv.mode == "slow":
             srv.release.wait(10)
+        if srv.mode == "garbage":  # not HTTP at all: http.client raises BadStatusLine, an HTTPException
+            self.wfile.write(b"garbage\r\n\r\n")
+            self.close_connection = True
+            return
         content = {"valid": json.dumps({"reward": 1}), "fenced": "```json\n{\"reward\": 0}\n```",
-                   "malformed": "{reward: yes", "slow": json.dumps({"reward": 1}),
-                   "bad_reward": json.dumps({"reward": 0.5}),
+                   "malformed": "{reward: yes", "slow": json.dumps({"reward": 1}), "drip": json.dumps({"reward": 1}),
+                   "bad_reward": json.dumps({"reward": 0.5}), "null": None,
+                   "parts": [{"type": "text", "text": json.dumps({"reward": 1})}],
+                   "alternate": json.dumps({"reward": srv.count % 2}),
                    "next_state": json.dumps({"reward": 1, "next_state": srv.next_state})}[srv.mode]
         data = json.dumps({"choices": [{"message": {"role": "assistant", "content": content}}]}).encode()
         try:
@@ -311,6 +317,13 @@ class FakeLLM(http.server.BaseHTTPRequestHandler):
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
+            if srv.mode == "drip":  # a few bytes at a time, each well within the socket timeout
+                for i in range(0, len(data), 4):
+                    self.wfile.write(data[i : i + 4])
+                    self.wfile.flush()
+                    if srv.release.wait(0.1):
+                        return
+                return
             self.wfile.write(data)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client gave up (timeout case)
@@ -365,10 +378,13 @@ def test_llm_parent_valid_answers_are_used_and_cached(llm_server, tmp_path):
     assert parent.respond([s], [(right + 2) % 8])[0][0] == 0.0 and parent.stats["fallbacks"] == 0
 
 
-@pytest.mark.parametrize("mode", ["malformed", "bad_reward", "http500", "slow"])
+@pytest.mark.parametrize("mode", ["malformed", "bad_reward", "http500", "slow", "null", "parts", "garbage", "drip"])
 def test_llm_parent_failures_fall_back_to_the_rule(llm_server, tmp_path, mode):
+    """Every kind of failed answer costs an attempt and ends in the rule's reward, never in an exception: until
+    session 17 a null or list content (refusals, tool calls) raised AttributeError in validate, a reply that is not
+    HTTP raised BadStatusLine, and a server dripping its reply held the request open past --llm-timeout."""
     llm_server.mode = mode
-    parent = make_llm_parent(llm_server, tmp_path, timeout=0.3 if mode == "slow" else 2.0)
+    parent = make_llm_parent(llm_server, tmp_path, timeout=0.3 if mode in ("slow", "drip") else 2.0)
     s, right, wrong = instance(parent)
     replies = parent.respond([s, s], [right, wrong])
     assert [r for r, _ in replies] == [1.0, 0.0]  # the deterministic rule's rewards
@@ -393,6 +409,47 @@ def test_llm_parent_next_state_is_validated(llm_server, tmp_path):
     llm_server.next_state = {**llm_server.next_state, "v0": 99}  # out of the attribute's range
     (r, nxt), = parent.respond([s], [right])
     assert r == 1.0 and nxt == parent.transition(s, right, 1.0) and parent.stats["fallbacks"] == 1
+
+
+@pytest.mark.parametrize("change", [{"v0": "answer"}, {"task": 1}, {"level": 0}, {"f0": 1}, {"step": 2},
+                                    {"last_action": "other"}])
+def test_llm_next_state_may_not_change_the_task_instance(llm_server, tmp_path, change):
+    """Success is judged by the rule on the instance, so an LLM that rewrote it could turn a wrong answer into a
+    success (v0 set to the child's answer) or make the instance unsolvable: such a state is an invalid answer."""
+    parent = make_llm_parent(llm_server, tmp_path, next_state=True)
+    s, right, wrong = instance(parent)
+    proposed = dict(zip(rb.ATTRIBUTES, parent.transition(s, wrong, 1.0).as_list()))
+    for key, value in change.items():
+        proposed[key] = {"answer": wrong, "other": right}.get(value, value)
+    assert proposed != dict(zip(rb.ATTRIBUTES, parent.transition(s, wrong, 1.0).as_list()))
+    llm_server.mode, llm_server.next_state = "next_state", proposed
+    (r, nxt), = parent.respond([s], [wrong])
+    assert (r, nxt) == (0.0, parent.transition(s, wrong, 0.0)) and parent.stats["fallbacks"] == 1
+
+
+def test_llm_cache_key_holds_what_changes_an_answer_or_its_validity(llm_server, tmp_path):
+    """The prompt names the action range and the validation the step range: a cache shared by runs with another
+    --num-actions, --max-episode-steps or endpoint must not serve their answers (until session 17 it did, and an
+    answer invalid for this run fell back on every use without the LLM ever being asked)."""
+    def key(num_actions=8, horizon=3, url=llm_server.url, model="test-model"):
+        p = rb.LLMParent(num_actions, horizon, url, model, "", 1.0, 0, str(tmp_path / "k.sqlite"), True, 1)
+        s = dataclasses.replace(rb.State(2, 1, (1, 2, 3), (0, 1, rb.FLAG_PAD), 8, rb.FLAG_PAD, 1, 8),
+                                num_actions=num_actions)
+        return p.cache_key(s, 2)
+
+    assert key() == key()
+    assert len({key(), key(num_actions=16), key(horizon=9), key(url="http://127.0.0.1:1/v1"), key(model="m2")}) == 5
+
+
+def test_llm_parent_asks_once_per_distinct_pair_in_a_batch(llm_server, tmp_path):
+    """A judge that alternates its verdict: four copies of one (state, action) in a batch get one request and one
+    reward, not four requests and conflicting rewards."""
+    llm_server.mode = "alternate"
+    parent = make_llm_parent(llm_server, tmp_path)
+    s, right, wrong = instance(parent)
+    replies = parent.respond([s] * 4 + [s], [wrong] * 4 + [right])
+    assert llm_server.count == 2
+    assert len({r for r, _ in replies[:4]}) == 1 and parent.stats["queries"] == 5
 
 
 def test_training_with_llm_parent_runs_and_logs_fallbacks(llm_server, tmp_path):
@@ -473,14 +530,18 @@ def test_full_run_save_evaluate_baselines_analysis_and_eval_only(tmp_path):
     saved = torch.load(model, weights_only=False)
     assert saved["script"] == "reinforce_baby" and saved["args"]["task"] == "all"
     assert not [f for f in os.listdir(run_dir) if ".tmp." in f]
-    # evaluate() on the saved file reproduces the run's own evaluation exactly
-    again = rb.evaluate(model, episodes=8, seed=4 + 777)
+    # evaluate() on the saved file reproduces the run's own evaluation exactly, with its defaults (until session 17
+    # they were 200 episodes of seed 12345, not the run's own --eval-episodes of seed + 777)
+    again = rb.evaluate(model)
     assert again["success_rate"] == ev["success_rate"]
     assert again["per_difficulty_success"] == ev["per_difficulty_success"]
-    out = run_script("--task", "all", "--num-actions", "8", "--eval-only", "--model-path", model, "--eval-episodes",
-                     "8", "--seed", "4", "--no-analysis", "--runs-dir", str(tmp_path / "eval"))
+    assert again == rb.evaluate(model, episodes=8, seed=4 + rb.EVAL_SEED_OFFSET)
+    # so does --eval-only without --seed or --eval-episodes: it takes the saved run's
+    out = run_script("--task", "all", "--num-actions", "8", "--eval-only", "--model-path", model, "--no-analysis",
+                     "--runs-dir", str(tmp_path / "eval"))
     with open(os.path.join(only_run_dir(tmp_path / "eval"), "eval.json")) as f:
-        assert json.load(f)["success_rate"] == ev["success_rate"]
+        only = json.load(f)
+    assert only["success_rate"] == ev["success_rate"] and only["per_difficulty_success"] == ev["per_difficulty_success"]
     assert "model parameters" in out.stdout
 
 
@@ -569,6 +630,25 @@ def test_resumed_run_logs_what_an_uninterrupted_run_logs(tmp_path, die_at_checkp
         if tag != "charts/SPS":
             assert resumed[tag] == whole[tag], tag
     assert [step for step, _ in resumed["charts/SPS"]] == list(range(16, 161, 16))
+
+
+def test_resumed_llm_run_continues_the_parents_running_totals(llm_server, tmp_path, die_at_checkpoint,
+                                                               logged_values):
+    """parent/queries, cache_hits and fallbacks are running totals: until session 17 a resumed run restarted them at
+    0 (the parent's counters were not in the checkpoint). Each run has its own cache file, as a fresh run would."""
+    def flags(name):
+        return ["--task", "pattern-echo", *[f if f != "64" else "96" for f in TINY], "--checkpoint-every", "1",
+                "--parent", "llm", "--llm-base-url", llm_server.url, "--llm-cache", str(tmp_path / f"{name}.sqlite"),
+                "--runs-dir", str(tmp_path / name)]
+    run_script(*flags("whole"))
+    subprocess.run([sys.executable, "-c", die_at_checkpoint(3), SCRIPT, *flags("cut")], cwd=REPO, check=True,
+                   capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    cut = only_run_dir(tmp_path / "cut")
+    run_script(*flags("cut"), "--resume", os.path.join(cut, "checkpoint.pt"))
+    whole, resumed = logged_values(only_run_dir(tmp_path / "whole")), logged_values(cut)
+    for tag in ("parent/queries", "parent/cache_hits", "parent/fallbacks", "parent/llm_agreement"):
+        assert resumed[tag] == whole[tag], tag
+    assert whole["parent/queries"][-1] == (96, 96.0)
 
 
 def test_in_process_baseline_is_the_run_its_own_flags_would_make(tmp_path, logged_values):
