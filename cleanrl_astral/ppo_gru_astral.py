@@ -983,8 +983,10 @@ if __name__ == "__main__":
     if args.save_model:
         model_path = os.path.join(run_dir, f"{args.exp_name}.cleanrl_model")
         atomic_save(
+            # the reward normaliser's state: the value head is in its units (tta_gating --online bootstraps with it)
             {"script": SCRIPT, "format": CHECKPOINT_FORMAT, "args": dataclasses.asdict(args), "modes": modes,
-             "run_name": run_name, "state_dict": agent.state_dict()},
+             "run_name": run_name, "state_dict": agent.state_dict(),
+             "reward_scaler": reward_scaler.state_dict() if reward_scaler is not None else None},
             model_path,
         )
         print(f"model saved to {model_path}")

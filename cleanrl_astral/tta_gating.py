@@ -399,9 +399,12 @@ def resolve_targets(mode_indices, modes, ckpt):
 
 def critic_reward_scale(model_path, ckpt):
     """The std the critic's rewards were divided by during training (its value head is in those units): 1 without
-    --norm-reward, else the final running std from the run's checkpoint.pt; None if that file is not there."""
+    --norm-reward, else the final running std saved with the model (since session 17) or in the run's checkpoint.pt
+    beside it; None if neither has it."""
     if not ckpt["args"].get("norm_reward", False):
         return 1.0
+    if ckpt.get("reward_scaler"):
+        return float(np.sqrt(ckpt["reward_scaler"]["var"] + 1e-8))
     path = os.path.join(os.path.dirname(model_path), "checkpoint.pt")
     if not os.path.isfile(path):
         return None

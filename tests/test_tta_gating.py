@@ -402,7 +402,9 @@ def test_online_with_a_corrupt_training_checkpoint_is_a_clear_error(checkpoint, 
         run = tmp_path / f"run_{corrupt}"
         run.mkdir()
         model = run / os.path.basename(checkpoint)
-        shutil.copyfile(checkpoint, model)
+        older = torch.load(checkpoint, weights_only=True)
+        del older["reward_scaler"]  # a model saved before session 17: the scale comes from checkpoint.pt
+        torch.save(older, model)
         train_ckpt = os.path.join(os.path.dirname(checkpoint), "checkpoint.pt")
         if corrupt:
             (run / "checkpoint.pt").write_bytes(open(train_ckpt, "rb").read()[:100])
@@ -414,6 +416,25 @@ def test_online_with_a_corrupt_training_checkpoint_is_a_clear_error(checkpoint, 
                 m.validate(args)
         else:
             assert m.validate(args)[-1] > 0
+
+
+def test_online_reads_the_reward_scale_saved_with_the_model(checkpoint, tmp_path):
+    """Since session 17 the model carries its reward normaliser, so --online works on a model copied without the
+    run's checkpoint.pt (the committed sweep models had none, so their online results could not be re-run). The
+    scale is the one checkpoint.pt holds for the same final update."""
+    import shutil
+
+    model = tmp_path / os.path.basename(checkpoint)
+    shutil.copyfile(checkpoint, model)
+    train_ckpt = torch.load(os.path.join(os.path.dirname(checkpoint), "checkpoint.pt"), weights_only=True)
+    expected = float(np.sqrt(train_ckpt["reward_scaler"]["var"] + 1e-8))
+    assert expected != 1.0
+    assert m.validate(adapt_args(str(model), online=True, controls=["none", "gate"]))[-1] == expected
+    older = torch.load(checkpoint, weights_only=True)
+    del older["reward_scaler"]
+    torch.save(older, model)
+    with pytest.raises(ValueError, match="--online needs the reward scale"):
+        m.validate(adapt_args(str(model), online=True, controls=["none", "gate"]))
 
 
 def test_validate_rejects_inconsistent_checkpoints_and_malformed_modes(checkpoint, tmp_path):
