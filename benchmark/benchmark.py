@@ -258,12 +258,28 @@ class RayBackend:
         self.ray.shutdown()
 
 
-def previous_attempts(spec: RunSpec) -> int:
-    """Attempts an earlier invocation made (one log each, killed ones too), so numbering continues after them."""
+def recorded_attempts(manifest: str) -> dict:
+    """run key -> highest attempt number in the manifest (unreadable lines are skipped: report.py names them)."""
+    highest = {}
+    if os.path.isfile(manifest):
+        with open(manifest) as f:
+            for line in f:
+                try:
+                    record = json.loads(line)
+                    key, attempt = record["run_key"], int(record["attempt"])
+                except (ValueError, KeyError, TypeError):
+                    continue
+                highest[key] = max(highest.get(key, 0), attempt)
+    return highest
+
+
+def previous_attempts(spec: RunSpec, recorded: dict) -> int:
+    """Attempts an earlier invocation made, so numbering continues after them: the highest of the run's attempt logs
+    (killed attempts leave one too) and of its manifest records (a Ray task that died wrote no log)."""
     pattern = re.compile(re.escape(spec.run_key) + r"\.attempt(\d+)\.log$")
-    if not os.path.isdir(spec.log_dir):
-        return 0
-    return max((int(m.group(1)) for m in map(pattern.match, os.listdir(spec.log_dir)) if m), default=0)
+    logged = os.listdir(spec.log_dir) if os.path.isdir(spec.log_dir) else []
+    from_logs = max((int(m.group(1)) for m in map(pattern.match, logged) if m), default=0)
+    return max(from_logs, recorded.get(spec.run_key, 0))
 
 
 def run_sweep(specs: list[RunSpec], backend, output: str, retries: int, show_progress: bool = True) -> list[dict]:
@@ -283,8 +299,9 @@ def run_sweep(specs: list[RunSpec], backend, output: str, retries: int, show_pro
         pending[future], attempt_of[future] = spec, attempt
         tries[spec.run_key] = tries.get(spec.run_key, 0) + 1
 
+    recorded = recorded_attempts(manifest)
     for spec in specs:
-        submit(spec, previous_attempts(spec) + 1)
+        submit(spec, previous_attempts(spec, recorded) + 1)
     progress = tqdm(total=len(specs), desc="runs", unit="run", disable=not show_progress, file=sys.stderr)
     try:
         while pending:
@@ -360,6 +377,12 @@ def parse_args(argv=None):
         errors.append(f"--start-seed must be >= 0, got {args.start_seed}")
     if not math.isfinite(args.cpus_per_run) or args.cpus_per_run <= 0:
         errors.append(f"--cpus-per-run must be a finite number > 0, got {args.cpus_per_run}")
+    elif args.ray_num_cpus is not None and args.ray_num_cpus < 1:
+        errors.append(f"--ray-num-cpus must be >= 1, got {args.ray_num_cpus}")
+    elif args.backend == "ray" and not args.ray_address and args.cpus_per_run > (args.ray_num_cpus or os.cpu_count()):
+        # Ray would keep every run pending forever, silently; a cluster's size is not known here
+        errors.append(f"--cpus-per-run {args.cpus_per_run} is more than the {args.ray_num_cpus or os.cpu_count()} CPUs of "
+                      "the local Ray instance (--ray-num-cpus, default all of this machine's): no run could start")
     if os.path.exists(args.output) and not os.path.isdir(args.output):
         errors.append(f"--output {args.output} is a file; give a directory (it is created if missing)")
     # a missing working directory would make every run fail with exit code 127; a Ray cluster's nodes are not ours
