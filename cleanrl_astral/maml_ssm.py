@@ -844,7 +844,9 @@ def compute_advantages(batch, gamma, gae_lambda):
         last = delta + gamma * gae_lambda * next_m * last
         adv[t] = last * masks[t]
     valid = adv[masks > 0]
-    adv = (adv - valid.mean()) / (valid.std() + 1e-8) * masks
+    # one valid step has no spread (its std is NaN, which no guard catches): it is centred to 0, not scaled
+    scale = valid.std() if valid.numel() > 1 else torch.ones((), dtype=valid.dtype)
+    adv = (adv - valid.mean()) / (scale + 1e-8) * masks
     return adv.float()
 
 
@@ -1414,7 +1416,7 @@ def run_adaptation(checkpoint, aargs, writer=None):
     state_dim = model.initial_state(1).shape[1]
     buffer = ExperienceBuffer.from_state_dict(ckpt["buffer"], state_dim) if ckpt.get("buffer") else None
     monitor = None
-    if ckpt.get("feature_stats"):
+    if ckpt.get("feature_stats") and ckpt["feature_stats"]["count"] > 0:  # --outer-steps 0 never collected any
         fs = ckpt["feature_stats"]
         monitor = FeatureMonitor(len(fs["mean"]), fs["decay"])
         monitor.mean, monitor.var, monitor.count = fs["mean"], fs["var"], fs["count"]

@@ -336,6 +336,12 @@ def test_advantages_are_gae_on_the_linear_baseline_normalised_over_valid_steps(f
     valid = raw[masks > 0]
     assert adv[masks > 0].tolist() == pytest.approx(((valid - valid.mean()) / (valid.std() + 1e-8)).tolist(), abs=1e-5)
     assert torch.all(adv[masks == 0] == 0)
+    # a batch of one valid step (adapt --online --online-every 1 --fast-batch-size 1): its std was NaN, which made
+    # every parameter NaN after the step (no guard compares NaN); it is centred to 0 instead
+    monkeypatch.setattr(m, "linear_baseline", lambda batch, g: values[:, :1] * batch["masks"].double())
+    one = {"obs": torch.zeros(5, 1, 2), "masks": torch.tensor([[1.0], [0.0], [0.0], [0.0], [0.0]]),
+           "rewards": rewards[:, :1]}
+    assert m.compute_advantages(one, gamma, lam).tolist() == [[0.0]] * 5
 
 
 def test_inner_loss_depends_on_rewards():
@@ -689,6 +695,18 @@ def test_buffer_holds_only_training_task_transitions_and_adapt_leaves_checkpoint
     assert set(res["results"]) == {f"{a}/{o}" for a in ("standard", "hybrid") for o in ("pg", "dynamics", "entropy")}
     assert all(list(r["returns_after_steps"]) == ["0", "1"] for r in res["results"].values())
     assert os.path.isfile(os.path.join(os.path.dirname(trained_ckpt), "adapt.png"))
+
+
+def test_feature_shift_needs_training_statistics(tmp_path):
+    """--outer-steps 0 (the random-init baseline) saves feature statistics that never saw a batch (mean 0, var 1,
+    count 0); until session 17 adapt measured the feature shift against them and reported a meaningless number."""
+    run(["train", "--task", "point-nav-2d", "--runs-dir", str(tmp_path), "--save-model", *TINY, "--outer-steps", "0"])
+    (path,) = glob.glob(str(tmp_path / "*" / "maml_ssm.cleanrl_model"))
+    assert torch.load(path, weights_only=False)["feature_stats"]["count"] == 0
+    run(["adapt", "--checkpoint", path, "--num-tasks", "2", "--adapt-steps", "1"])
+    res = json.load(open(os.path.join(os.path.dirname(path), "adapt.json")))
+    monitors = [entry for r in res["results"].values() for entry in r["monitor"]]
+    assert monitors and all("entropy" in e and "feature_shift" not in e for e in monitors)
 
 
 def test_trust_region_holds_with_a_large_learning_rate():
