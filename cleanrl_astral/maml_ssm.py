@@ -1546,6 +1546,10 @@ def main_adapt(aargs: AdaptArgs):
               f"({ckpt['args']['max_episode_steps']} steps): no step would adapt; choose a smaller --online-every")
     if aargs.adapt_params == "norm" and not ckpt["args"].get("layer_norm"):
         error("--adapt-params norm: this checkpoint has no normalisation layer; train it with --layer-norm, or use all, ssm or heads")
+    # a Gaussian policy's entropy depends only on its state-independent log-std, which the core's parameters miss
+    if "entropy" in aargs.adapt_objective and not model.discrete and aargs.adapt_params in ("ssm", "norm"):
+        error(f"--adapt-objective entropy on this Gaussian policy reaches only its log-std, which --adapt-params "
+              f"{aargs.adapt_params} does not adapt; use --adapt-params all or heads, or another objective")
     if "hybrid" in aargs.adaptation_mode:
         if not (ckpt.get("buffer") and ckpt["buffer"]["size"] > 0):
             error("--adaptation-mode hybrid needs a checkpoint with a non-empty ExperienceBuffer (train with --buffer-size > 0)")

@@ -837,6 +837,12 @@ def test_adapt_online_and_bad_input(trained_ckpt):
     assert res.returncode == 2 and len(lines) == 1 and "unknown --adaptation-mode" in lines[0], res.stderr
     # the same validator, in process (the subprocess above proves it is wired to one line + exit 2)
     assert "--adapt-lr must be positive" in m.validate_adapt_args(m.AdaptArgs(trained_ckpt, adapt_lr=0.0))
+    # entropy on a Gaussian policy has a gradient for the log-std only: with the core's parameters it was a traceback
+    res = run(["adapt", "--checkpoint", trained_ckpt, "--adapt-objective", "entropy", "--adapt-params", "ssm"],
+              check=False)
+    assert res.returncode == 2 and res.stderr.strip().splitlines() == [
+        "maml_ssm.py: error: --adapt-objective entropy on this Gaussian policy reaches only its log-std, which "
+        "--adapt-params ssm does not adapt; use --adapt-params all or heads, or another objective"], res.stderr
     res = run(["adapt", "--checkpoint", trained_ckpt, "--adapt-params", "norm"], check=False)
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1 and "train it with --layer-norm" in lines[0], res.stderr
