@@ -81,7 +81,8 @@ class Args:
     layer_norm: bool = False
     """LayerNorm (with affine parameters) on the core's output: what `adapt --adapt-params norm` adapts"""
     dynamics_coef: float = 0.0
-    """weight of the next-observation prediction loss on the shared trunk (the head itself is always trained)"""
+    """weight of the next-observation prediction loss on the shared trunk: the trunk's auxiliary Adam step size is
+    dynamics_coef x aux_lr (0: the trunk ignores it; the head itself is always trained)"""
     aux_lr: float = 1e-3
     """Adam learning rate of the value and dynamics heads"""
     buffer_size: int = 50_000
@@ -162,14 +163,14 @@ PRESETS = {
 class EvalArgs:
     checkpoint: str
     """path of a .cleanrl_model written by `train --save-model`"""
-    num_tasks: int = 40
-    """number of fresh test tasks"""
-    num_steps: int = 3
-    """evaluate returns after 0..num_steps inner steps"""
+    num_tasks: Optional[int] = None
+    """number of fresh test tasks (default: the checkpoint's eval_tasks)"""
+    num_steps: Optional[int] = None
+    """evaluate returns after 0..num_steps inner steps (default: the checkpoint's eval_steps)"""
     inner_lr: Optional[float] = None
     """first-step size (default: the checkpoint's inner_lr)"""
-    later_lr_scale: float = 0.5
-    """later steps use inner_lr * this (paper: alpha then alpha/2)"""
+    later_lr_scale: Optional[float] = None
+    """later steps use inner_lr * this (paper: alpha then alpha/2; default: the checkpoint's eval_later_lr_scale)"""
     fast_batch_size: Optional[int] = None
     """episodes per task and step (default: the checkpoint's eval_episodes, else its fast_batch_size)"""
     eval_seed: Optional[int] = None
@@ -213,6 +214,9 @@ class AdaptArgs:
     """guard: after each step project theta onto ||theta - theta_0|| <= this around the meta-learned theta_0"""
     ema_decay: float = 0.0
     """act with an exponential moving average of the adapted parameters (0 disables)"""
+    max_importance_weight: float = 10.0
+    """pg on episodes acted by other parameters (--ema-decay, --online) weights each step's gradient by
+    pi_theta / pi_acting, truncated at this (V-trace's truncated importance weight)"""
     online: bool = False
     """adapt during the episode every --online-every env steps instead of between episode batches"""
     online_every: int = 20
@@ -237,6 +241,7 @@ class AdaptConfig:
     max_step_norm: float = 1.0
     trust_region: float = 2.0
     ema_decay: float = 0.0
+    max_importance_weight: float = 10.0
     strategy: str = "none"
     tent_coef: float = 1.0
     experience_weight: float = 1.0
@@ -287,7 +292,7 @@ def validate_adapt_args(a: AdaptArgs) -> Optional[str]:
         return f"unknown --adapt-optimizer {a.adapt_optimizer!r}; choose sgd or adam"
     if a.adapt_lr is not None and a.adapt_lr <= 0:
         return f"--adapt-lr must be positive, got {a.adapt_lr}"
-    for name in ("grad_clip", "max_step_norm", "trust_region"):
+    for name in ("grad_clip", "max_step_norm", "trust_region", "max_importance_weight"):
         if getattr(a, name) <= 0:
             return f"--{name.replace('_', '-')} must be positive, got {getattr(a, name)}"
     if not 0 <= a.ema_decay < 1 or a.experience_weight < 0:
@@ -1040,6 +1045,12 @@ def load_checkpoint(path):
         raise ValueError(f"checkpoint config is invalid: {msg}")
     if ckpt["task_split"].get("task") != args.task:
         raise ValueError(f"checkpoint task split is for {ckpt['task_split'].get('task')!r} but its config says {args.task!r}")
+    if args.task == "cartpole-physics":  # the split's (gravity, pole length) ranges must be this script's
+        for key, ranges in (("train_ranges", CARTPOLE_TRAIN_RANGES), ("test_ranges", CARTPOLE_TEST_RANGES)):
+            stored = ckpt["task_split"].get(key)
+            if stored is None or np.asarray(stored, dtype=float).tolist() != np.asarray(ranges, dtype=float).tolist():
+                raise ValueError(f"the checkpoint's cartpole {key.replace('_', ' ')} {stored} are not this script's "
+                                 f"{[list(r) for r in ranges]} (gravity, pole length); retrain it with this script")
     if ckpt.get("task_version", 1) != TASK_VERSIONS[args.task]:
         raise ValueError(f"checkpoint was trained on version {ckpt.get('task_version', 1)} of {args.task}, this script "
                          f"runs version {TASK_VERSIONS[args.task]} (see TASK_VERSIONS); retrain it")
@@ -1058,12 +1069,17 @@ def ci95(x):
     return float(1.96 * x.std(ddof=1) / math.sqrt(len(x))) if len(x) > 1 else 0.0
 
 
-def evaluate(checkpoint, num_tasks=40, num_steps=3, inner_lr=None, later_lr_scale=0.5, fast_batch_size=None,
+def evaluate(checkpoint, num_tasks=None, num_steps=None, inner_lr=None, later_lr_scale=None, fast_batch_size=None,
              eval_seed=None, write=True):
     """Returns on fresh test tasks after 0..num_steps inner steps (inner_lr, then inner_lr * later_lr_scale).
-    Every task starts from its own copy of theta; the checkpoint file is only read. Writes eval.json and
-    eval.png beside the checkpoint when `write`."""
+    Every argument left at None takes the checkpoint's own setting (eval_tasks, eval_steps, inner_lr,
+    eval_later_lr_scale, eval_episodes else fast_batch_size, seed), so a bare `eval` repeats the evaluation that
+    training ran. Every task starts from its own copy of theta; the checkpoint file is only read. Writes eval.json
+    and eval.png beside the checkpoint when `write`."""
     model, args, ckpt = load_checkpoint(checkpoint)
+    num_tasks = args.eval_tasks if num_tasks is None else num_tasks
+    num_steps = args.eval_steps if num_steps is None else num_steps
+    later_lr_scale = args.eval_later_lr_scale if later_lr_scale is None else later_lr_scale
     args.fast_batch_size = fast_batch_size or args.eval_episodes or args.fast_batch_size
     lr = args.inner_lr if inner_lr is None else inner_lr
     seed = args.seed if eval_seed is None else eval_seed
@@ -1185,14 +1201,19 @@ def replay_as_batch(sample):
             "next_obs": sample["next_obs"][None], "obs": sample["obs"][None]}
 
 
-def objective_loss(model, params, batch, objective):
-    """pg: the MAML inner rule (reads rewards via the advantages). dynamics: next-observation MSE of the
-    auxiliary head with the reward channel of the input zeroed, so no reward reaches it. entropy: policy
-    entropy (Tent). Returns (loss, model output)."""
+def objective_loss(model, params, batch, objective, max_importance_weight=10.0):
+    """pg: the MAML inner rule (reads rewards via the advantages); when the batch carries "behaviour_logp" (its
+    actions were drawn by other parameters: an EMA, or earlier parameters within an online episode) each step's
+    gradient is weighted by min(pi_params / pi_behaviour, max_importance_weight), which is the exact importance
+    weight wherever it is below the cap. dynamics: next-observation MSE of the auxiliary head with the reward
+    channel of the input zeroed, so no reward reaches it. entropy: policy entropy (Tent). Returns (loss, output)."""
     m = batch["masks"]
     if objective == "pg":
         out = policy_out(model, params, batch)
         logp = log_prob(make_dist(out, model.discrete), batch["actions"], model.discrete)
+        if "behaviour_logp" in batch:  # padding steps hold arbitrary log-probs: their log-ratio is set to 0
+            log_ratio = torch.where(m > 0, logp.detach() - batch["behaviour_logp"], torch.zeros_like(logp))
+            logp = logp * torch.exp(log_ratio).clamp(max=max_importance_weight)
         return -(logp * batch["advantages"] * m).sum() / m.sum(), out
     inputs = batch["inputs"]
     if objective == "dynamics" and model.in_context:
@@ -1247,8 +1268,8 @@ class StandardAdapter:
     norm clip, maximum parameter change per step, trust region ||theta - theta_0|| <= eps around theta_0, optional
     EMA of the adapted parameters (used for acting), and parameter selection."""
 
-    def __init__(self, model, theta0, cfg, buffer=None, gen=None):
-        self.model, self.cfg, self.buffer, self.gen = model, cfg, buffer, gen
+    def __init__(self, model, theta0, cfg, buffer=None, replay_gen=None):
+        self.model, self.cfg, self.buffer, self.replay_gen = model, cfg, buffer, replay_gen
         self.theta0 = {k: v.detach().clone() for k, v in theta0.items()}
         self.names = select_params(list(theta0), cfg.adapt_params)
         self.params = {k: v.detach().clone() for k, v in theta0.items()}
@@ -1263,7 +1284,7 @@ class StandardAdapter:
         return None
 
     def loss(self, batch, replay=None):
-        loss, out = objective_loss(self.model, self.params, batch, self.cfg.adapt_objective)
+        loss, out = objective_loss(self.model, self.params, batch, self.cfg.adapt_objective, self.cfg.max_importance_weight)
         return STRATEGIES[self.cfg.strategy](loss, out, batch["masks"], self.cfg)
 
     def _vec(self, params, names):
@@ -1313,7 +1334,7 @@ class HybridAdapter(StandardAdapter):
     (rehearsal against drift away from what meta-training covered)."""
 
     def replay_batch(self):
-        return replay_as_batch(self.buffer.sample(self.cfg.experience_batch_size, self.gen))
+        return replay_as_batch(self.buffer.sample(self.cfg.experience_batch_size, self.replay_gen))
 
     def loss(self, batch, replay=None):
         cur = super().loss(batch)
@@ -1370,11 +1391,11 @@ def online_rollout(model, adapters, env, horizon, every, objective, args):
     prev_a, prev_r = torch.zeros(n, model.act_dim), torch.zeros(n, 1)
     states = [model.initial_state(per) for _ in range(G)]
     alive = torch.ones(n, dtype=torch.bool)
-    keys = ("obs", "inputs", "actions", "rewards", "masks", "next_obs")
+    keys = ("obs", "inputs", "actions", "rewards", "masks", "next_obs", "behaviour_logp")
     buf = {k: [] for k in keys}
     stats = []
     for t in range(horizon):
-        if t > 0 and t % every == 0:
+        if t > 0 and t % every == 0:  # earlier steps of the episode were acted by earlier parameters
             part = {k: torch.stack(v) for k, v in buf.items()}
             part["masks"] = part["masks"].float()
             part["starts"] = torch.zeros_like(part["masks"], dtype=torch.bool)
@@ -1386,16 +1407,19 @@ def online_rollout(model, adapters, env, horizon, every, objective, args):
                     stats.append(ad.step(b))
         inp = model.make_input(obs, prev_a, prev_r)
         start = torch.full((per,), t == 0)
-        actions = []
+        actions, logps = [], []
         for g, ad in enumerate(adapters):
             sl = slice(g * per, (g + 1) * per)
             out = functional_call(model, ad.acting_params(), (inp[None, sl], start[None], states[g]), {"scan": False})
             states[g] = out["state"]
-            a = make_dist(out, model.discrete).sample()[0]
-            actions.append(a[:, None].float() if model.discrete else a)
+            dist = make_dist(out, model.discrete)
+            a = dist.sample()[0]
+            a = a[:, None].float() if model.discrete else a
+            actions.append(a)
+            logps.append(log_prob(dist, a[None], model.discrete)[0])
         action = torch.cat(actions)
         next_obs, reward, done = env.step(action)
-        for k, v in zip(keys, (obs, inp, action, reward * alive, alive.clone(), next_obs)):
+        for k, v in zip(keys, (obs, inp, action, reward * alive, alive.clone(), next_obs, torch.cat(logps))):
             buf[k].append(v)
         alive = alive & ~done
         prev_a = F.one_hot(action[:, 0].long(), model.act_dim).float() if model.discrete else action
@@ -1427,14 +1451,26 @@ def run_adaptation(checkpoint, aargs, writer=None):
     _, test_rng = task_streams(seed)
     tasks = sample_tasks(args.task, test_rng, aargs.num_tasks, "test")
     theta0 = {k: v.detach().clone() for k, v in model.named_parameters()}
+
+    def seeded_env():
+        """Every run below sees the same episodes as long as its parameters are the same: the global generator
+        (actions) and the env's generator (resets) restart from `seed`."""
+        torch.manual_seed(seed)
+        return make_env(args, tasks, n_eps, torch.Generator().manual_seed(seed))
+
+    # the no-adaptation level: theta_0 on the episodes every run starts with (offline, each run's entry 0 equals
+    # it; online, entry 0 has already adapted within its episodes)
+    base = episode_returns(rollout(model, [theta0] * len(tasks), seeded_env(), args.max_episode_steps))
+    base = base.reshape(len(tasks), n_eps).mean(1).numpy()
     results = {}
     for mode in aargs.adaptation_mode:
         for objective in aargs.adapt_objective:
             cfg = adapt_config(aargs, objective, lr, model.discrete)
-            torch.manual_seed(seed)
-            gen = torch.Generator().manual_seed(seed)
-            adapters = [ADAPTERS[mode](model, theta0, cfg, buffer, gen) for _ in range(len(tasks))]
-            env = make_env(args, tasks, n_eps, gen)
+            env = seeded_env()
+            # hybrid samples its replayed transitions from a generator of its own: drawing them from the env's would
+            # shift every later reset, and hybrid would be compared with standard on other episodes
+            replay_gen = torch.Generator().manual_seed(int(np.random.default_rng([seed, 2]).integers(2**62)))
+            adapters = [ADAPTERS[mode](model, theta0, cfg, buffer, replay_gen) for _ in range(len(tasks))]
             per_step, step_logs, mon = [], [], []
             for k in range(K + 1):
                 if aargs.online:
@@ -1451,6 +1487,8 @@ def run_adaptation(checkpoint, aargs, writer=None):
                 for ad, p in zip(adapters, parts):
                     if objective == "pg":
                         p["advantages"] = compute_advantages(p, args.gamma, args.gae_lambda)
+                        if ad.ema is not None:  # acted by the EMA, fitted with the adapted parameters
+                            p["behaviour_logp"] = p["logp"]
                     step_logs.append(ad.step(p))
             name = f"{mode}/{objective}"
             results[name] = {"returns_after_steps": {str(k): float(r.mean()) for k, r in enumerate(per_step)},
@@ -1467,7 +1505,8 @@ def run_adaptation(checkpoint, aargs, writer=None):
                     for key, v in s.items():
                         writer.add_scalar(f"tta/{mode}_{objective}/{key}", v, k)
             print(f"adapt {name}: " + " ".join(f"{k}:{v:.2f}" for k, v in results[name]["returns_after_steps"].items()), flush=True)
-    return {"task": args.task, "num_tasks": len(tasks), "online": aargs.online, "adapt_steps": K, "adapt_lr": lr, "results": results}
+    return {"task": args.task, "num_tasks": len(tasks), "online": aargs.online, "adapt_steps": K, "adapt_lr": lr,
+            "no_adaptation": {"return": float(base.mean()), "ci95": ci95(base)}, "results": results}
 
 
 def plot_adaptation(res, path):
@@ -1477,13 +1516,11 @@ def plot_adaptation(res, path):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
-    base = None
     for name, r in res["results"].items():
         ks = sorted(r["returns_after_steps"], key=int)
         ax.errorbar([int(k) for k in ks], [r["returns_after_steps"][k] for k in ks], yerr=[r["ci95"][k] for k in ks],
                     marker="o", capsize=2, label=name)
-        base = r["returns_after_steps"]["0"]
-    ax.axhline(base, color="grey", ls=":", lw=1, label="no adaptation")
+    ax.axhline(res["no_adaptation"]["return"], color="grey", ls=":", lw=1, label="no adaptation (theta_0)")
     ax.set_xlabel("adaptation steps")
     ax.set_ylabel("mean return (95% CI)")
     ax.set_title(f"{res['task']}: test-time adaptation" + (" (online)" if res["online"] else ""))
@@ -1517,9 +1554,9 @@ def main_eval(eargs: EvalArgs):
     msg = finite_and_seeded(eargs)
     if msg:
         error(msg)
-    if eargs.num_tasks < 2 or eargs.num_steps < 0:
+    if (eargs.num_tasks is not None and eargs.num_tasks < 2) or (eargs.num_steps is not None and eargs.num_steps < 0):
         error("--num-tasks must be >= 2 (for a confidence interval) and --num-steps >= 0")
-    if (eargs.inner_lr is not None and eargs.inner_lr <= 0) or eargs.later_lr_scale <= 0:
+    if any(v is not None and v <= 0 for v in (eargs.inner_lr, eargs.later_lr_scale)):
         error("--inner-lr and --later-lr-scale must be positive")
     if eargs.fast_batch_size is not None and eargs.fast_batch_size < 1:
         error("--fast-batch-size must be >= 1")
@@ -1603,10 +1640,13 @@ def main_train(args: Args):
     model = build_agent(args, env_cls)
     print(f"policy {args.policy} (width {model.hidden}): {count_params(model)} parameters; "
           f"matched counts ssm {counts['ssm']} gru {counts['gru']} mlp {counts['mlp']}; obs/act/discrete {spec}")
-    aux_params = list(model.value_head.parameters()) + list(model.dyn_head.parameters())
+    # the heads learn at aux_lr; the shared trunk, whose only gradient in this step is the dynamics loss's, at
+    # dynamics_coef x aux_lr: Adam's step does not depend on the gradient's scale, so a loss weight would be on/off
+    aux_groups = [{"params": list(model.value_head.parameters()) + list(model.dyn_head.parameters()), "lr": args.aux_lr}]
     if args.dynamics_coef > 0:
-        aux_params += [p for n, p in model.named_parameters() if not n.startswith(("value_head", "dyn_head", "pi", "log_std"))]
-    aux_opt = torch.optim.Adam(aux_params, lr=args.aux_lr)
+        aux_groups.append({"params": [p for n, p in model.named_parameters() if not n.startswith(("value_head", "dyn_head", "pi", "log_std"))],
+                           "lr": args.dynamics_coef * args.aux_lr})
+    aux_opt = torch.optim.Adam(aux_groups)
     outer_opt = torch.optim.Adam(model.parameters(), lr=args.outer_lr) if args.outer_optimizer == "adam" else None
 
     in_dim = model.encoder.in_features
@@ -1630,6 +1670,11 @@ def main_train(args: Args):
         all_batches = [b for td in tasks_data for b in td["train"] + [td["val"]]]
         global_step += int(sum(b["masks"].sum().item() for b in all_batches))
 
+        # the inner loss of the parameters that sampled the fast batches (theta's tensors share storage with the
+        # parameters, which Adam updates in place, so this must come before the outer step)
+        with torch.no_grad():
+            inner_l = float(np.mean([inner_loss(model, theta, td["train"][0]).item() for td in tasks_data])) if args.num_inner_steps else float("nan")
+
         # UPDATE: outer (meta) step
         if args.outer_optimizer == "trpo":
             stats = trpo_step(model, tasks_data, args)
@@ -1641,8 +1686,6 @@ def main_train(args: Args):
             _, kl, _ = meta_objective(model, dict(model.named_parameters()), tasks_data, args, old_outs, create_graph=False)
             stats = {"outer_loss": loss.item(), "approx_kl": kl.item(), "line_search_steps": 0, "accepted": 1.0}
         # value head (diagnostic) and next-observation head on this iteration's post-adaptation episodes
-        with torch.no_grad():
-            inner_l = float(np.mean([inner_loss(model, theta, td["train"][0]).item() for td in tasks_data])) if args.num_inner_steps else float("nan")
         v_losses, d_losses = [], []
         aux_opt.zero_grad()
         val_batches = [td["val"] for td in tasks_data]
@@ -1652,8 +1695,8 @@ def main_train(args: Args):
             m = b["masks"]
             monitor.update(out["feats"], m)
             v_loss = (((out["value"] - ret) ** 2) * m).sum() / m.sum()
-            # trunk gets dynamics_coef x the gradient; the head always learns on the (possibly frozen) features
-            feats = args.dynamics_coef * out["feats"] + (1 - args.dynamics_coef) * out["feats"].detach()
+            # the head always learns; the trunk only when dynamics_coef > 0 (its step size is set in aux_opt)
+            feats = out["feats"] if args.dynamics_coef > 0 else out["feats"].detach()
             a = F.one_hot(b["actions"].long()[..., 0], model.act_dim).float() if model.discrete else b["actions"]
             pred = model.dyn_head(torch.cat([feats, a], -1))
             d_loss = ((((pred - b["next_obs"]) ** 2).mean(-1)) * m).sum() / m.sum()
@@ -1708,7 +1751,7 @@ def main_train(args: Args):
                                                    "outer_steps_done": outer_steps_done, "feature_stats": monitor.state_dict(),
                                                    "buffer": buffer.state_dict() if buffer is not None else None})
         print(f"model saved to {path}")
-        res = evaluate(path, args.eval_tasks, args.eval_steps, later_lr_scale=args.eval_later_lr_scale)
+        res = evaluate(path)  # the checkpoint's eval_tasks, eval_steps, eval_later_lr_scale and eval_episodes
         for k, v in res["returns_after_steps"].items():
             writer.add_scalar("eval/return_after_steps", v, int(k))
         print(f"eval: {json.dumps(res)}")

@@ -334,7 +334,9 @@ def test_adapt_draws_test_tasks_and_gives_every_task_its_own_adapter(tmp_path, m
     res = m.run_adaptation(path, aargs)
     assert list(res["results"]["standard/pg"]["returns_after_steps"]) == ["0", "1", "2"]
     train_rng, test_rng = m.task_streams(4)
-    assert len(env_tasks) == 1 and np.array_equal(env_tasks[0], m.sample_tasks(args.task, test_rng, 3, "test"))
+    # one env for the no-adaptation level, one for the run: both on the test tasks
+    test_tasks = m.sample_tasks(args.task, test_rng, 3, "test")
+    assert len(env_tasks) == 2 and all(np.array_equal(t, test_tasks) for t in env_tasks)
     assert not np.array_equal(env_tasks[0], m.sample_tasks(args.task, train_rng, 3, "train"))
     assert len(made) == 3 and len({id(a) for a in made}) == 3
     assert sorted(steps.values()) == [2, 2, 2]
