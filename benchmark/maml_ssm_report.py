@@ -197,8 +197,10 @@ def adapt_tables(out, report):
             # small x offsets so the error bars of the 6 lines do not hide each other
             x = np.array([int(k) for k in ks]) + (i - (len(names) - 1) / 2) * 0.03
             ax.errorbar(x, R.mean(0), yerr=sd, marker="o", capsize=3, label=name)
-        base = np.mean([r["results"][n]["returns_after_steps"]["0"] for _, r in items for n in names])
-        ax.axhline(base, color="k", ls="--", lw=1, label=f"no adaptation (0 steps): {base:.2f}")
+        # theta_0's level (adapt.json before session 18 lacks it: offline, every run's entry 0 is that level)
+        base = np.mean([r["no_adaptation"]["return"] if "no_adaptation" in r else r["results"][names[0]]["returns_after_steps"]["0"]
+                        for _, r in items])
+        ax.axhline(base, color="k", ls="--", lw=1, label=f"no adaptation (theta_0): {base:.2f}")
         ax.set_xticks([int(k) for k in ks])
         ax.set_xlabel("adaptation steps on the test task")
         ax.set_ylabel(f"return ({res0['num_tasks']} test tasks per seed)")

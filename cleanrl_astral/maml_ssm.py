@@ -216,7 +216,7 @@ class AdaptArgs:
     """act with an exponential moving average of the adapted parameters (0 disables)"""
     max_importance_weight: float = 10.0
     """pg on episodes acted by other parameters (--ema-decay, --online) weights each step's gradient by
-    pi_theta / pi_acting, truncated at this (V-trace's truncated importance weight)"""
+    pi_theta / pi_acting, truncated at this (>= 1; V-trace's truncated importance weight)"""
     online: bool = False
     """adapt during the episode every --online-every env steps instead of between episode batches"""
     online_every: int = 20
@@ -292,9 +292,11 @@ def validate_adapt_args(a: AdaptArgs) -> Optional[str]:
         return f"unknown --adapt-optimizer {a.adapt_optimizer!r}; choose sgd or adam"
     if a.adapt_lr is not None and a.adapt_lr <= 0:
         return f"--adapt-lr must be positive, got {a.adapt_lr}"
-    for name in ("grad_clip", "max_step_norm", "trust_region", "max_importance_weight"):
+    for name in ("grad_clip", "max_step_norm", "trust_region"):
         if getattr(a, name) <= 0:
             return f"--{name.replace('_', '-')} must be positive, got {getattr(a, name)}"
+    if a.max_importance_weight < 1:  # a cap below 1 would also scale on-policy steps (weight 1)
+        return f"--max-importance-weight must be >= 1, got {a.max_importance_weight}"
     if not 0 <= a.ema_decay < 1 or a.experience_weight < 0:
         return "--ema-decay must be in [0, 1) and --experience-weight >= 0"
     if a.num_tasks < 2 or a.experience_batch_size < 1 or a.online_every < 1 or (a.adapt_steps is not None and a.adapt_steps < 0):
@@ -1048,7 +1050,11 @@ def load_checkpoint(path):
     if args.task == "cartpole-physics":  # the split's (gravity, pole length) ranges must be this script's
         for key, ranges in (("train_ranges", CARTPOLE_TRAIN_RANGES), ("test_ranges", CARTPOLE_TEST_RANGES)):
             stored = ckpt["task_split"].get(key)
-            if stored is None or np.asarray(stored, dtype=float).tolist() != np.asarray(ranges, dtype=float).tolist():
+            try:
+                same = np.asarray(stored, dtype=float).tolist() == np.asarray(ranges, dtype=float).tolist()
+            except (TypeError, ValueError):  # missing or malformed
+                same = False
+            if not same:
                 raise ValueError(f"the checkpoint's cartpole {key.replace('_', ' ')} {stored} are not this script's "
                                  f"{[list(r) for r in ranges]} (gravity, pole length); retrain it with this script")
     if ckpt.get("task_version", 1) != TASK_VERSIONS[args.task]:
@@ -1211,7 +1217,7 @@ def objective_loss(model, params, batch, objective, max_importance_weight=10.0):
     if objective == "pg":
         out = policy_out(model, params, batch)
         logp = log_prob(make_dist(out, model.discrete), batch["actions"], model.discrete)
-        if "behaviour_logp" in batch:  # padding steps hold arbitrary log-probs: their log-ratio is set to 0
+        if "behaviour_logp" in batch:  # steps after an episode's end (mask 0) get weight 1, whatever they hold
             log_ratio = torch.where(m > 0, logp.detach() - batch["behaviour_logp"], torch.zeros_like(logp))
             logp = logp * torch.exp(log_ratio).clamp(max=max_importance_weight)
         return -(logp * batch["advantages"] * m).sum() / m.sum(), out

@@ -81,13 +81,15 @@ def test_logged_inner_loss_is_that_of_the_parameters_that_sampled_the_batch(tmp_
     assert not torch.equal(model.encoder.weight.detach(), before["encoder.weight"])  # the outer step did move it
 
 
-def test_dynamics_coef_sets_the_trunks_step_under_adam(tmp_path, monkeypatch):
+@pytest.mark.parametrize("layer_norm", [False, True])
+def test_dynamics_coef_sets_the_trunks_step_under_adam(tmp_path, monkeypatch, layer_norm):
     """The trunk's only gradient in the auxiliary step is the dynamics loss's. Adam's first step is lr * sign(g)
     whatever the scale of g, so scaling the loss made 0.01 and 1 move the trunk alike; the coefficient now scales the
     trunk's step size. With 0 the trunk is not in the auxiliary step at all."""
-    models = {c: train_in_process(tmp_path, monkeypatch, outer_optimizer="adam", dynamics_coef=c)[0]
+    models = {c: train_in_process(tmp_path, monkeypatch, outer_optimizer="adam", dynamics_coef=c, layer_norm=layer_norm)[0]
               for c in (0.0, 0.01, 1.0)}
-    trunk = [n for n, _ in models[0.0].named_parameters() if n.startswith(("encoder", "core", "fc"))]
+    trunk = [n for n, _ in models[0.0].named_parameters() if n.startswith(("encoder", "core", "norm", "fc"))]
+    assert any(n.startswith("norm.") for n in trunk) == layer_norm
 
     def moved(c):  # the aux step's change of the trunk (the outer step before it is the same in every run)
         p, q = dict(models[c].named_parameters()), dict(models[0.0].named_parameters())
@@ -95,6 +97,8 @@ def test_dynamics_coef_sets_the_trunks_step_under_adam(tmp_path, monkeypatch):
 
     assert moved(1.0) > 0
     assert moved(0.01) / moved(1.0) == pytest.approx(0.01, rel=0.05)
+    for n in trunk:  # every trunk tensor takes the aux step
+        assert not torch.equal(dict(models[1.0].named_parameters())[n], dict(models[0.0].named_parameters())[n]), n
     # the heads learn at aux_lr in every run, on the same features
     assert torch.equal(models[0.01].value_head.weight, models[1.0].value_head.weight)
 
@@ -124,6 +128,11 @@ def test_a_cartpole_checkpoint_with_other_physics_ranges_is_refused(cartpole_ckp
             m.load_checkpoint(other)
     res = run("eval", "--checkpoint", other, check=False)
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1 and "retrain it" in res.stderr
+    for malformed in ({"gravity": 1}, [[1.0], [2.0, 3.0]], None):  # hand-edited or missing: the same one-line reason
+        ckpt["task_split"]["test_ranges"] = malformed
+        torch.save(ckpt, other)
+        with pytest.raises(ValueError, match="are not this script's"):
+            m.load_checkpoint(other)
 
 
 def adapt(ckpt, **kw):
@@ -142,15 +151,25 @@ def test_hybrid_with_zero_weight_is_standard_across_a_whole_run(cartpole_ckpt):
     assert weighted["final_drift"] != res["standard/pg"]["final_drift"]
 
 
-def test_no_adaptation_level_is_theta0_offline_and_online(ckpt):
+def test_no_adaptation_level_is_theta0_offline_and_online(ckpt, cartpole_ckpt, monkeypatch, tmp_path):
     """adapt.png's "no adaptation" line was entry 0 of the last run; with --online that entry has adapted within its
-    episodes. The level is now measured with theta_0 on the episodes every run starts with."""
-    offline = adapt(ckpt, adapt_objective=("pg", "dynamics"))
-    level = offline["no_adaptation"]["return"]
-    assert all(r["returns_after_steps"]["0"] == level for r in offline["results"].values())
+    episodes. The level is now measured with theta_0 on the episodes every run starts with (cartpole: from the same
+    random start states)."""
+    for path in (ckpt, cartpole_ckpt):
+        offline = adapt(path, adapt_objective=("pg", "dynamics"), adaptation_mode=("standard", "hybrid"))
+        level = offline["no_adaptation"]["return"]
+        assert len(offline["results"]) == 4 and all(r["returns_after_steps"]["0"] == level for r in offline["results"].values())
+    offline = adapt(ckpt)
     online = adapt(ckpt, adapt_steps=0, online=True, online_every=2, adapt_lr=0.5)
     assert online["no_adaptation"] == offline["no_adaptation"]
-    assert online["results"]["standard/pg"]["returns_after_steps"]["0"] != level
+    assert online["results"]["standard/pg"]["returns_after_steps"]["0"] != offline["no_adaptation"]["return"]
+    # and that level is the line adapt.png draws
+    import matplotlib.axes
+
+    drawn = []
+    monkeypatch.setattr(matplotlib.axes.Axes, "axhline", lambda self, y=0, *a, **kw: drawn.append(y))
+    m.plot_adaptation(online, str(tmp_path / "adapt.png"))
+    assert drawn == [online["no_adaptation"]["return"]]
 
 
 def gaussian_setup():
@@ -192,6 +211,12 @@ def test_pg_weights_steps_acted_by_other_parameters():
     # on-policy batches (no behaviour log-probs) keep the plain rule, bit for bit
     plain = -(logp * batch["advantages"] * mask).sum() / mask.sum()
     assert torch.equal(ad.loss(batch), plain)
+    # steps after an episode's end never reach the loss, whatever log-prob they hold
+    padded = dict(behaved, masks=mask.clone(), behaviour_logp=batch["logp"].clone())
+    padded["masks"][-3:, 0] = 0
+    loss = ad.loss(padded)
+    padded["behaviour_logp"][-3:, 0] = float("nan")
+    assert torch.equal(ad.loss(padded), loss) and torch.isfinite(loss)
 
 
 def test_adapt_passes_behaviour_log_probs_with_ema_and_online(ckpt, monkeypatch):
@@ -199,7 +224,7 @@ def test_adapt_passes_behaviour_log_probs_with_ema_and_online(ckpt, monkeypatch)
     real_step = m.StandardAdapter.step
 
     def spy(self, batch):
-        seen.append((self.ema is not None, {k: v.clone() for k, v in batch.items()}))
+        seen.append(({k: v.detach().clone() for k, v in self.params.items()}, {k: v.clone() for k, v in batch.items()}))
         return real_step(self, batch)
 
     monkeypatch.setattr(m.StandardAdapter, "step", spy)
@@ -208,14 +233,20 @@ def test_adapt_passes_behaviour_log_probs_with_ema_and_online(ckpt, monkeypatch)
     seen.clear()
     adapt(ckpt, adapt_steps=1, ema_decay=0.5)
     assert seen and all(b["behaviour_logp"] is not None and torch.equal(b["behaviour_logp"], b["logp"]) for _, b in seen)
+    assert "--max-importance-weight must be >= 1" in m.validate_adapt_args(m.AdaptArgs(ckpt, max_importance_weight=0.5))
     seen.clear()
-    adapt(ckpt, adapt_steps=0, online=True, online_every=3)
-    assert seen and all("behaviour_logp" in b for _, b in seen)
-    # the first online step of each task: every step so far was acted by theta_0
+    adapt(ckpt, adapt_steps=0, online=True, online_every=3, adapt_lr=0.5)
+    assert len(seen) >= 4 and all("behaviour_logp" in b for _, b in seen)
+    # the second online step of each task (seen[2:4]): the first 3 steps were acted by theta_0, and the parameters
+    # being fitted (after one step) give them other log-probs, so their weights are not 1
     model, _, _ = m.load_checkpoint(ckpt)
     theta0 = dict(model.named_parameters())
-    for _, b in seen[:2]:
-        out = m.policy_out(model, theta0, b)
-        logp = m.log_prob(m.make_dist(out, model.discrete), b["actions"], model.discrete)
-        mask = b["masks"] > 0
-        assert torch.allclose(logp[mask], b["behaviour_logp"][mask], atol=1e-4)
+
+    def logp_under(params, b):
+        out = m.policy_out(model, params, b)
+        return m.log_prob(m.make_dist(out, model.discrete), b["actions"], model.discrete)[:3]
+
+    for params, b in seen[2:4]:
+        assert b["masks"].shape[0] == 6 and (b["masks"][:3] > 0).all()
+        assert torch.allclose(logp_under(theta0, b), b["behaviour_logp"][:3], atol=1e-4)
+        assert (logp_under(params, b) - b["behaviour_logp"][:3]).abs().max() > 1e-3
