@@ -376,16 +376,19 @@ def validate_args(args: Args) -> Optional[str]:
     if args.capture_video:
         return "--capture-video is not supported: the tasks are batched tensors without a renderer"
     # sizes that cannot fit fail here, not as a MemoryError once the run directory exists. Both figures are lower
-    # bounds: weights, gradients and Adam's two moments (16 bytes a parameter), and one meta-batch's observations
+    # bounds: weights, gradients and Adam's two moments (16 bytes a parameter); and a meta-iteration's batches (the
+    # observations of every inner-step and post-adaptation batch, which stay in memory until the outer step), plus
+    # one width-H feature a step of the post-adaptation batch, which the meta-gradient's graph keeps
     env_cls = ENV_CLASSES[args.task]
     spec = (env_cls.obs_dim, env_cls.act_dim, env_cls.discrete)
-    params = agent_param_count(args.policy, *spec, policy_width(args, env_cls), args.state_size, args.in_context,
-                               args.layer_norm)
+    width = policy_width(args, env_cls)
+    params = agent_param_count(args.policy, *spec, width, args.state_size, args.in_context, args.layer_norm)
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if 16 * params > ram:
         return (f"the policy would have {params:,} parameters, {16 * params / 2**30:,.0f} GiB with gradients and Adam "
                 f"state, more than this machine's {ram / 2**30:.0f} GiB: reduce --hidden-size or --state-size")
-    if 4 * args.tasks_per_batch * args.fast_batch_size * args.max_episode_steps * env_cls.obs_dim > ram:
+    per_step = (args.num_inner_steps + 1) * env_cls.obs_dim + width
+    if 4 * args.tasks_per_batch * args.fast_batch_size * args.max_episode_steps * per_step > ram:
         return (f"a meta-batch of --tasks-per-batch {args.tasks_per_batch} x --fast-batch-size {args.fast_batch_size} "
                 f"episodes of --max-episode-steps {args.max_episode_steps} needs more than this machine's "
                 f"{ram / 2**30:.0f} GiB: reduce them")

@@ -113,3 +113,13 @@ def test_maml_sizes_beyond_this_machines_memory_are_refused():
     episodes = ram_bytes() // (4 * 20 * 100 * 2) + 1
     error = maml_ssm.validate_args(maml_ssm.Args(tasks_per_batch=20, fast_batch_size=episodes, max_episode_steps=100))
     assert "--fast-batch-size" in error
+    # the meta-gradient keeps at least one width-H feature a step of the post-adaptation batch: with observations that
+    # fit (2 floats a step and batch), a batch of 1024-wide features does not
+    width = maml_ssm.policy_width(maml_ssm.Args(hidden_size=1024), maml_ssm.PointNav2D)
+    episodes = ram_bytes() // (4 * 20 * 100 * width) + 1
+    assert 4 * 20 * 100 * episodes * 2 * 2 < ram_bytes()
+    error = maml_ssm.validate_args(maml_ssm.Args(tasks_per_batch=20, fast_batch_size=episodes, max_episode_steps=100,
+                                                 hidden_size=1024))
+    assert error is not None and "--fast-batch-size" in error, error
+    assert maml_ssm.validate_args(maml_ssm.Args(tasks_per_batch=20, fast_batch_size=episodes // 64, max_episode_steps=100,
+                                                hidden_size=1024)) is None
