@@ -730,7 +730,9 @@ class Evaluator:
                         action = torch.randint(0, self.num_actions, (self.episodes,), generator=gen)
                         ent = torch.full((self.episodes,), math.log(self.num_actions))
                     else:
-                        action, _, ent, _, h, _ = agent.get_action_and_value(x, greedy=greedy)
+                        action, _, ent, _, h, logits = agent.get_action_and_value(x, greedy=True)
+                        if not greedy:  # sampled from the evaluator's own generator: the same seed, the same episodes
+                            action = torch.multinomial(torch.softmax(logits, -1), 1, generator=gen)[:, 0]
                     prev = states
                     states, _, _, truncated, info = env.step(action.tolist())
                     success |= info["success"]
