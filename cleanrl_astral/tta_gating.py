@@ -715,6 +715,10 @@ def validate(args):
         if args.reward_scale is not None and not args.reward_scale > 0:
             raise ValueError(f"--reward-scale {args.reward_scale} must be positive")
         if args.online and ({"gate", "all"} & set(args.controls)):
+            trained_gamma = ckpt["args"].get("gamma", args.gamma)  # the critic estimates returns at this discount
+            if args.gamma != trained_gamma:
+                raise ValueError(f"--gamma {args.gamma} differs from the {trained_gamma} the critic was trained with, and --online "
+                                 f"bootstraps its returns with that critic; pass --gamma {trained_gamma}")
             reward_scale = args.reward_scale if args.reward_scale is not None else critic_reward_scale(path, ckpt)
             if reward_scale is None or not reward_scale > 0:
                 raise ValueError("--online needs the reward scale the critic was trained with: it is read from checkpoint.pt next to "
