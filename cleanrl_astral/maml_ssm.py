@@ -1158,9 +1158,11 @@ class ExperienceBuffer:
 
     def add(self, **items):
         n = len(items["obs"])
-        idx = (self.pos + torch.arange(n)) % self.capacity  # wraps around: overwrites the oldest entries
+        skip = max(n - self.capacity, 0)  # a batch larger than the buffer: only its last `capacity` rows stay (written
+        # once each: indexed assignment with repeated indices has no defined winner)
+        idx = (self.pos + skip + torch.arange(n - skip)) % self.capacity  # wraps around: overwrites the oldest entries
         for k in self.FIELDS:
-            self.data[k][idx.to(self.device)] = items[k].to(self.device, self.data[k].dtype)
+            self.data[k][idx.to(self.device)] = items[k][skip:].to(self.device, self.data[k].dtype)
         self.pos = int((self.pos + n) % self.capacity)
         self.size = min(self.size + n, self.capacity)
 

@@ -395,6 +395,22 @@ def test_buffer_samples_uniformly_over_the_stored_transitions():
         assert counts[sorted(stored)].min() > 60 and counts[sorted(stored)].max() < 140, counts
 
 
+def test_a_batch_larger_than_the_buffer_keeps_its_last_rows_in_ring_order():
+    """Each row is written once (repeated indices in an indexed assignment have no defined winner): the batch's last
+    `capacity` rows stay, and the next add overwrites the oldest of them."""
+    def items(vals):
+        v = torch.tensor(vals, dtype=torch.float32)
+        return dict(obs=v[:, None], inputs=v[:, None], actions=v[:, None], rewards=v, next_obs=v[:, None],
+                    dones=torch.zeros(len(v), dtype=torch.bool), advantages=v, task_ids=v.long(), states=v[:, None])
+
+    buf = m.ExperienceBuffer(5, 1, 1, 1, 1)
+    buf.add(**items([0, 1, 2]))
+    buf.add(**items(list(range(10, 18))))
+    assert len(buf) == 5 and buf.pos == 1 and buf.data["obs"][:, 0].tolist() == [17, 13, 14, 15, 16]
+    buf.add(**items([20]))
+    assert buf.data["obs"][:, 0].tolist() == [17, 20, 14, 15, 16]
+
+
 # ------------------------------------------------------------------------------------------------ CPU budget
 def test_cpu_budget_counts_process_time_not_wall_time(tmp_path, monkeypatch, capsys):
     """--cpu-budget is CPU time of this process: a wall clock that jumps a million seconds per reading (a machine
