@@ -1160,3 +1160,78 @@ def test_trpo_step_stats_probe_reads_what_the_run_logged(trained_ckpt):
         ev = json.load(f)["returns_after_steps"]
     assert r["returns"] == [ev[str(k)] for k in range(len(ev))]
     assert probe.main([]) == 2
+
+
+def test_paper_goals_probe_measures_eval_and_the_papers_goals_under_both_samplers(trained_ckpt, capsys, tmp_path,
+                                                                                   monkeypatch):
+    """benchmark/probes/maml_point_nav_paper_goals.py: the paper's goals are the ones test_maml_point.py draws
+    (np.random.seed(1), then 40 uniform draws in [-0.5, 0.5]^2); on eval's goals its eval rule is `eval`; the
+    paper-sampler rule is maml_paper_sampler_eval's on the same goals; each goal set reaches both rules."""
+    spec = importlib.util.spec_from_file_location("paper_goals", os.path.join(REPO, "benchmark", "probes",
+                                                                              "maml_point_nav_paper_goals.py"))
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    state = np.random.get_state()
+    np.random.seed(1)
+    expected = np.random.uniform(-0.5, 0.5, size=(40, 2))
+    np.random.set_state(state)
+    assert np.array_equal(probe.paper_goals(), expected)
+    assert probe.paper_goals()[0] == pytest.approx([-0.0829780, 0.2203245], abs=1e-6)
+    # given tasks replace the sampler probe's own draw of the same test tasks without changing anything else
+    model, args, _ = m.load_checkpoint(trained_ckpt)
+    tasks = m.sample_tasks(args.task, m.task_streams(args.seed)[1], 3, "test")
+    sampler = load_paper_sampler_probe()
+    a = sampler.paper_sampler_eval(m, trained_ckpt, num_tasks=3, num_steps=1)
+    b = sampler.paper_sampler_eval(m, trained_ckpt, num_steps=1, tasks=tasks)
+    assert [r["task_returns"] for r in a["rows"]] == [r["task_returns"] for r in b["rows"]]
+    assert all(np.mean(r["task_returns"]) == pytest.approx(r["return"]) for r in a["rows"])
+    # the probe: eval's goals under eval's rule are eval; both goal sets reach both rules
+    mod = probe.load_script(probe.SCRIPT)
+    seen, real = [], mod.sample_task_batches
+
+    def spy(model, theta, goals, *rest):
+        seen.append(np.array(goals))
+        return real(model, theta, goals, *rest)
+
+    monkeypatch.setattr(mod, "sample_task_batches", spy)
+    res = probe.probe(mod, trained_ckpt, num_steps=2)
+    ev = m.evaluate(trained_ckpt, num_steps=2, write=False)
+    assert [r["mean"] for r in res["eval_goals"]["eval_rule"]] == pytest.approx(
+        [ev["returns_after_steps"][k] for k in "012"], abs=1e-6)
+    ours = m.sample_tasks(args.task, m.task_streams(args.seed)[1], args.eval_tasks, "test")
+    assert len(seen) == 4 and all(np.array_equal(g, x) for g, x in zip(seen, [ours, ours, expected, expected]))
+    for name in probe.GOAL_SETS:
+        for rule in probe.RULES:
+            assert len(res[name][rule]) == 3 and all(0 <= r["below_threshold"] <= 40 for r in res[name][rule])
+    assert probe.summary([-1.0, -20.0, -15.0]) == {"mean": -12.0, "median": -15.0, "below_threshold": 1}  # strictly below
+    # the summary table and the figure, also from a file of printed results: per-seed means, then their mean and
+    # median over checkpoints
+    shifted = []
+    for seed, shift in ((99, 10.0), (98, 50.0)):
+        other = json.loads(json.dumps(res))
+        other["seed"] = seed
+        for rows in other["paper_goals"].values():
+            for r in rows:
+                r["mean"] -= shift
+        shifted.append(json.dumps(other))
+    out = tmp_path / "probe_out.txt"
+    out.write_text("some log line\n" + json.dumps(res) + "\n" + "\n".join(shifted) + "\n")
+    png = tmp_path / "measures.png"
+    capsys.readouterr()
+    assert probe.main(["--from-output", str(out), "--plot", str(png)]) == 0 and png.stat().st_size > 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
+    assert lines[2].startswith(f"| {args.seed} |") and lines[3].startswith("| 99 |") and lines[4].startswith("| 98 |")
+    fmt = lambda v: " / ".join(f"{x:.2f}" for x in v)
+    mean_row, median_row = lines[5].split(" | "), lines[6].split(" | ")
+    ev_goals = [r["mean"] for r in res["eval_goals"]["eval_rule"]]
+    pg = [r["mean"] for r in res["paper_goals"]["paper_sampler"]]
+    assert mean_row[0] == "| mean over 3" and mean_row[1] == fmt(ev_goals) and median_row[1] == fmt(ev_goals)
+    assert mean_row[4].rstrip(" |") == fmt([x - 20.0 for x in pg]) and median_row[4].rstrip(" |") == fmt([x - 10.0 for x in pg])
+    assert "-3.33" in lines[7]
+    assert probe.main([str(tmp_path / "missing.cleanrl_model")]) == 2 and "does not exist" in capsys.readouterr().err
+    assert probe.main([trained_ckpt, "--num-steps", "-1"]) == 2
+    assert probe.main([trained_ckpt, "--plot", str(tmp_path / "no" / "x.png")]) == 2
+    assert probe.main(["--from-output", str(out)]) == 2 and "--plot" in capsys.readouterr().err
+    assert probe.main([]) == 2
+    (tmp_path / "empty.txt").write_text("nothing\n")
+    assert probe.main(["--from-output", str(tmp_path / "empty.txt"), "--plot", str(png)]) == 2

@@ -83,16 +83,19 @@ def make_fill(m, record):
     return fill
 
 
-def paper_sampler_eval(m, checkpoint, num_tasks=40, num_steps=3):
+def paper_sampler_eval(m, checkpoint, num_tasks=40, num_steps=3, tasks=None):
     """eval's sampling (test tasks, seeds, alpha then alpha/2, eval batch of n episodes' worth of steps) with the
     paper's rule in place of --fill-steps. Per step: the reported return (mean over tasks of the kept episodes'
-    mean, which equals the script's returns for that batch) and the first-episode estimate from the same data."""
+    mean, which equals the script's returns for that batch), each task's reported return, and the first-episode
+    estimate from the same data. `tasks` (one row per task) replaces eval's test tasks when given."""
     model, args, ckpt = m.load_checkpoint(checkpoint)
     args.fast_batch_size = args.eval_episodes or args.fast_batch_size
     args.fill_steps = True  # the paper's sampler counts steps; the stand-in is called where --fill-steps is
     torch.manual_seed(args.seed)
     gen = torch.Generator().manual_seed(args.seed)
-    tasks = m.sample_tasks(args.task, m.task_streams(args.seed)[1], num_tasks, "test")
+    if tasks is None:
+        tasks = m.sample_tasks(args.task, m.task_streams(args.seed)[1], num_tasks, "test")
+    num_tasks = len(tasks)
     theta = {k: v.detach().clone() for k, v in model.named_parameters()}
     lrs = [args.inner_lr] + [args.inner_lr * 0.5] * max(num_steps - 1, 0)
     record, original = [], m.fill_to_steps
@@ -105,7 +108,8 @@ def paper_sampler_eval(m, checkpoint, num_tasks=40, num_steps=3):
     for j, r in enumerate(returns):
         per_task = record[j * num_tasks : (j + 1) * num_tasks]
         mean = lambda key: float(np.mean([t[key] for t in per_task]))
-        rows.append({"steps": j, "return": float(r.mean()), "first_episode_return": mean("first_return"),
+        rows.append({"steps": j, "return": float(r.mean()), "task_returns": r.tolist(),
+                     "first_episode_return": mean("first_return"),
                      "kept_length": mean("kept_length"), "first_episode_length": mean("first_length"),
                      "kept_episodes": mean("kept_episodes"), "kept_steps": mean("kept_steps")})
     return {"checkpoint": checkpoint, "seed": args.seed, "rows": rows}
