@@ -76,22 +76,23 @@ def plot(results, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    # from the first inner step on: before adaptation every checkpoint is near -40, off this scale (see the table)
     fig, axes = plt.subplots(1, 4, figsize=(15, 3.6), sharey=True)
     for ax, (name, rule) in zip(axes, [(g, r) for g in GOAL_SETS for r in RULES]):
-        per_seed = np.array([[x["mean"] for x in res[name][rule]] for res in results])
-        steps = np.arange(per_seed.shape[1])
-        for row in per_seed:
-            ax.plot(steps, row, color="0.75", lw=0.8)
+        per_seed = np.array([[x["mean"] for x in res[name][rule]] for res in results])[:, 1:]
+        steps = np.arange(1, per_seed.shape[1] + 1)
+        for i, row in enumerate(per_seed):
+            ax.plot(steps, row, color="0.7", lw=0.8, label="one checkpoint" if i == 0 else None)
         ax.plot(steps, per_seed.mean(0), "o-", color="C0", label=f"mean over {len(results)} checkpoints")
         ax.plot(steps, np.median(per_seed, 0), "s-", color="C1", label="median over checkpoints")
-        k = min(len(steps), len(PAPER_TABLE_4))
-        ax.plot(steps[:k], PAPER_TABLE_4[:k], "k--", marker="x", label="MAML paper, Table 4")
+        k = min(len(steps), len(PAPER_TABLE_4) - 1)
+        ax.plot(steps[:k], PAPER_TABLE_4[1 : k + 1], "k--", marker="x", label="MAML paper, Table 4")
         ax.set_title(f"{name.replace('_', ' ')}, {rule.replace('_', ' ')}", fontsize=10)
         ax.set_xlabel("inner gradient steps")
         ax.set_xticks(steps)
         ax.set_ylim(-25, 0)
-    axes[0].set_ylabel("return (grey: one checkpoint's mean over goals)")
-    axes[0].legend(fontsize=8, loc="lower right")
+    axes[0].set_ylabel("mean return over the goals")
+    axes[0].legend(fontsize=8, loc="lower left")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -134,6 +135,7 @@ def main(argv=None):
                 return 2
             with open(path) as f:
                 results += [json.loads(line) for line in f if line.startswith('{"checkpoint"')]
+        results.sort(key=lambda res: res["seed"])
         if not results:
             print("maml_point_nav_paper_goals: the --from-output files hold no results of this probe", file=sys.stderr)
             return 2
