@@ -1231,6 +1231,7 @@ def test_paper_goals_probe_measures_eval_and_the_papers_goals_under_both_sampler
     assert "-3.33" in lines[7]
     assert probe.main([str(tmp_path / "missing.cleanrl_model")]) == 2 and "does not exist" in capsys.readouterr().err
     assert probe.main([trained_ckpt, "--num-steps", "-1"]) == 2
+    assert probe.main([trained_ckpt, "--num-steps", "0", "--plot", str(png)]) == 2 and "--plot" in capsys.readouterr().err
     assert probe.main([trained_ckpt, "--plot", str(tmp_path / "no" / "x.png")]) == 2
     assert probe.main(["--from-output", str(out)]) == 2 and "--plot" in capsys.readouterr().err
     assert probe.main([]) == 2

@@ -143,8 +143,9 @@ def main(argv=None):
         plot(results, a.plot)
         print(f"wrote {a.plot} from {len(results)} checkpoints")
         return 0
-    if a.num_steps < 0:
-        print("maml_point_nav_paper_goals: --num-steps must be >= 0", file=sys.stderr)
+    if a.num_steps < 0 or (a.plot is not None and a.num_steps < 1):
+        print("maml_point_nav_paper_goals: --num-steps must be >= 0, and >= 1 with --plot (it draws steps 1..)",
+              file=sys.stderr)
         return 2
     for ckpt in a.checkpoints:
         if not os.path.isfile(ckpt):
