@@ -1040,6 +1040,31 @@ def test_homing_probe_acts_with_the_script_it_is_given(trained_ckpt, tmp_path, c
     assert patched[0]["mean_action_return"] != original[0]["mean_action_return"]
 
 
+def test_paper_goals_probe_acts_with_the_script_it_is_given(trained_ckpt, tmp_path, capsys):
+    """--script loads a (patched) copy, as the homing probe's does: a copy whose Gaussian mean is scaled by 0 gives
+    other returns than the original on the same checkpoint, under both goal sets and both rules."""
+    spec = importlib.util.spec_from_file_location("paper_goals", os.path.join(REPO, "benchmark", "probes",
+                                                                              "maml_point_nav_paper_goals.py"))
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    src = open(os.path.join(REPO, SCRIPT)).read()
+    old = 'out = {"pi": self.pi(feats),'
+    assert src.count(old) == 1
+    (tmp_path / "patched.py").write_text(src.replace(old, 'out = {"pi": 0.0 * self.pi(feats),'))
+    result = lambda out: [json.loads(x) for x in out.splitlines() if x.startswith('{"checkpoint"')][0]
+    assert probe.main([trained_ckpt, "--num-steps", "0"]) == 0
+    original = result(capsys.readouterr().out)
+    assert probe.main([trained_ckpt, "--num-steps", "0", "--script", str(tmp_path / "patched.py")]) == 0
+    patched = result(capsys.readouterr().out)
+    assert original["eval_goals"]["eval_rule"][0]["mean"] == pytest.approx(
+        m.evaluate(trained_ckpt, num_steps=0, write=False)["returns_after_steps"]["0"], abs=1e-6)
+    for name in probe.GOAL_SETS:
+        for rule in probe.RULES:
+            assert patched[name][rule][0]["mean"] != original[name][rule][0]["mean"]
+    assert probe.main([trained_ckpt, "--script", str(tmp_path / "nope.py")]) == 2
+    assert "--script" in capsys.readouterr().err
+
+
 def test_homing_oracle_steps_straight_at_the_goal():
     spec = importlib.util.spec_from_file_location("homing", os.path.join(REPO, "benchmark", "probes", "maml_point_nav_homing.py"))
     homing = importlib.util.module_from_spec(spec)

@@ -12,7 +12,7 @@ reports the mean and the median return over the goals and the number of goals be
 With --plot it draws every checkpoint's means and the means and medians over checkpoints next to the paper's Table 4.
 
 Usage: python benchmark/probes/maml_point_nav_paper_goals.py CHECKPOINT [CHECKPOINT ...] [--num-steps 3]
-       [--plot PATH.png]
+       [--plot PATH.png] [--script PATH] (a patched copy of maml_ssm.py, for checkpoints trained with a probe patch)
        python benchmark/probes/maml_point_nav_paper_goals.py --from-output OUT.txt [OUT.txt ...] --plot PATH.png
        (draws the figure from what earlier runs of the probe printed, without sampling again)
 """
@@ -120,6 +120,7 @@ def main(argv=None):
     p.add_argument("--num-steps", type=int, default=3)
     p.add_argument("--plot", default=None, help="write a PNG of every checkpoint's means next to the paper's")
     p.add_argument("--from-output", nargs="+", default=None, help="files holding earlier runs' printed output")
+    p.add_argument("--script", default=SCRIPT, help="maml_ssm.py or a patched copy (benchmark/probes/*.patch)")
     a = p.parse_args(argv)
     if (a.from_output is None) == (not a.checkpoints) or (a.from_output is not None and a.plot is None):
         print("maml_point_nav_paper_goals: give checkpoints, or --from-output files with --plot", file=sys.stderr)
@@ -151,8 +152,11 @@ def main(argv=None):
         if not os.path.isfile(ckpt):
             print(f"maml_point_nav_paper_goals: {ckpt!r} does not exist", file=sys.stderr)
             return 2
+    if not os.path.isfile(a.script):
+        print(f"maml_point_nav_paper_goals: --script {a.script!r} does not exist", file=sys.stderr)
+        return 2
     torch.set_num_threads(1)
-    m = load_script(SCRIPT)
+    m = load_script(a.script)
     results = []
     for ckpt in a.checkpoints:
         try:
