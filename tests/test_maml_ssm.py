@@ -1021,20 +1021,27 @@ def test_homing_counts_run_away_episodes_from_their_last_valid_step():
     assert counts == {"ran_away": 0.6, "ran_away_overshot": 1, "ran_away_episodes": 3, "runaway_tasks": [0]}
 
 
+def zero_mean_script(tmp_path):
+    """A copy of the script whose Gaussian mean is scaled by 0: a probe given it with --script acts differently."""
+    src = open(os.path.join(REPO, SCRIPT)).read()
+    old = 'out = {"pi": self.pi(feats),'
+    assert src.count(old) == 1
+    path = tmp_path / "patched.py"
+    path.write_text(src.replace(old, 'out = {"pi": 0.0 * self.pi(feats),'))
+    return str(path)
+
+
 def test_homing_probe_acts_with_the_script_it_is_given(trained_ckpt, tmp_path, capsys):
     """--script loads a (patched) copy: a copy whose Gaussian mean is scaled by 0 gives other returns than the
     original on the same checkpoint, so the probe really acts with the given script's model."""
     spec = importlib.util.spec_from_file_location("homing", os.path.join(REPO, "benchmark", "probes", "maml_point_nav_homing.py"))
     homing = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(homing)
-    src = open(os.path.join(REPO, SCRIPT)).read()
-    old = 'out = {"pi": self.pi(feats),'
-    assert src.count(old) == 1
-    (tmp_path / "patched.py").write_text(src.replace(old, 'out = {"pi": 0.0 * self.pi(feats),'))
+    patched_script = zero_mean_script(tmp_path)
     line = lambda out: [json.loads(x) for x in out.splitlines() if x.startswith("{")][0]["rows"]
     assert homing.main([trained_ckpt, "--num-tasks", "2", "--num-steps", "0"]) == 0
     original = line(capsys.readouterr().out)
-    assert homing.main([trained_ckpt, "--num-tasks", "2", "--num-steps", "0", "--script", str(tmp_path / "patched.py")]) == 0
+    assert homing.main([trained_ckpt, "--num-tasks", "2", "--num-steps", "0", "--script", patched_script]) == 0
     patched = line(capsys.readouterr().out)
     assert original[0]["return_mean"] == pytest.approx(m.evaluate(trained_ckpt, 2, 0, write=False)["returns_after_steps"]["0"])
     assert patched[0]["mean_action_return"] != original[0]["mean_action_return"]
@@ -1047,14 +1054,11 @@ def test_paper_goals_probe_acts_with_the_script_it_is_given(trained_ckpt, tmp_pa
                                                                               "maml_point_nav_paper_goals.py"))
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
-    src = open(os.path.join(REPO, SCRIPT)).read()
-    old = 'out = {"pi": self.pi(feats),'
-    assert src.count(old) == 1
-    (tmp_path / "patched.py").write_text(src.replace(old, 'out = {"pi": 0.0 * self.pi(feats),'))
+    patched_script = zero_mean_script(tmp_path)
     result = lambda out: [json.loads(x) for x in out.splitlines() if x.startswith('{"checkpoint"')][0]
     assert probe.main([trained_ckpt, "--num-steps", "0"]) == 0
     original = result(capsys.readouterr().out)
-    assert probe.main([trained_ckpt, "--num-steps", "0", "--script", str(tmp_path / "patched.py")]) == 0
+    assert probe.main([trained_ckpt, "--num-steps", "0", "--script", patched_script]) == 0
     patched = result(capsys.readouterr().out)
     assert original["eval_goals"]["eval_rule"][0]["mean"] == pytest.approx(
         m.evaluate(trained_ckpt, num_steps=0, write=False)["returns_after_steps"]["0"], abs=1e-6)
