@@ -853,6 +853,11 @@ if __name__ == "__main__":
     else:
         run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
         run_name, run_dir = claim_run_dir(args.runs_dir, run_name)
+    if ckpt is not None and ckpt["iteration"] >= args.num_iterations and (
+            not args.save_model or os.path.isfile(os.path.join(run_dir, "eval.json"))):
+        # resuming a finished run would only evaluate it again and log every eval scalar a second time
+        fail(f"nothing to resume: {args.resume!r} is the final checkpoint of a run that finished "
+             f"(all {args.num_iterations} updates{' and its eval.json' if args.save_model else ''}); start a new run")
 
     if args.track:
         import wandb
@@ -999,7 +1004,6 @@ if __name__ == "__main__":
             results = evaluation["returns"]
             for k, rets in results.items():
                 report["per_mode"].setdefault(str(k), {})[kind] = {"mean": float(np.mean(rets)), "std": float(np.std(rets)), "returns": rets.tolist()}
-                writer.add_scalar(f"eval/episodic_return_mode{k}_{kind}", float(np.mean(rets)), global_step)
             report[f"{kind}_mean"] = float(np.mean([np.mean(r) for r in results.values()]))
             report[f"slot_weights_{kind}"] = evaluation["slot_weights"].tolist()
             report[f"mode_slot_mi_{kind}"], report[f"mode_slot_nmi_{kind}"] = mutual_information(evaluation["slot_counts"])
@@ -1014,6 +1018,11 @@ if __name__ == "__main__":
                           f"{run_name}\nmean gate weight per mode (deterministic evaluation)")
         report["slot_heatmap"] = heatmap
         print(f"I(mode; argmax slot) normalised by H(mode): {report['mode_slot_nmi_deterministic']:.3f} (deterministic evaluation)")
+        # logged only now, beside eval.json: a run killed during its evaluation leaves no eval scalars behind, so
+        # its resume (which evaluates again) logs each of them once
+        for kind in ("deterministic", "sampled"):
+            for k, per_kind in report["per_mode"].items():
+                writer.add_scalar(f"eval/episodic_return_mode{k}_{kind}", per_kind[kind]["mean"], global_step)
         with open(os.path.join(run_dir, "eval.json.tmp"), "w") as f:
             json.dump(report, f, indent=1)
         os.replace(os.path.join(run_dir, "eval.json.tmp"), os.path.join(run_dir, "eval.json"))

@@ -719,6 +719,11 @@ if __name__ == "__main__":
     else:
         run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
         run_name, run_dir = claim_run_dir(args.runs_dir, run_name)
+    if ckpt is not None and ckpt["iteration"] >= args.num_iterations and (
+            not args.save_model or os.path.isfile(os.path.join(run_dir, "eval.json"))):
+        # resuming a finished run would only evaluate it again and log every eval scalar a second time
+        fail(f"nothing to resume: {args.resume!r} is the final checkpoint of a run that finished "
+             f"(all {args.num_iterations} updates{' and its eval.json' if args.save_model else ''}); start a new run")
 
     if args.track:
         import wandb
@@ -847,13 +852,17 @@ if __name__ == "__main__":
                                video_dir=video_dir if det else None, device=device)
             for k, rets in results.items():
                 report["per_mode"].setdefault(str(k), {})[kind] = {"mean": float(np.mean(rets)), "std": float(np.std(rets)), "returns": rets.tolist()}
-                writer.add_scalar(f"eval/episodic_return_mode{k}_{kind}", float(np.mean(rets)), global_step)
             report[f"{kind}_mean"] = float(np.mean([np.mean(r) for r in results.values()]))
         print(f"evaluation over {args.eval_episodes} episodes per mode (mean ± std):")
         print("mode  gravity  half_len  sign  deterministic    sampled")
         for k, (g, l, s) in enumerate(modes):
             d, s_ = report["per_mode"][str(k)]["deterministic"], report["per_mode"][str(k)]["sampled"]
             print(f"{k:>4}  {g:7.2f}  {l:8.2f}  {s:+4.0f}  {d['mean']:6.1f} ± {d['std']:5.1f}  {s_['mean']:6.1f} ± {s_['std']:5.1f}")
+        # logged only now, beside eval.json: a run killed during its evaluation leaves no eval scalars behind, so
+        # its resume (which evaluates again) logs each of them once
+        for kind in ("deterministic", "sampled"):
+            for k, per_kind in report["per_mode"].items():
+                writer.add_scalar(f"eval/episodic_return_mode{k}_{kind}", per_kind[kind]["mean"], global_step)
         with open(os.path.join(run_dir, "eval.json.tmp"), "w") as f:
             json.dump(report, f, indent=1)
         os.replace(os.path.join(run_dir, "eval.json.tmp"), os.path.join(run_dir, "eval.json"))

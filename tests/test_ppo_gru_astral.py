@@ -308,11 +308,12 @@ def test_resume_carries_on_the_optimizer_and_reward_scaler(tmp_path, die_at_chec
 
 
 @BOTH_SCRIPTS
-def test_a_flag_beside_resume_must_agree_with_the_checkpoint(tmp_path, script, tiny):
+def test_a_flag_beside_resume_must_agree_with_the_checkpoint(tmp_path, die_at_checkpoint, script, tiny):
     """A resumed run takes the checkpoint's settings. A flag that disagrees (asking for more steps, say) used to be
     dropped without a word; it is refused in one line before any work. A flag that agrees is accepted."""
-    result = subprocess.run([sys.executable, script, *tiny, "--total-timesteps", "128", "--checkpoint-every", "1",
-                             "--runs-dir", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    result = subprocess.run([sys.executable, "-c", die_at_checkpoint(1), script, *tiny, "--total-timesteps", "128",
+                             "--checkpoint-every", "1", "--runs-dir", str(tmp_path)], cwd=ROOT, capture_output=True,
+                            text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     (ckpt_path,) = glob.glob(str(tmp_path / "*" / "checkpoint.pt"))
     before = os.path.getmtime(ckpt_path)
@@ -327,6 +328,52 @@ def test_a_flag_beside_resume_must_agree_with_the_checkpoint(tmp_path, script, t
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and "resumed" in result.stdout, result.stderr
 
+
+
+@BOTH_SCRIPTS
+def test_a_finished_run_cannot_be_resumed(tmp_path, script, tiny):
+    """The final checkpoint of a run that trained and evaluated has nothing left to do: resuming it used to evaluate
+    again and log every eval scalar twice. It is refused in one line and the run directory is left untouched."""
+    result = subprocess.run([sys.executable, script, *tiny, "--total-timesteps", "128", "--checkpoint-every", "1",
+                             "--save-model", "--eval-episodes", "1", "--runs-dir", str(tmp_path)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    (ckpt_path,) = glob.glob(str(tmp_path / "*" / "checkpoint.pt"))
+    run_dir = os.path.dirname(ckpt_path)
+    before = {name: os.path.getmtime(os.path.join(run_dir, name)) for name in os.listdir(run_dir)}
+    result = subprocess.run([sys.executable, script, "--resume", ckpt_path], cwd=ROOT, capture_output=True,
+                            text=True, timeout=300)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"{os.path.basename(script)}: error: nothing to resume") and "eval.json" in lines[0]
+    assert result.stdout == ""
+    assert {name: os.path.getmtime(os.path.join(run_dir, name)) for name in os.listdir(run_dir)} == before
+
+
+@BOTH_SCRIPTS
+def test_a_run_killed_before_its_evaluation_resumes_into_it(tmp_path, die_at_checkpoint, logged_scalars, script,
+                                                             tiny):
+    """Killed after its final checkpoint but before its evaluation, the run is not finished: its resume trains
+    nothing, evaluates, writes eval.json and logs each eval scalar once, beside each update logged once."""
+    args = [*tiny, "--total-timesteps", "128", "--checkpoint-every", "1", "--save-model", "--eval-episodes", "1",
+            "--runs-dir", str(tmp_path)]
+    result = subprocess.run([sys.executable, "-c", die_at_checkpoint(2), script, *args], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    (ckpt_path,) = glob.glob(str(tmp_path / "*" / "checkpoint.pt"))
+    run_dir = os.path.dirname(ckpt_path)
+    assert not os.path.exists(os.path.join(run_dir, "eval.json"))
+    result = subprocess.run([sys.executable, script, "--resume", ckpt_path], cwd=ROOT, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    with open(os.path.join(run_dir, "eval.json")) as f:
+        report = json.load(f)
+    logged = logged_scalars(run_dir)
+    assert [step for step, _ in logged["charts/SPS"]] == [64, 128]
+    eval_tags = sorted(tag for tag in logged if tag.startswith("eval/"))
+    assert eval_tags == sorted(f"eval/episodic_return_mode{k}_{kind}" for k in report["per_mode"]
+                               for kind in ("deterministic", "sampled"))
+    assert all([step for step, _ in logged[tag]] == [128] for tag in eval_tags), {t: logged[t] for t in eval_tags}
 
 def test_resume_continues_the_run(tmp_path):
     result = run([*TINY, "--total-timesteps", "128", "--runs-dir", str(tmp_path), "--checkpoint-every", "1"])
