@@ -1178,9 +1178,10 @@ if __name__ == "__main__":
         args.baselines = (args.baselines,)
     # a resumed run is validated with the checkpoint's settings, not the command line's defaults
     error = resume_problem(args.resume) if args.resume else None
+    resumed = None
     if error is None and args.resume:
-        saved = torch.load(args.resume, map_location="cpu", weights_only=False)["args"]
-        args, error = resumed_args(args, saved, flags_given(sys.argv[1:]))
+        resumed = torch.load(args.resume, map_location="cpu", weights_only=False)
+        args, error = resumed_args(args, resumed["args"], flags_given(sys.argv[1:]))
     error = error or validate_args(args)
     if error:
         print(f"{SCRIPT}.py: error: {error}", file=sys.stderr)
@@ -1195,6 +1196,13 @@ if __name__ == "__main__":
             setattr(args, k, ckpt["args"][k])
     args.batch_size = args.num_envs * args.max_episode_steps
     args.num_iterations = max(1, args.total_timesteps // args.batch_size)
+    if resumed is not None and resumed["iteration"] >= args.num_iterations and os.path.isfile(
+            os.path.join(os.path.dirname(os.path.abspath(args.resume)), "eval.json")):
+        # resuming a finished run would only retrain its baselines, evaluate again and log every eval scalar twice
+        print(f"{SCRIPT}.py: error: nothing to resume: {args.resume!r} is the final checkpoint of a run that finished "
+              f"(all {args.num_iterations} updates and its eval.json); raise --total-timesteps to train on, or start "
+              "a new run", file=sys.stderr)
+        sys.exit(2)
 
     if args.resume:
         run_dir = os.path.dirname(os.path.abspath(args.resume))
@@ -1211,7 +1219,7 @@ if __name__ == "__main__":
 
     # a resumed run appends to the killed run's directory; purge_step makes TensorBoard drop what the killed run
     # logged after its last checkpoint (an update it never finished), so every update is logged exactly once
-    resume_step = torch.load(args.resume, map_location="cpu", weights_only=False)["global_step"] if args.resume else None
+    resume_step = None if resumed is None else resumed["global_step"]
     writer = SummaryWriter(run_dir, purge_step=None if resume_step is None else resume_step + 1)
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" +
                     "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
@@ -1264,9 +1272,6 @@ if __name__ == "__main__":
         diff = " ".join(f"{k}={v:.2f}" for k, v in r["per_difficulty_success"].items())
         mse = "-" if r["world_model_mse"] is None else f"{r['world_model_mse']:.3f}"
         print(f"{name:<12} {r['success_rate']:>8.3f} {mse:>8} {r['policy_entropy']:>8.3f}  {diff}")
-    for k in ("success_rate", "world_model_mse", "policy_entropy"):
-        writer.add_scalar(f"eval/{k}", result[k], args.total_timesteps)
-
     out = {"script": SCRIPT, "task": args.task, **result, "baselines": {}, "train_time_s": train_time,
            "eval_levels": eval_levels, "num_parameters": num_parameters(agent)}
     for name, r in baselines.items():
@@ -1283,7 +1288,12 @@ if __name__ == "__main__":
         os.makedirs(os.path.join(run_dir, "videos"), exist_ok=True)
         with open(os.path.join(run_dir, "videos", "eval_transcript.txt"), "w") as f:
             f.write("\n".join(transcript))
-    with open(os.path.join(run_dir, "eval.json"), "w") as f:
+    # logged only now, beside eval.json: a run killed before it (while its baselines train, say) leaves no eval
+    # scalars behind, so its resume logs each of them once
+    for k in ("success_rate", "world_model_mse", "policy_entropy"):
+        writer.add_scalar(f"eval/{k}", result[k], args.total_timesteps)
+    with open(os.path.join(run_dir, "eval.json.tmp"), "w") as f:
         json.dump(out, f, indent=2)
+    os.replace(os.path.join(run_dir, "eval.json.tmp"), os.path.join(run_dir, "eval.json"))
     print(f"eval.json written to {run_dir}")
     writer.close()

@@ -581,17 +581,22 @@ def test_resumed_run_logs_every_update_exactly_once(tmp_path, die_at_checkpoint,
 
 def test_resumed_run_retrains_baselines_without_their_partial_logs(tmp_path, logged_scalars):
     """Killed while training the rl-only baseline (never checkpointed), a resumed run trains it again from scratch:
-    the killed run's partial baseline logs must not show (purge_step=0 in the baseline's writer)."""
+    the killed run's partial baseline logs must not show (purge_step=0 in the baseline's writer). The kill comes
+    after every writer flushed, as TensorBoard's 2-minute timer would during a real baseline's training, so the
+    agent's eval scalars would show twice after the resume if they were logged before the baselines."""
     die_in_baseline = """
 import os, runpy, sys
 from torch.utils.tensorboard import SummaryWriter
-real_add_scalar, seen = SummaryWriter.add_scalar, []
+real_add_scalar, seen, writers = SummaryWriter.add_scalar, [], []
 def add_scalar(self, tag, value, step=None, *args, **kwargs):
     real_add_scalar(self, tag, value, step, *args, **kwargs)
+    if all(w is not self for w in writers):
+        writers.append(self)
     if "baseline_" in self.log_dir and tag == "charts/SPS":
         seen.append(step)
         if len(seen) == 3:
-            self.flush()
+            for w in writers:
+                w.flush()
             os._exit(0)
 SummaryWriter.add_scalar = add_scalar
 sys.argv = sys.argv[1:]
@@ -610,7 +615,43 @@ runpy.run_path(sys.argv[0], run_name="__main__")
     final = logged_scalars(baseline_dir)
     assert [step for step, _ in final["charts/SPS"]] == [16, 32, 48, 64, 80, 96]
     assert all(wall > resumed_at for events in final.values() for _, wall in events)
+    agent_eval = {tag: events for tag, events in logged_scalars(run_dir).items() if tag.startswith("eval/")}
+    assert sorted(agent_eval) == ["eval/policy_entropy", "eval/success_rate", "eval/world_model_mse"]
+    assert all([step for step, _ in events] == [96] for events in agent_eval.values()), agent_eval
 
+
+
+def test_a_run_killed_in_its_analysis_logs_its_evaluation_once(tmp_path, logged_scalars):
+    """Killed during the t-SNE analysis, after every writer flushed (as TensorBoard's 2-minute timer would during a
+    long analysis), the run has no eval.json and its resume evaluates again. Until session 21 the eval scalars were
+    logged before the analysis, so they showed twice; now they are logged beside eval.json, and show once."""
+    die_in_tsne = """
+import os, runpy, sys
+from sklearn.manifold import TSNE
+from torch.utils.tensorboard import SummaryWriter
+real_init, writers = SummaryWriter.__init__, []
+def init(self, *args, **kwargs):
+    real_init(self, *args, **kwargs)
+    writers.append(self)
+def die(self, *args, **kwargs):
+    for w in writers:
+        w.flush()
+    os._exit(0)
+SummaryWriter.__init__, TSNE.fit_transform = init, die
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+    flags = ["--task", "pattern-echo", *[f for f in TINY if f != "--no-analysis"], "--analysis-samples", "64",
+             "--checkpoint-every", "1", "--runs-dir", str(tmp_path)]
+    subprocess.run([sys.executable, "-c", die_in_tsne, SCRIPT, *flags], cwd=REPO, check=True, capture_output=True,
+                   env={**os.environ, "OMP_NUM_THREADS": "1"})
+    run_dir = only_run_dir(tmp_path)
+    assert not os.path.exists(os.path.join(run_dir, "eval.json"))
+    run_script("--resume", os.path.join(run_dir, "checkpoint.pt"))
+    assert os.path.isfile(os.path.join(run_dir, "eval.json"))
+    logged = {tag: events for tag, events in logged_scalars(run_dir).items() if tag.startswith("eval/")}
+    assert sorted(logged) == ["eval/policy_entropy", "eval/success_rate", "eval/world_model_mse"]
+    assert all([step for step, _ in events] == [64] for events in logged.values()), logged
 
 def test_resumed_run_logs_what_an_uninterrupted_run_logs(tmp_path, die_at_checkpoint, logged_values):
     """A run killed after checkpoint 5 and resumed must log, from update 6 on, exactly the values of the same run
@@ -695,8 +736,16 @@ def test_resume_continues_from_checkpoint(tmp_path):
         assert refused.returncode == 2 and len(lines) == 1 and needle in lines[0], refused.stderr
     assert torch.load(ckpt, weights_only=False)["global_step"] == 192
     # validated with the checkpoint's settings: one update is 16 env steps here (16 envs), 32 with the defaults,
-    # so a budget of 16 is a valid (already reached) budget for this run, not "less than one update"
-    assert run_script("--resume", ckpt, "--total-timesteps", "16").returncode == 0
+    # so a budget of 16 is a valid budget for this run, not "less than one update"; but one the run has already
+    # reached, with its eval.json written, so there is nothing left to resume: refused in one line
+    eval_json = os.path.join(run_dir, "eval.json")
+    written = os.path.getmtime(eval_json)
+    for budget in ("16", "192"):
+        refused = run_script("--resume", ckpt, "--total-timesteps", budget, check=False)
+        lines = refused.stderr.strip().splitlines()
+        assert refused.returncode == 2 and len(lines) == 1, refused.stderr
+        assert lines[0].startswith("reinforce_baby.py: error: nothing to resume") and refused.stdout == ""
+    assert os.path.getmtime(eval_json) == written
     args, error = rb.resumed_args(rb.Args(task="pattern-echo", num_actions=8, resume=ckpt), saved["args"],
                                   {"task", "num_actions", "resume"})
     assert error is None and args.hidden_dim == 32 and args.total_timesteps == 192
