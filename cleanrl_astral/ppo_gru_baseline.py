@@ -84,10 +84,10 @@ class Args:
     """total timesteps of the experiment"""
     learning_rate: float = 1e-3
     """the learning rate of the optimizer"""
-    num_envs: int = 32
+    num_envs: int = 128
     """the number of parallel game environments"""
-    num_steps: int = 128
-    """the number of steps to run in each environment per policy rollout"""
+    num_steps: int = 32
+    """the number of steps to run in each environment per policy rollout (and the replay's sequence length)"""
     anneal_lr: bool = True
     """toggle learning rate annealing"""
     gamma: float = 0.99
