@@ -72,6 +72,10 @@ class Args:
     """observe only cart position and pole angle, so velocities must be inferred from memory"""
     fixed_mode: Optional[int] = None
     """always use this mode index instead of resampling it"""
+    mode_share: Literal["uniform", "balanced"] = "uniform"
+    """`uniform`: a mode drawn per episode; `balanced`: env i pinned to training mode i mod M, the same share of steps each"""
+    held_out_mode: Optional[int] = None
+    """a mode never used in training, only evaluated (a test of generalisation)"""
     switch_prob: float = 0.0
     """per-step probability of resampling the mode in the middle of an episode"""
     memory: Literal["gru", "none"] = "gru"
@@ -135,19 +139,25 @@ MODE_PRESETS = {  # a mode is (gravity, pole half-length, force sign)
 class NonStationaryCartPole:
     """`num_envs` CartPole-v1s stepped together in numpy, with gymnasium's equations, constants and 500-step limit.
     Each env has a hidden physics mode (gravity, pole half-length, force sign), drawn at every episode start and, with
-    probability `switch_prob`, after any step; `pinned[i] >= 0` fixes env i's mode. Autoreset is same-step: where an
+    probability `switch_prob`, after any step, among all modes but `held_out_mode`; `pinned[i] >= 0` fixes env i's mode
+    (`balanced`: env i gets training mode i mod M). Autoreset is same-step: where an
     episode ends, the returned observation is already the next episode's first, and info["final_obs"] holds the ended
     one's last. info["mode"] (for analysis only) is the mode that governs each env's next step."""
 
-    def __init__(self, num_envs, modes, hide_velocity=False, fixed_mode=None, switch_prob=0.0, max_episode_steps=500):
+    def __init__(self, num_envs, modes, hide_velocity=False, fixed_mode=None, switch_prob=0.0, max_episode_steps=500,
+                 held_out_mode=None, balanced=False):
         self.num_envs, self.switch_prob, self.max_episode_steps = num_envs, switch_prob, max_episode_steps
         self.gravity, self.half_length, self.force_sign = np.array(modes, dtype=np.float64).T
+        self.training_modes = np.array([k for k in range(len(modes)) if k != held_out_mode])
         self.pinned, self.rng = np.full(num_envs, -1 if fixed_mode is None else fixed_mode), np.random.default_rng()
+        if balanced:
+            self.pinned = self.training_modes[np.arange(num_envs) % len(self.training_modes)]
         self.observed = [0, 2] if hide_velocity else [0, 1, 2, 3]  # hidden velocity: cart position and pole angle only
 
     def draw_modes(self, envs):
         """New modes for the envs of the boolean mask `envs` (pinned envs keep theirs)."""
-        drawn = np.where(self.pinned >= 0, self.pinned, self.rng.integers(len(self.gravity), size=self.num_envs))
+        drawn = self.training_modes[self.rng.integers(len(self.training_modes), size=self.num_envs)]
+        drawn = np.where(self.pinned >= 0, self.pinned, drawn)
         self.mode = np.where(envs, drawn, self.mode)
 
     def restart(self, envs):
@@ -455,8 +465,15 @@ def validate(args):
         (not (0.0 < args.gamma <= 1.0 and 0.0 <= args.gae_lambda <= 1.0),
          f"--gamma {args.gamma} must be in (0, 1] and --gae-lambda {args.gae_lambda} in [0, 1]"),
         (not 0.0 <= args.switch_prob <= 1.0, f"--switch-prob {args.switch_prob} must be in [0, 1]"),
-        (args.fixed_mode is not None and not 0 <= args.fixed_mode < num_modes,
-         f"--fixed-mode {args.fixed_mode} is out of range; there are {num_modes} modes (0..{num_modes - 1})"),
+        *[(k is not None and not 0 <= k < num_modes, f"--{name} {k} is out of range; there are {num_modes} modes "
+           f"(0..{num_modes - 1})") for name, k in (("fixed-mode", args.fixed_mode), ("held-out-mode", args.held_out_mode))],
+        (args.held_out_mode is not None and args.fixed_mode == args.held_out_mode,
+         f"--fixed-mode {args.fixed_mode} is the --held-out-mode, which is never used in training"),
+        (args.mode_share == "balanced" and args.fixed_mode is not None, "--mode-share balanced and --fixed-mode both pin "
+         "the modes; give one of them"),
+        (args.mode_share == "balanced" and args.num_envs % (num_modes - (args.held_out_mode is not None)) != 0,
+         f"--mode-share balanced needs --num-envs divisible by the {num_modes - (args.held_out_mode is not None)} training "
+         f"modes (each gets the same share of steps); --num-envs is {args.num_envs}"),
         (args.num_minibatches >= 1 and args.num_envs % args.num_minibatches != 0,
          f"--num-envs {args.num_envs} is not divisible by --num-minibatches {args.num_minibatches}; minibatches hold whole "
          "environments' sequences"),
@@ -497,7 +514,8 @@ if __name__ == "__main__":
     torch.set_num_threads(1)  # fastest for this small network
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
-    envs = NonStationaryCartPole(args.num_envs, modes, args.hide_velocity, args.fixed_mode, args.switch_prob)
+    envs = NonStationaryCartPole(args.num_envs, modes, args.hide_velocity, args.fixed_mode, args.switch_prob,
+                                 held_out_mode=args.held_out_mode, balanced=args.mode_share == "balanced")
     agent = agent_from_args(args, len(modes)).to(device)
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
     reward_scaler = RewardScaler(args.num_envs, args.gamma) if args.norm_reward else None
@@ -551,7 +569,7 @@ if __name__ == "__main__":
         os.replace(model_path + ".tmp", model_path)  # written atomically: a killed run leaves no half-written model
         print(f"model saved to {model_path}")
         video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
-        report = {"script": SCRIPT, "checkpoint": model_path, "episodes_per_mode": args.eval_episodes,
+        report = {"script": SCRIPT, "checkpoint": model_path, "episodes_per_mode": args.eval_episodes, "held_out_mode": args.held_out_mode,
                   "modes": [{"gravity": g, "half_length": l, "force_sign": s} for g, l, s in modes], "per_mode": {}}
         for kind, det in (("deterministic", True), ("sampled", False)):
             results = evaluate(model_path, args.eval_episodes, deterministic=det, seed=args.seed + 100_000,
