@@ -56,11 +56,11 @@ if [ "$speed_only" = 1 ]; then
     python - "$speed" <<'PY'
 import sys
 rows = [line.rstrip("\n").split("\t") for line in open(f"{sys.argv[1]}/times.tsv")]
-reference = float(rows[0][2])
-lines = ["| run | steps | wall time (s) | SPS | wall time / CleanRL ppo.py |", "|---|---|---|---|---|"]
-for name, steps, wall, command in rows:
+per_step = {name: float(wall) / int(steps) for name, steps, wall, _ in rows}
+lines = ["| run | steps | wall time (s) | SPS | time per step / CleanRL ppo.py's |", "|---|---|---|---|---|"]
+for name, steps, wall, _ in rows:
     lines.append(f"| {name} | {int(steps)} | {float(wall):.1f} | {int(steps) / float(wall):.0f} | "
-                 f"{float(wall) / reference:.2f}{'' if int(steps) == int(rows[0][1]) else ' (fewer steps)'} |")
+                 f"{per_step[name] / per_step[rows[0][0]]:.2f} |")
 open(f"{sys.argv[1]}/speed.md", "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 PY
