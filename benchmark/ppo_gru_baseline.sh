@@ -4,23 +4,68 @@
 # peers (PPO MLP, sb3-contrib RecurrentPPO LSTM) on the same env, budget and machine.
 #   benchmark/ppo_gru_baseline.sh            full sweep -> report in docs/results/ppo_gru_baseline
 #   benchmark/ppo_gru_baseline.sh --quick    smoke flavour (minutes) -> benchmark/out/ppo_gru_baseline_quick/report
+#   benchmark/ppo_gru_baseline.sh --speed    wall time in one invocation, one run after another, one torch thread each:
+#       CleanRL's own ppo.py on CartPole-v1 (cleanrl==1.2.0 from PyPI, unpacked with its pinned gym==0.23.1 into a
+#       throwaway venv under benchmark/out; no CleanRL code enters the repository), SB3 PPO (MLP), sb3-contrib
+#       RecurrentPPO (at 100k steps, LSTM_SPEED_STEPS: the slowest by far) and ppo_gru_baseline.py with its default flags
+#       (the last three on seed3 --hide-velocity) -> benchmark/out/ppo_gru_baseline_speed/speed.md
 # Other arguments go to benchmark.py (e.g. --backend ray --ray-address auto, --workers 4). Re-running continues a
 # killed sweep; the GRU runs share benchmark/out/cartpole_main with ppo_gru_astral.sh, so they are made once.
-# Cost on a 2-core machine: the GRU runs take minutes each, SB3 PPO ~7 min, RecurrentPPO ~80 steps/s (hours at 500k).
+# Cost on an idle 2-core machine: a GRU run ~1 min, SB3 PPO ~1.5 min, RecurrentPPO ~8 min (~1100 steps/s).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-steps=500000 seeds=5 control_seeds=5 peer_seeds=5 lstm_seeds=2 lstm_steps=500000
+steps=500000 seeds=5 defaults_seeds=10 control_seeds=5 peer_seeds=5 lstm_seeds=2 lstm_steps=500000
 out=benchmark/out report=docs/results/ppo_gru_baseline
-extra=()
+extra=() speed_only=0
 for arg in "$@"; do
-    if [ "$arg" = --quick ]; then
-        steps=8192 seeds=1 control_seeds=1 peer_seeds=1 lstm_seeds=1 lstm_steps=2048
+    if [ "$arg" = --speed ]; then
+        speed_only=1
+    elif [ "$arg" = --quick ]; then
+        steps=8192 seeds=1 defaults_seeds=1 control_seeds=1 peer_seeds=1 lstm_seeds=1 lstm_steps=2048
         out=benchmark/out/ppo_gru_baseline_quick report=benchmark/out/ppo_gru_baseline_quick/report
     else
         extra+=("$arg")
     fi
 done
+
+if [ "$speed_only" = 1 ]; then
+    speed=benchmark/out/ppo_gru_baseline_speed cleanrl=benchmark/out/ppo_gru_baseline_speed/cleanrl
+    speed_steps=${SPEED_STEPS:-500000} lstm_speed_steps=${LSTM_SPEED_STEPS:-100000}
+    mkdir -p "$speed"
+    if [ ! -x "$cleanrl/venv/bin/python" ]; then
+        pip download --no-deps --ignore-requires-python cleanrl==1.2.0 -d "$cleanrl" \
+            && python -m zipfile -e "$cleanrl"/cleanrl-1.2.0-py3-none-any.whl "$cleanrl/src" \
+            && python -m venv "$cleanrl/venv" \
+            && "$cleanrl/venv/bin/python" -m pip install -q torch==2.13.0 gym==0.23.1 pygame "numpy<2" tensorboard || exit 1
+    fi
+    : > "$speed/times.tsv"
+    timed() {  # name steps command...: one run, its wall time and SPS appended to times.tsv
+        local name=$1 n=$2 start end
+        shift 2
+        start=$(date +%s.%N)
+        OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 "$@" > "$speed/$name.log" 2>&1 || { echo "$name failed: $speed/$name.log"; exit 1; }
+        end=$(date +%s.%N)
+        printf '%s\t%s\t%s\t%s\n' "$name" "$n" "$(python -c "print($end - $start)")" "$*" >> "$speed/times.tsv"
+    }
+    hv="--modes-preset seed3 --hide-velocity --runs-dir $speed/runs"
+    timed cleanrl_ppo "$speed_steps" bash -c "cd $speed && $PWD/$cleanrl/venv/bin/python $PWD/$cleanrl/src/cleanrl/ppo.py --total-timesteps $speed_steps"
+    timed sb3_ppo_mlp "$speed_steps" python benchmark/sb3_peers.py --algo ppo --total-timesteps "$speed_steps" $hv
+    timed sb3_recurrent_ppo "$lstm_speed_steps" python benchmark/sb3_peers.py --algo recurrent_ppo --total-timesteps "$lstm_speed_steps" $hv
+    timed ppo_gru_baseline "$speed_steps" python cleanrl_astral/ppo_gru_baseline.py --total-timesteps "$speed_steps" $hv
+    python - "$speed" <<'PY'
+import sys
+rows = [line.rstrip("\n").split("\t") for line in open(f"{sys.argv[1]}/times.tsv")]
+per_step = {name: float(wall) / int(steps) for name, steps, wall, _ in rows}
+lines = ["| run | steps | wall time (s) | SPS | time per step / CleanRL ppo.py's |", "|---|---|---|---|---|"]
+for name, steps, wall, _ in rows:
+    lines.append(f"| {name} | {int(steps)} | {float(wall):.1f} | {int(steps) / float(wall):.0f} | "
+                 f"{per_step[name] / per_step[rows[0][0]]:.2f} |")
+open(f"{sys.argv[1]}/speed.md", "w").write("\n".join(lines) + "\n")
+print("\n".join(lines))
+PY
+    exit 0
+fi
 grid="--modes-preset seed3 | --modes-preset seed3 --hide-velocity | --modes-preset inverted4 --hide-velocity"
 status=0
 # RecurrentPPO takes ~35 min a run here: its grid puts the settings where memory matters first, so a sweep cut
@@ -37,36 +82,16 @@ sweep --command "python benchmark/sb3_peers.py --algo ppo --total-timesteps $ste
     --grid "$grid" --num-seeds "$peer_seeds" --output "$out/cartpole_sb3_ppo"
 sweep --command "python benchmark/sb3_peers.py --algo recurrent_ppo --total-timesteps $lstm_steps --save-model" \
     --grid "$lstm_grid" --num-seeds "$lstm_seeds" --output "$out/cartpole_sb3_lstm"
-# a faster configuration for the 10x-RecurrentPPO target. The update's cost is the GRU's sequential replay, which at
-# hidden 128 is mostly matrix arithmetic, so the search keeps the 4096-sample batch and tries a smaller GRU and/or
-# shorter sequences on the memory setting (seeds 1-5); the first configuration is the one that met the return target
-# there, so it is then run on every setting and, against selection on those seeds, on fresh seeds 6-10
-hv="--modes-preset seed3 --hide-velocity"
-fast="--num-envs 64 --num-steps 64 --hidden-size 64"
-sweep --command "python cleanrl_astral/ppo_gru_baseline.py --total-timesteps $steps --save-model $hv" \
-    --grid "$fast | --num-envs 128 --num-steps 32 | --num-envs 128 --num-steps 32 --hidden-size 64" \
-    --num-seeds "$seeds" --output "$out/cartpole_fast_probe"
-sweep --command "python cleanrl_astral/ppo_gru_baseline.py --total-timesteps $steps --save-model $fast" \
-    --grid "$grid" --num-seeds "$seeds" --output "$out/cartpole_fast"
-sweep --command "python cleanrl_astral/ppo_gru_baseline.py --total-timesteps $steps --save-model $fast $hv" \
-    --num-seeds "$seeds" --start-seed $((seeds + 1)) --output "$out/cartpole_fast_fresh_seeds"
-# speed, side by side under one condition: two runs at a time on an otherwise idle machine (as the RecurrentPPO pairs
-# ran), hidden velocity; the GRU at its defaults and with the same 4096-step batch as 64 envs x 64 steps (half the
-# sequential replay length), and SB3 PPO (MLP) as the feed-forward reference
-sweep --command "python cleanrl_astral/ppo_gru_baseline.py --total-timesteps $steps --save-model $hv" \
-                "python cleanrl_astral/ppo_gru_baseline.py --total-timesteps $steps --save-model --num-envs 64 --num-steps 64 $hv" \
-                "python benchmark/sb3_peers.py --algo ppo --total-timesteps $steps --save-model $hv" \
-                "python cleanrl_astral/ppo_gru_baseline.py --total-timesteps $steps --save-model $fast $hv" \
-                "python benchmark/sb3_peers.py --algo recurrent_ppo --total-timesteps $lstm_steps --save-model $hv" \
-    --num-seeds 2 --output "$out/cartpole_speed"
+# the learning check of the default flags: every setting, ten seeds
+sweep --command "python cleanrl_astral/ppo_gru_baseline.py --total-timesteps $steps --save-model" \
+    --grid "$grid" --num-seeds "$defaults_seeds" --output "$out/cartpole_defaults"
 case " ${extra[*]} " in *" --dry-run "*) exit "$status" ;; esac
 
 # methods are named by their command text; ppo_gru_astral.sh may have added ASTRAL runs to cartpole_main
-python benchmark/report.py --sweep "$out/cartpole_main" "$out/cartpole_controls" "$out/cartpole_fast" "$out/cartpole_sb3_ppo" "$out/cartpole_sb3_lstm" \
+python benchmark/report.py --sweep "$out/cartpole_defaults" --output "$report/defaults" \
+    --title "ppo_gru_baseline: default flags, ten seeds" --labels "ppo_gru_baseline.py=ppo_gru" || status=1
+python benchmark/report.py --sweep "$out/cartpole_main" "$out/cartpole_controls" "$out/cartpole_sb3_ppo" "$out/cartpole_sb3_lstm" \
     --output "$report" --title "ppo_gru_baseline: GRU PPO, controls and SB3 peers" \
-    --labels "hidden-size 64=ppo_gru_fast" "memory none=ppo_gru_memory_none" "oracle=ppo_gru_oracle" "ppo_gru_baseline.py=ppo_gru" \
+    --labels "memory none=ppo_gru_memory_none" "oracle=ppo_gru_oracle" "ppo_gru_baseline.py=ppo_gru" \
              "ppo_gru_astral.py=ppo_gru_astral" "algo ppo=sb3_ppo_mlp" "algo recurrent_ppo=sb3_recurrent_ppo_lstm" || status=1
-python benchmark/report.py --sweep "$out/cartpole_speed" --output "$report/speed" \
-    --title "ppo_gru_baseline speed: two runs at a time, seed3 --hide-velocity" \
-    --labels "0=ppo_gru" "1=ppo_gru_64envs_x_64steps" "2=sb3_ppo_mlp" "3=ppo_gru_fast" "4=sb3_recurrent_ppo_lstm" || status=1
 exit "$status"

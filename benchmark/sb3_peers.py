@@ -6,8 +6,9 @@ ppo_lstm.yml CartPoleNoVel-v1 for `recurrent_ppo`, which share: 8 envs x 32 step
 GAE lambda 0.8, no entropy bonus, learning rate and clip range decayed linearly from 1e-3 and 0.2. The recurrent
 entry adds its policy (ReLU, no orthogonal init, LSTM 64 wide with a separate critic LSTM, one 64-unit layer per
 head) and observation normalisation (VecNormalize, observations only); the running statistics are saved with the
-model and applied, frozen, at evaluation. The environment section below is a copy
-of the one in ppo_gru_baseline.py (single-file rule); tests/test_benchmark.py checks the copy behaves identically.
+model and applied, frozen, at evaluation. The environment section below is ppo_gru_baseline.py's NonStationaryCartPole
+in gymnasium form, one CartPole-v1 per env as SB3's DummyVecEnv steps them; tests/test_benchmark.py checks that both
+give the same trajectories from the same states and actions.
 
 Usage: python benchmark/sb3_peers.py --algo recurrent_ppo --modes-preset seed3 --hide-velocity --save-model
 """
