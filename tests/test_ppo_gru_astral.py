@@ -64,7 +64,8 @@ def counts(modes, slots, num_modes, num_slots):
 
 def test_shapes_and_gradient_reaches_every_parameter():
     agent, batch, initial_state, _ = rollout()
-    _, logprob, entropy, value, state, weights = agent.get_action_and_value(batch["inputs"], initial_state, batch["starts"], batch["actions"])
+    _, logprob, entropy, value, state, weights, probs, noise = agent.get_action_and_value(batch["inputs"], initial_state, batch["starts"], batch["actions"])
+    assert torch.equal(weights, probs) and noise is None  # the soft gate acts with its probabilities
     assert logprob.shape == value.shape == (64, 8) and state.shape == (8, 32) and weights.shape == (64, 8, 3)
     assert torch.allclose(weights.sum(-1), torch.ones(64, 8))
     assert agent.bank.slots.shape == (3, 8)
@@ -80,7 +81,7 @@ def test_slot_init_scale_and_uniform_initial_gate():
     torch.manual_seed(0)
     agent = m.Agent(4, 2, 3, 128, num_abstractions=64, slot_dim=64)
     assert agent.bank.slots.std().item() == pytest.approx(0.02, rel=0.1)
-    _, weights = agent.bank(torch.randn(10, 128))
+    _, weights, *_ = agent.bank(torch.randn(10, 128))
     assert torch.allclose(weights, torch.full_like(weights, 1 / 64), atol=2e-3)
 
 
@@ -91,10 +92,9 @@ def test_heads_see_only_the_film_modulated_state():
         agent.bank.slots.normal_()
     hidden = torch.randn(5, 16)
     # changing z (through the gate weights) changes both heads
-    a = agent.actor(agent.modulate(hidden, torch.eye(3)[[0] * 5])[0])
-    b = agent.actor(agent.modulate(hidden, torch.eye(3)[[1] * 5])[0])
-    va = agent.critic(agent.modulate(hidden, torch.eye(3)[[0] * 5])[0])
-    vb = agent.critic(agent.modulate(hidden, torch.eye(3)[[1] * 5])[0])
+    modulated = [agent.film(hidden, agent.bank(hidden, torch.eye(3)[[k] * 5])[0]) for k in (0, 1)]
+    a, b = (agent.actor(h) for h in modulated)
+    va, vb = (agent.critic(h) for h in modulated)
     assert not torch.allclose(a, b) and not torch.allclose(va, vb)
     # with gamma forced to 0 and beta to a constant, h cannot reach the heads at all: no bypass path
     with torch.no_grad():
@@ -112,7 +112,7 @@ def test_clamped_weights_give_exactly_one_slot():
     torch.manual_seed(0)
     bank = m.AbstractionBank(16, 4, 8, 1.0)
     for k in range(4):
-        z, _ = bank(torch.randn(3, 16), torch.eye(4)[[k] * 3])
+        z, *_ = bank(torch.randn(3, 16), torch.eye(4)[[k] * 3])
         assert torch.equal(z, bank.slots[k].expand(3, 8))
 
 
@@ -134,9 +134,9 @@ def test_temperature_sharpens_the_gate():
     torch.manual_seed(0)
     bank = m.AbstractionBank(16, 3, 8, 1.0)
     h = torch.randn(4, 16)
-    _, w1 = bank(h)
+    _, w1, *_ = bank(h)
     bank.tau = 0.001
-    _, w2 = bank(h)
+    _, w2, *_ = bank(h)
     assert m.weight_entropy(w2) < m.weight_entropy(w1)
 
 
@@ -171,8 +171,8 @@ def test_replay_from_a_zero_state_or_without_resets_would_differ():
     zeroes it at episode starts."""
     agent, batch, initial_state, _ = rollout()
     with torch.no_grad():
-        _, right_logp, *_, right = agent.get_action_and_value(batch["inputs"], initial_state, batch["starts"], batch["actions"])
-        _, zero_logp, *_, wrong = agent.get_action_and_value(batch["inputs"], torch.zeros_like(initial_state), batch["starts"], batch["actions"])
+        _, right_logp, *_, right, _, _ = agent.get_action_and_value(batch["inputs"], initial_state, batch["starts"], batch["actions"])
+        _, zero_logp, *_, wrong, _, _ = agent.get_action_and_value(batch["inputs"], torch.zeros_like(initial_state), batch["starts"], batch["actions"])
         _, no_reset_logp, *_ = agent.get_action_and_value(batch["inputs"], initial_state, torch.zeros_like(batch["starts"]), batch["actions"])
     assert (right - batch["weights"]).abs().max() < 1e-5 and (wrong - batch["weights"]).abs().max() > 1e-3
     assert (right_logp - batch["logprobs"]).abs().max() < 1e-5
@@ -185,7 +185,7 @@ def test_hidden_state_and_prev_inputs_are_zero_at_episode_starts():
     assert starts[1:].sum() > 0
     assert inputs[..., 4:7][starts].abs().sum() == 0 and torch.all(inputs[..., 6][~starts] == 1.0)
     with torch.no_grad():
-        hidden, _ = agent.unroll(inputs, initial_state, batch["starts"])
+        _, hidden, _ = agent.unroll(inputs, initial_state, batch["starts"])
         features = agent.encoder(inputs)
         fresh = agent.gru(features.reshape(-1, 32), torch.zeros(features[..., 0].numel(), 32)).reshape(features.shape)
     assert torch.allclose(hidden[starts], fresh[starts], atol=1e-6)
@@ -203,7 +203,8 @@ def test_unroll_equals_stepping_the_gru_module_with_resets():
     x, state = torch.randn(7, 3, agent.input_dim), torch.randn(3, 16)
     starts = torch.zeros(7, 3)
     starts[0, 1] = starts[3, 0] = starts[5, 2] = 1.0
-    hidden, last = agent.unroll(x, state, starts)
+    features, hidden, last = agent.unroll(x, state, starts)
+    torch.testing.assert_close(features, agent.encoder(x))
     h, expected = state, []
     for t in range(7):
         h = agent.gru(agent.encoder(x[t]), h * (1 - starts[t]).unsqueeze(-1))
@@ -278,12 +279,12 @@ class ScriptedAgent(torch.nn.Module):
         self.bank.slots = torch.nn.Parameter(torch.eye(num_abstractions))
         self.minibatches = []
 
-    def get_action_and_value(self, x, state, starts, action=None):
+    def get_action_and_value(self, x, state, starts, action=None, noise=None):
         mb = x[0, :, 0].long()
         assert torch.all(x[..., 0] == x[:1, :, 0]) and torch.equal(state[:, 0].long(), mb)  # inputs and state agree
         self.minibatches.append(mb.tolist())
         weights = torch.full((*x.shape[:2], len(self.bank.slots)), 1.0 / len(self.bank.slots))
-        return action, self.logprob[:, mb], self.entropy[:, mb], self.value[:, mb], state, weights
+        return action, self.logprob[:, mb], self.entropy[:, mb], self.value[:, mb], state, weights, weights, None
 
 
 class GradSpy:
@@ -309,7 +310,7 @@ def scripted_update(advantages, returns, old_values, new_values=None, **override
     env_index = torch.arange(N, dtype=torch.float32)
     batch = {"inputs": env_index.expand(T, N)[..., None].clone(), "starts": torch.zeros(T, N),
              "actions": torch.zeros(T, N, dtype=torch.long), "logprobs": torch.full((T, N), -0.7), "values": old_values,
-             "weights": torch.full((T, N, 3), 1.0 / 3)}
+             "weights": torch.full((T, N, 3), 1.0 / 3), "ages": torch.zeros(T, N)}
     new_values = old_values if new_values is None else new_values
     agent = ScriptedAgent(batch["logprobs"], new_values, torch.full((T, N), 0.6))
     spy = GradSpy(agent)
@@ -392,9 +393,15 @@ def synthetic_batch(agent, T=6, N=4, seed=0):
     initial_state = torch.zeros(N, agent.hidden_size)
     actions = torch.randint(0, 2, (T, N), generator=gen)
     with torch.no_grad():
-        _, logprobs, _, values, _, weights = agent.get_action_and_value(inputs, initial_state, starts, actions)
+        _, logprobs, _, values, _, weights, _, noise = agent.get_action_and_value(inputs, initial_state, starts, actions)
+    ages = torch.zeros(T, N)  # steps since the episode's start: the first episode is BURN_IN old when the batch opens
+    for t in range(T):
+        ages[t] = 0 if t == 0 else (ages[t - 1] + 1) * (1 - starts[t])
+    ages[:, ~starts[T // 2].bool()] += m.BURN_IN
     batch = {"inputs": inputs, "starts": starts, "actions": actions, "logprobs": logprobs, "values": values,
-             "weights": weights}
+             "weights": weights, "ages": ages, "modes": torch.arange(N).expand(T, N) % 2}
+    if noise is not None:
+        batch["gate_noise"] = noise
     return batch, initial_state, torch.randn(T, N, generator=gen), torch.randn(T, N, generator=gen)
 
 
@@ -417,42 +424,49 @@ def test_target_kl_stops_the_update_after_the_epoch_that_exceeds_it():
     assert steps == {None: 8, 1e-8: 2, 1e3: 8}
 
 
-@pytest.mark.parametrize("term,sign", [("w_ent", 1.0), ("lb", -1.0), ("orth", 1.0)])
-def test_slot_regularisers_enter_the_loss_with_their_sign_and_lambda(term, sign):
-    """The update minimises ... + lambda_w_ent * H(w) - lambda_lb * H(mean w) + lambda_orth * ||AA^T - I||^2
-    (docs/ppo_gru_astral.md), w the gate weights replayed with gradient in the update. So raising one lambda by
-    0.5 adds 0.5 * sign * (the gradient of its term, computed here from a fresh replay) to every parameter's
-    gradient, and the two entropies reach the gate's parameters. A flipped sign, a lambda that does not scale its
-    term, or the acted (detached) weights batch["weights"] would each change that difference."""
+@pytest.mark.parametrize("hard_gate", [False, True])
+@pytest.mark.parametrize("term", list(m.SLOT_TERMS))
+def test_slot_regularisers_enter_the_loss_with_their_sign_and_lambda(term, hard_gate):
+    """The update minimises ... + lambda_w_ent * H(p) - lambda_lb * H(mean p) + lambda_orth * ||AA^T - I||^2
+    - lambda_consistency * I(episode; slot) + lambda_supervised * CE(p, mode) (docs/ppo_gru_astral.md), p the gate
+    probabilities replayed with gradient in the update (with the acted noise for the hard gate). So raising one lambda
+    by 0.5 adds 0.5 * sign * (the gradient of its term, computed here from a fresh replay) to every parameter's
+    gradient, and the gate terms reach the gate's parameters. A flipped sign, a lambda that does not scale its term,
+    or the acted (detached) weights batch["weights"] would each change that difference; and the logged grad norm of
+    the term is the norm of exactly that difference."""
     torch.manual_seed(0)
-    agent = m.Agent(4, 2, 3, 16, num_abstractions=3, slot_dim=8)
+    agent = m.Agent(4, 2, 3, 16, num_abstractions=3, slot_dim=8, gumbel_tau=0.5 if hard_gate else None)
     with torch.no_grad():
-        agent.bank.gate[-1].weight.mul_(300.0)  # a gate far from uniform, where the entropies have a gradient
+        agent.bank.gate[-1].weight.mul_(30.0)  # a gate far from uniform, where the entropies have a gradient
         agent.bank.slots.normal_()  # slots far from orthogonal
     batch, initial_state, adv, ret = synthetic_batch(agent)
-    flag = {"w_ent": "lambda_w_ent", "lb": "lambda_lb", "orth": "lambda_orth"}[term]
+    flag, sign = m.SLOT_TERMS[term]
 
     def gradients(lam):
         np.random.seed(0)  # the same shuffle in both runs
         spy = GradSpy(agent)
-        args = update_args(num_minibatches=1, update_epochs=1, max_grad_norm=1e9, lambda_w_ent=0.0, lambda_lb=0.0,
-                           lambda_orth=0.0)
+        args = update_args(num_minibatches=1, update_epochs=1, max_grad_norm=1e9, **{f: 0.0 for f, _ in m.SLOT_TERMS.values()})
         setattr(args, flag, lam)
-        m.ppo_update(agent, spy, batch, initial_state, adv, ret, args)
+        stats = m.ppo_update(agent, spy, batch, initial_state, adv, ret, args)
         (grads,) = spy.grads
-        return grads
+        return grads, stats
 
-    without, with_term = gradients(0.0), gradients(0.5)
-    *_, weights = agent.get_action_and_value(batch["inputs"], initial_state, batch["starts"], batch["actions"])
-    value = {"w_ent": lambda: m.weight_entropy(weights), "lb": lambda: m.load_balance_entropy(weights),
-             "orth": lambda: m.orthogonality_penalty(agent.bank.slots)}[term]()
+    (without, _), (with_term, stats) = gradients(0.0), gradients(0.5)
+    probs = agent.get_action_and_value(batch["inputs"], initial_state, batch["starts"], batch["actions"], noise=batch.get("gate_noise"))[6]
+    value = {"weight_entropy": lambda: m.weight_entropy(probs), "load_balance_entropy": lambda: m.load_balance_entropy(probs),
+             "orthogonality": lambda: m.orthogonality_penalty(agent.bank.slots),
+             "episode_consistency": lambda: m.episode_consistency(probs, batch["starts"], batch["ages"]),
+             "supervised_ce": lambda: m.supervised_gate_loss(probs, batch["modes"], batch["ages"])}[term]()
     names, params = zip(*agent.named_parameters())
     expected = torch.autograd.grad(value, params, allow_unused=True)
     expected = {n: torch.zeros_like(p) if g is None else g for n, p, g in zip(names, params, expected)}
-    gate = "bank.gate.2.weight" if term != "orth" else "bank.slots"
+    gate = "bank.gate.2.weight" if term != "orthogonality" else "bank.slots"
     assert expected[gate].abs().max() > 1e-4  # the term has a gradient where it should act
     for name in names:
         torch.testing.assert_close(with_term[name] - without[name], 0.5 * sign * expected[name], atol=2e-6, rtol=1e-3)
+    norm = torch.sqrt(sum((g ** 2).sum() for g in expected.values())).item()
+    assert stats[f"grad_norm_{term}"] == pytest.approx(0.5 * norm, rel=1e-4)
+    assert stats["grad_norm_ppo"] > 0
 
 
 # --- script-level behaviour -------------------------------------------------------------------------------
