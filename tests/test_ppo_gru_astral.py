@@ -5,12 +5,14 @@ import glob
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 import torch
+import tyro
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from cleanrl_astral import ppo_gru_astral as m
@@ -31,13 +33,13 @@ def scalars(run_dir, tag):
     return [(e.step, e.value) for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
 
 
-def rollout(memory="gru", oracle=False, num_envs=8, num_steps=64, seed=0, K=3):
+def rollout(memory="gru", oracle=False, num_envs=8, num_steps=64, seed=0, K=3, gumbel_tau=None):
     """Two real rollouts with an untrained agent whose gate is sharpened, so slot weights differ clearly between states;
     the second starts from a non-zero GRU state and crosses several episode boundaries."""
     torch.manual_seed(seed)
     modes = m.MODE_PRESETS["seed3"]
     envs = m.NonStationaryCartPole(num_envs, modes)
-    agent = m.Agent(4, 2, len(modes), 32, memory, oracle, num_abstractions=K, slot_dim=8)
+    agent = m.Agent(4, 2, len(modes), 32, memory, oracle, num_abstractions=K, slot_dim=8, gumbel_tau=gumbel_tau)
     with torch.no_grad():
         agent.bank.gate[-1].weight.mul_(300.0)
     carry = m.new_carry(envs, agent, seed, "cpu")
@@ -155,9 +157,12 @@ def test_mutual_information_metric():
 # --- recurrent PPO with the gate --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("memory,oracle", [("gru", False), ("none", False), ("gru", True)])
-def test_first_minibatch_ratio_and_gate_are_reproduced(memory, oracle):
-    agent, batch, initial_state, _ = rollout(memory, oracle)
+@pytest.mark.parametrize("memory,oracle,gumbel_tau", [("gru", False, None), ("none", False, None), ("gru", True, None),
+                                                      ("gru", False, 1.0), ("none", False, 0.5)])
+def test_first_minibatch_ratio_and_gate_are_reproduced(memory, oracle, gumbel_tau):
+    """Also for the hard gate, whose replay reuses the acted Gumbel noise: a fresh draw would pick other slots."""
+    agent, batch, initial_state, _ = rollout(memory, oracle, gumbel_tau=gumbel_tau)
+    assert ("gate_noise" in batch) == (gumbel_tau is not None)
     assert initial_state.abs().sum() > 0 and batch["starts"][1:].sum() > 0
     adv, ret = m.compute_gae(batch["rewards"], batch["values"], batch["starts"], torch.zeros(8), torch.zeros(8), 0.99, 0.95)
     stats = m.ppo_update(agent, torch.optim.Adam(agent.parameters(), lr=1e-3), batch, initial_state, adv, ret, update_args())
@@ -213,11 +218,20 @@ def test_unroll_equals_stepping_the_gru_module_with_resets():
     torch.testing.assert_close(last, expected[-1], rtol=1e-5, atol=1e-6)
 
 
+def env_section(module):
+    source = open(module.__file__).read()
+    return source[source.index("# ENVIRONMENT"):source.index("# MODEL")]
+
+
 def test_environment_is_the_baselines():
-    """The env is copied from ppo_gru_baseline.py (single-file rule); identical seeds and actions must give identical
-    trajectories, so the two scripts are compared on the same task."""
-    for kwargs in ({}, {"hide_velocity": True}, {"switch_prob": 0.3}, {"fixed_mode": 3}):
-        envs = [mod.NonStationaryCartPole(6, mod.MODE_PRESETS["inverted4"], **kwargs) for mod in (m, baseline)]
+    """The env is copied from ppo_gru_baseline.py (single-file rule): the code is the same text, and identical seeds
+    and actions give identical trajectories, so the two scripts are compared on the same task."""
+    assert env_section(m) == env_section(baseline)
+    presets = [("inverted4", {}), ("inverted4", {"hide_velocity": True}), ("inverted4", {"switch_prob": 0.3}),
+               ("inverted4", {"fixed_mode": 3}), ("mirror4", {"held_out": [4], "switch_prob": 0.3}),
+               ("mirror4", {"held_out": [4], "mode_share": "balanced"})]
+    for preset, kwargs in presets:
+        envs = [mod.NonStationaryCartPole(6, mod.MODE_PRESETS[preset], **kwargs) for mod in (m, baseline)]
         outs = [env.reset(seed=5) for env in envs]
         rng = np.random.default_rng(0)
         for _ in range(300):
@@ -226,6 +240,61 @@ def test_environment_is_the_baselines():
             outs = [env.step(action) for env in envs]
             for a, b in zip(outs[0][1:4], outs[1][1:4]):
                 assert np.array_equal(a, b)
+
+
+def mode_steps(envs, steps=3000, seed=0):
+    """How many steps each mode governed, over `steps` steps of random actions."""
+    info, rng, counts = envs.reset(seed=seed)[1], np.random.default_rng(seed), np.zeros(len(envs.gravity), dtype=int)
+    for _ in range(steps):
+        np.add.at(counts, info["mode"], 1)
+        info = envs.step(rng.integers(2, size=envs.num_envs))[-1]
+    return counts
+
+
+def test_balanced_share_gives_every_training_mode_exactly_its_share():
+    """Uniform draws per episode give the long-lived modes most steps (mode 1 of mirror4, inverted, ends fast);
+    balanced pinning gives each of the M training modes exactly 1/M, and the held-out mode none."""
+    modes = m.MODE_PRESETS["mirror4"]
+    balanced = mode_steps(m.NonStationaryCartPole(8, modes, held_out=[4], mode_share="balanced"))
+    assert balanced.tolist() == [6000, 6000, 6000, 6000, 0]
+    uniform = mode_steps(m.NonStationaryCartPole(8, modes, held_out=[4]))
+    assert uniform.sum() == 24000 and uniform[4] == 0 and uniform[:4].min() > 0 and uniform[:4].max() != uniform[:4].min()
+    assert m.NonStationaryCartPole(6, modes, held_out=[4], mode_share="balanced").pinned.tolist() == [0, 1, 2, 3, 0, 1]
+
+
+def test_held_out_mode_is_never_drawn_in_training_but_can_be_evaluated():
+    modes = m.MODE_PRESETS["mirror4"]
+    # per-step switches draw modes about 3,000 times per env here; none of them is the held-out mode
+    counts = mode_steps(m.NonStationaryCartPole(16, modes, held_out=[4], switch_prob=0.2))
+    assert counts[4] == 0 and counts[:4].min() > 0
+    assert mode_steps(m.NonStationaryCartPole(16, modes), steps=300)[4] > 0  # the draw does reach index 4 otherwise
+    assert mode_steps(m.NonStationaryCartPole(4, modes, held_out=[4], fixed_mode=4), steps=50).tolist() == [0, 0, 0, 0, 200]
+
+
+def test_presets_parse_in_both_scripts():
+    """mirror4 is two physics x force sign ±1 (training modes 0-3) plus a held-out mode, in both scripts."""
+    for mod in (m, baseline):
+        args = tyro.cli(mod.Args, args=["--modes-preset", "mirror4", "--mode-share", "balanced", "--num-envs", "8"])
+        assert (args.modes_preset, args.mode_share) == ("mirror4", "balanced") and mod.Args().mode_share == "uniform"
+        mod.validate(args)
+        assert set(mod.HELD_OUT_MODES) == set(mod.MODE_PRESETS)
+        modes = mod.MODE_PRESETS["mirror4"]
+        assert len(modes) == 5 and mod.HELD_OUT_MODES["mirror4"] == [4]
+        assert {(g, l) for g, l, _ in modes[:4]} == {modes[0][:2], modes[2][:2]} and [s for *_, s in modes[:4]] == [1, -1, 1, -1]
+        assert modes[4] not in modes[:4]
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--fixed-mode", "5"], "--fixed-mode 5 is out of range; there are 5 modes"),
+    (["--fixed-mode", "4"], "--fixed-mode 4 is held out of training in mirror4"),
+    (["--mode-share", "balanced", "--num-envs", "2", "--num-minibatches", "1"], "multiple of the 4 training modes"),
+    (["--mode-share", "balanced", "--num-envs", "8", "--fixed-mode", "0"], "cannot be combined with --fixed-mode"),
+    (["--mode-share", "balanced", "--num-envs", "8", "--switch-prob", "0.1"], "cannot be combined with --fixed-mode or --switch-prob"),
+])
+def test_environment_flags_are_refused_the_same_way_in_both_scripts(flags, message):
+    for mod in (m, baseline):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            mod.validate(tyro.cli(mod.Args, args=["--modes-preset", "mirror4", *flags]))
 
 
 def test_truncated_episodes_are_bootstrapped_and_logged():
@@ -425,8 +494,10 @@ def test_target_kl_stops_the_update_after_the_epoch_that_exceeds_it():
 
 
 @pytest.mark.parametrize("hard_gate", [False, True])
-@pytest.mark.parametrize("term", list(m.SLOT_TERMS))
-def test_slot_regularisers_enter_the_loss_with_their_sign_and_lambda(term, hard_gate):
+@pytest.mark.parametrize("term,flag,sign", [("weight_entropy", "lambda_w_ent", 1.0), ("load_balance_entropy", "lambda_lb", -1.0),
+                                           ("orthogonality", "lambda_orth", 1.0), ("episode_consistency", "lambda_consistency", -1.0),
+                                           ("supervised_ce", "lambda_supervised", 1.0)])
+def test_slot_regularisers_enter_the_loss_with_their_sign_and_lambda(term, flag, sign, hard_gate):
     """The update minimises ... + lambda_w_ent * H(p) - lambda_lb * H(mean p) + lambda_orth * ||AA^T - I||^2
     - lambda_consistency * I(episode; slot) + lambda_supervised * CE(p, mode) (docs/ppo_gru_astral.md), p the gate
     probabilities replayed with gradient in the update (with the acted noise for the hard gate). So raising one lambda
@@ -440,7 +511,6 @@ def test_slot_regularisers_enter_the_loss_with_their_sign_and_lambda(term, hard_
         agent.bank.gate[-1].weight.mul_(30.0)  # a gate far from uniform, where the entropies have a gradient
         agent.bank.slots.normal_()  # slots far from orthogonal
     batch, initial_state, adv, ret = synthetic_batch(agent)
-    flag, sign = m.SLOT_TERMS[term]
 
     def gradients(lam):
         np.random.seed(0)  # the same shuffle in both runs
@@ -528,6 +598,14 @@ BAD_INPUTS = [
     (["--target-kl", "0"], "--target-kl 0.0 must be positive"),
     (["--total-timesteps", "10"], "less than one rollout"),
     (["--capture-video"], "add --save-model"),
+    (["--modes-preset", "mirror4", "--fixed-mode", "4"], "--fixed-mode 4 is held out of training in mirror4"),
+    (["--modes-preset", "mirror4", "--mode-share", "balanced", "--num-envs", "2", "--num-minibatches", "1"], "multiple of the 4 training modes"),
+    (["--modes-preset", "mirror4", "--fixed-mode", "7"], "--fixed-mode 7 is out of range"),
+    (["--hard-gate", "--gumbel-tau", "0"], "--gumbel-tau 0.0 must be positive"),
+    (["--gumbel-tau", "-0.5"], "--gumbel-tau -0.5 must be positive"),
+    (["--slot-init", "orthonormal", "--num-abstractions", "9", "--slot-dim", "8"], "--slot-init orthonormal needs --num-abstractions 9 <= --slot-dim 8"),
+    (["--modes-preset", "mirror4", "--lambda-supervised", "1", "--num-abstractions", "3"], "--lambda-supervised needs --num-abstractions 3 >= the 4"),
+    (["--lambda-consistency", "-1"], "--lambda-consistency -1.0 must be non-negative"),
 ]
 
 
