@@ -591,25 +591,28 @@ def evaluate(model_path, episodes_per_mode=10, modes=None, deterministic=True, s
     modes = train_modes if modes is None else [tuple(float(v) for v in m) for m in modes]
     agent = agent_from_args(train_args, len(train_modes)).to(device)
     agent.load_state_dict(ckpt["state_dict"])
-    envs = NonStationaryCartPole(episodes_per_mode * len(modes), modes, train_args.hide_velocity)
-    envs.pinned = np.repeat(np.arange(len(modes)), episodes_per_mode)  # one vector, `episodes_per_mode` envs per mode
-    episodes, steps = first_episodes(agent, envs, seed, deterministic)
-    group, running = torch.as_tensor(envs.pinned).expand_as(steps["ages"]), steps["ages"] >= 0
-    weights = {k: steps["weights"][running & (group == k)].cpu().numpy() for k in range(len(modes))}
-    slot_counts = np.stack([np.bincount(weights[k].argmax(-1), minlength=train_args.num_abstractions) for k in weights])
-    trained = torch.as_tensor(~np.isin(envs.pinned, held_out))
-    columns = {key: value[:, trained] for key, value in steps.items()}
+    returns, steps = {}, []
+    for k in range(len(modes)):
+        envs = NonStationaryCartPole(episodes_per_mode, modes, train_args.hide_velocity, fixed_mode=k)
+        episodes, columns = first_episodes(agent, envs, seed + 1000 * k, deterministic)
+        returns[k] = np.array([ret for ret, _, _ in episodes])
+        steps.append(columns)
+        if video_dir is not None:
+            record_video(agent, NonStationaryCartPole(1, modes, train_args.hide_velocity, fixed_mode=k), seed, video_dir, f"mode{k}")
+    weights = [c["weights"][c["ages"] >= 0].cpu().numpy() for c in steps]
+    slot_counts = np.stack([np.bincount(w.argmax(-1), minlength=train_args.num_abstractions) for w in weights])
+    # the trained modes' episodes side by side in one (T, N) batch, padded with uncounted steps (age -1)
+    length = max(len(c["ages"]) for c in steps)
+    columns = {key: torch.cat([nn.functional.pad(c[key], (0, 0) * (c[key].dim() - 2) + (0, 0, 0, length - len(c[key])),
+                                                 value=-1 if key == "ages" else 0) for k, c in enumerate(steps) if k not in held_out], 1)
+               for key in steps[0]}
     metrics = episode_slot_metrics(columns["weights"], columns["modes"], columns["starts"], columns["ages"], len(modes))
     _, episode, keep = episode_means(columns["weights"], columns["starts"], columns["ages"])
     labels = columns["modes"].flatten()[keep].cpu().numpy()
     for name in ("weights", "hidden"):
         features = columns[name].reshape(len(keep), -1)[keep].cpu().numpy()
         metrics[f"probe_acc_{'w' if name == 'weights' else 'h'}"] = linear_probe_accuracy(features, labels, episode.cpu().numpy())
-    if video_dir is not None:
-        for k in range(len(modes)):
-            record_video(agent, NonStationaryCartPole(1, modes, train_args.hide_velocity, fixed_mode=k), seed, video_dir, f"mode{k}")
-    return {"returns": {k: np.array([episodes[i][0] for i in np.flatnonzero(envs.pinned == k)]) for k in range(len(modes))},
-            "slot_weights": np.stack([weights[k].mean(0) for k in weights]), "slot_counts": slot_counts, "slots": metrics}
+    return {"returns": returns, "slot_weights": np.stack([w.mean(0) for w in weights]), "slot_counts": slot_counts, "slots": metrics}
 
 
 def linear_probe_accuracy(features, labels, episode):
