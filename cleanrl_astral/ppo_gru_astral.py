@@ -5,12 +5,14 @@ and logging) plus the ASTRAL plan's module: an `AbstractionBank` of K slots A �
 w_t = softmax(g(h_t)/τ) over them, z_t = w_tᵀA, and `FiLM` modulation h'_t = γ(z_t) ⊙ h_t + β(z_t). The
 policy and value heads read only h'_t. Slot regularisers (per-sample weight entropy, load balancing,
 orthogonality) are added to the PPO loss, with the gate weights recomputed from replayed sequences.
+Options that give slots a reason and a way to specialise: a bottleneck (FiLM of the current input's features, so
+memory reaches the heads only through the gate), orthonormal slots, a straight-through Gumbel gate, an
+episode-consistency bonus; and, as a diagnostic ceiling, a gate supervised by the true mode.
 
-Usage: python cleanrl_astral/ppo_gru_astral.py --modes-preset seed3 --hide-velocity --save-model
+Usage: python cleanrl_astral/ppo_gru_astral.py --modes-preset mirror4 --mode-share balanced --hide-velocity --save-model
 """
 import contextlib
 import dataclasses
-
 import itertools
 import json
 import math
