@@ -376,6 +376,8 @@ def supervised_gate_loss(probs, modes, ages):
     """Cross-entropy from the gate to the true mode (slot k for training mode k) past each episode's burn-in: the
     diagnostic ceiling of a gate that knows the mode, not the method."""
     keep = ages.flatten() >= BURN_IN
+    if not keep.any():  # no step past burn-in in this minibatch: nothing to supervise (a mean over none is NaN)
+        return probs.sum() * 0.0
     return nn.functional.nll_loss(torch.log(probs.reshape(-1, probs.shape[-1])[keep] + 1e-8), modes.flatten()[keep].long())
 
 
