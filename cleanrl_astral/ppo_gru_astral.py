@@ -5,12 +5,14 @@ and logging) plus the ASTRAL plan's module: an `AbstractionBank` of K slots A �
 w_t = softmax(g(h_t)/τ) over them, z_t = w_tᵀA, and `FiLM` modulation h'_t = γ(z_t) ⊙ h_t + β(z_t). The
 policy and value heads read only h'_t. Slot regularisers (per-sample weight entropy, load balancing,
 orthogonality) are added to the PPO loss, with the gate weights recomputed from replayed sequences.
+Options that give slots a reason and a way to specialise: a bottleneck (FiLM of the current input's features, so
+memory reaches the heads only through the gate), orthonormal slots, a straight-through Gumbel gate, an
+episode-consistency bonus; and, as a diagnostic ceiling, a gate supervised by the true mode.
 
-Usage: python cleanrl_astral/ppo_gru_astral.py --modes-preset seed3 --hide-velocity --save-model
+Usage: python cleanrl_astral/ppo_gru_astral.py --modes-preset mirror4 --mode-share balanced --hide-velocity --save-model
 """
 import contextlib
 import dataclasses
-
 import itertools
 import json
 import math
@@ -66,8 +68,11 @@ class Args:
     # Environment
     env_id: str = "NonStationaryCartPole"
     """name used in the run name"""
-    modes_preset: Literal["seed3", "inverted4"] = "seed3"
-    """physics modes: `seed3` (three gravity/length settings) or `inverted4` (seed3 plus inverted force)"""
+    modes_preset: Literal["seed3", "inverted4", "mirror4"] = "seed3"
+    """physics modes: `seed3` (three gravity/length settings), `inverted4` (seed3 plus inverted force) or `mirror4`
+    (two physics x force sign ±1, plus a held-out mode 4 that is only evaluated)"""
+    mode_share: Literal["uniform", "balanced"] = "uniform"
+    """`uniform`: a training mode drawn per episode; `balanced`: env i always in training mode i mod M (equal step shares)"""
     hide_velocity: bool = False
     """observe only cart position and pole angle, so velocities must be inferred from memory"""
     fixed_mode: Optional[int] = None
@@ -130,6 +135,18 @@ class Args:
     """weight of the load-balancing bonus: entropy of the batch-mean gate weights (all slots used)"""
     lambda_orth: float = 0.0001
     """weight of the slot orthogonality penalty ||ÂÂᵀ - I||²_F on row-normalised slots"""
+    bottleneck: bool = False
+    """FiLM the current input's features (not h) by z, so memory reaches the heads only through the gate"""
+    slot_init: Literal["random", "orthonormal"] = "random"
+    """`random`: N(0, 0.02²) slots; `orthonormal`: unit-norm, mutually orthogonal slots (needs K <= --slot-dim)"""
+    hard_gate: bool = False
+    """straight-through Gumbel-softmax gate: one slot per step in the forward pass, and only it gets gradient"""
+    gumbel_tau: float = 1.0
+    """temperature of the hard gate's Gumbel-softmax (its backward pass)"""
+    lambda_consistency: float = 0.0
+    """weight of the episode-consistency bonus I(episode; slot) of the episode-mean gates past their first 10 steps"""
+    lambda_supervised: float = 0.0
+    """diagnostic ceiling, not the method: weight of a cross-entropy from the gate to the true mode (needs K >= training modes)"""
 
     batch_size: int = 0
     """the batch size (computed at runtime)"""
@@ -143,25 +160,36 @@ class Args:
 MODE_PRESETS = {  # a mode is (gravity, pole half-length, force sign)
     "seed3": [(9.8, 0.5, 1.0), (7.5, 0.7, 1.0), (12.0, 0.4, 1.0)],
     "inverted4": [(9.8, 0.5, 1.0), (7.5, 0.7, 1.0), (12.0, 0.4, 1.0), (9.8, 0.5, -1.0)],
+    # two physics x force sign ±1, so the right action flips with the hidden mode; mode 4 (between the two physics,
+    # inverted force) is held out of training
+    "mirror4": [(9.8, 0.5, 1.0), (9.8, 0.5, -1.0), (7.5, 0.7, 1.0), (7.5, 0.7, -1.0), (8.65, 0.6, -1.0)],
 }
+HELD_OUT_MODES = {"seed3": [], "inverted4": [], "mirror4": [4]}  # evaluated (and adapted to) only, never trained on
 
 
 class NonStationaryCartPole:
     """`num_envs` CartPole-v1s stepped together in numpy, with gymnasium's equations, constants and 500-step limit.
     Each env has a hidden physics mode (gravity, pole half-length, force sign), drawn at every episode start and, with
-    probability `switch_prob`, after any step; `pinned[i] >= 0` fixes env i's mode. Autoreset is same-step: where an
-    episode ends, the returned observation is already the next episode's first, and info["final_obs"] holds the ended
-    one's last. info["mode"] (for analysis only) is the mode that governs each env's next step."""
+    probability `switch_prob`, after any step, among the modes not `held_out`; `pinned[i] >= 0` fixes env i's mode
+    (`fixed_mode` pins all; `mode_share="balanced"` pins env i to the (i mod M)-th of the M training modes, so every
+    mode gets the same share of steps whatever its episode length). Autoreset is same-step: where an episode ends,
+    the returned observation is already the next episode's first, and info["final_obs"] holds the ended one's last.
+    info["mode"] (for analysis only) is the mode that governs each env's next step."""
 
-    def __init__(self, num_envs, modes, hide_velocity=False, fixed_mode=None, switch_prob=0.0, max_episode_steps=500):
+    def __init__(self, num_envs, modes, hide_velocity=False, fixed_mode=None, switch_prob=0.0, max_episode_steps=500,
+                 held_out=(), mode_share="uniform"):
         self.num_envs, self.switch_prob, self.max_episode_steps = num_envs, switch_prob, max_episode_steps
         self.gravity, self.half_length, self.force_sign = np.array(modes, dtype=np.float64).T
+        self.train_modes = np.array([k for k in range(len(modes)) if k not in held_out])
         self.pinned, self.rng = np.full(num_envs, -1 if fixed_mode is None else fixed_mode), np.random.default_rng()
+        if mode_share == "balanced":
+            self.pinned = self.train_modes[np.arange(num_envs) % len(self.train_modes)]
         self.observed = [0, 2] if hide_velocity else [0, 1, 2, 3]  # hidden velocity: cart position and pole angle only
 
     def draw_modes(self, envs):
         """New modes for the envs of the boolean mask `envs` (pinned envs keep theirs)."""
-        drawn = np.where(self.pinned >= 0, self.pinned, self.rng.integers(len(self.gravity), size=self.num_envs))
+        drawn = self.train_modes[self.rng.integers(len(self.train_modes), size=self.num_envs)]
+        drawn = np.where(self.pinned >= 0, self.pinned, drawn)
         self.mode = np.where(envs, drawn, self.mode)
 
     def restart(self, envs):
@@ -202,18 +230,29 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
 
 
 class AbstractionBank(nn.Module):
-    """K learnable slots and a gate over them: w = softmax(g(h) / τ), z = wᵀA."""
+    """K learnable slots A and a gate over them: p = softmax(g(h) / τ), z = wᵀA with w = p (soft gate) or, with
+    `gumbel_tau`, the straight-through Gumbel-softmax one-hot of argmax(g(h)/τ + noise) (hard gate: the forward pass
+    uses exactly one slot, so only that slot's row gets gradient)."""
 
-    def __init__(self, hidden_size, num_abstractions, slot_dim, tau):
+    def __init__(self, hidden_size, num_abstractions, slot_dim, tau, orthonormal=False, gumbel_tau=None):
         super().__init__()
-        self.slots, self.tau = nn.Parameter(torch.randn(num_abstractions, slot_dim) * 0.02), tau
+        self.slots, self.tau, self.gumbel_tau = nn.Parameter(torch.randn(num_abstractions, slot_dim) * 0.02), tau, gumbel_tau
+        if orthonormal:  # unit-norm, mutually orthogonal rows: no two slots start alike (needs K <= d)
+            nn.init.orthogonal_(self.slots)
         # small final layer: the gate starts near uniform, so no slot wins by initialisation
         self.gate = nn.Sequential(layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, num_abstractions), std=0.01))
 
-    def forward(self, h, weights=None):
-        """Returns (z, w). `weights` overrides the gate (e.g. a one-hot to clamp one slot)."""
-        weights = torch.softmax(self.gate(h) / self.tau, dim=-1) if weights is None else weights
-        return weights @ self.slots, weights
+    def forward(self, h, weights=None, noise=None):
+        """Returns (z, w, p, noise). `weights` overrides w (e.g. a one-hot to clamp one slot); the hard gate draws its
+        Gumbel noise unless given one (the PPO replay passes the acted noise, so it reproduces the acted slot)."""
+        logits = self.gate(h) / self.tau
+        probs = torch.softmax(logits, dim=-1)
+        if weights is None and self.gumbel_tau is not None:
+            noise = -torch.empty_like(logits).exponential_().log() if noise is None else noise  # as F.gumbel_softmax
+            soft = torch.softmax((logits + noise) / self.gumbel_tau, dim=-1)
+            weights = torch.zeros_like(soft).scatter_(-1, soft.argmax(-1, keepdim=True), 1.0) - soft.detach() + soft
+        weights = probs if weights is None else weights
+        return weights @ self.slots, weights, probs, noise
 
 
 class FiLM(nn.Module):
@@ -230,15 +269,16 @@ class FiLM(nn.Module):
 
 class Agent(nn.Module):
     def __init__(self, obs_dim, num_actions, num_modes, hidden_size=128, memory="gru", oracle=False,
-                 num_abstractions=3, slot_dim=32, tau=1.0):
+                 num_abstractions=3, slot_dim=32, tau=1.0, bottleneck=False, orthonormal=False, gumbel_tau=None):
         super().__init__()
         self.obs_dim, self.num_actions, self.num_modes, self.memory, self.oracle = obs_dim, num_actions, num_modes, memory, oracle
-        self.input_dim = obs_dim + num_actions + 1 + (num_modes if oracle else 0)
+        self.input_dim, self.bottleneck = obs_dim + num_actions + 1 + (num_modes if oracle else 0), bottleneck
         self.encoder = nn.Sequential(layer_init(nn.Linear(self.input_dim, hidden_size)), nn.Tanh())
         self.hidden_size, self.gru = hidden_size, nn.GRUCell(hidden_size, hidden_size)
         for name, param in self.gru.named_parameters():
             nn.init.constant_(param, 0) if "bias" in name else nn.init.orthogonal_(param, 1.0)
-        self.bank, self.film = AbstractionBank(hidden_size, num_abstractions, slot_dim, tau), FiLM(slot_dim, hidden_size)
+        self.bank = AbstractionBank(hidden_size, num_abstractions, slot_dim, tau, orthonormal, gumbel_tau)
+        self.film = FiLM(slot_dim, hidden_size)
         self.actor = nn.Sequential(layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, num_actions), std=0.01))
         self.critic = nn.Sequential(layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, 1), std=1.0))
 
@@ -252,7 +292,7 @@ class Agent(nn.Module):
 
     def unroll(self, x, state, starts):
         """x (T, B, input_dim), state (B, H) before x[0], starts (T, B) = 1 where x[t] opens an episode.
-        Returns the GRU states h (T, B, H) and the state after x[T-1]."""
+        Returns the input features (T, B, H), the GRU states h (T, B, H) and the state after x[T-1]."""
         features = self.encoder(x)
         keep = torch.zeros_like(starts) if self.memory == "none" else 1.0 - starts
         hidden = []
@@ -263,44 +303,82 @@ class Agent(nn.Module):
             # zero the state where the episode restarted: x[t] is a first step
             state = torch.gru_cell(feature_t, state * keep_t.unsqueeze(-1), *gru_weights)
             hidden.append(state)
-        return torch.stack(hidden), state
+        return features, torch.stack(hidden), state
 
-    def modulate(self, hidden, weights=None):
-        """h -> (h', w): the heads' only input is the FiLM-modulated state, there is no bypass from h."""
-        z, weights = self.bank(hidden, weights)
-        return self.film(hidden, z), weights
+    def forward(self, x, state, starts, weights=None, noise=None):
+        """The heads' input and the gate: (h', final state, w, p, noise). The gate reads h; h' = FiLM(h; z), or with the
+        bottleneck FiLM(features of x_t; z), so memory then reaches the heads only through the gate."""
+        features, hidden, state = self.unroll(x, state, starts)
+        z, weights, probs, noise = self.bank(hidden, weights, noise)
+        return self.film(features if self.bottleneck else hidden, z), state, weights, probs, noise
 
     def get_value(self, x, state, starts):
-        hidden, _ = self.unroll(x, state, starts)
-        return self.critic(self.modulate(hidden)[0]).squeeze(-1)
+        return self.critic(self(x, state, starts)[0]).squeeze(-1)
 
-    def get_action_and_value(self, x, state, starts, action=None, deterministic=False, weights=None):
-        """Returns action, log-prob, entropy, value, final state and the gate weights (T, B, K)."""
-        hidden, state = self.unroll(x, state, starts)
-        modulated, weights = self.modulate(hidden, weights)
+    def get_action_and_value(self, x, state, starts, action=None, deterministic=False, weights=None, noise=None):
+        """Returns action, log-prob, entropy, value, final state and the gate: weights w, probabilities p and the hard
+        gate's Gumbel noise (None for the soft gate; zero when deterministic), each (T, B, K)."""
+        if deterministic and noise is None and self.bank.gumbel_tau is not None:
+            noise = torch.zeros(*x.shape[:-1], len(self.bank.slots), device=x.device)
+        modulated, state, weights, probs, noise = self(x, state, starts, weights, noise)
         logits = self.actor(modulated)
-        probs = Categorical(logits=logits)
+        probs_a = Categorical(logits=logits)
         if action is None:
-            action = logits.argmax(-1) if deterministic else probs.sample()
-        return action, probs.log_prob(action), probs.entropy(), self.critic(modulated).squeeze(-1), state, weights
+            action = logits.argmax(-1) if deterministic else probs_a.sample()
+        return action, probs_a.log_prob(action), probs_a.entropy(), self.critic(modulated).squeeze(-1), state, weights, probs, noise
 
 
 # SLOT REGULARISERS AND METRICS
-def weight_entropy(weights):
-    """Mean per-sample entropy of the gate weights (..., K); penalised so each step commits to a slot."""
-    return -(weights * torch.log(weights + 1e-8)).sum(-1).mean()
+BURN_IN = 10  # the steps an episode's gate may take to infer the mode: the episode-level terms and metrics skip them
 
 
-def load_balance_entropy(weights):
-    """Entropy of the batch-mean gate weights; rewarded so that every slot is used somewhere."""
-    usage = weights.reshape(-1, weights.shape[-1]).mean(0)
-    return -(usage * torch.log(usage + 1e-8)).sum()
+def entropy_of(p):
+    return -(p * torch.log(p + 1e-8)).sum(-1)
+
+
+def weight_entropy(probs):
+    """Mean per-sample entropy of the gate probabilities (..., K); penalised so each step commits to a slot."""
+    return entropy_of(probs).mean()
+
+
+def load_balance_entropy(probs):
+    """Entropy of the batch-mean gate probabilities; rewarded so that every slot is used somewhere."""
+    return entropy_of(probs.reshape(-1, probs.shape[-1]).mean(0))
 
 
 def orthogonality_penalty(slots):
     """||ÂÂᵀ - I||²_F with Â the row-normalised slots: 0 for orthonormal directions."""
     normed = slots / (slots.norm(dim=-1, keepdim=True) + 1e-8)
     return ((normed @ normed.T - torch.eye(len(slots), device=slots.device)) ** 2).sum()
+
+
+def episode_means(values, starts, ages):
+    """Means of values (T, B, C) over each episode's steps past its first BURN_IN (ages: steps the episode had taken
+    before each step; negative = not counted). Episodes are cut at the starts the agent sees and at the batch's edges,
+    never at a hidden mode switch. Returns (episodes, C) means, each kept step's episode index, and the kept-step mask."""
+    T, B = starts.shape
+    ids = (starts.cumsum(0) + torch.arange(B, device=starts.device) * (T + 1)).long().flatten()
+    keep = ages.flatten() >= BURN_IN
+    _, episode = torch.unique(ids[keep], return_inverse=True)
+    sums = torch.zeros(int(episode.max()) + 1 if keep.any() else 0, values.shape[-1], device=values.device)
+    sums = sums.index_add(0, episode, values.reshape(T * B, -1)[keep])
+    return sums / torch.bincount(episode, minlength=len(sums)).unsqueeze(-1), episode, keep
+
+
+def episode_consistency(probs, starts, ages):
+    """I(episode; slot) = H(mean of the episode-mean gates) - mean H(episode-mean gate), rewarded: high when every
+    episode keeps one slot all along and different episodes use different slots (log K at best)."""
+    means = episode_means(probs, starts, ages)[0]
+    return entropy_of(means.mean(0)) - entropy_of(means).mean() if len(means) else probs.sum() * 0.0
+
+
+def supervised_gate_loss(probs, modes, ages):
+    """Cross-entropy from the gate to the true mode (slot k for training mode k) past each episode's burn-in: the
+    diagnostic ceiling of a gate that knows the mode, not the method."""
+    keep = ages.flatten() >= BURN_IN
+    if not keep.any():  # no step past burn-in in this minibatch: nothing to supervise (a mean over none is NaN)
+        return probs.sum() * 0.0
+    return nn.functional.nll_loss(torch.log(probs.reshape(-1, probs.shape[-1])[keep] + 1e-8), modes.flatten()[keep].long())
 
 
 def mutual_information(counts):
@@ -311,6 +389,20 @@ def mutual_information(counts):
     mi = float((joint[nz] * np.log(joint[nz] / (p_mode @ p_slot)[nz])).sum())
     h_mode = float(-(p_mode[p_mode > 0] * np.log(p_mode[p_mode > 0])).sum())
     return mi, (mi / h_mode if h_mode > 0 else 0.0)
+
+
+def episode_slot_metrics(weights, modes, starts, ages, num_modes):
+    """Episode-level NMI (one sample per episode: its majority true mode against the argmax of its mean gate past
+    burn-in) and gate stability (the share of those steps whose argmax slot is the episode's)."""
+    means, episode, keep = episode_means(weights, starts, ages)
+    if not len(means):
+        return {"episode_nmi": float("nan"), "gate_stability": float("nan")}
+    episode_mode = episode_means(nn.functional.one_hot(modes.long(), num_modes).float(), starts, ages)[0].argmax(-1)
+    slot, num_slots = means.argmax(-1), weights.shape[-1]
+    stable = (weights.reshape(-1, num_slots)[keep].argmax(-1) == slot[episode]).float()
+    counts = np.zeros((num_modes, num_slots))
+    np.add.at(counts, (episode_mode.cpu().numpy(), slot.cpu().numpy()), 1.0)
+    return {"episode_nmi": mutual_information(counts)[1], "gate_stability": (stable.sum() / keep.sum()).item()}
 
 
 class RewardScaler:
@@ -346,15 +438,19 @@ def carry_input(agent, carry):
 def env_step(agent, envs, carry, deterministic=False):
     """One step of every environment, shared by the rollout, the evaluation and the video: the agent acts on the
     carried input, the environments step, and the carry moves on. Returns what the batch keeps of the step (input,
-    start flag, action, log-prob, value, true mode, gate weights), what the environments returned, and the episodes that ended as
+    start flag, action, log-prob, value, the hard gate's noise; and for the metrics the true mode, the steps the episode
+    had taken, the gate weights and the GRU state), what the environments returned, and the episodes that ended as
     (return, length, mode)."""
     x = carry_input(agent, carry)
     start = torch.as_tensor(carry["start"], dtype=torch.float32, device=x.device)
     with torch.no_grad():
-        action, logprob, _, value, carry["state"], weights = agent.get_action_and_value(
+        action, logprob, _, value, carry["state"], weights, _, noise = agent.get_action_and_value(
             x[None], carry["state"], start[None], deterministic=deterministic)
     step = {"inputs": x, "starts": start, "actions": action[0], "logprobs": logprob[0], "values": value[0],
-            "modes": torch.as_tensor(carry["mode"], device=x.device), "weights": weights[0]}
+            "modes": torch.as_tensor(carry["mode"], device=x.device), "ages": torch.as_tensor(carry["episode_length"], device=x.device),
+            "weights": weights[0], "hidden": carry["state"]}
+    if noise is not None:
+        step["gate_noise"] = noise[0]
     obs, reward, terminated, truncated, info = outcome = envs.step(action[0].cpu().numpy())
     done = terminated | truncated
     carry["episode_return"], carry["episode_length"] = carry["episode_return"] + reward, carry["episode_length"] + 1
@@ -402,10 +498,16 @@ def compute_gae(rewards, values, starts, next_value, next_start, gamma, gae_lamb
     return advantages, advantages + values
 
 
+# each slot term's weight flag and its sign in the minimised loss: sharp steps, all slots used, orthogonal slots,
+# episodes that keep one slot and differ from each other, and (ceiling only) a gate that names the true mode
+SLOT_TERMS = {"weight_entropy": ("lambda_w_ent", 1), "load_balance_entropy": ("lambda_lb", -1), "orthogonality": ("lambda_orth", 1),
+              "episode_consistency": ("lambda_consistency", -1), "supervised_ce": ("lambda_supervised", 1)}
+
+
 def ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args):
     """PPO epochs over minibatches of whole environments. Each minibatch replays its sequences from the
-    state saved at the start of the rollout, so log-probs and gate weights (which the slot regularisers use) are
-    re-computed exactly as they were acted."""
+    state saved at the start of the rollout (and the hard gate with its acted noise), so log-probs and gate weights
+    are re-computed exactly as they were acted; the slot terms use the replayed gate probabilities, with gradient."""
     num_envs = batch["inputs"].shape[1]
     envs_per_minibatch, env_indices = num_envs // args.num_minibatches, np.arange(num_envs)
     clipfracs, stats = [], {}
@@ -413,8 +515,9 @@ def ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args
         np.random.shuffle(env_indices)
         for start in range(0, num_envs, envs_per_minibatch):
             mb = env_indices[start : start + envs_per_minibatch]
-            _, newlogprob, entropy, newvalue, _, weights = agent.get_action_and_value(
-                batch["inputs"][:, mb], initial_state[mb], batch["starts"][:, mb], batch["actions"][:, mb])
+            noise = batch["gate_noise"][:, mb] if "gate_noise" in batch else None
+            _, newlogprob, entropy, newvalue, _, weights, probs, _ = agent.get_action_and_value(
+                batch["inputs"][:, mb], initial_state[mb], batch["starts"][:, mb], batch["actions"][:, mb], noise=noise)
             logratio = newlogprob - batch["logprobs"][:, mb]
             ratio = logratio.exp()
             if epoch == 0 and start == 0:
@@ -441,9 +544,20 @@ def ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args
                 v_loss = 0.5 * ((newvalue - returns[:, mb]) ** 2).mean()
 
             entropy_loss = entropy.mean()
-            w_ent, lb_ent, orth = weight_entropy(weights), load_balance_entropy(weights), orthogonality_penalty(agent.bank.slots)
-            slot_loss = args.lambda_w_ent * w_ent - args.lambda_lb * lb_ent + args.lambda_orth * orth
-            loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef + slot_loss
+            ppo_loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+            starts, ages = batch["starts"][:, mb], batch["ages"][:, mb]
+            values = {"weight_entropy": weight_entropy(probs), "load_balance_entropy": load_balance_entropy(probs),
+                      "orthogonality": orthogonality_penalty(agent.bank.slots), "episode_consistency": episode_consistency(probs, starts, ages)}
+            if args.lambda_supervised > 0:
+                values["supervised_ce"] = supervised_gate_loss(probs, batch["modes"][:, mb], ages)
+            terms = {name: sign * getattr(args, flag) * values[name] for name, (flag, sign) in SLOT_TERMS.items() if name in values}
+            slot_loss = sum(terms.values())
+            loss = ppo_loss + slot_loss
+            if epoch == 0 and start == 0:  # what each term adds to the gradient, beside the PPO loss's, before the clip
+                for name, term in {"ppo": ppo_loss, **terms}.items():
+                    grads = [g for g in torch.autograd.grad(term, list(agent.parameters()), retain_graph=True, allow_unused=True)
+                             if g is not None] if term.requires_grad and (name == "ppo" or getattr(args, SLOT_TERMS[name][0])) else []
+                    stats[f"grad_norm_{name}"] = float(torch.sqrt(sum((g ** 2).sum() for g in grads))) if grads else 0.0
             optimizer.zero_grad()
             loss.backward()
             nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
@@ -457,51 +571,81 @@ def ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args
     stats.update(value_loss=v_loss.item(), policy_loss=pg_loss.item(), entropy=entropy_loss.item(),
                  old_approx_kl=old_approx_kl.item(), approx_kl=approx_kl.item(), clipfrac=float(np.mean(clipfracs)),
                  explained_variance=float("nan") if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y),
-                 weight_entropy=w_ent.item(), load_balance_entropy=lb_ent.item(), orthogonality=orth.item(), slot_loss=slot_loss.item())
+                 slot_loss=slot_loss.item(), **{name: value.item() for name, value in values.items()})
     return stats
 
 
 # EVALUATION
 def agent_from_args(args, num_modes):
     return Agent(2 if args.hide_velocity else 4, 2, num_modes, args.hidden_size, args.memory, args.oracle, args.num_abstractions,
-                 args.slot_dim, args.tau)
+                 args.slot_dim, args.tau, args.bottleneck, args.slot_init == "orthonormal", args.gumbel_tau if args.hard_gate else None)
 
 
 def evaluate(model_path, episodes_per_mode=10, modes=None, deterministic=True, seed=0, video_dir=None, device="cpu"):
-    """Runs `episodes_per_mode` episodes in each mode of `modes` (default: the training modes; any physics
-    works, unseen ones included) with the saved agent. Returns {"returns": {mode index: array of returns},
-    "slot_weights": mode × slot mean gate weights over those episodes' steps, "slot_counts": mode × argmax-slot counts}."""
+    """Runs `episodes_per_mode` episodes in each mode of `modes` (default: the training preset's, held-out ones
+    included; any physics works) with the saved agent. Returns {"returns": {mode index: array of returns},
+    "slot_weights": mode × slot mean gate weights over those episodes' steps, "slot_counts": mode × argmax-slot counts,
+    "slots": episode-level NMI, gate stability and linear-probe accuracies of the mode from w_t and from h_t, over the
+    modes that were trained on (all of `modes` when given)}."""
     ckpt = torch.load(model_path, map_location="cpu", weights_only=True)
     if not isinstance(ckpt, dict) or ckpt.get("script") != SCRIPT or ckpt.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"{model_path!r} was not written by {SCRIPT}.py (format {CHECKPOINT_FORMAT})")
     train_args, train_modes = Args(**ckpt["args"]), [tuple(m) for m in ckpt["modes"]]
+    held_out = HELD_OUT_MODES[train_args.modes_preset] if modes is None else []
     modes = train_modes if modes is None else [tuple(float(v) for v in m) for m in modes]
     agent = agent_from_args(train_args, len(train_modes)).to(device)
     agent.load_state_dict(ckpt["state_dict"])
-    num_slots = train_args.num_abstractions
-    results, slot_weights, slot_counts = {}, np.zeros((len(modes), num_slots)), np.zeros((len(modes), num_slots))
+    returns, steps = {}, []
     for k in range(len(modes)):
         envs = NonStationaryCartPole(episodes_per_mode, modes, train_args.hide_velocity, fixed_mode=k)
-        episodes, weights = first_episodes(agent, envs, seed + 1000 * k, deterministic)
-        results[k] = np.array([ret for ret, _, _ in episodes])
-        slot_weights[k], slot_counts[k] = weights.mean(0), np.bincount(weights.argmax(-1), minlength=num_slots)
+        episodes, columns = first_episodes(agent, envs, seed + 1000 * k, deterministic)
+        returns[k] = np.array([ret for ret, _, _ in episodes])
+        steps.append(columns)
         if video_dir is not None:
-            record_video(agent, NonStationaryCartPole(1, modes, train_args.hide_velocity, fixed_mode=k), seed,
-                         video_dir, f"mode{k}")
-    return {"returns": results, "slot_weights": slot_weights, "slot_counts": slot_counts}
+            record_video(agent, NonStationaryCartPole(1, modes, train_args.hide_velocity, fixed_mode=k), seed, video_dir, f"mode{k}")
+    weights = [c["weights"][c["ages"] >= 0].cpu().numpy() for c in steps]
+    slot_counts = np.stack([np.bincount(w.argmax(-1), minlength=train_args.num_abstractions) for w in weights])
+    # the trained modes' episodes side by side in one (T, N) batch, padded with uncounted steps (age -1)
+    length = max(len(c["ages"]) for c in steps)
+    columns = {key: torch.cat([nn.functional.pad(c[key], (0, 0) * (c[key].dim() - 2) + (0, 0, 0, length - len(c[key])),
+                                                 value=-1 if key == "ages" else 0) for k, c in enumerate(steps) if k not in held_out], 1)
+               for key in steps[0]}
+    metrics = episode_slot_metrics(columns["weights"], columns["modes"], columns["starts"], columns["ages"], len(modes))
+    _, episode, keep = episode_means(columns["weights"], columns["starts"], columns["ages"])
+    labels = columns["modes"].flatten()[keep].cpu().numpy()
+    for name in ("weights", "hidden"):
+        features = columns[name].reshape(len(keep), -1)[keep].cpu().numpy()
+        metrics[f"probe_acc_{'w' if name == 'weights' else 'h'}"] = linear_probe_accuracy(features, labels, episode.cpu().numpy())
+    return {"returns": returns, "slot_weights": np.stack([w.mean(0) for w in weights]), "slot_counts": slot_counts, "slots": metrics}
+
+
+def linear_probe_accuracy(features, labels, episode):
+    """Held-out accuracy of a logistic regression that predicts the mode from per-step features: fitted on the steps
+    of even-numbered episodes, scored on the odd ones' (at most ~10k steps each; nan without two modes to tell apart)."""
+    from sklearn.linear_model import LogisticRegression  # only the evaluation probes
+
+    fit = episode % 2 == 0
+    if len(np.unique(labels[fit])) < 2 or fit.all():
+        return float("nan")
+    stride = max(1, len(labels) // 20000)
+    train, test = np.flatnonzero(fit)[::stride], np.flatnonzero(~fit)[::stride]
+    return float(LogisticRegression(max_iter=1000).fit(features[train], labels[train]).score(features[test], labels[test]))
 
 
 def first_episodes(agent, envs, seed, deterministic):
-    """The first episode of every environment of `envs`, as (return, length, mode), and its steps' gate weights."""
+    """The first episode of every environment of `envs`, as (return, length, mode), and its steps' columns (T, N, ...)
+    of env_step, with ages -1 once an env's first episode is over."""
     carry = new_carry(envs, agent, seed, next(agent.parameters()).device)
-    first, weights = [None] * envs.num_envs, []
+    first, columns = [None] * envs.num_envs, {}
     while any(episode is None for episode in first):
         running = torch.tensor([episode is None for episode in first])
         step, (_, _, terminated, truncated, _), ended = env_step(agent, envs, carry, deterministic)
-        weights.append(step["weights"][running].cpu().numpy())
+        step["ages"] = torch.where(running, step["ages"], -1)
+        for key in ("weights", "hidden", "modes", "starts", "ages"):
+            columns.setdefault(key, []).append(step[key])
         for i, episode in zip(np.flatnonzero(terminated | truncated), ended):
             first[i] = first[i] or episode
-    return first, np.concatenate(weights)
+    return first, {key: torch.stack(column) for key, column in columns.items()}
 
 
 def plot_slot_heatmap(slot_weights, path, title):
@@ -549,13 +693,14 @@ def validate(args):
     value, flag = lambda name: getattr(args, name), lambda name: "--" + name.replace("_", "-")
     problems = [f"{flag(f.name)} {value(f.name)} must be a finite number" for f in dataclasses.fields(args)  # NaN passes any <, >
                 if isinstance(value(f.name), float) and not math.isfinite(value(f.name))]
-    problems += [f"{flag(n)} {value(n)} must be positive" for n in ("learning_rate", "clip_coef", "max_grad_norm", "target_kl", "tau")
+    problems += [f"{flag(n)} {value(n)} must be positive" for n in ("learning_rate", "clip_coef", "max_grad_norm", "target_kl", "tau", "gumbel_tau")
                  if value(n) is not None and value(n) <= 0]
-    problems += [f"{flag(n)} {value(n)} must be non-negative" for n in ("ent_coef", "vf_coef", "lambda_w_ent", "lambda_lb", "lambda_orth") if value(n) < 0]
+    problems += [f"{flag(n)} {value(n)} must be non-negative" for n in ("ent_coef", "vf_coef", *(flag for flag, _ in SLOT_TERMS.values())) if value(n) < 0]
     problems += [f"{flag(n)} must be at least 1" for n in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "hidden_size",
                                                            "eval_episodes", "num_abstractions", "slot_dim") if value(n) < 1]
 
     num_modes, envs_per_minibatch = len(MODE_PRESETS[args.modes_preset]), args.num_envs // max(1, args.num_minibatches)
+    held_out, num_train = HELD_OUT_MODES[args.modes_preset], num_modes - len(HELD_OUT_MODES[args.modes_preset])
     problems += [message for wrong, message in (
         (not 0 <= args.seed < 2**32, f"--seed {args.seed} must be in [0, 2**32 - 1] (the range numpy and gymnasium accept)"),
         # the name becomes part of a directory name and of the model file's name: a '/' would fail the save after training
@@ -565,6 +710,11 @@ def validate(args):
         (not 0.0 <= args.switch_prob <= 1.0, f"--switch-prob {args.switch_prob} must be in [0, 1]"),
         (args.fixed_mode is not None and not 0 <= args.fixed_mode < num_modes,
          f"--fixed-mode {args.fixed_mode} is out of range; there are {num_modes} modes (0..{num_modes - 1})"),
+        (args.fixed_mode in held_out, f"--fixed-mode {args.fixed_mode} is held out of training in {args.modes_preset} (evaluation only)"),
+        (args.mode_share == "balanced" and args.num_envs % num_train != 0, f"--mode-share balanced needs --num-envs "
+         f"{args.num_envs} to be a multiple of the {num_train} training modes, so each gets the same share"),
+        (args.mode_share == "balanced" and (args.fixed_mode is not None or args.switch_prob > 0),
+         "--mode-share balanced pins every env's mode; it cannot be combined with --fixed-mode or --switch-prob"),
         (args.num_minibatches >= 1 and args.num_envs % args.num_minibatches != 0,
          f"--num-envs {args.num_envs} is not divisible by --num-minibatches {args.num_minibatches}; minibatches hold whole "
          "environments' sequences"),
@@ -573,6 +723,10 @@ def validate(args):
         (args.total_timesteps < args.num_envs * args.num_steps, f"--total-timesteps {args.total_timesteps} is less than one "
          f"rollout (--num-envs x --num-steps = {args.num_envs * args.num_steps})"),
         (args.capture_video and not args.save_model, "--capture-video records evaluation episodes; add --save-model"),
+        (args.slot_init == "orthonormal" and args.num_abstractions > args.slot_dim, f"--slot-init orthonormal needs "
+         f"--num-abstractions {args.num_abstractions} <= --slot-dim {args.slot_dim} (at most d orthogonal directions)"),
+        (args.lambda_supervised > 0 and args.num_abstractions < num_train, f"--lambda-supervised needs --num-abstractions "
+         f"{args.num_abstractions} >= the {num_train} training modes (slot k is trained to mean mode k)"),
     ) if wrong]
     if problems:
         raise ValueError(problems[0])
@@ -605,12 +759,13 @@ if __name__ == "__main__":
     torch.set_num_threads(1)  # fastest for this small network
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
-    envs = NonStationaryCartPole(args.num_envs, modes, args.hide_velocity, args.fixed_mode, args.switch_prob)
+    envs = NonStationaryCartPole(args.num_envs, modes, args.hide_velocity, args.fixed_mode, args.switch_prob,
+                                 held_out=HELD_OUT_MODES[args.modes_preset], mode_share=args.mode_share)
     agent = agent_from_args(args, len(modes)).to(device)
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
     reward_scaler = RewardScaler(args.num_envs, args.gamma) if args.norm_reward else None
     carry = new_carry(envs, agent, args.seed, device)
-    recent, recent_by_mode = deque(maxlen=100), {k: deque(maxlen=100) for k in range(len(modes))}
+    recent, recent_by_mode = deque(maxlen=100), {k: deque(maxlen=100) for k in envs.train_modes.tolist()}
     global_step, start_time = 0, time.time()
     for iteration in range(1, args.num_iterations + 1):
         if args.anneal_lr:
@@ -647,7 +802,9 @@ if __name__ == "__main__":
         writer.add_scalar("debug/first_minibatch_gate_error", stats["first_minibatch_gate_error"], global_step)
         # slot usage from the weights the agent acted with, split by the (hidden) true mode
         weights, step_modes = batch["weights"].reshape(-1, args.num_abstractions), batch["modes"].flatten()
-        slots = {key: stats[key] for key in ("weight_entropy", "load_balance_entropy", "orthogonality", "slot_loss")}
+        slots = {key: value for key, value in stats.items() if key in SLOT_TERMS or key.startswith("grad_norm_") or key == "slot_loss"}
+        writer.add_scalar("losses/grad_norm_ppo", slots.pop("grad_norm_ppo"), global_step)
+        slots.update(episode_slot_metrics(batch["weights"], batch["modes"], batch["starts"], batch["ages"], len(modes)))
         slots.update({f"usage_w{k}": w for k, w in enumerate(weights.mean(0).tolist())})
         for mode in step_modes.unique().tolist():
             slots.update({f"mode{mode}_w{k}": w for k, w in enumerate(weights[step_modes == mode].mean(0).tolist())})
@@ -659,7 +816,8 @@ if __name__ == "__main__":
         writer.add_scalar("charts/SPS", sps, global_step)
         if iteration % max(1, args.num_iterations // 50) == 0 or iteration == args.num_iterations:
             by_mode = " ".join(f"m{k} {np.mean(v):.0f}" if v else f"m{k} -" for k, v in recent_by_mode.items())
-            print(f"iter {iteration}/{args.num_iterations} step {global_step} SPS {sps} return {np.mean(recent or [np.nan]):.1f} | {by_mode} | slot NMI {slots['mode_slot_nmi']:.2f}", flush=True)
+            print(f"iter {iteration}/{args.num_iterations} step {global_step} SPS {sps} return {np.mean(recent or [np.nan]):.1f} | {by_mode} | "
+                  f"slot NMI {slots['mode_slot_nmi']:.2f}, episode NMI {slots['episode_nmi']:.2f}", flush=True)
 
     if args.save_model:
         model_path = os.path.join(run_dir, f"{args.exp_name}.cleanrl_model")
@@ -671,7 +829,8 @@ if __name__ == "__main__":
         os.replace(model_path + ".tmp", model_path)  # written atomically: a killed run leaves no half-written model
         print(f"model saved to {model_path}")
         video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
-        report = {"script": SCRIPT, "checkpoint": model_path, "episodes_per_mode": args.eval_episodes,
+        held_out = HELD_OUT_MODES[args.modes_preset]
+        report = {"script": SCRIPT, "checkpoint": model_path, "episodes_per_mode": args.eval_episodes, "held_out_modes": held_out,
                   "modes": [{"gravity": g, "half_length": l, "force_sign": s} for g, l, s in modes], "per_mode": {}}
         for kind, det in (("deterministic", True), ("sampled", False)):
             evaluation = evaluate(model_path, args.eval_episodes, deterministic=det, seed=args.seed + 100_000,
@@ -680,16 +839,21 @@ if __name__ == "__main__":
             for k, rets in results.items():
                 report["per_mode"].setdefault(str(k), {})[kind] = {"mean": float(np.mean(rets)), "std": float(np.std(rets)), "returns": rets.tolist()}
                 writer.add_scalar(f"eval/episodic_return_mode{k}_{kind}", np.mean(rets), global_step)
-            report[f"{kind}_mean"] = float(np.mean([np.mean(r) for r in results.values()]))
+            for name, subset in (("mean", [k for k in results if k not in held_out]), ("held_out_mean", held_out)):
+                if subset:  # training modes and held-out modes are reported apart
+                    report[f"{kind}_{name}"] = float(np.mean([np.mean(results[k]) for k in subset]))
             report[f"slot_weights_{kind}"] = evaluation["slot_weights"].tolist()
-            report[f"mode_slot_mi_{kind}"], report[f"mode_slot_nmi_{kind}"] = mutual_information(evaluation["slot_counts"])
+            report[f"mode_slot_mi_{kind}"], report[f"mode_slot_nmi_{kind}"] = mutual_information(np.delete(evaluation["slot_counts"], held_out, 0))
+            report[f"slots_{kind}"] = evaluation["slots"]
+            for key, value in evaluation["slots"].items():
+                writer.add_scalar(f"slots/eval_{key}_{kind}", value, global_step)
         for k, per_kind in report["per_mode"].items():
             print(f"eval mode {k} ({args.eval_episodes} episodes): " + ", ".join(f"{kind} {r['mean']:.1f} ± {r['std']:.1f}" for kind, r in per_kind.items()))
         report["slot_heatmap"] = os.path.join(run_dir, "slot_heatmap.png")
         plot_slot_heatmap(np.array(report["slot_weights_deterministic"]), report["slot_heatmap"],
                           f"{run_name}\nmean gate weight per mode (deterministic evaluation)")
         print(f"deterministic evaluation: mean gate weights per mode {np.round(report['slot_weights_deterministic'], 2).tolist()}, "
-              f"NMI {report['mode_slot_nmi_deterministic']:.3f}")
+              f"step NMI {report['mode_slot_nmi_deterministic']:.3f}, " + ", ".join(f"{key} {value:.3f}" for key, value in report["slots_deterministic"].items()))
 
         with open(os.path.join(run_dir, "eval.json.tmp"), "w") as f:
             json.dump(report, f, indent=1)

@@ -66,16 +66,17 @@ class Args:
     # Environment
     env_id: str = "NonStationaryCartPole"
     """name used in the run name"""
-    modes_preset: Literal["seed3", "inverted4"] = "seed3"
-    """physics modes: `seed3` (three gravity/length settings) or `inverted4` (seed3 plus inverted force)"""
+    modes_preset: Literal["seed3", "inverted4", "mirror4"] = "seed3"
+    """physics modes: `seed3` (three gravity/length settings), `inverted4` (seed3 plus inverted force) or `mirror4`
+    (two physics x force sign ±1, plus a held-out mode 4 that is only evaluated)"""
+    mode_share: Literal["uniform", "balanced"] = "uniform"
+    """`uniform`: a training mode drawn per episode; `balanced`: env i always in training mode i mod M (equal step shares)"""
     hide_velocity: bool = False
     """observe only cart position and pole angle, so velocities must be inferred from memory"""
     fixed_mode: Optional[int] = None
     """always use this mode index instead of resampling it"""
     mode_share: Literal["uniform", "balanced"] = "uniform"
     """`uniform`: a mode drawn per episode; `balanced`: env i pinned to training mode i mod M, the same share of steps each"""
-    held_out_mode: Optional[int] = None
-    """a mode never used in training, only evaluated (a test of generalisation)"""
     switch_prob: float = 0.0
     """per-step probability of resampling the mode in the middle of an episode"""
     memory: Literal["gru", "none"] = "gru"
@@ -133,30 +134,35 @@ class Args:
 MODE_PRESETS = {  # a mode is (gravity, pole half-length, force sign)
     "seed3": [(9.8, 0.5, 1.0), (7.5, 0.7, 1.0), (12.0, 0.4, 1.0)],
     "inverted4": [(9.8, 0.5, 1.0), (7.5, 0.7, 1.0), (12.0, 0.4, 1.0), (9.8, 0.5, -1.0)],
+    # two physics x force sign ±1, so the right action flips with the hidden mode; mode 4 (between the two physics,
+    # inverted force) is held out of training
+    "mirror4": [(9.8, 0.5, 1.0), (9.8, 0.5, -1.0), (7.5, 0.7, 1.0), (7.5, 0.7, -1.0), (8.65, 0.6, -1.0)],
 }
+HELD_OUT_MODES = {"seed3": [], "inverted4": [], "mirror4": [4]}  # evaluated (and adapted to) only, never trained on
 
 
 class NonStationaryCartPole:
     """`num_envs` CartPole-v1s stepped together in numpy, with gymnasium's equations, constants and 500-step limit.
     Each env has a hidden physics mode (gravity, pole half-length, force sign), drawn at every episode start and, with
-    probability `switch_prob`, after any step, among all modes but `held_out_mode`; `pinned[i] >= 0` fixes env i's mode
-    (`balanced`: env i gets training mode i mod M). Autoreset is same-step: where an
-    episode ends, the returned observation is already the next episode's first, and info["final_obs"] holds the ended
-    one's last. info["mode"] (for analysis only) is the mode that governs each env's next step."""
+    probability `switch_prob`, after any step, among the modes not `held_out`; `pinned[i] >= 0` fixes env i's mode
+    (`fixed_mode` pins all; `mode_share="balanced"` pins env i to the (i mod M)-th of the M training modes, so every
+    mode gets the same share of steps whatever its episode length). Autoreset is same-step: where an episode ends,
+    the returned observation is already the next episode's first, and info["final_obs"] holds the ended one's last.
+    info["mode"] (for analysis only) is the mode that governs each env's next step."""
 
     def __init__(self, num_envs, modes, hide_velocity=False, fixed_mode=None, switch_prob=0.0, max_episode_steps=500,
-                 held_out_mode=None, balanced=False):
+                 held_out=(), mode_share="uniform"):
         self.num_envs, self.switch_prob, self.max_episode_steps = num_envs, switch_prob, max_episode_steps
         self.gravity, self.half_length, self.force_sign = np.array(modes, dtype=np.float64).T
-        self.training_modes = np.array([k for k in range(len(modes)) if k != held_out_mode])
+        self.train_modes = np.array([k for k in range(len(modes)) if k not in held_out])
         self.pinned, self.rng = np.full(num_envs, -1 if fixed_mode is None else fixed_mode), np.random.default_rng()
-        if balanced:
-            self.pinned = self.training_modes[np.arange(num_envs) % len(self.training_modes)]
+        if mode_share == "balanced":
+            self.pinned = self.train_modes[np.arange(num_envs) % len(self.train_modes)]
         self.observed = [0, 2] if hide_velocity else [0, 1, 2, 3]  # hidden velocity: cart position and pole angle only
 
     def draw_modes(self, envs):
         """New modes for the envs of the boolean mask `envs` (pinned envs keep theirs)."""
-        drawn = self.training_modes[self.rng.integers(len(self.training_modes), size=self.num_envs)]
+        drawn = self.train_modes[self.rng.integers(len(self.train_modes), size=self.num_envs)]
         drawn = np.where(self.pinned >= 0, self.pinned, drawn)
         self.mode = np.where(envs, drawn, self.mode)
 
@@ -458,6 +464,7 @@ def validate(args):
                                                            "eval_episodes") if value(n) < 1]
 
     num_modes, envs_per_minibatch = len(MODE_PRESETS[args.modes_preset]), args.num_envs // max(1, args.num_minibatches)
+    held_out, num_train = HELD_OUT_MODES[args.modes_preset], num_modes - len(HELD_OUT_MODES[args.modes_preset])
     problems += [message for wrong, message in (
         (not 0 <= args.seed < 2**32, f"--seed {args.seed} must be in [0, 2**32 - 1] (the range numpy and gymnasium accept)"),
         # the name becomes part of a directory name and of the model file's name: a '/' would fail the save after training
@@ -465,15 +472,13 @@ def validate(args):
         (not (0.0 < args.gamma <= 1.0 and 0.0 <= args.gae_lambda <= 1.0),
          f"--gamma {args.gamma} must be in (0, 1] and --gae-lambda {args.gae_lambda} in [0, 1]"),
         (not 0.0 <= args.switch_prob <= 1.0, f"--switch-prob {args.switch_prob} must be in [0, 1]"),
-        *[(k is not None and not 0 <= k < num_modes, f"--{name} {k} is out of range; there are {num_modes} modes "
-           f"(0..{num_modes - 1})") for name, k in (("fixed-mode", args.fixed_mode), ("held-out-mode", args.held_out_mode))],
-        (args.held_out_mode is not None and args.fixed_mode == args.held_out_mode,
-         f"--fixed-mode {args.fixed_mode} is the --held-out-mode, which is never used in training"),
-        (args.mode_share == "balanced" and args.fixed_mode is not None, "--mode-share balanced and --fixed-mode both pin "
-         "the modes; give one of them"),
-        (args.mode_share == "balanced" and args.num_envs % (num_modes - (args.held_out_mode is not None)) != 0,
-         f"--mode-share balanced needs --num-envs divisible by the {num_modes - (args.held_out_mode is not None)} training "
-         f"modes (each gets the same share of steps); --num-envs is {args.num_envs}"),
+        (args.fixed_mode is not None and not 0 <= args.fixed_mode < num_modes,
+         f"--fixed-mode {args.fixed_mode} is out of range; there are {num_modes} modes (0..{num_modes - 1})"),
+        (args.fixed_mode in held_out, f"--fixed-mode {args.fixed_mode} is held out of training in {args.modes_preset} (evaluation only)"),
+        (args.mode_share == "balanced" and args.num_envs % num_train != 0, f"--mode-share balanced needs --num-envs "
+         f"{args.num_envs} to be a multiple of the {num_train} training modes, so each gets the same share"),
+        (args.mode_share == "balanced" and (args.fixed_mode is not None or args.switch_prob > 0),
+         "--mode-share balanced pins every env's mode; it cannot be combined with --fixed-mode or --switch-prob"),
         (args.num_minibatches >= 1 and args.num_envs % args.num_minibatches != 0,
          f"--num-envs {args.num_envs} is not divisible by --num-minibatches {args.num_minibatches}; minibatches hold whole "
          "environments' sequences"),
@@ -515,7 +520,7 @@ if __name__ == "__main__":
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
     envs = NonStationaryCartPole(args.num_envs, modes, args.hide_velocity, args.fixed_mode, args.switch_prob,
-                                 held_out_mode=args.held_out_mode, balanced=args.mode_share == "balanced")
+                                 held_out=HELD_OUT_MODES[args.modes_preset], mode_share=args.mode_share)
     agent = agent_from_args(args, len(modes)).to(device)
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
     reward_scaler = RewardScaler(args.num_envs, args.gamma) if args.norm_reward else None
@@ -569,7 +574,8 @@ if __name__ == "__main__":
         os.replace(model_path + ".tmp", model_path)  # written atomically: a killed run leaves no half-written model
         print(f"model saved to {model_path}")
         video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
-        report = {"script": SCRIPT, "checkpoint": model_path, "episodes_per_mode": args.eval_episodes, "held_out_mode": args.held_out_mode,
+        held_out = HELD_OUT_MODES[args.modes_preset]
+        report = {"script": SCRIPT, "checkpoint": model_path, "episodes_per_mode": args.eval_episodes, "held_out_modes": held_out,
                   "modes": [{"gravity": g, "half_length": l, "force_sign": s} for g, l, s in modes], "per_mode": {}}
         for kind, det in (("deterministic", True), ("sampled", False)):
             results = evaluate(model_path, args.eval_episodes, deterministic=det, seed=args.seed + 100_000,
@@ -577,7 +583,9 @@ if __name__ == "__main__":
             for k, rets in results.items():
                 report["per_mode"].setdefault(str(k), {})[kind] = {"mean": float(np.mean(rets)), "std": float(np.std(rets)), "returns": rets.tolist()}
                 writer.add_scalar(f"eval/episodic_return_mode{k}_{kind}", np.mean(rets), global_step)
-            report[f"{kind}_mean"] = float(np.mean([np.mean(r) for r in results.values()]))
+            for name, subset in (("mean", [k for k in results if k not in held_out]), ("held_out_mean", held_out)):
+                if subset:  # training modes and held-out modes are reported apart
+                    report[f"{kind}_{name}"] = float(np.mean([np.mean(results[k]) for k in subset]))
         for k, per_kind in report["per_mode"].items():
             print(f"eval mode {k} ({args.eval_episodes} episodes): " + ", ".join(f"{kind} {r['mean']:.1f} ± {r['std']:.1f}" for kind, r in per_kind.items()))
 

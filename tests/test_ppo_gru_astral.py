@@ -5,12 +5,14 @@ import glob
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 import torch
+import tyro
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from cleanrl_astral import ppo_gru_astral as m
@@ -31,13 +33,13 @@ def scalars(run_dir, tag):
     return [(e.step, e.value) for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
 
 
-def rollout(memory="gru", oracle=False, num_envs=8, num_steps=64, seed=0, K=3):
+def rollout(memory="gru", oracle=False, num_envs=8, num_steps=64, seed=0, K=3, gumbel_tau=None):
     """Two real rollouts with an untrained agent whose gate is sharpened, so slot weights differ clearly between states;
     the second starts from a non-zero GRU state and crosses several episode boundaries."""
     torch.manual_seed(seed)
     modes = m.MODE_PRESETS["seed3"]
     envs = m.NonStationaryCartPole(num_envs, modes)
-    agent = m.Agent(4, 2, len(modes), 32, memory, oracle, num_abstractions=K, slot_dim=8)
+    agent = m.Agent(4, 2, len(modes), 32, memory, oracle, num_abstractions=K, slot_dim=8, gumbel_tau=gumbel_tau)
     with torch.no_grad():
         agent.bank.gate[-1].weight.mul_(300.0)
     carry = m.new_carry(envs, agent, seed, "cpu")
@@ -64,7 +66,8 @@ def counts(modes, slots, num_modes, num_slots):
 
 def test_shapes_and_gradient_reaches_every_parameter():
     agent, batch, initial_state, _ = rollout()
-    _, logprob, entropy, value, state, weights = agent.get_action_and_value(batch["inputs"], initial_state, batch["starts"], batch["actions"])
+    _, logprob, entropy, value, state, weights, probs, noise = agent.get_action_and_value(batch["inputs"], initial_state, batch["starts"], batch["actions"])
+    assert torch.equal(weights, probs) and noise is None  # the soft gate acts with its probabilities
     assert logprob.shape == value.shape == (64, 8) and state.shape == (8, 32) and weights.shape == (64, 8, 3)
     assert torch.allclose(weights.sum(-1), torch.ones(64, 8))
     assert agent.bank.slots.shape == (3, 8)
@@ -80,7 +83,7 @@ def test_slot_init_scale_and_uniform_initial_gate():
     torch.manual_seed(0)
     agent = m.Agent(4, 2, 3, 128, num_abstractions=64, slot_dim=64)
     assert agent.bank.slots.std().item() == pytest.approx(0.02, rel=0.1)
-    _, weights = agent.bank(torch.randn(10, 128))
+    _, weights, *_ = agent.bank(torch.randn(10, 128))
     assert torch.allclose(weights, torch.full_like(weights, 1 / 64), atol=2e-3)
 
 
@@ -91,10 +94,9 @@ def test_heads_see_only_the_film_modulated_state():
         agent.bank.slots.normal_()
     hidden = torch.randn(5, 16)
     # changing z (through the gate weights) changes both heads
-    a = agent.actor(agent.modulate(hidden, torch.eye(3)[[0] * 5])[0])
-    b = agent.actor(agent.modulate(hidden, torch.eye(3)[[1] * 5])[0])
-    va = agent.critic(agent.modulate(hidden, torch.eye(3)[[0] * 5])[0])
-    vb = agent.critic(agent.modulate(hidden, torch.eye(3)[[1] * 5])[0])
+    modulated = [agent.film(hidden, agent.bank(hidden, torch.eye(3)[[k] * 5])[0]) for k in (0, 1)]
+    a, b = (agent.actor(h) for h in modulated)
+    va, vb = (agent.critic(h) for h in modulated)
     assert not torch.allclose(a, b) and not torch.allclose(va, vb)
     # with gamma forced to 0 and beta to a constant, h cannot reach the heads at all: no bypass path
     with torch.no_grad():
@@ -112,7 +114,7 @@ def test_clamped_weights_give_exactly_one_slot():
     torch.manual_seed(0)
     bank = m.AbstractionBank(16, 4, 8, 1.0)
     for k in range(4):
-        z, _ = bank(torch.randn(3, 16), torch.eye(4)[[k] * 3])
+        z, *_ = bank(torch.randn(3, 16), torch.eye(4)[[k] * 3])
         assert torch.equal(z, bank.slots[k].expand(3, 8))
 
 
@@ -134,9 +136,9 @@ def test_temperature_sharpens_the_gate():
     torch.manual_seed(0)
     bank = m.AbstractionBank(16, 3, 8, 1.0)
     h = torch.randn(4, 16)
-    _, w1 = bank(h)
+    _, w1, *_ = bank(h)
     bank.tau = 0.001
-    _, w2 = bank(h)
+    _, w2, *_ = bank(h)
     assert m.weight_entropy(w2) < m.weight_entropy(w1)
 
 
@@ -155,9 +157,12 @@ def test_mutual_information_metric():
 # --- recurrent PPO with the gate --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("memory,oracle", [("gru", False), ("none", False), ("gru", True)])
-def test_first_minibatch_ratio_and_gate_are_reproduced(memory, oracle):
-    agent, batch, initial_state, _ = rollout(memory, oracle)
+@pytest.mark.parametrize("memory,oracle,gumbel_tau", [("gru", False, None), ("none", False, None), ("gru", True, None),
+                                                      ("gru", False, 1.0), ("none", False, 0.5)])
+def test_first_minibatch_ratio_and_gate_are_reproduced(memory, oracle, gumbel_tau):
+    """Also for the hard gate, whose replay reuses the acted Gumbel noise: a fresh draw would pick other slots."""
+    agent, batch, initial_state, _ = rollout(memory, oracle, gumbel_tau=gumbel_tau)
+    assert ("gate_noise" in batch) == (gumbel_tau is not None)
     assert initial_state.abs().sum() > 0 and batch["starts"][1:].sum() > 0
     adv, ret = m.compute_gae(batch["rewards"], batch["values"], batch["starts"], torch.zeros(8), torch.zeros(8), 0.99, 0.95)
     stats = m.ppo_update(agent, torch.optim.Adam(agent.parameters(), lr=1e-3), batch, initial_state, adv, ret, update_args())
@@ -171,8 +176,8 @@ def test_replay_from_a_zero_state_or_without_resets_would_differ():
     zeroes it at episode starts."""
     agent, batch, initial_state, _ = rollout()
     with torch.no_grad():
-        _, right_logp, *_, right = agent.get_action_and_value(batch["inputs"], initial_state, batch["starts"], batch["actions"])
-        _, zero_logp, *_, wrong = agent.get_action_and_value(batch["inputs"], torch.zeros_like(initial_state), batch["starts"], batch["actions"])
+        _, right_logp, *_, right, _, _ = agent.get_action_and_value(batch["inputs"], initial_state, batch["starts"], batch["actions"])
+        _, zero_logp, *_, wrong, _, _ = agent.get_action_and_value(batch["inputs"], torch.zeros_like(initial_state), batch["starts"], batch["actions"])
         _, no_reset_logp, *_ = agent.get_action_and_value(batch["inputs"], initial_state, torch.zeros_like(batch["starts"]), batch["actions"])
     assert (right - batch["weights"]).abs().max() < 1e-5 and (wrong - batch["weights"]).abs().max() > 1e-3
     assert (right_logp - batch["logprobs"]).abs().max() < 1e-5
@@ -185,7 +190,7 @@ def test_hidden_state_and_prev_inputs_are_zero_at_episode_starts():
     assert starts[1:].sum() > 0
     assert inputs[..., 4:7][starts].abs().sum() == 0 and torch.all(inputs[..., 6][~starts] == 1.0)
     with torch.no_grad():
-        hidden, _ = agent.unroll(inputs, initial_state, batch["starts"])
+        _, hidden, _ = agent.unroll(inputs, initial_state, batch["starts"])
         features = agent.encoder(inputs)
         fresh = agent.gru(features.reshape(-1, 32), torch.zeros(features[..., 0].numel(), 32)).reshape(features.shape)
     assert torch.allclose(hidden[starts], fresh[starts], atol=1e-6)
@@ -203,7 +208,8 @@ def test_unroll_equals_stepping_the_gru_module_with_resets():
     x, state = torch.randn(7, 3, agent.input_dim), torch.randn(3, 16)
     starts = torch.zeros(7, 3)
     starts[0, 1] = starts[3, 0] = starts[5, 2] = 1.0
-    hidden, last = agent.unroll(x, state, starts)
+    features, hidden, last = agent.unroll(x, state, starts)
+    torch.testing.assert_close(features, agent.encoder(x))
     h, expected = state, []
     for t in range(7):
         h = agent.gru(agent.encoder(x[t]), h * (1 - starts[t]).unsqueeze(-1))
@@ -212,11 +218,20 @@ def test_unroll_equals_stepping_the_gru_module_with_resets():
     torch.testing.assert_close(last, expected[-1], rtol=1e-5, atol=1e-6)
 
 
+def env_section(module):
+    source = open(module.__file__).read()
+    return source[source.index("# ENVIRONMENT"):source.index("# MODEL")]
+
+
 def test_environment_is_the_baselines():
-    """The env is copied from ppo_gru_baseline.py (single-file rule); identical seeds and actions must give identical
-    trajectories, so the two scripts are compared on the same task."""
-    for kwargs in ({}, {"hide_velocity": True}, {"switch_prob": 0.3}, {"fixed_mode": 3}):
-        envs = [mod.NonStationaryCartPole(6, mod.MODE_PRESETS["inverted4"], **kwargs) for mod in (m, baseline)]
+    """The env is copied from ppo_gru_baseline.py (single-file rule): the code is the same text, and identical seeds
+    and actions give identical trajectories, so the two scripts are compared on the same task."""
+    assert env_section(m) == env_section(baseline)
+    presets = [("inverted4", {}), ("inverted4", {"hide_velocity": True}), ("inverted4", {"switch_prob": 0.3}),
+               ("inverted4", {"fixed_mode": 3}), ("mirror4", {"held_out": [4], "switch_prob": 0.3}),
+               ("mirror4", {"held_out": [4], "mode_share": "balanced"})]
+    for preset, kwargs in presets:
+        envs = [mod.NonStationaryCartPole(6, mod.MODE_PRESETS[preset], **kwargs) for mod in (m, baseline)]
         outs = [env.reset(seed=5) for env in envs]
         rng = np.random.default_rng(0)
         for _ in range(300):
@@ -225,6 +240,61 @@ def test_environment_is_the_baselines():
             outs = [env.step(action) for env in envs]
             for a, b in zip(outs[0][1:4], outs[1][1:4]):
                 assert np.array_equal(a, b)
+
+
+def mode_steps(envs, steps=3000, seed=0):
+    """How many steps each mode governed, over `steps` steps of random actions."""
+    info, rng, counts = envs.reset(seed=seed)[1], np.random.default_rng(seed), np.zeros(len(envs.gravity), dtype=int)
+    for _ in range(steps):
+        np.add.at(counts, info["mode"], 1)
+        info = envs.step(rng.integers(2, size=envs.num_envs))[-1]
+    return counts
+
+
+def test_balanced_share_gives_every_training_mode_exactly_its_share():
+    """Uniform draws per episode give the long-lived modes most steps (mode 1 of mirror4, inverted, ends fast);
+    balanced pinning gives each of the M training modes exactly 1/M, and the held-out mode none."""
+    modes = m.MODE_PRESETS["mirror4"]
+    balanced = mode_steps(m.NonStationaryCartPole(8, modes, held_out=[4], mode_share="balanced"))
+    assert balanced.tolist() == [6000, 6000, 6000, 6000, 0]
+    uniform = mode_steps(m.NonStationaryCartPole(8, modes, held_out=[4]))
+    assert uniform.sum() == 24000 and uniform[4] == 0 and uniform[:4].min() > 0 and uniform[:4].max() != uniform[:4].min()
+    assert m.NonStationaryCartPole(6, modes, held_out=[4], mode_share="balanced").pinned.tolist() == [0, 1, 2, 3, 0, 1]
+
+
+def test_held_out_mode_is_never_drawn_in_training_but_can_be_evaluated():
+    modes = m.MODE_PRESETS["mirror4"]
+    # per-step switches draw modes about 3,000 times per env here; none of them is the held-out mode
+    counts = mode_steps(m.NonStationaryCartPole(16, modes, held_out=[4], switch_prob=0.2))
+    assert counts[4] == 0 and counts[:4].min() > 0
+    assert mode_steps(m.NonStationaryCartPole(16, modes), steps=300)[4] > 0  # the draw does reach index 4 otherwise
+    assert mode_steps(m.NonStationaryCartPole(4, modes, held_out=[4], fixed_mode=4), steps=50).tolist() == [0, 0, 0, 0, 200]
+
+
+def test_presets_parse_in_both_scripts():
+    """mirror4 is two physics x force sign ±1 (training modes 0-3) plus a held-out mode, in both scripts."""
+    for mod in (m, baseline):
+        args = tyro.cli(mod.Args, args=["--modes-preset", "mirror4", "--mode-share", "balanced", "--num-envs", "8"])
+        assert (args.modes_preset, args.mode_share) == ("mirror4", "balanced") and mod.Args().mode_share == "uniform"
+        mod.validate(args)
+        assert set(mod.HELD_OUT_MODES) == set(mod.MODE_PRESETS)
+        modes = mod.MODE_PRESETS["mirror4"]
+        assert len(modes) == 5 and mod.HELD_OUT_MODES["mirror4"] == [4]
+        assert {(g, l) for g, l, _ in modes[:4]} == {modes[0][:2], modes[2][:2]} and [s for *_, s in modes[:4]] == [1, -1, 1, -1]
+        assert modes[4] not in modes[:4]
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--fixed-mode", "5"], "--fixed-mode 5 is out of range; there are 5 modes"),
+    (["--fixed-mode", "4"], "--fixed-mode 4 is held out of training in mirror4"),
+    (["--mode-share", "balanced", "--num-envs", "2", "--num-minibatches", "1"], "multiple of the 4 training modes"),
+    (["--mode-share", "balanced", "--num-envs", "8", "--fixed-mode", "0"], "cannot be combined with --fixed-mode"),
+    (["--mode-share", "balanced", "--num-envs", "8", "--switch-prob", "0.1"], "cannot be combined with --fixed-mode or --switch-prob"),
+])
+def test_environment_flags_are_refused_the_same_way_in_both_scripts(flags, message):
+    for mod in (m, baseline):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            mod.validate(tyro.cli(mod.Args, args=["--modes-preset", "mirror4", *flags]))
 
 
 def test_truncated_episodes_are_bootstrapped_and_logged():
@@ -278,12 +348,12 @@ class ScriptedAgent(torch.nn.Module):
         self.bank.slots = torch.nn.Parameter(torch.eye(num_abstractions))
         self.minibatches = []
 
-    def get_action_and_value(self, x, state, starts, action=None):
+    def get_action_and_value(self, x, state, starts, action=None, noise=None):
         mb = x[0, :, 0].long()
         assert torch.all(x[..., 0] == x[:1, :, 0]) and torch.equal(state[:, 0].long(), mb)  # inputs and state agree
         self.minibatches.append(mb.tolist())
         weights = torch.full((*x.shape[:2], len(self.bank.slots)), 1.0 / len(self.bank.slots))
-        return action, self.logprob[:, mb], self.entropy[:, mb], self.value[:, mb], state, weights
+        return action, self.logprob[:, mb], self.entropy[:, mb], self.value[:, mb], state, weights, weights, None
 
 
 class GradSpy:
@@ -309,7 +379,7 @@ def scripted_update(advantages, returns, old_values, new_values=None, **override
     env_index = torch.arange(N, dtype=torch.float32)
     batch = {"inputs": env_index.expand(T, N)[..., None].clone(), "starts": torch.zeros(T, N),
              "actions": torch.zeros(T, N, dtype=torch.long), "logprobs": torch.full((T, N), -0.7), "values": old_values,
-             "weights": torch.full((T, N, 3), 1.0 / 3)}
+             "weights": torch.full((T, N, 3), 1.0 / 3), "ages": torch.zeros(T, N)}
     new_values = old_values if new_values is None else new_values
     agent = ScriptedAgent(batch["logprobs"], new_values, torch.full((T, N), 0.6))
     spy = GradSpy(agent)
@@ -392,9 +462,15 @@ def synthetic_batch(agent, T=6, N=4, seed=0):
     initial_state = torch.zeros(N, agent.hidden_size)
     actions = torch.randint(0, 2, (T, N), generator=gen)
     with torch.no_grad():
-        _, logprobs, _, values, _, weights = agent.get_action_and_value(inputs, initial_state, starts, actions)
+        _, logprobs, _, values, _, weights, _, noise = agent.get_action_and_value(inputs, initial_state, starts, actions)
+    ages = torch.zeros(T, N)  # steps since the episode's start: the first episode is BURN_IN old when the batch opens
+    for t in range(T):
+        ages[t] = 0 if t == 0 else (ages[t - 1] + 1) * (1 - starts[t])
+    ages[:, ~starts[T // 2].bool()] += m.BURN_IN
     batch = {"inputs": inputs, "starts": starts, "actions": actions, "logprobs": logprobs, "values": values,
-             "weights": weights}
+             "weights": weights, "ages": ages, "modes": torch.arange(N).expand(T, N) % 2}
+    if noise is not None:
+        batch["gate_noise"] = noise
     return batch, initial_state, torch.randn(T, N, generator=gen), torch.randn(T, N, generator=gen)
 
 
@@ -417,42 +493,50 @@ def test_target_kl_stops_the_update_after_the_epoch_that_exceeds_it():
     assert steps == {None: 8, 1e-8: 2, 1e3: 8}
 
 
-@pytest.mark.parametrize("term,sign", [("w_ent", 1.0), ("lb", -1.0), ("orth", 1.0)])
-def test_slot_regularisers_enter_the_loss_with_their_sign_and_lambda(term, sign):
-    """The update minimises ... + lambda_w_ent * H(w) - lambda_lb * H(mean w) + lambda_orth * ||AA^T - I||^2
-    (docs/ppo_gru_astral.md), w the gate weights replayed with gradient in the update. So raising one lambda by
-    0.5 adds 0.5 * sign * (the gradient of its term, computed here from a fresh replay) to every parameter's
-    gradient, and the two entropies reach the gate's parameters. A flipped sign, a lambda that does not scale its
-    term, or the acted (detached) weights batch["weights"] would each change that difference."""
+@pytest.mark.parametrize("hard_gate", [False, True])
+@pytest.mark.parametrize("term,flag,sign", [("weight_entropy", "lambda_w_ent", 1.0), ("load_balance_entropy", "lambda_lb", -1.0),
+                                           ("orthogonality", "lambda_orth", 1.0), ("episode_consistency", "lambda_consistency", -1.0),
+                                           ("supervised_ce", "lambda_supervised", 1.0)])
+def test_slot_regularisers_enter_the_loss_with_their_sign_and_lambda(term, flag, sign, hard_gate):
+    """The update minimises ... + lambda_w_ent * H(p) - lambda_lb * H(mean p) + lambda_orth * ||AA^T - I||^2
+    - lambda_consistency * I(episode; slot) + lambda_supervised * CE(p, mode) (docs/ppo_gru_astral.md), p the gate
+    probabilities replayed with gradient in the update (with the acted noise for the hard gate). So raising one lambda
+    by 0.5 adds 0.5 * sign * (the gradient of its term, computed here from a fresh replay) to every parameter's
+    gradient, and the gate terms reach the gate's parameters. A flipped sign, a lambda that does not scale its term,
+    or the acted (detached) weights batch["weights"] would each change that difference; and the logged grad norm of
+    the term is the norm of exactly that difference."""
     torch.manual_seed(0)
-    agent = m.Agent(4, 2, 3, 16, num_abstractions=3, slot_dim=8)
+    agent = m.Agent(4, 2, 3, 16, num_abstractions=3, slot_dim=8, gumbel_tau=0.5 if hard_gate else None)
     with torch.no_grad():
-        agent.bank.gate[-1].weight.mul_(300.0)  # a gate far from uniform, where the entropies have a gradient
+        agent.bank.gate[-1].weight.mul_(30.0)  # a gate far from uniform, where the entropies have a gradient
         agent.bank.slots.normal_()  # slots far from orthogonal
     batch, initial_state, adv, ret = synthetic_batch(agent)
-    flag = {"w_ent": "lambda_w_ent", "lb": "lambda_lb", "orth": "lambda_orth"}[term]
 
     def gradients(lam):
         np.random.seed(0)  # the same shuffle in both runs
         spy = GradSpy(agent)
-        args = update_args(num_minibatches=1, update_epochs=1, max_grad_norm=1e9, lambda_w_ent=0.0, lambda_lb=0.0,
-                           lambda_orth=0.0)
+        args = update_args(num_minibatches=1, update_epochs=1, max_grad_norm=1e9, **{f: 0.0 for f, _ in m.SLOT_TERMS.values()})
         setattr(args, flag, lam)
-        m.ppo_update(agent, spy, batch, initial_state, adv, ret, args)
+        stats = m.ppo_update(agent, spy, batch, initial_state, adv, ret, args)
         (grads,) = spy.grads
-        return grads
+        return grads, stats
 
-    without, with_term = gradients(0.0), gradients(0.5)
-    *_, weights = agent.get_action_and_value(batch["inputs"], initial_state, batch["starts"], batch["actions"])
-    value = {"w_ent": lambda: m.weight_entropy(weights), "lb": lambda: m.load_balance_entropy(weights),
-             "orth": lambda: m.orthogonality_penalty(agent.bank.slots)}[term]()
+    (without, _), (with_term, stats) = gradients(0.0), gradients(0.5)
+    probs = agent.get_action_and_value(batch["inputs"], initial_state, batch["starts"], batch["actions"], noise=batch.get("gate_noise"))[6]
+    value = {"weight_entropy": lambda: m.weight_entropy(probs), "load_balance_entropy": lambda: m.load_balance_entropy(probs),
+             "orthogonality": lambda: m.orthogonality_penalty(agent.bank.slots),
+             "episode_consistency": lambda: m.episode_consistency(probs, batch["starts"], batch["ages"]),
+             "supervised_ce": lambda: m.supervised_gate_loss(probs, batch["modes"], batch["ages"])}[term]()
     names, params = zip(*agent.named_parameters())
     expected = torch.autograd.grad(value, params, allow_unused=True)
     expected = {n: torch.zeros_like(p) if g is None else g for n, p, g in zip(names, params, expected)}
-    gate = "bank.gate.2.weight" if term != "orth" else "bank.slots"
+    gate = "bank.gate.2.weight" if term != "orthogonality" else "bank.slots"
     assert expected[gate].abs().max() > 1e-4  # the term has a gradient where it should act
     for name in names:
         torch.testing.assert_close(with_term[name] - without[name], 0.5 * sign * expected[name], atol=2e-6, rtol=1e-3)
+    norm = torch.sqrt(sum((g ** 2).sum() for g in expected.values())).item()
+    assert stats[f"grad_norm_{term}"] == pytest.approx(0.5 * norm, rel=1e-4)
+    assert stats["grad_norm_ppo"] > 0
 
 
 # --- script-level behaviour -------------------------------------------------------------------------------
@@ -514,6 +598,14 @@ BAD_INPUTS = [
     (["--target-kl", "0"], "--target-kl 0.0 must be positive"),
     (["--total-timesteps", "10"], "less than one rollout"),
     (["--capture-video"], "add --save-model"),
+    (["--modes-preset", "mirror4", "--fixed-mode", "4"], "--fixed-mode 4 is held out of training in mirror4"),
+    (["--modes-preset", "mirror4", "--mode-share", "balanced", "--num-envs", "2", "--num-minibatches", "1"], "multiple of the 4 training modes"),
+    (["--modes-preset", "mirror4", "--fixed-mode", "7"], "--fixed-mode 7 is out of range"),
+    (["--hard-gate", "--gumbel-tau", "0"], "--gumbel-tau 0.0 must be positive"),
+    (["--gumbel-tau", "-0.5"], "--gumbel-tau -0.5 must be positive"),
+    (["--slot-init", "orthonormal", "--num-abstractions", "9", "--slot-dim", "8"], "--slot-init orthonormal needs --num-abstractions 9 <= --slot-dim 8"),
+    (["--modes-preset", "mirror4", "--lambda-supervised", "1", "--num-abstractions", "3"], "--lambda-supervised needs --num-abstractions 3 >= the 4"),
+    (["--lambda-consistency", "-1"], "--lambda-consistency -1.0 must be non-negative"),
 ]
 
 

@@ -156,10 +156,10 @@ def test_modes_are_drawn_per_episode_switched_by_switch_prob_and_pinned_by_fixed
 
 def test_balanced_share_gives_every_training_mode_the_same_share_of_steps():
     """--mode-share balanced pins env i to training mode i mod M, whatever the episode lengths: the inverted mode's
-    ~20-step episodes get as many steps as the upright modes' 500-step ones; the held-out mode none."""
+    ~20-step episodes get as many steps as the upright modes' 500-step ones; a held-out mode none."""
     agent = m.Agent(4, 2, 4, 16)
-    for held_out, training in ((None, [0, 1, 2, 3]), (1, [0, 2, 3])):
-        envs = m.NonStationaryCartPole(12, m.MODE_PRESETS["inverted4"], switch_prob=0.5, held_out_mode=held_out, balanced=True)
+    for held_out, training in (((), [0, 1, 2, 3]), ((1,), [0, 2, 3])):
+        envs = m.NonStationaryCartPole(12, m.MODE_PRESETS["inverted4"], held_out=held_out, mode_share="balanced")
         carry = m.new_carry(envs, agent, 0, "cpu")
         batch, _, episodes = m.collect_rollout(agent, envs, carry, 64, 0.99, None)
         counts = np.bincount(batch["modes"].flatten().numpy(), minlength=4)
@@ -168,20 +168,25 @@ def test_balanced_share_gives_every_training_mode_the_same_share_of_steps():
 
 
 def test_held_out_mode_is_never_drawn_in_training_and_is_evaluated(tmp_path):
-    envs = m.NonStationaryCartPole(16, m.MODE_PRESETS["inverted4"], switch_prob=0.3, held_out_mode=2, max_episode_steps=20)
+    envs = m.NonStationaryCartPole(16, m.MODE_PRESETS["inverted4"], switch_prob=0.3, held_out=(2,), max_episode_steps=20)
     _, info = envs.reset(seed=0)
     seen, rng = [info["mode"]], np.random.default_rng(0)
     for _ in range(300):
         _, _, _, _, info = envs.step(rng.integers(2, size=16))
         seen.append(info["mode"])
     assert set(np.concatenate(seen)) == {0, 1, 3}
-    result = run([*TINY, "--total-timesteps", "128", "--modes-preset", "inverted4", "--held-out-mode", "2", "--save-model",
+    result = run([*TINY, "--total-timesteps", "128", "--modes-preset", "mirror4", "--save-model",
                   "--eval-episodes", "1", "--runs-dir", str(tmp_path)])
     assert result.returncode == 0, result.stderr
     (run_dir,) = glob.glob(str(tmp_path / "*"))
     report = json.load(open(os.path.join(run_dir, "eval.json")))
-    assert report["held_out_mode"] == 2 and set(report["per_mode"]) == {"0", "1", "2", "3"}
-    assert not scalars(run_dir, "charts/episodic_return_mode2") and scalars(run_dir, "charts/episodic_return_mode3")
+    assert report["held_out_modes"] == [4] and set(report["per_mode"]) == {"0", "1", "2", "3", "4"}
+    training = [report["per_mode"][str(k)]["deterministic"]["mean"] for k in range(4)]
+    assert report["deterministic_mean"] == pytest.approx(np.mean(training))
+    assert report["deterministic_held_out_mean"] == report["per_mode"]["4"]["deterministic"]["mean"]
+    # the force-inverted training modes end their episodes within the budget; the held-out mode is never logged
+    assert not scalars(run_dir, "charts/episodic_return_mode4")
+    assert scalars(run_dir, "charts/episodic_return_mode1") or scalars(run_dir, "charts/episodic_return_mode3")
 
 
 # --- recurrent PPO mechanics -------------------------------------------------------------------------
@@ -576,12 +581,13 @@ BAD_INPUTS = [
     (["--switch-prob", "1.5"], "--switch-prob 1.5 must be in [0, 1]"),
     (["--capture-video"], "add --save-model"),
     (["--exp-name", "a/b"], "--exp-name 'a/b' must be a non-empty name without '/'"),
-    (["--held-out-mode", "3"], "--held-out-mode 3 is out of range; there are 3 modes (0..2)"),
-    (["--held-out-mode", "1", "--fixed-mode", "1"], "--fixed-mode 1 is the --held-out-mode, which is never used in training"),
-    (["--mode-share", "balanced", "--fixed-mode", "1"], "--mode-share balanced and --fixed-mode both pin the modes"),
-    (["--mode-share", "balanced", "--num-envs", "4", "--num-minibatches", "2"], "--mode-share balanced needs --num-envs divisible by the 3 training modes"),
-    (["--mode-share", "balanced", "--num-envs", "4", "--num-minibatches", "2", "--modes-preset", "inverted4", "--held-out-mode", "0"],
-     "--mode-share balanced needs --num-envs divisible by the 3 training modes"),
+    (["--modes-preset", "mirror4", "--fixed-mode", "4"], "--fixed-mode 4 is held out of training in mirror4"),
+    (["--mode-share", "balanced", "--num-envs", "6", "--num-minibatches", "2", "--fixed-mode", "1"],
+     "--mode-share balanced pins every env's mode"),
+    (["--mode-share", "balanced", "--num-envs", "4", "--num-minibatches", "2"],
+     "--mode-share balanced needs --num-envs 4 to be a multiple of the 3 training modes"),
+    (["--mode-share", "balanced", "--num-envs", "6", "--num-minibatches", "2", "--modes-preset", "mirror4"],
+     "--mode-share balanced needs --num-envs 6 to be a multiple of the 4 training modes"),
 ]
 
 
