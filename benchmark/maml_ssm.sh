@@ -7,13 +7,13 @@
 # cartpole-physics (held-out gravity/length ranges at test time) and halfcheetah-vel (gymnasium MuJoCo), and
 # `adapt` (standard vs hybrid x pg/dynamics/entropy) on every MAML-SSM point-nav and cartpole checkpoint,
 # summarised over seeds with the no-adaptation level.
-#   benchmark/maml_ssm.sh              full (issues 6 and 7) -> benchmark/out/maml_ssm_full, docs/results/maml_ssm:
+#   benchmark/maml_ssm.sh              full -> benchmark/out/maml_ssm_full, docs/results/maml_ssm:
 #                                      point-nav every arm 5 seeds x 150 outer steps, cartpole 5 seeds x 50,
 #                                      halfcheetah 1 seed x 450, adapt on 10 checkpoints, and first the
 #                                      15-CPU-minute check (the paper's TRPO on 20 x 20 episodes stopped by
 #                                      --cpu-budget 900, MLP and SSM, 5 seeds, with the paper code's goal square
 #                                      and again with the Euclidean goal disc); 2 runs at a time
-#   benchmark/maml_ssm.sh --budget     session 1's smaller sweep (the docs now report the full flavour):
+#   benchmark/maml_ssm.sh --budget     a smaller sweep (the docs report the full flavour):
 #                                      SSM seeds 1-2, GRU/MLP/baselines seed 1, cartpole seed 1, no halfcheetah
 #   benchmark/maml_ssm.sh --quick      smoke flavour of every code path (a few minutes) -> benchmark/out/maml_ssm_quick
 #   add --report-only to rebuild the tables/PNGs from finished runs without running anything (the report is
@@ -105,11 +105,10 @@ adapt_sweep() {
     for p in "${pids[@]}"; do wait "$p" || status=$?; done
 }
 if [ "$report_only" = 0 ]; then
-# the issue's target first: the paper's post-adaptation returns within 15 CPU-minutes of meta-training, with the
+# first the comparison with the paper's Table 4: post-adaptation returns after 15 CPU-minutes of meta-training, with the
 # paper's own outer step (TRPO, KL 0.01) on 20 tasks x 20 episodes, second order, stopped by --cpu-budget
 [ "$trpo_seeds" -gt 0 ] && sweep trpo "$trpo_seeds" "--policy mlp | --policy ssm" "$TRPO"
-# the same with the Euclidean goal disc instead of the paper code's goal square: what the paper preset used up to
-# session 5, kept as an ablation of the termination rule
+# the same with the Euclidean goal disc instead of the paper code's goal square: an ablation of the termination rule
 [ "$trpo_seeds" -gt 0 ] && sweep trpo_euclidean "$trpo_seeds" "--policy mlp | --policy ssm" "$TRPO --no-goal-box --no-fill-steps"
 sweep ssm "$ssm_seeds" "--policy ssm"
 sweep baselines "$other_seeds" "--policy mlp | --policy ssm --outer-steps 0 | --policy gru | --policy ssm --num-inner-steps 0"

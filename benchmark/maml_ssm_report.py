@@ -197,7 +197,7 @@ def adapt_tables(out, report):
             # small x offsets so the error bars of the 6 lines do not hide each other
             x = np.array([int(k) for k in ks]) + (i - (len(names) - 1) / 2) * 0.03
             ax.errorbar(x, R.mean(0), yerr=sd, marker="o", capsize=3, label=name)
-        # theta_0's level (adapt.json before session 18 lacks it: offline, every run's entry 0 is that level)
+        # theta_0's level (an adapt.json without it: offline, every run's entry 0 is that level)
         base = np.mean([r["no_adaptation"]["return"] if "no_adaptation" in r else r["results"][names[0]]["returns_after_steps"]["0"]
                         for _, r in items])
         ax.axhline(base, color="k", ls="--", lw=1, label=f"no adaptation (theta_0): {base:.2f}")

@@ -229,182 +229,6 @@ class AdaptArgs:
     """accepted for CleanRL compatibility; everything runs on CPU (tiny networks, batched simulation)"""
 
 
-@dataclass
-class AdaptConfig:
-    """What one adapter needs (one objective of an AdaptArgs run)."""
-
-    adapt_objective: str
-    adapt_lr: float
-    adapt_params: str = "all"
-    adapt_optimizer: str = "sgd"
-    grad_clip: float = 10.0
-    max_step_norm: float = 1.0
-    trust_region: float = 2.0
-    ema_decay: float = 0.0
-    max_importance_weight: float = 10.0
-    strategy: str = "none"
-    tent_coef: float = 1.0
-    experience_weight: float = 1.0
-    experience_batch_size: int = 256
-    discrete: bool = False
-
-
-def adapt_config(aargs: AdaptArgs, objective: str, lr: float, discrete: bool) -> AdaptConfig:
-    shared = {f.name: getattr(aargs, f.name) for f in dataclasses.fields(AdaptConfig) if hasattr(aargs, f.name)}
-    return AdaptConfig(**{**shared, "adapt_objective": objective, "adapt_lr": lr, "discrete": discrete})
-
-
-def finite_and_seeded(a) -> Optional[str]:
-    """NaN and inf pass every `x <= 0` check and reach the optimizer or the loss; seeds outside numpy's range fail
-    only after the run directory exists. Checked first for train, eval and adapt arguments alike."""
-    for field in dataclasses.fields(a):
-        value = getattr(a, field.name)
-        if isinstance(value, float) and not math.isfinite(value):
-            return f"--{field.name.replace('_', '-')} {value} must be a finite number"
-    for name in ("seed", "eval_seed"):
-        value = getattr(a, name, None)
-        if value is not None and not 0 <= value < 2**32:
-            return f"--{name.replace('_', '-')} {value} must be in [0, 2**32 - 1]"
-    # the name becomes part of a directory name and of the model file's name: a '/' makes the save fail after training
-    # (train only: eval and adapt write beside their checkpoint)
-    if isinstance(a, Args) and (not a.exp_name.strip() or "/" in a.exp_name):
-        return f"--exp-name {a.exp_name!r} must be a non-empty name without '/'"
-    return None
-
-
-def validate_adapt_args(a: AdaptArgs) -> Optional[str]:
-    msg = finite_and_seeded(a)
-    if msg:
-        return msg
-    if not a.adaptation_mode or not a.adapt_objective:
-        return "--adaptation-mode and --adapt-objective each need at least one value"
-    for mode in a.adaptation_mode:
-        if mode not in ("standard", "hybrid"):
-            return f"unknown --adaptation-mode {mode!r}; choose standard or hybrid"
-    for obj in a.adapt_objective:
-        if obj not in ("pg", "dynamics", "entropy"):
-            return f"unknown --adapt-objective {obj!r}; choose pg, dynamics or entropy"
-    if a.strategy not in STRATEGIES:
-        return f"unknown --strategy {a.strategy!r}; registered: {', '.join(STRATEGIES)}"
-    if a.adapt_params not in ("all", "ssm", "heads", "norm"):
-        return f"unknown --adapt-params {a.adapt_params!r}; choose all, ssm, heads or norm"
-    if a.adapt_optimizer not in ("sgd", "adam"):
-        return f"unknown --adapt-optimizer {a.adapt_optimizer!r}; choose sgd or adam"
-    if a.adapt_lr is not None and a.adapt_lr <= 0:
-        return f"--adapt-lr must be positive, got {a.adapt_lr}"
-    for name in ("grad_clip", "max_step_norm", "trust_region"):
-        if getattr(a, name) <= 0:
-            return f"--{name.replace('_', '-')} must be positive, got {getattr(a, name)}"
-    if a.max_importance_weight < 1:  # a cap below 1 would also scale on-policy steps (weight 1)
-        return f"--max-importance-weight must be >= 1, got {a.max_importance_weight}"
-    if not 0 <= a.ema_decay < 1 or a.experience_weight < 0:
-        return "--ema-decay must be in [0, 1) and --experience-weight >= 0"
-    if a.num_tasks < 2 or a.experience_batch_size < 1 or a.online_every < 1 or (a.adapt_steps is not None and a.adapt_steps < 0):
-        return "--num-tasks must be >= 2, --experience-batch-size and --online-every >= 1, --adapt-steps >= 0"
-    if a.fast_batch_size is not None and a.fast_batch_size < 1:
-        return "--fast-batch-size must be >= 1"
-    return None
-
-
-def claim_run_dir(runs_dir: str, run_name: str) -> tuple[str, str]:
-    """Create a new run directory and return (run_name, run_dir).
-
-    Runs with the same name started in the same second (a shell loop over flags with one seed) would otherwise share
-    one directory, mixing their TensorBoard events and overwriting each other's checkpoints and eval.json. os.mkdir is
-    atomic, so each run gets a directory of its own: a name already taken gets the suffix __2, __3, ... An unusable
-    --runs-dir (a file, not writable) is a one-line error.
-    """
-    try:
-        os.makedirs(runs_dir, exist_ok=True)
-        suffix = 1
-        while True:
-            name = run_name if suffix == 1 else f"{run_name}__{suffix}"
-            try:
-                os.mkdir(os.path.join(runs_dir, name))
-                return name, os.path.join(runs_dir, name)
-            except FileExistsError:
-                suffix += 1
-    except OSError as e:  # --runs-dir itself is unusable: a file, not writable, ...
-        reason = "not a directory" if os.path.exists(runs_dir) and not os.path.isdir(runs_dir) else e.strerror
-        error(f"cannot create a run directory in --runs-dir {runs_dir!r} ({reason}); pass a writable directory")
-
-
-def error(msg: str):
-    print(f"maml_ssm.py: error: {msg}", file=sys.stderr)
-    sys.exit(2)
-
-
-def validate_args(args: Args) -> Optional[str]:
-    msg = finite_and_seeded(args)
-    if msg:
-        return msg
-    if args.task not in TASKS:
-        return f"unknown --task {args.task!r}; choose one of {', '.join(TASKS)}"
-    if args.policy not in POLICIES:
-        return f"unknown --policy {args.policy!r}; choose one of {', '.join(POLICIES)}"
-    if args.outer_optimizer not in ("trpo", "adam"):
-        return f"unknown --outer-optimizer {args.outer_optimizer!r}; choose trpo or adam"
-    if args.config not in PRESETS:
-        return f"unknown --config {args.config!r}; choose one of {', '.join(PRESETS)}"
-    for name in ("inner_lr", "outer_lr", "aux_lr", "adapt_lr", "max_kl"):
-        if not getattr(args, name) > 0:
-            return f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}"
-    for name in ("tasks_per_batch", "fast_batch_size", "max_episode_steps", "hidden_size", "state_size",
-                 "eval_tasks", "cg_iters", "num_threads", "ls_max_steps", "log_every"):
-        if getattr(args, name) < 1:
-            return f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}"
-    for name in ("outer_steps", "num_inner_steps", "eval_steps", "adapt_steps", "buffer_size"):
-        if getattr(args, name) < 0:
-            return f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}"
-    if not 0 < args.ls_backtrack_ratio < 1:
-        return f"--ls-backtrack-ratio must be in (0, 1), got {args.ls_backtrack_ratio}"
-    if not (0 < args.gamma <= 1 and 0 <= args.gae_lambda <= 1):
-        return "--gamma must be in (0, 1] and --gae-lambda in [0, 1]"
-    if args.cpu_budget < 0:
-        return f"--cpu-budget must be >= 0 (0: no limit), got {args.cpu_budget}"
-    if args.eval_episodes is not None and args.eval_episodes < 1:
-        return f"--eval-episodes must be >= 1, got {args.eval_episodes}"
-    for name in ("dynamics_coef", "cg_damping"):
-        if getattr(args, name) < 0:
-            return f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}"
-    if args.eval_later_lr_scale <= 0:
-        return f"--eval-later-lr-scale must be positive, got {args.eval_later_lr_scale}"
-    if args.save_model and args.eval_tasks < 2:
-        return f"--eval-tasks {args.eval_tasks}: the evaluation after --save-model needs >= 2 tasks for its 95% CI"
-    if args.goal_box and args.task != "point-nav-2d":
-        return f"--goal-box only applies to --task point-nav-2d, not {args.task}; drop it (or --no-goal-box with --config paper)"
-    if args.capture_video:
-        return "--capture-video is not supported: the tasks are batched tensors without a renderer"
-    # sizes that cannot fit fail here, not as a MemoryError once the run directory exists. Both figures are lower
-    # bounds: weights, gradients and Adam's two moments (16 bytes a parameter); and a meta-iteration's batches (the
-    # observations of every inner-step and post-adaptation batch, which stay in memory until the outer step), plus
-    # one width-H feature a step of the post-adaptation batch, which the meta-gradient's graph keeps
-    env_cls = ENV_CLASSES[args.task]
-    spec = (env_cls.obs_dim, env_cls.act_dim, env_cls.discrete)
-    width = policy_width(args, env_cls)
-    params = agent_param_count(args.policy, *spec, width, args.state_size, args.in_context, args.layer_norm)
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if 16 * params > ram:
-        return (f"the policy would have {params:,} parameters, {16 * params / 2**30:,.0f} GiB with gradients and Adam "
-                f"state, more than this machine's {ram / 2**30:.0f} GiB: reduce --hidden-size or --state-size")
-    per_step = (args.num_inner_steps + 1) * env_cls.obs_dim + width
-    if 4 * args.tasks_per_batch * args.fast_batch_size * args.max_episode_steps * per_step > ram:
-        return (f"a meta-batch of --tasks-per-batch {args.tasks_per_batch} x --fast-batch-size {args.fast_batch_size} "
-                f"episodes of --max-episode-steps {args.max_episode_steps} needs more than this machine's "
-                f"{ram / 2**30:.0f} GiB: reduce them")
-    if args.task == "halfcheetah-vel" and not mujoco_available():
-        return f"--task halfcheetah-vel needs the 'mujoco' package: pip install {MUJOCO_PIN}"
-    return None
-
-
-def mujoco_available() -> bool:
-    try:
-        import mujoco  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 # ------------------------------------------------------------------------------------------------ TASKS
 def sample_tasks(task: str, rng: np.random.Generator, n: int, split: str) -> np.ndarray:
     """Task parameters, one row per task: goal (x, y) | (gravity, half-length) | target velocity."""
@@ -634,12 +458,9 @@ class Agent(nn.Module):
         self.value_head = layer_init(nn.Linear(hidden, 1), std=1.0)
         self.dyn_head = layer_init(nn.Linear(hidden + act_dim, obs_dim), std=1.0)
 
-    def initial_state(self, n, device="cpu"):
-        if self.kind == "ssm":
-            return torch.zeros(n, 2 * self.state_size, dtype=self.encoder.weight.dtype, device=device)
-        if self.kind == "gru":
-            return torch.zeros(n, self.hidden, dtype=self.encoder.weight.dtype, device=device)
-        return torch.zeros(n, 0, device=device)
+    def initial_state(self, n):
+        width = {"ssm": 2 * self.state_size, "gru": self.hidden, "mlp": 0}[self.kind]
+        return torch.zeros(n, width, dtype=self.encoder.weight.dtype)
 
     def make_input(self, obs, prev_action, prev_reward):
         """prev_action is a vector (one-hot for discrete actions), zero on the first step of an episode."""
@@ -649,31 +470,24 @@ class Agent(nn.Module):
         """inputs: (T, B, in_dim), starts: (T, B) bool (first step of an episode), state: (B, ...).
         Returns dict with pi (mean or logits), log_std, value, feats, next_obs (if actions given), state."""
         h = torch.tanh(self.encoder(inputs))
-        if self.kind == "ssm":
-            if scan:
-                y, state = self.core.scan(h, state, starts)
-            else:
-                ys = []
-                for t in range(h.shape[0]):
-                    y_t, state = self.core.step(h[t], state, starts[t])
-                    ys.append(y_t)
-                y = torch.stack(ys)
-            z = F.gelu(y) + h
-        elif self.kind == "gru":
-            if scan and not starts[1:].any():
-                # only the first step can be a reset: one fused GRU call over the whole sequence
-                y, hn = self.core(h, (state * (~starts[0]).unsqueeze(-1)).unsqueeze(0))
-                state = hn[0]
-            else:
-                ys = []
-                for t in range(h.shape[0]):
-                    y_t, hn = self.core(h[t : t + 1], (state * (~starts[t]).unsqueeze(-1)).unsqueeze(0))
-                    state = hn[0]
-                    ys.append(y_t[0])
-                y = torch.stack(ys)
-            z = y
+        if self.kind == "mlp":
+            y = self.core(h)
+        elif scan and self.kind == "ssm":
+            y, state = self.core.scan(h, state, starts)
+        elif scan and not starts[1:].any():  # GRU whose only reset is the first step: one fused call
+            y, hn = self.core(h, (state * (~starts[0]).unsqueeze(-1)).unsqueeze(0))
+            state = hn[0]
         else:
-            z = torch.tanh(self.core(h))
+            ys = []
+            for t in range(h.shape[0]):
+                if self.kind == "ssm":
+                    y_t, state = self.core.step(h[t], state, starts[t])
+                else:
+                    y_t, hn = self.core(h[t : t + 1], (state * (~starts[t]).unsqueeze(-1)).unsqueeze(0))
+                    y_t, state = y_t[0], hn[0]
+                ys.append(y_t)
+            y = torch.stack(ys)
+        z = F.gelu(y) + h if self.kind == "ssm" else (y if self.kind == "gru" else torch.tanh(y))
         if self.norm is not None:
             z = self.norm(z)
         feats = torch.tanh(self.fc(z))
@@ -714,18 +528,11 @@ def policy_width(args: Args, env_cls) -> int:
     if args.policy == "ssm":
         return args.hidden_size
 
-    def count(w):
-        return agent_param_count(args.policy, *spec, w, args.state_size, args.in_context, args.layer_norm)
-
-    # counts grow with the width: bisect for the first width whose count reaches the target, then take the closer
-    # of it and the width below (the smaller on a tie)
-    lo, hi = 4, 4
-    while count(hi) < target:
+    count = lambda w: agent_param_count(args.policy, *spec, w, args.state_size, args.in_context, args.layer_norm)  # noqa: E731
+    hi = 4
+    while count(hi) < target:  # counts grow with the width: the closest is below the first width reaching the target
         hi *= 2
-    while lo < hi:
-        mid = (lo + hi) // 2
-        lo, hi = (mid + 1, hi) if count(mid) < target else (lo, mid)
-    return min((w for w in (lo - 1, lo) if w >= 4), key=lambda w: abs(count(w) - target))
+    return min(range(4, hi + 1), key=lambda w: (abs(count(w) - target), w))  # the smaller on a tie
 
 
 def build_agent(args: Args, env_cls) -> Agent:
@@ -735,9 +542,11 @@ def build_agent(args: Args, env_cls) -> Agent:
 
 # ------------------------------------------------------------------------------------------------ ROLLOUT
 @torch.no_grad()
-def rollout(model, params_list, env, horizon):
-    """Runs env.n episodes; rows are split evenly into len(params_list) groups, group g acting with
-    params_list[g] (one group per task after adaptation). Returns time-major tensors (T, n, ...)."""
+def rollout(model, params_list, env, horizon, adapt_every=0, adapt_on=None):
+    """Runs env.n episodes; rows are split evenly into len(params_list) groups, group g acting with params_list[g]
+    (one group per task after adaptation). Returns time-major tensors (T, n, ...). Online adaptation: every
+    `adapt_every` steps `adapt_on(episodes so far)` adapts and returns the new params_list (the recurrent state
+    carries on)."""
     n, G = env.n, len(params_list)
     per = n // G
     obs = env.reset()
@@ -747,6 +556,8 @@ def rollout(model, params_list, env, horizon):
     keys = ("obs", "inputs", "actions", "rewards", "masks", "next_obs", "logp", "states")
     buf = {k: [] for k in keys}
     for t in range(horizon):
+        if adapt_every and t > 0 and t % adapt_every == 0:
+            params_list = adapt_on(stack_steps(buf))
         inp = model.make_input(obs, prev_a, prev_r)
         start = torch.full((per,), t == 0)
         state_in = torch.cat(states)  # the recurrent state this step starts from (stored for replay)
@@ -769,6 +580,10 @@ def rollout(model, params_list, env, horizon):
         obs, prev_r = next_obs, reward[:, None]
         if not alive.any():
             break
+    return stack_steps(buf)
+
+
+def stack_steps(buf):
     batch = {k: torch.stack(v) for k, v in buf.items()}
     batch["masks"] = batch["masks"].float()
     batch["starts"] = torch.zeros_like(batch["masks"], dtype=torch.bool)
@@ -785,16 +600,15 @@ def split_batch(batch, G):
 def concat_episodes(parts):
     """Episodes of several time-major batches side by side; shorter ones are padded with masked-out steps."""
     T = max(b["masks"].shape[0] for b in parts)
-    pad = lambda v: torch.cat([v, v.new_zeros((T - v.shape[0], *v.shape[1:]))]) if v.shape[0] < T else v
+    pad = lambda v: torch.cat([v, v.new_zeros((T - v.shape[0], *v.shape[1:]))]) if v.shape[0] < T else v  # noqa: E731
     return {k: torch.cat([pad(b[k]) for b in parts], 1) for k in parts[0]}
 
 
 def fill_to_steps(model, batches, plist, task_params, args, gen):
     """--fill-steps: while a task's episodes hold fewer than fast_batch_size x horizon valid steps, sample more
-    episodes of it (with its own parameters) and keep them in order up to the one that reaches that count.
-    Every episode started is kept, whatever its length. The paper code's sampler counts steps too, but drops the
-    episodes still running when the count is reached; that favours short episodes (benchmark/probes/
-    maml_paper_sampler_eval.py measures it)."""
+    episodes of it (with its own parameters) and keep them in order up to the one that reaches that count. Every
+    episode started is kept, whatever its length. The paper code's sampler counts steps too, but drops the episodes
+    still running when the count is reached, which favours short episodes (docs/maml_ssm.md)."""
     budget = args.fast_batch_size * args.max_episode_steps
     steps = [int(b["masks"].sum()) for b in batches]
     while True:
@@ -860,6 +674,11 @@ def compute_advantages(batch, gamma, gae_lambda):
     return adv.float()
 
 
+def prepare_batch(batch, args):
+    batch["advantages"] = compute_advantages(batch, args.gamma, args.gae_lambda)
+    return batch
+
+
 # ------------------------------------------------------------------------------------------------ MAML
 def start_state(model, batch):
     """The state a batch's sequences start from: stored for replayed transitions, zero for fresh episodes."""
@@ -867,21 +686,27 @@ def start_state(model, batch):
 
 
 def policy_out(model, params, batch):
-    state0 = start_state(model, batch)
-    return functional_call(model, params, (batch["inputs"], batch["starts"], state0), {"scan": True})
+    return functional_call(model, params, (batch["inputs"], batch["starts"], start_state(model, batch)), {"scan": True})
+
+
+def masked_mean(x, masks):
+    return (x * masks).sum() / masks.sum()
+
+
+def entropy(out, discrete):
+    ent = make_dist(out, discrete).entropy()
+    return ent if discrete else ent.sum(-1)
 
 
 def inner_loss(model, params, batch):
     """REINFORCE with GAE advantages (from rewards through the linear baseline): -E[log pi(a|s) A]."""
-    out = policy_out(model, params, batch)
-    logp = log_prob(make_dist(out, model.discrete), batch["actions"], model.discrete)
-    m = batch["masks"]
-    return -(logp * batch["advantages"] * m).sum() / m.sum()
+    logp = log_prob(make_dist(policy_out(model, params, batch), model.discrete), batch["actions"], model.discrete)
+    return -masked_mean(logp * batch["advantages"], batch["masks"])
 
 
 def inner_step(model, params, batch, lr, create_graph):
-    """theta' = theta - lr * grad inner_loss(theta). With create_graph the result stays differentiable in
-    theta through the gradient (second-order MAML); without it the gradient is a constant (first-order)."""
+    """The MAML inner update theta' = theta - lr * grad inner_loss(theta). With create_graph the result stays
+    differentiable in theta through the gradient (second order); without it the gradient is a constant."""
     loss = inner_loss(model, params, batch)
     names = [k for k, p in params.items() if p.requires_grad]
     grads = torch.autograd.grad(loss, [params[k] for k in names], create_graph=create_graph, allow_unused=True)
@@ -892,7 +717,8 @@ def inner_step(model, params, batch, lr, create_graph):
     return new
 
 
-def adapt(model, params, train_batches, lr, first_order, create_graph=True):
+def inner_loop(model, params, train_batches, lr, first_order, create_graph=True):
+    """theta' after one inner step on each of a task's fast batches."""
     for b in train_batches:
         params = inner_step(model, params, b, lr, create_graph and not first_order)
     return params
@@ -909,20 +735,18 @@ def kl_divergence(old, new, discrete):
 
 def meta_objective(model, params, tasks_data, args, old_outs=None, create_graph=True):
     """Mean over tasks of the surrogate -E[pi_theta'(a|s)/pi_old(a|s) A] on post-adaptation episodes, where
-    theta' = adapt(theta) on the task's fast batches; also the mean KL(old || new) on those episodes."""
+    theta' = inner_loop(theta) on the task's fast batches; also the mean KL(old || new) on those episodes."""
     losses, kls, outs = [], [], []
     for i, td in enumerate(tasks_data):
-        p = adapt(model, params, td["train"], args.inner_lr, args.first_order, create_graph)
+        p = inner_loop(model, params, td["train"], args.inner_lr, args.first_order, create_graph)
         val = td["val"]
         out = policy_out(model, p, val)
-        old = old_outs[i] if old_outs is not None else {k: (v.detach() if v is not None else None) for k, v in out.items() if k in ("pi", "log_std")}
+        old = old_outs[i] if old_outs is not None else {"pi": out["pi"].detach(), "log_std": None if out["log_std"] is None else out["log_std"].detach()}
         outs.append(old)
-        m = val["masks"]
         logp = log_prob(make_dist(out, model.discrete), val["actions"], model.discrete)
         logp_old = log_prob(make_dist(old, model.discrete), val["actions"], model.discrete)
-        ratio = torch.exp(logp - logp_old)
-        losses.append(-(ratio * val["advantages"] * m).sum() / m.sum())
-        kls.append((kl_divergence(old, out, model.discrete) * m).sum() / m.sum())
+        losses.append(-masked_mean(torch.exp(logp - logp_old) * val["advantages"], val["masks"]))
+        kls.append(masked_mean(kl_divergence(old, out, model.discrete), val["masks"]))
     return torch.stack(losses).mean(), torch.stack(kls).mean(), outs
 
 
@@ -946,27 +770,26 @@ def kl_radius_step(step_dir, f_step_dir, max_kl):
     return step_dir * torch.sqrt(2 * max_kl / (step_dir @ f_step_dir + 1e-12))
 
 
+def flat_grad(out, plist, **kw):
+    grads = torch.autograd.grad(out, plist, allow_unused=True, **kw)
+    return torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1) for g, p in zip(grads, plist)])
+
+
 def trpo_step(model, tasks_data, args):
     """TRPO outer update: natural gradient direction by conjugate gradient with Hessian(KL)-vector products
     (differentiating through the inner adaptation), scaled to the KL radius, then a backtracking line search."""
-    names = [k for k, _ in model.named_parameters()]
-    params = dict(model.named_parameters())
-    plist = [params[k] for k in names]
+    plist = list(model.parameters())
     # kl is KL(detached self || self): zero with zero gradient, but its Hessian is the Fisher matrix
-    loss, kl, old_outs = meta_objective(model, params, tasks_data, args)
-    grads = torch.autograd.grad(loss, plist, retain_graph=True, allow_unused=True)
-    g = torch.cat([(gr if gr is not None else torch.zeros_like(p)).reshape(-1) for gr, p in zip(grads, plist)])
-    kl_grads = torch.autograd.grad(kl, plist, create_graph=True, allow_unused=True)
-    flat_kl = torch.cat([(gr if gr is not None else torch.zeros_like(p)).reshape(-1) for gr, p in zip(kl_grads, plist)])
+    loss, kl, old_outs = meta_objective(model, dict(model.named_parameters()), tasks_data, args)
+    g = flat_grad(loss, plist, retain_graph=True)
+    flat_kl = flat_grad(kl, plist, create_graph=True)
 
     def fvp(v):
-        hv = torch.autograd.grad(flat_kl @ v, plist, retain_graph=True, allow_unused=True)
-        return torch.cat([(h if h is not None else torch.zeros_like(p)).reshape(-1) for h, p in zip(hv, plist)]) + args.cg_damping * v
+        return flat_grad(flat_kl @ v, plist, retain_graph=True) + args.cg_damping * v
 
-    step_dir = conjugate_gradient(fvp, -g.detach(), args.cg_iters)
+    step_dir = conjugate_gradient(fvp, -g, args.cg_iters)
     step = kl_radius_step(step_dir, fvp(step_dir), args.max_kl)
     old_flat = torch.cat([p.detach().reshape(-1) for p in plist])
-    expected = g.detach() @ step
     frac, accepted, new_kl, ls_steps = 1.0, False, torch.tensor(0.0), 0
     for ls_steps in range(1, args.ls_max_steps + 1):
         torch.nn.utils.vector_to_parameters(old_flat + frac * step, plist)
@@ -978,12 +801,7 @@ def trpo_step(model, tasks_data, args):
     if not accepted:
         torch.nn.utils.vector_to_parameters(old_flat, plist)
     return {"outer_loss": loss.item(), "approx_kl": new_kl.item() if accepted else 0.0, "line_search_steps": ls_steps,
-            "accepted": float(accepted), "expected_improve": -expected.item()}
-
-
-def prepare_batch(batch, args):
-    batch["advantages"] = compute_advantages(batch, args.gamma, args.gae_lambda)
-    return batch
+            "accepted": float(accepted), "expected_improve": -(g @ step).item()}
 
 
 def sample_task_batches(model, params, task_params, args, gen, num_steps, inner_lrs):
@@ -995,8 +813,7 @@ def sample_task_batches(model, params, task_params, args, gen, num_steps, inner_
     train = [[] for _ in range(K)]
     returns = []
     for j in range(num_steps + 1):
-        plist = task_p if j > 0 else [params]
-        parts = split_batch(rollout(model, plist, env, args.max_episode_steps), K)
+        parts = split_batch(rollout(model, task_p if j > 0 else [params], env, args.max_episode_steps), K)
         if args.fill_steps:
             parts = fill_to_steps(model, parts, task_p, task_params, args, gen)  # task_p is [theta] * K at j = 0
         returns.append(torch.stack([episode_returns(b).mean() for b in parts]))
@@ -1010,14 +827,157 @@ def sample_task_batches(model, params, task_params, args, gen, num_steps, inner_
                 task_p[i] = {k: v.detach() for k, v in inner_step(model, p, parts[i], inner_lrs[j], False).items()}
 
 
+# ------------------------------------------------------------------------------------------------ TRAINING
+def make_optimizers(model, args):
+    """The heads learn at aux_lr; the shared trunk, whose only gradient in the auxiliary step is the dynamics loss's,
+    at dynamics_coef x aux_lr (Adam's step does not depend on the gradient's scale, so a loss weight would be
+    on/off). Returns (aux_opt, outer_opt); outer_opt is None under TRPO."""
+    groups = [{"params": list(model.value_head.parameters()) + list(model.dyn_head.parameters()), "lr": args.aux_lr}]
+    if args.dynamics_coef > 0:
+        trunk = [p for n, p in model.named_parameters() if not n.startswith(("value_head", "dyn_head", "pi", "log_std"))]
+        groups.append({"params": trunk, "lr": args.dynamics_coef * args.aux_lr})
+    outer_opt = torch.optim.Adam(model.parameters(), lr=args.outer_lr) if args.outer_optimizer == "adam" else None
+    return torch.optim.Adam(groups), outer_opt
+
+
+def outer_update(model, tasks_data, args, outer_opt):
+    """UPDATE: the meta step, TRPO (as in the paper) or one Adam step on the same meta-objective."""
+    if outer_opt is None:
+        return trpo_step(model, tasks_data, args)
+    loss, _, old_outs = meta_objective(model, dict(model.named_parameters()), tasks_data, args)
+    outer_opt.zero_grad()
+    loss.backward()
+    outer_opt.step()
+    _, kl, _ = meta_objective(model, dict(model.named_parameters()), tasks_data, args, old_outs, create_graph=False)
+    return {"outer_loss": loss.item(), "approx_kl": kl.item(), "line_search_steps": 0, "accepted": 1.0}
+
+
+def aux_update(model, tasks_data, args, aux_opt, monitor):
+    """One Adam step of the value head (a diagnostic) and the next-observation head on the post-adaptation episodes;
+    the trunk follows the dynamics loss only when dynamics_coef > 0. Returns (value loss, dynamics loss)."""
+    v_losses, d_losses = [], []
+    aux_opt.zero_grad()
+    for td in tasks_data:
+        b, m = td["val"], td["val"]["masks"]
+        out = policy_out(model, dict(model.named_parameters()), b)
+        monitor.update(out["feats"], m)
+        ret = torch.flip(torch.cumsum(torch.flip(b["rewards"], [0]), 0), [0])
+        v_loss = masked_mean((out["value"] - ret) ** 2, m)
+        feats = out["feats"] if args.dynamics_coef > 0 else out["feats"].detach()
+        a = F.one_hot(b["actions"].long()[..., 0], model.act_dim).float() if model.discrete else b["actions"]
+        d_loss = masked_mean(((model.dyn_head(torch.cat([feats, a], -1)) - b["next_obs"]) ** 2).mean(-1), m)
+        ((v_loss + d_loss) / len(tasks_data)).backward()
+        v_losses.append(v_loss.item())
+        d_losses.append(d_loss.item())
+    aux_opt.step()
+    return float(np.mean(v_losses)), float(np.mean(d_losses))
+
+
+def main_train(args: Args):
+    msg = validate_args(args)
+    if msg:
+        error(msg)
+    run_name, run_dir = claim_run_dir(args.runs_dir, f"{args.task}__{args.exp_name}__{args.seed}__{int(time.time())}")
+    if args.track:
+        import wandb
+
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                   config=vars(args), name=run_name, save_code=True)
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(run_dir)
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n%s" % "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
+    torch.set_num_threads(args.num_threads)
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    gen = torch.Generator().manual_seed(args.seed)
+    train_rng, _ = task_streams(args.seed)
+
+    env_cls = ENV_CLASSES[args.task]
+    model = build_agent(args, env_cls)
+    spec = (env_cls.obs_dim, env_cls.act_dim, env_cls.discrete)
+    counts = {k: agent_param_count(k, *spec, policy_width(dataclasses.replace(args, policy=k), env_cls), args.state_size,
+                                   args.in_context, args.layer_norm) for k in POLICIES}
+    print(f"policy {args.policy} (width {model.hidden}): {count_params(model)} parameters; matched counts "
+          f"ssm {counts['ssm']} gru {counts['gru']} mlp {counts['mlp']}; obs/act/discrete {spec}")
+    aux_opt, outer_opt = make_optimizers(model, args)
+    act_width = 1 if model.discrete else model.act_dim
+    buffer = ExperienceBuffer(args.buffer_size, env_cls.obs_dim, model.encoder.in_features, act_width,
+                              model.initial_state(1).shape[1]) if args.buffer_size > 0 else None
+    monitor = FeatureMonitor(model.hidden)
+    train_tasks_seen = []
+    global_step, start_time, start_cpu, outer_steps_done = 0, time.time(), time.process_time(), 0
+    for it in range(1, args.outer_steps + 1):
+        it_start = time.time()
+        # ROLLOUT: fast batches with theta (and theta adapted j times), then post-adaptation batches
+        task_params = sample_tasks(args.task, train_rng, args.tasks_per_batch, "train")
+        train_tasks_seen.append(task_params)
+        theta = {k: v.detach() for k, v in model.named_parameters()}
+        tasks_data, returns = sample_task_batches(model, theta, task_params, args, gen, args.num_inner_steps,
+                                                  [args.inner_lr] * args.num_inner_steps)
+        if buffer is not None:  # task id = index of the task in the checkpoint's task_split["train_tasks"]
+            for i, td in enumerate(tasks_data):
+                add_batch_to_buffer(buffer, td["val"], (it - 1) * args.tasks_per_batch + i)
+        global_step += int(sum(b["masks"].sum().item() for td in tasks_data for b in td["train"] + [td["val"]]))
+        # the inner loss of the parameters that sampled the fast batches (theta shares storage with the parameters,
+        # which the outer step updates in place, so this comes first)
+        with torch.no_grad():
+            inner_l = float(np.mean([inner_loss(model, theta, td["train"][0]).item() for td in tasks_data])) if args.num_inner_steps else float("nan")
+        stats = outer_update(model, tasks_data, args, outer_opt)
+        v_loss, d_loss = aux_update(model, tasks_data, args, aux_opt, monitor)
+
+        # LOGGING
+        pre, post = returns[0].mean().item(), returns[-1].mean().item()
+        dt, sps = time.time() - it_start, int(global_step / (time.time() - start_time))
+        scalars = {"meta/pre_adapt_return": pre, "meta/post_adapt_return": post,
+                   **{f"meta/return_after_{j}_steps": r.mean().item() for j, r in enumerate(returns[1:-1], 1)},
+                   "charts/episodic_return": post, "charts/episodic_length": tasks_data[0]["val"]["masks"].sum(0).mean().item(),
+                   "losses/inner_loss": inner_l, "losses/outer_loss": stats["outer_loss"], "losses/approx_kl": stats["approx_kl"],
+                   "losses/value_loss": v_loss, "losses/dynamics_loss": d_loss, "meta/line_search_steps": stats["line_search_steps"],
+                   "meta/step_accepted": stats["accepted"], "meta/iteration_time": dt, "charts/SPS": sps,
+                   **({"charts/learning_rate": args.outer_lr} if outer_opt is not None else {})}
+        for tag, v in scalars.items():
+            writer.add_scalar(tag, v, global_step)
+        if it % args.log_every == 0 or it == 1 or it == args.outer_steps:
+            print(f"iter {it}/{args.outer_steps} step {global_step} SPS {sps} pre {pre:.2f} post {post:.2f} "
+                  f"kl {stats['approx_kl']:.4f} ls {stats['line_search_steps']} {dt:.2f}s/it "
+                  f"elapsed {time.time() - start_time:.0f}s", flush=True)
+        outer_steps_done = it
+        if args.cpu_budget and time.process_time() - start_cpu >= args.cpu_budget:
+            print(f"--cpu-budget {args.cpu_budget:g}s reached after {it} of {args.outer_steps} outer steps")
+            break
+
+    train_time, train_cpu = time.time() - start_time, time.process_time() - start_cpu
+    for tag, v in (("meta/train_wall_time", train_time), ("meta/train_cpu_time", train_cpu), ("meta/outer_steps_done", outer_steps_done)):
+        writer.add_scalar(tag, v, global_step)
+    print(f"meta-training wall time {train_time:.1f}s, CPU time {train_cpu:.1f}s")
+    if args.save_model:
+        path = os.path.join(run_dir, f"{args.exp_name}.cleanrl_model")
+        seen = np.concatenate(train_tasks_seen) if train_tasks_seen else np.zeros((0, 1))
+        cartpole = args.task == "cartpole-physics"
+        split = {"task": args.task, "train_stream": [args.seed, 0], "test_stream": [args.seed, 1],
+                 "train_ranges": CARTPOLE_TRAIN_RANGES if cartpole else None,
+                 "test_ranges": CARTPOLE_TEST_RANGES if cartpole else None, "train_tasks": seen.tolist()}
+        save_checkpoint(path, model, args, split, {"train_wall_time": train_time, "train_cpu_time": train_cpu,
+                                                   "outer_steps_done": outer_steps_done, "feature_stats": monitor.state_dict(),
+                                                   "buffer": buffer.state_dict() if buffer is not None else None})
+        print(f"model saved to {path}")
+        res = evaluate(path)  # the checkpoint's eval_tasks, eval_steps, eval_later_lr_scale and eval_episodes
+        for k, v in res["returns_after_steps"].items():
+            writer.add_scalar("eval/return_after_steps", v, int(k))
+        print(f"eval: {json.dumps(res)}")
+    writer.close()
+
+
 # ------------------------------------------------------------------------------------------------ CHECKPOINTS
 def save_checkpoint(path, model, args, task_split, extra=None):
     """torch.save to a temp file in the same directory, then os.replace: a crash never leaves a torn file."""
     ckpt = {"state_dict": model.state_dict(), "args": dataclasses.asdict(args), "script": "maml_ssm",
-            "task_split": task_split, "param_count": count_params(model), "task_version": TASK_VERSIONS[args.task]}
-    ckpt.update(extra or {})
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=d, suffix=".tmp")
+            "task_split": task_split, "param_count": count_params(model), "task_version": TASK_VERSIONS[args.task],
+            **(extra or {})}
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
     os.close(fd)
     try:
         torch.save(ckpt, tmp)
@@ -1025,6 +985,12 @@ def save_checkpoint(path, model, args, task_split, extra=None):
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def write_json(obj, path):
+    with open(path + ".tmp", "w") as f:
+        json.dump(obj, f, indent=2)
+    os.replace(path + ".tmp", path)
 
 
 def load_checkpoint(path):
@@ -1036,30 +1002,27 @@ def load_checkpoint(path):
     except Exception as e:  # corrupted or not a torch file
         raise ValueError(f"cannot read checkpoint {path!r}: {type(e).__name__}")
     if not isinstance(ckpt, dict) or ckpt.get("script") != "maml_ssm":
-        raise ValueError(f"{path!r} is not a maml_ssm checkpoint (script={ckpt.get('script') if isinstance(ckpt, dict) else None!r})")
-    for key in ("state_dict", "args", "task_split"):
-        if key not in ckpt:
-            raise ValueError(f"checkpoint {path!r} lacks {key!r}")
-    known = {f.name for f in dataclasses.fields(Args)}
-    unknown = set(ckpt["args"]) - known
-    if unknown:
-        raise ValueError(f"checkpoint {path!r} has unknown config fields {sorted(unknown)}")
+        raise ValueError(f"{path!r} is not a maml_ssm checkpoint")
+    missing = [k for k in ("state_dict", "args", "task_split") if k not in ckpt]
+    unknown = set(ckpt.get("args", {})) - {f.name for f in dataclasses.fields(Args)}
+    if missing or unknown:
+        raise ValueError(f"checkpoint {path!r} lacks {missing} or has unknown config fields {sorted(unknown)}")
     args = Args(**ckpt["args"])
     msg = validate_args(args)
     if msg:
         raise ValueError(f"checkpoint config is invalid: {msg}")
-    if ckpt["task_split"].get("task") != args.task:
-        raise ValueError(f"checkpoint task split is for {ckpt['task_split'].get('task')!r} but its config says {args.task!r}")
+    split = ckpt["task_split"]
+    if split.get("task") != args.task:
+        raise ValueError(f"checkpoint task split is for {split.get('task')!r} but its config says {args.task!r}")
     if args.task == "cartpole-physics":  # the split's (gravity, pole length) ranges must be this script's
         for key, ranges in (("train_ranges", CARTPOLE_TRAIN_RANGES), ("test_ranges", CARTPOLE_TEST_RANGES)):
-            stored = ckpt["task_split"].get(key)
             try:
-                same = np.asarray(stored, dtype=float).tolist() == np.asarray(ranges, dtype=float).tolist()
+                same = np.asarray(split.get(key), dtype=float).tolist() == np.asarray(ranges, dtype=float).tolist()
             except (TypeError, ValueError):  # missing or malformed
                 same = False
             if not same:
-                raise ValueError(f"the checkpoint's cartpole {key.replace('_', ' ')} {stored} are not this script's "
-                                 f"{[list(r) for r in ranges]} (gravity, pole length); retrain it with this script")
+                raise ValueError(f"the checkpoint's cartpole {key.replace('_', ' ')} {split.get(key)} are not this "
+                                 f"script's {[list(r) for r in ranges]} (gravity, pole length); retrain it with this script")
     if ckpt.get("task_version", 1) != TASK_VERSIONS[args.task]:
         raise ValueError(f"checkpoint was trained on version {ckpt.get('task_version', 1)} of {args.task}, this script "
                          f"runs version {TASK_VERSIONS[args.task]} (see TASK_VERSIONS); retrain it")
@@ -1068,7 +1031,8 @@ def load_checkpoint(path):
     try:
         model.load_state_dict(ckpt["state_dict"], strict=True)
     except RuntimeError as e:
-        raise ValueError(f"checkpoint weights do not match its config (--policy {args.policy}, --hidden-size {args.hidden_size}): {str(e).splitlines()[0]}")
+        raise ValueError(f"checkpoint weights do not match its config (--policy {args.policy}, --hidden-size "
+                         f"{args.hidden_size}): {str(e).splitlines()[0]}")
     return model, args, ckpt
 
 
@@ -1076,6 +1040,12 @@ def load_checkpoint(path):
 def ci95(x):
     x = np.asarray(x, dtype=np.float64)
     return float(1.96 * x.std(ddof=1) / math.sqrt(len(x))) if len(x) > 1 else 0.0
+
+
+def summarise(per_step):
+    """{"returns_after_steps": mean over tasks, "ci95": its 95% CI half-width}, keyed by the step as a string."""
+    return {"returns_after_steps": {str(k): float(r.mean()) for k, r in enumerate(per_step)},
+            "ci95": {str(k): ci95(r) for k, r in enumerate(per_step)}}
 
 
 def evaluate(checkpoint, num_tasks=None, num_steps=None, inner_lr=None, later_lr_scale=None, fast_batch_size=None,
@@ -1094,42 +1064,40 @@ def evaluate(checkpoint, num_tasks=None, num_steps=None, inner_lr=None, later_lr
     seed = args.seed if eval_seed is None else eval_seed
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
-    _, test_rng = task_streams(seed)
-    tasks = sample_tasks(args.task, test_rng, num_tasks, "test")
+    tasks = sample_tasks(args.task, task_streams(seed)[1], num_tasks, "test")
     seen = np.asarray(ckpt["task_split"]["train_tasks"]).reshape(-1, tasks.shape[1])
     if len(seen) and (np.abs(seen[None] - tasks[:, None]).max(-1) < 1e-12).any():
         raise ValueError("a test task coincides with a training task")
     theta = {k: v.detach().clone() for k, v in model.named_parameters()}
     lrs = [lr] + [lr * later_lr_scale] * max(num_steps - 1, 0)
     _, returns = sample_task_batches(model, theta, tasks, args, gen, num_steps, lrs)
-    per_step = [r.numpy() for r in returns]
-    result = {"task": args.task, "returns_after_steps": {str(k): float(r.mean()) for k, r in enumerate(per_step)},
-              "ci95": {str(k): ci95(r) for k, r in enumerate(per_step)}, "num_tasks": num_tasks}
+    result = {"task": args.task, **summarise([r.numpy() for r in returns]), "num_tasks": num_tasks}
     if write:
         out_dir = os.path.dirname(os.path.abspath(checkpoint))
-        tmp = os.path.join(out_dir, "eval.json.tmp")
-        with open(tmp, "w") as f:
-            json.dump(result, f, indent=2)
-        os.replace(tmp, os.path.join(out_dir, "eval.json"))
-        plot_eval(result, os.path.join(out_dir, "eval.png"), f"{args.task} / {args.policy}")
+        write_json(result, os.path.join(out_dir, "eval.json"))
+        plot_returns({args.policy: result}, os.path.join(out_dir, "eval.png"), f"{args.task} / {args.policy}",
+                     "inner gradient steps")
     return result
 
 
-def plot_eval(result, path, title):
+def plot_returns(curves, path, title, xlabel, level=None):
+    """Mean return (95% CI) after 0..K steps, one line per entry of `curves`; `level` draws the no-adaptation line."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ks = sorted(result["returns_after_steps"], key=int)
-    mean = [result["returns_after_steps"][k] for k in ks]
-    ci = [result["ci95"][k] for k in ks]
-    fig, ax = plt.subplots(figsize=(4.5, 3.2))
-    ax.errorbar([int(k) for k in ks], mean, yerr=ci, marker="o", capsize=3)
-    ax.set_xlabel("inner gradient steps")
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    for name, r in curves.items():
+        ks = sorted(r["returns_after_steps"], key=int)
+        ax.errorbar([int(k) for k in ks], [r["returns_after_steps"][k] for k in ks], yerr=[r["ci95"][k] for k in ks],
+                    marker="o", capsize=2, label=name)
+    if level is not None:
+        ax.axhline(level, color="grey", ls=":", lw=1, label="no adaptation (theta_0)")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("mean return (95% CI)")
     ax.set_title(title)
-    ax.set_xticks([int(k) for k in ks])
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -1145,12 +1113,12 @@ class ExperienceBuffer:
 
     FIELDS = ("obs", "inputs", "actions", "rewards", "next_obs", "dones", "advantages", "task_ids", "states")
 
-    def __init__(self, capacity, obs_dim, in_dim, act_dim, state_dim=0, device="cpu"):
-        self.capacity, self.device = capacity, torch.device(device)
+    def __init__(self, capacity, obs_dim, in_dim, act_dim, state_dim=0):
+        self.capacity = capacity
         shapes = {"obs": (obs_dim,), "inputs": (in_dim,), "actions": (act_dim,), "rewards": (), "next_obs": (obs_dim,),
                   "dones": (), "advantages": (), "task_ids": (), "states": (state_dim,)}
         dtypes = {"dones": torch.bool, "task_ids": torch.long}
-        self.data = {k: torch.zeros((capacity, *s), dtype=dtypes.get(k, torch.float32), device=self.device) for k, s in shapes.items()}
+        self.data = {k: torch.zeros((capacity, *s), dtype=dtypes.get(k, torch.float32)) for k, s in shapes.items()}
         self.pos, self.size = 0, 0
 
     def __len__(self):
@@ -1158,34 +1126,31 @@ class ExperienceBuffer:
 
     def add(self, **items):
         n = len(items["obs"])
-        skip = max(n - self.capacity, 0)  # a batch larger than the buffer: only its last `capacity` rows stay (written
-        # once each: indexed assignment with repeated indices has no defined winner)
-        idx = (self.pos + skip + torch.arange(n - skip)) % self.capacity  # wraps around: overwrites the oldest entries
+        # a batch larger than the buffer keeps only its last `capacity` rows, each written once (indexed assignment
+        # with repeated indices has no defined winner); the indices wrap around over the oldest entries
+        skip = max(n - self.capacity, 0)
+        idx = (self.pos + skip + torch.arange(n - skip)) % self.capacity
         for k in self.FIELDS:
-            self.data[k][idx.to(self.device)] = items[k][skip:].to(self.device, self.data[k].dtype)
+            self.data[k][idx] = items[k][skip:].to(self.data[k].dtype)
         self.pos = int((self.pos + n) % self.capacity)
         self.size = min(self.size + n, self.capacity)
 
     def sample(self, batch_size, gen):
         """Uniform batch by index (only the sampled rows are gathered)."""
-        idx = torch.randint(0, self.size, (batch_size,), generator=gen).to(self.device)
+        idx = torch.randint(0, self.size, (batch_size,), generator=gen)
         return {k: v[idx] for k, v in self.data.items()}
 
     def state_dict(self):
-        return {"capacity": self.capacity, "pos": self.pos, "size": self.size, "data": {k: v.cpu() for k, v in self.data.items()}}
+        return {"capacity": self.capacity, "pos": self.pos, "size": self.size, "data": dict(self.data)}
 
     @classmethod
-    def from_state_dict(cls, sd, state_dim, device="cpu"):
-        """state_dim: width of the model's recurrent state; a buffer saved without states is accepted only for a
-        stateless (MLP) policy, where there is nothing to store."""
-        d = dict(sd["data"])
-        if "states" not in d:
-            if state_dim:
-                raise ValueError("the checkpoint's ExperienceBuffer predates stored recurrent states; retrain it to use hybrid")
-            d["states"] = torch.zeros(sd["capacity"], 0)
-        if d["states"].shape[1] != state_dim:
-            raise ValueError(f"the ExperienceBuffer stores states of width {d['states'].shape[1]}, the model's is {state_dim}")
-        buf = cls(sd["capacity"], d["obs"].shape[1], d["inputs"].shape[1], d["actions"].shape[1], state_dim, device)
+    def from_state_dict(cls, sd, state_dim):
+        """state_dim: width of the model's recurrent state, which the stored states must have."""
+        d = sd["data"]
+        if "states" not in d or d["states"].shape[1] != state_dim:
+            raise ValueError(f"the checkpoint's ExperienceBuffer does not store recurrent states of the model's width "
+                             f"{state_dim}; retrain it to use hybrid")
+        buf = cls(sd["capacity"], d["obs"].shape[1], d["inputs"].shape[1], d["actions"].shape[1], state_dim)
         for k in cls.FIELDS:
             buf.data[k].copy_(d[k])
         buf.pos, buf.size = sd["pos"], sd["size"]
@@ -1203,13 +1168,11 @@ def add_batch_to_buffer(buffer, batch, task_id):
 
 def replay_as_batch(sample):
     """Replayed transitions as length-1 sequences, each continuing from the recurrent state stored with it (the
-    state the acting policy had; the adapted policy would have reached a slightly different one — the usual
+    state the acting policy had; the adapted policy would have reached a slightly different one: the usual
     stored-state approximation of recurrent replay)."""
     B = len(sample["obs"])
-    return {"inputs": sample["inputs"][None], "starts": torch.zeros(1, B, dtype=torch.bool), "state0": sample["states"],
-            "actions": sample["actions"][None],
-            "masks": torch.ones(1, B), "advantages": sample["advantages"][None], "rewards": sample["rewards"][None],
-            "next_obs": sample["next_obs"][None], "obs": sample["obs"][None]}
+    return {**{k: sample[k][None] for k in ("inputs", "actions", "advantages", "rewards", "next_obs", "obs")},
+            "starts": torch.zeros(1, B, dtype=torch.bool), "state0": sample["states"], "masks": torch.ones(1, B)}
 
 
 def objective_loss(model, params, batch, objective, max_importance_weight=10.0):
@@ -1225,23 +1188,21 @@ def objective_loss(model, params, batch, objective, max_importance_weight=10.0):
         if "behaviour_logp" in batch:  # steps after an episode's end (mask 0) get weight 1, whatever they hold
             log_ratio = torch.where(m > 0, logp.detach() - batch["behaviour_logp"], torch.zeros_like(logp))
             logp = logp * torch.exp(log_ratio).clamp(max=max_importance_weight)
-        return -(logp * batch["advantages"] * m).sum() / m.sum(), out
+        return -masked_mean(logp * batch["advantages"], m), out
     inputs = batch["inputs"]
     if objective == "dynamics" and model.in_context:
         inputs = torch.cat([inputs[..., :-1], torch.zeros_like(inputs[..., -1:])], -1)
     out = functional_call(model, params, (inputs, batch["starts"], start_state(model, batch)), {"actions": batch["actions"]})
     if objective == "dynamics":
-        return ((((out["next_obs"] - batch["next_obs"]) ** 2).mean(-1)) * m).sum() / m.sum(), out
-    ent = make_dist(out, model.discrete).entropy()
-    ent = ent if model.discrete else ent.sum(-1)
-    return (ent * m).sum() / m.sum(), out
+        return masked_mean(((out["next_obs"] - batch["next_obs"]) ** 2).mean(-1), m), out
+    return masked_mean(entropy(out, model.discrete), m), out
 
 
 STRATEGIES = {}
 
 
 def register_strategy(name):
-    """Decorator: a strategy maps (loss, model output, masks, cfg) to the loss that is minimised."""
+    """Decorator: a strategy maps (loss, model output, masks, adapter) to the loss that is minimised."""
     def deco(fn):
         STRATEGIES[name] = fn
         return fn
@@ -1249,44 +1210,35 @@ def register_strategy(name):
 
 
 @register_strategy("none")
-def strategy_none(loss, out, masks, cfg):
+def strategy_none(loss, out, masks, adapter):
     return loss
 
 
 @register_strategy("tent")
-def strategy_tent(loss, out, masks, cfg):
-    ent = make_dist(out, cfg.discrete).entropy()
-    ent = ent if cfg.discrete else ent.sum(-1)
-    return loss + cfg.tent_coef * (ent * masks).sum() / masks.sum()
+def strategy_tent(loss, out, masks, adapter):
+    return loss + adapter.aargs.tent_coef * masked_mean(entropy(out, adapter.model.discrete), masks)
 
 
 def select_params(names, which):
     """all | ssm (the recurrent core: LRU, GRU or the MLP's core layer) | heads (policy, value, dynamics) |
     norm (the LayerNorm's affine parameters, Tent's choice; only in models trained with --layer-norm)."""
-    if which == "all":
-        return list(names)
-    if which == "ssm":
-        return [n for n in names if n.startswith("core.")]
-    if which == "heads":
-        return [n for n in names if n.startswith(("pi.", "log_std", "value_head.", "dyn_head."))]
-    if which == "norm":
-        return [n for n in names if n.startswith("norm.")]
-    raise ValueError(f"unknown parameter selection {which!r}")
+    prefixes = {"all": ("",), "ssm": ("core.",), "heads": ("pi.", "log_std", "value_head.", "dyn_head."), "norm": ("norm.",)}
+    return [n for n in names if n.startswith(prefixes[which])]
 
 
 class StandardAdapter:
-    """Gradient steps on the current task's objective from the meta-learned theta_0, with guards: gradient
-    norm clip, maximum parameter change per step, trust region ||theta - theta_0|| <= eps around theta_0, optional
-    EMA of the adapted parameters (used for acting), and parameter selection."""
+    """Gradient steps on the current task's `objective` from the meta-learned theta_0, with the guards of `aargs`
+    (AdaptArgs): gradient norm clip, maximum parameter change per step, trust region ||theta - theta_0|| <= eps
+    around theta_0, optional EMA of the adapted parameters (used for acting), and parameter selection."""
 
-    def __init__(self, model, theta0, cfg, buffer=None, replay_gen=None):
-        self.model, self.cfg, self.buffer, self.replay_gen = model, cfg, buffer, replay_gen
+    def __init__(self, model, theta0, aargs, objective, lr, buffer=None, replay_gen=None):
+        self.model, self.aargs, self.objective, self.buffer, self.replay_gen = model, aargs, objective, buffer, replay_gen
         self.theta0 = {k: v.detach().clone() for k, v in theta0.items()}
-        self.names = select_params(list(theta0), cfg.adapt_params)
+        self.names = select_params(list(theta0), aargs.adapt_params)
         self.params = {k: v.detach().clone() for k, v in theta0.items()}
         leaves = [self.params[k].requires_grad_(True) for k in self.names]
-        self.opt = (torch.optim.Adam if cfg.adapt_optimizer == "adam" else torch.optim.SGD)(leaves, lr=cfg.adapt_lr)
-        self.ema = {k: v.detach().clone() for k, v in self.params.items()} if cfg.ema_decay > 0 else None
+        self.opt = (torch.optim.Adam if aargs.adapt_optimizer == "adam" else torch.optim.SGD)(leaves, lr=lr)
+        self.ema = {k: v.detach().clone() for k, v in self.params.items()} if aargs.ema_decay > 0 else None
 
     def acting_params(self):
         return self.ema if self.ema is not None else {k: v.detach() for k, v in self.params.items()}
@@ -1295,45 +1247,41 @@ class StandardAdapter:
         return None
 
     def loss(self, batch, replay=None):
-        loss, out = objective_loss(self.model, self.params, batch, self.cfg.adapt_objective, self.cfg.max_importance_weight)
-        return STRATEGIES[self.cfg.strategy](loss, out, batch["masks"], self.cfg)
-
-    def _vec(self, params, names):
-        return torch.cat([params[k].detach().reshape(-1) for k in names])
+        loss, out = objective_loss(self.model, self.params, batch, self.objective, self.aargs.max_importance_weight)
+        return STRATEGIES[self.aargs.strategy](loss, out, batch["masks"], self)
 
     def drift(self):
-        return (self._vec(self.params, self.names) - self._vec(self.theta0, self.names)).norm().item()
+        vec = lambda p: torch.cat([p[k].detach().reshape(-1) for k in self.names])  # noqa: E731
+        return (vec(self.params) - vec(self.theta0)).norm().item()
 
     def step(self, batch):
+        a = self.aargs
         replay = self.replay_batch()
         loss = self.loss(batch, replay)
         leaves = [self.params[k] for k in self.names]
-        grads = torch.autograd.grad(loss, leaves, allow_unused=True)
-        grads = [g if g is not None else torch.zeros_like(p) for g, p in zip(grads, leaves)]
+        grads = [g if g is not None else torch.zeros_like(p) for g, p in zip(torch.autograd.grad(loss, leaves, allow_unused=True), leaves)]
         gnorm = torch.sqrt(sum((g**2).sum() for g in grads)).item()
-        fired = {"clip": False, "max_step": False, "trust_region": False}
-        if gnorm > self.cfg.grad_clip:
-            fired["clip"] = True
-            grads = [g * (self.cfg.grad_clip / (gnorm + 1e-12)) for g in grads]
+        fired = {"clip": gnorm > a.grad_clip, "max_step": False, "trust_region": False}
+        if fired["clip"]:
+            grads = [g * (a.grad_clip / (gnorm + 1e-12)) for g in grads]
         before = [p.detach().clone() for p in leaves]
         for p, g in zip(leaves, grads):
             p.grad = g
         self.opt.step()
         with torch.no_grad():
             delta = torch.sqrt(sum(((p - b) ** 2).sum() for p, b in zip(leaves, before))).item()
-            if delta > self.cfg.max_step_norm:
+            if delta > a.max_step_norm:
                 fired["max_step"] = True
                 for p, b in zip(leaves, before):
-                    p.copy_(b + (p - b) * (self.cfg.max_step_norm / delta))
+                    p.copy_(b + (p - b) * (a.max_step_norm / delta))
             drift = self.drift()
-            if drift > self.cfg.trust_region:
+            if drift > a.trust_region:
                 fired["trust_region"] = True  # project back onto the ball around the meta-learned theta_0
                 for k in self.names:
-                    self.params[k].copy_(self.theta0[k] + (self.params[k] - self.theta0[k]) * (self.cfg.trust_region / drift))
+                    self.params[k].copy_(self.theta0[k] + (self.params[k] - self.theta0[k]) * (a.trust_region / drift))
             if self.ema is not None:
-                d = self.cfg.ema_decay
                 for k in self.names:
-                    self.ema[k] = d * self.ema[k] + (1 - d) * self.params[k].detach()
+                    self.ema[k] = a.ema_decay * self.ema[k] + (1 - a.ema_decay) * self.params[k].detach()
         with torch.enable_grad():
             after = self.loss(batch, replay).item()
         return {"loss_before": loss.item(), "loss_after": after, "grad_norm": gnorm, "drift": self.drift(),
@@ -1345,13 +1293,13 @@ class HybridAdapter(StandardAdapter):
     (rehearsal against drift away from what meta-training covered)."""
 
     def replay_batch(self):
-        return replay_as_batch(self.buffer.sample(self.cfg.experience_batch_size, self.replay_gen))
+        return replay_as_batch(self.buffer.sample(self.aargs.experience_batch_size, self.replay_gen))
 
     def loss(self, batch, replay=None):
         cur = super().loss(batch)
-        if replay is None or self.cfg.experience_weight == 0:
+        if replay is None or self.aargs.experience_weight == 0:
             return cur
-        return cur + self.cfg.experience_weight * super().loss(replay)
+        return cur + self.aargs.experience_weight * super().loss(replay)
 
 
 ADAPTERS = {"standard": StandardAdapter, "hybrid": HybridAdapter}
@@ -1366,9 +1314,8 @@ class FeatureMonitor:
 
     def update(self, feats, masks):
         f = feats[masks > 0].detach().float()
-        mu, var = f.mean(0), f.var(0, unbiased=False)
         d = self.decay if self.count else 0.0
-        self.mean, self.var = d * self.mean + (1 - d) * mu, d * self.var + (1 - d) * var
+        self.mean, self.var = d * self.mean + (1 - d) * f.mean(0), d * self.var + (1 - d) * f.var(0, unbiased=False)
         self.count += 1
 
     def shift(self, feats, masks):
@@ -1379,89 +1326,46 @@ class FeatureMonitor:
         return {"mean": self.mean, "var": self.var, "decay": self.decay, "count": self.count}
 
 
+@torch.no_grad()
 def monitor_stats(model, params, batch, monitor):
     """Predictive entropy, confidence (exp(-entropy) per step) and feature shift versus training statistics."""
-    with torch.no_grad():
-        out = policy_out(model, params, batch)
-        ent = make_dist(out, model.discrete).entropy()
-        ent = ent if model.discrete else ent.sum(-1)
-        m = batch["masks"]
-        stats = {"entropy": ((ent * m).sum() / m.sum()).item(), "confidence": ((torch.exp(-ent) * m).sum() / m.sum()).item()}
-        if monitor is not None:
-            stats["feature_shift"] = monitor.shift(out["feats"], m)
+    out = policy_out(model, params, batch)
+    ent, m = entropy(out, model.discrete), batch["masks"]
+    stats = {"entropy": masked_mean(ent, m).item(), "confidence": masked_mean(torch.exp(-ent), m).item()}
+    if monitor is not None:
+        stats["feature_shift"] = monitor.shift(out["feats"], m)
     return stats
 
 
-@torch.no_grad()
-def online_rollout(model, adapters, env, horizon, every, objective, args):
-    """Episodes during which every task's adapter takes one step every `every` env steps on the episode so far
-    (the recurrent state carries on; acting switches to the updated parameters). Returns (batch, step stats)."""
-    n, G = env.n, len(adapters)
-    per = n // G
-    obs = env.reset()
-    prev_a, prev_r = torch.zeros(n, model.act_dim), torch.zeros(n, 1)
-    states = [model.initial_state(per) for _ in range(G)]
-    alive = torch.ones(n, dtype=torch.bool)
-    keys = ("obs", "inputs", "actions", "rewards", "masks", "next_obs", "behaviour_logp")
-    buf = {k: [] for k in keys}
-    stats = []
-    for t in range(horizon):
-        if t > 0 and t % every == 0:  # earlier steps of the episode were acted by earlier parameters
-            part = {k: torch.stack(v) for k, v in buf.items()}
-            part["masks"] = part["masks"].float()
-            part["starts"] = torch.zeros_like(part["masks"], dtype=torch.bool)
-            part["starts"][0] = True
-            for g, (ad, b) in enumerate(zip(adapters, split_batch(part, G))):
-                if objective == "pg":
-                    b["advantages"] = compute_advantages(b, args.gamma, args.gae_lambda)
-                with torch.enable_grad():
-                    stats.append(ad.step(b))
-        inp = model.make_input(obs, prev_a, prev_r)
-        start = torch.full((per,), t == 0)
-        actions, logps = [], []
-        for g, ad in enumerate(adapters):
-            sl = slice(g * per, (g + 1) * per)
-            out = functional_call(model, ad.acting_params(), (inp[None, sl], start[None], states[g]), {"scan": False})
-            states[g] = out["state"]
-            dist = make_dist(out, model.discrete)
-            a = dist.sample()[0]
-            a = a[:, None].float() if model.discrete else a
-            actions.append(a)
-            logps.append(log_prob(dist, a[None], model.discrete)[0])
-        action = torch.cat(actions)
-        next_obs, reward, done = env.step(action)
-        for k, v in zip(keys, (obs, inp, action, reward * alive, alive.clone(), next_obs, torch.cat(logps))):
-            buf[k].append(v)
-        alive = alive & ~done
-        prev_a = F.one_hot(action[:, 0].long(), model.act_dim).float() if model.discrete else action
-        obs, prev_r = next_obs, reward[:, None]
-        if not alive.any():
-            break
-    batch = {k: torch.stack(v) for k, v in buf.items()}
-    batch["masks"] = batch["masks"].float()
-    batch["starts"] = torch.zeros_like(batch["masks"], dtype=torch.bool)
-    batch["starts"][0] = True
-    return batch, stats
+def adapt_step(adapters, batch, objective, args, step_logs, online=False):
+    """One step of every task's adapter on its rows of `batch`; returns their new acting parameters."""
+    for ad, b in zip(adapters, split_batch(batch, len(adapters))):
+        if objective == "pg":
+            b["advantages"] = compute_advantages(b, args.gamma, args.gae_lambda)
+            # acted by other parameters than the adapted ones (the EMA, or earlier parameters within an online episode)
+            if ad.ema is not None or online:
+                b["behaviour_logp"] = b["logp"]
+        with torch.enable_grad():
+            step_logs.append(ad.step(b))
+    return [ad.acting_params() for ad in adapters]
 
 
 def run_adaptation(checkpoint, aargs, writer=None):
     """Returns on fresh test tasks after 0..K adaptation steps for every adapter x objective. Each task starts
     from a fresh copy of theta_0; the checkpoint (and its buffer) is only read."""
     model, args, ckpt = load_checkpoint(checkpoint)
-    state_dim = model.initial_state(1).shape[1]
-    buffer = ExperienceBuffer.from_state_dict(ckpt["buffer"], state_dim) if ckpt.get("buffer") else None
-    monitor = None
-    if ckpt.get("feature_stats") and ckpt["feature_stats"]["count"] > 0:  # --outer-steps 0 never collected any
-        fs = ckpt["feature_stats"]
+    buffer = ExperienceBuffer.from_state_dict(ckpt["buffer"], model.initial_state(1).shape[1]) if ckpt.get("buffer") else None
+    monitor, fs = None, ckpt.get("feature_stats")
+    if fs and fs["count"] > 0:  # --outer-steps 0 never collected any
         monitor = FeatureMonitor(len(fs["mean"]), fs["decay"])
         monitor.mean, monitor.var, monitor.count = fs["mean"], fs["var"], fs["count"]
     K = args.adapt_steps if aargs.adapt_steps is None else aargs.adapt_steps
     lr = args.adapt_lr if aargs.adapt_lr is None else aargs.adapt_lr
     n_eps = args.fast_batch_size if aargs.fast_batch_size is None else aargs.fast_batch_size
     seed = args.seed if aargs.eval_seed is None else aargs.eval_seed
-    _, test_rng = task_streams(seed)
-    tasks = sample_tasks(args.task, test_rng, aargs.num_tasks, "test")
+    tasks = sample_tasks(args.task, task_streams(seed)[1], aargs.num_tasks, "test")
     theta0 = {k: v.detach().clone() for k, v in model.named_parameters()}
+    per_task = lambda batch: episode_returns(batch).reshape(len(tasks), n_eps).mean(1).numpy()  # noqa: E731
 
     def seeded_env():
         """Every run below sees the same episodes as long as its parameters are the same: the global generator
@@ -1471,41 +1375,30 @@ def run_adaptation(checkpoint, aargs, writer=None):
 
     # the no-adaptation level: theta_0 on the episodes every run starts with (offline, each run's entry 0 equals
     # it; online, entry 0 has already adapted within its episodes)
-    base = episode_returns(rollout(model, [theta0] * len(tasks), seeded_env(), args.max_episode_steps))
-    base = base.reshape(len(tasks), n_eps).mean(1).numpy()
+    base = per_task(rollout(model, [theta0] * len(tasks), seeded_env(), args.max_episode_steps))
     results = {}
     for mode in aargs.adaptation_mode:
         for objective in aargs.adapt_objective:
-            cfg = adapt_config(aargs, objective, lr, model.discrete)
             env = seeded_env()
-            # hybrid samples its replayed transitions from a generator of its own: drawing them from the env's would
-            # shift every later reset, and hybrid would be compared with standard on other episodes
+            # hybrid samples its replay from a generator of its own: drawing it from the env's would shift every
+            # later reset, and hybrid would be compared with standard on other episodes
             replay_gen = torch.Generator().manual_seed(int(np.random.default_rng([seed, 2]).integers(2**62)))
-            adapters = [ADAPTERS[mode](model, theta0, cfg, buffer, replay_gen) for _ in range(len(tasks))]
+            adapters = [ADAPTERS[mode](model, theta0, aargs, objective, lr, buffer, replay_gen) for _ in tasks]
             per_step, step_logs, mon = [], [], []
+            online = lambda part: adapt_step(adapters, part, objective, args, step_logs, online=True)  # noqa: E731
             for k in range(K + 1):
-                if aargs.online:
-                    batch, logs = online_rollout(model, adapters, env, args.max_episode_steps, aargs.online_every, objective, args)
-                    step_logs += logs
-                else:
-                    batch = rollout(model, [ad.acting_params() for ad in adapters], env, args.max_episode_steps)
-                per_step.append(episode_returns(batch).reshape(len(tasks), n_eps).mean(1).numpy())
-                parts = split_batch(batch, len(tasks))
-                mon.append({key: float(np.mean([monitor_stats(model, ad.acting_params(), p, monitor)[key] for ad, p in zip(adapters, parts)]))
-                            for key in (["entropy", "confidence"] + (["feature_shift"] if monitor else []))})
-                if k == K or aargs.online:
-                    continue
-                for ad, p in zip(adapters, parts):
-                    if objective == "pg":
-                        p["advantages"] = compute_advantages(p, args.gamma, args.gae_lambda)
-                        if ad.ema is not None:  # acted by the EMA, fitted with the adapted parameters
-                            p["behaviour_logp"] = p["logp"]
-                    step_logs.append(ad.step(p))
+                acting = [ad.acting_params() for ad in adapters]
+                batch = rollout(model, acting, env, args.max_episode_steps, aargs.online_every if aargs.online else 0, online)
+                per_step.append(per_task(batch))
+                mon.append({key: float(np.mean([monitor_stats(model, ad.acting_params(), p, monitor)[key]
+                                                for ad, p in zip(adapters, split_batch(batch, len(tasks)))]))
+                            for key in ["entropy", "confidence"] + (["feature_shift"] if monitor else [])})
+                if k < K and not aargs.online:
+                    adapt_step(adapters, batch, objective, args, step_logs)
             name = f"{mode}/{objective}"
-            results[name] = {"returns_after_steps": {str(k): float(r.mean()) for k, r in enumerate(per_step)},
-                             "ci95": {str(k): ci95(r) for k, r in enumerate(per_step)},
+            results[name] = {**summarise(per_step), "monitor": mon,
                              "guard_fired_frac": float(np.mean([s["guard_fired"] for s in step_logs])) if step_logs else 0.0,
-                             "final_drift": float(np.mean([ad.drift() for ad in adapters])), "monitor": mon}
+                             "final_drift": float(np.mean([ad.drift() for ad in adapters]))}
             if writer is not None:
                 for k, r in enumerate(per_step):
                     writer.add_scalar(f"tta/{mode}_{objective}/return_after_steps", float(r.mean()), k)
@@ -1520,28 +1413,103 @@ def run_adaptation(checkpoint, aargs, writer=None):
             "no_adaptation": {"return": float(base.mean()), "ci95": ci95(base)}, "results": results}
 
 
-def plot_adaptation(res, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5.5, 3.6))
-    for name, r in res["results"].items():
-        ks = sorted(r["returns_after_steps"], key=int)
-        ax.errorbar([int(k) for k in ks], [r["returns_after_steps"][k] for k in ks], yerr=[r["ci95"][k] for k in ks],
-                    marker="o", capsize=2, label=name)
-    ax.axhline(res["no_adaptation"]["return"], color="grey", ls=":", lw=1, label="no adaptation (theta_0)")
-    ax.set_xlabel("adaptation steps")
-    ax.set_ylabel("mean return (95% CI)")
-    ax.set_title(f"{res['task']}: test-time adaptation" + (" (online)" if res["online"] else ""))
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+# ------------------------------------------------------------------------------------------------ VALIDATION AND CLI
+def error(msg: str):
+    print(f"maml_ssm.py: error: {msg}", file=sys.stderr)
+    sys.exit(2)
 
 
-# ------------------------------------------------------------------------------------------------ CLI
+def flag(name):
+    return "--" + name.replace("_", "-")
+
+
+def validate_args(a) -> Optional[str]:
+    """The one-line reason why these `train` (Args), `eval` (EvalArgs) or `adapt` (AdaptArgs) arguments would crash
+    late or run wrong in silence; None if they are fine."""
+    for f in dataclasses.fields(a):  # NaN and inf pass every `x <= 0` check and reach the optimizer or the loss
+        v = getattr(a, f.name)
+        if isinstance(v, float) and not math.isfinite(v):
+            return f"{flag(f.name)} {v} must be a finite number"
+    for name in ("seed", "eval_seed"):  # numpy's seed range; outside it the run would fail after its directory exists
+        v = getattr(a, name, None)
+        if v is not None and not 0 <= v < 2**32:
+            return f"{flag(name)} {v} must be in [0, 2**32 - 1]"
+    if isinstance(a, EvalArgs):
+        checks = [(a.num_tasks is not None and a.num_tasks < 2, "--num-tasks must be >= 2 (for a confidence interval)"),
+                  (a.num_steps is not None and a.num_steps < 0, "--num-steps must be >= 0"),
+                  (any(v is not None and v <= 0 for v in (a.inner_lr, a.later_lr_scale)), "--inner-lr and --later-lr-scale must be positive"),
+                  (a.fast_batch_size is not None and a.fast_batch_size < 1, "--fast-batch-size must be >= 1")]
+    elif isinstance(a, AdaptArgs):
+        bad = [f"{flag(n)} {v!r}" for n, values, ok in (("adaptation_mode", a.adaptation_mode, ADAPTERS),
+                                                        ("adapt_objective", a.adapt_objective, ("pg", "dynamics", "entropy")))
+               for v in values if v not in ok]
+        checks = [(not a.adaptation_mode or not a.adapt_objective, "--adaptation-mode and --adapt-objective each need at least one value"),
+                  (bool(bad), f"unknown {', '.join(bad)}; modes: standard, hybrid; objectives: pg, dynamics, entropy"),
+                  (a.strategy not in STRATEGIES, f"unknown --strategy {a.strategy!r}; registered: {', '.join(STRATEGIES)}"),
+                  (a.adapt_params not in ("all", "ssm", "heads", "norm"), f"unknown --adapt-params {a.adapt_params!r}; choose all, ssm, heads or norm"),
+                  (a.adapt_optimizer not in ("sgd", "adam"), f"unknown --adapt-optimizer {a.adapt_optimizer!r}; choose sgd or adam"),
+                  (a.adapt_lr is not None and a.adapt_lr <= 0, f"--adapt-lr must be positive, got {a.adapt_lr}"),
+                  *[(getattr(a, n) <= 0, f"{flag(n)} must be positive, got {getattr(a, n)}") for n in ("grad_clip", "max_step_norm", "trust_region")],
+                  # a cap below 1 would also scale on-policy steps (weight 1)
+                  (a.max_importance_weight < 1, f"--max-importance-weight must be >= 1, got {a.max_importance_weight}"),
+                  (not 0 <= a.ema_decay < 1 or a.experience_weight < 0, "--ema-decay must be in [0, 1) and --experience-weight >= 0"),
+                  (a.num_tasks < 2 or a.experience_batch_size < 1 or a.online_every < 1 or (a.adapt_steps is not None and a.adapt_steps < 0),
+                   "--num-tasks must be >= 2, --experience-batch-size and --online-every >= 1, --adapt-steps >= 0"),
+                  (a.fast_batch_size is not None and a.fast_batch_size < 1, "--fast-batch-size must be >= 1")]
+    else:
+        checks = [
+            (not a.exp_name.strip() or "/" in a.exp_name, f"--exp-name {a.exp_name!r} must be a non-empty name without '/'"),
+            (a.task not in TASKS, f"unknown --task {a.task!r}; choose one of {', '.join(TASKS)}"),
+            (a.policy not in POLICIES, f"unknown --policy {a.policy!r}; choose one of {', '.join(POLICIES)}"),
+            (a.outer_optimizer not in ("trpo", "adam"), f"unknown --outer-optimizer {a.outer_optimizer!r}; choose trpo or adam"),
+            (a.config not in PRESETS, f"unknown --config {a.config!r}; choose one of {', '.join(PRESETS)}"),
+            *[(not getattr(a, n) > 0, f"{flag(n)} must be positive, got {getattr(a, n)}")
+              for n in ("inner_lr", "outer_lr", "aux_lr", "adapt_lr", "max_kl", "eval_later_lr_scale")],
+            *[(getattr(a, n) < 1, f"{flag(n)} must be >= 1, got {getattr(a, n)}")
+              for n in ("tasks_per_batch", "fast_batch_size", "max_episode_steps", "hidden_size", "state_size",
+                        "eval_tasks", "cg_iters", "num_threads", "ls_max_steps", "log_every")],
+            *[(getattr(a, n) < 0, f"{flag(n)} must be >= 0, got {getattr(a, n)}")
+              for n in ("outer_steps", "num_inner_steps", "eval_steps", "adapt_steps", "buffer_size", "dynamics_coef", "cg_damping")],
+            (not 0 < a.ls_backtrack_ratio < 1, f"--ls-backtrack-ratio must be in (0, 1), got {a.ls_backtrack_ratio}"),
+            (not (0 < a.gamma <= 1 and 0 <= a.gae_lambda <= 1), "--gamma must be in (0, 1] and --gae-lambda in [0, 1]"),
+            (a.cpu_budget < 0, f"--cpu-budget must be >= 0 (0: no limit), got {a.cpu_budget}"),
+            (a.eval_episodes is not None and a.eval_episodes < 1, f"--eval-episodes must be >= 1, got {a.eval_episodes}"),
+            (a.save_model and a.eval_tasks < 2, f"--eval-tasks {a.eval_tasks}: the evaluation after --save-model needs >= 2 tasks for its 95% CI"),
+            (a.goal_box and a.task != "point-nav-2d", f"--goal-box only applies to --task point-nav-2d, not {a.task}; drop it (or --no-goal-box with --config paper)"),
+            (a.capture_video, "--capture-video is not supported: the tasks are batched tensors without a renderer"),
+        ]
+    msg = next((m for bad, m in checks if bad), None)
+    if msg is None and isinstance(a, Args) and a.task == "halfcheetah-vel" and not mujoco_available():
+        msg = f"--task halfcheetah-vel needs the 'mujoco' package: pip install {MUJOCO_PIN}"
+    return msg
+
+
+def mujoco_available() -> bool:
+    try:
+        import mujoco  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def claim_run_dir(runs_dir: str, run_name: str) -> tuple[str, str]:
+    """Create a new run directory and return (run_name, run_dir). Runs of one name started in the same second would
+    share a directory (mixed TensorBoard events, overwritten checkpoints): os.mkdir is atomic, so a name already taken
+    gets the suffix __2, __3, ... An unusable --runs-dir (a file, not writable) is a one-line error."""
+    try:
+        os.makedirs(runs_dir, exist_ok=True)
+        for suffix in range(1, 10**6):
+            name = run_name if suffix == 1 else f"{run_name}__{suffix}"
+            try:
+                os.mkdir(os.path.join(runs_dir, name))
+                return name, os.path.join(runs_dir, name)
+            except FileExistsError:
+                continue
+    except OSError as e:
+        reason = "not a directory" if os.path.exists(runs_dir) and not os.path.isdir(runs_dir) else e.strerror
+        error(f"cannot create a run directory in --runs-dir {runs_dir!r} ({reason}); pass a writable directory")
+
+
 def parse_cli(argv):
     """tyro subcommands; `train --config NAME` sets the preset as the defaults so every flag still overrides it."""
     config = "none"
@@ -1561,37 +1529,32 @@ def parse_cli(argv):
     return tyro.cli(Cmd, args=argv, prog="maml_ssm.py")
 
 
-def main_eval(eargs: EvalArgs):
-    msg = finite_and_seeded(eargs)
+def checked_checkpoint(a):
+    """Validates eval/adapt arguments and their checkpoint before any work: (model, ckpt) or a one-line error."""
+    msg = validate_args(a)
     if msg:
         error(msg)
-    if (eargs.num_tasks is not None and eargs.num_tasks < 2) or (eargs.num_steps is not None and eargs.num_steps < 0):
-        error("--num-tasks must be >= 2 (for a confidence interval) and --num-steps >= 0")
-    if any(v is not None and v <= 0 for v in (eargs.inner_lr, eargs.later_lr_scale)):
-        error("--inner-lr and --later-lr-scale must be positive")
-    if eargs.fast_batch_size is not None and eargs.fast_batch_size < 1:
-        error("--fast-batch-size must be >= 1")
     try:
-        load_checkpoint(eargs.checkpoint)
+        model, _, ckpt = load_checkpoint(a.checkpoint)
     except ValueError as e:
         error(str(e))
     torch.set_num_threads(1)
+    return model, ckpt
+
+
+def main_eval(eargs: EvalArgs):
+    checked_checkpoint(eargs)
     res = evaluate(eargs.checkpoint, eargs.num_tasks, eargs.num_steps, eargs.inner_lr, eargs.later_lr_scale,
                    eargs.fast_batch_size, eargs.eval_seed)
     print(json.dumps(res))
 
 
 def main_adapt(aargs: AdaptArgs):
-    msg = validate_adapt_args(aargs)
-    if msg:
-        error(msg)
-    try:
-        model, _, ckpt = load_checkpoint(aargs.checkpoint)
-    except ValueError as e:
-        error(str(e))
-    if aargs.online and aargs.online_every >= ckpt["args"]["max_episode_steps"]:
-        error(f"--online-every {aargs.online_every} is not below the checkpoint's horizon "
-              f"({ckpt['args']['max_episode_steps']} steps): no step would adapt; choose a smaller --online-every")
+    model, ckpt = checked_checkpoint(aargs)
+    horizon = ckpt["args"]["max_episode_steps"]
+    if aargs.online and aargs.online_every >= horizon:
+        error(f"--online-every {aargs.online_every} is not below the checkpoint's horizon ({horizon} steps): no step "
+              f"would adapt; choose a smaller --online-every")
     if aargs.adapt_params == "norm" and not ckpt["args"].get("layer_norm"):
         error("--adapt-params norm: this checkpoint has no normalisation layer; train it with --layer-norm, or use all, ssm or heads")
     # a Gaussian policy's entropy depends only on its state-independent log-std, which the core's parameters miss
@@ -1605,168 +1568,16 @@ def main_adapt(aargs: AdaptArgs):
             ExperienceBuffer.from_state_dict(ckpt["buffer"], model.initial_state(1).shape[1])
         except ValueError as e:
             error(str(e))
-    torch.set_num_threads(1)
     from torch.utils.tensorboard import SummaryWriter
 
-    out_dir = os.path.dirname(os.path.abspath(aargs.checkpoint))
-    stem = "adapt_online" if aargs.online else "adapt"
-    writer = SummaryWriter(os.path.join(out_dir, stem + "_tb"))
+    stem = os.path.join(os.path.dirname(os.path.abspath(aargs.checkpoint)), "adapt_online" if aargs.online else "adapt")
+    writer = SummaryWriter(stem + "_tb")
     res = run_adaptation(aargs.checkpoint, aargs, writer)
     writer.close()
-    tmp = os.path.join(out_dir, stem + ".json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(res, f, indent=2)
-    os.replace(tmp, os.path.join(out_dir, stem + ".json"))
-    plot_adaptation(res, os.path.join(out_dir, stem + ".png"))
-    print(f"wrote {os.path.join(out_dir, stem + '.json')}")
-
-
-def main_train(args: Args):
-    msg = validate_args(args)
-    if msg:
-        error(msg)
-    run_name, run_dir = claim_run_dir(args.runs_dir, f"{args.task}__{args.exp_name}__{args.seed}__{int(time.time())}")
-    if args.track:
-        import wandb
-
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                   config=vars(args), name=run_name, save_code=True)
-    from torch.utils.tensorboard import SummaryWriter
-
-    writer = SummaryWriter(run_dir)
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n%s" % "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
-
-    torch.set_num_threads(args.num_threads)
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    gen = torch.Generator().manual_seed(args.seed)
-    train_rng, _ = task_streams(args.seed)
-
-    env_cls = ENV_CLASSES[args.task]
-    spec = (env_cls.obs_dim, env_cls.act_dim, env_cls.discrete)
-    counts = {k: agent_param_count(k, *spec, policy_width(dataclasses.replace(args, policy=k), env_cls), args.state_size,
-                                   args.in_context, args.layer_norm) for k in POLICIES}
-    model = build_agent(args, env_cls)
-    print(f"policy {args.policy} (width {model.hidden}): {count_params(model)} parameters; "
-          f"matched counts ssm {counts['ssm']} gru {counts['gru']} mlp {counts['mlp']}; obs/act/discrete {spec}")
-    # the heads learn at aux_lr; the shared trunk, whose only gradient in this step is the dynamics loss's, at
-    # dynamics_coef x aux_lr: Adam's step does not depend on the gradient's scale, so a loss weight would be on/off
-    aux_groups = [{"params": list(model.value_head.parameters()) + list(model.dyn_head.parameters()), "lr": args.aux_lr}]
-    if args.dynamics_coef > 0:
-        aux_groups.append({"params": [p for n, p in model.named_parameters() if not n.startswith(("value_head", "dyn_head", "pi", "log_std"))],
-                           "lr": args.dynamics_coef * args.aux_lr})
-    aux_opt = torch.optim.Adam(aux_groups)
-    outer_opt = torch.optim.Adam(model.parameters(), lr=args.outer_lr) if args.outer_optimizer == "adam" else None
-
-    in_dim = model.encoder.in_features
-    act_width = model.act_dim if not model.discrete else 1
-    state_dim = model.initial_state(1).shape[1]
-    buffer = ExperienceBuffer(args.buffer_size, env_cls.obs_dim, in_dim, act_width, state_dim) if args.buffer_size > 0 else None
-    monitor = FeatureMonitor(model.hidden)
-    train_tasks_seen = []
-    global_step, start_time, start_cpu, outer_steps_done = 0, time.time(), time.process_time(), 0
-    for it in range(1, args.outer_steps + 1):
-        it_start = time.time()
-        # ROLLOUT: fast batches with theta (and theta adapted j times), then post-adaptation batches
-        task_params = sample_tasks(args.task, train_rng, args.tasks_per_batch, "train")
-        train_tasks_seen.append(task_params)
-        theta = {k: v.detach() for k, v in model.named_parameters()}
-        tasks_data, returns = sample_task_batches(model, theta, task_params, args, gen, args.num_inner_steps,
-                                                  [args.inner_lr] * args.num_inner_steps)
-        if buffer is not None:  # task id = index of the task in the checkpoint's task_split["train_tasks"]
-            for i, td in enumerate(tasks_data):
-                add_batch_to_buffer(buffer, td["val"], (it - 1) * args.tasks_per_batch + i)
-        all_batches = [b for td in tasks_data for b in td["train"] + [td["val"]]]
-        global_step += int(sum(b["masks"].sum().item() for b in all_batches))
-
-        # the inner loss of the parameters that sampled the fast batches (theta's tensors share storage with the
-        # parameters, which Adam updates in place, so this must come before the outer step)
-        with torch.no_grad():
-            inner_l = float(np.mean([inner_loss(model, theta, td["train"][0]).item() for td in tasks_data])) if args.num_inner_steps else float("nan")
-
-        # UPDATE: outer (meta) step
-        if args.outer_optimizer == "trpo":
-            stats = trpo_step(model, tasks_data, args)
-        else:
-            loss, _, old_outs = meta_objective(model, dict(model.named_parameters()), tasks_data, args)
-            outer_opt.zero_grad()
-            loss.backward()
-            outer_opt.step()
-            _, kl, _ = meta_objective(model, dict(model.named_parameters()), tasks_data, args, old_outs, create_graph=False)
-            stats = {"outer_loss": loss.item(), "approx_kl": kl.item(), "line_search_steps": 0, "accepted": 1.0}
-        # value head (diagnostic) and next-observation head on this iteration's post-adaptation episodes
-        v_losses, d_losses = [], []
-        aux_opt.zero_grad()
-        val_batches = [td["val"] for td in tasks_data]
-        for b in val_batches:
-            out = policy_out(model, dict(model.named_parameters()), b)
-            ret = torch.flip(torch.cumsum(torch.flip(b["rewards"], [0]), 0), [0])
-            m = b["masks"]
-            monitor.update(out["feats"], m)
-            v_loss = (((out["value"] - ret) ** 2) * m).sum() / m.sum()
-            # the head always learns; the trunk only when dynamics_coef > 0 (its step size is set in aux_opt)
-            feats = out["feats"] if args.dynamics_coef > 0 else out["feats"].detach()
-            a = F.one_hot(b["actions"].long()[..., 0], model.act_dim).float() if model.discrete else b["actions"]
-            pred = model.dyn_head(torch.cat([feats, a], -1))
-            d_loss = ((((pred - b["next_obs"]) ** 2).mean(-1)) * m).sum() / m.sum()
-            ((v_loss + d_loss) / len(val_batches)).backward()
-            v_losses.append(v_loss.item())
-            d_losses.append(d_loss.item())
-        aux_opt.step()
-
-        # LOGGING
-        pre, post = returns[0].mean().item(), returns[-1].mean().item()
-        dt = time.time() - it_start
-        sps = int(global_step / (time.time() - start_time))
-        writer.add_scalar("meta/pre_adapt_return", pre, global_step)
-        writer.add_scalar("meta/post_adapt_return", post, global_step)
-        for j, r in enumerate(returns[1:-1], 1):
-            writer.add_scalar(f"meta/return_after_{j}_steps", r.mean().item(), global_step)
-        writer.add_scalar("charts/episodic_return", post, global_step)
-        writer.add_scalar("charts/episodic_length", tasks_data[0]["val"]["masks"].sum(0).mean().item(), global_step)
-        writer.add_scalar("losses/inner_loss", inner_l, global_step)
-        writer.add_scalar("losses/outer_loss", stats["outer_loss"], global_step)
-        writer.add_scalar("losses/approx_kl", stats["approx_kl"], global_step)
-        writer.add_scalar("losses/value_loss", float(np.mean(v_losses)), global_step)
-        writer.add_scalar("losses/dynamics_loss", float(np.mean(d_losses)), global_step)
-        writer.add_scalar("meta/line_search_steps", stats["line_search_steps"], global_step)
-        writer.add_scalar("meta/step_accepted", stats["accepted"], global_step)
-        writer.add_scalar("meta/iteration_time", dt, global_step)
-        if outer_opt is not None:
-            writer.add_scalar("charts/learning_rate", args.outer_lr, global_step)
-        writer.add_scalar("charts/SPS", sps, global_step)
-        if it % args.log_every == 0 or it == 1 or it == args.outer_steps:
-            print(f"iter {it}/{args.outer_steps} step {global_step} SPS {sps} pre {pre:.2f} post {post:.2f} "
-                  f"kl {stats['approx_kl']:.4f} ls {stats['line_search_steps']} {dt:.2f}s/it "
-                  f"elapsed {time.time() - start_time:.0f}s", flush=True)
-        outer_steps_done = it
-        if args.cpu_budget and time.process_time() - start_cpu >= args.cpu_budget:
-            print(f"--cpu-budget {args.cpu_budget:g}s reached after {it} of {args.outer_steps} outer steps")
-            break
-
-    train_time, train_cpu = time.time() - start_time, time.process_time() - start_cpu
-    writer.add_scalar("meta/train_wall_time", train_time, global_step)
-    writer.add_scalar("meta/train_cpu_time", train_cpu, global_step)
-    writer.add_scalar("meta/outer_steps_done", outer_steps_done, global_step)
-    print(f"meta-training wall time {train_time:.1f}s, CPU time {train_cpu:.1f}s")
-    if args.save_model:
-        path = os.path.join(run_dir, f"{args.exp_name}.cleanrl_model")
-        seen = np.concatenate(train_tasks_seen) if train_tasks_seen else np.zeros((0, 1))
-        split = {"task": args.task, "train_stream": [args.seed, 0], "test_stream": [args.seed, 1],
-                 "train_ranges": CARTPOLE_TRAIN_RANGES if args.task == "cartpole-physics" else None,
-                 "test_ranges": CARTPOLE_TEST_RANGES if args.task == "cartpole-physics" else None,
-                 "train_tasks": seen.tolist()}
-        save_checkpoint(path, model, args, split, {"train_wall_time": train_time, "train_cpu_time": train_cpu,
-                                                   "outer_steps_done": outer_steps_done, "feature_stats": monitor.state_dict(),
-                                                   "buffer": buffer.state_dict() if buffer is not None else None})
-        print(f"model saved to {path}")
-        res = evaluate(path)  # the checkpoint's eval_tasks, eval_steps, eval_later_lr_scale and eval_episodes
-        for k, v in res["returns_after_steps"].items():
-            writer.add_scalar("eval/return_after_steps", v, int(k))
-        print(f"eval: {json.dumps(res)}")
-    writer.close()
+    write_json(res, stem + ".json")
+    plot_returns(res["results"], stem + ".png", f"{res['task']}: test-time adaptation" + (" (online)" if res["online"] else ""),
+                 "adaptation steps", level=res["no_adaptation"]["return"])
+    print(f"wrote {stem}.json")
 
 
 if __name__ == "__main__":
