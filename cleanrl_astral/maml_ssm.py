@@ -66,8 +66,7 @@ class Args:
     max_episode_steps: int = 100
     """episode horizon"""
     goal_box: bool = False
-    """point-nav-2d: end an episode when both coordinates are within 0.01 of the goal (the MAML paper code's
-    rule, set by --config paper) instead of when the Euclidean distance is"""
+    """point-nav-2d: an episode ends when both coordinates (not the distance) are within 0.01 of the goal (paper code)"""
 
     # Policy
     policy: str = "ssm"
@@ -81,8 +80,7 @@ class Args:
     layer_norm: bool = False
     """LayerNorm (with affine parameters) on the core's output: what `adapt --adapt-params norm` adapts"""
     dynamics_coef: float = 0.0
-    """weight of the next-observation prediction loss on the shared trunk: the trunk's auxiliary Adam step size is
-    dynamics_coef x aux_lr (0: the trunk ignores it; the head itself is always trained)"""
+    """the trunk's Adam step size on the next-observation loss is dynamics_coef x aux_lr (0: only the head learns it)"""
     aux_lr: float = 1e-3
     """Adam learning rate of the value and dynamics heads"""
     buffer_size: int = 50_000
@@ -92,16 +90,14 @@ class Args:
     outer_steps: int = 200
     """number of meta-training iterations (0 saves the random initialisation)"""
     cpu_budget: float = 0.0
-    """stop meta-training after the iteration at which this process has used this many CPU-seconds (0: no limit;
-    --outer-steps stays the maximum)"""
+    """stop after the iteration at which this process has used this many CPU-seconds (0: only --outer-steps)"""
     tasks_per_batch: int = 20
     """tasks per meta-batch"""
     fast_batch_size: int = 20
     """episodes per task for each inner step and for the post-adaptation (validation) batch"""
     fill_steps: bool = False
-    """count batches in steps, as the MAML paper's code does: keep sampling a task's episodes until they hold
-    fast_batch_size x max_episode_steps steps, so episodes that end early make room for more (set by --config paper).
-    Unlike the paper's sampler, every episode started is kept (see docs/maml_ssm.md, "The paper's test sampler")"""
+    """count a batch in steps, as the paper's code does: sample a task's episodes until they hold fast_batch_size x
+    max_episode_steps steps (every episode started is kept)"""
     num_inner_steps: int = 1
     """inner policy-gradient steps (0 trains a multi-task policy without adaptation: a baseline)"""
     inner_lr: float = 0.1
@@ -148,12 +144,9 @@ class Args:
 
 PRESETS = {
     "none": {},
-    # the plan's basic preset: 8 parallel episodes per task, time limit 200, small meta-batch
     "basic": dict(seed=42, fast_batch_size=8, max_episode_steps=200, outer_steps=50, tasks_per_batch=8,
                   num_inner_steps=1, inner_lr=1e-2, adapt_steps=5, adapt_lr=1e-2),
-    # MAML paper, 2D navigation: 20 tasks x 20 episodes, horizon 100, alpha 0.1, TRPO with KL 0.01, the paper
-    # code's goal box and batches counted in steps; its test script adapts with 4000 steps (40 episodes of the
-    # horizon) per task and step
+    # MAML paper, 2D navigation, with its code's goal box and step-counted batches; its test batch is 4,000 steps
     "paper": dict(fast_batch_size=20, tasks_per_batch=20, max_episode_steps=100, num_inner_steps=1,
                   inner_lr=0.1, outer_optimizer="trpo", max_kl=0.01, eval_episodes=40, goal_box=True, fill_steps=True),
 }
@@ -175,8 +168,6 @@ class EvalArgs:
     """episodes per task and step (default: the checkpoint's eval_episodes, else its fast_batch_size)"""
     eval_seed: Optional[int] = None
     """seed of the test-task stream and the sampling (default: the checkpoint's seed)"""
-    cuda: bool = False
-    """accepted for CleanRL compatibility; everything runs on CPU (tiny networks, batched simulation)"""
 
 
 @dataclass
@@ -202,8 +193,7 @@ class AdaptArgs:
     experience_batch_size: int = 256
     """hybrid: transitions per replayed batch"""
     adapt_params: str = "all"
-    """parameters adapted: all | ssm (the recurrent core) | heads (policy, value and dynamics heads) | norm (the
-    LayerNorm's scale and shift; the checkpoint must be trained with --layer-norm)"""
+    """parameters adapted: all | ssm (the recurrent core) | heads (policy, value, dynamics) | norm (needs --layer-norm)"""
     adapt_optimizer: str = "sgd"
     """sgd | adam"""
     grad_clip: float = 10.0
@@ -215,8 +205,7 @@ class AdaptArgs:
     ema_decay: float = 0.0
     """act with an exponential moving average of the adapted parameters (0 disables)"""
     max_importance_weight: float = 10.0
-    """pg on episodes acted by other parameters (--ema-decay, --online) weights each step's gradient by
-    pi_theta / pi_acting, truncated at this (>= 1; V-trace's truncated importance weight)"""
+    """truncation (>= 1) of the weight pi_theta / pi_acting of pg on episodes acted by other parameters (EMA, online)"""
     online: bool = False
     """adapt during the episode every --online-every env steps instead of between episode batches"""
     online_every: int = 20
@@ -225,8 +214,6 @@ class AdaptArgs:
     """episodes per task and step (default: the checkpoint's fast_batch_size)"""
     eval_seed: Optional[int] = None
     """seed of the test-task stream and the sampling (default: the checkpoint's seed)"""
-    cuda: bool = False
-    """accepted for CleanRL compatibility; everything runs on CPU (tiny networks, batched simulation)"""
 
 
 # ------------------------------------------------------------------------------------------------ TASKS
@@ -248,12 +235,10 @@ def task_streams(seed: int):
 
 
 class PointNav2D:
-    """MAML paper 2D navigation, vectorised: start at the origin, reward -||p - goal||, an episode ends within
-    0.01 of the goal (or at the horizon): Euclidean distance, or with `goal_box` both coordinates, which is the
-    paper code's rule (a 0.02-wide square, 27% more area than the disc). The policy acts in [-1, 1] per
-    coordinate, scaled to a step in [-0.1, 0.1] (out-of-range actions clipped), as the paper's code does by
-    wrapping the env in rllab's `normalize`: a unit-std Gaussian then explores at the scale of one step, not ten
-    times past it."""
+    """MAML paper 2D navigation, vectorised: start at the origin, reward -||p - goal||, the episode ends within 0.01
+    of the goal (distance, or both coordinates with `goal_box`, the paper code's rule). Actions in [-1, 1] (clipped)
+    are scaled to a step of 0.1, as rllab's `normalize` does in the paper's code, so a unit-std Gaussian explores at
+    the scale of one step."""
 
     obs_dim, act_dim, discrete = 2, 2, False
     max_step = 0.1
@@ -358,13 +343,10 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
 
 
 class LRU(nn.Module):
-    """Diagonal linear recurrence x_t = lambda * x_{t-1} + gamma * (B u_t), y_t = Re(C x_t) + D * u_t, with
-    complex lambda, B, C and state x held as real and imaginary parts (real arithmetic keeps the higher-order
-    gradients of MAML/TRPO cheap).
-
-    lambda = exp(-(exp(nu_log) + DELTA_MIN) + i exp(theta_log)) so |lambda| <= exp(-DELTA_MIN) < 1 for every
-    parameter value, even in float32; gamma = sqrt(1 - |lambda|^2) normalises the input so the state variance
-    does not blow up as |lambda| -> 1."""
+    """Diagonal linear recurrence x_t = lambda * x_{t-1} + gamma * (B u_t), y_t = Re(C x_t) + D * u_t; complex
+    numbers held as real and imaginary parts (real arithmetic keeps MAML/TRPO's higher-order gradients cheap).
+    lambda = exp(-(exp(nu_log) + DELTA_MIN) + i exp(theta_log)), so |lambda| < 1 for every parameter value, even in
+    float32; gamma = sqrt(1 - |lambda|^2) keeps the state's scale as |lambda| -> 1."""
 
     DELTA_MIN = 1e-4
 
@@ -961,7 +943,7 @@ def main_train(args: Args):
                  "train_ranges": CARTPOLE_TRAIN_RANGES if cartpole else None,
                  "test_ranges": CARTPOLE_TEST_RANGES if cartpole else None, "train_tasks": seen.tolist()}
         save_checkpoint(path, model, args, split, {"train_wall_time": train_time, "train_cpu_time": train_cpu,
-                                                   "outer_steps_done": outer_steps_done, "feature_stats": monitor.state_dict(),
+                                                   "outer_steps_done": outer_steps_done, "feature_stats": vars(monitor),
                                                    "buffer": buffer.state_dict() if buffer is not None else None})
         print(f"model saved to {path}")
         res = evaluate(path)  # the checkpoint's eval_tasks, eval_steps, eval_later_lr_scale and eval_episodes
@@ -1105,39 +1087,33 @@ def plot_returns(curves, path, title, xlabel, level=None):
 
 # ------------------------------------------------------------------------------------------------ TEST-TIME ADAPTATION
 class ExperienceBuffer:
-    """Preallocated ring buffer of meta-training transitions (oldest evicted first). Besides (obs, action,
-    reward, next_obs, done, task id) it keeps the policy input (with the in-context signal), the GAE
-    advantage so replayed transitions can feed the pg objective, and the recurrent state the policy had when it
-    acted (width 0 for the MLP), so a replayed transition is evaluated in its context rather than from a blank
-    memory. Filled by `train` only."""
+    """Preallocated ring buffer of meta-training transitions, oldest evicted first, filled by `train`. Besides (obs,
+    action, reward, next_obs, done, task id) it keeps the policy input, the GAE advantage (so replay can feed pg) and
+    the recurrent state the policy acted from (width 0 for the MLP), so a replayed step is seen in its context."""
 
     FIELDS = ("obs", "inputs", "actions", "rewards", "next_obs", "dones", "advantages", "task_ids", "states")
 
     def __init__(self, capacity, obs_dim, in_dim, act_dim, state_dim=0):
-        self.capacity = capacity
-        shapes = {"obs": (obs_dim,), "inputs": (in_dim,), "actions": (act_dim,), "rewards": (), "next_obs": (obs_dim,),
-                  "dones": (), "advantages": (), "task_ids": (), "states": (state_dim,)}
+        widths = dict(obs=(obs_dim,), inputs=(in_dim,), actions=(act_dim,), next_obs=(obs_dim,), states=(state_dim,))
         dtypes = {"dones": torch.bool, "task_ids": torch.long}
-        self.data = {k: torch.zeros((capacity, *s), dtype=dtypes.get(k, torch.float32)) for k, s in shapes.items()}
-        self.pos, self.size = 0, 0
-
-    def __len__(self):
-        return self.size
+        self.data = {k: torch.zeros((capacity, *widths.get(k, ())), dtype=dtypes.get(k, torch.float32)) for k in self.FIELDS}
+        self.capacity, self.pos, self.size = capacity, 0, 0
 
     def add(self, **items):
         n = len(items["obs"])
-        # a batch larger than the buffer keeps only its last `capacity` rows, each written once (indexed assignment
-        # with repeated indices has no defined winner); the indices wrap around over the oldest entries
+        # a batch larger than the buffer keeps its last `capacity` rows, each written once (indexed assignment with
+        # repeated indices has no defined winner); the indices wrap around over the oldest entries
         skip = max(n - self.capacity, 0)
         idx = (self.pos + skip + torch.arange(n - skip)) % self.capacity
         for k in self.FIELDS:
             self.data[k][idx] = items[k][skip:].to(self.data[k].dtype)
-        self.pos = int((self.pos + n) % self.capacity)
-        self.size = min(self.size + n, self.capacity)
+        self.pos, self.size = int((self.pos + n) % self.capacity), min(self.size + n, self.capacity)
+
+    def __len__(self):
+        return self.size
 
     def sample(self, batch_size, gen):
-        """Uniform batch by index (only the sampled rows are gathered)."""
-        idx = torch.randint(0, self.size, (batch_size,), generator=gen)
+        idx = torch.randint(0, self.size, (batch_size,), generator=gen)  # uniform; only the sampled rows are gathered
         return {k: v[idx] for k, v in self.data.items()}
 
     def state_dict(self):
@@ -1145,14 +1121,12 @@ class ExperienceBuffer:
 
     @classmethod
     def from_state_dict(cls, sd, state_dim):
-        """state_dim: width of the model's recurrent state, which the stored states must have."""
         d = sd["data"]
         if "states" not in d or d["states"].shape[1] != state_dim:
             raise ValueError(f"the checkpoint's ExperienceBuffer does not store recurrent states of the model's width "
                              f"{state_dim}; retrain it to use hybrid")
         buf = cls(sd["capacity"], d["obs"].shape[1], d["inputs"].shape[1], d["actions"].shape[1], state_dim)
-        for k in cls.FIELDS:
-            buf.data[k].copy_(d[k])
+        buf.data = {k: d[k].clone() for k in cls.FIELDS}
         buf.pos, buf.size = sd["pos"], sd["size"]
         return buf
 
@@ -1160,27 +1134,24 @@ class ExperienceBuffer:
 def add_batch_to_buffer(buffer, batch, task_id):
     """Valid steps of one task's episodes; done marks an episode's last step."""
     m = batch["masks"] > 0
-    nxt = torch.cat([batch["masks"][1:], torch.zeros_like(batch["masks"][:1])]) > 0
-    buffer.add(obs=batch["obs"][m], inputs=batch["inputs"][m], actions=batch["actions"][m], rewards=batch["rewards"][m],
-               next_obs=batch["next_obs"][m], dones=(m & ~nxt)[m], advantages=batch["advantages"][m],
-               task_ids=torch.full((int(m.sum()),), task_id, dtype=torch.long), states=batch["states"][m])
+    last = m & ~(torch.cat([batch["masks"][1:], torch.zeros_like(batch["masks"][:1])]) > 0)
+    buffer.add(**{k: batch[k][m] for k in ("obs", "inputs", "actions", "rewards", "next_obs", "advantages", "states")},
+               dones=last[m], task_ids=torch.full((int(m.sum()),), task_id, dtype=torch.long))
 
 
 def replay_as_batch(sample):
-    """Replayed transitions as length-1 sequences, each continuing from the recurrent state stored with it (the
-    state the acting policy had; the adapted policy would have reached a slightly different one: the usual
-    stored-state approximation of recurrent replay)."""
+    """Replayed transitions as length-1 sequences, each continuing from its stored recurrent state (the acting
+    policy's; the adapted policy's would differ slightly: the stored-state approximation of recurrent replay)."""
     B = len(sample["obs"])
     return {**{k: sample[k][None] for k in ("inputs", "actions", "advantages", "rewards", "next_obs", "obs")},
             "starts": torch.zeros(1, B, dtype=torch.bool), "state0": sample["states"], "masks": torch.ones(1, B)}
 
 
 def objective_loss(model, params, batch, objective, max_importance_weight=10.0):
-    """pg: the MAML inner rule (reads rewards via the advantages); when the batch carries "behaviour_logp" (its
-    actions were drawn by other parameters: an EMA, or earlier parameters within an online episode) each step's
-    gradient is weighted by min(pi_params / pi_behaviour, max_importance_weight), which is the exact importance
-    weight wherever it is below the cap. dynamics: next-observation MSE of the auxiliary head with the reward
-    channel of the input zeroed, so no reward reaches it. entropy: policy entropy (Tent). Returns (loss, output)."""
+    """pg: the MAML inner rule (reads rewards via the advantages); when the batch carries "behaviour_logp" (acted by
+    other parameters: an EMA, or earlier parameters within an online episode) each step's gradient is weighted by
+    min(pi_params / pi_behaviour, max_importance_weight). dynamics: next-observation MSE of the auxiliary head with the
+    reward input zeroed, so no reward reaches it. entropy: policy entropy (Tent). Returns (loss, output)."""
     m = batch["masks"]
     if objective == "pg":
         out = policy_out(model, params, batch)
@@ -1198,20 +1169,15 @@ def objective_loss(model, params, batch, objective, max_importance_weight=10.0):
     return masked_mean(entropy(out, model.discrete), m), out
 
 
-STRATEGIES = {}
+# a strategy maps (loss, model output, masks, adapter) to the loss that is minimised; register more by name
+STRATEGIES = {"none": lambda loss, out, masks, adapter: loss}
 
 
 def register_strategy(name):
-    """Decorator: a strategy maps (loss, model output, masks, adapter) to the loss that is minimised."""
     def deco(fn):
         STRATEGIES[name] = fn
         return fn
     return deco
-
-
-@register_strategy("none")
-def strategy_none(loss, out, masks, adapter):
-    return loss
 
 
 @register_strategy("tent")
@@ -1228,8 +1194,8 @@ def select_params(names, which):
 
 class StandardAdapter:
     """Gradient steps on the current task's `objective` from the meta-learned theta_0, with the guards of `aargs`
-    (AdaptArgs): gradient norm clip, maximum parameter change per step, trust region ||theta - theta_0|| <= eps
-    around theta_0, optional EMA of the adapted parameters (used for acting), and parameter selection."""
+    (AdaptArgs): gradient norm clip, maximum parameter change per step, trust region ||theta - theta_0|| <= eps,
+    optional EMA of the adapted parameters (used for acting), and parameter selection."""
 
     def __init__(self, model, theta0, aargs, objective, lr, buffer=None, replay_gen=None):
         self.model, self.aargs, self.objective, self.buffer, self.replay_gen = model, aargs, objective, buffer, replay_gen
@@ -1248,25 +1214,23 @@ class StandardAdapter:
 
     def loss(self, batch, replay=None):
         loss, out = objective_loss(self.model, self.params, batch, self.objective, self.aargs.max_importance_weight)
-        return STRATEGIES[self.aargs.strategy](loss, out, batch["masks"], self)
+        loss = STRATEGIES[self.aargs.strategy](loss, out, batch["masks"], self)
+        w = self.aargs.experience_weight
+        return loss if replay is None or w == 0 else loss + w * self.loss(replay)
 
     def drift(self):
-        vec = lambda p: torch.cat([p[k].detach().reshape(-1) for k in self.names])  # noqa: E731
-        return (vec(self.params) - vec(self.theta0)).norm().item()
+        return torch.sqrt(sum(((self.params[k].detach() - self.theta0[k]) ** 2).sum() for k in self.names)).item()
 
     def step(self, batch):
-        a = self.aargs
-        replay = self.replay_batch()
+        a, replay = self.aargs, self.replay_batch()
         loss = self.loss(batch, replay)
         leaves = [self.params[k] for k in self.names]
         grads = [g if g is not None else torch.zeros_like(p) for g, p in zip(torch.autograd.grad(loss, leaves, allow_unused=True), leaves)]
         gnorm = torch.sqrt(sum((g**2).sum() for g in grads)).item()
         fired = {"clip": gnorm > a.grad_clip, "max_step": False, "trust_region": False}
-        if fired["clip"]:
-            grads = [g * (a.grad_clip / (gnorm + 1e-12)) for g in grads]
         before = [p.detach().clone() for p in leaves]
         for p, g in zip(leaves, grads):
-            p.grad = g
+            p.grad = g * (a.grad_clip / (gnorm + 1e-12)) if fired["clip"] else g
         self.opt.step()
         with torch.no_grad():
             delta = torch.sqrt(sum(((p - b) ** 2).sum() for p, b in zip(leaves, before))).item()
@@ -1275,13 +1239,12 @@ class StandardAdapter:
                 for p, b in zip(leaves, before):
                     p.copy_(b + (p - b) * (a.max_step_norm / delta))
             drift = self.drift()
-            if drift > a.trust_region:
-                fired["trust_region"] = True  # project back onto the ball around the meta-learned theta_0
+            if drift > a.trust_region:  # project back onto the ball around the meta-learned theta_0
+                fired["trust_region"] = True
                 for k in self.names:
                     self.params[k].copy_(self.theta0[k] + (self.params[k] - self.theta0[k]) * (a.trust_region / drift))
-            if self.ema is not None:
-                for k in self.names:
-                    self.ema[k] = a.ema_decay * self.ema[k] + (1 - a.ema_decay) * self.params[k].detach()
+            for k in self.names if self.ema is not None else ():
+                self.ema[k] = a.ema_decay * self.ema[k] + (1 - a.ema_decay) * self.params[k].detach()
         with torch.enable_grad():
             after = self.loss(batch, replay).item()
         return {"loss_before": loss.item(), "loss_after": after, "grad_norm": gnorm, "drift": self.drift(),
@@ -1295,22 +1258,18 @@ class HybridAdapter(StandardAdapter):
     def replay_batch(self):
         return replay_as_batch(self.buffer.sample(self.aargs.experience_batch_size, self.replay_gen))
 
-    def loss(self, batch, replay=None):
-        cur = super().loss(batch)
-        if replay is None or self.aargs.experience_weight == 0:
-            return cur
-        return cur + self.aargs.experience_weight * super().loss(replay)
-
 
 ADAPTERS = {"standard": StandardAdapter, "hybrid": HybridAdapter}
 
 
 class FeatureMonitor:
-    """Exponential moving mean/variance of the policy features (the SSM output after the MLP), kept during
-    training; at test time the shift is the mean |mu_test - mu_train| / sigma_train over feature dimensions."""
+    """Exponential moving mean/variance of the policy features, kept during training; at test time the shift is the
+    mean |mu_test - mu_train| / sigma_train over feature dimensions."""
 
-    def __init__(self, dim, decay=0.99):
-        self.mean, self.var, self.decay, self.count = torch.zeros(dim), torch.ones(dim), decay, 0
+    def __init__(self, dim, decay=0.99, mean=None, var=None, count=0):
+        self.mean = torch.zeros(dim) if mean is None else mean
+        self.var = torch.ones(dim) if var is None else var
+        self.decay, self.count = decay, count
 
     def update(self, feats, masks):
         f = feats[masks > 0].detach().float()
@@ -1321,9 +1280,6 @@ class FeatureMonitor:
     def shift(self, feats, masks):
         f = feats[masks > 0].detach().float()
         return ((f.mean(0) - self.mean).abs() / torch.sqrt(self.var + 1e-6)).mean().item()
-
-    def state_dict(self):
-        return {"mean": self.mean, "var": self.var, "decay": self.decay, "count": self.count}
 
 
 @torch.no_grad()
@@ -1355,10 +1311,8 @@ def run_adaptation(checkpoint, aargs, writer=None):
     from a fresh copy of theta_0; the checkpoint (and its buffer) is only read."""
     model, args, ckpt = load_checkpoint(checkpoint)
     buffer = ExperienceBuffer.from_state_dict(ckpt["buffer"], model.initial_state(1).shape[1]) if ckpt.get("buffer") else None
-    monitor, fs = None, ckpt.get("feature_stats")
-    if fs and fs["count"] > 0:  # --outer-steps 0 never collected any
-        monitor = FeatureMonitor(len(fs["mean"]), fs["decay"])
-        monitor.mean, monitor.var, monitor.count = fs["mean"], fs["var"], fs["count"]
+    fs = ckpt.get("feature_stats")
+    monitor = FeatureMonitor(len(fs["mean"]), **fs) if fs and fs["count"] > 0 else None  # --outer-steps 0 has none
     K = args.adapt_steps if aargs.adapt_steps is None else aargs.adapt_steps
     lr = args.adapt_lr if aargs.adapt_lr is None else aargs.adapt_lr
     n_eps = args.fast_batch_size if aargs.fast_batch_size is None else aargs.fast_batch_size
@@ -1399,15 +1353,12 @@ def run_adaptation(checkpoint, aargs, writer=None):
             results[name] = {**summarise(per_step), "monitor": mon,
                              "guard_fired_frac": float(np.mean([s["guard_fired"] for s in step_logs])) if step_logs else 0.0,
                              "final_drift": float(np.mean([ad.drift() for ad in adapters]))}
-            if writer is not None:
-                for k, r in enumerate(per_step):
-                    writer.add_scalar(f"tta/{mode}_{objective}/return_after_steps", float(r.mean()), k)
-                for i, s in enumerate(step_logs):
-                    for key in ("loss_before", "loss_after", "grad_norm", "drift", "guard_fired"):
-                        writer.add_scalar(f"tta/{mode}_{objective}/{key}", float(s[key]), i)
-                for k, s in enumerate(mon):
-                    for key, v in s.items():
-                        writer.add_scalar(f"tta/{mode}_{objective}/{key}", v, k)
+            for i, row in enumerate(step_logs if writer else []):  # x axis: adaptation step of any task
+                for key in ("loss_before", "loss_after", "grad_norm", "drift", "guard_fired"):
+                    writer.add_scalar(f"tta/{mode}_{objective}/{key}", float(row[key]), i)
+            for k, (r, row) in enumerate(zip(per_step, mon) if writer else []):  # x axis: steps taken
+                for key, v in {"return_after_steps": float(r.mean()), **row}.items():
+                    writer.add_scalar(f"tta/{mode}_{objective}/{key}", v, k)
             print(f"adapt {name}: " + " ".join(f"{k}:{v:.2f}" for k, v in results[name]["returns_after_steps"].items()), flush=True)
     return {"task": args.task, "num_tasks": len(tasks), "online": aargs.online, "adapt_steps": K, "adapt_lr": lr,
             "no_adaptation": {"return": float(base.mean()), "ci95": ci95(base)}, "results": results}
