@@ -25,7 +25,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
-from torch.func import functional_call
+from torch.func import functional_call, grad, vmap
+from torch.utils._pytree import tree_map
 
 TASKS = ("point-nav-2d", "cartpole-physics", "halfcheetah-vel")
 POLICIES = ("ssm", "gru", "mlp")
@@ -118,6 +119,8 @@ class Args:
     """conjugate-gradient iterations of TRPO"""
     cg_damping: float = 1e-5
     """damping added to the Fisher-vector product"""
+    cg_subsample: float = 1.0
+    """fraction of the meta-batch's tasks whose KL gives the Fisher-vector products (1: all; less changes the maths)"""
     ls_max_steps: int = 15
     """maximum backtracking steps of the TRPO line search"""
     ls_backtrack_ratio: float = 0.8
@@ -375,33 +378,24 @@ class LRU(nn.Module):
     def _out(self, x_re, x_im, u):
         return x_re @ self.C_re.T - x_im @ self.C_im.T + self.D * u
 
-    def step(self, u, x, start):
-        """One time step. u: (B, H), x: (B, 2N) real = [Re x | Im x], start: (B,) bool zeroes the state of
-        rows whose episode starts here."""
-        log_r, phase = self.lam()
-        c, s = torch.exp(log_r) * torch.cos(phase), torch.exp(log_r) * torch.sin(phase)
-        x_re, x_im = (x * (~start).unsqueeze(-1).to(x.dtype)).chunk(2, -1)
-        b_re, b_im = self._drive(u)
-        x_re, x_im = c * x_re - s * x_im + b_re, s * x_re + c * x_im + b_im
-        return self._out(x_re, x_im, u), torch.cat([x_re, x_im], -1)
-
     def scan(self, u, x0, starts):
         """Whole sequence in parallel: within an episode segment x_t = sum_{s<=t} lambda^(t-s) b_s (+ lambda^(t+1)
-        x0 before the first reset), one masked Toeplitz contraction instead of T sequential steps.
-        u: (T, B, H), x0: (B, 2N), starts: (T, B). Equals applying `step` T times."""
+        x0 before the first reset), one masked Toeplitz contraction instead of T sequential steps (cheaper than an
+        associative scan inside TRPO's third-order graph, docs/maml_ssm.md). u: (T, B, H), x0: (B, 2N) = [Re x | Im x],
+        starts: (T, B). Returns (y, final state)."""
         T = u.shape[0]
         log_r, phase = self.lam()
         b_re, b_im = self._drive(u)
-        lag = torch.arange(T, device=u.device)[:, None] - torch.arange(T, device=u.device)[None, :]  # t - s
+        lag = torch.arange(T)[:, None] - torch.arange(T)[None, :]  # t - s
         causal = (lag >= 0).to(u.dtype)
         # powers lambda^k for k = 0..T-1, gathered into the (N, T, S) Toeplitz matrix lambda^(t-s)
-        k = torch.arange(T, device=u.device, dtype=u.dtype)[None]
+        k = torch.arange(T, dtype=u.dtype)[None]
         pow_re = torch.exp(k * log_r[:, None]) * torch.cos(k * phase[:, None])
         pow_im = torch.exp(k * log_r[:, None]) * torch.sin(k * phase[:, None])
         idx = lag.clamp(min=0)
         L_re, L_im = pow_re[:, idx] * causal, pow_im[:, idx] * causal
         seg = torch.cumsum(starts.long(), 0)  # (T, B): episode segment index; a reset starts a new segment
-        if starts[1:].any():
+        if T > 1 and starts[1:].any():  # decided by the shape at T = 1, so acting runs under vmap
             same = (seg.T[:, :, None] == seg.T[:, None, :]).to(u.dtype)  # (B, T, S)
             conv = lambda L, v: torch.einsum("nts,bts,sbn->tbn", L, same, v)  # noqa: E731
         else:
@@ -409,7 +403,7 @@ class LRU(nn.Module):
         x_re = conv(L_re, b_re) - conv(L_im, b_im)
         x_im = conv(L_re, b_im) + conv(L_im, b_re)
         # carry of x0: lambda^(t+1) x0 while no reset has happened yet
-        t1 = torch.arange(1, T + 1, device=u.device, dtype=u.dtype)[:, None]
+        t1 = torch.arange(1, T + 1, dtype=u.dtype)[:, None]
         p_re, p_im = torch.exp(t1 * log_r) * torch.cos(t1 * phase), torch.exp(t1 * log_r) * torch.sin(t1 * phase)
         c0 = (seg == 0).to(u.dtype)[..., None]
         x0_re, x0_im = x0.chunk(2, -1)
@@ -448,33 +442,31 @@ class Agent(nn.Module):
         """prev_action is a vector (one-hot for discrete actions), zero on the first step of an episode."""
         return torch.cat([obs, prev_action, prev_reward], -1) if self.in_context else obs
 
-    def forward(self, inputs, starts, state, actions=None, scan=True):
+    def forward(self, inputs, starts, state, actions=None):
         """inputs: (T, B, in_dim), starts: (T, B) bool (first step of an episode), state: (B, ...).
-        Returns dict with pi (mean or logits), log_std, value, feats, next_obs (if actions given), state."""
+        Returns dict with pi (mean or logits), log_std (Gaussian), value, feats, next_obs (if actions given), state."""
         h = torch.tanh(self.encoder(inputs))
         if self.kind == "mlp":
             y = self.core(h)
-        elif scan and self.kind == "ssm":
+        elif self.kind == "ssm":
             y, state = self.core.scan(h, state, starts)
-        elif scan and not starts[1:].any():  # GRU whose only reset is the first step: one fused call
+        elif not starts[1:].any():  # GRU whose only reset is the first step: one fused call
             y, hn = self.core(h, (state * (~starts[0]).unsqueeze(-1)).unsqueeze(0))
             state = hn[0]
         else:
             ys = []
             for t in range(h.shape[0]):
-                if self.kind == "ssm":
-                    y_t, state = self.core.step(h[t], state, starts[t])
-                else:
-                    y_t, hn = self.core(h[t : t + 1], (state * (~starts[t]).unsqueeze(-1)).unsqueeze(0))
-                    y_t, state = y_t[0], hn[0]
-                ys.append(y_t)
+                y_t, hn = self.core(h[t : t + 1], (state * (~starts[t]).unsqueeze(-1)).unsqueeze(0))
+                ys.append(y_t[0])
+                state = hn[0]
             y = torch.stack(ys)
         z = F.gelu(y) + h if self.kind == "ssm" else (y if self.kind == "gru" else torch.tanh(y))
         if self.norm is not None:
             z = self.norm(z)
         feats = torch.tanh(self.fc(z))
-        out = {"pi": self.pi(feats), "log_std": self.log_std, "value": self.value_head(feats.detach())[..., 0],
-               "feats": feats, "state": state}
+        out = {"pi": self.pi(feats), "value": self.value_head(feats.detach())[..., 0], "feats": feats, "state": state}
+        if self.log_std is not None:
+            out["log_std"] = self.log_std
         if actions is not None:
             a = F.one_hot(actions.long()[..., 0], self.act_dim).to(feats.dtype) if self.discrete else actions
             out["next_obs"] = self.dyn_head(torch.cat([feats, a], -1))
@@ -482,9 +474,10 @@ class Agent(nn.Module):
 
 
 def make_dist(out, discrete):
+    # no argument validation: it branches on the values, which vmap cannot
     if discrete:
-        return torch.distributions.Categorical(logits=out["pi"])
-    return torch.distributions.Normal(out["pi"], torch.exp(out["log_std"]).expand_as(out["pi"]))
+        return torch.distributions.Categorical(logits=out["pi"], validate_args=False)
+    return torch.distributions.Normal(out["pi"], torch.exp(out["log_std"]).expand_as(out["pi"]), validate_args=False)
 
 
 def log_prob(dist, actions, discrete):
@@ -523,39 +516,52 @@ def build_agent(args: Args, env_cls) -> Agent:
 
 
 # ------------------------------------------------------------------------------------------------ ROLLOUT
+def map_tasks(model, fn, *args):
+    """fn over dim 0 (the task) of every argument as one vmapped call, which costs about what one task's call costs;
+    the GRU's fused kernel has no batching rule, so its tasks run in a loop."""
+    if model.kind != "gru":
+        return vmap(fn)(*args)
+    outs = [fn(*tree_map(lambda x: x[i], args)) for i in range(len(args[1]))]
+    return tree_map(lambda *xs: torch.stack(xs), *outs)
+
+
+def per_task(params, K):
+    """One copy of theta for each of K tasks (a view), stacked as adapted parameters are."""
+    return {k: v.expand(K, *v.shape) for k, v in params.items()}
+
+
+def stack_params(plist):
+    return {k: torch.stack([p[k] for p in plist]) for k in plist[0]}
+
+
 @torch.no_grad()
-def rollout(model, params_list, env, horizon, adapt_every=0, adapt_on=None):
-    """Runs env.n episodes; rows are split evenly into len(params_list) groups, group g acting with params_list[g]
-    (one group per task after adaptation). Returns time-major tensors (T, n, ...). Online adaptation: every
-    `adapt_every` steps `adapt_on(episodes so far)` adapts and returns the new params_list (the recurrent state
-    carries on)."""
-    n, G = env.n, len(params_list)
-    per = n // G
+def rollout(model, params, env, horizon, adapt_every=0, adapt_on=None):
+    """Runs env.n episodes, rows grouped by task; task k acts with params[name][k] (parameters stacked along a
+    leading task dimension). Returns time-major tensors (T, n, ...). Online adaptation: every `adapt_every` steps
+    `adapt_on(episodes so far)` adapts and returns new stacked parameters (the recurrent state carries on)."""
+    K = len(next(iter(params.values())))
+    n, per = env.n, env.n // K
     obs = env.reset()
     prev_a, prev_r = torch.zeros(n, model.act_dim), torch.zeros(n, 1)
-    states = [model.initial_state(per) for _ in range(G)]
+    state = model.initial_state(n).reshape(K, per, -1)
     alive = torch.ones(n, dtype=torch.bool)
     keys = ("obs", "inputs", "actions", "rewards", "masks", "next_obs", "logp", "states")
     buf = {k: [] for k in keys}
+    act = lambda p, x, start, st: functional_call(model, p, (x[None], start[None], st))  # noqa: E731  one step, one task
     for t in range(horizon):
         if adapt_every and t > 0 and t % adapt_every == 0:
-            params_list = adapt_on(stack_steps(buf))
+            params = adapt_on(stack_steps(buf))
         inp = model.make_input(obs, prev_a, prev_r)
-        start = torch.full((per,), t == 0)
-        state_in = torch.cat(states)  # the recurrent state this step starts from (stored for replay)
-        actions, logps = [], []
-        for g, params in enumerate(params_list):
-            sl = slice(g * per, (g + 1) * per)
-            out = functional_call(model, params, (inp[None, sl], start[None], states[g]), {"scan": False})
-            states[g] = out["state"]
-            dist = make_dist(out, model.discrete)
-            a = dist.sample()[0]
-            a = a[:, None].float() if model.discrete else a
-            actions.append(a)
-            logps.append(log_prob(dist, a[None], model.discrete)[0])
-        action = torch.cat(actions)
+        state_in = state.reshape(n, -1)  # the recurrent state this step starts from (stored for replay)
+        out = map_tasks(model, act, params, inp.reshape(K, per, -1), torch.full((K, per), t == 0), state)
+        state = out["state"]
+        out = {k: out[k][:, 0].reshape(n, -1) if k == "pi" else out[k].repeat_interleave(per, 0) for k in ("pi", "log_std") if k in out}
+        dist = make_dist(out, model.discrete)
+        action = dist.sample()
+        action = action[:, None].float() if model.discrete else action
         next_obs, reward, done = env.step(action)
-        for k, v in zip(keys, (obs, inp, action, reward * alive, alive.clone(), next_obs, torch.cat(logps), state_in)):
+        logp = log_prob(dist, action, model.discrete)
+        for k, v in zip(keys, (obs, inp, action, reward * alive, alive.clone(), next_obs, logp, state_in)):
             buf[k].append(v)
         alive = alive & ~done
         prev_a = F.one_hot(action[:, 0].long(), model.act_dim).float() if model.discrete else action
@@ -586,7 +592,7 @@ def concat_episodes(parts):
     return {k: torch.cat([pad(b[k]) for b in parts], 1) for k in parts[0]}
 
 
-def fill_to_steps(model, batches, plist, task_params, args, gen):
+def fill_to_steps(model, batches, params, task_params, args, gen):
     """--fill-steps: while a task's episodes hold fewer than fast_batch_size x horizon valid steps, sample more
     episodes of it (with its own parameters) and keep them in order up to the one that reaches that count. Every
     episode started is kept, whatever its length. The paper code's sampler counts steps too, but drops the episodes
@@ -600,7 +606,7 @@ def fill_to_steps(model, batches, plist, task_params, args, gen):
         # one more wave for every task still short, sized by its mean episode length so far
         per = max(math.ceil((budget - steps[i]) * batches[i]["masks"].shape[1] / steps[i]) for i in need)
         env = make_env(args, task_params[need], per, gen)
-        more = split_batch(rollout(model, [plist[i] for i in need], env, args.max_episode_steps), len(need))
+        more = split_batch(rollout(model, {k: v[need] for k, v in params.items()}, env, args.max_episode_steps), len(need))
         for i, b in zip(need, more):
             before = steps[i] + torch.cumsum(b["masks"].sum(0), 0) - b["masks"].sum(0)  # steps held before each
             keep = int((before < budget).sum())
@@ -656,11 +662,6 @@ def compute_advantages(batch, gamma, gae_lambda):
     return adv.float()
 
 
-def prepare_batch(batch, args):
-    batch["advantages"] = compute_advantages(batch, args.gamma, args.gae_lambda)
-    return batch
-
-
 # ------------------------------------------------------------------------------------------------ MAML
 def start_state(model, batch):
     """The state a batch's sequences start from: stored for replayed transitions, zero for fresh episodes."""
@@ -668,7 +669,7 @@ def start_state(model, batch):
 
 
 def policy_out(model, params, batch):
-    return functional_call(model, params, (batch["inputs"], batch["starts"], start_state(model, batch)), {"scan": True})
+    return functional_call(model, params, (batch["inputs"], batch["starts"], start_state(model, batch)))
 
 
 def masked_mean(x, masks):
@@ -687,16 +688,10 @@ def inner_loss(model, params, batch):
 
 
 def inner_step(model, params, batch, lr, create_graph):
-    """The MAML inner update theta' = theta - lr * grad inner_loss(theta). With create_graph the result stays
-    differentiable in theta through the gradient (second order); without it the gradient is a constant."""
-    loss = inner_loss(model, params, batch)
-    names = [k for k, p in params.items() if p.requires_grad]
-    grads = torch.autograd.grad(loss, [params[k] for k in names], create_graph=create_graph, allow_unused=True)
-    new = dict(params)
-    for k, g in zip(names, grads):
-        if g is not None:
-            new[k] = params[k] - lr * (g if create_graph else g.detach())
-    return new
+    """The MAML inner update theta' = theta - lr * grad inner_loss(theta), with torch.func so that it runs under vmap
+    and stays differentiable in theta (second order); without create_graph the gradient is a constant."""
+    g = grad(lambda p: inner_loss(model, p, batch))(params)
+    return {k: params[k] - lr * (g[k] if create_graph else g[k].detach()) for k in params}
 
 
 def inner_loop(model, params, train_batches, lr, first_order, create_graph=True):
@@ -717,18 +712,19 @@ def kl_divergence(old, new, discrete):
 
 def meta_objective(model, params, tasks_data, args, old_outs=None, create_graph=True):
     """Mean over tasks of the surrogate -E[pi_theta'(a|s)/pi_old(a|s) A] on post-adaptation episodes, where
-    theta' = inner_loop(theta) on the task's fast batches; also the mean KL(old || new) on those episodes."""
+    theta' = inner_loop(theta) on the task's fast batches; also the mean KL(old || new) on those episodes. A loop
+    over tasks: inside TRPO's third-order graph, vmap over tasks costs more than it saves (docs/maml_ssm.md)."""
     losses, kls, outs = [], [], []
-    for i, td in enumerate(tasks_data):
-        p = inner_loop(model, params, td["train"], args.inner_lr, args.first_order, create_graph)
-        val = td["val"]
-        out = policy_out(model, p, val)
-        old = old_outs[i] if old_outs is not None else {"pi": out["pi"].detach(), "log_std": None if out["log_std"] is None else out["log_std"].detach()}
-        outs.append(old)
-        logp = log_prob(make_dist(out, model.discrete), val["actions"], model.discrete)
-        logp_old = log_prob(make_dist(old, model.discrete), val["actions"], model.discrete)
-        losses.append(-masked_mean(torch.exp(logp - logp_old) * val["advantages"], val["masks"]))
-        kls.append(masked_mean(kl_divergence(old, out, model.discrete), val["masks"]))
+    with torch.set_grad_enabled(create_graph and torch.is_grad_enabled()):
+        for i, td in enumerate(tasks_data):
+            val = td["val"]
+            out = policy_out(model, inner_loop(model, params, td["train"], args.inner_lr, args.first_order), val)
+            old = old_outs[i] if old_outs is not None else {k: out[k].detach() for k in ("pi", "log_std") if k in out}
+            outs.append(old)
+            ratio = torch.exp(log_prob(make_dist(out, model.discrete), val["actions"], model.discrete)
+                              - log_prob(make_dist(old, model.discrete), val["actions"], model.discrete))
+            losses.append(-masked_mean(ratio * val["advantages"], val["masks"]))
+            kls.append(masked_mean(kl_divergence(old, out, model.discrete), val["masks"]))
     return torch.stack(losses).mean(), torch.stack(kls).mean(), outs
 
 
@@ -764,7 +760,10 @@ def trpo_step(model, tasks_data, args):
     # kl is KL(detached self || self): zero with zero gradient, but its Hessian is the Fisher matrix
     loss, kl, old_outs = meta_objective(model, dict(model.named_parameters()), tasks_data, args)
     g = flat_grad(loss, plist, retain_graph=True)
-    flat_kl = flat_grad(kl, plist, create_graph=True)
+    if args.cg_subsample < 1:  # the Fisher of a random subset of the tasks (changes the maths)
+        keep = torch.randperm(len(tasks_data))[: max(1, round(args.cg_subsample * len(tasks_data)))].tolist()
+        kl = meta_objective(model, dict(model.named_parameters()), [tasks_data[i] for i in keep], args)[1]
+    flat_kl = flat_grad(kl, plist, create_graph=True)  # built once; every Fisher-vector product reuses its graph
 
     def fvp(v):
         return flat_grad(flat_kl @ v, plist, retain_graph=True) + args.cg_damping * v
@@ -789,24 +788,24 @@ def trpo_step(model, tasks_data, args):
 def sample_task_batches(model, params, task_params, args, gen, num_steps, inner_lrs):
     """For each task: `num_steps` fast batches, the j-th sampled with theta adapted j times (no graph), then
     the post-adaptation batch. Returns per-task dicts {"train": [...], "val": batch} and the returns."""
-    K, n = len(task_params), args.fast_batch_size
-    env = make_env(args, task_params, n, gen)
-    task_p = [params] * K
+    K = len(task_params)
+    env = make_env(args, task_params, args.fast_batch_size, gen)
+    task_p = per_task(params, K)
     train = [[] for _ in range(K)]
     returns = []
     for j in range(num_steps + 1):
-        parts = split_batch(rollout(model, task_p if j > 0 else [params], env, args.max_episode_steps), K)
+        parts = split_batch(rollout(model, task_p, env, args.max_episode_steps), K)
         if args.fill_steps:
-            parts = fill_to_steps(model, parts, task_p, task_params, args, gen)  # task_p is [theta] * K at j = 0
+            parts = fill_to_steps(model, parts, task_p, task_params, args, gen)
         returns.append(torch.stack([episode_returns(b).mean() for b in parts]))
-        parts = [prepare_batch(b, args) for b in parts]
+        for b in parts:
+            b["advantages"] = compute_advantages(b, args.gamma, args.gae_lambda)
         if j == num_steps:
             return [{"train": train[i], "val": parts[i]} for i in range(K)], returns
         for i in range(K):
             train[i].append(parts[i])
-            with torch.enable_grad():
-                p = {k: v.detach().requires_grad_(True) for k, v in task_p[i].items()}
-                task_p[i] = {k: v.detach() for k, v in inner_step(model, p, parts[i], inner_lrs[j], False).items()}
+        task_p = stack_params([{k: v.detach() for k, v in inner_step(model, {k: v[i] for k, v in task_p.items()}, b,
+                                                                         inner_lrs[j], False).items()} for i, b in enumerate(parts)])
 
 
 # ------------------------------------------------------------------------------------------------ TRAINING
@@ -1303,7 +1302,7 @@ def adapt_step(adapters, batch, objective, args, step_logs, online=False):
                 b["behaviour_logp"] = b["logp"]
         with torch.enable_grad():
             step_logs.append(ad.step(b))
-    return [ad.acting_params() for ad in adapters]
+    return stack_params([ad.acting_params() for ad in adapters])
 
 
 def run_adaptation(checkpoint, aargs, writer=None):
@@ -1319,7 +1318,7 @@ def run_adaptation(checkpoint, aargs, writer=None):
     seed = args.seed if aargs.eval_seed is None else aargs.eval_seed
     tasks = sample_tasks(args.task, task_streams(seed)[1], aargs.num_tasks, "test")
     theta0 = {k: v.detach().clone() for k, v in model.named_parameters()}
-    per_task = lambda batch: episode_returns(batch).reshape(len(tasks), n_eps).mean(1).numpy()  # noqa: E731
+    task_returns = lambda batch: episode_returns(batch).reshape(len(tasks), n_eps).mean(1).numpy()  # noqa: E731
 
     def seeded_env():
         """Every run below sees the same episodes as long as its parameters are the same: the global generator
@@ -1329,7 +1328,7 @@ def run_adaptation(checkpoint, aargs, writer=None):
 
     # the no-adaptation level: theta_0 on the episodes every run starts with (offline, each run's entry 0 equals
     # it; online, entry 0 has already adapted within its episodes)
-    base = per_task(rollout(model, [theta0] * len(tasks), seeded_env(), args.max_episode_steps))
+    base = task_returns(rollout(model, per_task(theta0, len(tasks)), seeded_env(), args.max_episode_steps))
     results = {}
     for mode in aargs.adaptation_mode:
         for objective in aargs.adapt_objective:
@@ -1341,9 +1340,9 @@ def run_adaptation(checkpoint, aargs, writer=None):
             per_step, step_logs, mon = [], [], []
             online = lambda part: adapt_step(adapters, part, objective, args, step_logs, online=True)  # noqa: E731
             for k in range(K + 1):
-                acting = [ad.acting_params() for ad in adapters]
+                acting = stack_params([ad.acting_params() for ad in adapters])
                 batch = rollout(model, acting, env, args.max_episode_steps, aargs.online_every if aargs.online else 0, online)
-                per_step.append(per_task(batch))
+                per_step.append(task_returns(batch))
                 mon.append({key: float(np.mean([monitor_stats(model, ad.acting_params(), p, monitor)[key]
                                                 for ad, p in zip(adapters, split_batch(batch, len(tasks)))]))
                             for key in ["entropy", "confidence"] + (["feature_shift"] if monitor else [])})
@@ -1422,6 +1421,7 @@ def validate_args(a) -> Optional[str]:
             *[(getattr(a, n) < 0, f"{flag(n)} must be >= 0, got {getattr(a, n)}")
               for n in ("outer_steps", "num_inner_steps", "eval_steps", "adapt_steps", "buffer_size", "dynamics_coef", "cg_damping")],
             (not 0 < a.ls_backtrack_ratio < 1, f"--ls-backtrack-ratio must be in (0, 1), got {a.ls_backtrack_ratio}"),
+            (not 0 < a.cg_subsample <= 1, f"--cg-subsample must be in (0, 1], got {a.cg_subsample}"),
             (not (0 < a.gamma <= 1 and 0 <= a.gae_lambda <= 1), "--gamma must be in (0, 1] and --gae-lambda in [0, 1]"),
             (a.cpu_budget < 0, f"--cpu-budget must be >= 0 (0: no limit), got {a.cpu_budget}"),
             (a.eval_episodes is not None and a.eval_episodes < 1, f"--eval-episodes must be >= 1, got {a.eval_episodes}"),

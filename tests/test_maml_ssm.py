@@ -158,13 +158,13 @@ def test_lru_stable_for_all_reachable_parameters():
     # a long constant input keeps the state bounded (|lambda| < 1 plus gamma normalisation)
     u = torch.ones(1, 4)
     x = torch.zeros(1, 128)
-    for _ in range(3000):
-        _, x = lru.step(u, x, torch.zeros(1, dtype=torch.bool))
+    for _ in range(3000):  # acting: one step at a time
+        _, x = lru.scan(u[None], x, torch.zeros(1, 1, dtype=torch.bool))
     assert torch.isfinite(x).all() and x.abs().max() < 1e3
 
 
 def test_lru_matches_the_normalised_complex_recurrence():
-    """LRU.step and LRU.scan equal the complex recurrence x_t = lambda x_{t-1} + gamma (B u_t), y_t = Re(C x_t) +
+    """LRU.scan over a sequence and step by step equals the complex recurrence x_t = lambda x_{t-1} + gamma (B u_t), y_t = Re(C x_t) +
     D u_t with gamma = sqrt(1 - |lambda|^2), computed here in complex128 from the parameters. Without the input
     normalisation (gamma = 1) the state is 1/gamma times larger (gamma is well below 1 for every state dim here)."""
     torch.manual_seed(0)
@@ -187,27 +187,32 @@ def test_lru_matches_the_normalised_complex_recurrence():
         y_scan, x_scan = lru.scan(u, torch.zeros(Bn, 6, dtype=torch.float64), torch.zeros(T, Bn, dtype=torch.bool))
         xs = torch.zeros(Bn, 6, dtype=torch.float64)
         for t in range(T):
-            y_step, xs = lru.step(u[t], xs, torch.zeros(Bn, dtype=torch.bool))
+            y_step, xs = lru.scan(u[t : t + 1], xs, torch.zeros(1, Bn, dtype=torch.bool))
     assert torch.allclose(y_scan, expected_y, atol=1e-10), (y_scan - expected_y).abs().max()
     assert torch.allclose(x_scan, expected_x, atol=1e-10) and torch.allclose(xs, expected_x, atol=1e-10)
-    assert torch.allclose(y_step, expected_y[-1], atol=1e-10)
+    assert torch.allclose(y_step[0], expected_y[-1], atol=1e-10)
     assert expected_x.abs().max() > 0.1
 
 
 @pytest.mark.parametrize("kind", ["ssm", "gru", "mlp"])
 def test_step_by_step_equals_sequence_scan(kind):
+    """Acting runs the policy one step at a time, carrying the state; training runs it over the whole sequence."""
     torch.manual_seed(1)
     agent = m.Agent(kind, 3, 2, False, 8, 5, True).double()
     T, B = 17, 4
     inp = torch.randn(T, B, 6, dtype=torch.float64)
     starts = torch.rand(T, B) < 0.2
     state0 = torch.randn_like(agent.initial_state(B))
-    a = agent(inp, starts, state0, scan=True)
-    b = agent(inp, starts, state0, scan=False)
-    assert torch.allclose(a["pi"], b["pi"], atol=1e-10) and torch.allclose(a["state"], b["state"], atol=1e-10)
+    a = agent(inp, starts, state0)
+    state, pis = state0, []
+    for t in range(T):
+        out = agent(inp[t : t + 1], starts[t : t + 1], state)
+        pis.append(out["pi"][0])
+        state = out["state"]
+    assert torch.allclose(a["pi"], torch.stack(pis), atol=1e-10) and torch.allclose(a["state"], state, atol=1e-10)
     if kind != "mlp":
         # the two paths must not be trivially equal: the state has to matter
-        c = agent(inp, starts, torch.zeros_like(state0), scan=True)
+        c = agent(inp, starts, torch.zeros_like(state0))
         assert not torch.allclose(a["pi"][: int(starts.long().argmax(0).min()) + 1], c["pi"][: int(starts.long().argmax(0).min()) + 1])
 
 
@@ -735,6 +740,7 @@ def test_evaluate_reports_ci95_of_the_per_task_returns(tmp_path, monkeypatch):
     (["--task", "cartpole-physics", "--goal-box"], "--goal-box only applies to --task point-nav-2d"),
     (["--cpu-budget", "nan"], "--cpu-budget nan must be a finite number"),
     (["--seed", "-1"], "--seed -1 must be in [0, 2**32 - 1]"),
+    (["--cg-subsample", "1.5"], "--cg-subsample must be in (0, 1], got 1.5"),
 ])
 def test_bad_input_is_one_line_and_exit_2(flags, needle, tmp_path):
     res = run(["train", "--runs-dir", str(tmp_path), *flags], check=False)

@@ -106,7 +106,7 @@ def gaussian_setup():
     rng, _ = m.task_streams(0)
     tasks = m.sample_tasks(args.task, rng, 1, "train")
     theta0 = {k: v.detach().clone() for k, v in model.named_parameters()}
-    batch = m.rollout(model, [theta0], m.make_env(args, tasks, 3, torch.Generator().manual_seed(0)), 10)
+    batch = m.rollout(model, m.per_task(theta0, 1), m.make_env(args, tasks, 3, torch.Generator().manual_seed(0)), 10)
     batch["advantages"] = m.compute_advantages(batch, args.gamma, args.gae_lambda)
     return model, args, theta0, batch
 
@@ -209,7 +209,8 @@ def test_replayed_transition_continues_from_its_stored_recurrent_state(policy):
     rng, _ = m.task_streams(3)
     env = m.make_env(args, m.sample_tasks(args.task, rng, 1, "train"), 4, torch.Generator().manual_seed(3))
     theta = {k: v.detach() for k, v in model.named_parameters()}
-    batch = m.prepare_batch(m.rollout(model, [theta], env, args.max_episode_steps), args)
+    batch = m.rollout(model, m.per_task(theta, 1), env, args.max_episode_steps)
+    batch["advantages"] = m.compute_advantages(batch, args.gamma, args.gae_lambda)
     buf = m.ExperienceBuffer(1000, 2, 5, 2, model.initial_state(1).shape[1])
     m.add_batch_to_buffer(buf, batch, 0)
     n = len(buf)

@@ -111,7 +111,7 @@ def test_rollout_feeds_the_previous_action_and_reward_in_context(task):
     theta = {k: v.detach() for k, v in model.named_parameters()}
     rng, _ = m.task_streams(0)
     env = m.make_env(args, m.sample_tasks(task, rng, 2, "train"), 3, torch.Generator().manual_seed(0))
-    b = m.rollout(model, [theta, theta], env, args.max_episode_steps)
+    b = m.rollout(model, m.per_task(theta, 2), env, args.max_episode_steps)
     o, A = env_cls.obs_dim, model.act_dim
     inp = b["inputs"]
     assert inp.shape[-1] == o + A + 1
@@ -138,7 +138,7 @@ def test_rollout_rewards_and_masks_are_zero_after_the_episode_ends():
     theta["pi.bias"] = torch.tensor([1.0, 0.0])
     theta["log_std"] = torch.full((2,), -20.0)
     env = m.PointNav2D(torch.tensor([[0.1, 0.0], [-0.5, 0.0]]), torch.Generator().manual_seed(0))
-    batch = m.rollout(model, [theta], env, args.max_episode_steps)
+    batch = m.rollout(model, m.per_task(theta, 1), env, args.max_episode_steps)
     assert batch["masks"].shape == (6, 2)
     assert batch["masks"][:, 0].tolist() == [1, 0, 0, 0, 0, 0] and batch["masks"][:, 1].tolist() == [1] * 6
     assert batch["rewards"][0, 0].item() == pytest.approx(0.0, abs=1e-6)  # reached: distance 0
@@ -603,3 +603,95 @@ def test_line_search_restores_theta_when_every_trial_breaks_the_kl_limit(monkeyp
     # non-vacuous: with the KL satisfied the same trials are accepted and theta moves
     stats, before, after, _, _ = line_search_with(monkeypatch, -1.0, 0.0)
     assert stats["accepted"] == 1.0 and not all(torch.equal(a, b) for a, b in zip(after, before))
+
+
+# ------------------------------------------------------------------------------------------------ REFERENCE (autograd, one task at a time)
+def reference_meta_kl_and_loss(model, params, data, inner_lr):
+    """The meta-objective as plain autograd writes it: per task, theta' = theta - lr grad inner_loss (create_graph),
+    the surrogate and KL(old || new) on the post-adaptation batch, old = theta's own outputs."""
+    losses, kls = [], []
+    for td in data:
+        p = params
+        for b in td["train"]:
+            gs = torch.autograd.grad(m.inner_loss(model, p, b), list(p.values()), create_graph=True, allow_unused=True)
+            p = {k: p[k] - inner_lr * (g if g is not None else 0.0) for (k, g) in zip(p, gs)}
+        out, val = m.policy_out(model, p, td["val"]), td["val"]
+        old = {k: out[k].detach() for k in ("pi", "log_std")}
+        new_d, old_d = gaussian(out), gaussian(old)
+        ratio = torch.exp(new_d.log_prob(val["actions"]).sum(-1) - old_d.log_prob(val["actions"]).sum(-1))
+        mask = val["masks"]
+        losses.append(-(ratio * val["advantages"] * mask).sum() / mask.sum())
+        kls.append((torch.distributions.kl_divergence(old_d, new_d).sum(-1) * mask).sum() / mask.sum())
+    return torch.stack(losses).mean(), torch.stack(kls).mean()
+
+
+@pytest.mark.parametrize("policy", ["ssm", "mlp"])
+def test_meta_gradient_and_fisher_vector_product_equal_the_autograd_reference(policy, monkeypatch):
+    """On a fixed batch (float64, two inner steps) trpo_step's meta-gradient g and every Fisher-vector product it
+    hands to conjugate gradient equal those of the plain-autograd reference: grad of the surrogate, and the double
+    backward of KL(old || new) through the inner steps."""
+    model, args, data = tiny_setup(policy=policy, num_steps=2, inner_lr=0.3)
+    args = dataclasses.replace(args, cg_iters=3, ls_max_steps=1)
+    plist = list(model.parameters())
+    loss, kl = reference_meta_kl_and_loss(model, dict(model.named_parameters()), data, args.inner_lr)
+    flat = lambda out, **kw: torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1) for g, p in zip(  # noqa: E731
+        torch.autograd.grad(out, plist, allow_unused=True, **kw), plist)])
+    ref_g, flat_kl = flat(loss, retain_graph=True), flat(kl, create_graph=True)
+    seen = []
+
+    def capture(fvp, b, iters):
+        seen.append(-b)
+        v = torch.randn(b.shape, dtype=b.dtype, generator=torch.Generator().manual_seed(0))
+        seen.append((v, fvp(v)))
+        return b
+    monkeypatch.setattr(m, "conjugate_gradient", capture)
+    m.trpo_step(model, data, args)
+    g, (v, fv) = seen
+    ref_fv = flat(flat_kl @ v) + args.cg_damping * v
+    assert ref_g.abs().max() > 1e-3 and (ref_fv - args.cg_damping * v).abs().max() > 1e-3
+    assert torch.allclose(g, ref_g, rtol=1e-9, atol=1e-12), (g - ref_g).abs().max()
+    assert torch.allclose(fv, ref_fv, rtol=1e-9, atol=1e-12), (fv - ref_fv).abs().max()
+
+
+def test_rollout_acts_with_each_tasks_stacked_parameters():
+    """rollout evaluates every task's rows with that task's parameters (one vmapped call a step): the log-probability
+    recorded while acting equals the task's own policy on the whole recorded sequence, and differs from another
+    task's parameters."""
+    model, args, _ = tiny_setup(dtype=torch.float32)
+    theta = {k: v.detach() for k, v in model.named_parameters()}
+    other = {k: v + 0.3 * torch.randn_like(v) for k, v in theta.items()}
+    tasks = m.sample_tasks(args.task, m.task_streams(3)[0], 2, "train")
+    batch = m.rollout(model, m.stack_params([theta, other]), m.make_env(args, tasks, 3, torch.Generator()), 10)
+    for i, (params, wrong) in enumerate(((theta, other), (other, theta))):
+        part = m.split_batch(batch, 2)[i]
+        logp = lambda p: m.log_prob(m.make_dist(m.policy_out(model, p, part), False), part["actions"], False)  # noqa: E731
+        assert torch.allclose(logp(params), part["logp"], atol=1e-5)
+        assert not torch.allclose(logp(wrong), part["logp"], atol=1e-3)
+
+
+def test_cg_subsample_takes_the_fisher_of_a_subset_of_the_tasks(monkeypatch):
+    """--cg-subsample 0.5 on two tasks: the Fisher-vector products are those of one task's KL alone (the gradient stays
+    the full meta-batch's), which the default (1.0) never gives."""
+    model, args, data = tiny_setup(policy="mlp", num_steps=1, inner_lr=0.3)
+    plist = list(model.parameters())
+    v = torch.randn(sum(p.numel() for p in plist), dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+
+    def reference_fv(tasks):
+        kl = reference_meta_kl_and_loss(model, dict(model.named_parameters()), tasks, args.inner_lr)[1]
+        grads = torch.autograd.grad(kl, plist, create_graph=True, allow_unused=True)
+        flat_kl = torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1) for g, p in zip(grads, plist)])
+        return torch.cat([(h if h is not None else torch.zeros_like(p)).reshape(-1) for h, p in zip(
+            torch.autograd.grad(flat_kl @ v, plist, allow_unused=True), plist)]) + args.cg_damping * v
+
+    def products(fraction):
+        seen = []
+        monkeypatch.setattr(m, "conjugate_gradient", lambda fvp, b, iters: seen.append(fvp(v)) or b)
+        state = {k: p.detach().clone() for k, p in model.named_parameters()}
+        m.trpo_step(model, data, dataclasses.replace(args, cg_subsample=fraction, ls_max_steps=1))
+        model.load_state_dict(state, strict=False)
+        return seen[0]
+    full, half = products(1.0), products(0.5)
+    assert torch.allclose(full, reference_fv(data), rtol=1e-9, atol=1e-12)
+    assert any(torch.allclose(half, reference_fv([td]), rtol=1e-9, atol=1e-12) for td in data)
+    assert not torch.allclose(half, full, rtol=1e-3)
+    assert "--cg-subsample must be in (0, 1]" in m.validate_args(m.Args(cg_subsample=0.0))
