@@ -81,7 +81,8 @@ class Args:
     layer_norm: bool = False
     """LayerNorm (with affine parameters) on the core's output: what `adapt --adapt-params norm` adapts"""
     dynamics_coef: float = 0.0
-    """the trunk's Adam step size on the next-observation loss is dynamics_coef x aux_lr (0: only the head learns it)"""
+    """the trunk's Adam step size on the next-observation loss is dynamics_coef x aux_lr (0: the trunk ignores that
+    loss; its head always learns it)"""
     aux_lr: float = 1e-3
     """Adam learning rate of the value and dynamics heads"""
     buffer_size: int = 50_000
@@ -91,7 +92,8 @@ class Args:
     outer_steps: int = 200
     """number of meta-training iterations (0 saves the random initialisation)"""
     cpu_budget: float = 0.0
-    """stop after the iteration at which this process has used this many CPU-seconds (0: only --outer-steps)"""
+    """stop meta-training after the iteration at which this process has used this many CPU-seconds (0: no limit;
+    --outer-steps stays the maximum)"""
     tasks_per_batch: int = 20
     """tasks per meta-batch"""
     fast_batch_size: int = 20
