@@ -382,9 +382,9 @@ class LRU(nn.Module):
 
     def scan(self, u, x0, starts):
         """Whole sequence in parallel: within an episode segment x_t = sum_{s<=t} lambda^(t-s) b_s (+ lambda^(t+1)
-        x0 before the first reset), one masked Toeplitz contraction instead of T sequential steps (cheaper than an
-        associative scan inside TRPO's third-order graph, docs/maml_ssm.md). u: (T, B, H), x0: (B, 2N) = [Re x | Im x],
-        starts: (T, B). Returns (y, final state)."""
+        x0 before the first reset), one masked Toeplitz contraction instead of T sequential steps (as cheap as an
+        associative scan inside TRPO's third-order graph). u: (T, B, H), x0: (B, 2N) = [Re x | Im x], starts: (T, B).
+        Returns (y, final state)."""
         T = u.shape[0]
         log_r, phase = self.lam()
         b_re, b_im = self._drive(u)
@@ -715,7 +715,7 @@ def kl_divergence(old, new, discrete):
 def meta_objective(model, params, tasks_data, args, old_outs=None, create_graph=True):
     """Mean over tasks of the surrogate -E[pi_theta'(a|s)/pi_old(a|s) A] on post-adaptation episodes, where
     theta' = inner_loop(theta) on the task's fast batches; also the mean KL(old || new) on those episodes. A loop
-    over tasks: inside TRPO's third-order graph, vmap over tasks costs more than it saves (docs/maml_ssm.md)."""
+    over tasks: inside TRPO's third-order graph a vmap over tasks costs more than it saves."""
     losses, kls, outs = [], [], []
     with torch.set_grad_enabled(create_graph and torch.is_grad_enabled()):
         for i, td in enumerate(tasks_data):
