@@ -81,8 +81,7 @@ class Args:
     layer_norm: bool = False
     """LayerNorm (with affine parameters) on the core's output: what `adapt --adapt-params norm` adapts"""
     dynamics_coef: float = 0.0
-    """the trunk's Adam step size on the next-observation loss is dynamics_coef x aux_lr (0: the trunk ignores that
-    loss; its head always learns it)"""
+    """trunk learning rate on the next-observation loss, as a multiple of aux_lr (0: only the head learns it)"""
     aux_lr: float = 1e-3
     """Adam learning rate of the value and dynamics heads"""
     buffer_size: int = 50_000
@@ -92,15 +91,13 @@ class Args:
     outer_steps: int = 200
     """number of meta-training iterations (0 saves the random initialisation)"""
     cpu_budget: float = 0.0
-    """stop meta-training after the iteration at which this process has used this many CPU-seconds (0: no limit;
-    --outer-steps stays the maximum)"""
+    """stop meta-training once this process has used this many CPU-seconds (0: no limit; --outer-steps still caps)"""
     tasks_per_batch: int = 20
     """tasks per meta-batch"""
     fast_batch_size: int = 20
     """episodes per task for each inner step and for the post-adaptation (validation) batch"""
     fill_steps: bool = False
-    """count a batch in steps, as the paper's code does: sample a task's episodes until they hold fast_batch_size x
-    max_episode_steps steps (every episode started is kept)"""
+    """count a batch in steps (paper code): add episodes until they hold fast_batch_size x max_episode_steps steps"""
     num_inner_steps: int = 1
     """inner policy-gradient steps (0 trains a multi-task policy without adaptation: a baseline)"""
     inner_lr: float = 0.1
@@ -240,10 +237,7 @@ def task_streams(seed: int):
 
 
 class PointNav2D:
-    """MAML paper 2D navigation, vectorised: start at the origin, reward -||p - goal||, the episode ends within 0.01
-    of the goal (distance, or both coordinates with `goal_box`, the paper code's rule). Actions in [-1, 1] (clipped)
-    are scaled to a step of 0.1, as rllab's `normalize` does in the paper's code, so a unit-std Gaussian explores at
-    the scale of one step."""
+    """MAML paper 2D navigation: reward -||p - goal||; actions in [-1, 1] scale to a 0.1 step (rllab's normalize)."""
 
     obs_dim, act_dim, discrete = 2, 2, False
     max_step = 0.1
@@ -266,8 +260,7 @@ class PointNav2D:
 
 
 class CartPolePhysics:
-    """Gymnasium's CartPole-v1 dynamics (Euler, tau 0.02, force 10, thresholds 12 deg / 2.4), vectorised,
-    with per-episode gravity and pole half-length."""
+    """Gymnasium's CartPole-v1 dynamics, vectorised, with per-episode gravity and pole half-length."""
 
     obs_dim, act_dim, discrete = 4, 2, True
 
@@ -327,8 +320,7 @@ class HalfCheetahVel:
 
 
 ENV_CLASSES = {"point-nav-2d": PointNav2D, "cartpole-physics": CartPolePhysics, "halfcheetah-vel": HalfCheetahVel}
-# bumped when a task's dynamics change, so that a checkpoint trained on the old ones is refused instead of silently
-# evaluated on the new (point-nav-2d v2: actions in [-1, 1] scaled by 0.1; v1 took raw steps clipped to 0.1)
+# bumped when a task's dynamics change, so a checkpoint trained on the old ones is refused, not silently evaluated
 TASK_VERSIONS = {"point-nav-2d": 2, "cartpole-physics": 1, "halfcheetah-vel": 1}
 
 
@@ -348,10 +340,7 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
 
 
 class LRU(nn.Module):
-    """Diagonal linear recurrence x_t = lambda * x_{t-1} + gamma * (B u_t), y_t = Re(C x_t) + D * u_t; complex
-    numbers held as real and imaginary parts (real arithmetic keeps MAML/TRPO's higher-order gradients cheap).
-    lambda = exp(-(exp(nu_log) + DELTA_MIN) + i exp(theta_log)), so |lambda| < 1 for every parameter value, even in
-    float32; gamma = sqrt(1 - |lambda|^2) keeps the state's scale as |lambda| -> 1."""
+    """x_t = lambda x_{t-1} + gamma B u_t, y_t = Re(C x_t) + D u_t in real arithmetic; |lambda| < 1 by construction."""
 
     DELTA_MIN = 1e-4
 
@@ -381,10 +370,7 @@ class LRU(nn.Module):
         return x_re @ self.C_re.T - x_im @ self.C_im.T + self.D * u
 
     def scan(self, u, x0, starts):
-        """Whole sequence in parallel: within an episode segment x_t = sum_{s<=t} lambda^(t-s) b_s (+ lambda^(t+1)
-        x0 before the first reset), one masked Toeplitz contraction instead of T sequential steps (as cheap as an
-        associative scan inside TRPO's third-order graph). u: (T, B, H), x0: (B, 2N) = [Re x | Im x], starts: (T, B).
-        Returns (y, final state)."""
+        """Whole sequence as one masked Toeplitz contraction x_t = sum_s lambda^(t-s) b_s; returns (y, final state)."""
         T = u.shape[0]
         log_r, phase = self.lam()
         b_re, b_im = self._drive(u)
@@ -445,8 +431,7 @@ class Agent(nn.Module):
         return torch.cat([obs, prev_action, prev_reward], -1) if self.in_context else obs
 
     def forward(self, inputs, starts, state, actions=None):
-        """inputs: (T, B, in_dim), starts: (T, B) bool (first step of an episode), state: (B, ...).
-        Returns dict with pi (mean or logits), log_std (Gaussian), value, feats, next_obs (if actions given), state."""
+        """inputs (T, B, in_dim), starts (T, B) bool; returns pi, log_std, value, feats, next_obs, state."""
         h = torch.tanh(self.encoder(inputs))
         if self.kind == "mlp":
             y = self.core(h)
@@ -519,8 +504,7 @@ def build_agent(args: Args, env_cls) -> Agent:
 
 # ------------------------------------------------------------------------------------------------ ROLLOUT
 def map_tasks(model, fn, *args):
-    """fn over dim 0 (the task) of every argument as one vmapped call, which costs about what one task's call costs;
-    the GRU's fused kernel has no batching rule, so its tasks run in a loop."""
+    """fn over dim 0 (the task) as one vmapped call; the GRU's fused kernel cannot be vmapped, so it loops."""
     if model.kind != "gru":
         return vmap(fn)(*args)
     outs = [fn(*tree_map(lambda x: x[i], args)) for i in range(len(args[1]))]
@@ -538,9 +522,8 @@ def stack_params(plist):
 
 @torch.no_grad()
 def rollout(model, params, env, horizon, adapt_every=0, adapt_on=None):
-    """Runs env.n episodes, rows grouped by task; task k acts with params[name][k] (parameters stacked along a
-    leading task dimension). Returns time-major tensors (T, n, ...). Online adaptation: every `adapt_every` steps
-    `adapt_on(episodes so far)` adapts and returns new stacked parameters (the recurrent state carries on)."""
+    """env.n episodes, rows grouped by task, task k acting with params[.][k]; time-major (T, n, ...) tensors.
+    Online: every `adapt_every` steps, `adapt_on(episodes so far)` returns new stacked parameters."""
     K = len(next(iter(params.values())))
     n, per = env.n, env.n // K
     obs = env.reset()
@@ -595,10 +578,7 @@ def concat_episodes(parts):
 
 
 def fill_to_steps(model, batches, params, task_params, args, gen):
-    """--fill-steps: while a task's episodes hold fewer than fast_batch_size x horizon valid steps, sample more
-    episodes of it (with its own parameters) and keep them in order up to the one that reaches that count. Every
-    episode started is kept, whatever its length. The paper code's sampler counts steps too, but drops the episodes
-    still running when the count is reached, which favours short episodes (docs/maml_ssm.md)."""
+    """--fill-steps: add episodes to each short task up to the one reaching the step count (none is cut off)."""
     budget = args.fast_batch_size * args.max_episode_steps
     steps = [int(b["masks"].sum()) for b in batches]
     while True:
@@ -622,8 +602,7 @@ def episode_returns(batch):
 
 # ------------------------------------------------------------------------------------------------ ADVANTAGES (GAE)
 def linear_baseline(batch, gamma, reg=1e-5):
-    """Per-task linear feature baseline (Duan et al. 2016): ridge regression of the discounted return on
-    [obs, obs^2, t, t^2, t^3, 1] over the task's episodes."""
+    """Linear feature baseline (Duan et al. 2016): ridge fit of the return on [obs, obs^2, t, t^2, t^3, 1]."""
     obs, masks, rewards = batch["obs"].double(), batch["masks"].double(), batch["rewards"].double()
     T, n = masks.shape
     ret = torch.zeros_like(rewards)
@@ -690,8 +669,7 @@ def inner_loss(model, params, batch):
 
 
 def inner_step(model, params, batch, lr, create_graph):
-    """The MAML inner update theta' = theta - lr * grad inner_loss(theta), with torch.func so that it runs under vmap
-    and stays differentiable in theta (second order); without create_graph the gradient is a constant."""
+    """theta' = theta - lr * grad inner_loss(theta); differentiable in theta unless create_graph is False."""
     g = grad(lambda p: inner_loss(model, p, batch))(params)
     return {k: params[k] - lr * (g[k] if create_graph else g[k].detach()) for k in params}
 
@@ -713,9 +691,7 @@ def kl_divergence(old, new, discrete):
 
 
 def meta_objective(model, params, tasks_data, args, old_outs=None, create_graph=True):
-    """Mean over tasks of the surrogate -E[pi_theta'(a|s)/pi_old(a|s) A] on post-adaptation episodes, where
-    theta' = inner_loop(theta) on the task's fast batches; also the mean KL(old || new) on those episodes. A loop
-    over tasks: inside TRPO's third-order graph a vmap over tasks costs more than it saves."""
+    """Mean over tasks of -E[pi_theta'/pi_old A] on post-adaptation episodes, and of KL(old || new) there."""
     losses, kls, outs = [], [], []
     with torch.set_grad_enabled(create_graph and torch.is_grad_enabled()):
         for i, td in enumerate(tasks_data):
@@ -745,8 +721,7 @@ def conjugate_gradient(Avp, b, iters, tol=1e-10):
 
 
 def kl_radius_step(step_dir, f_step_dir, max_kl):
-    """The multiple of step_dir whose quadratic KL estimate 0.5 s^T F s equals max_kl (rllab's sqrt(2 delta /
-    s^T F s)); f_step_dir = F step_dir."""
+    """The multiple s of step_dir with 0.5 s^T F s = max_kl; f_step_dir = F step_dir."""
     return step_dir * torch.sqrt(2 * max_kl / (step_dir @ f_step_dir + 1e-12))
 
 
@@ -756,8 +731,7 @@ def flat_grad(out, plist, **kw):
 
 
 def trpo_step(model, tasks_data, args):
-    """TRPO outer update: natural gradient direction by conjugate gradient with Hessian(KL)-vector products
-    (differentiating through the inner adaptation), scaled to the KL radius, then a backtracking line search."""
+    """TRPO outer update: conjugate-gradient natural gradient, KL-radius scaling, backtracking line search."""
     plist = list(model.parameters())
     # kl is KL(detached self || self): zero with zero gradient, but its Hessian is the Fisher matrix
     loss, kl, old_outs = meta_objective(model, dict(model.named_parameters()), tasks_data, args)
@@ -788,8 +762,7 @@ def trpo_step(model, tasks_data, args):
 
 
 def sample_task_batches(model, params, task_params, args, gen, num_steps, inner_lrs):
-    """For each task: `num_steps` fast batches, the j-th sampled with theta adapted j times (no graph), then
-    the post-adaptation batch. Returns per-task dicts {"train": [...], "val": batch} and the returns."""
+    """Per task: fast batches sampled after 0..num_steps-1 inner steps, then the post-adaptation "val" batch."""
     K = len(task_params)
     env = make_env(args, task_params, args.fast_batch_size, gen)
     task_p = per_task(params, K)
@@ -812,9 +785,7 @@ def sample_task_batches(model, params, task_params, args, gen, num_steps, inner_
 
 # ------------------------------------------------------------------------------------------------ TRAINING
 def make_optimizers(model, args):
-    """The heads learn at aux_lr; the shared trunk, whose only gradient in the auxiliary step is the dynamics loss's,
-    at dynamics_coef x aux_lr (Adam's step does not depend on the gradient's scale, so a loss weight would be
-    on/off). Returns (aux_opt, outer_opt); outer_opt is None under TRPO."""
+    """(aux_opt, outer_opt): the trunk's rate, not a loss weight, scales the dynamics loss (Adam ignores scale)."""
     groups = [{"params": list(model.value_head.parameters()) + list(model.dyn_head.parameters()), "lr": args.aux_lr}]
     if args.dynamics_coef > 0:
         trunk = [p for n, p in model.named_parameters() if not n.startswith(("value_head", "dyn_head", "pi", "log_std"))]
@@ -836,8 +807,7 @@ def outer_update(model, tasks_data, args, outer_opt):
 
 
 def aux_update(model, tasks_data, args, aux_opt, monitor):
-    """One Adam step of the value head (a diagnostic) and the next-observation head on the post-adaptation episodes;
-    the trunk follows the dynamics loss only when dynamics_coef > 0. Returns (value loss, dynamics loss)."""
+    """One Adam step of the value (diagnostic) and next-observation heads; returns (value loss, dynamics loss)."""
     v_losses, d_losses = [], []
     aux_opt.zero_grad()
     for td in tasks_data:
@@ -904,8 +874,7 @@ def main_train(args: Args):
             for i, td in enumerate(tasks_data):
                 add_batch_to_buffer(buffer, td["val"], (it - 1) * args.tasks_per_batch + i)
         global_step += int(sum(b["masks"].sum().item() for td in tasks_data for b in td["train"] + [td["val"]]))
-        # the inner loss of the parameters that sampled the fast batches (theta shares storage with the parameters,
-        # which the outer step updates in place, so this comes first)
+        # before the outer step, which updates theta's storage in place
         with torch.no_grad():
             inner_l = float(np.mean([inner_loss(model, theta, td["train"][0]).item() for td in tasks_data])) if args.num_inner_steps else float("nan")
         stats = outer_update(model, tasks_data, args, outer_opt)
@@ -1033,11 +1002,7 @@ def summarise(per_step):
 
 def evaluate(checkpoint, num_tasks=None, num_steps=None, inner_lr=None, later_lr_scale=None, fast_batch_size=None,
              eval_seed=None, write=True):
-    """Returns on fresh test tasks after 0..num_steps inner steps (inner_lr, then inner_lr * later_lr_scale).
-    Every argument left at None takes the checkpoint's own setting (eval_tasks, eval_steps, inner_lr,
-    eval_later_lr_scale, eval_episodes else fast_batch_size, seed), so a bare `eval` repeats the evaluation that
-    training ran. Every task starts from its own copy of theta; the checkpoint file is only read. Writes eval.json
-    and eval.png beside the checkpoint when `write`."""
+    """Returns on fresh test tasks after 0..num_steps inner steps; None takes the checkpoint's setting."""
     model, args, ckpt = load_checkpoint(checkpoint)
     num_tasks = args.eval_tasks if num_tasks is None else num_tasks
     num_steps = args.eval_steps if num_steps is None else num_steps
@@ -1088,9 +1053,7 @@ def plot_returns(curves, path, title, xlabel, level=None):
 
 # ------------------------------------------------------------------------------------------------ TEST-TIME ADAPTATION
 class ExperienceBuffer:
-    """Preallocated ring buffer of meta-training transitions, oldest evicted first, filled by `train`. Besides (obs,
-    action, reward, next_obs, done, task id) it keeps the policy input, the GAE advantage (so replay can feed pg) and
-    the recurrent state the policy acted from (width 0 for the MLP), so a replayed step is seen in its context."""
+    """Ring buffer of meta-training transitions, with the policy input, advantage and recurrent state acted from."""
 
     FIELDS = ("obs", "inputs", "actions", "rewards", "next_obs", "dones", "advantages", "task_ids", "states")
 
@@ -1102,8 +1065,7 @@ class ExperienceBuffer:
 
     def add(self, **items):
         n = len(items["obs"])
-        # a batch larger than the buffer keeps its last `capacity` rows, each written once (indexed assignment with
-        # repeated indices has no defined winner); the indices wrap around over the oldest entries
+        # an oversized batch keeps its last `capacity` rows: repeated indices in an assignment have no defined winner
         skip = max(n - self.capacity, 0)
         idx = (self.pos + skip + torch.arange(n - skip)) % self.capacity
         for k in self.FIELDS:
@@ -1141,18 +1103,14 @@ def add_batch_to_buffer(buffer, batch, task_id):
 
 
 def replay_as_batch(sample):
-    """Replayed transitions as length-1 sequences, each continuing from its stored recurrent state (the acting
-    policy's; the adapted policy's would differ slightly: the stored-state approximation of recurrent replay)."""
+    """Replayed transitions as length-1 sequences, each continuing from its stored recurrent state."""
     B = len(sample["obs"])
     return {**{k: sample[k][None] for k in ("inputs", "actions", "advantages", "rewards", "next_obs", "obs")},
             "starts": torch.zeros(1, B, dtype=torch.bool), "state0": sample["states"], "masks": torch.ones(1, B)}
 
 
 def objective_loss(model, params, batch, objective, max_importance_weight=10.0):
-    """pg: the MAML inner rule (reads rewards via the advantages); when the batch carries "behaviour_logp" (acted by
-    other parameters: an EMA, or earlier parameters within an online episode) each step's gradient is weighted by
-    min(pi_params / pi_behaviour, max_importance_weight). dynamics: next-observation MSE of the auxiliary head with the
-    reward input zeroed, so no reward reaches it. entropy: policy entropy (Tent). Returns (loss, output)."""
+    """(loss, output) of pg (truncated importance weights on "behaviour_logp"), dynamics (reward-free) or entropy."""
     m = batch["masks"]
     if objective == "pg":
         out = policy_out(model, params, batch)
@@ -1186,17 +1144,17 @@ def strategy_tent(loss, out, masks, adapter):
     return loss + adapter.aargs.tent_coef * masked_mean(entropy(out, adapter.model.discrete), masks)
 
 
+PARAM_GROUPS = {"all": ("",), "ssm": ("core.",), "heads": ("pi.", "log_std", "value_head.", "dyn_head."), "norm": ("norm.",)}
+OBJECTIVES = ("pg", "dynamics", "entropy")
+
+
 def select_params(names, which):
-    """all | ssm (the recurrent core: LRU, GRU or the MLP's core layer) | heads (policy, value, dynamics) |
-    norm (the LayerNorm's affine parameters, Tent's choice; only in models trained with --layer-norm)."""
-    prefixes = {"all": ("",), "ssm": ("core.",), "heads": ("pi.", "log_std", "value_head.", "dyn_head."), "norm": ("norm.",)}
-    return [n for n in names if n.startswith(prefixes[which])]
+    """Names of the adapted parameters: all | ssm (the core) | heads | norm (LayerNorm affine)."""
+    return [n for n in names if n.startswith(PARAM_GROUPS[which])]
 
 
 class StandardAdapter:
-    """Gradient steps on the current task's `objective` from the meta-learned theta_0, with the guards of `aargs`
-    (AdaptArgs): gradient norm clip, maximum parameter change per step, trust region ||theta - theta_0|| <= eps,
-    optional EMA of the adapted parameters (used for acting), and parameter selection."""
+    """Guarded gradient steps on the task's objective from theta_0: clip, max step, trust region, optional EMA."""
 
     def __init__(self, model, theta0, aargs, objective, lr, buffer=None, replay_gen=None):
         self.model, self.aargs, self.objective, self.buffer, self.replay_gen = model, aargs, objective, buffer, replay_gen
@@ -1253,8 +1211,7 @@ class StandardAdapter:
 
 
 class HybridAdapter(StandardAdapter):
-    """Current-task loss + experience_weight x the same loss on a replayed batch of training transitions
-    (rehearsal against drift away from what meta-training covered)."""
+    """Current-task loss + experience_weight x the same loss on replayed training transitions."""
 
     def replay_batch(self):
         return replay_as_batch(self.buffer.sample(self.aargs.experience_batch_size, self.replay_gen))
@@ -1264,8 +1221,7 @@ ADAPTERS = {"standard": StandardAdapter, "hybrid": HybridAdapter}
 
 
 class FeatureMonitor:
-    """Exponential moving mean/variance of the policy features, kept during training; at test time the shift is the
-    mean |mu_test - mu_train| / sigma_train over feature dimensions."""
+    """EMA of training feature mean/variance; shift = mean |mu_test - mu_train| / sigma_train."""
 
     def __init__(self, dim, decay=0.99, mean=None, var=None, count=0):
         self.mean = torch.zeros(dim) if mean is None else mean
@@ -1308,8 +1264,7 @@ def adapt_step(adapters, batch, objective, args, step_logs, online=False):
 
 
 def run_adaptation(checkpoint, aargs, writer=None):
-    """Returns on fresh test tasks after 0..K adaptation steps for every adapter x objective. Each task starts
-    from a fresh copy of theta_0; the checkpoint (and its buffer) is only read."""
+    """Returns on fresh test tasks after 0..K adaptation steps for every adapter x objective."""
     model, args, ckpt = load_checkpoint(checkpoint)
     buffer = ExperienceBuffer.from_state_dict(ckpt["buffer"], model.initial_state(1).shape[1]) if ckpt.get("buffer") else None
     fs = ckpt.get("feature_stats")
@@ -1323,20 +1278,17 @@ def run_adaptation(checkpoint, aargs, writer=None):
     task_returns = lambda batch: episode_returns(batch).reshape(len(tasks), n_eps).mean(1).numpy()  # noqa: E731
 
     def seeded_env():
-        """Every run below sees the same episodes as long as its parameters are the same: the global generator
-        (actions) and the env's generator (resets) restart from `seed`."""
+        """Runs with the same parameters see the same episodes: both generators restart from `seed`."""
         torch.manual_seed(seed)
         return make_env(args, tasks, n_eps, torch.Generator().manual_seed(seed))
 
-    # the no-adaptation level: theta_0 on the episodes every run starts with (offline, each run's entry 0 equals
-    # it; online, entry 0 has already adapted within its episodes)
+    # the no-adaptation level: theta_0 on the episodes every run starts with
     base = task_returns(rollout(model, per_task(theta0, len(tasks)), seeded_env(), args.max_episode_steps))
     results = {}
     for mode in aargs.adaptation_mode:
         for objective in aargs.adapt_objective:
             env = seeded_env()
-            # hybrid samples its replay from a generator of its own: drawing it from the env's would shift every
-            # later reset, and hybrid would be compared with standard on other episodes
+            # replay draws from its own generator, so hybrid and standard see the same episodes
             replay_gen = torch.Generator().manual_seed(int(np.random.default_rng([seed, 2]).integers(2**62)))
             adapters = [ADAPTERS[mode](model, theta0, aargs, objective, lr, buffer, replay_gen) for _ in tasks]
             per_step, step_logs, mon = [], [], []
@@ -1375,66 +1327,56 @@ def flag(name):
     return "--" + name.replace("_", "-")
 
 
+# lower bounds by field name, for whichever of Args / EvalArgs / AdaptArgs has the field (None takes a default)
+POSITIVE = ("inner_lr", "outer_lr", "aux_lr", "adapt_lr", "max_kl", "eval_later_lr_scale", "later_lr_scale",
+            "grad_clip", "max_step_norm", "trust_region")
+AT_LEAST = {2: ("num_tasks",),  # a confidence interval needs two tasks
+            1: ("tasks_per_batch", "fast_batch_size", "max_episode_steps", "hidden_size", "state_size", "eval_tasks",
+                "cg_iters", "num_threads", "ls_max_steps", "log_every", "eval_episodes", "experience_batch_size",
+                "online_every", "max_importance_weight"),  # an importance cap below 1 would scale on-policy steps
+            0: ("outer_steps", "num_inner_steps", "eval_steps", "adapt_steps", "buffer_size", "dynamics_coef",
+                "cg_damping", "cpu_budget", "num_steps", "experience_weight", "ema_decay")}
+
+
 def validate_args(a) -> Optional[str]:
-    """The one-line reason why these `train` (Args), `eval` (EvalArgs) or `adapt` (AdaptArgs) arguments would crash
-    late or run wrong in silence; None if they are fine."""
-    for f in dataclasses.fields(a):  # NaN and inf pass every `x <= 0` check and reach the optimizer or the loss
-        v = getattr(a, f.name)
-        if isinstance(v, float) and not math.isfinite(v):
-            return f"{flag(f.name)} {v} must be a finite number"
-    for name in ("seed", "eval_seed"):  # numpy's seed range; outside it the run would fail after its directory exists
-        v = getattr(a, name, None)
-        if v is not None and not 0 <= v < 2**32:
-            return f"{flag(name)} {v} must be in [0, 2**32 - 1]"
-    if isinstance(a, EvalArgs):
-        checks = [(a.num_tasks is not None and a.num_tasks < 2, "--num-tasks must be >= 2 (for a confidence interval)"),
-                  (a.num_steps is not None and a.num_steps < 0, "--num-steps must be >= 0"),
-                  (any(v is not None and v <= 0 for v in (a.inner_lr, a.later_lr_scale)), "--inner-lr and --later-lr-scale must be positive"),
-                  (a.fast_batch_size is not None and a.fast_batch_size < 1, "--fast-batch-size must be >= 1")]
-    elif isinstance(a, AdaptArgs):
+    """The one-line reason why these Args/EvalArgs/AdaptArgs would crash late or run wrong; None if fine."""
+    given = {f.name: getattr(a, f.name) for f in dataclasses.fields(a) if getattr(a, f.name) is not None}
+    # NaN and inf pass every bound; a seed outside numpy's range fails after the run directory exists
+    checks = [(isinstance(v, float) and not math.isfinite(v), f"{flag(n)} {v} must be a finite number")
+              for n, v in given.items()]
+    checks += [(not 0 <= given[n] < 2**32, f"{flag(n)} {given[n]} must be in [0, 2**32 - 1]")
+               for n in ("seed", "eval_seed") if n in given]
+    checks += [(not given[n] > 0, f"{flag(n)} must be positive, got {given[n]}") for n in POSITIVE if n in given]
+    checks += [(given[n] < lo, f"{flag(n)} must be >= {lo}, got {given[n]}")
+               for lo, names in AT_LEAST.items() for n in names if n in given]
+    if isinstance(a, AdaptArgs):
         bad = [f"{flag(n)} {v!r}" for n, values, ok in (("adaptation_mode", a.adaptation_mode, ADAPTERS),
-                                                        ("adapt_objective", a.adapt_objective, ("pg", "dynamics", "entropy")))
+                                                        ("adapt_objective", a.adapt_objective, OBJECTIVES))
                for v in values if v not in ok]
-        checks = [(not a.adaptation_mode or not a.adapt_objective, "--adaptation-mode and --adapt-objective each need at least one value"),
-                  (bool(bad), f"unknown {', '.join(bad)}; modes: standard, hybrid; objectives: pg, dynamics, entropy"),
-                  (a.strategy not in STRATEGIES, f"unknown --strategy {a.strategy!r}; registered: {', '.join(STRATEGIES)}"),
-                  (a.adapt_params not in ("all", "ssm", "heads", "norm"), f"unknown --adapt-params {a.adapt_params!r}; choose all, ssm, heads or norm"),
-                  (a.adapt_optimizer not in ("sgd", "adam"), f"unknown --adapt-optimizer {a.adapt_optimizer!r}; choose sgd or adam"),
-                  (a.adapt_lr is not None and a.adapt_lr <= 0, f"--adapt-lr must be positive, got {a.adapt_lr}"),
-                  *[(getattr(a, n) <= 0, f"{flag(n)} must be positive, got {getattr(a, n)}") for n in ("grad_clip", "max_step_norm", "trust_region")],
-                  # a cap below 1 would also scale on-policy steps (weight 1)
-                  (a.max_importance_weight < 1, f"--max-importance-weight must be >= 1, got {a.max_importance_weight}"),
-                  (not 0 <= a.ema_decay < 1 or a.experience_weight < 0, "--ema-decay must be in [0, 1) and --experience-weight >= 0"),
-                  (a.num_tasks < 2 or a.experience_batch_size < 1 or a.online_every < 1 or (a.adapt_steps is not None and a.adapt_steps < 0),
-                   "--num-tasks must be >= 2, --experience-batch-size and --online-every >= 1, --adapt-steps >= 0"),
-                  (a.fast_batch_size is not None and a.fast_batch_size < 1, "--fast-batch-size must be >= 1")]
-    else:
-        checks = [
+        checks += [
+            (not a.adaptation_mode or not a.adapt_objective, "--adaptation-mode and --adapt-objective each need at least one value"),
+            (bool(bad), f"unknown {', '.join(bad)}; modes: standard, hybrid; objectives: pg, dynamics, entropy"),
+            (a.strategy not in STRATEGIES, f"unknown --strategy {a.strategy!r}; registered: {', '.join(STRATEGIES)}"),
+            (a.adapt_params not in PARAM_GROUPS, f"unknown --adapt-params {a.adapt_params!r}; choose all, ssm, heads or norm"),
+            (a.adapt_optimizer not in ("sgd", "adam"), f"unknown --adapt-optimizer {a.adapt_optimizer!r}; choose sgd or adam"),
+            (a.ema_decay >= 1, f"--ema-decay must be in [0, 1), got {a.ema_decay}"),
+        ]
+    elif isinstance(a, Args):
+        checks += [
             (not a.exp_name.strip() or "/" in a.exp_name, f"--exp-name {a.exp_name!r} must be a non-empty name without '/'"),
             (a.task not in TASKS, f"unknown --task {a.task!r}; choose one of {', '.join(TASKS)}"),
             (a.policy not in POLICIES, f"unknown --policy {a.policy!r}; choose one of {', '.join(POLICIES)}"),
             (a.outer_optimizer not in ("trpo", "adam"), f"unknown --outer-optimizer {a.outer_optimizer!r}; choose trpo or adam"),
             (a.config not in PRESETS, f"unknown --config {a.config!r}; choose one of {', '.join(PRESETS)}"),
-            *[(not getattr(a, n) > 0, f"{flag(n)} must be positive, got {getattr(a, n)}")
-              for n in ("inner_lr", "outer_lr", "aux_lr", "adapt_lr", "max_kl", "eval_later_lr_scale")],
-            *[(getattr(a, n) < 1, f"{flag(n)} must be >= 1, got {getattr(a, n)}")
-              for n in ("tasks_per_batch", "fast_batch_size", "max_episode_steps", "hidden_size", "state_size",
-                        "eval_tasks", "cg_iters", "num_threads", "ls_max_steps", "log_every")],
-            *[(getattr(a, n) < 0, f"{flag(n)} must be >= 0, got {getattr(a, n)}")
-              for n in ("outer_steps", "num_inner_steps", "eval_steps", "adapt_steps", "buffer_size", "dynamics_coef", "cg_damping")],
             (not 0 < a.ls_backtrack_ratio < 1, f"--ls-backtrack-ratio must be in (0, 1), got {a.ls_backtrack_ratio}"),
             (not 0 < a.cg_subsample <= 1, f"--cg-subsample must be in (0, 1], got {a.cg_subsample}"),
             (not (0 < a.gamma <= 1 and 0 <= a.gae_lambda <= 1), "--gamma must be in (0, 1] and --gae-lambda in [0, 1]"),
-            (a.cpu_budget < 0, f"--cpu-budget must be >= 0 (0: no limit), got {a.cpu_budget}"),
-            (a.eval_episodes is not None and a.eval_episodes < 1, f"--eval-episodes must be >= 1, got {a.eval_episodes}"),
             (a.save_model and a.eval_tasks < 2, f"--eval-tasks {a.eval_tasks}: the evaluation after --save-model needs >= 2 tasks for its 95% CI"),
             (a.goal_box and a.task != "point-nav-2d", f"--goal-box only applies to --task point-nav-2d, not {a.task}; drop it (or --no-goal-box with --config paper)"),
             (a.capture_video, "--capture-video is not supported: the tasks are batched tensors without a renderer"),
+            (a.task == "halfcheetah-vel" and not mujoco_available(), f"--task halfcheetah-vel needs the 'mujoco' package: pip install {MUJOCO_PIN}"),
         ]
-    msg = next((m for bad, m in checks if bad), None)
-    if msg is None and isinstance(a, Args) and a.task == "halfcheetah-vel" and not mujoco_available():
-        msg = f"--task halfcheetah-vel needs the 'mujoco' package: pip install {MUJOCO_PIN}"
-    return msg
+    return next((msg for bad, msg in checks if bad), None)
 
 
 def mujoco_available() -> bool:
@@ -1446,9 +1388,8 @@ def mujoco_available() -> bool:
 
 
 def claim_run_dir(runs_dir: str, run_name: str) -> tuple[str, str]:
-    """Create a new run directory and return (run_name, run_dir). Runs of one name started in the same second would
-    share a directory (mixed TensorBoard events, overwritten checkpoints): os.mkdir is atomic, so a name already taken
-    gets the suffix __2, __3, ... An unusable --runs-dir (a file, not writable) is a one-line error."""
+    """(run_name, run_dir) of a new directory; atomic os.mkdir gives a taken name the suffix __2, __3, ..."""
+
     try:
         os.makedirs(runs_dir, exist_ok=True)
         for suffix in range(1, 10**6):
