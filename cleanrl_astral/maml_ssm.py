@@ -9,13 +9,14 @@ Usage: python cleanrl_astral/maml_ssm.py train --task point-nav-2d --save-model
        python cleanrl_astral/maml_ssm.py eval --checkpoint runs/<run>/maml_ssm.cleanrl_model
 """
 
+import argparse
 import dataclasses
+import importlib.util
 import json
 import math
 import os
 import random
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import Annotated, Optional, Union
@@ -155,9 +156,15 @@ PRESETS = {
 
 
 @dataclass
-class EvalArgs:
+class CheckpointArgs:
     checkpoint: str
     """path of a .cleanrl_model written by `train --save-model`"""
+    eval_seed: Optional[int] = None
+    """seed of the test-task stream and the sampling (default: the checkpoint's seed)"""
+
+
+@dataclass
+class EvalArgs(CheckpointArgs):
     num_tasks: Optional[int] = None
     """number of fresh test tasks (default: the checkpoint's eval_tasks)"""
     num_steps: Optional[int] = None
@@ -168,14 +175,10 @@ class EvalArgs:
     """later steps use inner_lr * this (paper: alpha then alpha/2; default: the checkpoint's eval_later_lr_scale)"""
     fast_batch_size: Optional[int] = None
     """episodes per task and step (default: the checkpoint's eval_episodes, else its fast_batch_size)"""
-    eval_seed: Optional[int] = None
-    """seed of the test-task stream and the sampling (default: the checkpoint's seed)"""
 
 
 @dataclass
-class AdaptArgs:
-    checkpoint: str
-    """path of a .cleanrl_model written by `train --save-model`"""
+class AdaptArgs(CheckpointArgs):
     num_tasks: int = 20
     """number of fresh test tasks"""
     adapt_steps: Optional[int] = None
@@ -214,8 +217,6 @@ class AdaptArgs:
     """online mode: env steps between adaptation steps"""
     fast_batch_size: Optional[int] = None
     """episodes per task and step (default: the checkpoint's fast_batch_size)"""
-    eval_seed: Optional[int] = None
-    """seed of the test-task stream and the sampling (default: the checkpoint's seed)"""
 
 
 # ------------------------------------------------------------------------------------------------ TASKS
@@ -360,28 +361,18 @@ class LRU(nn.Module):
         """(log |lambda|, arg lambda) per state dimension; log |lambda| <= -DELTA_MIN < 0 by construction."""
         return -(torch.exp(self.nu_log) + self.DELTA_MIN), torch.exp(self.theta_log)
 
-    def _drive(self, u):
-        """gamma * (B u) as real and imaginary parts."""
-        log_r, _ = self.lam()
-        gamma = torch.sqrt(1 - torch.exp(2 * log_r))
-        return (u @ self.B_re.T) * gamma, (u @ self.B_im.T) * gamma
-
-    def _out(self, x_re, x_im, u):
-        return x_re @ self.C_re.T - x_im @ self.C_im.T + self.D * u
-
     def scan(self, u, x0, starts):
         """Whole sequence as one masked Toeplitz contraction x_t = sum_s lambda^(t-s) b_s; returns (y, final state)."""
         T = u.shape[0]
         log_r, phase = self.lam()
-        b_re, b_im = self._drive(u)
+        power = lambda k: (torch.exp(k * log_r) * torch.cos(k * phase), torch.exp(k * log_r) * torch.sin(k * phase))  # noqa: E731
+        gamma = torch.sqrt(1 - torch.exp(2 * log_r))  # keeps the state's scale as |lambda| -> 1
+        b_re, b_im = (u @ self.B_re.T) * gamma, (u @ self.B_im.T) * gamma
         lag = torch.arange(T)[:, None] - torch.arange(T)[None, :]  # t - s
         causal = (lag >= 0).to(u.dtype)
-        # powers lambda^k for k = 0..T-1, gathered into the (N, T, S) Toeplitz matrix lambda^(t-s)
-        k = torch.arange(T, dtype=u.dtype)[None]
-        pow_re = torch.exp(k * log_r[:, None]) * torch.cos(k * phase[:, None])
-        pow_im = torch.exp(k * log_r[:, None]) * torch.sin(k * phase[:, None])
-        idx = lag.clamp(min=0)
-        L_re, L_im = pow_re[:, idx] * causal, pow_im[:, idx] * causal
+        # lambda^k for k = 0..T-1, gathered into the (N, T, S) Toeplitz matrix lambda^(t-s)
+        pow_re, pow_im = power(torch.arange(T, dtype=u.dtype)[:, None])
+        L_re, L_im = pow_re.T[:, lag.clamp(min=0)] * causal, pow_im.T[:, lag.clamp(min=0)] * causal
         seg = torch.cumsum(starts.long(), 0)  # (T, B): episode segment index; a reset starts a new segment
         if T > 1 and starts[1:].any():  # decided by the shape at T = 1, so acting runs under vmap
             same = (seg.T[:, :, None] == seg.T[:, None, :]).to(u.dtype)  # (B, T, S)
@@ -391,13 +382,12 @@ class LRU(nn.Module):
         x_re = conv(L_re, b_re) - conv(L_im, b_im)
         x_im = conv(L_re, b_im) + conv(L_im, b_re)
         # carry of x0: lambda^(t+1) x0 while no reset has happened yet
-        t1 = torch.arange(1, T + 1, dtype=u.dtype)[:, None]
-        p_re, p_im = torch.exp(t1 * log_r) * torch.cos(t1 * phase), torch.exp(t1 * log_r) * torch.sin(t1 * phase)
+        p_re, p_im = power(torch.arange(1, T + 1, dtype=u.dtype)[:, None])
         c0 = (seg == 0).to(u.dtype)[..., None]
         x0_re, x0_im = x0.chunk(2, -1)
         x_re = x_re + c0 * (p_re[:, None] * x0_re - p_im[:, None] * x0_im)
         x_im = x_im + c0 * (p_im[:, None] * x0_re + p_re[:, None] * x0_im)
-        return self._out(x_re, x_im, u), torch.cat([x_re[-1], x_im[-1]], -1)
+        return x_re @ self.C_re.T - x_im @ self.C_im.T + self.D * u, torch.cat([x_re[-1], x_im[-1]], -1)
 
 
 class Agent(nn.Module):
@@ -415,7 +405,7 @@ class Agent(nn.Module):
             self.core = nn.GRU(hidden, hidden)
         else:
             self.core = layer_init(nn.Linear(hidden, hidden))
-        self.norm = nn.LayerNorm(hidden) if layer_norm else None
+        self.norm = nn.LayerNorm(hidden) if layer_norm else nn.Identity()
         self.fc = layer_init(nn.Linear(hidden, hidden))
         self.pi = layer_init(nn.Linear(hidden, act_dim), std=0.01)
         self.log_std = None if discrete else nn.Parameter(torch.zeros(act_dim))
@@ -448,9 +438,7 @@ class Agent(nn.Module):
                 state = hn[0]
             y = torch.stack(ys)
         z = F.gelu(y) + h if self.kind == "ssm" else (y if self.kind == "gru" else torch.tanh(y))
-        if self.norm is not None:
-            z = self.norm(z)
-        feats = torch.tanh(self.fc(z))
+        feats = torch.tanh(self.fc(self.norm(z)))
         out = {"pi": self.pi(feats), "value": self.value_head(feats.detach())[..., 0], "feats": feats, "state": state}
         if self.log_std is not None:
             out["log_std"] = self.log_std
@@ -514,6 +502,10 @@ def map_tasks(model, fn, *args):
 def per_task(params, K):
     """One copy of theta for each of K tasks (a view), stacked as adapted parameters are."""
     return {k: v.expand(K, *v.shape) for k, v in params.items()}
+
+
+def clone_params(params):
+    return {k: v.detach().clone() for k, v in params.items()}
 
 
 def stack_params(plist):
@@ -890,8 +882,7 @@ def main_train(args: Args):
                    "losses/value_loss": v_loss, "losses/dynamics_loss": d_loss, "meta/line_search_steps": stats["line_search_steps"],
                    "meta/step_accepted": stats["accepted"], "meta/iteration_time": dt, "charts/SPS": sps,
                    **({"charts/learning_rate": args.outer_lr} if outer_opt is not None else {})}
-        for tag, v in scalars.items():
-            writer.add_scalar(tag, v, global_step)
+        log_scalars(writer, scalars, global_step)
         if it % args.log_every == 0 or it == 1 or it == args.outer_steps:
             print(f"iter {it}/{args.outer_steps} step {global_step} SPS {sps} pre {pre:.2f} post {post:.2f} "
                   f"kl {stats['approx_kl']:.4f} ls {stats['line_search_steps']} {dt:.2f}s/it "
@@ -902,8 +893,8 @@ def main_train(args: Args):
             break
 
     train_time, train_cpu = time.time() - start_time, time.process_time() - start_cpu
-    for tag, v in (("meta/train_wall_time", train_time), ("meta/train_cpu_time", train_cpu), ("meta/outer_steps_done", outer_steps_done)):
-        writer.add_scalar(tag, v, global_step)
+    log_scalars(writer, {"meta/train_wall_time": train_time, "meta/train_cpu_time": train_cpu,
+                         "meta/outer_steps_done": outer_steps_done}, global_step)
     print(f"meta-training wall time {train_time:.1f}s, CPU time {train_cpu:.1f}s")
     if args.save_model:
         path = os.path.join(run_dir, f"{args.exp_name}.cleanrl_model")
@@ -917,32 +908,37 @@ def main_train(args: Args):
                                                    "buffer": buffer.state_dict() if buffer is not None else None})
         print(f"model saved to {path}")
         res = evaluate(path)  # the checkpoint's eval_tasks, eval_steps, eval_later_lr_scale and eval_episodes
-        for k, v in res["returns_after_steps"].items():
+        for k, v in res["returns_after_steps"].items():  # x axis: inner steps
             writer.add_scalar("eval/return_after_steps", v, int(k))
         print(f"eval: {json.dumps(res)}")
     writer.close()
 
 
+def log_scalars(writer, scalars, step):
+    for tag, v in scalars.items():
+        writer.add_scalar(tag, float(v), step)
+
+
 # ------------------------------------------------------------------------------------------------ CHECKPOINTS
-def save_checkpoint(path, model, args, task_split, extra=None):
-    """torch.save to a temp file in the same directory, then os.replace: a crash never leaves a torn file."""
-    ckpt = {"state_dict": model.state_dict(), "args": dataclasses.asdict(args), "script": "maml_ssm",
-            "task_split": task_split, "param_count": count_params(model), "task_version": TASK_VERSIONS[args.task],
-            **(extra or {})}
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
-    os.close(fd)
+def atomic_write(obj, path):
+    """JSON or torch.save to a temp file beside `path`, then os.replace: a crash never leaves a torn file."""
+    tmp = os.path.abspath(path) + ".tmp"
     try:
-        torch.save(ckpt, tmp)
+        if path.endswith(".json"):
+            with open(tmp, "w") as f:
+                json.dump(obj, f, indent=2)
+        else:
+            torch.save(obj, tmp)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
 
 
-def write_json(obj, path):
-    with open(path + ".tmp", "w") as f:
-        json.dump(obj, f, indent=2)
-    os.replace(path + ".tmp", path)
+def save_checkpoint(path, model, args, task_split, extra=None):
+    atomic_write({"state_dict": model.state_dict(), "args": dataclasses.asdict(args), "script": "maml_ssm",
+                  "task_split": task_split, "param_count": count_params(model),
+                  "task_version": TASK_VERSIONS[args.task], **(extra or {})}, path)
 
 
 def load_checkpoint(path):
@@ -959,25 +955,19 @@ def load_checkpoint(path):
     unknown = set(ckpt.get("args", {})) - {f.name for f in dataclasses.fields(Args)}
     if missing or unknown:
         raise ValueError(f"checkpoint {path!r} lacks {missing} or has unknown config fields {sorted(unknown)}")
-    args = Args(**ckpt["args"])
-    msg = validate_args(args)
+    args, split, version = Args(**ckpt["args"]), ckpt["task_split"], ckpt.get("task_version", 1)
+    msg = first_failure([
+        (validate_args(args) is not None, f"checkpoint config is invalid: {validate_args(args)}"),
+        (split.get("task") != args.task, f"checkpoint task split is for {split.get('task')!r} but its config says {args.task!r}"),
+        *[(args.task == "cartpole-physics" and json.dumps(split.get(key)) != json.dumps(ranges),
+           f"the checkpoint's cartpole {key.replace('_', ' ')} {split.get(key)} are not this script's "
+           f"{[list(r) for r in ranges]} (gravity, pole length); retrain it with this script")
+          for key, ranges in (("train_ranges", CARTPOLE_TRAIN_RANGES), ("test_ranges", CARTPOLE_TEST_RANGES))],
+        (version != TASK_VERSIONS[args.task], f"checkpoint was trained on version {version} of {args.task}, this script "
+                                              f"runs version {TASK_VERSIONS[args.task]} (see TASK_VERSIONS); retrain it"),
+    ])
     if msg:
-        raise ValueError(f"checkpoint config is invalid: {msg}")
-    split = ckpt["task_split"]
-    if split.get("task") != args.task:
-        raise ValueError(f"checkpoint task split is for {split.get('task')!r} but its config says {args.task!r}")
-    if args.task == "cartpole-physics":  # the split's (gravity, pole length) ranges must be this script's
-        for key, ranges in (("train_ranges", CARTPOLE_TRAIN_RANGES), ("test_ranges", CARTPOLE_TEST_RANGES)):
-            try:
-                same = np.asarray(split.get(key), dtype=float).tolist() == np.asarray(ranges, dtype=float).tolist()
-            except (TypeError, ValueError):  # missing or malformed
-                same = False
-            if not same:
-                raise ValueError(f"the checkpoint's cartpole {key.replace('_', ' ')} {split.get(key)} are not this "
-                                 f"script's {[list(r) for r in ranges]} (gravity, pole length); retrain it with this script")
-    if ckpt.get("task_version", 1) != TASK_VERSIONS[args.task]:
-        raise ValueError(f"checkpoint was trained on version {ckpt.get('task_version', 1)} of {args.task}, this script "
-                         f"runs version {TASK_VERSIONS[args.task]} (see TASK_VERSIONS); retrain it")
+        raise ValueError(msg)
     torch.manual_seed(0)
     model = build_agent(args, ENV_CLASSES[args.task])
     try:
@@ -1016,13 +1006,13 @@ def evaluate(checkpoint, num_tasks=None, num_steps=None, inner_lr=None, later_lr
     seen = np.asarray(ckpt["task_split"]["train_tasks"]).reshape(-1, tasks.shape[1])
     if len(seen) and (np.abs(seen[None] - tasks[:, None]).max(-1) < 1e-12).any():
         raise ValueError("a test task coincides with a training task")
-    theta = {k: v.detach().clone() for k, v in model.named_parameters()}
+    theta = clone_params(dict(model.named_parameters()))
     lrs = [lr] + [lr * later_lr_scale] * max(num_steps - 1, 0)
     _, returns = sample_task_batches(model, theta, tasks, args, gen, num_steps, lrs)
     result = {"task": args.task, **summarise([r.numpy() for r in returns]), "num_tasks": num_tasks}
     if write:
         out_dir = os.path.dirname(os.path.abspath(checkpoint))
-        write_json(result, os.path.join(out_dir, "eval.json"))
+        atomic_write(result, os.path.join(out_dir, "eval.json"))
         plot_returns({args.policy: result}, os.path.join(out_dir, "eval.png"), f"{args.task} / {args.policy}",
                      "inner gradient steps")
     return result
@@ -1042,9 +1032,7 @@ def plot_returns(curves, path, title, xlabel, level=None):
                     marker="o", capsize=2, label=name)
     if level is not None:
         ax.axhline(level, color="grey", ls=":", lw=1, label="no adaptation (theta_0)")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("mean return (95% CI)")
-    ax.set_title(title)
+    ax.set(xlabel=xlabel, ylabel="mean return (95% CI)", title=title)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -1129,19 +1117,13 @@ def objective_loss(model, params, batch, objective, max_importance_weight=10.0):
 
 
 # a strategy maps (loss, model output, masks, adapter) to the loss that is minimised; register more by name
-STRATEGIES = {"none": lambda loss, out, masks, adapter: loss}
+STRATEGIES = {"none": lambda loss, out, masks, ad: loss,
+              "tent": lambda loss, out, masks, ad: loss + ad.aargs.tent_coef * masked_mean(entropy(out, ad.model.discrete), masks)}
 
 
 def register_strategy(name):
-    def deco(fn):
-        STRATEGIES[name] = fn
-        return fn
-    return deco
+    return lambda fn: STRATEGIES.update({name: fn}) or fn
 
-
-@register_strategy("tent")
-def strategy_tent(loss, out, masks, adapter):
-    return loss + adapter.aargs.tent_coef * masked_mean(entropy(out, adapter.model.discrete), masks)
 
 
 PARAM_GROUPS = {"all": ("",), "ssm": ("core.",), "heads": ("pi.", "log_std", "value_head.", "dyn_head."), "norm": ("norm.",)}
@@ -1158,12 +1140,12 @@ class StandardAdapter:
 
     def __init__(self, model, theta0, aargs, objective, lr, buffer=None, replay_gen=None):
         self.model, self.aargs, self.objective, self.buffer, self.replay_gen = model, aargs, objective, buffer, replay_gen
-        self.theta0 = {k: v.detach().clone() for k, v in theta0.items()}
+        self.theta0 = clone_params(theta0)
         self.names = select_params(list(theta0), aargs.adapt_params)
-        self.params = {k: v.detach().clone() for k, v in theta0.items()}
+        self.params = clone_params(theta0)
         leaves = [self.params[k].requires_grad_(True) for k in self.names]
         self.opt = (torch.optim.Adam if aargs.adapt_optimizer == "adam" else torch.optim.SGD)(leaves, lr=lr)
-        self.ema = {k: v.detach().clone() for k, v in self.params.items()} if aargs.ema_decay > 0 else None
+        self.ema = clone_params(self.params) if aargs.ema_decay > 0 else None
 
     def acting_params(self):
         return self.ema if self.ema is not None else {k: v.detach() for k, v in self.params.items()}
@@ -1274,7 +1256,7 @@ def run_adaptation(checkpoint, aargs, writer=None):
     n_eps = args.fast_batch_size if aargs.fast_batch_size is None else aargs.fast_batch_size
     seed = args.seed if aargs.eval_seed is None else aargs.eval_seed
     tasks = sample_tasks(args.task, task_streams(seed)[1], aargs.num_tasks, "test")
-    theta0 = {k: v.detach().clone() for k, v in model.named_parameters()}
+    theta0 = clone_params(dict(model.named_parameters()))
     task_returns = lambda batch: episode_returns(batch).reshape(len(tasks), n_eps).mean(1).numpy()  # noqa: E731
 
     def seeded_env():
@@ -1306,12 +1288,12 @@ def run_adaptation(checkpoint, aargs, writer=None):
             results[name] = {**summarise(per_step), "monitor": mon,
                              "guard_fired_frac": float(np.mean([s["guard_fired"] for s in step_logs])) if step_logs else 0.0,
                              "final_drift": float(np.mean([ad.drift() for ad in adapters]))}
+            tag = f"tta/{mode}_{objective}/"
             for i, row in enumerate(step_logs if writer else []):  # x axis: adaptation step of any task
-                for key in ("loss_before", "loss_after", "grad_norm", "drift", "guard_fired"):
-                    writer.add_scalar(f"tta/{mode}_{objective}/{key}", float(row[key]), i)
+                log_scalars(writer, {tag + key: row[key] for key in ("loss_before", "loss_after", "grad_norm", "drift",
+                                                                      "guard_fired")}, i)
             for k, (r, row) in enumerate(zip(per_step, mon) if writer else []):  # x axis: steps taken
-                for key, v in {"return_after_steps": float(r.mean()), **row}.items():
-                    writer.add_scalar(f"tta/{mode}_{objective}/{key}", v, k)
+                log_scalars(writer, {tag + key: v for key, v in {"return_after_steps": r.mean(), **row}.items()}, k)
             print(f"adapt {name}: " + " ".join(f"{k}:{v:.2f}" for k, v in results[name]["returns_after_steps"].items()), flush=True)
     return {"task": args.task, "num_tasks": len(tasks), "online": aargs.online, "adapt_steps": K, "adapt_lr": lr,
             "no_adaptation": {"return": float(base.mean()), "ci95": ci95(base)}, "results": results}
@@ -1376,15 +1358,16 @@ def validate_args(a) -> Optional[str]:
             (a.capture_video, "--capture-video is not supported: the tasks are batched tensors without a renderer"),
             (a.task == "halfcheetah-vel" and not mujoco_available(), f"--task halfcheetah-vel needs the 'mujoco' package: pip install {MUJOCO_PIN}"),
         ]
+    return first_failure(checks)
+
+
+def first_failure(checks):
+    """The message of the first (condition, message) pair whose condition holds, else None."""
     return next((msg for bad, msg in checks if bad), None)
 
 
 def mujoco_available() -> bool:
-    try:
-        import mujoco  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return importlib.util.find_spec("mujoco") is not None
 
 
 def claim_run_dir(runs_dir: str, run_name: str) -> tuple[str, str]:
@@ -1406,12 +1389,9 @@ def claim_run_dir(runs_dir: str, run_name: str) -> tuple[str, str]:
 
 def parse_cli(argv):
     """tyro subcommands; `train --config NAME` sets the preset as the defaults so every flag still overrides it."""
-    config = "none"
-    for i, a in enumerate(argv):
-        if a == "--config" and i + 1 < len(argv):
-            config = argv[i + 1]
-        elif a.startswith("--config="):
-            config = a.split("=", 1)[1]
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--config", default="none")
+    config = pre.parse_known_args(argv)[0].config
     if config not in PRESETS:
         error(f"unknown --config {config!r}; choose one of {', '.join(PRESETS)}")
     train_default = dataclasses.replace(Args(), config=config, **PRESETS[config])
@@ -1445,30 +1425,34 @@ def main_eval(eargs: EvalArgs):
 
 def main_adapt(aargs: AdaptArgs):
     model, ckpt = checked_checkpoint(aargs)
-    horizon = ckpt["args"]["max_episode_steps"]
-    if aargs.online and aargs.online_every >= horizon:
-        error(f"--online-every {aargs.online_every} is not below the checkpoint's horizon ({horizon} steps): no step "
-              f"would adapt; choose a smaller --online-every")
-    if aargs.adapt_params == "norm" and not ckpt["args"].get("layer_norm"):
-        error("--adapt-params norm: this checkpoint has no normalisation layer; train it with --layer-norm, or use all, ssm or heads")
-    # a Gaussian policy's entropy depends only on its state-independent log-std, which the core's parameters miss
-    if "entropy" in aargs.adapt_objective and not model.discrete and aargs.adapt_params in ("ssm", "norm"):
-        error(f"--adapt-objective entropy on this Gaussian policy reaches only its log-std, which --adapt-params "
-              f"{aargs.adapt_params} does not adapt; use --adapt-params all or heads, or another objective")
-    if "hybrid" in aargs.adaptation_mode:
-        if not (ckpt.get("buffer") and ckpt["buffer"]["size"] > 0):
-            error("--adaptation-mode hybrid needs a checkpoint with a non-empty ExperienceBuffer (train with --buffer-size > 0)")
-        try:
-            ExperienceBuffer.from_state_dict(ckpt["buffer"], model.initial_state(1).shape[1])
-        except ValueError as e:
-            error(str(e))
+    horizon, buf = ckpt["args"]["max_episode_steps"], ckpt.get("buffer")
+    msg = first_failure([
+        (aargs.online and aargs.online_every >= horizon, f"--online-every {aargs.online_every} is not below the "
+         f"checkpoint's horizon ({horizon} steps): no step would adapt; choose a smaller --online-every"),
+        (aargs.adapt_params == "norm" and not ckpt["args"].get("layer_norm"), "--adapt-params norm: this checkpoint has "
+         "no normalisation layer; train it with --layer-norm, or use all, ssm or heads"),
+        # a Gaussian policy's entropy depends only on its state-independent log-std, which the core's parameters miss
+        ("entropy" in aargs.adapt_objective and not model.discrete and aargs.adapt_params in ("ssm", "norm"),
+         f"--adapt-objective entropy on this Gaussian policy reaches only its log-std, which --adapt-params "
+         f"{aargs.adapt_params} does not adapt; use --adapt-params all or heads, or another objective"),
+        ("hybrid" in aargs.adaptation_mode and not (buf and buf["size"] > 0),
+         "--adaptation-mode hybrid needs a checkpoint with a non-empty ExperienceBuffer (train with --buffer-size > 0)"),
+    ])
+    if msg:
+        error(msg)
+    try:  # replay needs the buffer's recurrent states at the model's width
+        if buf:
+            ExperienceBuffer.from_state_dict(buf, model.initial_state(1).shape[1])
+    except ValueError as e:
+        error(str(e))
+
     from torch.utils.tensorboard import SummaryWriter
 
     stem = os.path.join(os.path.dirname(os.path.abspath(aargs.checkpoint)), "adapt_online" if aargs.online else "adapt")
     writer = SummaryWriter(stem + "_tb")
     res = run_adaptation(aargs.checkpoint, aargs, writer)
     writer.close()
-    write_json(res, stem + ".json")
+    atomic_write(res, stem + ".json")
     plot_returns(res["results"], stem + ".png", f"{res['task']}: test-time adaptation" + (" (online)" if res["online"] else ""),
                  "adaptation steps", level=res["no_adaptation"]["return"])
     print(f"wrote {stem}.json")
