@@ -244,9 +244,7 @@ class PointNav2D:
     max_step = 0.1
 
     def __init__(self, tasks: torch.Tensor, gen: torch.Generator, goal_box: bool = False):
-        self.goals = tasks.float()
-        self.n = len(tasks)
-        self.goal_box = goal_box
+        self.goals, self.n, self.goal_box = tasks.float(), len(tasks), goal_box
 
     def reset(self):
         self.pos = torch.zeros(self.n, 2)
@@ -743,11 +741,11 @@ def trpo_step(model, tasks_data, args):
     for ls_steps in range(1, args.ls_max_steps + 1):
         torch.nn.utils.vector_to_parameters(old_flat + frac * step, plist)
         new_loss, new_kl, _ = meta_objective(model, dict(model.named_parameters()), tasks_data, args, old_outs, create_graph=False)
-        if (new_loss - loss).item() < 0 and new_kl.item() <= args.max_kl:
-            accepted = True
+        accepted = (new_loss - loss).item() < 0 and new_kl.item() <= args.max_kl
+        if accepted:
             break
         frac *= args.ls_backtrack_ratio
-    if not accepted:
+    else:
         torch.nn.utils.vector_to_parameters(old_flat, plist)
     return {"outer_loss": loss.item(), "approx_kl": new_kl.item() if accepted else 0.0, "line_search_steps": ls_steps,
             "accepted": float(accepted), "expected_improve": -(g @ step).item()}
@@ -819,9 +817,7 @@ def aux_update(model, tasks_data, args, aux_opt, monitor):
 
 
 def main_train(args: Args):
-    msg = validate_args(args)
-    if msg:
-        error(msg)
+    fail(validate_args(args))
     run_name, run_dir = claim_run_dir(args.runs_dir, f"{args.task}__{args.exp_name}__{args.seed}__{int(time.time())}")
     if args.track:
         import wandb
@@ -1020,12 +1016,10 @@ def evaluate(checkpoint, num_tasks=None, num_steps=None, inner_lr=None, later_lr
 
 def plot_returns(curves, path, title, xlabel, level=None):
     """Mean return (95% CI) after 0..K steps, one line per entry of `curves`; `level` draws the no-adaptation line."""
-    import matplotlib
+    from matplotlib.figure import Figure  # no pyplot: no GUI backend and no global figure state
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    fig = Figure(figsize=(5.5, 3.6), layout="tight")
+    ax = fig.subplots()
     for name, r in curves.items():
         ks = sorted(r["returns_after_steps"], key=int)
         ax.errorbar([int(k) for k in ks], [r["returns_after_steps"][k] for k in ks], yerr=[r["ci95"][k] for k in ks],
@@ -1034,9 +1028,7 @@ def plot_returns(curves, path, title, xlabel, level=None):
         ax.axhline(level, color="grey", ls=":", lw=1, label="no adaptation (theta_0)")
     ax.set(xlabel=xlabel, ylabel="mean return (95% CI)", title=title)
     ax.legend(fontsize=7)
-    fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 # ------------------------------------------------------------------------------------------------ TEST-TIME ADAPTATION
@@ -1300,16 +1292,18 @@ def run_adaptation(checkpoint, aargs, writer=None):
 
 
 # ------------------------------------------------------------------------------------------------ VALIDATION AND CLI
-def error(msg: str):
-    print(f"maml_ssm.py: error: {msg}", file=sys.stderr)
-    sys.exit(2)
+def fail(msg: Optional[str]):
+    """A one-line error (exit status 2) when there is a message; None lets the run go on."""
+    if msg:
+        print(f"maml_ssm.py: error: {msg}", file=sys.stderr)
+        sys.exit(2)
 
 
 def flag(name):
     return "--" + name.replace("_", "-")
 
 
-# lower bounds by field name, for whichever of Args / EvalArgs / AdaptArgs has the field (None takes a default)
+# valid values by field name, for whichever of Args / EvalArgs / AdaptArgs has the field (None takes a default)
 POSITIVE = ("inner_lr", "outer_lr", "aux_lr", "adapt_lr", "max_kl", "eval_later_lr_scale", "later_lr_scale",
             "grad_clip", "max_step_norm", "trust_region")
 AT_LEAST = {2: ("num_tasks",),  # a confidence interval needs two tasks
@@ -1318,6 +1312,9 @@ AT_LEAST = {2: ("num_tasks",),  # a confidence interval needs two tasks
                 "online_every", "max_importance_weight"),  # an importance cap below 1 would scale on-policy steps
             0: ("outer_steps", "num_inner_steps", "eval_steps", "adapt_steps", "buffer_size", "dynamics_coef",
                 "cg_damping", "cpu_budget", "num_steps", "experience_weight", "ema_decay")}
+CHOICES = {"task": TASKS, "policy": POLICIES, "outer_optimizer": ("trpo", "adam"), "config": PRESETS,
+           "adaptation_mode": ADAPTERS, "adapt_objective": OBJECTIVES, "strategy": STRATEGIES,
+           "adapt_params": PARAM_GROUPS, "adapt_optimizer": ("sgd", "adam")}
 
 
 def validate_args(a) -> Optional[str]:
@@ -1331,25 +1328,16 @@ def validate_args(a) -> Optional[str]:
     checks += [(not given[n] > 0, f"{flag(n)} must be positive, got {given[n]}") for n in POSITIVE if n in given]
     checks += [(given[n] < lo, f"{flag(n)} must be >= {lo}, got {given[n]}")
                for lo, names in AT_LEAST.items() for n in names if n in given]
+    checks += [(v not in CHOICES[n], f"unknown {flag(n)} {v!r}; choose one of {', '.join(CHOICES[n])}")
+               for n in CHOICES if n in given for v in (given[n] if isinstance(given[n], tuple) else (given[n],))]
     if isinstance(a, AdaptArgs):
-        bad = [f"{flag(n)} {v!r}" for n, values, ok in (("adaptation_mode", a.adaptation_mode, ADAPTERS),
-                                                        ("adapt_objective", a.adapt_objective, OBJECTIVES))
-               for v in values if v not in ok]
         checks += [
             (not a.adaptation_mode or not a.adapt_objective, "--adaptation-mode and --adapt-objective each need at least one value"),
-            (bool(bad), f"unknown {', '.join(bad)}; modes: standard, hybrid; objectives: pg, dynamics, entropy"),
-            (a.strategy not in STRATEGIES, f"unknown --strategy {a.strategy!r}; registered: {', '.join(STRATEGIES)}"),
-            (a.adapt_params not in PARAM_GROUPS, f"unknown --adapt-params {a.adapt_params!r}; choose all, ssm, heads or norm"),
-            (a.adapt_optimizer not in ("sgd", "adam"), f"unknown --adapt-optimizer {a.adapt_optimizer!r}; choose sgd or adam"),
             (a.ema_decay >= 1, f"--ema-decay must be in [0, 1), got {a.ema_decay}"),
         ]
     elif isinstance(a, Args):
         checks += [
             (not a.exp_name.strip() or "/" in a.exp_name, f"--exp-name {a.exp_name!r} must be a non-empty name without '/'"),
-            (a.task not in TASKS, f"unknown --task {a.task!r}; choose one of {', '.join(TASKS)}"),
-            (a.policy not in POLICIES, f"unknown --policy {a.policy!r}; choose one of {', '.join(POLICIES)}"),
-            (a.outer_optimizer not in ("trpo", "adam"), f"unknown --outer-optimizer {a.outer_optimizer!r}; choose trpo or adam"),
-            (a.config not in PRESETS, f"unknown --config {a.config!r}; choose one of {', '.join(PRESETS)}"),
             (not 0 < a.ls_backtrack_ratio < 1, f"--ls-backtrack-ratio must be in (0, 1), got {a.ls_backtrack_ratio}"),
             (not 0 < a.cg_subsample <= 1, f"--cg-subsample must be in (0, 1], got {a.cg_subsample}"),
             (not (0 < a.gamma <= 1 and 0 <= a.gae_lambda <= 1), "--gamma must be in (0, 1] and --gae-lambda in [0, 1]"),
@@ -1372,7 +1360,6 @@ def mujoco_available() -> bool:
 
 def claim_run_dir(runs_dir: str, run_name: str) -> tuple[str, str]:
     """(run_name, run_dir) of a new directory; atomic os.mkdir gives a taken name the suffix __2, __3, ..."""
-
     try:
         os.makedirs(runs_dir, exist_ok=True)
         for suffix in range(1, 10**6):
@@ -1384,7 +1371,7 @@ def claim_run_dir(runs_dir: str, run_name: str) -> tuple[str, str]:
                 continue
     except OSError as e:
         reason = "not a directory" if os.path.exists(runs_dir) and not os.path.isdir(runs_dir) else e.strerror
-        error(f"cannot create a run directory in --runs-dir {runs_dir!r} ({reason}); pass a writable directory")
+        fail(f"cannot create a run directory in --runs-dir {runs_dir!r} ({reason}); pass a writable directory")
 
 
 def parse_cli(argv):
@@ -1393,7 +1380,7 @@ def parse_cli(argv):
     pre.add_argument("--config", default="none")
     config = pre.parse_known_args(argv)[0].config
     if config not in PRESETS:
-        error(f"unknown --config {config!r}; choose one of {', '.join(PRESETS)}")
+        fail(f"unknown --config {config!r}; choose one of {', '.join(PRESETS)}")
     train_default = dataclasses.replace(Args(), config=config, **PRESETS[config])
     Cmd = Union[
         Annotated[Args, tyro.conf.subcommand("train", default=train_default, description="meta-train a policy with MAML")],
@@ -1405,28 +1392,25 @@ def parse_cli(argv):
 
 def checked_checkpoint(a):
     """Validates eval/adapt arguments and their checkpoint before any work: (model, ckpt) or a one-line error."""
-    msg = validate_args(a)
-    if msg:
-        error(msg)
+    fail(validate_args(a))
     try:
         model, _, ckpt = load_checkpoint(a.checkpoint)
     except ValueError as e:
-        error(str(e))
+        fail(str(e))
     torch.set_num_threads(1)
     return model, ckpt
 
 
 def main_eval(eargs: EvalArgs):
     checked_checkpoint(eargs)
-    res = evaluate(eargs.checkpoint, eargs.num_tasks, eargs.num_steps, eargs.inner_lr, eargs.later_lr_scale,
-                   eargs.fast_batch_size, eargs.eval_seed)
-    print(json.dumps(res))
+    print(json.dumps(evaluate(eargs.checkpoint, eargs.num_tasks, eargs.num_steps, eargs.inner_lr, eargs.later_lr_scale,
+                              eargs.fast_batch_size, eargs.eval_seed)))
 
 
 def main_adapt(aargs: AdaptArgs):
     model, ckpt = checked_checkpoint(aargs)
     horizon, buf = ckpt["args"]["max_episode_steps"], ckpt.get("buffer")
-    msg = first_failure([
+    fail(first_failure([
         (aargs.online and aargs.online_every >= horizon, f"--online-every {aargs.online_every} is not below the "
          f"checkpoint's horizon ({horizon} steps): no step would adapt; choose a smaller --online-every"),
         (aargs.adapt_params == "norm" and not ckpt["args"].get("layer_norm"), "--adapt-params norm: this checkpoint has "
@@ -1437,14 +1421,12 @@ def main_adapt(aargs: AdaptArgs):
          f"{aargs.adapt_params} does not adapt; use --adapt-params all or heads, or another objective"),
         ("hybrid" in aargs.adaptation_mode and not (buf and buf["size"] > 0),
          "--adaptation-mode hybrid needs a checkpoint with a non-empty ExperienceBuffer (train with --buffer-size > 0)"),
-    ])
-    if msg:
-        error(msg)
+    ]))
     try:  # replay needs the buffer's recurrent states at the model's width
         if buf:
             ExperienceBuffer.from_state_dict(buf, model.initial_state(1).shape[1])
     except ValueError as e:
-        error(str(e))
+        fail(str(e))
 
     from torch.utils.tensorboard import SummaryWriter
 
@@ -1460,9 +1442,4 @@ def main_adapt(aargs: AdaptArgs):
 
 if __name__ == "__main__":
     cmd = parse_cli(sys.argv[1:])
-    if isinstance(cmd, EvalArgs):
-        main_eval(cmd)
-    elif isinstance(cmd, AdaptArgs):
-        main_adapt(cmd)
-    else:
-        main_train(cmd)
+    {Args: main_train, EvalArgs: main_eval, AdaptArgs: main_adapt}[type(cmd)](cmd)
