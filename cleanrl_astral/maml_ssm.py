@@ -425,16 +425,14 @@ class Agent(nn.Module):
             y = self.core(h)
         elif self.kind == "ssm":
             y, state = self.core.scan(h, state, starts)
-        elif not starts[1:].any():  # GRU whose only reset is the first step: one fused call
-            y, hn = self.core(h, (state * (~starts[0]).unsqueeze(-1)).unsqueeze(0))
-            state = hn[0]
-        else:
+        else:  # GRU: one fused call when the only reset is the first step, else step by step
+            T = h.shape[0]
             ys = []
-            for t in range(h.shape[0]):
-                y_t, hn = self.core(h[t : t + 1], (state * (~starts[t]).unsqueeze(-1)).unsqueeze(0))
-                ys.append(y_t[0])
+            for t0, t1 in [(0, T)] if not starts[1:].any() else [(t, t + 1) for t in range(T)]:
+                y_t, hn = self.core(h[t0:t1], (state * (~starts[t0]).unsqueeze(-1)).unsqueeze(0))
+                ys.append(y_t)
                 state = hn[0]
-            y = torch.stack(ys)
+            y = torch.cat(ys)
         z = F.gelu(y) + h if self.kind == "ssm" else (y if self.kind == "gru" else torch.tanh(y))
         feats = torch.tanh(self.fc(self.norm(z)))
         out = {"pi": self.pi(feats), "value": self.value_head(feats.detach())[..., 0], "feats": feats, "state": state}
