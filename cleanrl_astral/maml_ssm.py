@@ -500,6 +500,11 @@ def per_task(params, K):
     return {k: v.expand(K, *v.shape) for k, v in params.items()}
 
 
+def take(tensors, idx):
+    """Entries idx along dim 0 of every tensor of a dict: task(s) of stacked parameters, rows of a buffer."""
+    return {k: v[idx] for k, v in tensors.items()}
+
+
 def clone_params(params):
     return {k: v.detach().clone() for k, v in params.items()}
 
@@ -576,7 +581,7 @@ def fill_to_steps(model, batches, params, task_params, args, gen):
         # one more wave for every task still short, sized by its mean episode length so far
         per = max(math.ceil((budget - steps[i]) * batches[i]["masks"].shape[1] / steps[i]) for i in need)
         env = make_env(args, task_params[need], per, gen)
-        more = split_batch(rollout(model, {k: v[need] for k, v in params.items()}, env, args.max_episode_steps), len(need))
+        more = split_batch(rollout(model, take(params, need), env, args.max_episode_steps), len(need))
         for i, b in zip(need, more):
             before = steps[i] + torch.cumsum(b["masks"].sum(0), 0) - b["masks"].sum(0)  # steps held before each
             keep = int((before < budget).sum())
@@ -767,8 +772,8 @@ def sample_task_batches(model, params, task_params, args, gen, num_steps, inner_
             return [{"train": train[i], "val": parts[i]} for i in range(K)], returns
         for i in range(K):
             train[i].append(parts[i])
-        task_p = stack_params([{k: v.detach() for k, v in inner_step(model, {k: v[i] for k, v in task_p.items()}, b,
-                                                                         inner_lrs[j], False).items()} for i, b in enumerate(parts)])
+        task_p = stack_params([clone_params(inner_step(model, take(task_p, i), b, inner_lrs[j], False))
+                               for i, b in enumerate(parts)])
 
 
 # ------------------------------------------------------------------------------------------------ TRAINING
@@ -1055,7 +1060,7 @@ class ExperienceBuffer:
 
     def sample(self, batch_size, gen):
         idx = torch.randint(0, self.size, (batch_size,), generator=gen)  # uniform; only the sampled rows are gathered
-        return {k: v[idx] for k, v in self.data.items()}
+        return take(self.data, idx)
 
     def state_dict(self):
         return {"capacity": self.capacity, "pos": self.pos, "size": self.size, "data": dict(self.data)}
