@@ -624,8 +624,7 @@ def compute_advantages(batch, gamma, gae_lambda):
     adv = torch.zeros_like(rewards)
     last = torch.zeros(masks.shape[1], dtype=torch.float64)
     for t in reversed(range(T)):
-        next_v = values[t + 1] * masks[t + 1] if t + 1 < T else torch.zeros_like(last)
-        next_m = masks[t + 1] if t + 1 < T else torch.zeros_like(last)
+        next_v, next_m = (values[t + 1] * masks[t + 1], masks[t + 1]) if t + 1 < T else (0.0, 0.0)
         delta = rewards[t] + gamma * next_v - values[t]
         last = delta + gamma * gae_lambda * next_m * last
         adv[t] = last * masks[t]
@@ -955,8 +954,9 @@ def load_checkpoint(path):
     if missing or unknown:
         raise ValueError(f"checkpoint {path!r} lacks {missing} or has unknown config fields {sorted(unknown)}")
     args, split, version = Args(**ckpt["args"]), ckpt["task_split"], ckpt.get("task_version", 1)
+    bad_config = validate_args(args)
     msg = first_failure([
-        (validate_args(args) is not None, f"checkpoint config is invalid: {validate_args(args)}"),
+        (bad_config is not None, f"checkpoint config is invalid: {bad_config}"),
         (split.get("task") != args.task, f"checkpoint task split is for {split.get('task')!r} but its config says {args.task!r}"),
         *[(args.task == "cartpole-physics" and json.dumps(split.get(key)) != json.dumps(ranges),
            f"the checkpoint's cartpole {key.replace('_', ' ')} {split.get(key)} are not this script's "
