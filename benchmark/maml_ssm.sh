@@ -7,14 +7,20 @@
 # cartpole-physics (held-out gravity/length ranges at test time) and halfcheetah-vel (gymnasium MuJoCo), and
 # `adapt` (standard vs hybrid x pg/dynamics/entropy) on every MAML-SSM point-nav and cartpole checkpoint,
 # summarised over seeds with the no-adaptation level.
-#   benchmark/maml_ssm.sh              full (issues 6 and 7) -> benchmark/out/maml_ssm_full, docs/results/maml_ssm:
+#   benchmark/maml_ssm.sh              full -> benchmark/out/maml_ssm_full, docs/results/maml_ssm:
 #                                      point-nav every arm 5 seeds x 150 outer steps, cartpole 5 seeds x 50,
 #                                      halfcheetah 1 seed x 450, adapt on 10 checkpoints, and first the
 #                                      15-CPU-minute check (the paper's TRPO on 20 x 20 episodes stopped by
 #                                      --cpu-budget 900, MLP and SSM, 5 seeds, with the paper code's goal square
 #                                      and again with the Euclidean goal disc); 2 runs at a time
-#   benchmark/maml_ssm.sh --budget     session 1's smaller sweep (the docs now report the full flavour):
+#   benchmark/maml_ssm.sh --budget     a smaller sweep (the docs report the full flavour):
 #                                      SSM seeds 1-2, GRU/MLP/baselines seed 1, cartpole seed 1, no halfcheetah
+#   benchmark/maml_ssm.sh --protocol   the policy comparison the script exists for, one fixed protocol: point-nav-2d
+#                                      and cartpole-physics, --config paper (TRPO, 20 x 20, second order), SSM, MLP
+#                                      and GRU, seeds 1-5, each stopped by --cpu-budget 900 (15 CPU-minutes) ->
+#                                      benchmark/out/maml_ssm_protocol, docs/results/maml_ssm/protocol (protocol_table.md:
+#                                      returns after 0-3 steps with 95% CIs over seeds and iterations done; protocol.png);
+#                                      30 runs, ~8 CPU-hours plus evaluation, ~4.5 h wall with 2 workers on an idle box
 #   benchmark/maml_ssm.sh --quick      smoke flavour of every code path (a few minutes) -> benchmark/out/maml_ssm_quick
 #   add --report-only to rebuild the tables/PNGs from finished runs without running anything (the report is
 #   benchmark/maml_ssm_report.py); other flags (e.g. --dry-run) go to benchmark/benchmark.py, and --dry-run also
@@ -39,6 +45,7 @@ for arg in "$@"; do
     case "$arg" in
         --quick) mode=quick ;;
         --budget) mode=budget ;;
+        --protocol) mode=protocol ;;
         --report-only) report_only=1 ;;
         --dry-run) dry=1; extra+=("$arg") ;;
         *) extra+=("$arg") ;;
@@ -52,6 +59,8 @@ case "$mode" in
             cp_seeds=5 cp_steps=50 hc_seeds=1 hc_steps=450 trpo_seeds=5 trpo_budget=900 workers=2 ;;
     budget) out=benchmark/out/maml_ssm report=docs/results/maml_ssm steps=60 ssm_seeds=2 other_seeds=1
             cp_seeds=1 cp_steps=20 hc_seeds=0 hc_steps=0 trpo_seeds=0 trpo_budget=0 workers=1 ;;
+    protocol) out=benchmark/out/maml_ssm_protocol report=docs/results/maml_ssm/protocol steps=0 ssm_seeds=0 other_seeds=0
+            cp_seeds=0 cp_steps=0 hc_seeds=0 hc_steps=0 trpo_seeds=5 trpo_budget=900 workers=2 ;;
     quick)  out=benchmark/out/maml_ssm_quick report=benchmark/out/maml_ssm_quick/report steps=2 ssm_seeds=1 other_seeds=1
             cp_seeds=1 cp_steps=2 hc_seeds=1 hc_steps=1 trpo_seeds=1 trpo_budget=1 workers=1 ;;
 esac
@@ -73,6 +82,9 @@ HC="nice -n 15 python cleanrl_astral/maml_ssm.py train --task halfcheetah-vel --
 # with 40 episodes per task and step (the preset's --eval-episodes, the paper's test batch)
 TRPO="nice -n 15 python cleanrl_astral/maml_ssm.py train --task point-nav-2d --save-model --config paper --eval-tasks 40 \
 --eval-steps 3 --outer-steps 1000 --cpu-budget $trpo_budget"
+# the protocol: --config paper on both tasks (cartpole without the point-nav goal square), every policy
+PROTO="nice -n 15 python cleanrl_astral/maml_ssm.py train --save-model --config paper --eval-tasks 40 --eval-steps 3 \
+--outer-steps 100000 --cpu-budget $trpo_budget"
 ADAPT_EXTRA=""
 if [ "$mode" = quick ]; then
     TRPO="$TRPO --tasks-per-batch 2 --fast-batch-size 2 --eval-tasks 3 --eval-episodes 2"
@@ -104,12 +116,14 @@ adapt_sweep() {
     done
     for p in "${pids[@]}"; do wait "$p" || status=$?; done
 }
-if [ "$report_only" = 0 ]; then
-# the issue's target first: the paper's post-adaptation returns within 15 CPU-minutes of meta-training, with the
+if [ "$report_only" = 0 ] && [ "$mode" = protocol ]; then
+    sweep protocol_point_nav 5 "--policy ssm | --policy mlp | --policy gru" "$PROTO --task point-nav-2d"
+    sweep protocol_cartpole 5 "--policy ssm | --policy mlp | --policy gru" "$PROTO --task cartpole-physics --no-goal-box"
+elif [ "$report_only" = 0 ]; then
+# first the comparison with the paper's Table 4: post-adaptation returns after 15 CPU-minutes of meta-training, with the
 # paper's own outer step (TRPO, KL 0.01) on 20 tasks x 20 episodes, second order, stopped by --cpu-budget
 [ "$trpo_seeds" -gt 0 ] && sweep trpo "$trpo_seeds" "--policy mlp | --policy ssm" "$TRPO"
-# the same with the Euclidean goal disc instead of the paper code's goal square: what the paper preset used up to
-# session 5, kept as an ablation of the termination rule
+# the same with the Euclidean goal disc instead of the paper code's goal square: an ablation of the termination rule
 [ "$trpo_seeds" -gt 0 ] && sweep trpo_euclidean "$trpo_seeds" "--policy mlp | --policy ssm" "$TRPO --no-goal-box --no-fill-steps"
 sweep ssm "$ssm_seeds" "--policy ssm"
 sweep baselines "$other_seeds" "--policy mlp | --policy ssm --outer-steps 0 | --policy gru | --policy ssm --num-inner-steps 0"

@@ -18,6 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
+from scipy import stats
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "cleanrl_astral"))
@@ -161,6 +162,41 @@ def other_tasks(runs):
     return others, text
 
 
+def protocol(runs, report):
+    """The policy comparison under one fixed protocol (sweeps named protocol_*): per task and policy, the returns
+    after 0..3 steps as the mean over seeds with a 95% Student-t CI, and the TRPO iterations each seed got in its CPU
+    budget; protocol_table.md and protocol.png. Returns {task: {policy: {...}}}."""
+    rows = {}
+    for ckpt, c, ev in runs:
+        if os.path.basename(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(ckpt))))).startswith("protocol"):
+            a = c["args"]
+            rows.setdefault(a["task"], {}).setdefault(a["policy"], []).append(
+                (a["seed"], [ev["returns_after_steps"][k] for k in "0123"], c.get("outer_steps_done", a["outer_steps"])))
+    if not rows:
+        return {}, ""
+    lines = ["| task | policy | seeds | TRPO iterations, mean (range) | 0 steps | 1 step | 2 steps | 3 steps |", "|---|---|---|---|---|---|---|---|"]
+    fig, axes = plt.subplots(1, len(rows), figsize=(5 * len(rows), 3.6), squeeze=False)
+    summary = {}
+    for ax, task in zip(axes[0], sorted(rows)):
+        for policy, rs in sorted(rows[task].items()):
+            R, its = np.array([r[1] for r in rs]), [r[2] for r in rs]
+            half = stats.t.ppf(0.975, len(rs) - 1) * R.std(0, ddof=1) / np.sqrt(len(rs)) if len(rs) > 1 else np.zeros(4)
+            summary.setdefault(task, {})[policy] = {"seeds": sorted(r[0] for r in rs), "mean": R.mean(0).tolist(),
+                                                    "ci95": half.tolist(), "iterations": its}
+            lines.append(f"| {task} | {policy} | {len(rs)} | {np.mean(its):.0f} ({min(its)}–{max(its)}) | "
+                         + " | ".join(f"{m:.2f} ± {h:.2f}" for m, h in zip(R.mean(0), half)) + " |")
+            ax.errorbar(range(4), R.mean(0), yerr=half, marker="o", capsize=3, label=f"{policy} ({np.mean(its):.0f} it.)")
+        ax.set(title=task, xticks=range(4), xlabel="inner gradient steps on the test task", ylabel="return (95% CI over seeds)")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(report, "protocol.png"), dpi=110)
+    plt.close(fig)
+    text = "\n".join(lines) + "\n\n± is the 95% Student-t CI over seeds of the per-seed mean over test tasks.\n"
+    with open(os.path.join(report, "protocol_table.md"), "w") as f:
+        f.write(text)
+    return summary, text
+
+
 def adapt_tables(out, report):
     """Test-time adaptation (adapt.json): a summary per task and arm over seeds, then one table per checkpoint."""
     adapts = []
@@ -197,7 +233,7 @@ def adapt_tables(out, report):
             # small x offsets so the error bars of the 6 lines do not hide each other
             x = np.array([int(k) for k in ks]) + (i - (len(names) - 1) / 2) * 0.03
             ax.errorbar(x, R.mean(0), yerr=sd, marker="o", capsize=3, label=name)
-        # theta_0's level (adapt.json before session 18 lacks it: offline, every run's entry 0 is that level)
+        # theta_0's level (an adapt.json without it: offline, every run's entry 0 is that level)
         base = np.mean([r["no_adaptation"]["return"] if "no_adaptation" in r else r["results"][names[0]]["returns_after_steps"]["0"]
                         for _, r in items])
         ax.axhline(base, color="k", ls="--", lw=1, label=f"no adaptation (theta_0): {base:.2f}")
@@ -248,8 +284,10 @@ def main(argv=None):
     training_curves(runs, args.report)
     others, more = other_tasks(runs)
     summary, adapt_text = adapt_tables(args.out, args.report)
-    text += more + adapt_text
-    for name, obj in (("point_nav_runs.json", arms), ("other_tasks_runs.json", others), ("adapt_summary.json", summary)):
+    compared, protocol_text = protocol(runs, args.report)
+    text += more + adapt_text + protocol_text
+    for name, obj in (("point_nav_runs.json", arms), ("other_tasks_runs.json", others), ("adapt_summary.json", summary),
+                      ("protocol_runs.json", compared)):
         with open(os.path.join(args.report, name), "w") as f:
             json.dump(obj, f, indent=2)
     with open(os.path.join(args.report, "point_nav_table.md"), "w") as f:

@@ -9,13 +9,14 @@ Usage: python cleanrl_astral/maml_ssm.py train --task point-nav-2d --save-model
        python cleanrl_astral/maml_ssm.py eval --checkpoint runs/<run>/maml_ssm.cleanrl_model
 """
 
+import argparse
 import dataclasses
+import importlib.util
 import json
 import math
 import os
 import random
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import Annotated, Optional, Union
@@ -25,7 +26,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
-from torch.func import functional_call
+from torch.func import functional_call, grad, vmap
+from torch.utils._pytree import tree_map
 
 TASKS = ("point-nav-2d", "cartpole-physics", "halfcheetah-vel")
 POLICIES = ("ssm", "gru", "mlp")
@@ -66,8 +68,7 @@ class Args:
     max_episode_steps: int = 100
     """episode horizon"""
     goal_box: bool = False
-    """point-nav-2d: end an episode when both coordinates are within 0.01 of the goal (the MAML paper code's
-    rule, set by --config paper) instead of when the Euclidean distance is"""
+    """point-nav-2d: an episode ends when both coordinates (not the distance) are within 0.01 of the goal (paper code)"""
 
     # Policy
     policy: str = "ssm"
@@ -81,8 +82,7 @@ class Args:
     layer_norm: bool = False
     """LayerNorm (with affine parameters) on the core's output: what `adapt --adapt-params norm` adapts"""
     dynamics_coef: float = 0.0
-    """weight of the next-observation prediction loss on the shared trunk: the trunk's auxiliary Adam step size is
-    dynamics_coef x aux_lr (0: the trunk ignores it; the head itself is always trained)"""
+    """trunk learning rate on the next-observation loss, as a multiple of aux_lr (0: only the head learns it)"""
     aux_lr: float = 1e-3
     """Adam learning rate of the value and dynamics heads"""
     buffer_size: int = 50_000
@@ -92,16 +92,13 @@ class Args:
     outer_steps: int = 200
     """number of meta-training iterations (0 saves the random initialisation)"""
     cpu_budget: float = 0.0
-    """stop meta-training after the iteration at which this process has used this many CPU-seconds (0: no limit;
-    --outer-steps stays the maximum)"""
+    """stop meta-training once this process has used this many CPU-seconds (0: no limit; --outer-steps still caps)"""
     tasks_per_batch: int = 20
     """tasks per meta-batch"""
     fast_batch_size: int = 20
     """episodes per task for each inner step and for the post-adaptation (validation) batch"""
     fill_steps: bool = False
-    """count batches in steps, as the MAML paper's code does: keep sampling a task's episodes until they hold
-    fast_batch_size x max_episode_steps steps, so episodes that end early make room for more (set by --config paper).
-    Unlike the paper's sampler, every episode started is kept (see docs/maml_ssm.md, "The paper's test sampler")"""
+    """count a batch in steps (paper code): add episodes until they hold fast_batch_size x max_episode_steps steps"""
     num_inner_steps: int = 1
     """inner policy-gradient steps (0 trains a multi-task policy without adaptation: a baseline)"""
     inner_lr: float = 0.1
@@ -122,6 +119,8 @@ class Args:
     """conjugate-gradient iterations of TRPO"""
     cg_damping: float = 1e-5
     """damping added to the Fisher-vector product"""
+    cg_subsample: float = 1.0
+    """fraction of the meta-batch's tasks whose KL gives the Fisher-vector products (1: all; less changes the maths)"""
     ls_max_steps: int = 15
     """maximum backtracking steps of the TRPO line search"""
     ls_backtrack_ratio: float = 0.8
@@ -148,21 +147,24 @@ class Args:
 
 PRESETS = {
     "none": {},
-    # the plan's basic preset: 8 parallel episodes per task, time limit 200, small meta-batch
     "basic": dict(seed=42, fast_batch_size=8, max_episode_steps=200, outer_steps=50, tasks_per_batch=8,
                   num_inner_steps=1, inner_lr=1e-2, adapt_steps=5, adapt_lr=1e-2),
-    # MAML paper, 2D navigation: 20 tasks x 20 episodes, horizon 100, alpha 0.1, TRPO with KL 0.01, the paper
-    # code's goal box and batches counted in steps; its test script adapts with 4000 steps (40 episodes of the
-    # horizon) per task and step
+    # MAML paper, 2D navigation, with its code's goal box and step-counted batches; its test batch is 4,000 steps
     "paper": dict(fast_batch_size=20, tasks_per_batch=20, max_episode_steps=100, num_inner_steps=1,
                   inner_lr=0.1, outer_optimizer="trpo", max_kl=0.01, eval_episodes=40, goal_box=True, fill_steps=True),
 }
 
 
 @dataclass
-class EvalArgs:
+class CheckpointArgs:
     checkpoint: str
     """path of a .cleanrl_model written by `train --save-model`"""
+    eval_seed: Optional[int] = None
+    """seed of the test-task stream and the sampling (default: the checkpoint's seed)"""
+
+
+@dataclass
+class EvalArgs(CheckpointArgs):
     num_tasks: Optional[int] = None
     """number of fresh test tasks (default: the checkpoint's eval_tasks)"""
     num_steps: Optional[int] = None
@@ -173,16 +175,10 @@ class EvalArgs:
     """later steps use inner_lr * this (paper: alpha then alpha/2; default: the checkpoint's eval_later_lr_scale)"""
     fast_batch_size: Optional[int] = None
     """episodes per task and step (default: the checkpoint's eval_episodes, else its fast_batch_size)"""
-    eval_seed: Optional[int] = None
-    """seed of the test-task stream and the sampling (default: the checkpoint's seed)"""
-    cuda: bool = False
-    """accepted for CleanRL compatibility; everything runs on CPU (tiny networks, batched simulation)"""
 
 
 @dataclass
-class AdaptArgs:
-    checkpoint: str
-    """path of a .cleanrl_model written by `train --save-model`"""
+class AdaptArgs(CheckpointArgs):
     num_tasks: int = 20
     """number of fresh test tasks"""
     adapt_steps: Optional[int] = None
@@ -202,8 +198,7 @@ class AdaptArgs:
     experience_batch_size: int = 256
     """hybrid: transitions per replayed batch"""
     adapt_params: str = "all"
-    """parameters adapted: all | ssm (the recurrent core) | heads (policy, value and dynamics heads) | norm (the
-    LayerNorm's scale and shift; the checkpoint must be trained with --layer-norm)"""
+    """parameters adapted: all | ssm (the recurrent core) | heads (policy, value, dynamics) | norm (needs --layer-norm)"""
     adapt_optimizer: str = "sgd"
     """sgd | adam"""
     grad_clip: float = 10.0
@@ -215,194 +210,13 @@ class AdaptArgs:
     ema_decay: float = 0.0
     """act with an exponential moving average of the adapted parameters (0 disables)"""
     max_importance_weight: float = 10.0
-    """pg on episodes acted by other parameters (--ema-decay, --online) weights each step's gradient by
-    pi_theta / pi_acting, truncated at this (>= 1; V-trace's truncated importance weight)"""
+    """truncation (>= 1) of the weight pi_theta / pi_acting of pg on episodes acted by other parameters (EMA, online)"""
     online: bool = False
     """adapt during the episode every --online-every env steps instead of between episode batches"""
     online_every: int = 20
     """online mode: env steps between adaptation steps"""
     fast_batch_size: Optional[int] = None
     """episodes per task and step (default: the checkpoint's fast_batch_size)"""
-    eval_seed: Optional[int] = None
-    """seed of the test-task stream and the sampling (default: the checkpoint's seed)"""
-    cuda: bool = False
-    """accepted for CleanRL compatibility; everything runs on CPU (tiny networks, batched simulation)"""
-
-
-@dataclass
-class AdaptConfig:
-    """What one adapter needs (one objective of an AdaptArgs run)."""
-
-    adapt_objective: str
-    adapt_lr: float
-    adapt_params: str = "all"
-    adapt_optimizer: str = "sgd"
-    grad_clip: float = 10.0
-    max_step_norm: float = 1.0
-    trust_region: float = 2.0
-    ema_decay: float = 0.0
-    max_importance_weight: float = 10.0
-    strategy: str = "none"
-    tent_coef: float = 1.0
-    experience_weight: float = 1.0
-    experience_batch_size: int = 256
-    discrete: bool = False
-
-
-def adapt_config(aargs: AdaptArgs, objective: str, lr: float, discrete: bool) -> AdaptConfig:
-    shared = {f.name: getattr(aargs, f.name) for f in dataclasses.fields(AdaptConfig) if hasattr(aargs, f.name)}
-    return AdaptConfig(**{**shared, "adapt_objective": objective, "adapt_lr": lr, "discrete": discrete})
-
-
-def finite_and_seeded(a) -> Optional[str]:
-    """NaN and inf pass every `x <= 0` check and reach the optimizer or the loss; seeds outside numpy's range fail
-    only after the run directory exists. Checked first for train, eval and adapt arguments alike."""
-    for field in dataclasses.fields(a):
-        value = getattr(a, field.name)
-        if isinstance(value, float) and not math.isfinite(value):
-            return f"--{field.name.replace('_', '-')} {value} must be a finite number"
-    for name in ("seed", "eval_seed"):
-        value = getattr(a, name, None)
-        if value is not None and not 0 <= value < 2**32:
-            return f"--{name.replace('_', '-')} {value} must be in [0, 2**32 - 1]"
-    # the name becomes part of a directory name and of the model file's name: a '/' makes the save fail after training
-    # (train only: eval and adapt write beside their checkpoint)
-    if isinstance(a, Args) and (not a.exp_name.strip() or "/" in a.exp_name):
-        return f"--exp-name {a.exp_name!r} must be a non-empty name without '/'"
-    return None
-
-
-def validate_adapt_args(a: AdaptArgs) -> Optional[str]:
-    msg = finite_and_seeded(a)
-    if msg:
-        return msg
-    if not a.adaptation_mode or not a.adapt_objective:
-        return "--adaptation-mode and --adapt-objective each need at least one value"
-    for mode in a.adaptation_mode:
-        if mode not in ("standard", "hybrid"):
-            return f"unknown --adaptation-mode {mode!r}; choose standard or hybrid"
-    for obj in a.adapt_objective:
-        if obj not in ("pg", "dynamics", "entropy"):
-            return f"unknown --adapt-objective {obj!r}; choose pg, dynamics or entropy"
-    if a.strategy not in STRATEGIES:
-        return f"unknown --strategy {a.strategy!r}; registered: {', '.join(STRATEGIES)}"
-    if a.adapt_params not in ("all", "ssm", "heads", "norm"):
-        return f"unknown --adapt-params {a.adapt_params!r}; choose all, ssm, heads or norm"
-    if a.adapt_optimizer not in ("sgd", "adam"):
-        return f"unknown --adapt-optimizer {a.adapt_optimizer!r}; choose sgd or adam"
-    if a.adapt_lr is not None and a.adapt_lr <= 0:
-        return f"--adapt-lr must be positive, got {a.adapt_lr}"
-    for name in ("grad_clip", "max_step_norm", "trust_region"):
-        if getattr(a, name) <= 0:
-            return f"--{name.replace('_', '-')} must be positive, got {getattr(a, name)}"
-    if a.max_importance_weight < 1:  # a cap below 1 would also scale on-policy steps (weight 1)
-        return f"--max-importance-weight must be >= 1, got {a.max_importance_weight}"
-    if not 0 <= a.ema_decay < 1 or a.experience_weight < 0:
-        return "--ema-decay must be in [0, 1) and --experience-weight >= 0"
-    if a.num_tasks < 2 or a.experience_batch_size < 1 or a.online_every < 1 or (a.adapt_steps is not None and a.adapt_steps < 0):
-        return "--num-tasks must be >= 2, --experience-batch-size and --online-every >= 1, --adapt-steps >= 0"
-    if a.fast_batch_size is not None and a.fast_batch_size < 1:
-        return "--fast-batch-size must be >= 1"
-    return None
-
-
-def claim_run_dir(runs_dir: str, run_name: str) -> tuple[str, str]:
-    """Create a new run directory and return (run_name, run_dir).
-
-    Runs with the same name started in the same second (a shell loop over flags with one seed) would otherwise share
-    one directory, mixing their TensorBoard events and overwriting each other's checkpoints and eval.json. os.mkdir is
-    atomic, so each run gets a directory of its own: a name already taken gets the suffix __2, __3, ... An unusable
-    --runs-dir (a file, not writable) is a one-line error.
-    """
-    try:
-        os.makedirs(runs_dir, exist_ok=True)
-        suffix = 1
-        while True:
-            name = run_name if suffix == 1 else f"{run_name}__{suffix}"
-            try:
-                os.mkdir(os.path.join(runs_dir, name))
-                return name, os.path.join(runs_dir, name)
-            except FileExistsError:
-                suffix += 1
-    except OSError as e:  # --runs-dir itself is unusable: a file, not writable, ...
-        reason = "not a directory" if os.path.exists(runs_dir) and not os.path.isdir(runs_dir) else e.strerror
-        error(f"cannot create a run directory in --runs-dir {runs_dir!r} ({reason}); pass a writable directory")
-
-
-def error(msg: str):
-    print(f"maml_ssm.py: error: {msg}", file=sys.stderr)
-    sys.exit(2)
-
-
-def validate_args(args: Args) -> Optional[str]:
-    msg = finite_and_seeded(args)
-    if msg:
-        return msg
-    if args.task not in TASKS:
-        return f"unknown --task {args.task!r}; choose one of {', '.join(TASKS)}"
-    if args.policy not in POLICIES:
-        return f"unknown --policy {args.policy!r}; choose one of {', '.join(POLICIES)}"
-    if args.outer_optimizer not in ("trpo", "adam"):
-        return f"unknown --outer-optimizer {args.outer_optimizer!r}; choose trpo or adam"
-    if args.config not in PRESETS:
-        return f"unknown --config {args.config!r}; choose one of {', '.join(PRESETS)}"
-    for name in ("inner_lr", "outer_lr", "aux_lr", "adapt_lr", "max_kl"):
-        if not getattr(args, name) > 0:
-            return f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}"
-    for name in ("tasks_per_batch", "fast_batch_size", "max_episode_steps", "hidden_size", "state_size",
-                 "eval_tasks", "cg_iters", "num_threads", "ls_max_steps", "log_every"):
-        if getattr(args, name) < 1:
-            return f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}"
-    for name in ("outer_steps", "num_inner_steps", "eval_steps", "adapt_steps", "buffer_size"):
-        if getattr(args, name) < 0:
-            return f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}"
-    if not 0 < args.ls_backtrack_ratio < 1:
-        return f"--ls-backtrack-ratio must be in (0, 1), got {args.ls_backtrack_ratio}"
-    if not (0 < args.gamma <= 1 and 0 <= args.gae_lambda <= 1):
-        return "--gamma must be in (0, 1] and --gae-lambda in [0, 1]"
-    if args.cpu_budget < 0:
-        return f"--cpu-budget must be >= 0 (0: no limit), got {args.cpu_budget}"
-    if args.eval_episodes is not None and args.eval_episodes < 1:
-        return f"--eval-episodes must be >= 1, got {args.eval_episodes}"
-    for name in ("dynamics_coef", "cg_damping"):
-        if getattr(args, name) < 0:
-            return f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}"
-    if args.eval_later_lr_scale <= 0:
-        return f"--eval-later-lr-scale must be positive, got {args.eval_later_lr_scale}"
-    if args.save_model and args.eval_tasks < 2:
-        return f"--eval-tasks {args.eval_tasks}: the evaluation after --save-model needs >= 2 tasks for its 95% CI"
-    if args.goal_box and args.task != "point-nav-2d":
-        return f"--goal-box only applies to --task point-nav-2d, not {args.task}; drop it (or --no-goal-box with --config paper)"
-    if args.capture_video:
-        return "--capture-video is not supported: the tasks are batched tensors without a renderer"
-    # sizes that cannot fit fail here, not as a MemoryError once the run directory exists. Both figures are lower
-    # bounds: weights, gradients and Adam's two moments (16 bytes a parameter); and a meta-iteration's batches (the
-    # observations of every inner-step and post-adaptation batch, which stay in memory until the outer step), plus
-    # one width-H feature a step of the post-adaptation batch, which the meta-gradient's graph keeps
-    env_cls = ENV_CLASSES[args.task]
-    spec = (env_cls.obs_dim, env_cls.act_dim, env_cls.discrete)
-    width = policy_width(args, env_cls)
-    params = agent_param_count(args.policy, *spec, width, args.state_size, args.in_context, args.layer_norm)
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if 16 * params > ram:
-        return (f"the policy would have {params:,} parameters, {16 * params / 2**30:,.0f} GiB with gradients and Adam "
-                f"state, more than this machine's {ram / 2**30:.0f} GiB: reduce --hidden-size or --state-size")
-    per_step = (args.num_inner_steps + 1) * env_cls.obs_dim + width
-    if 4 * args.tasks_per_batch * args.fast_batch_size * args.max_episode_steps * per_step > ram:
-        return (f"a meta-batch of --tasks-per-batch {args.tasks_per_batch} x --fast-batch-size {args.fast_batch_size} "
-                f"episodes of --max-episode-steps {args.max_episode_steps} needs more than this machine's "
-                f"{ram / 2**30:.0f} GiB: reduce them")
-    if args.task == "halfcheetah-vel" and not mujoco_available():
-        return f"--task halfcheetah-vel needs the 'mujoco' package: pip install {MUJOCO_PIN}"
-    return None
-
-
-def mujoco_available() -> bool:
-    try:
-        import mujoco  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 # ------------------------------------------------------------------------------------------------ TASKS
@@ -424,20 +238,13 @@ def task_streams(seed: int):
 
 
 class PointNav2D:
-    """MAML paper 2D navigation, vectorised: start at the origin, reward -||p - goal||, an episode ends within
-    0.01 of the goal (or at the horizon): Euclidean distance, or with `goal_box` both coordinates, which is the
-    paper code's rule (a 0.02-wide square, 27% more area than the disc). The policy acts in [-1, 1] per
-    coordinate, scaled to a step in [-0.1, 0.1] (out-of-range actions clipped), as the paper's code does by
-    wrapping the env in rllab's `normalize`: a unit-std Gaussian then explores at the scale of one step, not ten
-    times past it."""
+    """MAML paper 2D navigation: reward -||p - goal||; actions in [-1, 1] scale to a 0.1 step (rllab's normalize)."""
 
     obs_dim, act_dim, discrete = 2, 2, False
     max_step = 0.1
 
     def __init__(self, tasks: torch.Tensor, gen: torch.Generator, goal_box: bool = False):
-        self.goals = tasks.float()
-        self.n = len(tasks)
-        self.goal_box = goal_box
+        self.goals, self.n, self.goal_box = tasks.float(), len(tasks), goal_box
 
     def reset(self):
         self.pos = torch.zeros(self.n, 2)
@@ -452,8 +259,7 @@ class PointNav2D:
 
 
 class CartPolePhysics:
-    """Gymnasium's CartPole-v1 dynamics (Euler, tau 0.02, force 10, thresholds 12 deg / 2.4), vectorised,
-    with per-episode gravity and pole half-length."""
+    """Gymnasium's CartPole-v1 dynamics, vectorised, with per-episode gravity and pole half-length."""
 
     obs_dim, act_dim, discrete = 4, 2, True
 
@@ -513,8 +319,7 @@ class HalfCheetahVel:
 
 
 ENV_CLASSES = {"point-nav-2d": PointNav2D, "cartpole-physics": CartPolePhysics, "halfcheetah-vel": HalfCheetahVel}
-# bumped when a task's dynamics change, so that a checkpoint trained on the old ones is refused instead of silently
-# evaluated on the new (point-nav-2d v2: actions in [-1, 1] scaled by 0.1; v1 took raw steps clipped to 0.1)
+# bumped when a task's dynamics change, so a checkpoint trained on the old ones is refused, not silently evaluated
 TASK_VERSIONS = {"point-nav-2d": 2, "cartpole-physics": 1, "halfcheetah-vel": 1}
 
 
@@ -534,13 +339,7 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
 
 
 class LRU(nn.Module):
-    """Diagonal linear recurrence x_t = lambda * x_{t-1} + gamma * (B u_t), y_t = Re(C x_t) + D * u_t, with
-    complex lambda, B, C and state x held as real and imaginary parts (real arithmetic keeps the higher-order
-    gradients of MAML/TRPO cheap).
-
-    lambda = exp(-(exp(nu_log) + DELTA_MIN) + i exp(theta_log)) so |lambda| <= exp(-DELTA_MIN) < 1 for every
-    parameter value, even in float32; gamma = sqrt(1 - |lambda|^2) normalises the input so the state variance
-    does not blow up as |lambda| -> 1."""
+    """x_t = lambda x_{t-1} + gamma B u_t, y_t = Re(C x_t) + D u_t in real arithmetic; |lambda| < 1 by construction."""
 
     DELTA_MIN = 1e-4
 
@@ -560,42 +359,20 @@ class LRU(nn.Module):
         """(log |lambda|, arg lambda) per state dimension; log |lambda| <= -DELTA_MIN < 0 by construction."""
         return -(torch.exp(self.nu_log) + self.DELTA_MIN), torch.exp(self.theta_log)
 
-    def _drive(self, u):
-        """gamma * (B u) as real and imaginary parts."""
-        log_r, _ = self.lam()
-        gamma = torch.sqrt(1 - torch.exp(2 * log_r))
-        return (u @ self.B_re.T) * gamma, (u @ self.B_im.T) * gamma
-
-    def _out(self, x_re, x_im, u):
-        return x_re @ self.C_re.T - x_im @ self.C_im.T + self.D * u
-
-    def step(self, u, x, start):
-        """One time step. u: (B, H), x: (B, 2N) real = [Re x | Im x], start: (B,) bool zeroes the state of
-        rows whose episode starts here."""
-        log_r, phase = self.lam()
-        c, s = torch.exp(log_r) * torch.cos(phase), torch.exp(log_r) * torch.sin(phase)
-        x_re, x_im = (x * (~start).unsqueeze(-1).to(x.dtype)).chunk(2, -1)
-        b_re, b_im = self._drive(u)
-        x_re, x_im = c * x_re - s * x_im + b_re, s * x_re + c * x_im + b_im
-        return self._out(x_re, x_im, u), torch.cat([x_re, x_im], -1)
-
     def scan(self, u, x0, starts):
-        """Whole sequence in parallel: within an episode segment x_t = sum_{s<=t} lambda^(t-s) b_s (+ lambda^(t+1)
-        x0 before the first reset), one masked Toeplitz contraction instead of T sequential steps.
-        u: (T, B, H), x0: (B, 2N), starts: (T, B). Equals applying `step` T times."""
+        """Whole sequence as one masked Toeplitz contraction x_t = sum_s lambda^(t-s) b_s; returns (y, final state)."""
         T = u.shape[0]
         log_r, phase = self.lam()
-        b_re, b_im = self._drive(u)
-        lag = torch.arange(T, device=u.device)[:, None] - torch.arange(T, device=u.device)[None, :]  # t - s
+        power = lambda k: (torch.exp(k * log_r) * torch.cos(k * phase), torch.exp(k * log_r) * torch.sin(k * phase))  # noqa: E731
+        gamma = torch.sqrt(1 - torch.exp(2 * log_r))  # keeps the state's scale as |lambda| -> 1
+        b_re, b_im = (u @ self.B_re.T) * gamma, (u @ self.B_im.T) * gamma
+        lag = torch.arange(T)[:, None] - torch.arange(T)[None, :]  # t - s
         causal = (lag >= 0).to(u.dtype)
-        # powers lambda^k for k = 0..T-1, gathered into the (N, T, S) Toeplitz matrix lambda^(t-s)
-        k = torch.arange(T, device=u.device, dtype=u.dtype)[None]
-        pow_re = torch.exp(k * log_r[:, None]) * torch.cos(k * phase[:, None])
-        pow_im = torch.exp(k * log_r[:, None]) * torch.sin(k * phase[:, None])
-        idx = lag.clamp(min=0)
-        L_re, L_im = pow_re[:, idx] * causal, pow_im[:, idx] * causal
+        # lambda^k for k = 0..T-1, gathered into the (N, T, S) Toeplitz matrix lambda^(t-s)
+        pow_re, pow_im = power(torch.arange(T, dtype=u.dtype)[:, None])
+        L_re, L_im = pow_re.T[:, lag.clamp(min=0)] * causal, pow_im.T[:, lag.clamp(min=0)] * causal
         seg = torch.cumsum(starts.long(), 0)  # (T, B): episode segment index; a reset starts a new segment
-        if starts[1:].any():
+        if T > 1 and starts[1:].any():  # decided by the shape at T = 1, so acting runs under vmap
             same = (seg.T[:, :, None] == seg.T[:, None, :]).to(u.dtype)  # (B, T, S)
             conv = lambda L, v: torch.einsum("nts,bts,sbn->tbn", L, same, v)  # noqa: E731
         else:
@@ -603,13 +380,12 @@ class LRU(nn.Module):
         x_re = conv(L_re, b_re) - conv(L_im, b_im)
         x_im = conv(L_re, b_im) + conv(L_im, b_re)
         # carry of x0: lambda^(t+1) x0 while no reset has happened yet
-        t1 = torch.arange(1, T + 1, device=u.device, dtype=u.dtype)[:, None]
-        p_re, p_im = torch.exp(t1 * log_r) * torch.cos(t1 * phase), torch.exp(t1 * log_r) * torch.sin(t1 * phase)
+        p_re, p_im = power(torch.arange(1, T + 1, dtype=u.dtype)[:, None])
         c0 = (seg == 0).to(u.dtype)[..., None]
         x0_re, x0_im = x0.chunk(2, -1)
         x_re = x_re + c0 * (p_re[:, None] * x0_re - p_im[:, None] * x0_im)
         x_im = x_im + c0 * (p_im[:, None] * x0_re + p_re[:, None] * x0_im)
-        return self._out(x_re, x_im, u), torch.cat([x_re[-1], x_im[-1]], -1)
+        return x_re @ self.C_re.T - x_im @ self.C_im.T + self.D * u, torch.cat([x_re[-1], x_im[-1]], -1)
 
 
 class Agent(nn.Module):
@@ -627,58 +403,41 @@ class Agent(nn.Module):
             self.core = nn.GRU(hidden, hidden)
         else:
             self.core = layer_init(nn.Linear(hidden, hidden))
-        self.norm = nn.LayerNorm(hidden) if layer_norm else None
+        self.norm = nn.LayerNorm(hidden) if layer_norm else nn.Identity()
         self.fc = layer_init(nn.Linear(hidden, hidden))
         self.pi = layer_init(nn.Linear(hidden, act_dim), std=0.01)
         self.log_std = None if discrete else nn.Parameter(torch.zeros(act_dim))
         self.value_head = layer_init(nn.Linear(hidden, 1), std=1.0)
         self.dyn_head = layer_init(nn.Linear(hidden + act_dim, obs_dim), std=1.0)
 
-    def initial_state(self, n, device="cpu"):
-        if self.kind == "ssm":
-            return torch.zeros(n, 2 * self.state_size, dtype=self.encoder.weight.dtype, device=device)
-        if self.kind == "gru":
-            return torch.zeros(n, self.hidden, dtype=self.encoder.weight.dtype, device=device)
-        return torch.zeros(n, 0, device=device)
+    def initial_state(self, n):
+        width = {"ssm": 2 * self.state_size, "gru": self.hidden, "mlp": 0}[self.kind]
+        return torch.zeros(n, width, dtype=self.encoder.weight.dtype)
 
     def make_input(self, obs, prev_action, prev_reward):
         """prev_action is a vector (one-hot for discrete actions), zero on the first step of an episode."""
         return torch.cat([obs, prev_action, prev_reward], -1) if self.in_context else obs
 
-    def forward(self, inputs, starts, state, actions=None, scan=True):
-        """inputs: (T, B, in_dim), starts: (T, B) bool (first step of an episode), state: (B, ...).
-        Returns dict with pi (mean or logits), log_std, value, feats, next_obs (if actions given), state."""
+    def forward(self, inputs, starts, state, actions=None):
+        """inputs (T, B, in_dim), starts (T, B) bool; returns pi, log_std, value, feats, next_obs, state."""
         h = torch.tanh(self.encoder(inputs))
-        if self.kind == "ssm":
-            if scan:
-                y, state = self.core.scan(h, state, starts)
-            else:
-                ys = []
-                for t in range(h.shape[0]):
-                    y_t, state = self.core.step(h[t], state, starts[t])
-                    ys.append(y_t)
-                y = torch.stack(ys)
-            z = F.gelu(y) + h
-        elif self.kind == "gru":
-            if scan and not starts[1:].any():
-                # only the first step can be a reset: one fused GRU call over the whole sequence
-                y, hn = self.core(h, (state * (~starts[0]).unsqueeze(-1)).unsqueeze(0))
+        if self.kind == "mlp":
+            y = self.core(h)
+        elif self.kind == "ssm":
+            y, state = self.core.scan(h, state, starts)
+        else:  # GRU: one fused call when the only reset is the first step, else step by step
+            T = h.shape[0]
+            ys = []
+            for t0, t1 in [(0, T)] if not starts[1:].any() else [(t, t + 1) for t in range(T)]:
+                y_t, hn = self.core(h[t0:t1], (state * (~starts[t0]).unsqueeze(-1)).unsqueeze(0))
+                ys.append(y_t)
                 state = hn[0]
-            else:
-                ys = []
-                for t in range(h.shape[0]):
-                    y_t, hn = self.core(h[t : t + 1], (state * (~starts[t]).unsqueeze(-1)).unsqueeze(0))
-                    state = hn[0]
-                    ys.append(y_t[0])
-                y = torch.stack(ys)
-            z = y
-        else:
-            z = torch.tanh(self.core(h))
-        if self.norm is not None:
-            z = self.norm(z)
-        feats = torch.tanh(self.fc(z))
-        out = {"pi": self.pi(feats), "log_std": self.log_std, "value": self.value_head(feats.detach())[..., 0],
-               "feats": feats, "state": state}
+            y = torch.cat(ys)
+        z = F.gelu(y) + h if self.kind == "ssm" else (y if self.kind == "gru" else torch.tanh(y))
+        feats = torch.tanh(self.fc(self.norm(z)))
+        out = {"pi": self.pi(feats), "value": self.value_head(feats.detach())[..., 0], "feats": feats, "state": state}
+        if self.log_std is not None:
+            out["log_std"] = self.log_std
         if actions is not None:
             a = F.one_hot(actions.long()[..., 0], self.act_dim).to(feats.dtype) if self.discrete else actions
             out["next_obs"] = self.dyn_head(torch.cat([feats, a], -1))
@@ -686,9 +445,10 @@ class Agent(nn.Module):
 
 
 def make_dist(out, discrete):
+    # no argument validation: it branches on the values, which vmap cannot
     if discrete:
-        return torch.distributions.Categorical(logits=out["pi"])
-    return torch.distributions.Normal(out["pi"], torch.exp(out["log_std"]).expand_as(out["pi"]))
+        return torch.distributions.Categorical(logits=out["pi"], validate_args=False)
+    return torch.distributions.Normal(out["pi"], torch.exp(out["log_std"]).expand_as(out["pi"]), validate_args=False)
 
 
 def log_prob(dist, actions, discrete):
@@ -714,18 +474,11 @@ def policy_width(args: Args, env_cls) -> int:
     if args.policy == "ssm":
         return args.hidden_size
 
-    def count(w):
-        return agent_param_count(args.policy, *spec, w, args.state_size, args.in_context, args.layer_norm)
-
-    # counts grow with the width: bisect for the first width whose count reaches the target, then take the closer
-    # of it and the width below (the smaller on a tie)
-    lo, hi = 4, 4
-    while count(hi) < target:
+    count = lambda w: agent_param_count(args.policy, *spec, w, args.state_size, args.in_context, args.layer_norm)  # noqa: E731
+    hi = 4
+    while count(hi) < target:  # counts grow with the width: the closest is below the first width reaching the target
         hi *= 2
-    while lo < hi:
-        mid = (lo + hi) // 2
-        lo, hi = (mid + 1, hi) if count(mid) < target else (lo, mid)
-    return min((w for w in (lo - 1, lo) if w >= 4), key=lambda w: abs(count(w) - target))
+    return min(range(4, hi + 1), key=lambda w: (abs(count(w) - target), w))  # the smaller on a tie
 
 
 def build_agent(args: Args, env_cls) -> Agent:
@@ -734,41 +487,69 @@ def build_agent(args: Args, env_cls) -> Agent:
 
 
 # ------------------------------------------------------------------------------------------------ ROLLOUT
+def map_tasks(model, fn, *args):
+    """fn over dim 0 (the task) as one vmapped call; the GRU's fused kernel cannot be vmapped, so it loops."""
+    if model.kind != "gru":
+        return vmap(fn)(*args)
+    outs = [fn(*tree_map(lambda x: x[i], args)) for i in range(len(args[1]))]
+    return tree_map(lambda *xs: torch.stack(xs), *outs)
+
+
+def per_task(params, K):
+    """One copy of theta for each of K tasks (a view), stacked as adapted parameters are."""
+    return {k: v.expand(K, *v.shape) for k, v in params.items()}
+
+
+def take(tensors, idx):
+    """Entries idx along dim 0 of every tensor of a dict: task(s) of stacked parameters, rows of a buffer."""
+    return {k: v[idx] for k, v in tensors.items()}
+
+
+def clone_params(params):
+    return {k: v.detach().clone() for k, v in params.items()}
+
+
+def stack_params(plist):
+    return {k: torch.stack([p[k] for p in plist]) for k in plist[0]}
+
+
 @torch.no_grad()
-def rollout(model, params_list, env, horizon):
-    """Runs env.n episodes; rows are split evenly into len(params_list) groups, group g acting with
-    params_list[g] (one group per task after adaptation). Returns time-major tensors (T, n, ...)."""
-    n, G = env.n, len(params_list)
-    per = n // G
+def rollout(model, params, env, horizon, adapt_every=0, adapt_on=None):
+    """env.n episodes, rows grouped by task, task k acting with params[.][k]; time-major (T, n, ...) tensors.
+    Online: every `adapt_every` steps, `adapt_on(episodes so far)` returns new stacked parameters."""
+    K = len(next(iter(params.values())))
+    n, per = env.n, env.n // K
     obs = env.reset()
     prev_a, prev_r = torch.zeros(n, model.act_dim), torch.zeros(n, 1)
-    states = [model.initial_state(per) for _ in range(G)]
+    state = model.initial_state(n).reshape(K, per, -1)
     alive = torch.ones(n, dtype=torch.bool)
     keys = ("obs", "inputs", "actions", "rewards", "masks", "next_obs", "logp", "states")
     buf = {k: [] for k in keys}
+    act = lambda p, x, start, st: functional_call(model, p, (x[None], start[None], st))  # noqa: E731  one step, one task
     for t in range(horizon):
+        if adapt_every and t > 0 and t % adapt_every == 0:
+            params = adapt_on(stack_steps(buf))
         inp = model.make_input(obs, prev_a, prev_r)
-        start = torch.full((per,), t == 0)
-        state_in = torch.cat(states)  # the recurrent state this step starts from (stored for replay)
-        actions, logps = [], []
-        for g, params in enumerate(params_list):
-            sl = slice(g * per, (g + 1) * per)
-            out = functional_call(model, params, (inp[None, sl], start[None], states[g]), {"scan": False})
-            states[g] = out["state"]
-            dist = make_dist(out, model.discrete)
-            a = dist.sample()[0]
-            a = a[:, None].float() if model.discrete else a
-            actions.append(a)
-            logps.append(log_prob(dist, a[None], model.discrete)[0])
-        action = torch.cat(actions)
+        state_in = state.reshape(n, -1)  # the recurrent state this step starts from (stored for replay)
+        out = map_tasks(model, act, params, inp.reshape(K, per, -1), torch.full((K, per), t == 0), state)
+        state = out["state"]
+        out = {k: out[k][:, 0].reshape(n, -1) if k == "pi" else out[k].repeat_interleave(per, 0) for k in ("pi", "log_std") if k in out}
+        dist = make_dist(out, model.discrete)
+        action = dist.sample()
+        action = action[:, None].float() if model.discrete else action
         next_obs, reward, done = env.step(action)
-        for k, v in zip(keys, (obs, inp, action, reward * alive, alive.clone(), next_obs, torch.cat(logps), state_in)):
+        logp = log_prob(dist, action, model.discrete)
+        for k, v in zip(keys, (obs, inp, action, reward * alive, alive.clone(), next_obs, logp, state_in)):
             buf[k].append(v)
         alive = alive & ~done
         prev_a = F.one_hot(action[:, 0].long(), model.act_dim).float() if model.discrete else action
         obs, prev_r = next_obs, reward[:, None]
         if not alive.any():
             break
+    return stack_steps(buf)
+
+
+def stack_steps(buf):
     batch = {k: torch.stack(v) for k, v in buf.items()}
     batch["masks"] = batch["masks"].float()
     batch["starts"] = torch.zeros_like(batch["masks"], dtype=torch.bool)
@@ -785,16 +566,12 @@ def split_batch(batch, G):
 def concat_episodes(parts):
     """Episodes of several time-major batches side by side; shorter ones are padded with masked-out steps."""
     T = max(b["masks"].shape[0] for b in parts)
-    pad = lambda v: torch.cat([v, v.new_zeros((T - v.shape[0], *v.shape[1:]))]) if v.shape[0] < T else v
+    pad = lambda v: torch.cat([v, v.new_zeros((T - v.shape[0], *v.shape[1:]))]) if v.shape[0] < T else v  # noqa: E731
     return {k: torch.cat([pad(b[k]) for b in parts], 1) for k in parts[0]}
 
 
-def fill_to_steps(model, batches, plist, task_params, args, gen):
-    """--fill-steps: while a task's episodes hold fewer than fast_batch_size x horizon valid steps, sample more
-    episodes of it (with its own parameters) and keep them in order up to the one that reaches that count.
-    Every episode started is kept, whatever its length. The paper code's sampler counts steps too, but drops the
-    episodes still running when the count is reached; that favours short episodes (benchmark/probes/
-    maml_paper_sampler_eval.py measures it)."""
+def fill_to_steps(model, batches, params, task_params, args, gen):
+    """--fill-steps: add episodes to each short task up to the one reaching the step count (none is cut off)."""
     budget = args.fast_batch_size * args.max_episode_steps
     steps = [int(b["masks"].sum()) for b in batches]
     while True:
@@ -804,7 +581,7 @@ def fill_to_steps(model, batches, plist, task_params, args, gen):
         # one more wave for every task still short, sized by its mean episode length so far
         per = max(math.ceil((budget - steps[i]) * batches[i]["masks"].shape[1] / steps[i]) for i in need)
         env = make_env(args, task_params[need], per, gen)
-        more = split_batch(rollout(model, [plist[i] for i in need], env, args.max_episode_steps), len(need))
+        more = split_batch(rollout(model, take(params, need), env, args.max_episode_steps), len(need))
         for i, b in zip(need, more):
             before = steps[i] + torch.cumsum(b["masks"].sum(0), 0) - b["masks"].sum(0)  # steps held before each
             keep = int((before < budget).sum())
@@ -818,8 +595,7 @@ def episode_returns(batch):
 
 # ------------------------------------------------------------------------------------------------ ADVANTAGES (GAE)
 def linear_baseline(batch, gamma, reg=1e-5):
-    """Per-task linear feature baseline (Duan et al. 2016): ridge regression of the discounted return on
-    [obs, obs^2, t, t^2, t^3, 1] over the task's episodes."""
+    """Linear feature baseline (Duan et al. 2016): ridge fit of the return on [obs, obs^2, t, t^2, t^3, 1]."""
     obs, masks, rewards = batch["obs"].double(), batch["masks"].double(), batch["rewards"].double()
     T, n = masks.shape
     ret = torch.zeros_like(rewards)
@@ -848,8 +624,7 @@ def compute_advantages(batch, gamma, gae_lambda):
     adv = torch.zeros_like(rewards)
     last = torch.zeros(masks.shape[1], dtype=torch.float64)
     for t in reversed(range(T)):
-        next_v = values[t + 1] * masks[t + 1] if t + 1 < T else torch.zeros_like(last)
-        next_m = masks[t + 1] if t + 1 < T else torch.zeros_like(last)
+        next_v, next_m = (values[t + 1] * masks[t + 1], masks[t + 1]) if t + 1 < T else (0.0, 0.0)
         delta = rewards[t] + gamma * next_v - values[t]
         last = delta + gamma * gae_lambda * next_m * last
         adv[t] = last * masks[t]
@@ -867,32 +642,32 @@ def start_state(model, batch):
 
 
 def policy_out(model, params, batch):
-    state0 = start_state(model, batch)
-    return functional_call(model, params, (batch["inputs"], batch["starts"], state0), {"scan": True})
+    return functional_call(model, params, (batch["inputs"], batch["starts"], start_state(model, batch)))
+
+
+def masked_mean(x, masks):
+    return (x * masks).sum() / masks.sum()
+
+
+def entropy(out, discrete):
+    ent = make_dist(out, discrete).entropy()
+    return ent if discrete else ent.sum(-1)
 
 
 def inner_loss(model, params, batch):
     """REINFORCE with GAE advantages (from rewards through the linear baseline): -E[log pi(a|s) A]."""
-    out = policy_out(model, params, batch)
-    logp = log_prob(make_dist(out, model.discrete), batch["actions"], model.discrete)
-    m = batch["masks"]
-    return -(logp * batch["advantages"] * m).sum() / m.sum()
+    logp = log_prob(make_dist(policy_out(model, params, batch), model.discrete), batch["actions"], model.discrete)
+    return -masked_mean(logp * batch["advantages"], batch["masks"])
 
 
 def inner_step(model, params, batch, lr, create_graph):
-    """theta' = theta - lr * grad inner_loss(theta). With create_graph the result stays differentiable in
-    theta through the gradient (second-order MAML); without it the gradient is a constant (first-order)."""
-    loss = inner_loss(model, params, batch)
-    names = [k for k, p in params.items() if p.requires_grad]
-    grads = torch.autograd.grad(loss, [params[k] for k in names], create_graph=create_graph, allow_unused=True)
-    new = dict(params)
-    for k, g in zip(names, grads):
-        if g is not None:
-            new[k] = params[k] - lr * (g if create_graph else g.detach())
-    return new
+    """theta' = theta - lr * grad inner_loss(theta); differentiable in theta unless create_graph is False."""
+    g = grad(lambda p: inner_loss(model, p, batch))(params)
+    return {k: params[k] - lr * (g[k] if create_graph else g[k].detach()) for k in params}
 
 
-def adapt(model, params, train_batches, lr, first_order, create_graph=True):
+def inner_loop(model, params, train_batches, lr, first_order, create_graph=True):
+    """theta' after one inner step on each of a task's fast batches."""
     for b in train_batches:
         params = inner_step(model, params, b, lr, create_graph and not first_order)
     return params
@@ -908,21 +683,18 @@ def kl_divergence(old, new, discrete):
 
 
 def meta_objective(model, params, tasks_data, args, old_outs=None, create_graph=True):
-    """Mean over tasks of the surrogate -E[pi_theta'(a|s)/pi_old(a|s) A] on post-adaptation episodes, where
-    theta' = adapt(theta) on the task's fast batches; also the mean KL(old || new) on those episodes."""
+    """Mean over tasks of -E[pi_theta'/pi_old A] on post-adaptation episodes, and of KL(old || new) there."""
     losses, kls, outs = [], [], []
-    for i, td in enumerate(tasks_data):
-        p = adapt(model, params, td["train"], args.inner_lr, args.first_order, create_graph)
-        val = td["val"]
-        out = policy_out(model, p, val)
-        old = old_outs[i] if old_outs is not None else {k: (v.detach() if v is not None else None) for k, v in out.items() if k in ("pi", "log_std")}
-        outs.append(old)
-        m = val["masks"]
-        logp = log_prob(make_dist(out, model.discrete), val["actions"], model.discrete)
-        logp_old = log_prob(make_dist(old, model.discrete), val["actions"], model.discrete)
-        ratio = torch.exp(logp - logp_old)
-        losses.append(-(ratio * val["advantages"] * m).sum() / m.sum())
-        kls.append((kl_divergence(old, out, model.discrete) * m).sum() / m.sum())
+    with torch.set_grad_enabled(create_graph and torch.is_grad_enabled()):
+        for i, td in enumerate(tasks_data):
+            val = td["val"]
+            out = policy_out(model, inner_loop(model, params, td["train"], args.inner_lr, args.first_order), val)
+            old = old_outs[i] if old_outs is not None else {k: out[k].detach() for k in ("pi", "log_std") if k in out}
+            outs.append(old)
+            ratio = torch.exp(log_prob(make_dist(out, model.discrete), val["actions"], model.discrete)
+                              - log_prob(make_dist(old, model.discrete), val["actions"], model.discrete))
+            losses.append(-masked_mean(ratio * val["advantages"], val["masks"]))
+            kls.append(masked_mean(kl_divergence(old, out, model.discrete), val["masks"]))
     return torch.stack(losses).mean(), torch.stack(kls).mean(), outs
 
 
@@ -941,690 +713,113 @@ def conjugate_gradient(Avp, b, iters, tol=1e-10):
 
 
 def kl_radius_step(step_dir, f_step_dir, max_kl):
-    """The multiple of step_dir whose quadratic KL estimate 0.5 s^T F s equals max_kl (rllab's sqrt(2 delta /
-    s^T F s)); f_step_dir = F step_dir."""
+    """The multiple s of step_dir with 0.5 s^T F s = max_kl; f_step_dir = F step_dir."""
     return step_dir * torch.sqrt(2 * max_kl / (step_dir @ f_step_dir + 1e-12))
 
 
+def flat_grad(out, plist, **kw):
+    grads = torch.autograd.grad(out, plist, allow_unused=True, **kw)
+    return torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1) for g, p in zip(grads, plist)])
+
+
 def trpo_step(model, tasks_data, args):
-    """TRPO outer update: natural gradient direction by conjugate gradient with Hessian(KL)-vector products
-    (differentiating through the inner adaptation), scaled to the KL radius, then a backtracking line search."""
-    names = [k for k, _ in model.named_parameters()]
-    params = dict(model.named_parameters())
-    plist = [params[k] for k in names]
+    """TRPO outer update: conjugate-gradient natural gradient, KL-radius scaling, backtracking line search."""
+    plist = list(model.parameters())
     # kl is KL(detached self || self): zero with zero gradient, but its Hessian is the Fisher matrix
-    loss, kl, old_outs = meta_objective(model, params, tasks_data, args)
-    grads = torch.autograd.grad(loss, plist, retain_graph=True, allow_unused=True)
-    g = torch.cat([(gr if gr is not None else torch.zeros_like(p)).reshape(-1) for gr, p in zip(grads, plist)])
-    kl_grads = torch.autograd.grad(kl, plist, create_graph=True, allow_unused=True)
-    flat_kl = torch.cat([(gr if gr is not None else torch.zeros_like(p)).reshape(-1) for gr, p in zip(kl_grads, plist)])
+    loss, kl, old_outs = meta_objective(model, dict(model.named_parameters()), tasks_data, args)
+    g = flat_grad(loss, plist, retain_graph=True)
+    if args.cg_subsample < 1:  # the Fisher of a random subset of the tasks (changes the maths)
+        keep = torch.randperm(len(tasks_data))[: max(1, round(args.cg_subsample * len(tasks_data)))].tolist()
+        kl = meta_objective(model, dict(model.named_parameters()), [tasks_data[i] for i in keep], args)[1]
+    flat_kl = flat_grad(kl, plist, create_graph=True)  # built once; every Fisher-vector product reuses its graph
 
     def fvp(v):
-        hv = torch.autograd.grad(flat_kl @ v, plist, retain_graph=True, allow_unused=True)
-        return torch.cat([(h if h is not None else torch.zeros_like(p)).reshape(-1) for h, p in zip(hv, plist)]) + args.cg_damping * v
+        return flat_grad(flat_kl @ v, plist, retain_graph=True) + args.cg_damping * v
 
-    step_dir = conjugate_gradient(fvp, -g.detach(), args.cg_iters)
+    step_dir = conjugate_gradient(fvp, -g, args.cg_iters)
     step = kl_radius_step(step_dir, fvp(step_dir), args.max_kl)
     old_flat = torch.cat([p.detach().reshape(-1) for p in plist])
-    expected = g.detach() @ step
     frac, accepted, new_kl, ls_steps = 1.0, False, torch.tensor(0.0), 0
     for ls_steps in range(1, args.ls_max_steps + 1):
         torch.nn.utils.vector_to_parameters(old_flat + frac * step, plist)
         new_loss, new_kl, _ = meta_objective(model, dict(model.named_parameters()), tasks_data, args, old_outs, create_graph=False)
-        if (new_loss - loss).item() < 0 and new_kl.item() <= args.max_kl:
-            accepted = True
+        accepted = (new_loss - loss).item() < 0 and new_kl.item() <= args.max_kl
+        if accepted:
             break
         frac *= args.ls_backtrack_ratio
-    if not accepted:
+    else:
         torch.nn.utils.vector_to_parameters(old_flat, plist)
     return {"outer_loss": loss.item(), "approx_kl": new_kl.item() if accepted else 0.0, "line_search_steps": ls_steps,
-            "accepted": float(accepted), "expected_improve": -expected.item()}
-
-
-def prepare_batch(batch, args):
-    batch["advantages"] = compute_advantages(batch, args.gamma, args.gae_lambda)
-    return batch
+            "accepted": float(accepted), "expected_improve": -(g @ step).item()}
 
 
 def sample_task_batches(model, params, task_params, args, gen, num_steps, inner_lrs):
-    """For each task: `num_steps` fast batches, the j-th sampled with theta adapted j times (no graph), then
-    the post-adaptation batch. Returns per-task dicts {"train": [...], "val": batch} and the returns."""
-    K, n = len(task_params), args.fast_batch_size
-    env = make_env(args, task_params, n, gen)
-    task_p = [params] * K
+    """Per task: fast batches sampled after 0..num_steps-1 inner steps, then the post-adaptation "val" batch."""
+    K = len(task_params)
+    env = make_env(args, task_params, args.fast_batch_size, gen)
+    task_p = per_task(params, K)
     train = [[] for _ in range(K)]
     returns = []
     for j in range(num_steps + 1):
-        plist = task_p if j > 0 else [params]
-        parts = split_batch(rollout(model, plist, env, args.max_episode_steps), K)
+        parts = split_batch(rollout(model, task_p, env, args.max_episode_steps), K)
         if args.fill_steps:
-            parts = fill_to_steps(model, parts, task_p, task_params, args, gen)  # task_p is [theta] * K at j = 0
+            parts = fill_to_steps(model, parts, task_p, task_params, args, gen)
         returns.append(torch.stack([episode_returns(b).mean() for b in parts]))
-        parts = [prepare_batch(b, args) for b in parts]
+        for b in parts:
+            b["advantages"] = compute_advantages(b, args.gamma, args.gae_lambda)
         if j == num_steps:
             return [{"train": train[i], "val": parts[i]} for i in range(K)], returns
         for i in range(K):
             train[i].append(parts[i])
-            with torch.enable_grad():
-                p = {k: v.detach().requires_grad_(True) for k, v in task_p[i].items()}
-                task_p[i] = {k: v.detach() for k, v in inner_step(model, p, parts[i], inner_lrs[j], False).items()}
-
-
-# ------------------------------------------------------------------------------------------------ CHECKPOINTS
-def save_checkpoint(path, model, args, task_split, extra=None):
-    """torch.save to a temp file in the same directory, then os.replace: a crash never leaves a torn file."""
-    ckpt = {"state_dict": model.state_dict(), "args": dataclasses.asdict(args), "script": "maml_ssm",
-            "task_split": task_split, "param_count": count_params(model), "task_version": TASK_VERSIONS[args.task]}
-    ckpt.update(extra or {})
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=d, suffix=".tmp")
-    os.close(fd)
-    try:
-        torch.save(ckpt, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
-def load_checkpoint(path):
-    """Returns (model, args, ckpt) or raises ValueError with a one-line reason."""
-    if not os.path.isfile(path):
-        raise ValueError(f"checkpoint {path!r} does not exist")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:  # corrupted or not a torch file
-        raise ValueError(f"cannot read checkpoint {path!r}: {type(e).__name__}")
-    if not isinstance(ckpt, dict) or ckpt.get("script") != "maml_ssm":
-        raise ValueError(f"{path!r} is not a maml_ssm checkpoint (script={ckpt.get('script') if isinstance(ckpt, dict) else None!r})")
-    for key in ("state_dict", "args", "task_split"):
-        if key not in ckpt:
-            raise ValueError(f"checkpoint {path!r} lacks {key!r}")
-    known = {f.name for f in dataclasses.fields(Args)}
-    unknown = set(ckpt["args"]) - known
-    if unknown:
-        raise ValueError(f"checkpoint {path!r} has unknown config fields {sorted(unknown)}")
-    args = Args(**ckpt["args"])
-    msg = validate_args(args)
-    if msg:
-        raise ValueError(f"checkpoint config is invalid: {msg}")
-    if ckpt["task_split"].get("task") != args.task:
-        raise ValueError(f"checkpoint task split is for {ckpt['task_split'].get('task')!r} but its config says {args.task!r}")
-    if args.task == "cartpole-physics":  # the split's (gravity, pole length) ranges must be this script's
-        for key, ranges in (("train_ranges", CARTPOLE_TRAIN_RANGES), ("test_ranges", CARTPOLE_TEST_RANGES)):
-            stored = ckpt["task_split"].get(key)
-            try:
-                same = np.asarray(stored, dtype=float).tolist() == np.asarray(ranges, dtype=float).tolist()
-            except (TypeError, ValueError):  # missing or malformed
-                same = False
-            if not same:
-                raise ValueError(f"the checkpoint's cartpole {key.replace('_', ' ')} {stored} are not this script's "
-                                 f"{[list(r) for r in ranges]} (gravity, pole length); retrain it with this script")
-    if ckpt.get("task_version", 1) != TASK_VERSIONS[args.task]:
-        raise ValueError(f"checkpoint was trained on version {ckpt.get('task_version', 1)} of {args.task}, this script "
-                         f"runs version {TASK_VERSIONS[args.task]} (see TASK_VERSIONS); retrain it")
-    torch.manual_seed(0)
-    model = build_agent(args, ENV_CLASSES[args.task])
-    try:
-        model.load_state_dict(ckpt["state_dict"], strict=True)
-    except RuntimeError as e:
-        raise ValueError(f"checkpoint weights do not match its config (--policy {args.policy}, --hidden-size {args.hidden_size}): {str(e).splitlines()[0]}")
-    return model, args, ckpt
-
-
-# ------------------------------------------------------------------------------------------------ EVALUATION
-def ci95(x):
-    x = np.asarray(x, dtype=np.float64)
-    return float(1.96 * x.std(ddof=1) / math.sqrt(len(x))) if len(x) > 1 else 0.0
-
-
-def evaluate(checkpoint, num_tasks=None, num_steps=None, inner_lr=None, later_lr_scale=None, fast_batch_size=None,
-             eval_seed=None, write=True):
-    """Returns on fresh test tasks after 0..num_steps inner steps (inner_lr, then inner_lr * later_lr_scale).
-    Every argument left at None takes the checkpoint's own setting (eval_tasks, eval_steps, inner_lr,
-    eval_later_lr_scale, eval_episodes else fast_batch_size, seed), so a bare `eval` repeats the evaluation that
-    training ran. Every task starts from its own copy of theta; the checkpoint file is only read. Writes eval.json
-    and eval.png beside the checkpoint when `write`."""
-    model, args, ckpt = load_checkpoint(checkpoint)
-    num_tasks = args.eval_tasks if num_tasks is None else num_tasks
-    num_steps = args.eval_steps if num_steps is None else num_steps
-    later_lr_scale = args.eval_later_lr_scale if later_lr_scale is None else later_lr_scale
-    args.fast_batch_size = fast_batch_size or args.eval_episodes or args.fast_batch_size
-    lr = args.inner_lr if inner_lr is None else inner_lr
-    seed = args.seed if eval_seed is None else eval_seed
-    torch.manual_seed(seed)
-    gen = torch.Generator().manual_seed(seed)
-    _, test_rng = task_streams(seed)
-    tasks = sample_tasks(args.task, test_rng, num_tasks, "test")
-    seen = np.asarray(ckpt["task_split"]["train_tasks"]).reshape(-1, tasks.shape[1])
-    if len(seen) and (np.abs(seen[None] - tasks[:, None]).max(-1) < 1e-12).any():
-        raise ValueError("a test task coincides with a training task")
-    theta = {k: v.detach().clone() for k, v in model.named_parameters()}
-    lrs = [lr] + [lr * later_lr_scale] * max(num_steps - 1, 0)
-    _, returns = sample_task_batches(model, theta, tasks, args, gen, num_steps, lrs)
-    per_step = [r.numpy() for r in returns]
-    result = {"task": args.task, "returns_after_steps": {str(k): float(r.mean()) for k, r in enumerate(per_step)},
-              "ci95": {str(k): ci95(r) for k, r in enumerate(per_step)}, "num_tasks": num_tasks}
-    if write:
-        out_dir = os.path.dirname(os.path.abspath(checkpoint))
-        tmp = os.path.join(out_dir, "eval.json.tmp")
-        with open(tmp, "w") as f:
-            json.dump(result, f, indent=2)
-        os.replace(tmp, os.path.join(out_dir, "eval.json"))
-        plot_eval(result, os.path.join(out_dir, "eval.png"), f"{args.task} / {args.policy}")
-    return result
-
-
-def plot_eval(result, path, title):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ks = sorted(result["returns_after_steps"], key=int)
-    mean = [result["returns_after_steps"][k] for k in ks]
-    ci = [result["ci95"][k] for k in ks]
-    fig, ax = plt.subplots(figsize=(4.5, 3.2))
-    ax.errorbar([int(k) for k in ks], mean, yerr=ci, marker="o", capsize=3)
-    ax.set_xlabel("inner gradient steps")
-    ax.set_ylabel("mean return (95% CI)")
-    ax.set_title(title)
-    ax.set_xticks([int(k) for k in ks])
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-# ------------------------------------------------------------------------------------------------ TEST-TIME ADAPTATION
-class ExperienceBuffer:
-    """Preallocated ring buffer of meta-training transitions (oldest evicted first). Besides (obs, action,
-    reward, next_obs, done, task id) it keeps the policy input (with the in-context signal), the GAE
-    advantage so replayed transitions can feed the pg objective, and the recurrent state the policy had when it
-    acted (width 0 for the MLP), so a replayed transition is evaluated in its context rather than from a blank
-    memory. Filled by `train` only."""
-
-    FIELDS = ("obs", "inputs", "actions", "rewards", "next_obs", "dones", "advantages", "task_ids", "states")
-
-    def __init__(self, capacity, obs_dim, in_dim, act_dim, state_dim=0, device="cpu"):
-        self.capacity, self.device = capacity, torch.device(device)
-        shapes = {"obs": (obs_dim,), "inputs": (in_dim,), "actions": (act_dim,), "rewards": (), "next_obs": (obs_dim,),
-                  "dones": (), "advantages": (), "task_ids": (), "states": (state_dim,)}
-        dtypes = {"dones": torch.bool, "task_ids": torch.long}
-        self.data = {k: torch.zeros((capacity, *s), dtype=dtypes.get(k, torch.float32), device=self.device) for k, s in shapes.items()}
-        self.pos, self.size = 0, 0
-
-    def __len__(self):
-        return self.size
-
-    def add(self, **items):
-        n = len(items["obs"])
-        skip = max(n - self.capacity, 0)  # a batch larger than the buffer: only its last `capacity` rows stay (written
-        # once each: indexed assignment with repeated indices has no defined winner)
-        idx = (self.pos + skip + torch.arange(n - skip)) % self.capacity  # wraps around: overwrites the oldest entries
-        for k in self.FIELDS:
-            self.data[k][idx.to(self.device)] = items[k][skip:].to(self.device, self.data[k].dtype)
-        self.pos = int((self.pos + n) % self.capacity)
-        self.size = min(self.size + n, self.capacity)
-
-    def sample(self, batch_size, gen):
-        """Uniform batch by index (only the sampled rows are gathered)."""
-        idx = torch.randint(0, self.size, (batch_size,), generator=gen).to(self.device)
-        return {k: v[idx] for k, v in self.data.items()}
-
-    def state_dict(self):
-        return {"capacity": self.capacity, "pos": self.pos, "size": self.size, "data": {k: v.cpu() for k, v in self.data.items()}}
-
-    @classmethod
-    def from_state_dict(cls, sd, state_dim, device="cpu"):
-        """state_dim: width of the model's recurrent state; a buffer saved without states is accepted only for a
-        stateless (MLP) policy, where there is nothing to store."""
-        d = dict(sd["data"])
-        if "states" not in d:
-            if state_dim:
-                raise ValueError("the checkpoint's ExperienceBuffer predates stored recurrent states; retrain it to use hybrid")
-            d["states"] = torch.zeros(sd["capacity"], 0)
-        if d["states"].shape[1] != state_dim:
-            raise ValueError(f"the ExperienceBuffer stores states of width {d['states'].shape[1]}, the model's is {state_dim}")
-        buf = cls(sd["capacity"], d["obs"].shape[1], d["inputs"].shape[1], d["actions"].shape[1], state_dim, device)
-        for k in cls.FIELDS:
-            buf.data[k].copy_(d[k])
-        buf.pos, buf.size = sd["pos"], sd["size"]
-        return buf
-
-
-def add_batch_to_buffer(buffer, batch, task_id):
-    """Valid steps of one task's episodes; done marks an episode's last step."""
-    m = batch["masks"] > 0
-    nxt = torch.cat([batch["masks"][1:], torch.zeros_like(batch["masks"][:1])]) > 0
-    buffer.add(obs=batch["obs"][m], inputs=batch["inputs"][m], actions=batch["actions"][m], rewards=batch["rewards"][m],
-               next_obs=batch["next_obs"][m], dones=(m & ~nxt)[m], advantages=batch["advantages"][m],
-               task_ids=torch.full((int(m.sum()),), task_id, dtype=torch.long), states=batch["states"][m])
-
-
-def replay_as_batch(sample):
-    """Replayed transitions as length-1 sequences, each continuing from the recurrent state stored with it (the
-    state the acting policy had; the adapted policy would have reached a slightly different one — the usual
-    stored-state approximation of recurrent replay)."""
-    B = len(sample["obs"])
-    return {"inputs": sample["inputs"][None], "starts": torch.zeros(1, B, dtype=torch.bool), "state0": sample["states"],
-            "actions": sample["actions"][None],
-            "masks": torch.ones(1, B), "advantages": sample["advantages"][None], "rewards": sample["rewards"][None],
-            "next_obs": sample["next_obs"][None], "obs": sample["obs"][None]}
-
-
-def objective_loss(model, params, batch, objective, max_importance_weight=10.0):
-    """pg: the MAML inner rule (reads rewards via the advantages); when the batch carries "behaviour_logp" (its
-    actions were drawn by other parameters: an EMA, or earlier parameters within an online episode) each step's
-    gradient is weighted by min(pi_params / pi_behaviour, max_importance_weight), which is the exact importance
-    weight wherever it is below the cap. dynamics: next-observation MSE of the auxiliary head with the reward
-    channel of the input zeroed, so no reward reaches it. entropy: policy entropy (Tent). Returns (loss, output)."""
-    m = batch["masks"]
-    if objective == "pg":
-        out = policy_out(model, params, batch)
-        logp = log_prob(make_dist(out, model.discrete), batch["actions"], model.discrete)
-        if "behaviour_logp" in batch:  # steps after an episode's end (mask 0) get weight 1, whatever they hold
-            log_ratio = torch.where(m > 0, logp.detach() - batch["behaviour_logp"], torch.zeros_like(logp))
-            logp = logp * torch.exp(log_ratio).clamp(max=max_importance_weight)
-        return -(logp * batch["advantages"] * m).sum() / m.sum(), out
-    inputs = batch["inputs"]
-    if objective == "dynamics" and model.in_context:
-        inputs = torch.cat([inputs[..., :-1], torch.zeros_like(inputs[..., -1:])], -1)
-    out = functional_call(model, params, (inputs, batch["starts"], start_state(model, batch)), {"actions": batch["actions"]})
-    if objective == "dynamics":
-        return ((((out["next_obs"] - batch["next_obs"]) ** 2).mean(-1)) * m).sum() / m.sum(), out
-    ent = make_dist(out, model.discrete).entropy()
-    ent = ent if model.discrete else ent.sum(-1)
-    return (ent * m).sum() / m.sum(), out
-
-
-STRATEGIES = {}
-
-
-def register_strategy(name):
-    """Decorator: a strategy maps (loss, model output, masks, cfg) to the loss that is minimised."""
-    def deco(fn):
-        STRATEGIES[name] = fn
-        return fn
-    return deco
-
-
-@register_strategy("none")
-def strategy_none(loss, out, masks, cfg):
-    return loss
-
-
-@register_strategy("tent")
-def strategy_tent(loss, out, masks, cfg):
-    ent = make_dist(out, cfg.discrete).entropy()
-    ent = ent if cfg.discrete else ent.sum(-1)
-    return loss + cfg.tent_coef * (ent * masks).sum() / masks.sum()
-
-
-def select_params(names, which):
-    """all | ssm (the recurrent core: LRU, GRU or the MLP's core layer) | heads (policy, value, dynamics) |
-    norm (the LayerNorm's affine parameters, Tent's choice; only in models trained with --layer-norm)."""
-    if which == "all":
-        return list(names)
-    if which == "ssm":
-        return [n for n in names if n.startswith("core.")]
-    if which == "heads":
-        return [n for n in names if n.startswith(("pi.", "log_std", "value_head.", "dyn_head."))]
-    if which == "norm":
-        return [n for n in names if n.startswith("norm.")]
-    raise ValueError(f"unknown parameter selection {which!r}")
-
-
-class StandardAdapter:
-    """Gradient steps on the current task's objective from the meta-learned theta_0, with guards: gradient
-    norm clip, maximum parameter change per step, trust region ||theta - theta_0|| <= eps around theta_0, optional
-    EMA of the adapted parameters (used for acting), and parameter selection."""
-
-    def __init__(self, model, theta0, cfg, buffer=None, replay_gen=None):
-        self.model, self.cfg, self.buffer, self.replay_gen = model, cfg, buffer, replay_gen
-        self.theta0 = {k: v.detach().clone() for k, v in theta0.items()}
-        self.names = select_params(list(theta0), cfg.adapt_params)
-        self.params = {k: v.detach().clone() for k, v in theta0.items()}
-        leaves = [self.params[k].requires_grad_(True) for k in self.names]
-        self.opt = (torch.optim.Adam if cfg.adapt_optimizer == "adam" else torch.optim.SGD)(leaves, lr=cfg.adapt_lr)
-        self.ema = {k: v.detach().clone() for k, v in self.params.items()} if cfg.ema_decay > 0 else None
-
-    def acting_params(self):
-        return self.ema if self.ema is not None else {k: v.detach() for k, v in self.params.items()}
-
-    def replay_batch(self):
-        return None
-
-    def loss(self, batch, replay=None):
-        loss, out = objective_loss(self.model, self.params, batch, self.cfg.adapt_objective, self.cfg.max_importance_weight)
-        return STRATEGIES[self.cfg.strategy](loss, out, batch["masks"], self.cfg)
-
-    def _vec(self, params, names):
-        return torch.cat([params[k].detach().reshape(-1) for k in names])
-
-    def drift(self):
-        return (self._vec(self.params, self.names) - self._vec(self.theta0, self.names)).norm().item()
-
-    def step(self, batch):
-        replay = self.replay_batch()
-        loss = self.loss(batch, replay)
-        leaves = [self.params[k] for k in self.names]
-        grads = torch.autograd.grad(loss, leaves, allow_unused=True)
-        grads = [g if g is not None else torch.zeros_like(p) for g, p in zip(grads, leaves)]
-        gnorm = torch.sqrt(sum((g**2).sum() for g in grads)).item()
-        fired = {"clip": False, "max_step": False, "trust_region": False}
-        if gnorm > self.cfg.grad_clip:
-            fired["clip"] = True
-            grads = [g * (self.cfg.grad_clip / (gnorm + 1e-12)) for g in grads]
-        before = [p.detach().clone() for p in leaves]
-        for p, g in zip(leaves, grads):
-            p.grad = g
-        self.opt.step()
-        with torch.no_grad():
-            delta = torch.sqrt(sum(((p - b) ** 2).sum() for p, b in zip(leaves, before))).item()
-            if delta > self.cfg.max_step_norm:
-                fired["max_step"] = True
-                for p, b in zip(leaves, before):
-                    p.copy_(b + (p - b) * (self.cfg.max_step_norm / delta))
-            drift = self.drift()
-            if drift > self.cfg.trust_region:
-                fired["trust_region"] = True  # project back onto the ball around the meta-learned theta_0
-                for k in self.names:
-                    self.params[k].copy_(self.theta0[k] + (self.params[k] - self.theta0[k]) * (self.cfg.trust_region / drift))
-            if self.ema is not None:
-                d = self.cfg.ema_decay
-                for k in self.names:
-                    self.ema[k] = d * self.ema[k] + (1 - d) * self.params[k].detach()
-        with torch.enable_grad():
-            after = self.loss(batch, replay).item()
-        return {"loss_before": loss.item(), "loss_after": after, "grad_norm": gnorm, "drift": self.drift(),
-                "guard_fired": any(fired.values()), **{f"fired_{k}": v for k, v in fired.items()}}
-
-
-class HybridAdapter(StandardAdapter):
-    """Current-task loss + experience_weight x the same loss on a replayed batch of training transitions
-    (rehearsal against drift away from what meta-training covered)."""
-
-    def replay_batch(self):
-        return replay_as_batch(self.buffer.sample(self.cfg.experience_batch_size, self.replay_gen))
-
-    def loss(self, batch, replay=None):
-        cur = super().loss(batch)
-        if replay is None or self.cfg.experience_weight == 0:
-            return cur
-        return cur + self.cfg.experience_weight * super().loss(replay)
-
-
-ADAPTERS = {"standard": StandardAdapter, "hybrid": HybridAdapter}
-
-
-class FeatureMonitor:
-    """Exponential moving mean/variance of the policy features (the SSM output after the MLP), kept during
-    training; at test time the shift is the mean |mu_test - mu_train| / sigma_train over feature dimensions."""
-
-    def __init__(self, dim, decay=0.99):
-        self.mean, self.var, self.decay, self.count = torch.zeros(dim), torch.ones(dim), decay, 0
-
-    def update(self, feats, masks):
-        f = feats[masks > 0].detach().float()
-        mu, var = f.mean(0), f.var(0, unbiased=False)
-        d = self.decay if self.count else 0.0
-        self.mean, self.var = d * self.mean + (1 - d) * mu, d * self.var + (1 - d) * var
-        self.count += 1
-
-    def shift(self, feats, masks):
-        f = feats[masks > 0].detach().float()
-        return ((f.mean(0) - self.mean).abs() / torch.sqrt(self.var + 1e-6)).mean().item()
-
-    def state_dict(self):
-        return {"mean": self.mean, "var": self.var, "decay": self.decay, "count": self.count}
-
-
-def monitor_stats(model, params, batch, monitor):
-    """Predictive entropy, confidence (exp(-entropy) per step) and feature shift versus training statistics."""
-    with torch.no_grad():
-        out = policy_out(model, params, batch)
-        ent = make_dist(out, model.discrete).entropy()
-        ent = ent if model.discrete else ent.sum(-1)
-        m = batch["masks"]
-        stats = {"entropy": ((ent * m).sum() / m.sum()).item(), "confidence": ((torch.exp(-ent) * m).sum() / m.sum()).item()}
-        if monitor is not None:
-            stats["feature_shift"] = monitor.shift(out["feats"], m)
-    return stats
-
-
-@torch.no_grad()
-def online_rollout(model, adapters, env, horizon, every, objective, args):
-    """Episodes during which every task's adapter takes one step every `every` env steps on the episode so far
-    (the recurrent state carries on; acting switches to the updated parameters). Returns (batch, step stats)."""
-    n, G = env.n, len(adapters)
-    per = n // G
-    obs = env.reset()
-    prev_a, prev_r = torch.zeros(n, model.act_dim), torch.zeros(n, 1)
-    states = [model.initial_state(per) for _ in range(G)]
-    alive = torch.ones(n, dtype=torch.bool)
-    keys = ("obs", "inputs", "actions", "rewards", "masks", "next_obs", "behaviour_logp")
-    buf = {k: [] for k in keys}
-    stats = []
-    for t in range(horizon):
-        if t > 0 and t % every == 0:  # earlier steps of the episode were acted by earlier parameters
-            part = {k: torch.stack(v) for k, v in buf.items()}
-            part["masks"] = part["masks"].float()
-            part["starts"] = torch.zeros_like(part["masks"], dtype=torch.bool)
-            part["starts"][0] = True
-            for g, (ad, b) in enumerate(zip(adapters, split_batch(part, G))):
-                if objective == "pg":
-                    b["advantages"] = compute_advantages(b, args.gamma, args.gae_lambda)
-                with torch.enable_grad():
-                    stats.append(ad.step(b))
-        inp = model.make_input(obs, prev_a, prev_r)
-        start = torch.full((per,), t == 0)
-        actions, logps = [], []
-        for g, ad in enumerate(adapters):
-            sl = slice(g * per, (g + 1) * per)
-            out = functional_call(model, ad.acting_params(), (inp[None, sl], start[None], states[g]), {"scan": False})
-            states[g] = out["state"]
-            dist = make_dist(out, model.discrete)
-            a = dist.sample()[0]
-            a = a[:, None].float() if model.discrete else a
-            actions.append(a)
-            logps.append(log_prob(dist, a[None], model.discrete)[0])
-        action = torch.cat(actions)
-        next_obs, reward, done = env.step(action)
-        for k, v in zip(keys, (obs, inp, action, reward * alive, alive.clone(), next_obs, torch.cat(logps))):
-            buf[k].append(v)
-        alive = alive & ~done
-        prev_a = F.one_hot(action[:, 0].long(), model.act_dim).float() if model.discrete else action
-        obs, prev_r = next_obs, reward[:, None]
-        if not alive.any():
-            break
-    batch = {k: torch.stack(v) for k, v in buf.items()}
-    batch["masks"] = batch["masks"].float()
-    batch["starts"] = torch.zeros_like(batch["masks"], dtype=torch.bool)
-    batch["starts"][0] = True
-    return batch, stats
-
-
-def run_adaptation(checkpoint, aargs, writer=None):
-    """Returns on fresh test tasks after 0..K adaptation steps for every adapter x objective. Each task starts
-    from a fresh copy of theta_0; the checkpoint (and its buffer) is only read."""
-    model, args, ckpt = load_checkpoint(checkpoint)
-    state_dim = model.initial_state(1).shape[1]
-    buffer = ExperienceBuffer.from_state_dict(ckpt["buffer"], state_dim) if ckpt.get("buffer") else None
-    monitor = None
-    if ckpt.get("feature_stats") and ckpt["feature_stats"]["count"] > 0:  # --outer-steps 0 never collected any
-        fs = ckpt["feature_stats"]
-        monitor = FeatureMonitor(len(fs["mean"]), fs["decay"])
-        monitor.mean, monitor.var, monitor.count = fs["mean"], fs["var"], fs["count"]
-    K = args.adapt_steps if aargs.adapt_steps is None else aargs.adapt_steps
-    lr = args.adapt_lr if aargs.adapt_lr is None else aargs.adapt_lr
-    n_eps = args.fast_batch_size if aargs.fast_batch_size is None else aargs.fast_batch_size
-    seed = args.seed if aargs.eval_seed is None else aargs.eval_seed
-    _, test_rng = task_streams(seed)
-    tasks = sample_tasks(args.task, test_rng, aargs.num_tasks, "test")
-    theta0 = {k: v.detach().clone() for k, v in model.named_parameters()}
-
-    def seeded_env():
-        """Every run below sees the same episodes as long as its parameters are the same: the global generator
-        (actions) and the env's generator (resets) restart from `seed`."""
-        torch.manual_seed(seed)
-        return make_env(args, tasks, n_eps, torch.Generator().manual_seed(seed))
-
-    # the no-adaptation level: theta_0 on the episodes every run starts with (offline, each run's entry 0 equals
-    # it; online, entry 0 has already adapted within its episodes)
-    base = episode_returns(rollout(model, [theta0] * len(tasks), seeded_env(), args.max_episode_steps))
-    base = base.reshape(len(tasks), n_eps).mean(1).numpy()
-    results = {}
-    for mode in aargs.adaptation_mode:
-        for objective in aargs.adapt_objective:
-            cfg = adapt_config(aargs, objective, lr, model.discrete)
-            env = seeded_env()
-            # hybrid samples its replayed transitions from a generator of its own: drawing them from the env's would
-            # shift every later reset, and hybrid would be compared with standard on other episodes
-            replay_gen = torch.Generator().manual_seed(int(np.random.default_rng([seed, 2]).integers(2**62)))
-            adapters = [ADAPTERS[mode](model, theta0, cfg, buffer, replay_gen) for _ in range(len(tasks))]
-            per_step, step_logs, mon = [], [], []
-            for k in range(K + 1):
-                if aargs.online:
-                    batch, logs = online_rollout(model, adapters, env, args.max_episode_steps, aargs.online_every, objective, args)
-                    step_logs += logs
-                else:
-                    batch = rollout(model, [ad.acting_params() for ad in adapters], env, args.max_episode_steps)
-                per_step.append(episode_returns(batch).reshape(len(tasks), n_eps).mean(1).numpy())
-                parts = split_batch(batch, len(tasks))
-                mon.append({key: float(np.mean([monitor_stats(model, ad.acting_params(), p, monitor)[key] for ad, p in zip(adapters, parts)]))
-                            for key in (["entropy", "confidence"] + (["feature_shift"] if monitor else []))})
-                if k == K or aargs.online:
-                    continue
-                for ad, p in zip(adapters, parts):
-                    if objective == "pg":
-                        p["advantages"] = compute_advantages(p, args.gamma, args.gae_lambda)
-                        if ad.ema is not None:  # acted by the EMA, fitted with the adapted parameters
-                            p["behaviour_logp"] = p["logp"]
-                    step_logs.append(ad.step(p))
-            name = f"{mode}/{objective}"
-            results[name] = {"returns_after_steps": {str(k): float(r.mean()) for k, r in enumerate(per_step)},
-                             "ci95": {str(k): ci95(r) for k, r in enumerate(per_step)},
-                             "guard_fired_frac": float(np.mean([s["guard_fired"] for s in step_logs])) if step_logs else 0.0,
-                             "final_drift": float(np.mean([ad.drift() for ad in adapters])), "monitor": mon}
-            if writer is not None:
-                for k, r in enumerate(per_step):
-                    writer.add_scalar(f"tta/{mode}_{objective}/return_after_steps", float(r.mean()), k)
-                for i, s in enumerate(step_logs):
-                    for key in ("loss_before", "loss_after", "grad_norm", "drift", "guard_fired"):
-                        writer.add_scalar(f"tta/{mode}_{objective}/{key}", float(s[key]), i)
-                for k, s in enumerate(mon):
-                    for key, v in s.items():
-                        writer.add_scalar(f"tta/{mode}_{objective}/{key}", v, k)
-            print(f"adapt {name}: " + " ".join(f"{k}:{v:.2f}" for k, v in results[name]["returns_after_steps"].items()), flush=True)
-    return {"task": args.task, "num_tasks": len(tasks), "online": aargs.online, "adapt_steps": K, "adapt_lr": lr,
-            "no_adaptation": {"return": float(base.mean()), "ci95": ci95(base)}, "results": results}
-
-
-def plot_adaptation(res, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5.5, 3.6))
-    for name, r in res["results"].items():
-        ks = sorted(r["returns_after_steps"], key=int)
-        ax.errorbar([int(k) for k in ks], [r["returns_after_steps"][k] for k in ks], yerr=[r["ci95"][k] for k in ks],
-                    marker="o", capsize=2, label=name)
-    ax.axhline(res["no_adaptation"]["return"], color="grey", ls=":", lw=1, label="no adaptation (theta_0)")
-    ax.set_xlabel("adaptation steps")
-    ax.set_ylabel("mean return (95% CI)")
-    ax.set_title(f"{res['task']}: test-time adaptation" + (" (online)" if res["online"] else ""))
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-# ------------------------------------------------------------------------------------------------ CLI
-def parse_cli(argv):
-    """tyro subcommands; `train --config NAME` sets the preset as the defaults so every flag still overrides it."""
-    config = "none"
-    for i, a in enumerate(argv):
-        if a == "--config" and i + 1 < len(argv):
-            config = argv[i + 1]
-        elif a.startswith("--config="):
-            config = a.split("=", 1)[1]
-    if config not in PRESETS:
-        error(f"unknown --config {config!r}; choose one of {', '.join(PRESETS)}")
-    train_default = dataclasses.replace(Args(), config=config, **PRESETS[config])
-    Cmd = Union[
-        Annotated[Args, tyro.conf.subcommand("train", default=train_default, description="meta-train a policy with MAML")],
-        Annotated[EvalArgs, tyro.conf.subcommand("eval", description="returns after 0..K inner steps on fresh test tasks")],
-        Annotated[AdaptArgs, tyro.conf.subcommand("adapt", description="test-time adaptation: standard/hybrid x pg/dynamics/entropy")],
-    ]
-    return tyro.cli(Cmd, args=argv, prog="maml_ssm.py")
-
-
-def main_eval(eargs: EvalArgs):
-    msg = finite_and_seeded(eargs)
-    if msg:
-        error(msg)
-    if (eargs.num_tasks is not None and eargs.num_tasks < 2) or (eargs.num_steps is not None and eargs.num_steps < 0):
-        error("--num-tasks must be >= 2 (for a confidence interval) and --num-steps >= 0")
-    if any(v is not None and v <= 0 for v in (eargs.inner_lr, eargs.later_lr_scale)):
-        error("--inner-lr and --later-lr-scale must be positive")
-    if eargs.fast_batch_size is not None and eargs.fast_batch_size < 1:
-        error("--fast-batch-size must be >= 1")
-    try:
-        load_checkpoint(eargs.checkpoint)
-    except ValueError as e:
-        error(str(e))
-    torch.set_num_threads(1)
-    res = evaluate(eargs.checkpoint, eargs.num_tasks, eargs.num_steps, eargs.inner_lr, eargs.later_lr_scale,
-                   eargs.fast_batch_size, eargs.eval_seed)
-    print(json.dumps(res))
-
-
-def main_adapt(aargs: AdaptArgs):
-    msg = validate_adapt_args(aargs)
-    if msg:
-        error(msg)
-    try:
-        model, _, ckpt = load_checkpoint(aargs.checkpoint)
-    except ValueError as e:
-        error(str(e))
-    if aargs.online and aargs.online_every >= ckpt["args"]["max_episode_steps"]:
-        error(f"--online-every {aargs.online_every} is not below the checkpoint's horizon "
-              f"({ckpt['args']['max_episode_steps']} steps): no step would adapt; choose a smaller --online-every")
-    if aargs.adapt_params == "norm" and not ckpt["args"].get("layer_norm"):
-        error("--adapt-params norm: this checkpoint has no normalisation layer; train it with --layer-norm, or use all, ssm or heads")
-    # a Gaussian policy's entropy depends only on its state-independent log-std, which the core's parameters miss
-    if "entropy" in aargs.adapt_objective and not model.discrete and aargs.adapt_params in ("ssm", "norm"):
-        error(f"--adapt-objective entropy on this Gaussian policy reaches only its log-std, which --adapt-params "
-              f"{aargs.adapt_params} does not adapt; use --adapt-params all or heads, or another objective")
-    if "hybrid" in aargs.adaptation_mode:
-        if not (ckpt.get("buffer") and ckpt["buffer"]["size"] > 0):
-            error("--adaptation-mode hybrid needs a checkpoint with a non-empty ExperienceBuffer (train with --buffer-size > 0)")
-        try:
-            ExperienceBuffer.from_state_dict(ckpt["buffer"], model.initial_state(1).shape[1])
-        except ValueError as e:
-            error(str(e))
-    torch.set_num_threads(1)
-    from torch.utils.tensorboard import SummaryWriter
-
-    out_dir = os.path.dirname(os.path.abspath(aargs.checkpoint))
-    stem = "adapt_online" if aargs.online else "adapt"
-    writer = SummaryWriter(os.path.join(out_dir, stem + "_tb"))
-    res = run_adaptation(aargs.checkpoint, aargs, writer)
-    writer.close()
-    tmp = os.path.join(out_dir, stem + ".json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(res, f, indent=2)
-    os.replace(tmp, os.path.join(out_dir, stem + ".json"))
-    plot_adaptation(res, os.path.join(out_dir, stem + ".png"))
-    print(f"wrote {os.path.join(out_dir, stem + '.json')}")
+        task_p = stack_params([clone_params(inner_step(model, take(task_p, i), b, inner_lrs[j], False))
+                               for i, b in enumerate(parts)])
+
+
+# ------------------------------------------------------------------------------------------------ TRAINING
+def make_optimizers(model, args):
+    """(aux_opt, outer_opt): the trunk's rate, not a loss weight, scales the dynamics loss (Adam ignores scale)."""
+    groups = [{"params": list(model.value_head.parameters()) + list(model.dyn_head.parameters()), "lr": args.aux_lr}]
+    if args.dynamics_coef > 0:
+        trunk = [p for n, p in model.named_parameters() if not n.startswith(("value_head", "dyn_head", "pi", "log_std"))]
+        groups.append({"params": trunk, "lr": args.dynamics_coef * args.aux_lr})
+    outer_opt = torch.optim.Adam(model.parameters(), lr=args.outer_lr) if args.outer_optimizer == "adam" else None
+    return torch.optim.Adam(groups), outer_opt
+
+
+def outer_update(model, tasks_data, args, outer_opt):
+    """UPDATE: the meta step, TRPO (as in the paper) or one Adam step on the same meta-objective."""
+    if outer_opt is None:
+        return trpo_step(model, tasks_data, args)
+    loss, _, old_outs = meta_objective(model, dict(model.named_parameters()), tasks_data, args)
+    outer_opt.zero_grad()
+    loss.backward()
+    outer_opt.step()
+    _, kl, _ = meta_objective(model, dict(model.named_parameters()), tasks_data, args, old_outs, create_graph=False)
+    return {"outer_loss": loss.item(), "approx_kl": kl.item(), "line_search_steps": 0, "accepted": 1.0}
+
+
+def aux_update(model, tasks_data, args, aux_opt, monitor):
+    """One Adam step of the value (diagnostic) and next-observation heads; returns (value loss, dynamics loss)."""
+    v_losses, d_losses = [], []
+    aux_opt.zero_grad()
+    for td in tasks_data:
+        b, m = td["val"], td["val"]["masks"]
+        out = policy_out(model, dict(model.named_parameters()), b)
+        monitor.update(out["feats"], m)
+        ret = torch.flip(torch.cumsum(torch.flip(b["rewards"], [0]), 0), [0])
+        v_loss = masked_mean((out["value"] - ret) ** 2, m)
+        feats = out["feats"] if args.dynamics_coef > 0 else out["feats"].detach()
+        a = F.one_hot(b["actions"].long()[..., 0], model.act_dim).float() if model.discrete else b["actions"]
+        d_loss = masked_mean(((model.dyn_head(torch.cat([feats, a], -1)) - b["next_obs"]) ** 2).mean(-1), m)
+        ((v_loss + d_loss) / len(tasks_data)).backward()
+        v_losses.append(v_loss.item())
+        d_losses.append(d_loss.item())
+    aux_opt.step()
+    return float(np.mean(v_losses)), float(np.mean(d_losses))
 
 
 def main_train(args: Args):
-    msg = validate_args(args)
-    if msg:
-        error(msg)
+    fail(validate_args(args))
     run_name, run_dir = claim_run_dir(args.runs_dir, f"{args.task}__{args.exp_name}__{args.seed}__{int(time.time())}")
     if args.track:
         import wandb
@@ -1635,7 +830,6 @@ def main_train(args: Args):
 
     writer = SummaryWriter(run_dir)
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n%s" % "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
-
     torch.set_num_threads(args.num_threads)
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -1645,25 +839,16 @@ def main_train(args: Args):
     train_rng, _ = task_streams(args.seed)
 
     env_cls = ENV_CLASSES[args.task]
+    model = build_agent(args, env_cls)
     spec = (env_cls.obs_dim, env_cls.act_dim, env_cls.discrete)
     counts = {k: agent_param_count(k, *spec, policy_width(dataclasses.replace(args, policy=k), env_cls), args.state_size,
                                    args.in_context, args.layer_norm) for k in POLICIES}
-    model = build_agent(args, env_cls)
-    print(f"policy {args.policy} (width {model.hidden}): {count_params(model)} parameters; "
-          f"matched counts ssm {counts['ssm']} gru {counts['gru']} mlp {counts['mlp']}; obs/act/discrete {spec}")
-    # the heads learn at aux_lr; the shared trunk, whose only gradient in this step is the dynamics loss's, at
-    # dynamics_coef x aux_lr: Adam's step does not depend on the gradient's scale, so a loss weight would be on/off
-    aux_groups = [{"params": list(model.value_head.parameters()) + list(model.dyn_head.parameters()), "lr": args.aux_lr}]
-    if args.dynamics_coef > 0:
-        aux_groups.append({"params": [p for n, p in model.named_parameters() if not n.startswith(("value_head", "dyn_head", "pi", "log_std"))],
-                           "lr": args.dynamics_coef * args.aux_lr})
-    aux_opt = torch.optim.Adam(aux_groups)
-    outer_opt = torch.optim.Adam(model.parameters(), lr=args.outer_lr) if args.outer_optimizer == "adam" else None
-
-    in_dim = model.encoder.in_features
-    act_width = model.act_dim if not model.discrete else 1
-    state_dim = model.initial_state(1).shape[1]
-    buffer = ExperienceBuffer(args.buffer_size, env_cls.obs_dim, in_dim, act_width, state_dim) if args.buffer_size > 0 else None
+    print(f"policy {args.policy} (width {model.hidden}): {count_params(model)} parameters; matched counts "
+          f"ssm {counts['ssm']} gru {counts['gru']} mlp {counts['mlp']}; obs/act/discrete {spec}")
+    aux_opt, outer_opt = make_optimizers(model, args)
+    act_width = 1 if model.discrete else model.act_dim
+    buffer = ExperienceBuffer(args.buffer_size, env_cls.obs_dim, model.encoder.in_features, act_width,
+                              model.initial_state(1).shape[1]) if args.buffer_size > 0 else None
     monitor = FeatureMonitor(model.hidden)
     train_tasks_seen = []
     global_step, start_time, start_cpu, outer_steps_done = 0, time.time(), time.process_time(), 0
@@ -1678,65 +863,24 @@ def main_train(args: Args):
         if buffer is not None:  # task id = index of the task in the checkpoint's task_split["train_tasks"]
             for i, td in enumerate(tasks_data):
                 add_batch_to_buffer(buffer, td["val"], (it - 1) * args.tasks_per_batch + i)
-        all_batches = [b for td in tasks_data for b in td["train"] + [td["val"]]]
-        global_step += int(sum(b["masks"].sum().item() for b in all_batches))
-
-        # the inner loss of the parameters that sampled the fast batches (theta's tensors share storage with the
-        # parameters, which Adam updates in place, so this must come before the outer step)
+        global_step += int(sum(b["masks"].sum().item() for td in tasks_data for b in td["train"] + [td["val"]]))
+        # before the outer step, which updates theta's storage in place
         with torch.no_grad():
             inner_l = float(np.mean([inner_loss(model, theta, td["train"][0]).item() for td in tasks_data])) if args.num_inner_steps else float("nan")
-
-        # UPDATE: outer (meta) step
-        if args.outer_optimizer == "trpo":
-            stats = trpo_step(model, tasks_data, args)
-        else:
-            loss, _, old_outs = meta_objective(model, dict(model.named_parameters()), tasks_data, args)
-            outer_opt.zero_grad()
-            loss.backward()
-            outer_opt.step()
-            _, kl, _ = meta_objective(model, dict(model.named_parameters()), tasks_data, args, old_outs, create_graph=False)
-            stats = {"outer_loss": loss.item(), "approx_kl": kl.item(), "line_search_steps": 0, "accepted": 1.0}
-        # value head (diagnostic) and next-observation head on this iteration's post-adaptation episodes
-        v_losses, d_losses = [], []
-        aux_opt.zero_grad()
-        val_batches = [td["val"] for td in tasks_data]
-        for b in val_batches:
-            out = policy_out(model, dict(model.named_parameters()), b)
-            ret = torch.flip(torch.cumsum(torch.flip(b["rewards"], [0]), 0), [0])
-            m = b["masks"]
-            monitor.update(out["feats"], m)
-            v_loss = (((out["value"] - ret) ** 2) * m).sum() / m.sum()
-            # the head always learns; the trunk only when dynamics_coef > 0 (its step size is set in aux_opt)
-            feats = out["feats"] if args.dynamics_coef > 0 else out["feats"].detach()
-            a = F.one_hot(b["actions"].long()[..., 0], model.act_dim).float() if model.discrete else b["actions"]
-            pred = model.dyn_head(torch.cat([feats, a], -1))
-            d_loss = ((((pred - b["next_obs"]) ** 2).mean(-1)) * m).sum() / m.sum()
-            ((v_loss + d_loss) / len(val_batches)).backward()
-            v_losses.append(v_loss.item())
-            d_losses.append(d_loss.item())
-        aux_opt.step()
+        stats = outer_update(model, tasks_data, args, outer_opt)
+        v_loss, d_loss = aux_update(model, tasks_data, args, aux_opt, monitor)
 
         # LOGGING
         pre, post = returns[0].mean().item(), returns[-1].mean().item()
-        dt = time.time() - it_start
-        sps = int(global_step / (time.time() - start_time))
-        writer.add_scalar("meta/pre_adapt_return", pre, global_step)
-        writer.add_scalar("meta/post_adapt_return", post, global_step)
-        for j, r in enumerate(returns[1:-1], 1):
-            writer.add_scalar(f"meta/return_after_{j}_steps", r.mean().item(), global_step)
-        writer.add_scalar("charts/episodic_return", post, global_step)
-        writer.add_scalar("charts/episodic_length", tasks_data[0]["val"]["masks"].sum(0).mean().item(), global_step)
-        writer.add_scalar("losses/inner_loss", inner_l, global_step)
-        writer.add_scalar("losses/outer_loss", stats["outer_loss"], global_step)
-        writer.add_scalar("losses/approx_kl", stats["approx_kl"], global_step)
-        writer.add_scalar("losses/value_loss", float(np.mean(v_losses)), global_step)
-        writer.add_scalar("losses/dynamics_loss", float(np.mean(d_losses)), global_step)
-        writer.add_scalar("meta/line_search_steps", stats["line_search_steps"], global_step)
-        writer.add_scalar("meta/step_accepted", stats["accepted"], global_step)
-        writer.add_scalar("meta/iteration_time", dt, global_step)
-        if outer_opt is not None:
-            writer.add_scalar("charts/learning_rate", args.outer_lr, global_step)
-        writer.add_scalar("charts/SPS", sps, global_step)
+        dt, sps = time.time() - it_start, int(global_step / (time.time() - start_time))
+        scalars = {"meta/pre_adapt_return": pre, "meta/post_adapt_return": post,
+                   **{f"meta/return_after_{j}_steps": r.mean().item() for j, r in enumerate(returns[1:-1], 1)},
+                   "charts/episodic_return": post, "charts/episodic_length": tasks_data[0]["val"]["masks"].sum(0).mean().item(),
+                   "losses/inner_loss": inner_l, "losses/outer_loss": stats["outer_loss"], "losses/approx_kl": stats["approx_kl"],
+                   "losses/value_loss": v_loss, "losses/dynamics_loss": d_loss, "meta/line_search_steps": stats["line_search_steps"],
+                   "meta/step_accepted": stats["accepted"], "meta/iteration_time": dt, "charts/SPS": sps,
+                   **({"charts/learning_rate": args.outer_lr} if outer_opt is not None else {})}
+        log_scalars(writer, scalars, global_step)
         if it % args.log_every == 0 or it == 1 or it == args.outer_steps:
             print(f"iter {it}/{args.outer_steps} step {global_step} SPS {sps} pre {pre:.2f} post {post:.2f} "
                   f"kl {stats['approx_kl']:.4f} ls {stats['line_search_steps']} {dt:.2f}s/it "
@@ -1747,33 +891,558 @@ def main_train(args: Args):
             break
 
     train_time, train_cpu = time.time() - start_time, time.process_time() - start_cpu
-    writer.add_scalar("meta/train_wall_time", train_time, global_step)
-    writer.add_scalar("meta/train_cpu_time", train_cpu, global_step)
-    writer.add_scalar("meta/outer_steps_done", outer_steps_done, global_step)
+    log_scalars(writer, {"meta/train_wall_time": train_time, "meta/train_cpu_time": train_cpu,
+                         "meta/outer_steps_done": outer_steps_done}, global_step)
     print(f"meta-training wall time {train_time:.1f}s, CPU time {train_cpu:.1f}s")
     if args.save_model:
         path = os.path.join(run_dir, f"{args.exp_name}.cleanrl_model")
         seen = np.concatenate(train_tasks_seen) if train_tasks_seen else np.zeros((0, 1))
+        cartpole = args.task == "cartpole-physics"
         split = {"task": args.task, "train_stream": [args.seed, 0], "test_stream": [args.seed, 1],
-                 "train_ranges": CARTPOLE_TRAIN_RANGES if args.task == "cartpole-physics" else None,
-                 "test_ranges": CARTPOLE_TEST_RANGES if args.task == "cartpole-physics" else None,
-                 "train_tasks": seen.tolist()}
+                 "train_ranges": CARTPOLE_TRAIN_RANGES if cartpole else None,
+                 "test_ranges": CARTPOLE_TEST_RANGES if cartpole else None, "train_tasks": seen.tolist()}
         save_checkpoint(path, model, args, split, {"train_wall_time": train_time, "train_cpu_time": train_cpu,
-                                                   "outer_steps_done": outer_steps_done, "feature_stats": monitor.state_dict(),
+                                                   "outer_steps_done": outer_steps_done, "feature_stats": vars(monitor),
                                                    "buffer": buffer.state_dict() if buffer is not None else None})
         print(f"model saved to {path}")
         res = evaluate(path)  # the checkpoint's eval_tasks, eval_steps, eval_later_lr_scale and eval_episodes
-        for k, v in res["returns_after_steps"].items():
+        for k, v in res["returns_after_steps"].items():  # x axis: inner steps
             writer.add_scalar("eval/return_after_steps", v, int(k))
         print(f"eval: {json.dumps(res)}")
     writer.close()
 
 
+def log_scalars(writer, scalars, step):
+    for tag, v in scalars.items():
+        writer.add_scalar(tag, float(v), step)
+
+
+# ------------------------------------------------------------------------------------------------ CHECKPOINTS
+def atomic_write(obj, path):
+    """JSON or torch.save to a temp file beside `path`, then os.replace: a crash never leaves a torn file."""
+    tmp = os.path.abspath(path) + ".tmp"
+    try:
+        if path.endswith(".json"):
+            with open(tmp, "w") as f:
+                json.dump(obj, f, indent=2)
+        else:
+            torch.save(obj, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def save_checkpoint(path, model, args, task_split, extra=None):
+    atomic_write({"state_dict": model.state_dict(), "args": dataclasses.asdict(args), "script": "maml_ssm",
+                  "task_split": task_split, "param_count": count_params(model),
+                  "task_version": TASK_VERSIONS[args.task], **(extra or {})}, path)
+
+
+def load_checkpoint(path):
+    """Returns (model, args, ckpt) or raises ValueError with a one-line reason."""
+    if not os.path.isfile(path):
+        raise ValueError(f"checkpoint {path!r} does not exist")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # corrupted or not a torch file
+        raise ValueError(f"cannot read checkpoint {path!r}: {type(e).__name__}")
+    if not isinstance(ckpt, dict) or ckpt.get("script") != "maml_ssm":
+        raise ValueError(f"{path!r} is not a maml_ssm checkpoint")
+    missing = [k for k in ("state_dict", "args", "task_split") if k not in ckpt]
+    unknown = set(ckpt.get("args", {})) - {f.name for f in dataclasses.fields(Args)}
+    if missing or unknown:
+        raise ValueError(f"checkpoint {path!r} lacks {missing} or has unknown config fields {sorted(unknown)}")
+    args, split, version = Args(**ckpt["args"]), ckpt["task_split"], ckpt.get("task_version", 1)
+    bad_config = validate_args(args)
+    msg = first_failure([
+        (bad_config is not None, f"checkpoint config is invalid: {bad_config}"),
+        (split.get("task") != args.task, f"checkpoint task split is for {split.get('task')!r} but its config says {args.task!r}"),
+        *[(args.task == "cartpole-physics" and json.dumps(split.get(key)) != json.dumps(ranges),
+           f"the checkpoint's cartpole {key.replace('_', ' ')} {split.get(key)} are not this script's "
+           f"{[list(r) for r in ranges]} (gravity, pole length); retrain it with this script")
+          for key, ranges in (("train_ranges", CARTPOLE_TRAIN_RANGES), ("test_ranges", CARTPOLE_TEST_RANGES))],
+        (version != TASK_VERSIONS[args.task], f"checkpoint was trained on version {version} of {args.task}, this script "
+                                              f"runs version {TASK_VERSIONS[args.task]} (see TASK_VERSIONS); retrain it"),
+    ])
+    if msg:
+        raise ValueError(msg)
+    torch.manual_seed(0)
+    model = build_agent(args, ENV_CLASSES[args.task])
+    try:
+        model.load_state_dict(ckpt["state_dict"], strict=True)
+    except RuntimeError as e:
+        raise ValueError(f"checkpoint weights do not match its config (--policy {args.policy}, --hidden-size "
+                         f"{args.hidden_size}): {str(e).splitlines()[0]}")
+    return model, args, ckpt
+
+
+# ------------------------------------------------------------------------------------------------ EVALUATION
+def ci95(x):
+    x = np.asarray(x, dtype=np.float64)
+    return float(1.96 * x.std(ddof=1) / math.sqrt(len(x))) if len(x) > 1 else 0.0
+
+
+def summarise(per_step):
+    """{"returns_after_steps": mean over tasks, "ci95": its 95% CI half-width}, keyed by the step as a string."""
+    return {"returns_after_steps": {str(k): float(r.mean()) for k, r in enumerate(per_step)},
+            "ci95": {str(k): ci95(r) for k, r in enumerate(per_step)}}
+
+
+def evaluate(checkpoint, num_tasks=None, num_steps=None, inner_lr=None, later_lr_scale=None, fast_batch_size=None,
+             eval_seed=None, write=True):
+    """Returns on fresh test tasks after 0..num_steps inner steps; None takes the checkpoint's setting."""
+    model, args, ckpt = load_checkpoint(checkpoint)
+    num_tasks = args.eval_tasks if num_tasks is None else num_tasks
+    num_steps = args.eval_steps if num_steps is None else num_steps
+    later_lr_scale = args.eval_later_lr_scale if later_lr_scale is None else later_lr_scale
+    args.fast_batch_size = fast_batch_size or args.eval_episodes or args.fast_batch_size
+    lr = args.inner_lr if inner_lr is None else inner_lr
+    seed = args.seed if eval_seed is None else eval_seed
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    tasks = sample_tasks(args.task, task_streams(seed)[1], num_tasks, "test")
+    seen = np.asarray(ckpt["task_split"]["train_tasks"]).reshape(-1, tasks.shape[1])
+    if len(seen) and (np.abs(seen[None] - tasks[:, None]).max(-1) < 1e-12).any():
+        raise ValueError("a test task coincides with a training task")
+    theta = clone_params(dict(model.named_parameters()))
+    lrs = [lr] + [lr * later_lr_scale] * max(num_steps - 1, 0)
+    _, returns = sample_task_batches(model, theta, tasks, args, gen, num_steps, lrs)
+    result = {"task": args.task, **summarise([r.numpy() for r in returns]), "num_tasks": num_tasks}
+    if write:
+        out_dir = os.path.dirname(os.path.abspath(checkpoint))
+        atomic_write(result, os.path.join(out_dir, "eval.json"))
+        plot_returns({args.policy: result}, os.path.join(out_dir, "eval.png"), f"{args.task} / {args.policy}",
+                     "inner gradient steps")
+    return result
+
+
+def plot_returns(curves, path, title, xlabel, level=None):
+    """Mean return (95% CI) after 0..K steps, one line per entry of `curves`; `level` draws the no-adaptation line."""
+    from matplotlib.figure import Figure  # no pyplot: no GUI backend and no global figure state
+
+    fig = Figure(figsize=(5.5, 3.6), layout="tight")
+    ax = fig.subplots()
+    for name, r in curves.items():
+        ks = sorted(r["returns_after_steps"], key=int)
+        ax.errorbar([int(k) for k in ks], [r["returns_after_steps"][k] for k in ks], yerr=[r["ci95"][k] for k in ks],
+                    marker="o", capsize=2, label=name)
+    if level is not None:
+        ax.axhline(level, color="grey", ls=":", lw=1, label="no adaptation (theta_0)")
+    ax.set(xlabel=xlabel, ylabel="mean return (95% CI)", title=title)
+    ax.legend(fontsize=7)
+    fig.savefig(path, dpi=100)
+
+
+# ------------------------------------------------------------------------------------------------ TEST-TIME ADAPTATION
+class ExperienceBuffer:
+    """Ring buffer of meta-training transitions, with the policy input, advantage and recurrent state acted from."""
+
+    FIELDS = ("obs", "inputs", "actions", "rewards", "next_obs", "dones", "advantages", "task_ids", "states")
+
+    def __init__(self, capacity, obs_dim, in_dim, act_dim, state_dim=0):
+        widths = dict(obs=(obs_dim,), inputs=(in_dim,), actions=(act_dim,), next_obs=(obs_dim,), states=(state_dim,))
+        dtypes = {"dones": torch.bool, "task_ids": torch.long}
+        self.data = {k: torch.zeros((capacity, *widths.get(k, ())), dtype=dtypes.get(k, torch.float32)) for k in self.FIELDS}
+        self.capacity, self.pos, self.size = capacity, 0, 0
+
+    def add(self, **items):
+        n = len(items["obs"])
+        # an oversized batch keeps its last `capacity` rows: repeated indices in an assignment have no defined winner
+        skip = max(n - self.capacity, 0)
+        idx = (self.pos + skip + torch.arange(n - skip)) % self.capacity
+        for k in self.FIELDS:
+            self.data[k][idx] = items[k][skip:].to(self.data[k].dtype)
+        self.pos, self.size = int((self.pos + n) % self.capacity), min(self.size + n, self.capacity)
+
+    def __len__(self):
+        return self.size
+
+    def sample(self, batch_size, gen):
+        idx = torch.randint(0, self.size, (batch_size,), generator=gen)  # uniform; only the sampled rows are gathered
+        return take(self.data, idx)
+
+    def state_dict(self):
+        return {"capacity": self.capacity, "pos": self.pos, "size": self.size, "data": dict(self.data)}
+
+    @classmethod
+    def from_state_dict(cls, sd, state_dim):
+        d = sd["data"]
+        if "states" not in d or d["states"].shape[1] != state_dim:
+            raise ValueError(f"the checkpoint's ExperienceBuffer does not store recurrent states of the model's width "
+                             f"{state_dim}; retrain it to use hybrid")
+        buf = cls(sd["capacity"], d["obs"].shape[1], d["inputs"].shape[1], d["actions"].shape[1], state_dim)
+        buf.data = {k: d[k].clone() for k in cls.FIELDS}
+        buf.pos, buf.size = sd["pos"], sd["size"]
+        return buf
+
+
+def add_batch_to_buffer(buffer, batch, task_id):
+    """Valid steps of one task's episodes; done marks an episode's last step."""
+    m = batch["masks"] > 0
+    last = m & ~(torch.cat([batch["masks"][1:], torch.zeros_like(batch["masks"][:1])]) > 0)
+    buffer.add(**{k: batch[k][m] for k in ("obs", "inputs", "actions", "rewards", "next_obs", "advantages", "states")},
+               dones=last[m], task_ids=torch.full((int(m.sum()),), task_id, dtype=torch.long))
+
+
+def replay_as_batch(sample):
+    """Replayed transitions as length-1 sequences, each continuing from its stored recurrent state."""
+    B = len(sample["obs"])
+    return {**{k: sample[k][None] for k in ("inputs", "actions", "advantages", "rewards", "next_obs", "obs")},
+            "starts": torch.zeros(1, B, dtype=torch.bool), "state0": sample["states"], "masks": torch.ones(1, B)}
+
+
+def objective_loss(model, params, batch, objective, max_importance_weight=10.0):
+    """(loss, output) of pg (truncated importance weights on "behaviour_logp"), dynamics (reward-free) or entropy."""
+    m = batch["masks"]
+    if objective == "pg":
+        out = policy_out(model, params, batch)
+        logp = log_prob(make_dist(out, model.discrete), batch["actions"], model.discrete)
+        if "behaviour_logp" in batch:  # steps after an episode's end (mask 0) get weight 1, whatever they hold
+            log_ratio = torch.where(m > 0, logp.detach() - batch["behaviour_logp"], torch.zeros_like(logp))
+            logp = logp * torch.exp(log_ratio).clamp(max=max_importance_weight)
+        return -masked_mean(logp * batch["advantages"], m), out
+    inputs = batch["inputs"]
+    if objective == "dynamics" and model.in_context:
+        inputs = torch.cat([inputs[..., :-1], torch.zeros_like(inputs[..., -1:])], -1)
+    out = functional_call(model, params, (inputs, batch["starts"], start_state(model, batch)), {"actions": batch["actions"]})
+    if objective == "dynamics":
+        return masked_mean(((out["next_obs"] - batch["next_obs"]) ** 2).mean(-1), m), out
+    return masked_mean(entropy(out, model.discrete), m), out
+
+
+# a strategy maps (loss, model output, masks, adapter) to the loss that is minimised; register more by name
+STRATEGIES = {"none": lambda loss, out, masks, ad: loss,
+              "tent": lambda loss, out, masks, ad: loss + ad.aargs.tent_coef * masked_mean(entropy(out, ad.model.discrete), masks)}
+
+
+def register_strategy(name):
+    return lambda fn: STRATEGIES.update({name: fn}) or fn
+
+
+
+PARAM_GROUPS = {"all": ("",), "ssm": ("core.",), "heads": ("pi.", "log_std", "value_head.", "dyn_head."), "norm": ("norm.",)}
+OBJECTIVES = ("pg", "dynamics", "entropy")
+
+
+def select_params(names, which):
+    """Names of the adapted parameters: all | ssm (the core) | heads | norm (LayerNorm affine)."""
+    return [n for n in names if n.startswith(PARAM_GROUPS[which])]
+
+
+class StandardAdapter:
+    """Guarded gradient steps on the task's objective from theta_0: clip, max step, trust region, optional EMA."""
+
+    def __init__(self, model, theta0, aargs, objective, lr, buffer=None, replay_gen=None):
+        self.model, self.aargs, self.objective, self.buffer, self.replay_gen = model, aargs, objective, buffer, replay_gen
+        self.theta0 = clone_params(theta0)
+        self.names = select_params(list(theta0), aargs.adapt_params)
+        self.params = clone_params(theta0)
+        leaves = [self.params[k].requires_grad_(True) for k in self.names]
+        self.opt = (torch.optim.Adam if aargs.adapt_optimizer == "adam" else torch.optim.SGD)(leaves, lr=lr)
+        self.ema = clone_params(self.params) if aargs.ema_decay > 0 else None
+
+    def acting_params(self):
+        return self.ema if self.ema is not None else {k: v.detach() for k, v in self.params.items()}
+
+    def replay_batch(self):
+        return None
+
+    def loss(self, batch, replay=None):
+        loss, out = objective_loss(self.model, self.params, batch, self.objective, self.aargs.max_importance_weight)
+        loss = STRATEGIES[self.aargs.strategy](loss, out, batch["masks"], self)
+        w = self.aargs.experience_weight
+        return loss if replay is None or w == 0 else loss + w * self.loss(replay)
+
+    def drift(self):
+        return torch.sqrt(sum(((self.params[k].detach() - self.theta0[k]) ** 2).sum() for k in self.names)).item()
+
+    def step(self, batch):
+        a, replay = self.aargs, self.replay_batch()
+        loss = self.loss(batch, replay)
+        leaves = [self.params[k] for k in self.names]
+        grads = [g if g is not None else torch.zeros_like(p) for g, p in zip(torch.autograd.grad(loss, leaves, allow_unused=True), leaves)]
+        gnorm = torch.sqrt(sum((g**2).sum() for g in grads)).item()
+        fired = {"clip": gnorm > a.grad_clip, "max_step": False, "trust_region": False}
+        before = [p.detach().clone() for p in leaves]
+        for p, g in zip(leaves, grads):
+            p.grad = g * (a.grad_clip / (gnorm + 1e-12)) if fired["clip"] else g
+        self.opt.step()
+        with torch.no_grad():
+            delta = torch.sqrt(sum(((p - b) ** 2).sum() for p, b in zip(leaves, before))).item()
+            if delta > a.max_step_norm:
+                fired["max_step"] = True
+                for p, b in zip(leaves, before):
+                    p.copy_(b + (p - b) * (a.max_step_norm / delta))
+            drift = self.drift()
+            if drift > a.trust_region:  # project back onto the ball around the meta-learned theta_0
+                fired["trust_region"] = True
+                for k in self.names:
+                    self.params[k].copy_(self.theta0[k] + (self.params[k] - self.theta0[k]) * (a.trust_region / drift))
+            for k in self.names if self.ema is not None else ():
+                self.ema[k] = a.ema_decay * self.ema[k] + (1 - a.ema_decay) * self.params[k].detach()
+        with torch.enable_grad():
+            after = self.loss(batch, replay).item()
+        return {"loss_before": loss.item(), "loss_after": after, "grad_norm": gnorm, "drift": self.drift(),
+                "guard_fired": any(fired.values()), **{f"fired_{k}": v for k, v in fired.items()}}
+
+
+class HybridAdapter(StandardAdapter):
+    """Current-task loss + experience_weight x the same loss on replayed training transitions."""
+
+    def replay_batch(self):
+        return replay_as_batch(self.buffer.sample(self.aargs.experience_batch_size, self.replay_gen))
+
+
+ADAPTERS = {"standard": StandardAdapter, "hybrid": HybridAdapter}
+
+
+class FeatureMonitor:
+    """EMA of training feature mean/variance; shift = mean |mu_test - mu_train| / sigma_train."""
+
+    def __init__(self, dim, decay=0.99, mean=None, var=None, count=0):
+        self.mean = torch.zeros(dim) if mean is None else mean
+        self.var = torch.ones(dim) if var is None else var
+        self.decay, self.count = decay, count
+
+    def update(self, feats, masks):
+        f = feats[masks > 0].detach().float()
+        d = self.decay if self.count else 0.0
+        self.mean, self.var = d * self.mean + (1 - d) * f.mean(0), d * self.var + (1 - d) * f.var(0, unbiased=False)
+        self.count += 1
+
+    def shift(self, feats, masks):
+        f = feats[masks > 0].detach().float()
+        return ((f.mean(0) - self.mean).abs() / torch.sqrt(self.var + 1e-6)).mean().item()
+
+
+@torch.no_grad()
+def monitor_stats(model, params, batch, monitor):
+    """Predictive entropy, confidence (exp(-entropy) per step) and feature shift versus training statistics."""
+    out = policy_out(model, params, batch)
+    ent, m = entropy(out, model.discrete), batch["masks"]
+    stats = {"entropy": masked_mean(ent, m).item(), "confidence": masked_mean(torch.exp(-ent), m).item()}
+    if monitor is not None:
+        stats["feature_shift"] = monitor.shift(out["feats"], m)
+    return stats
+
+
+def adapt_step(adapters, batch, objective, args, step_logs, online=False):
+    """One step of every task's adapter on its rows of `batch`; returns their new acting parameters."""
+    for ad, b in zip(adapters, split_batch(batch, len(adapters))):
+        if objective == "pg":
+            b["advantages"] = compute_advantages(b, args.gamma, args.gae_lambda)
+            # acted by other parameters than the adapted ones (the EMA, or earlier parameters within an online episode)
+            if ad.ema is not None or online:
+                b["behaviour_logp"] = b["logp"]
+        with torch.enable_grad():
+            step_logs.append(ad.step(b))
+    return stack_params([ad.acting_params() for ad in adapters])
+
+
+def run_adaptation(checkpoint, aargs, writer=None):
+    """Returns on fresh test tasks after 0..K adaptation steps for every adapter x objective."""
+    model, args, ckpt = load_checkpoint(checkpoint)
+    buffer = ExperienceBuffer.from_state_dict(ckpt["buffer"], model.initial_state(1).shape[1]) if ckpt.get("buffer") else None
+    fs = ckpt.get("feature_stats")
+    monitor = FeatureMonitor(len(fs["mean"]), **fs) if fs and fs["count"] > 0 else None  # --outer-steps 0 has none
+    K = args.adapt_steps if aargs.adapt_steps is None else aargs.adapt_steps
+    lr = args.adapt_lr if aargs.adapt_lr is None else aargs.adapt_lr
+    n_eps = args.fast_batch_size if aargs.fast_batch_size is None else aargs.fast_batch_size
+    seed = args.seed if aargs.eval_seed is None else aargs.eval_seed
+    tasks = sample_tasks(args.task, task_streams(seed)[1], aargs.num_tasks, "test")
+    theta0 = clone_params(dict(model.named_parameters()))
+    task_returns = lambda batch: episode_returns(batch).reshape(len(tasks), n_eps).mean(1).numpy()  # noqa: E731
+
+    def seeded_env():
+        """Runs with the same parameters see the same episodes: both generators restart from `seed`."""
+        torch.manual_seed(seed)
+        return make_env(args, tasks, n_eps, torch.Generator().manual_seed(seed))
+
+    # the no-adaptation level: theta_0 on the episodes every run starts with
+    base = task_returns(rollout(model, per_task(theta0, len(tasks)), seeded_env(), args.max_episode_steps))
+    results = {}
+    for mode in aargs.adaptation_mode:
+        for objective in aargs.adapt_objective:
+            env = seeded_env()
+            # replay draws from its own generator, so hybrid and standard see the same episodes
+            replay_gen = torch.Generator().manual_seed(int(np.random.default_rng([seed, 2]).integers(2**62)))
+            adapters = [ADAPTERS[mode](model, theta0, aargs, objective, lr, buffer, replay_gen) for _ in tasks]
+            per_step, step_logs, mon = [], [], []
+            online = lambda part: adapt_step(adapters, part, objective, args, step_logs, online=True)  # noqa: E731
+            for k in range(K + 1):
+                acting = stack_params([ad.acting_params() for ad in adapters])
+                batch = rollout(model, acting, env, args.max_episode_steps, aargs.online_every if aargs.online else 0, online)
+                per_step.append(task_returns(batch))
+                mon.append({key: float(np.mean([monitor_stats(model, ad.acting_params(), p, monitor)[key]
+                                                for ad, p in zip(adapters, split_batch(batch, len(tasks)))]))
+                            for key in ["entropy", "confidence"] + (["feature_shift"] if monitor else [])})
+                if k < K and not aargs.online:
+                    adapt_step(adapters, batch, objective, args, step_logs)
+            name = f"{mode}/{objective}"
+            results[name] = {**summarise(per_step), "monitor": mon,
+                             "guard_fired_frac": float(np.mean([s["guard_fired"] for s in step_logs])) if step_logs else 0.0,
+                             "final_drift": float(np.mean([ad.drift() for ad in adapters]))}
+            tag = f"tta/{mode}_{objective}/"
+            for i, row in enumerate(step_logs if writer else []):  # x axis: adaptation step of any task
+                log_scalars(writer, {tag + key: row[key] for key in ("loss_before", "loss_after", "grad_norm", "drift",
+                                                                      "guard_fired")}, i)
+            for k, (r, row) in enumerate(zip(per_step, mon) if writer else []):  # x axis: steps taken
+                log_scalars(writer, {tag + key: v for key, v in {"return_after_steps": r.mean(), **row}.items()}, k)
+            print(f"adapt {name}: " + " ".join(f"{k}:{v:.2f}" for k, v in results[name]["returns_after_steps"].items()), flush=True)
+    return {"task": args.task, "num_tasks": len(tasks), "online": aargs.online, "adapt_steps": K, "adapt_lr": lr,
+            "no_adaptation": {"return": float(base.mean()), "ci95": ci95(base)}, "results": results}
+
+
+# ------------------------------------------------------------------------------------------------ VALIDATION AND CLI
+def fail(msg: Optional[str]):
+    """A one-line error (exit status 2) when there is a message; None lets the run go on."""
+    if msg:
+        print(f"maml_ssm.py: error: {msg}", file=sys.stderr)
+        sys.exit(2)
+
+
+def flag(name):
+    return "--" + name.replace("_", "-")
+
+
+# valid values by field name, for whichever of Args / EvalArgs / AdaptArgs has the field (None takes a default)
+POSITIVE = ("inner_lr", "outer_lr", "aux_lr", "adapt_lr", "max_kl", "eval_later_lr_scale", "later_lr_scale",
+            "grad_clip", "max_step_norm", "trust_region")
+AT_LEAST = {2: ("num_tasks",),  # a confidence interval needs two tasks
+            1: ("tasks_per_batch", "fast_batch_size", "max_episode_steps", "hidden_size", "state_size", "eval_tasks",
+                "cg_iters", "num_threads", "ls_max_steps", "log_every", "eval_episodes", "experience_batch_size",
+                "online_every", "max_importance_weight"),  # an importance cap below 1 would scale on-policy steps
+            0: ("outer_steps", "num_inner_steps", "eval_steps", "adapt_steps", "buffer_size", "dynamics_coef",
+                "cg_damping", "cpu_budget", "num_steps", "experience_weight", "ema_decay")}
+CHOICES = {"task": TASKS, "policy": POLICIES, "outer_optimizer": ("trpo", "adam"), "config": PRESETS,
+           "adaptation_mode": ADAPTERS, "adapt_objective": OBJECTIVES, "strategy": STRATEGIES,
+           "adapt_params": PARAM_GROUPS, "adapt_optimizer": ("sgd", "adam")}
+
+
+def validate_args(a) -> Optional[str]:
+    """The one-line reason why these Args/EvalArgs/AdaptArgs would crash late or run wrong; None if fine."""
+    given = {f.name: getattr(a, f.name) for f in dataclasses.fields(a) if getattr(a, f.name) is not None}
+    # NaN and inf pass every bound; a seed outside numpy's range fails after the run directory exists
+    checks = [(isinstance(v, float) and not math.isfinite(v), f"{flag(n)} {v} must be a finite number")
+              for n, v in given.items()]
+    checks += [(not 0 <= given[n] < 2**32, f"{flag(n)} {given[n]} must be in [0, 2**32 - 1]")
+               for n in ("seed", "eval_seed") if n in given]
+    checks += [(not given[n] > 0, f"{flag(n)} must be positive, got {given[n]}") for n in POSITIVE if n in given]
+    checks += [(given[n] < lo, f"{flag(n)} must be >= {lo}, got {given[n]}")
+               for lo, names in AT_LEAST.items() for n in names if n in given]
+    checks += [(v not in CHOICES[n], f"unknown {flag(n)} {v!r}; choose one of {', '.join(CHOICES[n])}")
+               for n in CHOICES if n in given for v in (given[n] if isinstance(given[n], tuple) else (given[n],))]
+    if isinstance(a, AdaptArgs):
+        checks += [
+            (not a.adaptation_mode or not a.adapt_objective, "--adaptation-mode and --adapt-objective each need at least one value"),
+            (a.ema_decay >= 1, f"--ema-decay must be in [0, 1), got {a.ema_decay}"),
+        ]
+    elif isinstance(a, Args):
+        checks += [
+            (not a.exp_name.strip() or "/" in a.exp_name, f"--exp-name {a.exp_name!r} must be a non-empty name without '/'"),
+            (not 0 < a.ls_backtrack_ratio < 1, f"--ls-backtrack-ratio must be in (0, 1), got {a.ls_backtrack_ratio}"),
+            (not 0 < a.cg_subsample <= 1, f"--cg-subsample must be in (0, 1], got {a.cg_subsample}"),
+            (not (0 < a.gamma <= 1 and 0 <= a.gae_lambda <= 1), "--gamma must be in (0, 1] and --gae-lambda in [0, 1]"),
+            (a.save_model and a.eval_tasks < 2, f"--eval-tasks {a.eval_tasks}: the evaluation after --save-model needs >= 2 tasks for its 95% CI"),
+            (a.goal_box and a.task != "point-nav-2d", f"--goal-box only applies to --task point-nav-2d, not {a.task}; drop it (or --no-goal-box with --config paper)"),
+            (a.capture_video, "--capture-video is not supported: the tasks are batched tensors without a renderer"),
+            (a.task == "halfcheetah-vel" and not mujoco_available(), f"--task halfcheetah-vel needs the 'mujoco' package: pip install {MUJOCO_PIN}"),
+        ]
+    return first_failure(checks)
+
+
+def first_failure(checks):
+    """The message of the first (condition, message) pair whose condition holds, else None."""
+    return next((msg for bad, msg in checks if bad), None)
+
+
+def mujoco_available() -> bool:
+    return importlib.util.find_spec("mujoco") is not None
+
+
+def claim_run_dir(runs_dir: str, run_name: str) -> tuple[str, str]:
+    """(run_name, run_dir) of a new directory; atomic os.mkdir gives a taken name the suffix __2, __3, ..."""
+    try:
+        os.makedirs(runs_dir, exist_ok=True)
+        for suffix in range(1, 10**6):
+            name = run_name if suffix == 1 else f"{run_name}__{suffix}"
+            try:
+                os.mkdir(os.path.join(runs_dir, name))
+                return name, os.path.join(runs_dir, name)
+            except FileExistsError:
+                continue
+    except OSError as e:
+        reason = "not a directory" if os.path.exists(runs_dir) and not os.path.isdir(runs_dir) else e.strerror
+        fail(f"cannot create a run directory in --runs-dir {runs_dir!r} ({reason}); pass a writable directory")
+
+
+def parse_cli(argv):
+    """tyro subcommands; `train --config NAME` sets the preset as the defaults so every flag still overrides it."""
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--config", default="none")
+    config = pre.parse_known_args(argv)[0].config
+    if config not in PRESETS:
+        fail(f"unknown --config {config!r}; choose one of {', '.join(PRESETS)}")
+    train_default = dataclasses.replace(Args(), config=config, **PRESETS[config])
+    Cmd = Union[
+        Annotated[Args, tyro.conf.subcommand("train", default=train_default, description="meta-train a policy with MAML")],
+        Annotated[EvalArgs, tyro.conf.subcommand("eval", description="returns after 0..K inner steps on fresh test tasks")],
+        Annotated[AdaptArgs, tyro.conf.subcommand("adapt", description="test-time adaptation: standard/hybrid x pg/dynamics/entropy")],
+    ]
+    return tyro.cli(Cmd, args=argv, prog="maml_ssm.py")
+
+
+def checked_checkpoint(a):
+    """Validates eval/adapt arguments and their checkpoint before any work: (model, ckpt) or a one-line error."""
+    fail(validate_args(a))
+    try:
+        model, _, ckpt = load_checkpoint(a.checkpoint)
+    except ValueError as e:
+        fail(str(e))
+    torch.set_num_threads(1)
+    return model, ckpt
+
+
+def main_eval(eargs: EvalArgs):
+    checked_checkpoint(eargs)
+    print(json.dumps(evaluate(eargs.checkpoint, eargs.num_tasks, eargs.num_steps, eargs.inner_lr, eargs.later_lr_scale,
+                              eargs.fast_batch_size, eargs.eval_seed)))
+
+
+def main_adapt(aargs: AdaptArgs):
+    model, ckpt = checked_checkpoint(aargs)
+    horizon, buf = ckpt["args"]["max_episode_steps"], ckpt.get("buffer")
+    fail(first_failure([
+        (aargs.online and aargs.online_every >= horizon, f"--online-every {aargs.online_every} is not below the "
+         f"checkpoint's horizon ({horizon} steps): no step would adapt; choose a smaller --online-every"),
+        (aargs.adapt_params == "norm" and not ckpt["args"].get("layer_norm"), "--adapt-params norm: this checkpoint has "
+         "no normalisation layer; train it with --layer-norm, or use all, ssm or heads"),
+        # a Gaussian policy's entropy depends only on its state-independent log-std, which the core's parameters miss
+        ("entropy" in aargs.adapt_objective and not model.discrete and aargs.adapt_params in ("ssm", "norm"),
+         f"--adapt-objective entropy on this Gaussian policy reaches only its log-std, which --adapt-params "
+         f"{aargs.adapt_params} does not adapt; use --adapt-params all or heads, or another objective"),
+        ("hybrid" in aargs.adaptation_mode and not (buf and buf["size"] > 0),
+         "--adaptation-mode hybrid needs a checkpoint with a non-empty ExperienceBuffer (train with --buffer-size > 0)"),
+    ]))
+    try:  # replay needs the buffer's recurrent states at the model's width
+        if buf:
+            ExperienceBuffer.from_state_dict(buf, model.initial_state(1).shape[1])
+    except ValueError as e:
+        fail(str(e))
+
+    from torch.utils.tensorboard import SummaryWriter
+
+    stem = os.path.join(os.path.dirname(os.path.abspath(aargs.checkpoint)), "adapt_online" if aargs.online else "adapt")
+    writer = SummaryWriter(stem + "_tb")
+    res = run_adaptation(aargs.checkpoint, aargs, writer)
+    writer.close()
+    atomic_write(res, stem + ".json")
+    plot_returns(res["results"], stem + ".png", f"{res['task']}: test-time adaptation" + (" (online)" if res["online"] else ""),
+                 "adaptation steps", level=res["no_adaptation"]["return"])
+    print(f"wrote {stem}.json")
+
+
 if __name__ == "__main__":
     cmd = parse_cli(sys.argv[1:])
-    if isinstance(cmd, EvalArgs):
-        main_eval(cmd)
-    elif isinstance(cmd, AdaptArgs):
-        main_adapt(cmd)
-    else:
-        main_train(cmd)
+    {Args: main_train, EvalArgs: main_eval, AdaptArgs: main_adapt}[type(cmd)](cmd)

@@ -575,7 +575,7 @@ def test_maml_ssm_report_keeps_the_goal_rules_apart_and_pools_seeds(tmp_path):
     maml = importlib.import_module("cleanrl_astral.maml_ssm")
     base = dataclasses.asdict(maml.Args())
     trpo = dict(base, policy="mlp", cpu_budget=900.0, outer_steps=1000, tasks_per_batch=20, fast_batch_size=20)
-    old = {k: v for k, v in trpo.items() if k not in ("goal_box", "fill_steps")}  # a checkpoint of an older task version
+    old = {k: v for k, v in trpo.items() if k not in ("goal_box", "fill_steps")}  # saved before these fields existed
     out = tmp_path / "out"
     _fake_maml_run(out, "trpo", 1, dict(trpo, goal_box=True), [-40.0, -10.0, -4.0, -3.0], steps_done=96)
     _fake_maml_run(out, "trpo", 2, dict(trpo, goal_box=True), [-42.0, -12.0, -6.0, -5.0], steps_done=97)
@@ -608,6 +608,28 @@ def test_maml_ssm_report_keeps_the_goal_rules_apart_and_pools_seeds(tmp_path):
     drawn = report.training_curves(report.load_runs(str(out)), str(rep))
     assert drawn == {"mlp TRPO square s1": {"meta/pre_adapt_return": [-70.0, -55.0, -45.0],
                                             "meta/post_adapt_return": [-7.0, -5.5, -4.5]}}
+
+
+def test_maml_ssm_report_tables_the_protocol_per_task_and_policy_with_t_intervals(tmp_path):
+    """Sweeps named protocol_* give one row per task and policy: the mean over seeds with a 95% Student-t CI, and
+    the TRPO iterations each seed got in its CPU budget; other sweeps stay out of that table."""
+    import dataclasses
+
+    report = load(os.path.join(REPO, "benchmark", "maml_ssm_report.py"))
+    maml = importlib.import_module("cleanrl_astral.maml_ssm")
+    paper = dict(dataclasses.asdict(maml.Args()), cpu_budget=900.0, goal_box=True, fill_steps=True)
+    out = tmp_path / "out"
+    for seed, (ret, steps) in enumerate([(-4.0, 90), (-5.0, 95), (-6.0, 100)], start=1):
+        _fake_maml_run(out, "protocol_point_nav", seed, dict(paper, policy="mlp"), [-40.0, -10.0, ret, ret], steps_done=steps)
+    _fake_maml_run(out, "protocol_cartpole", 1, dict(paper, task="cartpole-physics", goal_box=False, policy="ssm"),
+                   [150.0, 180.0, 190.0, 195.0], steps_done=30)
+    _fake_maml_run(out, "trpo", 9, dict(paper, policy="mlp"), [-1.0] * 4, steps_done=1)
+    assert report.main(["--out", str(out), "--report", str(tmp_path / "rep")]) == 0
+    table = (tmp_path / "rep" / "protocol_table.md").read_text()
+    half = 4.302653 * 1.0 / 3 ** 0.5  # t(0.975, 2 dof) x sd 1 / sqrt(3)
+    assert f"| point-nav-2d | mlp | 3 | 95 (90–100) | -40.00 ± 0.00 | -10.00 ± 0.00 | -5.00 ± {half:.2f} | -5.00 ± {half:.2f} |" in table
+    assert "| cartpole-physics | ssm | 1 | 30 (30–30) | 150.00 ± 0.00 |" in table and "-1.00" not in table
+    assert (tmp_path / "rep" / "protocol.png").stat().st_size > 0
 
 
 def test_maml_ssm_report_refuses_runs_of_an_older_task_version(tmp_path, capsys):
