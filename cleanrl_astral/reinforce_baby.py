@@ -359,7 +359,9 @@ class LLMParent(DeterministicParent):
         fmt = {"json-object": {"type": "json_object", "schema": schema},  # llama.cpp's server
                "json-schema": {"type": "json_schema", "json_schema": {"name": "verdict", "schema": schema}},
                "none": None}[self.response_format]
-        return {"model": self.model, "temperature": 0, **({"response_format": fmt} if fmt else {}),
+        # max_tokens bounds a model that does not stop: the answer is about 6 tokens, 90 with the next state
+        return {"model": self.model, "temperature": 0, "max_tokens": 200 if self.next_state else 20,
+                **({"response_format": fmt} if fmt else {}),
                 "messages": [{"role": "system", "content": LLM_SYSTEM_PROMPT}, *shots,
                              {"role": "user", "content": self.user_message(s, action)}]}
 
