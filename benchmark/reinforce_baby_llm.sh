@@ -47,7 +47,7 @@ for _ in $(seq 600); do  # loading the model takes a few seconds; give up after 
     sleep 0.2
 done
 
-LLM="--llm-base-url $url --llm-model smollm2-135m --llm-concurrency 1"
+LLM="--llm-base-url $url --llm-model smollm2-135m --llm-concurrency 1 --llm-timeout 120"
 status=0
 # 1. agreement before training: a run of one update on every task and level, only for its --llm-check-pairs table
 for k in 0 2; do
@@ -61,9 +61,9 @@ python benchmark/benchmark.py --command "$BASE --total-timesteps $steps --llm-ch
     --grid "--parent deterministic | --parent llm" --num-seeds "$seeds" --start-seed 1 --workers 1 --output "$out/mvp" \
     || status=$?
 # 3. the LLM also proposes the next state: about 90 constrained tokens an answer, over 10 s each on this machine, and
-#    an invalid answer is asked again at its next occurrence; so 8 episodes per update and one attempt per request
+#    an invalid answer is asked again at its next occurrence: 8 episodes per update, one attempt per request
 python benchmark/benchmark.py --command "$BASE --total-timesteps $ns_steps --parent llm --llm-next-state --num-envs 8 \
-    --llm-timeout 60 --llm-retries 0" --num-seeds 1 --start-seed 1 --workers 1 --output "$out/next_state" || status=$?
+    --llm-retries 0" --num-seeds 1 --start-seed 1 --workers 1 --output "$out/next_state" || status=$?
 
 python benchmark/reinforce_baby_report.py --llm --out "$out" --report "$report" || status=$?
 exit "$status"

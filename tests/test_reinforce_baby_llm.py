@@ -402,3 +402,49 @@ def test_a_real_model_judges_and_a_dying_server_leaves_the_run_on_the_rule(real_
     assert [len(b) for b in batches] == [8] * 6 and stats["queries"] == 48 and scalars["parent/queries"] == [8, 16, 24, 32, 40, 48]
     assert stats["judged"] >= 16 and stats["fallbacks"] > 0 and stats["judged"] + stats["fallbacks"] == 48
     assert stats["latency_ms"] > 0 and 0.0 <= stats["agreement"] <= 1.0
+
+
+def fake_sweep_run(sweep, key, curves, ev, wall):
+    """A run as benchmark.py leaves it: sweep/runs/<key>/<run_name>/ with TensorBoard events ({tag: [(step, value)]})
+    and eval.json, and its record in the sweep's manifest."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    run_dir = sweep / "runs" / key / "run"
+    with SummaryWriter(str(run_dir)) as w:
+        for tag, points in curves.items():
+            for step, value in points:
+                w.add_scalar(tag, value, step)
+    (run_dir / "eval.json").write_text(json.dumps(ev))
+    with open(sweep / "manifest.jsonl", "a") as f:
+        f.write(json.dumps({"runs_dir": str(run_dir.parent), "exit_code": 0, "wall_time_s": wall}) + "\n")
+
+
+def test_the_llm_report_tables_the_agreement_check_and_each_runs_parent_statistics(tmp_path):
+    """benchmark/reinforce_baby_report.py --llm: the agreement before training per task and level and number of
+    worked examples, and one row per run with success at 5k and 10k steps (the last value logged at or before) and
+    the parent's statistics from eval.json."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmark",
+                        "reinforce_baby_report.py")
+    spec = importlib.util.spec_from_file_location("reinforce_baby_report", path)
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    out = tmp_path / "out"
+    level = {"agreement": 0.75, "judged": 4, "fallbacks": 0, "rewarded": 0.25}
+    check = {"queries": 4, "judged": 4, "fallbacks": 0, "cache_hits": 0, "agreement": 0.75, "latency_ms": 12.0,
+             "per_level": {f"pattern-echo/level{k}": level for k in range(3)}}
+    for k in (0, 2):
+        run = out / "agreement" / f"all__agreement_examples{k}__1__7"
+        run.mkdir(parents=True)
+        (run / "eval.json").write_text(json.dumps({"llm_agreement_check": dict(check, agreement=0.1 * (k + 1))}))
+    curve = {"charts/success_rate": [(4992, 0.4), (5024, 0.9), (10016, 1.0)]}
+    fake_sweep_run(out / "mvp", "c0__g0_parent_deterministic__s1", curve, {"success_rate": 1.0}, wall=8.0)
+    parent = {"queries": 10016, "judged": 9000, "agreement": 0.125, "fallbacks": 1016, "latency_ms": 321.0,
+              "cache_hits": 9900, "per_level": {}}
+    fake_sweep_run(out / "mvp", "c0__g1_parent_llm__s1", curve,
+                   {"success_rate": 0.5, "parent": parent, "llm_agreement_check": check}, wall=99.0)
+    assert report.llm_main(str(out), str(tmp_path / "rep")) == 0
+    text = (tmp_path / "rep" / "llm_parent.md").read_text()
+    assert "| pattern-echo/level1 | 0.75 | 0.25 | 0.75 | 0.25 |" in text and "| all | 0.100 | –  | 0.300 | –  |" in text
+    assert "| deterministic | 1 | 0.400 | 0.900 | 1.000 | – | – | – | – | – | – | – | 8.0 |" in text
+    assert "| LLM | 1 | 0.400 | 0.900 | 0.500 | 10016 | 9000 | 0.125 | 1016 | 321 | 9900 | 0.75/0.75/0.75 | 99.0 |" in text
+    assert report.llm_main(str(tmp_path / "missing"), str(tmp_path / "rep2")) == 2
