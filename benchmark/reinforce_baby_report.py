@@ -6,7 +6,8 @@ mvp_criteria.md / .json, mvp_curves.png, curriculum_table.md and curriculum_curv
 LLM-parent experiment instead (agreement*/ , mvp/ and next_state/ under --out) and writes llm_parent.md / .json.
 
 Usage: python benchmark/reinforce_baby_report.py --out benchmark/out/reinforce_baby --report docs/results/reinforce_baby
-       python benchmark/reinforce_baby_report.py --llm --out benchmark/out/reinforce_baby_llm --report docs/results/reinforce_baby
+       python benchmark/reinforce_baby_report.py --llm --out benchmark/out/reinforce_baby_llm \
+           --report docs/results/reinforce_baby
 """
 import argparse
 import glob
@@ -245,8 +246,9 @@ def agreement_table(out):
         checks[ks[0]]["per_level"][next(iter(checks[ks[0]]["per_level"]))]["fallbacks"]
     foot = "; ".join(f"{k} examples: {checks[k]['judged']} judged, {checks[k]['fallbacks']} fallbacks, "
                      f"{checks[k]['latency_ms']:.0f} ms per query" for k in ks)
-    return (f"{pairs} seeded (state, action) pairs per task and level, half answered right: agreement with the rule "
-            "(0.5 is chance on this set) and the share the LLM rewarded.\n\n" + "\n".join(lines) + f"\n\n{foot}.\n"), checks
+    return ((f"{pairs} seeded (state, action) pairs per task and level, half answered right: agreement with the rule "
+            "(0.5 is chance on this set) and the share the LLM rewarded.\n\n" + "\n".join(lines) + f"\n\n{foot}.\n"),
+            checks)
 
 
 def llm_run_rows(out):
@@ -259,18 +261,24 @@ def llm_run_rows(out):
             try:
                 series, ev = load(key_dir)
             except (IndexError, KeyError):
-                continue  # a run that has not logged yet
+                continue  # a run that has not started
+            if "charts/success_rate" not in series:
+                continue  # nor logged yet
             steps = series["charts/success_rate"][0]
             row = {"run": "LLM, --llm-next-state" if sweep == "next_state" else
                    ("LLM" if "parent_llm" in key else "deterministic"), "seed": int(key.rsplit("__s", 1)[1]),
                    "steps": int(steps[-1]), "wall_s": walls.get(key, float("nan"))}
             for c in (5000, 10000):
-                row[f"success@{c // 1000}k"] = at_step(series, "charts/success_rate", c) if steps[0] <= c else None
+                # success by step c: none for a run that stopped more than one update before c
+                reached = steps[0] <= c < steps[-1] + (steps[1] - steps[0] if len(steps) > 1 else 1)
+                row[f"success@{c // 1000}k"] = at_step(series, "charts/success_rate", c) if reached else None
             row["eval_success"] = ev["success_rate"] if ev else None
             parent = (ev or {}).get("parent")
             if parent:
                 row.update({k: parent[k] for k in ("queries", "judged", "agreement", "fallbacks", "latency_ms",
                                                     "cache_hits")})
+                if not parent["judged"]:  # no answer was valid: there is no agreement nor latency to speak of
+                    row["agreement"] = row["latency_ms"] = None
                 check = ev.get("llm_agreement_check", {}).get("per_level", {})
                 row["check"] = {w: v["agreement"] for w, v in check.items()}
             rows.append(row)
@@ -282,14 +290,15 @@ def fmt(v, spec=".3f"):
 
 
 def llm_runs_table(rows):
-    lines = ["| parent | seed | success@5k | success@10k | eval success | LLM queries | judged | agreement (training) "
-             "| fallbacks | latency ms/query | cache hits | agreement before training (pattern-echo L0/L1/L2) "
-             "| wall s |", "|" + "---|" * 13]
+    lines = ["| parent | seed | steps | success@5k | success@10k | eval success | LLM queries | judged "
+             "| agreement (training) | fallbacks | latency ms/query | cache hits "
+             "| agreement before training (pattern-echo L0/L1/L2) | wall s |", "|" + "---|" * 14]
     for r in rows:
         check = "/".join(f"{r['check'][f'pattern-echo/level{k}']:.2f}" for k in range(3)) if r.get("check") else "–"
-        lines.append(f"| {r['run']} | {r['seed']} | {fmt(r['success@5k'])} | {fmt(r['success@10k'])} | "
+        lines.append(f"| {r['run']} | {r['seed']} | {r['steps']} | {fmt(r['success@5k'])} | {fmt(r['success@10k'])} | "
                      f"{fmt(r['eval_success'])} | {fmt(r.get('queries'), 'd')} | {fmt(r.get('judged'), 'd')} | "
-                     f"{fmt(r.get('agreement'))} | {fmt(r.get('fallbacks'), 'd')} | {fmt(r.get('latency_ms'), '.0f')} | "
+                     f"{fmt(r.get('agreement'))} | {fmt(r.get('fallbacks'), 'd')} | "
+                     f"{fmt(r.get('latency_ms'), '.0f')} | "
                      f"{fmt(r.get('cache_hits'), 'd')} | {check} | {fmt(r['wall_s'], '.1f')} |")
     return "\n".join(lines) + "\n"
 

@@ -339,9 +339,12 @@ class LLMParent(DeterministicParent):
         return text
 
     def rule_answer(self, s: State, action: int) -> str:
+        """The answer the rule would give: a worked example's reply."""
         reward = self.judge(s, action)
-        nxt = {"next_state": dict(zip(ATTRIBUTES, self.transition(s, action, reward).as_list()))} if self.next_state else {}
-        return json.dumps({"reward": int(reward), **nxt})
+        if not self.next_state:
+            return json.dumps({"reward": int(reward)})
+        nxt = self.transition(s, action, reward)
+        return json.dumps({"reward": int(reward), "next_state": dict(zip(ATTRIBUTES, nxt.as_list()))})
 
     def body(self, s: State, action: int) -> dict:
         # worked examples: fixed instances of the same task and level, answered right and wrong in turn
@@ -1056,8 +1059,8 @@ def validate_args(args: Args) -> Optional[str]:
     if n_params >= 1_000_000:
         # the state embedding has one row per value of every attribute, the step counter included
         embeddings = sum(attribute_vocab(args.num_actions, args.max_episode_steps)) * args.hidden_dim
-        fix = (f"reduce --max-episode-steps or --num-actions ({embeddings:,} of them are in the state embedding)"
-               if embeddings >= n_params / 2 else "reduce --hidden-dim or --num-layers (e.g. --hidden-dim 128 --num-layers 4)")
+        fix = ("reduce --hidden-dim or --num-layers (e.g. --hidden-dim 128 --num-layers 4)" if embeddings < n_params / 2
+               else f"reduce --max-episode-steps or --num-actions ({embeddings:,} of them are in the state embedding)")
         return f"the model would have {n_params:,} parameters; the baby model must stay under 1M: {fix}"
     if args.parent == "llm":
         if importlib.util.find_spec("openai") is None:
@@ -1065,7 +1068,7 @@ def validate_args(args: Args) -> Optional[str]:
         if not args.llm_base_url:
             return "--parent llm needs --llm-base-url (an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1)"
         if not args.llm_base_url.startswith(("http://", "https://")):
-            return f"--llm-base-url {args.llm_base_url!r} must be an http:// or https:// URL, e.g. http://127.0.0.1:8000/v1"
+            return f"--llm-base-url {args.llm_base_url!r} must be an http:// or https:// URL (http://127.0.0.1:8000/v1)"
     return None
 
 
@@ -1185,6 +1188,7 @@ if __name__ == "__main__":
             f.write("\n".join(transcript))
     for k in ("success_rate", "world_model_mse", "policy_entropy"):
         writer.add_scalar(f"eval/{k}", result[k], args.total_timesteps)
-    atomic_write(os.path.join(run_dir, "eval.json"), lambda tmp: pathlib.Path(tmp).write_text(json.dumps(out, indent=2)))
+    text = json.dumps(out, indent=2)
+    atomic_write(os.path.join(run_dir, "eval.json"), lambda tmp: pathlib.Path(tmp).write_text(text))
     print(f"eval.json written to {run_dir}")
     writer.close()

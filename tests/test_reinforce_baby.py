@@ -570,7 +570,8 @@ def test_evaluation_is_greedy_by_default_and_reproducible():
 
 def test_sampled_evaluation_is_reproducible_from_its_seed():
     """Evaluator.run(greedy=False) samples from a generator of its own, seeded with its seed: the same evaluator gives
-    the same episodes whatever the global torch RNG holds. If this failed, a sampled evaluation could not be repeated."""
+    the same episodes whatever the global torch RNG holds. If this failed, a sampled evaluation could not be
+    repeated."""
     torch.manual_seed(0)
     agent = rb.Agent(8, 6, 16, 1, 2)
     ev = rb.Evaluator(["pattern-echo", "sequence-next"], 8, 6, 40, seed=5)

@@ -269,7 +269,8 @@ def test_the_agreement_check_judges_a_fixed_balanced_set_and_leaves_the_running_
     asked = record_batches(parent)
     check = parent.check_agreement(["pattern-echo", "conditional"], pairs=6, seed=3)
     assert set(check["per_level"]) == {f"{t}/level{k}" for t in ("pattern-echo", "conditional") for k in range(3)}
-    assert all(v == {"agreement": 0.5, "judged": 6, "fallbacks": 0, "rewarded": 1.0} for v in check["per_level"].values())
+    expected = {"agreement": 0.5, "judged": 6, "fallbacks": 0, "rewarded": 1.0}
+    assert all(v == expected for v in check["per_level"].values())
     assert check["queries"] == 36 and check["agreement"] == 0.5 and dict(parent.stats) == before
     for pairs in asked:
         assert [a == parent.oracle_action(s) for s, a in pairs] == [True, False] * 3
@@ -340,7 +341,8 @@ def test_a_server_that_dies_mid_run_leaves_the_run_on_the_rule(llm_server, tmp_p
     batches = record_batches(parent, 2, lambda: (llm_server.shutdown(), llm_server.server_close()))
     _, _, scalars = train_tiny(parent=parent, total_timesteps=64)
     stats = parent.summary()
-    assert [len(b) for b in batches] == [16] * 4 and stats["queries"] == 64 and scalars["parent/queries"] == [16, 32, 48, 64]
+    assert [len(b) for b in batches] == [16] * 4 and stats["queries"] == 64
+    assert scalars["parent/queries"] == [16, 32, 48, 64]  # every update logged
     assert stats["judged"] + stats["fallbacks"] == 64 and 16 <= stats["judged"] < 64 and stats["fallbacks"] > 0
 
 
@@ -399,7 +401,8 @@ def test_a_real_model_judges_and_a_dying_server_leaves_the_run_on_the_rule(real_
     batches = record_batches(parent, 3, lambda: (proc.kill(), proc.wait()))
     _, _, scalars = train_tiny(parent=parent, num_envs=8, total_timesteps=48)
     stats = parent.summary()
-    assert [len(b) for b in batches] == [8] * 6 and stats["queries"] == 48 and scalars["parent/queries"] == [8, 16, 24, 32, 40, 48]
+    assert [len(b) for b in batches] == [8] * 6 and stats["queries"] == 48
+    assert scalars["parent/queries"] == [8, 16, 24, 32, 40, 48]  # every update logged
     assert stats["judged"] >= 16 and stats["fallbacks"] > 0 and stats["judged"] + stats["fallbacks"] == 48
     assert stats["latency_ms"] > 0 and 0.0 <= stats["agreement"] <= 1.0
 
@@ -444,7 +447,10 @@ def test_the_llm_report_tables_the_agreement_check_and_each_runs_parent_statisti
                    {"success_rate": 0.5, "parent": parent, "llm_agreement_check": check}, wall=99.0)
     assert report.llm_main(str(out), str(tmp_path / "rep")) == 0
     text = (tmp_path / "rep" / "llm_parent.md").read_text()
-    assert "| pattern-echo/level1 | 0.75 | 0.25 | 0.75 | 0.25 |" in text and "| all | 0.100 | –  | 0.300 | –  |" in text
-    assert "| deterministic | 1 | 0.400 | 0.900 | 1.000 | – | – | – | – | – | – | – | 8.0 |" in text
-    assert "| LLM | 1 | 0.400 | 0.900 | 0.500 | 10016 | 9000 | 0.125 | 1016 | 321 | 9900 | 0.75/0.75/0.75 | 99.0 |" in text
+    assert "| pattern-echo/level1 | 0.75 | 0.25 | 0.75 | 0.25 |" in text
+    assert "| all | 0.100 | –  | 0.300 | –  |" in text
+    assert "| deterministic | 1 | 10016 | 0.400 | 0.900 | 1.000 | – | – | – | – | – | – | – | 8.0 |" in text
+    llm_row = ("| LLM | 1 | 10016 | 0.400 | 0.900 | 0.500 | 10016 | 9000 | 0.125 | 1016 | 321 | 9900 | 0.75/0.75/0.75 "
+               "| 99.0 |")
+    assert llm_row in text
     assert report.llm_main(str(tmp_path / "missing"), str(tmp_path / "rep2")) == 2
