@@ -1131,7 +1131,7 @@ if __name__ == "__main__":
             parent = LLMParent(args)
         except (sqlite3.Error, OSError) as e:
             cache = args.llm_cache or os.path.join(args.runs_dir, "llm_cache.sqlite")
-            fail(f"--llm-cache {cache!r} is not a usable sqlite file ({e}); give a new file path")
+            fail(f"--llm-cache {cache!r} cannot be used as an sqlite file ({e}); give a writable file path")
         if error := parent.probe():
             fail(error)
     run_name, run_dir = claim_run_dir(args.runs_dir, f"{args.task}__{args.exp_name}__{args.seed}__{int(time.time())}")

@@ -330,7 +330,7 @@ def test_an_unusable_llm_cache_is_a_one_line_error_before_any_work(llm_server, t
         cache.write_text("not a database, but long enough for sqlite to read its header " * 4)
     result = run_script("--parent", "llm", "--llm-base-url", llm_server.url, "--llm-model", "test-model",
                         "--llm-cache", str(cache), "--runs-dir", str(tmp_path / "runs"), check=False)
-    assert_one_line_error(result, f"--llm-cache {str(cache)!r} is not a usable sqlite file")
+    assert_one_line_error(result, f"--llm-cache {str(cache)!r} cannot be used as an sqlite file")
     assert llm_server.count == 0 and not (tmp_path / "runs").exists()
 
 
