@@ -1,8 +1,7 @@
 """WMIL "reinforce baby": a randomly initialised transformer learns goal-directed behaviour from a parent.
 
-Follows the WMIL plan and its five critical fixes: episodes end only on the time limit; the world model
-predicts the raw next-state tensor; REINFORCE (running-mean baseline) comes before PPO; reward components
-are logged separately; the LLM parent is optional and only replaces the deterministic rule once that works.
+Follows the WMIL plan and its five critical fixes: episodes end only on the time limit; the world model predicts
+the raw next-state tensor; REINFORCE before PPO; reward components logged apart; the LLM parent is optional.
 
 Usage (the locked MVP):
     python cleanrl_astral/reinforce_baby.py --task pattern-echo --num-actions 8 --hidden-dim 64 \
@@ -33,6 +32,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
+from torch.utils.tensorboard import SummaryWriter
 
 SCRIPT = os.path.splitext(os.path.basename(__file__))[0]
 EVAL_SEED_OFFSET = 777  # evaluation episodes are drawn from seed + this: never the training stream
@@ -178,21 +178,14 @@ class Args:
 TASKS = ["pattern-echo", "sequence-next", "conditional"]
 # every level names the number of symbols it uses: --num-actions must cover the levels a run visits
 DIFFICULTY_CONFIGS = {
-    "pattern-echo": [
-        {"target_range": 2, "num_symbols": 2},
-        {"target_range": 4, "num_symbols": 4},
-        {"target_range": 8, "num_symbols": 8},
-    ],
-    "sequence-next": [
-        {"steps": [1], "lengths": [2], "num_symbols": 8},
-        {"steps": [1, 2], "lengths": [3], "num_symbols": 8},
-        {"steps": [-2, -1, 1, 2], "lengths": [2, 3], "num_symbols": 8},
-    ],
-    "conditional": [
-        {"conditions": 1, "form": "if", "num_symbols": 8},
-        {"conditions": 2, "form": "elif", "num_symbols": 8},
-        {"conditions": 3, "form": "nested", "num_symbols": 8},
-    ],
+    "pattern-echo": [{"target_range": 2, "num_symbols": 2}, {"target_range": 4, "num_symbols": 4},
+                     {"target_range": 8, "num_symbols": 8}],
+    "sequence-next": [{"steps": [1], "lengths": [2], "num_symbols": 8},
+                      {"steps": [1, 2], "lengths": [3], "num_symbols": 8},
+                      {"steps": [-2, -1, 1, 2], "lengths": [2, 3], "num_symbols": 8}],
+    "conditional": [{"conditions": 1, "form": "if", "num_symbols": 8},
+                    {"conditions": 2, "form": "elif", "num_symbols": 8},
+                    {"conditions": 3, "form": "nested", "num_symbols": 8}],
 }
 NUM_LEVELS = 3
 ATTRIBUTES = ["task", "level", "v0", "v1", "v2", "f0", "f1", "f2", "last_action", "last_correct", "step"]
@@ -205,6 +198,16 @@ LLM_RULES = {"pattern-echo": "the answer must equal the cue.",
              "elif": "if f0 is 1 the answer must be v0, else if f1 is 1 it must be v1, otherwise v2.",
              "nested": "if f0 is 1 the answer must be v0 when f1 is 1, else v1; if f0 is 0 it must be v2 when f2 is 1, "
                        "else 7 minus v0."}
+
+
+def task_list(task: str) -> List[str]:
+    return TASKS if task == "all" else [task]
+
+
+def playable(tasks: List[str], num_actions: int) -> List[Tuple[str, int]]:
+    """The (task, level) pairs whose symbols fit in the action space."""
+    return [(t, lv) for t in tasks for lv in range(NUM_LEVELS)
+            if DIFFICULTY_CONFIGS[t][lv]["num_symbols"] <= num_actions]
 
 
 def attribute_vocab(num_actions: int, max_episode_steps: int) -> List[int]:
@@ -228,6 +231,9 @@ class State:
 
     def as_list(self) -> List[int]:
         return [self.task, self.level, *self.values, *self.flags, self.last_action, self.last_correct, self.step]
+
+    def as_dict(self) -> dict:
+        return dict(zip(ATTRIBUTES, self.as_list()))
 
     @staticmethod
     def from_list(v: List[int], num_actions: int) -> "State":
@@ -306,12 +312,7 @@ def failure(e: Exception) -> str:
 
 
 class LLMParent(DeterministicParent):
-    """Judges actions with a model behind an OpenAI-compatible chat-completions endpoint; the rule is the fallback.
-
-    One request per distinct (state, action) in a batch; answers are validated, retried, cached on disk (sqlite) by
-    everything that decides an answer or its validity, and compared with the rule (agreement). Only the answer text
-    is used, never token probabilities.
-    """
+    """Judges actions with a model behind an OpenAI-compatible endpoint: validated, retried, cached, rule fallback."""
 
     def __init__(self, args: Args):
         import openai
@@ -319,8 +320,7 @@ class LLMParent(DeterministicParent):
         super().__init__(args.num_actions)
         self.vocab = attribute_vocab(args.num_actions, args.max_episode_steps)
         self.base_url, self.model, self.timeout = args.llm_base_url.rstrip("/"), args.llm_model, args.llm_timeout
-        self.retries, self.next_state, self.examples = args.llm_retries, args.llm_next_state, args.llm_examples
-        self.response_format, self.concurrency = args.llm_response_format, args.llm_concurrency
+        self.args, self.next_state = args, args.llm_next_state
         # the retries are ours (an invalid answer is retried as well), so the client's own are off
         self.client = openai.OpenAI(base_url=self.base_url, api_key=os.environ.get(args.llm_api_key_env) or "unused",
                                     timeout=args.llm_timeout, max_retries=0)
@@ -334,22 +334,20 @@ class LLMParent(DeterministicParent):
     def user_message(self, s: State, action: int) -> str:
         text = f"{s.to_prompt()}\nanswer = {int(action)}"
         if self.next_state:
-            text += (f"\nstate = {json.dumps(dict(zip(ATTRIBUTES, s.as_list())))}\nAlso give next_state: this state "
+            text += (f"\nstate = {json.dumps(s.as_dict())}\nAlso give next_state: this state "
                      "with step + 1, last_action = the answer and last_correct = your reward.")
         return text
 
     def rule_answer(self, s: State, action: int) -> str:
         """The answer the rule would give: a worked example's reply."""
         reward = self.judge(s, action)
-        if not self.next_state:
-            return json.dumps({"reward": int(reward)})
-        nxt = self.transition(s, action, reward)
-        return json.dumps({"reward": int(reward), "next_state": dict(zip(ATTRIBUTES, nxt.as_list()))})
+        nxt = {"next_state": self.transition(s, action, reward).as_dict()} if self.next_state else {}
+        return json.dumps({"reward": int(reward), **nxt})
 
     def body(self, s: State, action: int) -> dict:
         # worked examples: fixed instances of the same task and level, answered right and wrong in turn
         rng, shots = np.random.default_rng(12345), []
-        for i in range(self.examples):
+        for i in range(self.args.llm_examples):
             e = self.new_instance(TASKS[s.task], s.level, rng)
             a = self.oracle_action(e) if i % 2 == 0 else (self.oracle_action(e) + 1 + i) % self.num_actions
             shots += [{"role": "user", "content": self.user_message(e, a)},
@@ -361,7 +359,7 @@ class LLMParent(DeterministicParent):
         schema = {"type": "object", "properties": props, "required": list(props)}
         fmt = {"json-object": {"type": "json_object", "schema": schema},  # llama.cpp's server
                "json-schema": {"type": "json_schema", "json_schema": {"name": "verdict", "schema": schema}},
-               "none": None}[self.response_format]
+               "none": None}[self.args.llm_response_format]
         # max_tokens bounds a model that does not stop: the answer is about 6 tokens, 90 with the next state
         return {"model": self.model, "temperature": 0, "max_tokens": 200 if self.next_state else 20,
                 **({"response_format": fmt} if fmt else {}),
@@ -369,15 +367,13 @@ class LLMParent(DeterministicParent):
                              {"role": "user", "content": self.user_message(s, action)}]}
 
     def cache_key(self, s: State, action: int) -> str:
-        # everything that changes the answer (the whole request, the endpoint) or its validity (the attribute
-        # ranges, which depend on --num-actions and --max-episode-steps), so no run reuses another's answer wrongly
+        # all that decides an answer (request, endpoint) or its validity (attribute ranges): no wrong reuse
         raw = json.dumps([self.base_url, self.body(s, action), s.as_list(), int(action), self.vocab])
         return hashlib.sha256(raw.encode()).hexdigest()
 
     def request(self, s: State, action: int):
         with self.client.chat.completions.with_streaming_response.create(**self.body(s, action)) as reply:
-            # the client's timeout bounds each read; this deadline bounds the whole reply (a server sending a few
-            # bytes at a time would otherwise hold the request open for as long as it likes)
+            # the client's timeout bounds each read; this deadline bounds a reply trickled a few bytes at a time
             deadline, chunks = time.monotonic() + self.timeout, []
             for chunk in reply.iter_bytes():
                 chunks.append(chunk)
@@ -395,26 +391,22 @@ class LLMParent(DeterministicParent):
             return None
         if not isinstance(obj, dict) or obj.get("reward") not in (0, 1) or isinstance(obj.get("reward"), bool):
             return None
-        nxt = None
-        if self.next_state:
-            ns = obj.get("next_state")
-            if not isinstance(ns, dict) or set(ns) != set(ATTRIBUTES):
-                return None
-            vals = [ns[a] for a in ATTRIBUTES]
-            if not all(isinstance(v, int) and 0 <= v < k for v, k in zip(vals, self.vocab)):
-                return None
-            nxt = State.from_list(vals, self.num_actions)
-            # the LLM may choose the verdict the child sees (last_correct), not a new task instance: success is
-            # judged by the rule on the instance, so changing it would move the goalposts (or make it unsolvable)
-            if nxt != dataclasses.replace(s, last_action=int(action), step=s.step + 1, last_correct=nxt.last_correct):
-                return None
-        return float(obj["reward"]), nxt
+        if not self.next_state:
+            return float(obj["reward"]), None
+        ns = obj.get("next_state")
+        vals = [ns[a] for a in ATTRIBUTES] if isinstance(ns, dict) and set(ns) == set(ATTRIBUTES) else []
+        if not vals or not all(isinstance(v, int) and 0 <= v < k for v, k in zip(vals, self.vocab)):
+            return None
+        nxt = State.from_list(vals, self.num_actions)
+        # the LLM may set the verdict (last_correct), never a new task instance: that would move the goalposts
+        ok = nxt == dataclasses.replace(s, last_action=int(action), step=s.step + 1, last_correct=nxt.last_correct)
+        return (float(obj["reward"]), nxt) if ok else None
 
     def ask(self, s: State, action: int) -> Optional[Tuple[str, float]]:
         """The first valid answer text within 1 + retries attempts, with its latency (ms); None if all failed."""
         import openai
 
-        for _ in range(1 + self.retries):
+        for _ in range(1 + self.args.llm_retries):
             t0 = time.perf_counter()
             try:
                 text = self.request(s, action)
@@ -429,10 +421,9 @@ class LLMParent(DeterministicParent):
         answers = {k: row[0] for k in set(keys)
                    if (row := self.db.execute("SELECT answer FROM answers WHERE key = ?", (k,)).fetchone())}
         self.stats["cache_hits"] += sum(k in answers for k in keys)
-        # one request per distinct (state, action): a batch holds many repeats, and a judge that is not
-        # deterministic would otherwise give one pair different rewards within the batch
+        # one request per distinct (state, action): a non-deterministic judge gives each pair one reward per batch
         first = list({k: i for i, k in reversed(list(enumerate(keys))) if k not in answers}.values())
-        with concurrent.futures.ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=self.args.llm_concurrency) as pool:
             for i, res in zip(first, pool.map(lambda i: self.ask(states[i], actions[i]), first)):
                 if res is not None:
                     answers[keys[i]] = res[0]
@@ -454,9 +445,7 @@ class LLMParent(DeterministicParent):
         return out
 
     def summary(self) -> dict:
-        """queries, judged, agreement (share of judged verdicts equal to the rule's), fallbacks, latency_ms (mean of
-        the answered requests), cache_hits; and per task and level: agreement, judged, fallbacks and rewarded (the
-        share of judged answers that said 1, which shows a judge's bias)."""
+        """Totals, and per task and level agreement with the rule and the share rewarded (a judge's bias)."""
         st, lat = self.stats, self.latencies
         out = {k: st[k] for k in ("queries", "judged", "fallbacks", "cache_hits")}
         out.update(agreement=st["agreements"] / max(1, st["judged"]), latency_ms=float(np.mean(lat)) if lat else 0.0)
@@ -482,17 +471,14 @@ class LLMParent(DeterministicParent):
         return None if isinstance(text, str) else f"--llm-base-url {self.base_url}: a chat completion had no text"
 
     def check_agreement(self, tasks: List[str], pairs: int, seed: int = 0) -> dict:
-        """Agreement with the rule on a fixed, seeded set of `pairs` (state, action) per task and level, half of them
-        answered right and half wrong, before any training; the running totals are left as they were."""
+        """summary() over `pairs` seeded (state, action) per task and level, half right; running totals are kept."""
         stats, latencies, rng = self.stats.copy(), list(self.latencies), np.random.default_rng(seed)
         self.stats, self.latencies = collections.Counter(), []
-        for task in tasks:
-            for level in range(NUM_LEVELS):
-                if DIFFICULTY_CONFIGS[task][level]["num_symbols"] <= self.num_actions:
-                    states = [self.new_instance(task, level, rng) for _ in range(pairs)]
-                    wrong = [int(x) for x in rng.integers(1, self.num_actions, pairs)]
-                    self.respond(states, [(self.oracle_action(s) + (0 if i % 2 == 0 else w)) % self.num_actions
-                                          for i, (s, w) in enumerate(zip(states, wrong))])
+        for task, level in playable(tasks, self.num_actions):
+            states = [self.new_instance(task, level, rng) for _ in range(pairs)]
+            wrong = [int(x) for x in rng.integers(1, self.num_actions, pairs)]
+            self.respond(states, [(self.oracle_action(s) + (0 if i % 2 == 0 else w)) % self.num_actions
+                                  for i, (s, w) in enumerate(zip(states, wrong))])
         result = self.summary()
         self.stats, self.latencies = stats, latencies
         return result
@@ -516,16 +502,14 @@ class BabyEnv:
         """Returns next states, the parent's goal rewards, terminated, truncated, and per-episode infos."""
         self.t += 1
         replies = self.parent.respond(self.states, actions)
-        correct = [a == self.parent.oracle_action(s) for s, a in zip(self.states, actions)]
-        next_states = [nxt for _, nxt in replies]
+        correct = np.array([a == self.parent.oracle_action(s) for s, a in zip(self.states, actions)])
         rewards = np.array([r for r, _ in replies], dtype=np.float32)
+        self.states = [nxt for _, nxt in replies]
         # plan fix 1: no terminal state on success; the only episode end is the time limit
         terminated = np.zeros(self.num_envs, dtype=bool)
         truncated = np.full(self.num_envs, self.t >= self.max_episode_steps)
-        # success comes from the rule, apart from the (possibly LLM) reward: it is the answer at the last step
-        infos = {"correct": np.array(correct), "success": np.array(correct) & truncated}
-        self.states = next_states
-        return next_states, rewards, terminated, truncated, infos
+        # success is the rule's verdict on the last answer, whatever the (possibly LLM) reward said
+        return self.states, rewards, terminated, truncated, {"correct": correct, "success": correct & truncated}
 
 
 def states_to_tensor(states: List[State]) -> torch.Tensor:
@@ -578,8 +562,7 @@ class TransformerCore(nn.Module):
 
 
 class WorldModelHead(nn.Module):
-    """Predicts the raw next-state tensor from h and the action (plan fix 2: a target in the model's own embedding
-    space could be met by collapsing the embedding)."""
+    """Predicts the raw next-state tensor (plan fix 2: a target in embedding space is met by collapsing it)."""
 
     def __init__(self, hidden_dim: int, num_actions: int):
         super().__init__()
@@ -637,19 +620,12 @@ def prediction_reward(pred: torch.Tensor, target: torch.Tensor) -> np.ndarray:
 
 
 def reinforce_returns(rewards: torch.Tensor, gamma: float) -> torch.Tensor:
-    """Discounted return-to-go over (T, N) rewards; episodes are whole, so nothing bootstraps."""
-    returns = torch.zeros_like(rewards)
-    running = torch.zeros_like(rewards[0])
-    for t in reversed(range(rewards.shape[0])):
-        running = rewards[t] + gamma * running
-        returns[t] = running
-    return returns
+    """Discounted return-to-go over (T, N) rewards (GAE with no values and lambda 1): nothing bootstraps."""
+    return gae(rewards, torch.zeros(rewards.shape[0] + 1, *rewards.shape[1:]), gamma, 1.0)
 
 
 def gae(rewards: torch.Tensor, values: torch.Tensor, gamma: float, lam: float) -> torch.Tensor:
-    """GAE over (T, N) with values[T] = 0: the step counter is observed and the task's horizon is fixed,
-    so nothing is earned after the time limit (bootstrapping there would add an untrained, action-dependent
-    value of a state the agent never acts in)."""
+    """GAE over (T, N) with values[T] = 0: the horizon is fixed and observed, so nothing is earned after it."""
     adv = torch.zeros_like(rewards)
     last = torch.zeros_like(rewards[0])
     for t in reversed(range(rewards.shape[0])):
@@ -660,10 +636,7 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, gamma: float, lam: float) -
 
 
 def scale_advantages(adv: torch.Tensor, algorithm: str) -> torch.Tensor:
-    """PPO: centred and divided by the minibatch std. REINFORCE: the running-mean baseline already centres them,
-    so they are only divided by the std, and not at all when every return is equal (a batch of 0/1 episodes that
-    all succeeded or all failed): return - baseline over a std of 0 would be scaled by 1e8 and swamp the entropy
-    and world-model terms under the gradient clip."""
+    """PPO: centre and divide by the std. REINFORCE: the baseline centres; a std of 0 would scale them by 1e8."""
     if algorithm == "ppo":
         return (adv - adv.mean()) / (adv.std() + 1e-8)
     std = adv.std()
@@ -680,8 +653,7 @@ def kl_to_parent(logits: torch.Tensor, oracle: torch.Tensor, smoothing: float) -
 
 
 class CurriculumManager:
-    """Per task: the current level goes up once the success rate over the last `window` episodes at that
-    level reaches `threshold` (the window restarts at each level); without curriculum the level is fixed."""
+    """Per task, the level goes up once the success rate over the last `window` episodes at it reaches `threshold`."""
 
     def __init__(self, tasks: List[str], enabled: bool, fixed_level: int, threshold: float, window: int,
                  review_prob: float = 0.0):
@@ -689,7 +661,6 @@ class CurriculumManager:
         self.review_prob = review_prob
         self.levels = {t: (0 if enabled else fixed_level) for t in tasks}
         self.history = {t: collections.deque(maxlen=window) for t in tasks}
-        self.level_ups: List[Tuple[str, int]] = []
 
     def sample_level(self, task: str, rng: np.random.Generator) -> int:
         """The current level, or with probability review_prob a uniformly drawn mastered (lower) level."""
@@ -707,16 +678,13 @@ class CurriculumManager:
         if self.levels[task] < NUM_LEVELS - 1 and len(h) == self.window and np.mean(h) >= self.threshold:
             self.levels[task] += 1
             h.clear()
-            self.level_ups.append((task, self.levels[task]))
             return True
         return False
 
 
-
 # Evaluation and representation analysis -------------------------------------------------------------------------------
 class Evaluator:
-    """Success rate, world-model MSE and policy entropy over N episodes per (task, level), with the
-    deterministic rule as judge (evaluation never calls an LLM)."""
+    """Success rate, world-model MSE and policy entropy per (task, level); the rule judges, never an LLM."""
 
     def __init__(self, tasks: List[str], num_actions: int, max_episode_steps: int, episodes: int, seed: int):
         self.tasks, self.num_actions, self.T = tasks, num_actions, max_episode_steps
@@ -725,36 +693,31 @@ class Evaluator:
     @torch.no_grad()
     def run(self, agent: Optional[Agent], eval_levels: dict, greedy: bool = True, transcript: Optional[list] = None):
         """agent=None evaluates the uniform random policy."""
-        parent = DeterministicParent(self.num_actions)
+        parent, n = DeterministicParent(self.num_actions), self.episodes
         per_diff, mse_all, ent_all = {}, [], []
         gen = torch.Generator().manual_seed(self.seed)
-        for ti, task in enumerate(self.tasks):
-            for level in range(NUM_LEVELS):
-                if DIFFICULTY_CONFIGS[task][level]["num_symbols"] > self.num_actions:
-                    continue
-                env = BabyEnv(parent, self.episodes, self.T, self.seed + 1000 * ti + level)
-                states = env.reset([task] * self.episodes, [level] * self.episodes)
-                success = np.zeros(self.episodes, dtype=bool)
-                for _ in range(self.T):
-                    x = states_to_tensor(states)
-                    if agent is None:
-                        action = torch.randint(0, self.num_actions, (self.episodes,), generator=gen)
-                        ent = torch.full((self.episodes,), math.log(self.num_actions))
-                    else:
-                        action, _, ent, _, h, logits = agent.get_action_and_value(x, greedy=True)
-                        if not greedy:  # sampled from the evaluator's own generator: the same seed, the same episodes
-                            action = torch.multinomial(torch.softmax(logits, -1), 1, generator=gen)[:, 0]
-                    prev = states
-                    states, _, _, truncated, info = env.step(action.tolist())
-                    success |= info["success"]
-                    ent_all.append(ent.mean().item())
-                    if agent is not None and level == eval_levels[task]:
-                        nx = states_to_tensor(states)
-                        mse_all.append(F.mse_loss(agent.world_model(h, action), agent.world_model_target(nx)).item())
-                    if transcript is not None and len(transcript) < 20:
-                        transcript.append(f"{prev[0].to_prompt()}\n-> action {action[0].item()} "
-                                          f"(oracle {parent.oracle_action(prev[0])})\n")
-                per_diff[f"{task}/level{level}"] = float(success.mean())
+        for task, level in playable(self.tasks, self.num_actions):
+            env = BabyEnv(parent, n, self.T, self.seed + 1000 * self.tasks.index(task) + level)
+            states = env.reset([task] * n, [level] * n)
+            success = np.zeros(n, dtype=bool)
+            for _ in range(self.T):
+                if agent is None:
+                    action = torch.randint(0, self.num_actions, (n,), generator=gen)
+                    ent = torch.full((n,), math.log(self.num_actions))
+                else:
+                    action, _, ent, _, h, logits = agent.get_action_and_value(states_to_tensor(states), greedy=True)
+                    if not greedy:  # sampled from the evaluator's own generator: the same seed, the same episodes
+                        action = torch.multinomial(torch.softmax(logits, -1), 1, generator=gen)[:, 0]
+                if transcript is not None and len(transcript) < 20:
+                    transcript.append(f"{states[0].to_prompt()}\n-> action {action[0].item()} "
+                                      f"(oracle {parent.oracle_action(states[0])})\n")
+                states, _, _, _, info = env.step(action.tolist())
+                success |= info["success"]
+                ent_all.append(ent.mean().item())
+                if agent is not None and level == eval_levels[task]:
+                    target = agent.world_model_target(states_to_tensor(states))
+                    mse_all.append(F.mse_loss(agent.world_model(h, action), target).item())
+            per_diff[f"{task}/level{level}"] = float(success.mean())
         final = [per_diff[f"{t}/level{eval_levels[t]}"] for t in self.tasks]
         return {"success_rate": float(np.mean(final)),
                 "world_model_mse": float(np.mean(mse_all)) if mse_all else None,  # the random policy has none
@@ -764,8 +727,7 @@ class Evaluator:
 @torch.no_grad()
 def representation_analysis(agent: Agent, tasks: List[str], levels: dict, num_actions: int, T: int,
                             samples: int, seed: int, png_path: str) -> dict:
-    """Linear-probe accuracy of each state attribute from the embedding h, and a t-SNE PNG coloured by
-    the oracle action (the target)."""
+    """Linear-probe accuracy of each attribute from h, and a t-SNE PNG coloured by the oracle action."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -789,14 +751,13 @@ def representation_analysis(agent: Agent, tasks: List[str], levels: dict, num_ac
     probes = {}
     for i, name in enumerate(ATTRIBUTES):
         y = x[:, i].numpy()
-        if len(np.unique(y)) < 2:
+        counts = np.unique(y, return_counts=True)[1]
+        if len(counts) < 2:
             continue
-        strat = y if np.min(np.unique(y, return_counts=True)[1]) >= 2 else None
-        htr, hte, ytr, yte = train_test_split(h, y, test_size=0.3, random_state=seed, stratify=strat)
-        if len(np.unique(ytr)) < 2:
-            continue
-        clf = LogisticRegression(max_iter=1000).fit(htr, ytr)
-        probes[name] = float(clf.score(hte, yte))
+        htr, hte, ytr, yte = train_test_split(h, y, test_size=0.3, random_state=seed,
+                                              stratify=y if counts.min() >= 2 else None)
+        if len(np.unique(ytr)) >= 2:
+            probes[name] = float(LogisticRegression(max_iter=1000).fit(htr, ytr).score(hte, yte))
     target = np.array([parent.oracle_action(s) for s in states])
     emb = TSNE(n_components=2, init="pca", perplexity=min(30, len(states) // 4), random_state=seed).fit_transform(h)
     fig, ax = plt.subplots(figsize=(5, 4.5))
@@ -815,18 +776,15 @@ def build_agent(cfg: dict) -> Agent:
 
 
 def evaluate(model_path: str, episodes: Optional[int] = None, seed: Optional[int] = None, greedy: bool = True) -> dict:
-    """Loads a saved model and evaluates it on the tasks it was trained on. By default on the run's
-    own evaluation episodes (its --eval-episodes, seed + 777), so it reproduces the run's eval.json."""
+    """Evaluates a saved model; by default on the run's own episodes, so it reproduces the run's eval.json."""
     ckpt = torch.load(model_path, map_location="cpu", weights_only=False)
-    cfg = ckpt["args"]
-    episodes = cfg["eval_episodes"] if episodes is None else episodes
-    seed = cfg["seed"] + EVAL_SEED_OFFSET if seed is None else seed
+    cfg, tasks = ckpt["args"], task_list(ckpt["args"]["task"])
     agent = build_agent(cfg)
     agent.load_state_dict(ckpt["state_dict"])
-    agent.eval()
-    tasks = TASKS if cfg["task"] == "all" else [cfg["task"]]
-    levels = ckpt.get("eval_levels") or {t: cfg["level"] for t in tasks}
-    return Evaluator(tasks, cfg["num_actions"], cfg["max_episode_steps"], episodes, seed).run(agent, levels, greedy)
+    evaluator = Evaluator(tasks, cfg["num_actions"], cfg["max_episode_steps"],
+                          cfg["eval_episodes"] if episodes is None else episodes,
+                          cfg["seed"] + EVAL_SEED_OFFSET if seed is None else seed)
+    return evaluator.run(agent.eval(), ckpt.get("eval_levels") or {t: cfg["level"] for t in tasks}, greedy)
 
 
 def atomic_write(path: str, write):
@@ -840,8 +798,6 @@ def seed_everything(seed: int):
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
 
 
 # Training -------------------------------------------------------------------------------------------------------------
@@ -888,8 +844,7 @@ def collect_rollout(agent: Agent, env: BabyEnv, curriculum: CurriculumManager, t
 
 
 def advantages_and_returns(rewards: torch.Tensor, values: torch.Tensor, baseline: torch.Tensor, args: Args):
-    """REINFORCE: return-to-go minus the running-mean baseline of the earlier batches (updated only afterwards, so it
-    never holds this batch's own returns). PPO: GAE on the value head. Returns (advantages, returns, new baseline)."""
+    """(advantages, returns, new baseline): REINFORCE against the earlier batches' baseline, or PPO's GAE."""
     if args.algorithm == "reinforce":
         returns = reinforce_returns(rewards, args.gamma)
         advantages = returns - baseline.unsqueeze(1)
@@ -950,8 +905,8 @@ def update(agent: Agent, optimizer, ro: Rollout, advantages: torch.Tensor, retur
 def train(args: Args, writer, parent: Optional[DeterministicParent] = None, label: str = "") -> Tuple[Agent, dict]:
     """Trains one agent; returns it with the evaluation levels per task (the curriculum's final levels)."""
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    tasks = TASKS if args.task == "all" else [args.task]
-    agent = Agent(args.num_actions, args.max_episode_steps, args.hidden_dim, args.num_layers, args.num_heads).to(device)
+    tasks = task_list(args.task)
+    agent = build_agent(vars(args)).to(device)
     if not label:
         print(f"model parameters: {num_parameters(agent):,} (< 1M: {num_parameters(agent) < 1_000_000})")
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
@@ -960,7 +915,7 @@ def train(args: Args, writer, parent: Optional[DeterministicParent] = None, labe
     parent = parent or (LLMParent(args) if args.parent == "llm" else DeterministicParent(args.num_actions))
     env = BabyEnv(parent, args.num_envs, args.max_episode_steps, args.seed)
     baseline, start_time = torch.zeros(args.max_episode_steps), time.time()
-    recent_success = collections.deque(maxlen=100)  # charts/success_rate: the last 100 episodes, overall and per level
+    recent_success = collections.deque(maxlen=100)  # charts/success_rate: the last 100 episodes
     recent_level = collections.defaultdict(lambda: collections.deque(maxlen=100))
     for iteration in range(1, args.num_iterations + 1):
         global_step = iteration * args.batch_size
@@ -1013,68 +968,61 @@ def flag(name: str) -> str:
 
 
 def validate_args(args: Args) -> Optional[str]:
-    """The first problem with the arguments, as a one-line message that says how to fix it; None if they are fine.
-    Only what would otherwise crash after the run directory exists, or train a meaningless run in silence."""
-    for field in dataclasses.fields(Args):  # NaN and inf pass every range check below
-        value = getattr(args, field.name)
-        if isinstance(value, float) and not math.isfinite(value):
-            return f"{flag(field.name)} {value} must be a finite number"
-    if not 0 <= args.seed < 2**32:
-        return f"--seed {args.seed} must be in [0, 2**32 - 1] (the range numpy accepts)"
-    # the name becomes part of a directory name and of the model file's name: a '/' makes the save fail after training
-    if not args.exp_name.strip() or "/" in args.exp_name:
-        return f"--exp-name {args.exp_name!r} must be a non-empty name without '/'"
-    for name in ("num_heads", "num_minibatches", "update_epochs", "llm_concurrency", "max_episode_steps",
-                 "num_envs", "hidden_dim", "num_layers", "eval_episodes", "mastery_window"):
-        if getattr(args, name) < 1:
-            return f"{flag(name)} must be >= 1"
-    for name, ok, need in (("learning_rate", lambda v: v > 0, "positive"), ("llm_timeout", lambda v: v > 0, "positive"),
-                           ("clip_coef", lambda v: v > 0, "positive"), ("max_grad_norm", lambda v: v > 0, "positive"),
-                           ("llm_retries", lambda v: v >= 0, ">= 0"), ("llm_examples", lambda v: v >= 0, ">= 0"),
-                           ("llm_check_pairs", lambda v: v >= 0, ">= 0"), ("gamma", lambda v: 0 < v <= 1, "in (0, 1]"),
-                           ("gae_lambda", lambda v: 0 <= v <= 1, "in [0, 1]"),
-                           ("baseline_decay", lambda v: 0 <= v < 1, "in [0, 1)"),
-                           ("mastery_threshold", lambda v: 0 < v <= 1, "in (0, 1]"),
-                           ("review_prob", lambda v: 0 <= v <= 1, "in [0, 1]"),
-                           ("kl_smoothing", lambda v: 0 <= v <= 1, "in [0, 1]")):
-        if not ok(getattr(args, name)):
-            return f"{flag(name)} {getattr(args, name)} must be {need}"
-    if args.total_timesteps < args.num_envs * args.max_episode_steps:
-        return (f"--total-timesteps {args.total_timesteps} is less than one update (--num-envs x --max-episode-steps "
-                f"= {args.num_envs * args.max_episode_steps})")
-    if args.analysis and args.analysis_samples < 2:
-        return "--analysis-samples must be >= 2 (or --no-analysis)"
-    tasks = TASKS if args.task == "all" else [args.task]
+    """The first problem with the arguments that would crash late or run wrong in silence, as one line; or None."""
+    def must(name: str, ok: bool, need: str) -> Tuple[bool, str]:
+        return not ok, f"{flag(name)} {getattr(args, name)} must be {need}"
+
+    batch, llm = args.num_envs * args.max_episode_steps, args.parent == "llm"
     top = NUM_LEVELS - 1 if args.curriculum else args.level
-    need = max(DIFFICULTY_CONFIGS[t][lv]["num_symbols"] for t in tasks for lv in range(top + 1))
-    if args.num_actions < need:
-        return (f"--num-actions {args.num_actions} is smaller than the {need} symbols task {args.task!r} "
-                f"needs up to level {top}; use --num-actions >= {need}")
-    if args.hidden_dim % args.num_heads:
-        return f"--hidden-dim {args.hidden_dim} must be divisible by --num-heads {args.num_heads}"
-    if args.algorithm == "ppo" and (args.num_envs * args.max_episode_steps) % args.num_minibatches:
-        return "--num-envs * --max-episode-steps must be divisible by --num-minibatches"
-    n_params = num_parameters(Agent(args.num_actions, args.max_episode_steps, args.hidden_dim, args.num_layers,
-                                    args.num_heads))
+    need = max(DIFFICULTY_CONFIGS[t][lv]["num_symbols"] for t in task_list(args.task) for lv in range(top + 1))
+    # NaN and inf pass every range check
+    checks = [must(f.name, math.isfinite(getattr(args, f.name)), "a finite number")
+              for f in dataclasses.fields(Args) if f.type is float]
+    checks += [(not 0 <= args.seed < 2**32, f"--seed {args.seed} must be in [0, 2**32 - 1] (the range numpy accepts)"),
+               (not args.exp_name.strip() or "/" in args.exp_name,
+                f"--exp-name {args.exp_name!r} must be a non-empty name without '/'")]
+    checks += [(getattr(args, n) < 1, f"{flag(n)} must be >= 1") for n in (
+        "num_heads", "num_minibatches", "update_epochs", "llm_concurrency", "max_episode_steps", "num_envs",
+        "hidden_dim", "num_layers", "eval_episodes", "mastery_window")]
+    checks += [must(n, getattr(args, n) > 0, "positive")
+               for n in ("learning_rate", "llm_timeout", "clip_coef", "max_grad_norm")]
+    checks += [must(n, getattr(args, n) >= 0, ">= 0") for n in ("llm_retries", "llm_examples", "llm_check_pairs")]
+    checks += [must(n, 0 <= getattr(args, n) <= 1, "in [0, 1]") for n in ("gae_lambda", "review_prob", "kl_smoothing")]
+    checks += [
+        must("gamma", 0 < args.gamma <= 1, "in (0, 1]"),
+        must("baseline_decay", 0 <= args.baseline_decay < 1, "in [0, 1)"),
+        must("mastery_threshold", 0 < args.mastery_threshold <= 1, "in (0, 1]"),
+        (args.total_timesteps < batch,
+         f"--total-timesteps {args.total_timesteps} is less than one update (--num-envs x --max-episode-steps "
+         f"= {batch})"),
+        (args.analysis and args.analysis_samples < 2, "--analysis-samples must be >= 2 (or --no-analysis)"),
+        (args.num_actions < need, f"--num-actions {args.num_actions} is smaller than the {need} symbols task "
+                                  f"{args.task!r} needs up to level {top}; use --num-actions >= {need}"),
+        (args.hidden_dim % max(args.num_heads, 1) != 0,
+         f"--hidden-dim {args.hidden_dim} must be divisible by --num-heads {args.num_heads}"),
+        (args.algorithm == "ppo" and batch % max(args.num_minibatches, 1) != 0,
+         "--num-envs * --max-episode-steps must be divisible by --num-minibatches"),
+        (llm and importlib.util.find_spec("openai") is None,
+         "--parent llm needs the openai client: pip install -r requirements-llm.txt"),
+        (llm and not args.llm_base_url,
+         "--parent llm needs --llm-base-url (an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1)"),
+        (llm and not str(args.llm_base_url).startswith(("http://", "https://")),
+         f"--llm-base-url {args.llm_base_url!r} must be an http:// or https:// URL (http://127.0.0.1:8000/v1)"),
+    ]
+    if error := next((message for bad, message in checks if bad), None):
+        return error
+    n_params = num_parameters(build_agent(vars(args)))
     if n_params >= 1_000_000:
         # the state embedding has one row per value of every attribute, the step counter included
         embeddings = sum(attribute_vocab(args.num_actions, args.max_episode_steps)) * args.hidden_dim
         fix = ("reduce --hidden-dim or --num-layers (e.g. --hidden-dim 128 --num-layers 4)" if embeddings < n_params / 2
                else f"reduce --max-episode-steps or --num-actions ({embeddings:,} of them are in the state embedding)")
         return f"the model would have {n_params:,} parameters; the baby model must stay under 1M: {fix}"
-    if args.parent == "llm":
-        if importlib.util.find_spec("openai") is None:
-            return "--parent llm needs the openai client: pip install -r requirements-llm.txt"
-        if not args.llm_base_url:
-            return "--parent llm needs --llm-base-url (an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1)"
-        if not args.llm_base_url.startswith(("http://", "https://")):
-            return f"--llm-base-url {args.llm_base_url!r} must be an http:// or https:// URL (http://127.0.0.1:8000/v1)"
     return None
 
 
 def claim_run_dir(runs_dir: str, run_name: str) -> Tuple[str, str]:
-    """A new directory of its own for this run: (run_name, run_dir). Runs of one command started in the same second
-    would otherwise share one and mix their logs, so a taken name gets the suffix __2, __3, ... (os.mkdir is atomic)."""
+    """(run_name, run_dir) of a new directory: runs started in the same second get __2, __3, ... (mkdir is atomic)."""
     try:
         os.makedirs(runs_dir, exist_ok=True)
         for suffix in itertools.count(1):
@@ -1091,12 +1039,9 @@ def claim_run_dir(runs_dir: str, run_name: str) -> Tuple[str, str]:
 def evaluate_with_baselines(args: Args, agent: Agent, eval_levels: dict, run_dir: str,
                             transcript: Optional[list]) -> Tuple[dict, dict]:
     """The agent's evaluation and each --baselines row, on the same episodes (the rule judges, never an LLM)."""
-    tasks = TASKS if args.task == "all" else [args.task]
-    evaluator = Evaluator(tasks, args.num_actions, args.max_episode_steps, args.eval_episodes,
+    evaluator = Evaluator(task_list(args.task), args.num_actions, args.max_episode_steps, args.eval_episodes,
                           args.seed + EVAL_SEED_OFFSET)
     result, baselines = evaluator.run(agent, eval_levels, transcript=transcript), {}
-    from torch.utils.tensorboard import SummaryWriter
-
     for name in args.baselines:
         if name == "random":
             baselines[name] = evaluator.run(None, eval_levels)
@@ -1116,16 +1061,20 @@ def evaluate_with_baselines(args: Args, agent: Agent, eval_levels: dict, run_dir
     return result, baselines
 
 
+def baseline_row(r: dict) -> dict:
+    """A baseline's eval.json entry: flat, and without a world-model MSE where it has none (random)."""
+    mse = {} if r["world_model_mse"] is None else {"world_model_mse": r["world_model_mse"]}
+    return {"success_rate": r["success_rate"], "policy_entropy": r["policy_entropy"], **mse,
+            **{f"success_{k}": v for k, v in r["per_difficulty_success"].items()}}
 
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
-    error = validate_args(args)
-    if error:
+    if error := validate_args(args):
         fail(error)
     args.batch_size = args.num_envs * args.max_episode_steps
     args.num_iterations = max(1, args.total_timesteps // args.batch_size)
-    parent = None
+    parent, check, tasks = None, None, task_list(args.task)
     if args.parent == "llm":  # an unusable cache or endpoint is found before any work
         try:
             parent = LLMParent(args)
@@ -1140,14 +1089,11 @@ if __name__ == "__main__":
 
         wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
                    config=vars(args), name=run_name, save_code=True)
-    from torch.utils.tensorboard import SummaryWriter
-
     writer = SummaryWriter(run_dir)
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" +
                     "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
     seed_everything(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
-    tasks = TASKS if args.task == "all" else [args.task]
     t0 = time.time()
     if parent is not None and args.llm_check_pairs:
         check = parent.check_agreement(tasks, args.llm_check_pairs, args.seed)
@@ -1166,16 +1112,13 @@ if __name__ == "__main__":
     # EVALUATION: the trained agent and the baselines in one table
     transcript = [] if args.capture_video else None
     result, baselines = evaluate_with_baselines(args, agent, eval_levels, run_dir, transcript)
-    out = {"script": SCRIPT, "task": args.task, **result, "baselines": {}, "train_time_s": train_time,
+    out = {"script": SCRIPT, "task": args.task, **result,
+           "baselines": {name: baseline_row(r) for name, r in baselines.items()}, "train_time_s": train_time,
            "eval_levels": eval_levels, "num_parameters": num_parameters(agent)}
-    for name, r in baselines.items():
-        out["baselines"][name] = {"success_rate": r["success_rate"], "policy_entropy": r["policy_entropy"],
-                                  **({} if r["world_model_mse"] is None else {"world_model_mse": r["world_model_mse"]}),
-                                  **{f"success_{k}": v for k, v in r["per_difficulty_success"].items()}}
     if parent is not None:
         out["parent"] = parent.summary()
-        if args.llm_check_pairs:
-            out["llm_agreement_check"] = check
+    if check is not None:
+        out["llm_agreement_check"] = check
     if args.analysis:
         png = os.path.join(run_dir, "tsne.png")
         out["probe_accuracy"] = representation_analysis(agent, tasks, eval_levels, args.num_actions,
