@@ -437,9 +437,7 @@ class LLMParent(DeterministicParent):
             counts = ["queries", "fallbacks" if parsed is None else "judged"]
             if parsed is not None:
                 counts += ["agreements"] * int(parsed[0] == rule) + ["rewarded"] * int(parsed[0] == 1)
-            for c in counts:
-                self.stats[c] += 1
-                self.stats[f"{where}/{c}"] += 1
+            self.stats.update(counts + [f"{where}/{c}" for c in counts])
             reward, nxt = (rule, None) if parsed is None else parsed
             out.append((reward, nxt if nxt is not None else self.transition(s, a, reward)))
         return out
@@ -457,18 +455,18 @@ class LLMParent(DeterministicParent):
 
     def probe(self) -> Optional[str]:
         """What is wrong with the endpoint, or None: one listing and one judgement, asked before any training."""
+        where = f"--llm-base-url {self.base_url}"
         try:
             served = [m.id for m in self.client.models.list()]
         except Exception as e:  # whatever the reply is, the run cannot use this endpoint
-            return f"--llm-base-url {self.base_url}: listing the models failed: {failure(e)}"
+            return f"{where}: listing the models failed: {failure(e)}"
         if served and self.model not in served:
             return f"--llm-model {self.model!r} is not served at {self.base_url} (it serves {', '.join(served[:5])})"
-        s = self.new_instance(TASKS[0], 0, np.random.default_rng(0))
         try:
-            text = self.request(s, 0)
+            text = self.request(self.new_instance(TASKS[0], 0, np.random.default_rng(0)), 0)
         except Exception as e:
-            return f"--llm-base-url {self.base_url}: a chat completion failed: {failure(e)}"
-        return None if isinstance(text, str) else f"--llm-base-url {self.base_url}: a chat completion had no text"
+            return f"{where}: a chat completion failed: {failure(e)}"
+        return None if isinstance(text, str) else f"{where}: a chat completion had no text"
 
     def check_agreement(self, tasks: List[str], pairs: int, seed: int = 0) -> dict:
         """summary() over `pairs` seeded (state, action) per task and level, half right; running totals are kept."""
@@ -1126,9 +1124,8 @@ if __name__ == "__main__":
         print("linear-probe accuracy: " + " ".join(f"{k}={v:.2f}" for k, v in out["probe_accuracy"].items()))
         print(f"t-SNE written to {png}")
     if transcript is not None:
-        os.makedirs(os.path.join(run_dir, "videos"), exist_ok=True)
-        with open(os.path.join(run_dir, "videos", "eval_transcript.txt"), "w") as f:
-            f.write("\n".join(transcript))
+        pathlib.Path(run_dir, "videos").mkdir(exist_ok=True)
+        pathlib.Path(run_dir, "videos", "eval_transcript.txt").write_text("\n".join(transcript))
     for k in ("success_rate", "world_model_mse", "policy_entropy"):
         writer.add_scalar(f"eval/{k}", result[k], args.total_timesteps)
     text = json.dumps(out, indent=2)
