@@ -2,9 +2,12 @@
 success curves come from the runs' TensorBoard logs (charts/success_rate against environment steps) and eval.json
 files; report.py's tables are about returns, not these criteria. Reads --out/mvp and every sweep directory named
 curriculum* under --out (runs that have not finished count by their curves only) and writes into --report:
-mvp_criteria.md / .json, mvp_curves.png, curriculum_table.md and curriculum_curves.png.
+mvp_criteria.md / .json, mvp_curves.png, curriculum_table.md and curriculum_curves.png. With --llm it reads the
+LLM-parent experiment instead (agreement*/ , mvp/ and next_state/ under --out) and writes llm_parent.md / .json.
 
 Usage: python benchmark/reinforce_baby_report.py --out benchmark/out/reinforce_baby --report docs/results/reinforce_baby
+       python benchmark/reinforce_baby_report.py --llm --out benchmark/out/reinforce_baby_llm \
+           --report docs/results/reinforce_baby
 """
 import argparse
 import glob
@@ -218,11 +221,115 @@ def curriculum_curves(by_method, path):
     plt.close(fig)
 
 
+# ------------------------------------------------------------------------------------------------ LLM PARENT
+def exp_name_of(run_dir):
+    return os.path.basename(run_dir).split("__")[1]  # runs are named {task}__{exp_name}__{seed}__{time}
+
+
+def agreement_table(out):
+    """The LLM's agreement with the rule before any training, per task and level, by number of worked examples."""
+    checks = {}
+    for path in sorted(glob.glob(os.path.join(out, "agreement", "*", "eval.json"))):
+        with open(path) as f:
+            checks[int(exp_name_of(os.path.dirname(path)).rsplit("examples", 1)[1])] = json.load(f)["llm_agreement_check"]
+    if not checks:
+        return "", {}
+    ks = sorted(checks)
+    lines = ["| task / level | " + " | ".join(f"agreement, {k} examples | rewarded, {k} examples" for k in ks) + " |",
+             "|" + "---|" * (1 + 2 * len(ks))]
+    for where in checks[ks[0]]["per_level"]:
+        cells = [f"{checks[k]['per_level'][where]['agreement']:.2f} | {checks[k]['per_level'][where]['rewarded']:.2f}"
+                 for k in ks]
+        lines.append(f"| {where} | " + " | ".join(cells) + " |")
+    lines.append("| all | " + " | ".join(f"{checks[k]['agreement']:.3f} | – " for k in ks) + " |")
+    pairs = checks[ks[0]]["per_level"][next(iter(checks[ks[0]]["per_level"]))]["judged"] + \
+        checks[ks[0]]["per_level"][next(iter(checks[ks[0]]["per_level"]))]["fallbacks"]
+    foot = "; ".join(f"{k} examples: {checks[k]['judged']} judged, {checks[k]['fallbacks']} fallbacks, "
+                     f"{checks[k]['latency_ms']:.0f} ms per query" for k in ks)
+    return ((f"{pairs} seeded (state, action) pairs per task and level, half answered right: agreement with the rule "
+            "(0.5 is chance on this set) and the share the LLM rewarded.\n\n" + "\n".join(lines) + f"\n\n{foot}.\n"),
+            checks)
+
+
+def llm_run_rows(out):
+    """One row per run of the MVP sweep and the next-state sweep: success, the parent's statistics, wall time."""
+    rows = []
+    for sweep in ("mvp", "next_state"):
+        walls = wall_times(os.path.join(out, sweep))
+        for key_dir in sorted(glob.glob(os.path.join(out, sweep, "runs", "*"))):
+            key = os.path.basename(key_dir)
+            try:
+                series, ev = load(key_dir)
+            except (IndexError, KeyError):
+                continue  # a run that has not started
+            if "charts/success_rate" not in series:
+                continue  # nor logged yet
+            steps = series["charts/success_rate"][0]
+            row = {"run": "LLM, --llm-next-state" if sweep == "next_state" else
+                   ("LLM" if "parent_llm" in key else "deterministic"), "seed": int(key.rsplit("__s", 1)[1]),
+                   "steps": int(steps[-1]), "wall_s": walls.get(key, float("nan"))}
+            for c in (5000, 10000):
+                # success by step c: none for a run that stopped more than one update before c
+                reached = steps[0] <= c < steps[-1] + (steps[1] - steps[0] if len(steps) > 1 else 1)
+                row[f"success@{c // 1000}k"] = at_step(series, "charts/success_rate", c) if reached else None
+            row["eval_success"] = ev["success_rate"] if ev else None
+            parent = (ev or {}).get("parent")
+            if parent:
+                row.update({k: parent[k] for k in ("queries", "judged", "agreement", "fallbacks", "latency_ms",
+                                                    "cache_hits")})
+                if not parent["judged"]:  # no answer was valid: there is no agreement nor latency to speak of
+                    row["agreement"] = row["latency_ms"] = None
+                check = ev.get("llm_agreement_check", {}).get("per_level", {})
+                row["check"] = {w: v["agreement"] for w, v in check.items()}
+            rows.append(row)
+    return rows
+
+
+def fmt(v, spec=".3f"):
+    return "–" if v is None or (isinstance(v, float) and np.isnan(v)) else format(v, spec)
+
+
+def llm_runs_table(rows):
+    lines = ["| parent | seed | steps | success@5k | success@10k | eval success | LLM queries | judged "
+             "| agreement (training) | fallbacks | latency ms/query | cache hits "
+             "| agreement before training (pattern-echo L0/L1/L2) | wall s |", "|" + "---|" * 14]
+    for r in rows:
+        check = "/".join(f"{r['check'][f'pattern-echo/level{k}']:.2f}" for k in range(3)) if r.get("check") else "–"
+        lines.append(f"| {r['run']} | {r['seed']} | {r['steps']} | {fmt(r['success@5k'])} | {fmt(r['success@10k'])} | "
+                     f"{fmt(r['eval_success'])} | {fmt(r.get('queries'), 'd')} | {fmt(r.get('judged'), 'd')} | "
+                     f"{fmt(r.get('agreement'))} | {fmt(r.get('fallbacks'), 'd')} | "
+                     f"{fmt(r.get('latency_ms'), '.0f')} | "
+                     f"{fmt(r.get('cache_hits'), 'd')} | {check} | {fmt(r['wall_s'], '.1f')} |")
+    return "\n".join(lines) + "\n"
+
+
+def llm_main(out, report):
+    agreement, checks = agreement_table(out)
+    rows = llm_run_rows(out)
+    if not rows and not checks:
+        print(f"reinforce_baby_report: no LLM-parent runs under {out!r}; run benchmark/reinforce_baby_llm.sh first",
+              file=sys.stderr)
+        return 2
+    text = ("# reinforce_baby with a real LLM parent (SmolLM2-135M behind llama.cpp's server)\n\n"
+            "## Agreement with the rule before training\n\n" + agreement +
+            "\n## The MVP command with either parent\n\n" + llm_runs_table(rows))
+    os.makedirs(report, exist_ok=True)
+    with open(os.path.join(report, "llm_parent.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(report, "llm_parent.json"), "w") as f:
+        json.dump({"agreement_check": checks, "runs": rows}, f, indent=2)
+    print(text)
+    return 0
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="the sweeps' output directory (benchmark/out/reinforce_baby)")
     p.add_argument("--report", required=True, help="where the tables, JSON and PNGs go")
+    p.add_argument("--llm", action="store_true", help="the LLM-parent experiment (benchmark/reinforce_baby_llm.sh)")
     args = p.parse_args(argv)
+    if args.llm:
+        return llm_main(args.out, args.report)
     mvp = os.path.join(args.out, "mvp")
     if not glob.glob(os.path.join(mvp, "runs", "*")):
         print(f"reinforce_baby_report: no MVP runs under {mvp!r}; run benchmark/reinforce_baby.sh first",

@@ -1,8 +1,7 @@
 """WMIL "reinforce baby": a randomly initialised transformer learns goal-directed behaviour from a parent.
 
-Follows the WMIL plan and its five critical fixes: episodes end only on the time limit; the world model
-predicts the raw next-state tensor; REINFORCE (running-mean baseline) comes before PPO; reward components
-are logged separately; the LLM parent is optional and only replaces the deterministic rule once that works.
+Follows the WMIL plan and its five critical fixes: episodes end only on the time limit; the world model predicts
+the raw next-state tensor; REINFORCE before PPO; reward components logged apart; the LLM parent is optional.
 
 Usage (the locked MVP):
     python cleanrl_astral/reinforce_baby.py --task pattern-echo --num-actions 8 --hidden-dim 64 \
@@ -10,21 +9,21 @@ Usage (the locked MVP):
 """
 
 import collections
-import contextlib
 import concurrent.futures
+import contextlib
 import dataclasses
 import hashlib
-import http.client
+import importlib.util
+import itertools
 import json
 import math
 import os
+import pathlib
 import random
 import re
 import sqlite3
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from typing import List, Literal, Optional, Tuple
 
@@ -33,6 +32,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
+from torch.utils.tensorboard import SummaryWriter
 
 SCRIPT = os.path.splitext(os.path.basename(__file__))[0]
 EVAL_SEED_OFFSET = 777  # evaluation episodes are drawn from seed + this: never the training stream
@@ -62,13 +62,13 @@ class Args:
     """directory that holds one sub-directory per run"""
 
     # Environment
-    task: str = "pattern-echo"
-    """pattern-echo | sequence-next | conditional | all (mixes the three tasks)"""
+    task: Literal["pattern-echo", "sequence-next", "conditional", "all"] = "pattern-echo"
+    """the task, or all: each episode draws one of the three"""
     num_actions: int = 16
     """size of the action space (arbitrary symbols); the MVP uses 8"""
     max_episode_steps: int = 1
     """time limit: episodes end only here (truncated), never on success"""
-    level: int = 2
+    level: Literal[0, 1, 2] = 2
     """difficulty level used without --curriculum (0 easiest .. 2 hardest)"""
     curriculum: bool = False
     """if toggled, each task starts at level 0 and levels up on mastery"""
@@ -93,9 +93,15 @@ class Args:
     llm_next_state: bool = False
     """if toggled, the LLM also proposes the next state (validated; the rule is used when invalid)"""
     llm_cache: str = ""
-    """sqlite file caching LLM answers by (model, task, state, action); empty: {runs_dir}/llm_cache.sqlite"""
+    """sqlite file caching LLM answers by request; empty: {runs_dir}/llm_cache.sqlite"""
     llm_concurrency: int = 4
     """parallel LLM requests per batch of episodes"""
+    llm_examples: int = 0
+    """worked examples (fixed instances of the same task and level, answered right and wrong) before each query"""
+    llm_response_format: Literal["json-object", "json-schema", "none"] = "json-object"
+    """structured output: llama.cpp's {"type": "json_object", "schema": ...}, the OpenAI API's json_schema, or none"""
+    llm_check_pairs: int = 0
+    """before training, the LLM judges this many seeded (state, action) pairs per task and level (agreement table)"""
 
     # Model
     hidden_dim: int = 64
@@ -128,8 +134,6 @@ class Args:
     """entropy bonus coefficient (0.01 lets the policy commit to a wrong symbol for some cues)"""
     world_model_coef: float = 0.1
     """weight of the world-model loss (0 disables the world model: the RL-only baseline)"""
-    wm_target: Literal["raw", "embedding"] = "raw"
-    """raw: predict the raw next-state tensor (plan fix 2); embedding: the stop-gradient next embedding"""
     goal_reward_weight: float = 1.0
     """weight of the parent's goal reward"""
     pred_reward_weight: float = 0.1
@@ -151,10 +155,10 @@ class Args:
     max_grad_norm: float = 0.5
     """gradient clipping norm"""
 
-    # Evaluation, checkpoints
+    # Evaluation
     eval_episodes: int = 200
     """evaluation episodes per (task, level)"""
-    baselines: Tuple[str, ...] = ("random",)
+    baselines: Tuple[Literal["random", "rl-only", "kl-distill"], ...] = ("random",)
     """baselines evaluated in the same table: random, rl-only, kl-distill (the last two are trained here)"""
     kl_distill_coef: float = 1.0
     """kl_coef used by the kl-distill baseline"""
@@ -162,17 +166,6 @@ class Args:
     """if toggled, linear probes per state attribute and a t-SNE PNG of the embeddings"""
     analysis_samples: int = 600
     """states embedded for the probes and the t-SNE"""
-    eval_only: bool = False
-    """if toggled, only evaluate --model-path (no training)"""
-    model_path: Optional[str] = None
-    """saved .cleanrl_model or checkpoint for --eval-only"""
-    resume: Optional[str] = None
-    """checkpoint.pt of a run to continue (settings, optimizer, step, RNG, curriculum are restored; only
-    --total-timesteps may differ from the checkpoint)"""
-    checkpoint_every: int = 50
-    """write {run_dir}/checkpoint.pt every this many updates (0: never)"""
-    print_every: int = 25
-    """print a progress line every this many updates"""
 
     # computed at runtime
     batch_size: int = 0
@@ -181,32 +174,40 @@ class Args:
     """number of updates (computed at runtime)"""
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Environment
-# ---------------------------------------------------------------------------------------------------------
+# Environment ----------------------------------------------------------------------------------------------------------
 TASKS = ["pattern-echo", "sequence-next", "conditional"]
 # every level names the number of symbols it uses: --num-actions must cover the levels a run visits
 DIFFICULTY_CONFIGS = {
-    "pattern-echo": [
-        {"target_range": 2, "num_symbols": 2},
-        {"target_range": 4, "num_symbols": 4},
-        {"target_range": 8, "num_symbols": 8},
-    ],
-    "sequence-next": [
-        {"steps": [1], "lengths": [2], "num_symbols": 8},
-        {"steps": [1, 2], "lengths": [3], "num_symbols": 8},
-        {"steps": [-2, -1, 1, 2], "lengths": [2, 3], "num_symbols": 8},
-    ],
-    "conditional": [
-        {"conditions": 1, "form": "if", "num_symbols": 8},
-        {"conditions": 2, "form": "elif", "num_symbols": 8},
-        {"conditions": 3, "form": "nested", "num_symbols": 8},
-    ],
+    "pattern-echo": [{"target_range": 2, "num_symbols": 2}, {"target_range": 4, "num_symbols": 4},
+                     {"target_range": 8, "num_symbols": 8}],
+    "sequence-next": [{"steps": [1], "lengths": [2], "num_symbols": 8},
+                      {"steps": [1, 2], "lengths": [3], "num_symbols": 8},
+                      {"steps": [-2, -1, 1, 2], "lengths": [2, 3], "num_symbols": 8}],
+    "conditional": [{"conditions": 1, "form": "if", "num_symbols": 8},
+                    {"conditions": 2, "form": "elif", "num_symbols": 8},
+                    {"conditions": 3, "form": "nested", "num_symbols": 8}],
 }
 NUM_LEVELS = 3
 ATTRIBUTES = ["task", "level", "v0", "v1", "v2", "f0", "f1", "f2", "last_action", "last_correct", "step"]
 STATE_DIM = len(ATTRIBUTES)
 FLAG_PAD = 2  # flags and last_correct: 0, 1, or 2 = absent
+# What a small model needs to judge an answer: the rule in plain words and only the attributes the rule reads.
+LLM_RULES = {"pattern-echo": "the answer must equal the cue.",
+             "sequence-next": "the answer must be the next number of the sequence (add the step between its numbers).",
+             "if": "if f0 is 1 the answer must be v0, otherwise v1.",
+             "elif": "if f0 is 1 the answer must be v0, else if f1 is 1 it must be v1, otherwise v2.",
+             "nested": "if f0 is 1 the answer must be v0 when f1 is 1, else v1; if f0 is 0 it must be v2 when f2 is 1, "
+                       "else 7 minus v0."}
+
+
+def task_list(task: str) -> List[str]:
+    return TASKS if task == "all" else [task]
+
+
+def playable(tasks: List[str], num_actions: int) -> List[Tuple[str, int]]:
+    """The (task, level) pairs whose symbols fit in the action space."""
+    return [(t, lv) for t in tasks for lv in range(NUM_LEVELS)
+            if DIFFICULTY_CONFIGS[t][lv]["num_symbols"] <= num_actions]
 
 
 def attribute_vocab(num_actions: int, max_episode_steps: int) -> List[int]:
@@ -231,8 +232,8 @@ class State:
     def as_list(self) -> List[int]:
         return [self.task, self.level, *self.values, *self.flags, self.last_action, self.last_correct, self.step]
 
-    def to_tensor(self) -> torch.Tensor:
-        return torch.tensor(self.as_list(), dtype=torch.long)
+    def as_dict(self) -> dict:
+        return dict(zip(ATTRIBUTES, self.as_list()))
 
     @staticmethod
     def from_list(v: List[int], num_actions: int) -> "State":
@@ -240,24 +241,15 @@ class State:
                      int(v[8]), int(v[9]), int(v[10]), num_actions)
 
     def to_prompt(self) -> str:
-        pad = self.num_actions
-        vals = [str(v) for v in self.values if v != pad]
-        flags = [str(f) for f in self.flags if f != FLAG_PAD]
-        task = TASKS[self.task]
-        rule = {
-            "pattern-echo": "the correct action is the cue symbol itself.",
-            "sequence-next": "the values form an arithmetic sequence; the correct action is its next element.",
-            "conditional": {
-                "if": "if f0 == 1 the correct action is v0, else v1.",
-                "elif": "if f0 == 1 the correct action is v0, elif f1 == 1 it is v1, else v2.",
-                "nested": "if f0 == 1: (v0 if f1 == 1 else v1), else: (v2 if f2 == 1 else 7 - v0).",
-            }[DIFFICULTY_CONFIGS["conditional"][self.level]["form"]],
-        }[task]
-        last = "none" if self.last_action == pad else str(self.last_action)
-        verdict = {0: "rejected", 1: "approved", FLAG_PAD: "none"}[self.last_correct]
-        return (f"Task: {task} (level {self.level}). Rule: {rule}\n"
-                f"Values: [{', '.join(vals)}]. Flags: [{', '.join(flags)}].\n"
-                f"Step {self.step}. Previous action: {last} ({verdict}). Actions are symbols 0..{pad - 1}.")
+        """The task's rule in plain words and only the attributes it reads (the LLM parent's prompt, transcripts)."""
+        task, pad = TASKS[self.task], self.num_actions
+        if task == "pattern-echo":
+            return f"Rule: {LLM_RULES[task]}\ncue = {self.values[0]}"
+        if task == "sequence-next":
+            return f"Rule: {LLM_RULES[task]}\nsequence = {', '.join(str(v) for v in self.values if v != pad)}"
+        shown = [f"f{i} = {f}" for i, f in enumerate(self.flags) if f != FLAG_PAD]
+        shown += [f"v{i} = {v}" for i, v in enumerate(self.values) if v != pad]
+        return f"Rule: {LLM_RULES[DIFFICULTY_CONFIGS['conditional'][self.level]['form']]}\n{', '.join(shown)}"
 
 
 class DeterministicParent:
@@ -306,109 +298,119 @@ class DeterministicParent:
         return dataclasses.replace(s, last_action=int(action), last_correct=int(reward >= 0.5), step=s.step + 1)
 
     def respond(self, states: List[State], actions: List[int]) -> List[Tuple[float, State]]:
-        out = []
-        for s, a in zip(states, actions):
-            r = self.judge(s, a)
-            out.append((r, self.transition(s, a, r)))
-        return out
+        """(reward, next state) of each (state, action)."""
+        return [(r, self.transition(s, a, r)) for s, a in zip(states, actions) for r in [self.judge(s, a)]]
 
 
-LLM_SYSTEM_PROMPT = (
-    "You are the parent of a learning child agent in a symbolic task. Judge whether the child's action is "
-    "correct under the stated rule. Answer with strict JSON only, no prose: {\"reward\": 0 or 1%s}."
-)
+LLM_SYSTEM_PROMPT = ("You check a child's answer against a rule. Reply with JSON only: {\"reward\": 1} if the answer "
+                     "follows the rule, {\"reward\": 0} if it does not.")
+
+
+def failure(e: Exception) -> str:
+    """One line naming an exception: the client's class (APIConnectionError, NotFoundError, ...) and first line."""
+    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
 
 
 class LLMParent(DeterministicParent):
-    """Judges actions with an OpenAI-compatible chat-completions endpoint; the rule is the fallback.
+    """Judges actions with a model behind an OpenAI-compatible endpoint: validated, retried, cached, rule fallback."""
 
-    Answers are validated, retried, cached on disk (sqlite) by the whole request and what decides an answer's
-    validity, and compared with the deterministic rule (agreement). Only the answer text is used, never token
-    probabilities.
-    """
+    def __init__(self, args: Args):
+        import openai
 
-    def __init__(self, num_actions: int, max_episode_steps: int, base_url: str, model: str, api_key: str,
-                 timeout: float, retries: int, cache_path: str, next_state: bool = False, concurrency: int = 4):
-        super().__init__(num_actions)
-        self.vocab = attribute_vocab(num_actions, max_episode_steps)
-        self.url = base_url.rstrip("/") + "/chat/completions"
-        self.model, self.api_key, self.timeout, self.retries = model, api_key, timeout, retries
-        self.next_state, self.concurrency = next_state, concurrency
-        os.makedirs(os.path.dirname(os.path.abspath(cache_path)), exist_ok=True)
-        self.db = sqlite3.connect(cache_path)
+        super().__init__(args.num_actions)
+        self.vocab = attribute_vocab(args.num_actions, args.max_episode_steps)
+        self.base_url, self.model, self.timeout = args.llm_base_url.rstrip("/"), args.llm_model, args.llm_timeout
+        self.args, self.next_state = args, args.llm_next_state
+        # the retries are ours (an invalid answer is retried as well), so the client's own are off
+        self.client = openai.OpenAI(base_url=self.base_url, api_key=os.environ.get(args.llm_api_key_env) or "unused",
+                                    timeout=args.llm_timeout, max_retries=0)
+        cache = args.llm_cache or os.path.join(args.runs_dir, "llm_cache.sqlite")
+        os.makedirs(os.path.dirname(os.path.abspath(cache)), exist_ok=True)
+        self.db = sqlite3.connect(cache)
         self.db.execute("CREATE TABLE IF NOT EXISTS answers (key TEXT PRIMARY KEY, answer TEXT NOT NULL)")
-        self.db.commit()
-        self.stats = collections.Counter()
+        self.stats = collections.Counter()  # running totals; "<task>/level<k>/..." keys per task and level
         self.latencies: List[float] = []
 
-    def body(self, s: State, action: int) -> dict:
-        extra = ", \"next_state\": {attribute: integer index}" if self.next_state else ""
-        user = f"{s.to_prompt()}\nThe child chose action {int(action)}."
+    def user_message(self, s: State, action: int) -> str:
+        text = f"{s.to_prompt()}\nanswer = {int(action)}"
         if self.next_state:
-            user += f"\nAlso give the next state as indices of the attributes {ATTRIBUTES}."
-        return {"model": self.model, "temperature": 0,
-                "messages": [{"role": "system", "content": LLM_SYSTEM_PROMPT % extra},
-                             {"role": "user", "content": user}]}
+            text += (f"\nstate = {json.dumps(s.as_dict())}\nAlso give next_state: this state "
+                     "with step + 1, last_action = the answer and last_correct = your reward.")
+        return text
+
+    def rule_answer(self, s: State, action: int) -> str:
+        """The answer the rule would give: a worked example's reply."""
+        reward = self.judge(s, action)
+        nxt = {"next_state": self.transition(s, action, reward).as_dict()} if self.next_state else {}
+        return json.dumps({"reward": int(reward), **nxt})
+
+    def body(self, s: State, action: int) -> dict:
+        # worked examples: fixed instances of the same task and level, answered right and wrong in turn
+        rng, shots = np.random.default_rng(12345), []
+        for i in range(self.args.llm_examples):
+            e = self.new_instance(TASKS[s.task], s.level, rng)
+            a = self.oracle_action(e) if i % 2 == 0 else (self.oracle_action(e) + 1 + i) % self.num_actions
+            shots += [{"role": "user", "content": self.user_message(e, a)},
+                      {"role": "assistant", "content": self.rule_answer(e, a)}]
+        props = {"reward": {"type": "integer", "enum": [0, 1]}}
+        if self.next_state:
+            props["next_state"] = {"type": "object", "required": ATTRIBUTES, "properties": {
+                a: {"type": "integer", "minimum": 0, "maximum": k - 1} for a, k in zip(ATTRIBUTES, self.vocab)}}
+        schema = {"type": "object", "properties": props, "required": list(props)}
+        fmt = {"json-object": {"type": "json_object", "schema": schema},  # llama.cpp's server
+               "json-schema": {"type": "json_schema", "json_schema": {"name": "verdict", "schema": schema}},
+               "none": None}[self.args.llm_response_format]
+        # max_tokens bounds a model that does not stop: the answer is about 6 tokens, 90 with the next state
+        return {"model": self.model, "temperature": 0, "max_tokens": 200 if self.next_state else 20,
+                **({"response_format": fmt} if fmt else {}),
+                "messages": [{"role": "system", "content": LLM_SYSTEM_PROMPT}, *shots,
+                             {"role": "user", "content": self.user_message(s, action)}]}
 
     def cache_key(self, s: State, action: int) -> str:
-        # everything that changes the answer (the whole request, the endpoint) or its validity (the attribute
-        # ranges, which depend on --num-actions and --max-episode-steps), so no run reuses another's answer wrongly
-        raw = json.dumps([self.url, self.body(s, action), s.as_list(), int(action), self.vocab])
+        # all that decides an answer (request, endpoint) or its validity (attribute ranges): no wrong reuse
+        raw = json.dumps([self.base_url, self.body(s, action), s.as_list(), int(action), self.vocab])
         return hashlib.sha256(raw.encode()).hexdigest()
 
-    def request(self, s: State, action: int) -> str:
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        data = json.dumps(self.body(s, action)).encode()
-        req = urllib.request.Request(self.url, data=data, headers=headers, method="POST")
-        # the socket timeout bounds each read; the deadline bounds the whole reply (a server sending a few bytes at a
-        # time would otherwise hold the request open for as long as it likes)
-        deadline = time.monotonic() + self.timeout
-        chunks = []
-        with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-            while chunk := resp.read1(65536):
+    def request(self, s: State, action: int):
+        with self.client.chat.completions.with_streaming_response.create(**self.body(s, action)) as reply:
+            # the client's timeout bounds each read; this deadline bounds a reply trickled a few bytes at a time
+            deadline, chunks = time.monotonic() + self.timeout, []
+            for chunk in reply.iter_bytes():
                 chunks.append(chunk)
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"no complete reply within --llm-timeout {self.timeout} s")
-        payload = json.loads(b"".join(chunks).decode())
-        return payload["choices"][0]["message"]["content"]
+        return json.loads(b"".join(chunks))["choices"][0]["message"]["content"]  # as leniently as the client reads
 
     def validate(self, text, s: State, action: int) -> Optional[Tuple[float, Optional[State]]]:
         """The parsed (reward, next_state) if the answer is strict, well-formed JSON; None otherwise."""
-        if not isinstance(text, str):  # endpoints answer null (a refusal, a tool call) or a list of content parts
+        if not isinstance(text, str):  # endpoints answer null for a refusal or a tool call
             return None
-        text = re.sub(r"^```(?:json)?\s*|\s*```$", "", text.strip())
         try:
-            obj = json.loads(text)
+            obj = json.loads(re.sub(r"^```(?:json)?\s*|\s*```$", "", text.strip()))
         except json.JSONDecodeError:
             return None
         if not isinstance(obj, dict) or obj.get("reward") not in (0, 1) or isinstance(obj.get("reward"), bool):
             return None
-        nxt = None
-        if self.next_state:
-            ns = obj.get("next_state")
-            if not isinstance(ns, dict) or set(ns) != set(ATTRIBUTES):
-                return None
-            vals = [ns[a] for a in ATTRIBUTES]
-            if not all(isinstance(v, int) and 0 <= v < k for v, k in zip(vals, self.vocab)):
-                return None
-            nxt = State.from_list(vals, self.num_actions)
-            # the LLM may choose the verdict the child sees (last_correct), not a new task instance: success is
-            # judged by the rule on the instance, so changing it would move the goalposts (or make it unsolvable)
-            kept = dataclasses.replace(s, last_action=int(action), step=s.step + 1, last_correct=nxt.last_correct)
-            if nxt != kept:
-                return None
-        return float(obj["reward"]), nxt
+        if not self.next_state:
+            return float(obj["reward"]), None
+        ns = obj.get("next_state")
+        vals = [ns[a] for a in ATTRIBUTES] if isinstance(ns, dict) and set(ns) == set(ATTRIBUTES) else []
+        if not vals or not all(isinstance(v, int) and 0 <= v < k for v, k in zip(vals, self.vocab)):
+            return None
+        nxt = State.from_list(vals, self.num_actions)
+        # the LLM may set the verdict (last_correct), never a new task instance: that would move the goalposts
+        ok = nxt == dataclasses.replace(s, last_action=int(action), step=s.step + 1, last_correct=nxt.last_correct)
+        return (float(obj["reward"]), nxt) if ok else None
 
     def ask(self, s: State, action: int) -> Optional[Tuple[str, float]]:
-        """The first valid answer text within 1 + retries attempts, with its latency; None if all failed."""
-        for _ in range(1 + self.retries):
+        """The first valid answer text within 1 + retries attempts, with its latency (ms); None if all failed."""
+        import openai
+
+        for _ in range(1 + self.args.llm_retries):
             t0 = time.perf_counter()
             try:
                 text = self.request(s, action)
-            except (urllib.error.URLError, http.client.HTTPException, TimeoutError, OSError, ValueError, KeyError,
-                    IndexError, TypeError):
+            except (openai.OpenAIError, OSError, ValueError, LookupError, TypeError):  # OSError: timeouts
                 continue
             if self.validate(text, s, action) is not None:
                 return text, 1000.0 * (time.perf_counter() - t0)
@@ -416,53 +418,68 @@ class LLMParent(DeterministicParent):
 
     def respond(self, states: List[State], actions: List[int]) -> List[Tuple[float, State]]:
         keys = [self.cache_key(s, a) for s, a in zip(states, actions)]
-        answers: List[Optional[str]] = []
-        for k in keys:
-            row = self.db.execute("SELECT answer FROM answers WHERE key = ?", (k,)).fetchone()
-            answers.append(row[0] if row else None)
-        misses = [i for i, a in enumerate(answers) if a is None]
-        self.stats["cache_hits"] += len(keys) - len(misses)
-        if misses:
-            # one request per distinct (state, action): a batch holds many repeats, and a judge that is not
-            # deterministic would otherwise give one pair different rewards within the batch
-            first = list({keys[i]: i for i in reversed(misses)}.values())
-            with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, self.concurrency)) as pool:
-                results = dict(zip(first, pool.map(lambda i: self.ask(states[i], actions[i]), first)))
-            for i, res in results.items():
+        answers = {k: row[0] for k in set(keys)
+                   if (row := self.db.execute("SELECT answer FROM answers WHERE key = ?", (k,)).fetchone())}
+        self.stats["cache_hits"] += sum(k in answers for k in keys)
+        # one request per distinct (state, action): a non-deterministic judge gives each pair one reward per batch
+        first = list({k: i for i, k in reversed(list(enumerate(keys))) if k not in answers}.values())
+        with concurrent.futures.ThreadPoolExecutor(max_workers=self.args.llm_concurrency) as pool:
+            for i, res in zip(first, pool.map(lambda i: self.ask(states[i], actions[i]), first)):
                 if res is not None:
+                    answers[keys[i]] = res[0]
                     self.latencies.append(res[1])
                     self.db.execute("INSERT OR REPLACE INTO answers VALUES (?, ?)", (keys[i], res[0]))
-            text_of = {keys[i]: res[0] for i, res in results.items() if res is not None}
-            for i in misses:
-                answers[i] = text_of.get(keys[i])
-            self.db.commit()
+        self.db.commit()
         out = []
-        for s, a, text in zip(states, actions, answers):
-            self.stats["queries"] += 1
-            rule = self.judge(s, a)
-            parsed = self.validate(text, s, a) if text is not None else None
-            if parsed is None:
-                self.stats["fallbacks"] += 1
-                out.append((rule, self.transition(s, a, rule)))
-                continue
-            reward, nxt = parsed
-            self.stats["judged"] += 1
-            self.stats["agreements"] += int(reward == rule)
+        for s, a, k in zip(states, actions, keys):
+            rule, where = self.judge(s, a), f"{TASKS[s.task]}/level{s.level}"
+            parsed = self.validate(answers[k], s, a) if k in answers else None
+            counts = ["queries", "fallbacks" if parsed is None else "judged"]
+            if parsed is not None:
+                counts += ["agreements"] * int(parsed[0] == rule) + ["rewarded"] * int(parsed[0] == 1)
+            self.stats.update(counts + [f"{where}/{c}" for c in counts])
+            reward, nxt = (rule, None) if parsed is None else parsed
             out.append((reward, nxt if nxt is not None else self.transition(s, a, reward)))
         return out
 
-    def log_stats(self) -> dict:
-        judged = max(1, self.stats["judged"])
-        lat = float(np.mean(self.latencies)) if self.latencies else 0.0
-        return {"parent/llm_agreement": self.stats["agreements"] / judged, "parent/fallbacks": self.stats["fallbacks"],
-                "parent/latency_ms": lat, "parent/cache_hits": self.stats["cache_hits"],
-                "parent/queries": self.stats["queries"]}
+    def summary(self) -> dict:
+        """Totals, and per task and level agreement with the rule and the share rewarded (a judge's bias)."""
+        st, lat = self.stats, self.latencies
+        out = {k: st[k] for k in ("queries", "judged", "fallbacks", "cache_hits")}
+        out.update(agreement=st["agreements"] / max(1, st["judged"]), latency_ms=float(np.mean(lat)) if lat else 0.0)
+        levels = sorted({k.rsplit("/", 1)[0] for k in st if k.count("/") == 2})
+        out["per_level"] = {w: {"agreement": st[f"{w}/agreements"] / max(1, st[f"{w}/judged"]),
+                                "judged": st[f"{w}/judged"], "fallbacks": st[f"{w}/fallbacks"],
+                                "rewarded": st[f"{w}/rewarded"] / max(1, st[f"{w}/judged"])} for w in levels}
+        return out
 
-    def state_dict(self) -> dict:
-        return {"stats": dict(self.stats), "latencies": list(self.latencies)}
+    def probe(self) -> Optional[str]:
+        """What is wrong with the endpoint, or None: one listing and one judgement, asked before any training."""
+        where = f"--llm-base-url {self.base_url}"
+        try:
+            served = [m.id for m in self.client.models.list()]
+        except Exception as e:  # whatever the reply is, the run cannot use this endpoint
+            return f"{where}: listing the models failed: {failure(e)}"
+        if served and self.model not in served:
+            return f"--llm-model {self.model!r} is not served at {self.base_url} (it serves {', '.join(served[:5])})"
+        try:
+            text = self.request(self.new_instance(TASKS[0], 0, np.random.default_rng(0)), 0)
+        except Exception as e:
+            return f"{where}: a chat completion failed: {failure(e)}"
+        return None if isinstance(text, str) else f"{where}: a chat completion had no text"
 
-    def load_state_dict(self, state: dict):
-        self.stats, self.latencies = collections.Counter(state["stats"]), list(state["latencies"])
+    def check_agreement(self, tasks: List[str], pairs: int, seed: int = 0) -> dict:
+        """summary() over `pairs` seeded (state, action) per task and level, half right; running totals are kept."""
+        stats, latencies, rng = self.stats.copy(), list(self.latencies), np.random.default_rng(seed)
+        self.stats, self.latencies = collections.Counter(), []
+        for task, level in playable(tasks, self.num_actions):
+            states = [self.new_instance(task, level, rng) for _ in range(pairs)]
+            wrong = [int(x) for x in rng.integers(1, self.num_actions, pairs)]
+            self.respond(states, [(self.oracle_action(s) + (0 if i % 2 == 0 else w)) % self.num_actions
+                                  for i, (s, w) in enumerate(zip(states, wrong))])
+        result = self.summary()
+        self.stats, self.latencies = stats, latencies
+        return result
 
 
 class BabyEnv:
@@ -483,16 +500,14 @@ class BabyEnv:
         """Returns next states, the parent's goal rewards, terminated, truncated, and per-episode infos."""
         self.t += 1
         replies = self.parent.respond(self.states, actions)
-        correct = [a == self.parent.oracle_action(s) for s, a in zip(self.states, actions)]
-        next_states = [nxt for _, nxt in replies]
+        correct = np.array([a == self.parent.oracle_action(s) for s, a in zip(self.states, actions)])
         rewards = np.array([r for r, _ in replies], dtype=np.float32)
+        self.states = [nxt for _, nxt in replies]
         # plan fix 1: no terminal state on success; the only episode end is the time limit
         terminated = np.zeros(self.num_envs, dtype=bool)
         truncated = np.full(self.num_envs, self.t >= self.max_episode_steps)
-        # success comes from the rule, apart from the (possibly LLM) reward: it is the answer at the last step
-        infos = {"correct": np.array(correct), "success": np.array(correct) & truncated}
-        self.states = next_states
-        return next_states, rewards, terminated, truncated, infos
+        # success is the rule's verdict on the last answer, whatever the (possibly LLM) reward said
+        return self.states, rewards, terminated, truncated, {"correct": correct, "success": correct & truncated}
 
 
 def states_to_tensor(states: List[State]) -> torch.Tensor:
@@ -509,9 +524,7 @@ def consistency_reward(states: List[State], actions: List[int]) -> np.ndarray:
     return out
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Model
-# ---------------------------------------------------------------------------------------------------------
+# Model ----------------------------------------------------------------------------------------------------------------
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
@@ -547,34 +560,29 @@ class TransformerCore(nn.Module):
 
 
 class WorldModelHead(nn.Module):
-    """Predicts the next state from h and the action: the raw state tensor (default) or its embedding."""
+    """Predicts the raw next-state tensor (plan fix 2: a target in embedding space is met by collapsing it)."""
 
-    def __init__(self, hidden_dim: int, num_actions: int, out_dim: int):
+    def __init__(self, hidden_dim: int, num_actions: int):
         super().__init__()
         self.num_actions = num_actions
         self.net = nn.Sequential(layer_init(nn.Linear(hidden_dim + num_actions, 2 * hidden_dim)), nn.ReLU(),
-                                 layer_init(nn.Linear(2 * hidden_dim, out_dim), std=1.0))
+                                 layer_init(nn.Linear(2 * hidden_dim, STATE_DIM), std=1.0))
 
     def forward(self, h: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         return self.net(torch.cat([h, F.one_hot(action, self.num_actions).float()], dim=-1))
 
 
 class Agent(nn.Module):
-    def __init__(self, num_actions: int, max_episode_steps: int, hidden_dim: int, num_layers: int,
-                 num_heads: int, wm_target: str = "raw"):
+    def __init__(self, num_actions: int, max_episode_steps: int, hidden_dim: int, num_layers: int, num_heads: int):
         super().__init__()
         self.encoder = StateEncoder(attribute_vocab(num_actions, max_episode_steps), hidden_dim)
         self.core = TransformerCore(hidden_dim, num_layers, num_heads)
         self.action_head = layer_init(nn.Linear(hidden_dim, num_actions), std=0.01)
         self.value_head = layer_init(nn.Linear(hidden_dim, 1), std=1.0)
-        self.world_model = WorldModelHead(hidden_dim, num_actions, STATE_DIM if wm_target == "raw" else hidden_dim)
-        self.wm_target = wm_target
+        self.world_model = WorldModelHead(hidden_dim, num_actions)
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         return self.core(self.encoder(x))
-
-    def get_value(self, x: torch.Tensor) -> torch.Tensor:
-        return self.value_head(self.embed(x)).squeeze(-1)
 
     def get_action_and_value(self, x, action=None, greedy=False):
         h = self.embed(x)
@@ -584,19 +592,14 @@ class Agent(nn.Module):
         return action, dist.log_prob(action), dist.entropy(), self.value_head(h).squeeze(-1), h, dist.logits
 
     def world_model_target(self, next_x: torch.Tensor) -> torch.Tensor:
-        if self.wm_target == "raw":
-            return next_x.float()
-        with torch.no_grad():
-            return self.embed(next_x)
+        return next_x.float()
 
 
 def num_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Rewards, losses, curriculum
-# ---------------------------------------------------------------------------------------------------------
+# Rewards, losses, curriculum ------------------------------------------------------------------------------------------
 @dataclass
 class RewardVector:
     """The plan's reward components, kept apart so each is logged under reward/...; `total` weighs them."""
@@ -615,19 +618,12 @@ def prediction_reward(pred: torch.Tensor, target: torch.Tensor) -> np.ndarray:
 
 
 def reinforce_returns(rewards: torch.Tensor, gamma: float) -> torch.Tensor:
-    """Discounted return-to-go over (T, N) rewards; episodes are whole, so nothing bootstraps."""
-    returns = torch.zeros_like(rewards)
-    running = torch.zeros_like(rewards[0])
-    for t in reversed(range(rewards.shape[0])):
-        running = rewards[t] + gamma * running
-        returns[t] = running
-    return returns
+    """Discounted return-to-go over (T, N) rewards (GAE with no values and lambda 1): nothing bootstraps."""
+    return gae(rewards, torch.zeros(rewards.shape[0] + 1, *rewards.shape[1:]), gamma, 1.0)
 
 
 def gae(rewards: torch.Tensor, values: torch.Tensor, gamma: float, lam: float) -> torch.Tensor:
-    """GAE over (T, N) with values[T] = 0: the step counter is observed and the task's horizon is fixed,
-    so nothing is earned after the time limit (bootstrapping there would add an untrained, action-dependent
-    value of a state the agent never acts in)."""
+    """GAE over (T, N) with values[T] = 0: the horizon is fixed and observed, so nothing is earned after it."""
     adv = torch.zeros_like(rewards)
     last = torch.zeros_like(rewards[0])
     for t in reversed(range(rewards.shape[0])):
@@ -638,10 +634,7 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, gamma: float, lam: float) -
 
 
 def scale_advantages(adv: torch.Tensor, algorithm: str) -> torch.Tensor:
-    """PPO: centred and divided by the minibatch std. REINFORCE: the running-mean baseline already centres them,
-    so they are only divided by the std, and not at all when every return is equal (a batch of 0/1 episodes that
-    all succeeded or all failed): return - baseline over a std of 0 would be scaled by 1e8 and swamp the entropy
-    and world-model terms under the gradient clip."""
+    """PPO: centre and divide by the std. REINFORCE: the baseline centres; a std of 0 would scale them by 1e8."""
     if algorithm == "ppo":
         return (adv - adv.mean()) / (adv.std() + 1e-8)
     std = adv.std()
@@ -658,8 +651,7 @@ def kl_to_parent(logits: torch.Tensor, oracle: torch.Tensor, smoothing: float) -
 
 
 class CurriculumManager:
-    """Per task: the current level goes up once the success rate over the last `window` episodes at that
-    level reaches `threshold` (the window restarts at each level); without curriculum the level is fixed."""
+    """Per task, the level goes up once the success rate over the last `window` episodes at it reaches `threshold`."""
 
     def __init__(self, tasks: List[str], enabled: bool, fixed_level: int, threshold: float, window: int,
                  review_prob: float = 0.0):
@@ -667,7 +659,6 @@ class CurriculumManager:
         self.review_prob = review_prob
         self.levels = {t: (0 if enabled else fixed_level) for t in tasks}
         self.history = {t: collections.deque(maxlen=window) for t in tasks}
-        self.level_ups: List[Tuple[str, int]] = []
 
     def sample_level(self, task: str, rng: np.random.Generator) -> int:
         """The current level, or with probability review_prob a uniformly drawn mastered (lower) level."""
@@ -685,27 +676,13 @@ class CurriculumManager:
         if self.levels[task] < NUM_LEVELS - 1 and len(h) == self.window and np.mean(h) >= self.threshold:
             self.levels[task] += 1
             h.clear()
-            self.level_ups.append((task, self.levels[task]))
             return True
         return False
 
-    def state_dict(self) -> dict:
-        return {"levels": dict(self.levels), "history": {t: list(h) for t, h in self.history.items()},
-                "level_ups": list(self.level_ups)}
 
-    def load_state_dict(self, d: dict):
-        self.levels = dict(d["levels"])
-        for t, h in d["history"].items():
-            self.history[t] = collections.deque(h, maxlen=self.window)
-        self.level_ups = [tuple(x) for x in d["level_ups"]]
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Evaluation and representation analysis
-# ---------------------------------------------------------------------------------------------------------
+# Evaluation and representation analysis -------------------------------------------------------------------------------
 class Evaluator:
-    """Success rate, world-model MSE and policy entropy over N episodes per (task, level), with the
-    deterministic rule as judge (evaluation never calls an LLM)."""
+    """Success rate, world-model MSE and policy entropy per (task, level); the rule judges, never an LLM."""
 
     def __init__(self, tasks: List[str], num_actions: int, max_episode_steps: int, episodes: int, seed: int):
         self.tasks, self.num_actions, self.T = tasks, num_actions, max_episode_steps
@@ -714,36 +691,31 @@ class Evaluator:
     @torch.no_grad()
     def run(self, agent: Optional[Agent], eval_levels: dict, greedy: bool = True, transcript: Optional[list] = None):
         """agent=None evaluates the uniform random policy."""
-        parent = DeterministicParent(self.num_actions)
+        parent, n = DeterministicParent(self.num_actions), self.episodes
         per_diff, mse_all, ent_all = {}, [], []
         gen = torch.Generator().manual_seed(self.seed)
-        for ti, task in enumerate(self.tasks):
-            for level in range(NUM_LEVELS):
-                if DIFFICULTY_CONFIGS[task][level]["num_symbols"] > self.num_actions:
-                    continue
-                env = BabyEnv(parent, self.episodes, self.T, self.seed + 1000 * ti + level)
-                states = env.reset([task] * self.episodes, [level] * self.episodes)
-                success = np.zeros(self.episodes, dtype=bool)
-                for _ in range(self.T):
-                    x = states_to_tensor(states)
-                    if agent is None:
-                        action = torch.randint(0, self.num_actions, (self.episodes,), generator=gen)
-                        ent = torch.full((self.episodes,), math.log(self.num_actions))
-                    else:
-                        action, _, ent, _, h, logits = agent.get_action_and_value(x, greedy=True)
-                        if not greedy:  # sampled from the evaluator's own generator: the same seed, the same episodes
-                            action = torch.multinomial(torch.softmax(logits, -1), 1, generator=gen)[:, 0]
-                    prev = states
-                    states, _, _, truncated, info = env.step(action.tolist())
-                    success |= info["success"]
-                    ent_all.append(ent.mean().item())
-                    if agent is not None and level == eval_levels[task]:
-                        nx = states_to_tensor(states)
-                        mse_all.append(F.mse_loss(agent.world_model(h, action), agent.world_model_target(nx)).item())
-                    if transcript is not None and len(transcript) < 20:
-                        transcript.append(f"{prev[0].to_prompt()}\n-> action {action[0].item()} "
-                                          f"(oracle {parent.oracle_action(prev[0])})\n")
-                per_diff[f"{task}/level{level}"] = float(success.mean())
+        for task, level in playable(self.tasks, self.num_actions):
+            env = BabyEnv(parent, n, self.T, self.seed + 1000 * self.tasks.index(task) + level)
+            states = env.reset([task] * n, [level] * n)
+            success = np.zeros(n, dtype=bool)
+            for _ in range(self.T):
+                if agent is None:
+                    action = torch.randint(0, self.num_actions, (n,), generator=gen)
+                    ent = torch.full((n,), math.log(self.num_actions))
+                else:
+                    action, _, ent, _, h, logits = agent.get_action_and_value(states_to_tensor(states), greedy=True)
+                    if not greedy:  # sampled from the evaluator's own generator: the same seed, the same episodes
+                        action = torch.multinomial(torch.softmax(logits, -1), 1, generator=gen)[:, 0]
+                if transcript is not None and len(transcript) < 20:
+                    transcript.append(f"{states[0].to_prompt()}\n-> action {action[0].item()} "
+                                      f"(oracle {parent.oracle_action(states[0])})\n")
+                states, _, _, _, info = env.step(action.tolist())
+                success |= info["success"]
+                ent_all.append(ent.mean().item())
+                if agent is not None and level == eval_levels[task]:
+                    target = agent.world_model_target(states_to_tensor(states))
+                    mse_all.append(F.mse_loss(agent.world_model(h, action), target).item())
+            per_diff[f"{task}/level{level}"] = float(success.mean())
         final = [per_diff[f"{t}/level{eval_levels[t]}"] for t in self.tasks]
         return {"success_rate": float(np.mean(final)),
                 "world_model_mse": float(np.mean(mse_all)) if mse_all else None,  # the random policy has none
@@ -753,8 +725,7 @@ class Evaluator:
 @torch.no_grad()
 def representation_analysis(agent: Agent, tasks: List[str], levels: dict, num_actions: int, T: int,
                             samples: int, seed: int, png_path: str) -> dict:
-    """Linear-probe accuracy of each state attribute from the embedding h, and a t-SNE PNG coloured by
-    the oracle action (the target)."""
+    """Linear-probe accuracy of each attribute from h, and a t-SNE PNG coloured by the oracle action."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -778,14 +749,13 @@ def representation_analysis(agent: Agent, tasks: List[str], levels: dict, num_ac
     probes = {}
     for i, name in enumerate(ATTRIBUTES):
         y = x[:, i].numpy()
-        if len(np.unique(y)) < 2:
+        counts = np.unique(y, return_counts=True)[1]
+        if len(counts) < 2:
             continue
-        strat = y if np.min(np.unique(y, return_counts=True)[1]) >= 2 else None
-        htr, hte, ytr, yte = train_test_split(h, y, test_size=0.3, random_state=seed, stratify=strat)
-        if len(np.unique(ytr)) < 2:
-            continue
-        clf = LogisticRegression(max_iter=1000).fit(htr, ytr)
-        probes[name] = float(clf.score(hte, yte))
+        htr, hte, ytr, yte = train_test_split(h, y, test_size=0.3, random_state=seed,
+                                              stratify=y if counts.min() >= 2 else None)
+        if len(np.unique(ytr)) >= 2:
+            probes[name] = float(LogisticRegression(max_iter=1000).fit(htr, ytr).score(hte, yte))
     target = np.array([parent.oracle_action(s) for s in states])
     emb = TSNE(n_components=2, init="pca", perplexity=min(30, len(states) // 4), random_state=seed).fit_transform(h)
     fig, ax = plt.subplots(figsize=(5, 4.5))
@@ -800,22 +770,26 @@ def representation_analysis(agent: Agent, tasks: List[str], levels: dict, num_ac
 
 def build_agent(cfg: dict) -> Agent:
     return Agent(cfg["num_actions"], cfg["max_episode_steps"], cfg["hidden_dim"], cfg["num_layers"],
-                 cfg["num_heads"], cfg["wm_target"])
+                 cfg["num_heads"])
 
 
 def evaluate(model_path: str, episodes: Optional[int] = None, seed: Optional[int] = None, greedy: bool = True) -> dict:
-    """Loads a saved model (or checkpoint) and evaluates it on the tasks it was trained on. By default on the run's
-    own evaluation episodes (its --eval-episodes, seed + 777), so it reproduces the run's eval.json."""
+    """Evaluates a saved model; by default on the run's own episodes, so it reproduces the run's eval.json."""
     ckpt = torch.load(model_path, map_location="cpu", weights_only=False)
-    cfg = ckpt["args"]
-    episodes = cfg["eval_episodes"] if episodes is None else episodes
-    seed = cfg["seed"] + EVAL_SEED_OFFSET if seed is None else seed
+    cfg, tasks = ckpt["args"], task_list(ckpt["args"]["task"])
     agent = build_agent(cfg)
     agent.load_state_dict(ckpt["state_dict"])
-    agent.eval()
-    tasks = TASKS if cfg["task"] == "all" else [cfg["task"]]
-    levels = ckpt.get("eval_levels") or {t: cfg["level"] for t in tasks}
-    return Evaluator(tasks, cfg["num_actions"], cfg["max_episode_steps"], episodes, seed).run(agent, levels, greedy)
+    evaluator = Evaluator(tasks, cfg["num_actions"], cfg["max_episode_steps"],
+                          cfg["eval_episodes"] if episodes is None else episodes,
+                          cfg["seed"] + EVAL_SEED_OFFSET if seed is None else seed)
+    return evaluator.run(agent.eval(), ckpt.get("eval_levels") or {t: cfg["level"] for t in tasks}, greedy)
+
+
+def atomic_write(path: str, write):
+    """write(tmp) then rename: a run killed while saving never leaves a half-written file behind."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    write(tmp)
+    os.replace(tmp, path)
 
 
 def seed_everything(seed: int):
@@ -824,460 +798,325 @@ def seed_everything(seed: int):
     torch.manual_seed(seed)
 
 
-def atomic_torch_save(obj, path: str):
-    tmp = f"{path}.tmp.{os.getpid()}"
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+# Training -------------------------------------------------------------------------------------------------------------
+@dataclass
+class Rollout:
+    """N whole episodes of T steps: obs[t] is the state acted in at step t, obs[t + 1] the state it led to."""
+
+    obs: torch.Tensor  # (T + 1, N, STATE_DIM)
+    actions: torch.Tensor  # (T, N)
+    logprobs: torch.Tensor  # (T, N)
+    values: torch.Tensor  # (T + 1, N); values[T] stays 0: nothing is earned after the time limit
+    oracle: torch.Tensor  # (T, N) the rule's answers (the KL-distill target)
+    rewards: RewardVector  # (T, N) each
+    success: np.ndarray  # (N,) the rule's verdict on each episode's final answer
+    tasks: List[str]
+    levels: List[int]
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Training
-# ---------------------------------------------------------------------------------------------------------
-def claim_run_dir(runs_dir: str, run_name: str) -> tuple[str, str]:
-    """Create a new run directory and return (run_name, run_dir).
-
-    Runs with the same name started in the same second (a shell loop over flags with one seed) would otherwise share
-    one directory, mixing their TensorBoard events and overwriting each other's checkpoints and eval.json. os.mkdir is
-    atomic, so each run gets a directory of its own: a name already taken gets the suffix __2, __3, ... An unusable
-    --runs-dir (a file, not writable) is a one-line error.
-    """
-    try:
-        os.makedirs(runs_dir, exist_ok=True)
-        suffix = 1
-        while True:
-            name = run_name if suffix == 1 else f"{run_name}__{suffix}"
-            try:
-                os.mkdir(os.path.join(runs_dir, name))
-                return name, os.path.join(runs_dir, name)
-            except FileExistsError:
-                suffix += 1
-    except OSError as e:  # --runs-dir itself is unusable: a file, not writable, ...
-        reason = "not a directory" if os.path.exists(runs_dir) and not os.path.isdir(runs_dir) else e.strerror
-        print(f"{SCRIPT}.py: error: cannot create a run directory in --runs-dir {runs_dir!r} ({reason}); "
-              "pass a writable directory", file=sys.stderr)
-        sys.exit(2)
-
-
-def make_parent(args: Args) -> DeterministicParent:
-    if args.parent == "deterministic":
-        return DeterministicParent(args.num_actions)
-    return LLMParent(args.num_actions, args.max_episode_steps, args.llm_base_url, args.llm_model,
-                     os.environ.get(args.llm_api_key_env, ""), args.llm_timeout, args.llm_retries,
-                     args.llm_cache or os.path.join(args.runs_dir, "llm_cache.sqlite"), args.llm_next_state,
-                     args.llm_concurrency)
+@torch.no_grad()
+def collect_rollout(agent: Agent, env: BabyEnv, curriculum: CurriculumManager, tasks: List[str], args: Args,
+                    device) -> Rollout:
+    T, N = args.max_episode_steps, args.num_envs
+    ep_tasks = [tasks[int(i)] for i in env.rng.integers(0, len(tasks), N)]
+    ep_levels = [curriculum.sample_level(t, env.rng) for t in ep_tasks]
+    states = env.reset(ep_tasks, ep_levels)
+    obs = torch.zeros(T + 1, N, STATE_DIM, dtype=torch.long)
+    actions, oracle = torch.zeros(T, N, dtype=torch.long), torch.zeros(T, N, dtype=torch.long)
+    logprobs, values = torch.zeros(T, N), torch.zeros(T + 1, N)
+    goal, pred, cons = (np.zeros((T, N), np.float32) for _ in range(3))
+    success = np.zeros(N, dtype=bool)
+    for t in range(T):
+        obs[t] = states_to_tensor(states)
+        oracle[t] = torch.tensor([env.parent.oracle_action(s) for s in states])
+        action, logprob, _, value, h, _ = agent.get_action_and_value(obs[t].to(device))
+        actions[t], logprobs[t], values[t] = action.cpu(), logprob.cpu(), value.cpu()
+        # consistency is judged on the state the action was taken in: its last answer and that answer's verdict
+        cons[t] = consistency_reward(states, action.tolist())
+        states, goal[t], _, _, info = env.step(action.tolist())
+        obs[t + 1] = states_to_tensor(states)
+        success |= info["success"]
+        if args.pred_reward_weight != 0:
+            pred[t] = prediction_reward(agent.world_model(h, action), agent.world_model_target(obs[t + 1].to(device)))
+    return Rollout(obs, actions, logprobs, values, oracle, RewardVector(goal, pred, cons), success, ep_tasks, ep_levels)
 
 
-def train(args: Args, run_dir: str, writer, resume: Optional[str] = None, label: str = "") -> Tuple[Agent, dict]:
+def advantages_and_returns(rewards: torch.Tensor, values: torch.Tensor, baseline: torch.Tensor, args: Args):
+    """(advantages, returns, new baseline): REINFORCE against the earlier batches' baseline, or PPO's GAE."""
+    if args.algorithm == "reinforce":
+        returns = reinforce_returns(rewards, args.gamma)
+        advantages = returns - baseline.unsqueeze(1)
+        return advantages, returns, args.baseline_decay * baseline + (1 - args.baseline_decay) * returns.mean(1)
+    advantages = gae(rewards, values, args.gamma, args.gae_lambda)
+    return advantages, advantages + values[:-1], baseline
+
+
+def update(agent: Agent, optimizer, ro: Rollout, advantages: torch.Tensor, returns: torch.Tensor, args: Args,
+           device) -> dict:
+    """REINFORCE: one gradient step on the whole batch. PPO: epochs x minibatches of the clipped surrogate."""
+    T = args.max_episode_steps
+    b_obs, b_next = ro.obs[:T].reshape(-1, STATE_DIM).to(device), ro.obs[1:].reshape(-1, STATE_DIM).to(device)
+    b_actions, b_logprobs = ro.actions.reshape(-1).to(device), ro.logprobs.reshape(-1).to(device)
+    b_adv, b_returns = advantages.reshape(-1).to(device), returns.reshape(-1).to(device)
+    b_oracle, b_values = ro.oracle.reshape(-1).to(device), ro.values[:T].reshape(-1).to(device)
+    epochs, n_mb = (1, 1) if args.algorithm == "reinforce" else (args.update_epochs, args.num_minibatches)
+    mb_size = args.batch_size // n_mb
+    clipfracs, stats = [], {}
+    for _ in range(epochs):
+        perm = torch.randperm(args.batch_size)
+        for start in range(0, args.batch_size, mb_size):
+            mb = perm[start:start + mb_size]
+            _, newlogprob, entropy, newvalue, h, logits = agent.get_action_and_value(b_obs[mb], b_actions[mb])
+            adv = b_adv[mb]
+            if args.norm_adv and len(mb) > 1:
+                adv = scale_advantages(adv, args.algorithm)
+            if args.algorithm == "reinforce":
+                pg_loss = -(adv * newlogprob).mean()
+                v_loss, approx_kl = torch.zeros(()), torch.zeros(())
+            else:
+                logratio = newlogprob - b_logprobs[mb]
+                ratio = logratio.exp()
+                with torch.no_grad():
+                    approx_kl = ((ratio - 1) - logratio).mean()
+                    clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean().item())
+                pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)).mean()
+                v_loss = 0.5 * ((newvalue - b_returns[mb]) ** 2).mean()
+            # the world model is trained through the shared core: its loss shapes the representation h
+            wm_loss = F.mse_loss(agent.world_model(h, b_actions[mb]), agent.world_model_target(b_next[mb]))
+            kl = kl_to_parent(logits, b_oracle[mb], args.kl_smoothing) if args.kl_coef > 0 else torch.zeros(())
+            loss = (pg_loss - args.ent_coef * entropy.mean() + args.vf_coef * v_loss
+                    + args.world_model_coef * wm_loss + args.kl_coef * kl)
+            optimizer.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+            optimizer.step()
+            stats = {"losses/policy_loss": pg_loss.item(), "losses/value_loss": v_loss.item(),
+                     "losses/entropy": entropy.mean().item(), "losses/approx_kl": approx_kl.item(),
+                     "losses/world_model_mse": wm_loss.item(), "losses/kl_to_parent": kl.item()}
+    if args.algorithm == "ppo":
+        var_y = b_returns.var()
+        stats["losses/clipfrac"] = float(np.mean(clipfracs))
+        stats["losses/explained_variance"] = (1 - (b_returns - b_values).var() / var_y).item() if var_y > 0 else 0.0
+    return stats
+
+
+def train(args: Args, writer, parent: Optional[DeterministicParent] = None, label: str = "") -> Tuple[Agent, dict]:
     """Trains one agent; returns it with the evaluation levels per task (the curriculum's final levels)."""
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    tasks = TASKS if args.task == "all" else [args.task]
-    agent = Agent(args.num_actions, args.max_episode_steps, args.hidden_dim, args.num_layers, args.num_heads,
-                  args.wm_target).to(device)
+    tasks = task_list(args.task)
+    agent = build_agent(vars(args)).to(device)
     if not label:
         print(f"model parameters: {num_parameters(agent):,} (< 1M: {num_parameters(agent) < 1_000_000})")
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
     curriculum = CurriculumManager(tasks, args.curriculum, args.level, args.mastery_threshold, args.mastery_window,
                                    args.review_prob)
-    parent = make_parent(args)
+    parent = parent or (LLMParent(args) if args.parent == "llm" else DeterministicParent(args.num_actions))
     env = BabyEnv(parent, args.num_envs, args.max_episode_steps, args.seed)
-    T, N = args.max_episode_steps, args.num_envs
-    baseline = torch.zeros(T)
-    global_step, start_iteration = 0, 1
-    recent_success = collections.deque(maxlen=100)
+    baseline, start_time = torch.zeros(args.max_episode_steps), time.time()
+    recent_success = collections.deque(maxlen=100)  # charts/success_rate: the last 100 episodes
     recent_level = collections.defaultdict(lambda: collections.deque(maxlen=100))
-    if resume:
-        ckpt = torch.load(resume, map_location=device, weights_only=False)
-        agent.load_state_dict(ckpt["state_dict"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        curriculum.load_state_dict(ckpt["curriculum"])
-        baseline, global_step, start_iteration = ckpt["baseline"], ckpt["global_step"], ckpt["iteration"] + 1
-        recent_success.extend(ckpt["recent_success"])
-        for key, d in ckpt["recent_level"].items():
-            task, level = key.split("|")
-            recent_level[(task, int(level))].extend(d)
-        random.setstate(ckpt["rng"]["python"])
-        np.random.set_state(ckpt["rng"]["numpy"])
-        torch.set_rng_state(ckpt["rng"]["torch"])
-        env.rng.bit_generator.state = ckpt["rng"]["env"]
-        if isinstance(parent, LLMParent) and ckpt.get("parent"):  # its counters are logged as running totals
-            parent.load_state_dict(ckpt["parent"])
-        print(f"{label}resumed from {resume} at global_step={global_step}")
-    start_time, start_step = time.time(), global_step
-
-    for iteration in range(start_iteration, args.num_iterations + 1):
+    for iteration in range(1, args.num_iterations + 1):
+        global_step = iteration * args.batch_size
         if args.anneal_lr:
             optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
 
         # ROLLOUT: N whole episodes of exactly T steps (the time limit is the only episode end)
-        ep_tasks = [tasks[int(i)] for i in env.rng.integers(0, len(tasks), N)]
-        ep_levels = [curriculum.sample_level(t, env.rng) for t in ep_tasks]
-        states = env.reset(ep_tasks, ep_levels)
-        obs = torch.zeros(T + 1, N, STATE_DIM, dtype=torch.long)
-        actions = torch.zeros(T, N, dtype=torch.long)
-        logprobs, values = torch.zeros(T, N), torch.zeros(T + 1, N)
-        oracle = torch.zeros(T, N, dtype=torch.long)
-        goal, pred, cons = np.zeros((T, N), np.float32), np.zeros((T, N), np.float32), np.zeros((T, N), np.float32)
-        success = np.zeros(N, dtype=bool)
-        for t in range(T):
-            global_step += N
-            obs[t] = states_to_tensor(states)
-            oracle[t] = torch.tensor([parent.oracle_action(s) for s in states])
-            with torch.no_grad():
-                action, logprob, _, value, h, _ = agent.get_action_and_value(obs[t].to(device))
-            actions[t], logprobs[t], values[t] = action.cpu(), logprob.cpu(), value.cpu()
-            cons[t] = consistency_reward(states, action.tolist())
-            states, goal[t], _, truncated, info = env.step(action.tolist())
-            obs[t + 1] = states_to_tensor(states)
-            success |= info["success"]
-            with torch.no_grad():
-                if args.pred_reward_weight != 0:
-                    pred[t] = prediction_reward(agent.world_model(h, action),
-                                                agent.world_model_target(obs[t + 1].to(device)))
-        rv = RewardVector(goal, pred, cons)
-        rewards = torch.as_tensor(rv.total(args.goal_reward_weight, args.pred_reward_weight, args.cons_reward_weight))
-        for task, level, s in zip(ep_tasks, ep_levels, success):
-            recent_success.append(float(s))
-            recent_level[(task, level)].append(float(s))
-            if curriculum.record(task, level, bool(s)):
+        ro = collect_rollout(agent, env, curriculum, tasks, args, device)
+        rewards = torch.as_tensor(ro.rewards.total(args.goal_reward_weight, args.pred_reward_weight,
+                                                   args.cons_reward_weight))
+        for task, level, success in zip(ro.tasks, ro.levels, ro.success):
+            recent_success.append(float(success))
+            recent_level[(task, level)].append(float(success))
+            if curriculum.record(task, level, bool(success)):
                 print(f"{label}curriculum: {task} -> level {curriculum.levels[task]} at global_step={global_step}")
 
-        # ADVANTAGES: REINFORCE return-to-go minus a running-mean baseline; PPO uses GAE on the value head
-        if args.algorithm == "reinforce":
-            returns = reinforce_returns(rewards, args.gamma)
-            advantages = returns - baseline.unsqueeze(1)
-            baseline = args.baseline_decay * baseline + (1 - args.baseline_decay) * returns.mean(1)
-        else:
-            advantages = gae(rewards, values, args.gamma, args.gae_lambda)
-            returns = advantages + values[:T]
-
-        # UPDATE
-        b_obs, b_next = obs[:T].reshape(-1, STATE_DIM).to(device), obs[1:].reshape(-1, STATE_DIM).to(device)
-        b_actions, b_logprobs = actions.reshape(-1).to(device), logprobs.reshape(-1).to(device)
-        b_adv, b_returns = advantages.reshape(-1).to(device), returns.reshape(-1).to(device)
-        b_oracle = oracle.reshape(-1).to(device)
-        b_values = values[:T].reshape(-1).to(device)
-        epochs, n_mb = (1, 1) if args.algorithm == "reinforce" else (args.update_epochs, args.num_minibatches)
-        mb_size = args.batch_size // n_mb
-        clipfracs, stats = [], {}
-        for _ in range(epochs):
-            perm = torch.randperm(args.batch_size)
-            for start in range(0, args.batch_size, mb_size):
-                mb = perm[start:start + mb_size]
-                _, newlogprob, entropy, newvalue, h, logits = agent.get_action_and_value(b_obs[mb], b_actions[mb])
-                adv = b_adv[mb]
-                if args.norm_adv and len(mb) > 1:
-                    adv = scale_advantages(adv, args.algorithm)
-                if args.algorithm == "reinforce":
-                    pg_loss = -(adv * newlogprob).mean()
-                    v_loss, approx_kl = torch.zeros(()), torch.zeros(())
-                else:
-                    logratio = newlogprob - b_logprobs[mb]
-                    ratio = logratio.exp()
-                    with torch.no_grad():
-                        approx_kl = ((ratio - 1) - logratio).mean()
-                        clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean().item())
-                    pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)).mean()
-                    v_loss = 0.5 * ((newvalue - b_returns[mb]) ** 2).mean()
-                wm_pred = agent.world_model(h, b_actions[mb])
-                wm_loss = F.mse_loss(wm_pred, agent.world_model_target(b_next[mb]))
-                kl = kl_to_parent(logits, b_oracle[mb], args.kl_smoothing) if args.kl_coef > 0 else torch.zeros(())
-                loss = (pg_loss - args.ent_coef * entropy.mean() + args.vf_coef * v_loss
-                        + args.world_model_coef * wm_loss + args.kl_coef * kl)
-                optimizer.zero_grad()
-                loss.backward()
-                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                optimizer.step()
-                stats = {"losses/policy_loss": pg_loss.item(), "losses/value_loss": v_loss.item(),
-                         "losses/entropy": entropy.mean().item(), "losses/approx_kl": approx_kl.item(),
-                         "losses/world_model_mse": wm_loss.item(), "losses/kl_to_parent": kl.item()}
+        # ADVANTAGES and UPDATE
+        advantages, returns, baseline = advantages_and_returns(rewards, ro.values, baseline, args)
+        stats = update(agent, optimizer, ro, advantages, returns, args, device)
 
         # LOGGING
-        sps = int((global_step - start_step) / max(time.time() - start_time, 1e-9))
-        ep_return = rewards.sum(0)
+        sps = int(global_step / max(time.time() - start_time, 1e-9))
         scalars = {"charts/success_rate": float(np.mean(recent_success)),
-                   "charts/episodic_return": ep_return.mean().item(), "charts/episodic_length": float(T),
-                   "charts/SPS": sps, "charts/learning_rate": optimizer.param_groups[0]["lr"],
-                   "reward/goal": float(goal.sum(0).mean()), "reward/pred": float(pred.sum(0).mean()),
-                   "reward/cons": float(cons.sum(0).mean()), "reward/total": ep_return.mean().item(), **stats}
-        if args.algorithm == "ppo":
-            var_y = b_returns.var()
-            scalars["losses/clipfrac"] = float(np.mean(clipfracs))
-            scalars["losses/explained_variance"] = (1 - (b_returns - b_values).var() / var_y).item() if var_y > 0 else 0.0
-        for (task, level), d in recent_level.items():
-            scalars[f"charts/success_rate_{task}_level{level}"] = float(np.mean(d))
-        for task in tasks:
-            scalars[f"curriculum/level_{task}"] = curriculum.levels[task]
+                   **{f"charts/success_rate_{t}_level{lv}": float(np.mean(d)) for (t, lv), d in recent_level.items()},
+                   "charts/episodic_return": rewards.sum(0).mean().item(),
+                   "charts/episodic_length": float(args.max_episode_steps), "charts/SPS": sps,
+                   "charts/learning_rate": optimizer.param_groups[0]["lr"], **stats,
+                   **{f"reward/{k}": float(getattr(ro.rewards, k).sum(0).mean()) for k in ("goal", "pred", "cons")},
+                   "reward/total": rewards.sum(0).mean().item(),
+                   **{f"curriculum/level_{t}": curriculum.levels[t] for t in tasks}}
         if isinstance(parent, LLMParent):
-            scalars.update(parent.log_stats())
+            scalars.update({f"parent/{k}": v for k, v in parent.summary().items() if k != "per_level"})
         for k, v in scalars.items():
             writer.add_scalar(k, v, global_step)
-        if iteration % args.print_every == 0 or iteration == args.num_iterations:
+        if iteration % 25 == 0 or iteration == args.num_iterations:
             lv = " ".join(f"{t}:L{curriculum.levels[t]}" for t in tasks)
             print(f"{label}global_step={global_step} SPS={sps} success={scalars['charts/success_rate']:.3f} "
                   f"entropy={stats['losses/entropy']:.3f} wm_mse={stats['losses/world_model_mse']:.3f} [{lv}]")
-        if args.checkpoint_every and iteration % args.checkpoint_every == 0 and not label:
-            writer.flush()  # the logs of every update the checkpoint claims reach disk first: a kill loses none
-            atomic_torch_save({"state_dict": agent.state_dict(), "optimizer": optimizer.state_dict(),
-                               "curriculum": curriculum.state_dict(), "baseline": baseline,
-                               "global_step": global_step, "iteration": iteration,
-                               "recent_success": list(recent_success), "args": dataclasses.asdict(args),
-                               "recent_level": {f"{t}|{lv}": list(d) for (t, lv), d in recent_level.items()},
-                               "script": SCRIPT, "eval_levels": dict(curriculum.levels),
-                               "parent": parent.state_dict() if isinstance(parent, LLMParent) else None,
-                               "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
-                                       "torch": torch.get_rng_state(), "env": env.rng.bit_generator.state}},
-                              os.path.join(run_dir, "checkpoint.pt"))
     return agent, dict(curriculum.levels)
 
 
+# Arguments and run directory ------------------------------------------------------------------------------------------
+def fail(message: str):
+    print(f"{SCRIPT}.py: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
 def validate_args(args: Args) -> Optional[str]:
-    """The first problem with the arguments, as a message telling how to fix it; None if they are fine."""
-    # NaN and inf pass every `x < 0` check below and reach the optimizer or the loss: refused first
-    for field in dataclasses.fields(Args):
-        value = getattr(args, field.name)
-        if isinstance(value, float) and not math.isfinite(value):
-            return f"--{field.name.replace('_', '-')} {value} must be a finite number"
-    if not 0 <= args.seed < 2**32:
-        return f"--seed {args.seed} must be in [0, 2**32 - 1] (the range numpy accepts)"
-    # the name becomes part of a directory name and of the model file's name: a '/' makes the save fail after training
-    if not args.exp_name.strip() or "/" in args.exp_name:
-        return f"--exp-name {args.exp_name!r} must be a non-empty name without '/'"
-    for name in ("num_heads", "num_minibatches", "update_epochs", "print_every", "llm_concurrency"):
-        if getattr(args, name) < 1:
-            return f"--{name.replace('_', '-')} must be >= 1"
-    if args.total_timesteps < args.num_envs * args.max_episode_steps:
-        return (f"--total-timesteps {args.total_timesteps} is less than one update (--num-envs x --max-episode-steps "
-                f"= {args.num_envs * args.max_episode_steps})")
-    for name, ok, need in (("learning_rate", lambda v: v > 0, "positive"), ("llm_timeout", lambda v: v > 0, "positive"),
-                           ("clip_coef", lambda v: v > 0, "positive"), ("max_grad_norm", lambda v: v > 0, "positive"),
-                           ("checkpoint_every", lambda v: v >= 0, ">= 0 (0: never)"),
-                           ("llm_retries", lambda v: v >= 0, ">= 0"), ("gamma", lambda v: 0 < v <= 1, "in (0, 1]"),
-                           ("gae_lambda", lambda v: 0 <= v <= 1, "in [0, 1]"),
-                           ("baseline_decay", lambda v: 0 <= v < 1, "in [0, 1)"),
-                           ("mastery_threshold", lambda v: 0 < v <= 1, "in (0, 1]")):
-        if not ok(getattr(args, name)):
-            return f"--{name.replace('_', '-')} {getattr(args, name)} must be {need}"
-    if args.analysis and args.analysis_samples < 2:
-        return "--analysis-samples must be >= 2 (or --no-analysis)"
-    if args.model_path and not args.eval_only:
-        return "--model-path is only read with --eval-only; add --eval-only, or drop --model-path to train"
-    if args.parent == "llm" and args.llm_base_url and not args.llm_base_url.startswith(("http://", "https://")):
-        return f"--llm-base-url {args.llm_base_url!r} must be an http:// or https:// URL, e.g. http://127.0.0.1:8000/v1"
-    if args.task not in TASKS + ["all"]:
-        return f"unknown --task {args.task!r}; choose one of {', '.join(TASKS + ['all'])}"
-    if not 0 <= args.level < NUM_LEVELS:
-        return f"--level must be in 0..{NUM_LEVELS - 1}, got {args.level}"
-    tasks = TASKS if args.task == "all" else [args.task]
+    """The first problem with the arguments that would crash late or run wrong in silence, as one line; or None."""
+    def must(name: str, ok: bool, need: str) -> Tuple[bool, str]:
+        return not ok, f"{flag(name)} {getattr(args, name)} must be {need}"
+
+    batch, llm = args.num_envs * args.max_episode_steps, args.parent == "llm"
     top = NUM_LEVELS - 1 if args.curriculum else args.level
-    need = max(DIFFICULTY_CONFIGS[t][lv]["num_symbols"] for t in tasks for lv in range(top + 1))
-    if args.num_actions < need:
-        return (f"--num-actions {args.num_actions} is smaller than the {need} symbols task {args.task!r} "
-                f"needs up to level {top}; use --num-actions >= {need}")
-    if args.parent == "llm" and not args.llm_base_url:
-        return "--parent llm needs --llm-base-url (an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1)"
-    for name in ("max_episode_steps", "num_envs", "hidden_dim", "num_layers", "eval_episodes", "mastery_window"):
-        if getattr(args, name) < 1:
-            return f"--{name.replace('_', '-')} must be >= 1"
-    if not 0.0 <= args.review_prob <= 1.0:
-        return f"--review-prob must be in [0, 1], got {args.review_prob}"
-    if not 0.0 <= args.kl_smoothing <= 1.0:
-        return f"--kl-smoothing must be in [0, 1], got {args.kl_smoothing}"
-    if args.hidden_dim % args.num_heads:
-        return f"--hidden-dim {args.hidden_dim} must be divisible by --num-heads {args.num_heads}"
-    n_params = num_parameters(Agent(args.num_actions, args.max_episode_steps, args.hidden_dim, args.num_layers,
-                                    args.num_heads, args.wm_target))
+    need = max(DIFFICULTY_CONFIGS[t][lv]["num_symbols"] for t in task_list(args.task) for lv in range(top + 1))
+    # NaN and inf pass every range check
+    checks = [must(f.name, math.isfinite(getattr(args, f.name)), "a finite number")
+              for f in dataclasses.fields(Args) if f.type is float]
+    checks += [(not 0 <= args.seed < 2**32, f"--seed {args.seed} must be in [0, 2**32 - 1] (the range numpy accepts)"),
+               (not args.exp_name.strip() or "/" in args.exp_name,
+                f"--exp-name {args.exp_name!r} must be a non-empty name without '/'")]
+    checks += [(getattr(args, n) < 1, f"{flag(n)} must be >= 1") for n in (
+        "num_heads", "num_minibatches", "update_epochs", "llm_concurrency", "max_episode_steps", "num_envs",
+        "hidden_dim", "num_layers", "eval_episodes", "mastery_window")]
+    checks += [must(n, getattr(args, n) > 0, "positive")
+               for n in ("learning_rate", "llm_timeout", "clip_coef", "max_grad_norm")]
+    checks += [must(n, getattr(args, n) >= 0, ">= 0") for n in ("llm_retries", "llm_examples", "llm_check_pairs")]
+    checks += [must(n, 0 <= getattr(args, n) <= 1, "in [0, 1]") for n in ("gae_lambda", "review_prob", "kl_smoothing")]
+    checks += [
+        must("gamma", 0 < args.gamma <= 1, "in (0, 1]"),
+        must("baseline_decay", 0 <= args.baseline_decay < 1, "in [0, 1)"),
+        must("mastery_threshold", 0 < args.mastery_threshold <= 1, "in (0, 1]"),
+        (args.total_timesteps < batch,
+         f"--total-timesteps {args.total_timesteps} is less than one update (--num-envs x --max-episode-steps "
+         f"= {batch})"),
+        (args.analysis and args.analysis_samples < 2, "--analysis-samples must be >= 2 (or --no-analysis)"),
+        (args.num_actions < need, f"--num-actions {args.num_actions} is smaller than the {need} symbols task "
+                                  f"{args.task!r} needs up to level {top}; use --num-actions >= {need}"),
+        (args.hidden_dim % max(args.num_heads, 1) != 0,
+         f"--hidden-dim {args.hidden_dim} must be divisible by --num-heads {args.num_heads}"),
+        (args.algorithm == "ppo" and batch % max(args.num_minibatches, 1) != 0,
+         "--num-envs * --max-episode-steps must be divisible by --num-minibatches"),
+        (llm and importlib.util.find_spec("openai") is None,
+         "--parent llm needs the openai client: pip install -r requirements-llm.txt"),
+        (llm and not args.llm_base_url,
+         "--parent llm needs --llm-base-url (an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1)"),
+        (llm and not str(args.llm_base_url).startswith(("http://", "https://")),
+         f"--llm-base-url {args.llm_base_url!r} must be an http:// or https:// URL (http://127.0.0.1:8000/v1)"),
+    ]
+    if error := next((message for bad, message in checks if bad), None):
+        return error
+    n_params = num_parameters(build_agent(vars(args)))
     if n_params >= 1_000_000:
         # the state embedding has one row per value of every attribute, the step counter included
         embeddings = sum(attribute_vocab(args.num_actions, args.max_episode_steps)) * args.hidden_dim
-        fix = (f"reduce --max-episode-steps or --num-actions ({embeddings:,} of them are in the state embedding)"
-               if embeddings >= n_params / 2
-               else "reduce --hidden-dim or --num-layers (e.g. --hidden-dim 128 --num-layers 4)")
+        fix = ("reduce --hidden-dim or --num-layers (e.g. --hidden-dim 128 --num-layers 4)" if embeddings < n_params / 2
+               else f"reduce --max-episode-steps or --num-actions ({embeddings:,} of them are in the state embedding)")
         return f"the model would have {n_params:,} parameters; the baby model must stay under 1M: {fix}"
-    bad = [b for b in args.baselines if b not in ("random", "rl-only", "kl-distill")]
-    if bad:
-        return f"unknown baseline {bad[0]!r}; choose from random, rl-only, kl-distill"
-    if args.algorithm == "ppo" and (args.num_envs * args.max_episode_steps) % args.num_minibatches:
-        return "--num-envs * --max-episode-steps must be divisible by --num-minibatches"
-    if args.eval_only and not (args.model_path and os.path.isfile(args.model_path)):
-        return f"--eval-only needs an existing --model-path, got {args.model_path!r}"
-    problem = model_problem(args.model_path) if args.eval_only else None
-    problem = problem or (llm_cache_problem(args.llm_cache) if args.parent == "llm" and args.llm_cache else None)
-    return problem or (resume_problem(args.resume) if args.resume else None)
+    return None
 
 
-def model_problem(path: str) -> Optional[str]:
-    """What is wrong with an --eval-only --model-path, or None: checked before its settings are read."""
+def claim_run_dir(runs_dir: str, run_name: str) -> Tuple[str, str]:
+    """(run_name, run_dir) of a new directory: runs started in the same second get __2, __3, ... (mkdir is atomic)."""
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:  # a truncated or foreign file must fail here, before any work
-        return f"--model-path {path!r} is not a readable model file ({type(e).__name__})"
-    if not isinstance(ckpt, dict) or ckpt.get("script") != SCRIPT or "state_dict" not in ckpt or "args" not in ckpt:
-        return (f"--model-path {path!r} is not a {SCRIPT} model; give the {{exp_name}}.cleanrl_model or "
-                "checkpoint.pt of a reinforce_baby run")
-    return None
+        os.makedirs(runs_dir, exist_ok=True)
+        for suffix in itertools.count(1):
+            name = run_name if suffix == 1 else f"{run_name}__{suffix}"
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(os.path.join(runs_dir, name))
+                return name, os.path.join(runs_dir, name)
+    except OSError as e:  # --runs-dir itself is unusable: a file, not writable, ...
+        reason = "not a directory" if os.path.exists(runs_dir) and not os.path.isdir(runs_dir) else e.strerror
+        fail(f"cannot create a run directory in --runs-dir {runs_dir!r} ({reason}); pass a writable directory")
 
 
-def llm_cache_problem(path: str) -> Optional[str]:
-    """What is wrong with an --llm-cache path, or None: a directory or a non-sqlite file would fail mid-run."""
-    if os.path.isdir(path):
-        return f"--llm-cache {path!r} is a directory; give a file path (it is created if missing)"
-    if os.path.exists(path):
-        try:
-            with contextlib.closing(sqlite3.connect(path)) as db:
-                db.execute("SELECT name FROM sqlite_master").fetchall()
-        except sqlite3.DatabaseError as e:
-            return f"--llm-cache {path!r} is not an sqlite database ({e}); give a new path or a cache a run wrote"
-    return None
+# Evaluation against the baselines, results ----------------------------------------------------------------------------
+def evaluate_with_baselines(args: Args, agent: Agent, eval_levels: dict, run_dir: str,
+                            transcript: Optional[list]) -> Tuple[dict, dict]:
+    """The agent's evaluation and each --baselines row, on the same episodes (the rule judges, never an LLM)."""
+    evaluator = Evaluator(task_list(args.task), args.num_actions, args.max_episode_steps, args.eval_episodes,
+                          args.seed + EVAL_SEED_OFFSET)
+    result, baselines = evaluator.run(agent, eval_levels, transcript=transcript), {}
+    for name in args.baselines:
+        if name == "random":
+            baselines[name] = evaluator.run(None, eval_levels)
+            continue
+        variant = (dataclasses.replace(args, world_model_coef=0.0, pred_reward_weight=0.0, kl_coef=0.0)
+                   if name == "rl-only" else dataclasses.replace(args, kl_coef=args.kl_distill_coef))
+        print(f"training baseline {name} with the same budget")
+        seed_everything(args.seed)  # as its own run with these flags would be, whatever the agent's run consumed
+        with contextlib.closing(SummaryWriter(os.path.join(run_dir, f"baseline_{name}"))) as sub:
+            b_agent, b_levels = train(variant, sub, label=f"[{name}] ")
+        baselines[name] = evaluator.run(b_agent.eval(), b_levels)
+    print(f"\n{'policy':<12} {'success':>8} {'wm_mse':>8} {'entropy':>8}  per-difficulty success")
+    for name, r in {"agent": result, **baselines}.items():
+        diff = " ".join(f"{k}={v:.2f}" for k, v in r["per_difficulty_success"].items())
+        mse = "-" if r["world_model_mse"] is None else f"{r['world_model_mse']:.3f}"
+        print(f"{name:<12} {r['success_rate']:>8.3f} {mse:>8} {r['policy_entropy']:>8.3f}  {diff}")
+    return result, baselines
 
 
-def resume_problem(path: str) -> Optional[str]:
-    """What is wrong with a --resume checkpoint, or None: checked before its settings replace the command line's."""
-    if not os.path.isfile(path):
-        return f"--resume checkpoint {path!r} does not exist"
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:  # a truncated or foreign file must fail here, before any work
-        return f"--resume {path!r} is not a readable checkpoint ({type(e).__name__})"
-    if ckpt.get("script") != SCRIPT or "optimizer" not in ckpt:
-        return f"--resume {path!r} is not a {SCRIPT} checkpoint (use {{run_dir}}/checkpoint.pt)"
-    if "recent_level" not in ckpt:  # per-level success windows would restart empty: a silently different log
-        return f"--resume {path!r} was written by an older {SCRIPT} without per-level success; start afresh"
-    return None
-
-
-def flags_given(argv) -> set:
-    """Args field names of the flags on a command line: --name, --name=value, and --no-name for a boolean."""
-    fields = {f.name for f in dataclasses.fields(Args)}
-    names = set()
-    for token in argv:
-        if token.startswith("--"):
-            name = token[2:].split("=", 1)[0].replace("-", "_")
-            names.add(name[3:] if name.startswith("no_") and name[3:] in fields else name)
-    return names
-
-
-def resumed_args(args: Args, saved: dict, given: set) -> Tuple[Optional[Args], Optional[str]]:
-    """The settings of a resumed run: the checkpoint's (`saved`), with --total-timesteps as given to extend or
-    shorten the run. Any other flag given beside --resume must agree with the checkpoint: taking it would make a
-    different run than the one checkpointed, and dropping it silently would not be what was asked for."""
-    may_change = {"resume", "total_timesteps"}
-    for name in sorted(given - may_change):
-        if name in saved and getattr(args, name) != saved[name]:
-            return None, (f"a resumed run keeps its checkpoint's settings: --{name.replace('_', '-')} "
-                          f"{getattr(args, name)!r} differs from the checkpoint's {saved[name]!r}; drop the flag "
-                          "(only --total-timesteps may change)")
-    fields = {f.name for f in dataclasses.fields(Args)}
-    merged = {k: v for k, v in saved.items() if k in fields}
-    merged.update({k: getattr(args, k) for k in may_change if k == "resume" or k in given})
-    return Args(**merged), None
+def baseline_row(r: dict) -> dict:
+    """A baseline's eval.json entry: flat, and without a world-model MSE where it has none (random)."""
+    mse = {} if r["world_model_mse"] is None else {"world_model_mse": r["world_model_mse"]}
+    return {"success_rate": r["success_rate"], "policy_entropy": r["policy_entropy"], **mse,
+            **{f"success_{k}": v for k, v in r["per_difficulty_success"].items()}}
 
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
-    if isinstance(args.baselines, str):
-        args.baselines = (args.baselines,)
-    # a resumed run is validated with the checkpoint's settings, not the command line's defaults
-    error = resume_problem(args.resume) if args.resume else None
-    resumed = None
-    if error is None and args.resume:
-        resumed = torch.load(args.resume, map_location="cpu", weights_only=False)
-        args, error = resumed_args(args, resumed["args"], flags_given(sys.argv[1:]))
-    error = error or validate_args(args)
-    if error:
-        print(f"{SCRIPT}.py: error: {error}", file=sys.stderr)
-        sys.exit(2)
-    if args.eval_only:
-        ckpt = torch.load(args.model_path, map_location="cpu", weights_only=False)
-        # the saved run defines what is evaluated: its tasks, action space, horizon and architecture
-        for k in ("task", "num_actions", "max_episode_steps", "hidden_dim", "num_layers", "num_heads", "wm_target"):
-            setattr(args, k, ckpt["args"][k])
-        # and, unless given, its evaluation episodes, so the figures reproduce the run's own eval.json
-        for k in {"seed", "eval_episodes"} - flags_given(sys.argv[1:]):
-            setattr(args, k, ckpt["args"][k])
+    if error := validate_args(args):
+        fail(error)
     args.batch_size = args.num_envs * args.max_episode_steps
     args.num_iterations = max(1, args.total_timesteps // args.batch_size)
-    if resumed is not None and resumed["iteration"] >= args.num_iterations and os.path.isfile(
-            os.path.join(os.path.dirname(os.path.abspath(args.resume)), "eval.json")):
-        # resuming a finished run would only retrain its baselines, evaluate again and log every eval scalar twice
-        print(f"{SCRIPT}.py: error: nothing to resume: {args.resume!r} is the final checkpoint of a run that finished "
-              f"(all {args.num_iterations} updates and its eval.json); raise --total-timesteps to train on, or start "
-              "a new run", file=sys.stderr)
-        sys.exit(2)
-
-    if args.resume:
-        run_dir = os.path.dirname(os.path.abspath(args.resume))
-        run_name = os.path.basename(run_dir)
-    else:
-        run_name = f"{args.task}__{args.exp_name}__{args.seed}__{int(time.time())}"
-        run_name, run_dir = claim_run_dir(args.runs_dir, run_name)
+    parent, check, tasks = None, None, task_list(args.task)
+    if args.parent == "llm":  # an unusable cache or endpoint is found before any work
+        try:
+            parent = LLMParent(args)
+        except (sqlite3.Error, OSError) as e:
+            cache = args.llm_cache or os.path.join(args.runs_dir, "llm_cache.sqlite")
+            fail(f"--llm-cache {cache!r} cannot be used as an sqlite file ({e}); give a writable file path")
+        if error := parent.probe():
+            fail(error)
+    run_name, run_dir = claim_run_dir(args.runs_dir, f"{args.task}__{args.exp_name}__{args.seed}__{int(time.time())}")
     if args.track:
         import wandb
 
         wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
                    config=vars(args), name=run_name, save_code=True)
-    from torch.utils.tensorboard import SummaryWriter
-
-    # a resumed run appends to the killed run's directory; purge_step makes TensorBoard drop what the killed run
-    # logged after its last checkpoint (an update it never finished), so every update is logged exactly once
-    resume_step = None if resumed is None else resumed["global_step"]
-    writer = SummaryWriter(run_dir, purge_step=None if resume_step is None else resume_step + 1)
+    writer = SummaryWriter(run_dir)
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" +
                     "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
-
     seed_everything(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
-    tasks = TASKS if args.task == "all" else [args.task]
     t0 = time.time()
-    if args.eval_only:
-        agent = build_agent(ckpt["args"])
-        agent.load_state_dict(ckpt["state_dict"])
-        print(f"model parameters: {num_parameters(agent):,} (< 1M: {num_parameters(agent) < 1_000_000})")
-        eval_levels = ckpt.get("eval_levels") or {t: args.level for t in tasks}
-    else:
-        agent, eval_levels = train(args, run_dir, writer, resume=args.resume)
+    if parent is not None and args.llm_check_pairs:
+        check = parent.check_agreement(tasks, args.llm_check_pairs, args.seed)
+        print(f"LLM agreement with the rule before training ({args.llm_check_pairs} pairs per task and level): " +
+              " ".join(f"{w}={v['agreement']:.2f}" for w, v in check["per_level"].items()))
+    agent, eval_levels = train(args, writer, parent)
     train_time = time.time() - t0
     agent.eval()
-
-    if args.save_model and not args.eval_only:
+    if args.save_model:
         model_path = os.path.join(run_dir, f"{args.exp_name}.cleanrl_model")
-        atomic_torch_save({"state_dict": agent.state_dict(), "args": dataclasses.asdict(args), "script": SCRIPT,
-                           "eval_levels": eval_levels}, model_path)
+        saved = {"state_dict": agent.state_dict(), "args": dataclasses.asdict(args), "script": SCRIPT,
+                 "eval_levels": eval_levels}
+        atomic_write(model_path, lambda tmp: torch.save(saved, tmp))
         print(f"model saved to {model_path}")
 
     # EVALUATION: the trained agent and the baselines in one table
-    evaluator = Evaluator(tasks, args.num_actions, args.max_episode_steps, args.eval_episodes,
-                          args.seed + EVAL_SEED_OFFSET)
     transcript = [] if args.capture_video else None
-    result = evaluator.run(agent, eval_levels, transcript=transcript)
-    rows = {"agent": result}
-    baselines = {}
-    for name in args.baselines:
-        if name == "random":
-            baselines[name] = evaluator.run(None, eval_levels)
-            continue
-        variant = dataclasses.replace(args, checkpoint_every=0, world_model_coef=0.0, pred_reward_weight=0.0,
-                                      kl_coef=0.0) if name == "rl-only" else \
-            dataclasses.replace(args, checkpoint_every=0, kl_coef=args.kl_distill_coef)
-        print(f"training baseline {name} with the same budget")
-        # baselines are never checkpointed: a resumed run retrains them from scratch and drops any partial logs
-        sub = SummaryWriter(os.path.join(run_dir, f"baseline_{name}"), purge_step=0 if args.resume else None)
-        seed_everything(args.seed)  # as its own run with these flags would be, whatever the agent's run consumed
-        b_agent, b_levels = train(variant, run_dir, sub, label=f"[{name}] ")
-        sub.close()
-        b_agent.eval()
-        baselines[name] = evaluator.run(b_agent, b_levels)
-    rows.update(baselines)
-    print(f"\n{'policy':<12} {'success':>8} {'wm_mse':>8} {'entropy':>8}  per-difficulty success")
-    for name, r in rows.items():
-        diff = " ".join(f"{k}={v:.2f}" for k, v in r["per_difficulty_success"].items())
-        mse = "-" if r["world_model_mse"] is None else f"{r['world_model_mse']:.3f}"
-        print(f"{name:<12} {r['success_rate']:>8.3f} {mse:>8} {r['policy_entropy']:>8.3f}  {diff}")
-    out = {"script": SCRIPT, "task": args.task, **result, "baselines": {}, "train_time_s": train_time,
+    result, baselines = evaluate_with_baselines(args, agent, eval_levels, run_dir, transcript)
+    out = {"script": SCRIPT, "task": args.task, **result,
+           "baselines": {name: baseline_row(r) for name, r in baselines.items()}, "train_time_s": train_time,
            "eval_levels": eval_levels, "num_parameters": num_parameters(agent)}
-    for name, r in baselines.items():
-        out["baselines"][name] = {"success_rate": r["success_rate"], "policy_entropy": r["policy_entropy"],
-                                  **({} if r["world_model_mse"] is None else {"world_model_mse": r["world_model_mse"]}),
-                                  **{f"success_{k}": v for k, v in r["per_difficulty_success"].items()}}
+    if parent is not None:
+        out["parent"] = parent.summary()
+    if check is not None:
+        out["llm_agreement_check"] = check
     if args.analysis:
         png = os.path.join(run_dir, "tsne.png")
         out["probe_accuracy"] = representation_analysis(agent, tasks, eval_levels, args.num_actions,
@@ -1285,15 +1124,11 @@ if __name__ == "__main__":
         print("linear-probe accuracy: " + " ".join(f"{k}={v:.2f}" for k, v in out["probe_accuracy"].items()))
         print(f"t-SNE written to {png}")
     if transcript is not None:
-        os.makedirs(os.path.join(run_dir, "videos"), exist_ok=True)
-        with open(os.path.join(run_dir, "videos", "eval_transcript.txt"), "w") as f:
-            f.write("\n".join(transcript))
-    # logged only now, beside eval.json: a run killed before it (while its baselines train, say) leaves no eval
-    # scalars behind, so its resume logs each of them once
+        pathlib.Path(run_dir, "videos").mkdir(exist_ok=True)
+        pathlib.Path(run_dir, "videos", "eval_transcript.txt").write_text("\n".join(transcript))
     for k in ("success_rate", "world_model_mse", "policy_entropy"):
         writer.add_scalar(f"eval/{k}", result[k], args.total_timesteps)
-    with open(os.path.join(run_dir, "eval.json.tmp"), "w") as f:
-        json.dump(out, f, indent=2)
-    os.replace(os.path.join(run_dir, "eval.json.tmp"), os.path.join(run_dir, "eval.json"))
+    text = json.dumps(out, indent=2)
+    atomic_write(os.path.join(run_dir, "eval.json"), lambda tmp: pathlib.Path(tmp).write_text(text))
     print(f"eval.json written to {run_dir}")
     writer.close()

