@@ -68,7 +68,7 @@ class Args:
     env_id: str = "NonStationaryCartPole"
     """name used in the run name"""
     modes_preset: str = "seed3"
-    """physics modes: `seed3` (three gravity/length settings) or `inverted4` (seed3 plus inverted force)"""
+    """physics modes: `seed3`, `inverted4` (seed3 plus inverted force) or `mirror4` (mode 4 held out of training)"""
     modes: Optional[str] = None
     """custom modes, overriding the preset: "g,l[,sign] g,l[,sign] ..." (gravity, pole half-length, force sign)"""
     hide_velocity: bool = False
@@ -116,7 +116,9 @@ class Args:
 MODE_PRESETS = {
     "seed3": [(9.8, 0.5, 1.0), (7.5, 0.7, 1.0), (12.0, 0.4, 1.0)],
     "inverted4": [(9.8, 0.5, 1.0), (7.5, 0.7, 1.0), (12.0, 0.4, 1.0), (9.8, 0.5, -1.0)],
+    "mirror4": [(9.8, 0.5, 1.0), (9.8, 0.5, -1.0), (7.5, 0.7, 1.0), (7.5, 0.7, -1.0), (8.65, 0.6, -1.0)],
 }
+HELD_OUT_MODES = {"seed3": [], "inverted4": [], "mirror4": [4]}  # evaluated only, never drawn in training
 
 
 def parse_modes(spec: str) -> list:
@@ -154,9 +156,10 @@ class NonStationaryCartPole(gym.Wrapper):
     episode start, and with probability `switch_prob` after any step. `info["mode"]` is for analysis only:
     it is the mode that governs the next step."""
 
-    def __init__(self, env, modes, hide_velocity=False, fixed_mode=None, switch_prob=0.0):
+    def __init__(self, env, modes, hide_velocity=False, fixed_mode=None, switch_prob=0.0, held_out=()):
         super().__init__(env)
         self.modes = [tuple(float(v) for v in m) for m in modes]
+        self.train_modes = [k for k in range(len(self.modes)) if k not in held_out]
         self.hide_velocity = hide_velocity
         self.fixed_mode = fixed_mode
         self.switch_prob = switch_prob
@@ -180,7 +183,7 @@ class NonStationaryCartPole(gym.Wrapper):
     def sample_mode(self):
         if self.fixed_mode is not None:
             return self.fixed_mode
-        return int(self.mode_rng.integers(len(self.modes)))
+        return self.train_modes[int(self.mode_rng.integers(len(self.train_modes)))]
 
     def observe(self, obs):
         return obs[[0, 2]] if self.hide_velocity else obs
@@ -202,10 +205,10 @@ class NonStationaryCartPole(gym.Wrapper):
         return self.observe(obs), reward, terminated, truncated, info
 
 
-def make_env(modes, hide_velocity=False, fixed_mode=None, switch_prob=0.0, render_mode=None):
+def make_env(modes, hide_velocity=False, fixed_mode=None, switch_prob=0.0, render_mode=None, held_out=()):
     def thunk():
         env = gym.make("CartPole-v1", render_mode=render_mode)
-        return NonStationaryCartPole(env, modes, hide_velocity, fixed_mode, switch_prob)
+        return NonStationaryCartPole(env, modes, hide_velocity, fixed_mode, switch_prob, held_out)
 
     return thunk
 
@@ -246,11 +249,11 @@ def obs_normalizer(stats):
     return lambda obs: np.clip((obs - mean) / np.sqrt(var + eps), -clip, clip).astype(np.float32)
 
 
-def make_sb3_env(num_envs, modes, hide_velocity=False, fixed_mode=None, switch_prob=0.0):
+def make_sb3_env(num_envs, modes, hide_velocity=False, fixed_mode=None, switch_prob=0.0, held_out=()):
     # SB3's DummyVecEnv resets a finished env inside step(): the returned obs is the next episode's first obs,
     # the last one is in info["terminal_observation"] and truncations are bootstrapped by SB3 itself, so no
     # transition spans two episodes; the new episode's info (its mode) is in `reset_infos`.
-    return DummyVecEnv([make_env(modes, hide_velocity, fixed_mode, switch_prob) for _ in range(num_envs)])
+    return DummyVecEnv([make_env(modes, hide_velocity, fixed_mode, switch_prob, held_out=held_out) for _ in range(num_envs)])
 
 
 class CleanRLLogger(BaseCallback):
@@ -414,6 +417,8 @@ def validate(args):
         raise ValueError(f"unknown --algo {args.algo!r}; choose one of {', '.join(ALGOS)}")
     if args.fixed_mode is not None and not 0 <= args.fixed_mode < len(modes):
         raise ValueError(f"--fixed-mode {args.fixed_mode} is out of range; there are {len(modes)} modes (0..{len(modes) - 1})")
+    if args.modes is None and args.fixed_mode in HELD_OUT_MODES[args.modes_preset]:
+        raise ValueError(f"--fixed-mode {args.fixed_mode} is held out of training in {args.modes_preset} (evaluation only)")
     for name in ("num_envs", "num_steps", "minibatch_size", "update_epochs", "eval_episodes", "torch_threads",
                  "lstm_hidden_size"):
         if getattr(args, name) < 1:
@@ -466,7 +471,8 @@ if __name__ == "__main__":
     device = "cuda" if torch.cuda.is_available() and args.cuda else "cpu"
 
     # ROLLOUT / UPDATE: SB3's learn() loop; the callback does the LOGGING
-    envs = make_sb3_env(args.num_envs, modes, args.hide_velocity, args.fixed_mode, args.switch_prob)
+    envs = make_sb3_env(args.num_envs, modes, args.hide_velocity, args.fixed_mode, args.switch_prob,
+                        held_out=HELD_OUT_MODES[args.modes_preset] if args.modes is None else ())
     if normalizes_obs(args.algo):
         envs = VecNormalize(envs, norm_obs=True, norm_reward=False, gamma=args.gamma)
     model = build_model(args, envs, device)

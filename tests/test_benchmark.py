@@ -316,10 +316,20 @@ def test_peers_env_gives_the_baselines_trajectories(peers, preset, hide_velocity
     assert episodes == 400 * len(modes) and obs_b.shape == ((2,) if hide_velocity else (4,))
 
 
-def test_peers_use_the_baselines_mode_presets(peers):
+def test_peers_use_the_baselines_mode_presets_and_never_train_on_a_held_out_mode(peers):
     from cleanrl_astral import ppo_gru_baseline as original
 
-    assert peers.MODE_PRESETS == original.MODE_PRESETS
+    assert peers.MODE_PRESETS == original.MODE_PRESETS and peers.HELD_OUT_MODES == original.HELD_OUT_MODES
+    env = peers.make_env(peers.MODE_PRESETS["mirror4"], switch_prob=0.5, held_out=[4])()
+    _, info = env.reset(seed=0)
+    seen = [info["mode"]]
+    for _ in range(400):
+        _, _, terminated, truncated, info = env.step(env.action_space.sample())
+        seen.append(info["mode"])
+        if terminated or truncated:
+            _, info = env.reset()
+            seen.append(info["mode"])
+    assert set(seen) == {0, 1, 2, 3}
 
 
 @pytest.mark.parametrize("normalize", [False, True])
