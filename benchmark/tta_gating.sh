@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Experiment tta_gating: test-time adaptation of the ASTRAL gate (controls none / gate / all / tent) and slot
-# clamping, on the ASTRAL checkpoints of the ppo_gru_astral sweep: seed3, seed3 --hide-velocity and
+# Experiment tta_gating: test-time adaptation of the ASTRAL gate (controls none / gate / context / all / tent, after
+# the ceiling of fixed gates) and slot clamping, on the ASTRAL checkpoints of the ppo_gru_astral sweep: seed3, seed3 --hide-velocity and
 # inverted4 --hide-velocity on their training modes, plus unseen physics (g 5.0, l 0.9; g 15.0, l 0.3; inverted force)
 # for the seed3 agents. Seed N of this sweep adapts the checkpoint of training seed N. Budget: agents that score 500
 # make every episode 500 steps, so the full flavour takes hours on 2 cores (see docs/tta_gating.md).
@@ -33,7 +33,7 @@ while [ $# -gt 0 ]; do
 done
 
 if [ "$budget" = 1 ]; then
-    # the sweeps of docs/tta_gating.md, command text unchanged so that --resume keeps the seeds already measured
+    # the sweeps of docs/tta_gating.md; --resume skips the runs a killed sweep already finished
     C=${train:-benchmark/out/cartpole_main}/runs
     A="python cleanrl_astral/tta_gating.py adapt"
     B="--episodes 30 --num-seeds 3 --eval-episodes 10 --adapt-lr 0.03"
