@@ -1,11 +1,10 @@
 """Test-time adaptation of the ASTRAL gate, and slot interventions, with controls (the ASTRAL plan's phases 5 and 6).
 
-Reads an agent trained by ppo_gru_astral.py (its `.cleanrl_model`, never modified) and asks two questions of its
-AbstractionBank:
-- `adapt`: on a fixed target mode, does updating only the gate with REINFORCE raise the return? Controls, on the same
+Reads an agent trained by ppo_gru_astral.py (its `.cleanrl_model`, never modified) and asks of its AbstractionBank:
+- `adapt`: on a fixed target mode, does updating only the gate with REINFORCE raise the return? Controls on the same
   episodes: `none` (no updates), `gate` (the gating MLP: the method), `context` (a K-dimensional gate-logit bias,
   CAVIA-style), `all` (every parameter), `tent` (reward-free entropy minimisation). The best fixed gate is measured
-  first: gains read as a fraction of that ceiling's headroom.
+  first, so a gain also reads as a fraction of that ceiling's headroom.
 - `clamp`: what does each slot do? The gate is forced to each one-hot (z = A_k) in every mode; slots matched to modes
   give the clamp specificity.
 
@@ -44,7 +43,6 @@ KINDS = (("deterministic", True), ("sampled", False))
 
 @dataclass(kw_only=True)
 class Args:
-    """The flags of both subcommands; `clamp` has no others."""
     exp_name: Optional[str] = None
     """the name of this experiment (default: tta_gating_adapt or tta_gating_clamp)"""
     seed: int = 1
@@ -105,7 +103,7 @@ def parse_modes(spec: str) -> list:
         except ValueError:
             values = []
         g, l, sign = (*values, 1.0)[:3] if len(values) in (2, 3) else (0.0, 0.0, 0.0)
-        if not (math.isfinite(g) and g > 0 and math.isfinite(l) and l > 0 and sign in (1.0, -1.0)):
+        if not (0 < g < math.inf and 0 < l < math.inf and sign in (1.0, -1.0)):
             raise ValueError(f"malformed mode {item!r} in --modes; write gravity,half_length[,force_sign] with a positive gravity "
                              "and half-length and a force sign of 1 or -1, e.g. '9.8,0.5 7.5,0.7,-1'")
         modes.append((g, l, sign))
@@ -126,12 +124,6 @@ def make_env(target, hide_velocity):
         return env
     high = env.observation_space.high[[0, 2]]
     return gym.wrappers.TransformObservation(env, lambda obs: obs[[0, 2]], gym.spaces.Box(-high, high, dtype=np.float32))
-
-
-def make_vector_env(num_envs, target, hide_velocity):
-    # SAME_STEP autoreset, as in training; evaluation counts only each environment's first episode
-    return gym.vector.SyncVectorEnv([lambda: make_env(target, hide_velocity) for _ in range(num_envs)],
-                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
 
 
 # MODEL: ppo_gru_astral.py's agent (its weights come from the checkpoint, so no initialisation scheme here), plus a
@@ -217,8 +209,7 @@ def agent_from_checkpoint(ckpt):
 
 
 def load_astral_checkpoint(path):
-    """Reads (never writes) a `.cleanrl_model` of ppo_gru_astral.py. Returns (checkpoint dict, agent), or raises
-    ValueError saying why the file cannot be used."""
+    """(checkpoint dict, agent) of a ppo_gru_astral.py `.cleanrl_model` (read only), or ValueError saying why not."""
     if not os.path.isfile(path):
         raise ValueError(f"checkpoint {path!r} does not exist; pass the .cleanrl_model of a ppo_gru_astral.py --save-model run")
     try:
@@ -251,18 +242,16 @@ def resolve_targets(mode_indices, modes, ckpt):
     indices = range(len(train_modes)) if mode_indices is None else mode_indices
     if not indices or len(set(indices)) != len(indices):
         raise ValueError("--mode-indices needs distinct training-mode indices (a repeated one would be counted twice)")
-    for k in indices:
-        if not 0 <= k < len(train_modes):
-            raise ValueError(f"--mode-indices {k} is out of range; the checkpoint has {len(train_modes)} modes (0..{len(train_modes) - 1})")
+    for k in (k for k in indices if not 0 <= k < len(train_modes)):
+        raise ValueError(f"--mode-indices {k} is out of range; the checkpoint has {len(train_modes)} modes (0..{len(train_modes) - 1})")
     return [target(f"mode{k}", k, train_modes[k]) for k in indices]
 
 
 # ACTING
 def policy_step(agent, obs, prev_action, prev_reward, mode, state, start, weights=None):
-    """One step of B environments (arrays of length B), the input built exactly as ppo_gru_astral.py's rollout builds
-    it (previous action -1 and reward 0 at an episode's first step, where start = 1 zeroes the GRU state); `weights`
-    (K,) clamps the gate. Returns the action distribution, the value, the next GRU state and the gate weights (B, K);
-    keeps the graph when grad is enabled."""
+    """One step of B environments, the input built as ppo_gru_astral.py's rollout builds it (previous action -1 and reward
+    0 at an episode's first step, where start = 1 zeroes the GRU state); `weights` (K,) clamps the gate. Returns the
+    action distribution, the value, the next state and the gate weights (B, K), with the graph when grad is enabled."""
     x = agent.build_input(*(torch.as_tensor(np.asarray(v)) for v in (obs, prev_action, prev_reward, mode)))
     hidden, state = agent.unroll(x[None], state, torch.as_tensor(np.asarray(start), dtype=torch.float32)[None])
     modulated, weights = agent.modulate(hidden, None if weights is None else weights.expand(*hidden.shape[:2], -1))
@@ -270,14 +259,15 @@ def policy_step(agent, obs, prev_action, prev_reward, mode, state, start, weight
 
 
 def evaluate_target(agent, target, hide_velocity, episodes, deterministic, seed, weights=None):
-    """`episodes` episodes of the target mode side by side (the first episode of each environment, env seeds seed..,
-    torch seeded with `seed`: every gate setting evaluated with one seed plays the same episodes), optionally with the
-    gate clamped to `weights` (K,). Returns the returns and the mean gate weights acted with."""
+    """`episodes` episodes of the target mode side by side (the first episode of each environment; env seeds seed..
+    and torch seed `seed`, so every gate setting evaluated with one seed plays the same episodes), the gate optionally
+    clamped to `weights` (K,). Returns the returns and the mean gate weights acted with."""
     torch.manual_seed(seed)
-    envs = make_vector_env(episodes, target, hide_velocity)
+    # SAME_STEP autoreset, as in training (only each environment's first episode counts here)
+    envs = gym.vector.SyncVectorEnv([lambda: make_env(target, hide_velocity)] * episodes, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     obs, _ = envs.reset(seed=seed)
-    mode = np.full(episodes, target["index"])  # only an --oracle agent reads it
-    state, prev_action, prev_reward, start = agent.initial_state(episodes), np.full(episodes, -1), np.zeros(episodes), np.ones(episodes)
+    mode, state = np.full(episodes, target["index"]), agent.initial_state(episodes)
+    prev_action, prev_reward, start = np.full(episodes, -1), np.zeros(episodes), np.ones(episodes)
     returns, finished, weight_sum, steps = np.zeros(episodes), np.zeros(episodes, dtype=bool), 0.0, 0
     while not finished.all():
         with torch.no_grad():
@@ -297,8 +287,7 @@ def evaluate_target(agent, target, hide_velocity, episodes, deterministic, seed,
 def discounted_returns(rewards, gamma, bootstrap=0.0):
     out, running = np.zeros(len(rewards)), bootstrap
     for t in reversed(range(len(rewards))):
-        running = rewards[t] + gamma * running
-        out[t] = running
+        running = out[t] = rewards[t] + gamma * running
     return out
 
 
@@ -328,8 +317,7 @@ def tent_loss(logits, anchor_logits, gate_weights, kl_coef):
 
 
 def adapted_parameters(agent, control):
-    """The parameters a control updates; every other one is frozen. `all` is every parameter of the checkpoint, so not
-    the context (its gradient would also change the clipped norm of the others)."""
+    """The parameters a control updates, the others frozen; `all` means the checkpoint's (its clipped norm without c)."""
     for name, param in agent.named_parameters():
         gate, context = name.startswith("bank.gate."), name == "bank.context"
         param.requires_grad_({"gate": gate, "tent": gate, "context": context, "all": not context}.get(control, False))
@@ -401,15 +389,14 @@ def adapted_copy(ckpt, target, control, seed, args, reward_scale):
 
 # INTERVENTIONS: fixed gates
 def gate_settings(num_slots, resolution):
-    """Named fixed gates: the one-hots `slot{k}`, every other weight vector with entries in multiples of
-    1/resolution, and `uniform` (1/K)."""
+    """Named fixed gates: the one-hots `slot{k}`, the other weight vectors with entries in multiples of 1/resolution,
+    and `uniform` (1/K)."""
     settings = {f"slot{k}": torch.eye(num_slots)[k] for k in range(num_slots)}
     for parts in itertools.product(range(resolution), repeat=num_slots):
         if sum(parts) == resolution and len(set(parts)) > 1:
             weights = torch.tensor(parts, dtype=torch.float32) / resolution
             settings["mix[" + " ".join(f"{w:.2g}" for w in weights.tolist()) + "]"] = weights
-    settings["uniform"] = torch.full((num_slots,), 1.0 / num_slots)
-    return settings
+    return {**settings, "uniform": torch.full((num_slots,), 1.0 / num_slots)}
 
 
 def clamp_specificity(returns):
@@ -426,10 +413,10 @@ def clamp_specificity(returns):
 
 
 def gate_returns(agent, target, hide_velocity, settings, seeds, episodes, kinds=KINDS):
-    """Evaluation under each named gate setting (None: the learned gate): {setting: {kind: [(returns, mean gate
-    weights) for each seed]}}. For one seed, every setting plays the same episodes."""
-    return {name: {kind: [evaluate_target(agent, target, hide_velocity, episodes, det, s, w) for s in seeds] for kind, det in kinds}
+    """({setting: {kind: [mean return per seed]}}, the evaluations) for named gate settings (None: the learned gate)."""
+    runs = {name: {kind: [evaluate_target(agent, target, hide_velocity, episodes, det, s, w) for s in seeds] for kind, det in kinds}
             for name, w in settings.items()}
+    return {name: {kind: [float(r.mean()) for r, _ in v] for kind, v in by_kind.items()} for name, by_kind in runs.items()}, runs
 
 
 # STATISTICS AND PLOTS
@@ -461,7 +448,6 @@ def plot_adaptation_curves(results, targets, controls, path, title):
             ax.axhline(res["ceiling"]["sampled"]["mean"], color="black", linestyle="--", linewidth=1, label="ceiling (eval)")
         ax.set(xlabel="adaptation episode", ylabel="return", ylim=(0, None))
         ax.set_title(target["label"], fontsize=9)
-        ax.xaxis.get_major_locator().set_params(integer=True)
     for ax in list(axes.flat)[len(targets):]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=7)
@@ -527,8 +513,7 @@ def validate(args):
 
 
 def claim_run_dir(runs_dir, run_name):
-    """A new directory for this run: a name taken by a run started in the same second gets __2, __3, ... (the leaf
-    mkdir is atomic), so two runs never mix their files. Returns (run_name, run_dir)."""
+    """(run_name, run_dir) of a new directory: a name taken in the same second gets __2, __3, ... (mkdir is atomic)."""
     for name in itertools.chain([run_name], (f"{run_name}__{i}" for i in itertools.count(2))):
         try:
             os.makedirs(os.path.join(runs_dir, name))
@@ -546,8 +531,7 @@ def write_json(obj, path):
 
 
 def record(writer, summary, key, target, value, step=0, column=None):
-    """One number of one target: TensorBoard tta/{key}_{target}[_{column}], and an entry of eval.json's headline, which
-    averages it over the targets (per column)."""
+    """TensorBoard tta/{key}_{target}[_{column}], and the value for eval.json, which averages it over the targets."""
     writer.add_scalar(f"tta/{key}_{target['name']}" + (f"_{column}" if column else ""), value, step)
     (summary.setdefault(key, {}).setdefault(column, []) if column else summary.setdefault(key, [])).append(value)
 
@@ -558,15 +542,12 @@ def adapt_target(args, ckpt, base_agent, target, position, reward_scale, setting
     hide_velocity, seeds = ckpt["args"]["hide_velocity"], [args.seed + i for i in range(args.num_seeds)]
     # the same evaluation episodes (env and torch seeds) before, after and for the ceiling: every comparison is paired
     eval_seeds = [100_000 + 10_000 * seed + 1000 * position for seed in seeds]
-
-    def mean_returns(agent, settings, seeds, kinds=KINDS):  # setting -> kind -> mean return per seed
-        runs = gate_returns(agent, target, hide_velocity, settings, seeds, args.eval_episodes, kinds)
-        return {name: {kind: [float(r.mean()) for r, _ in runs[name][kind]] for kind in runs[name]} for name in runs}
-
-    before = mean_returns(base_agent, {"learned": None}, eval_seeds)["learned"]
+    before = gate_returns(base_agent, target, hide_velocity, {"learned": None}, eval_seeds, args.eval_episodes)[0]["learned"]
     res = {"before": {kind: {**mean_ci(v), "per_seed": v} for kind, v in before.items()}, "ceiling": None, "controls": {}}
+    before_sampled_mean = res["before"]["sampled"]["mean"]
     if settings:  # the best fixed gate, sampled actions
-        per_setting = {name: v["sampled"] for name, v in mean_returns(base_agent, settings, eval_seeds, KINDS[1:]).items()}
+        fixed = gate_returns(base_agent, target, hide_velocity, settings, eval_seeds, args.eval_episodes, KINDS[1:])[0]
+        per_setting = {name: v["sampled"] for name, v in fixed.items()}
         best = max(per_setting, key=lambda name: np.mean(per_setting[name]))
         res["ceiling"] = {"best": best, "sampled": {**mean_ci(per_setting[best]), "per_seed": per_setting[best]}, "per_setting": per_setting}
     saved = []
@@ -575,10 +556,10 @@ def adapt_target(args, ckpt, base_agent, target, position, reward_scale, setting
                                             "slot_weights_after_per_seed": [], "updates": 0}
         for i, (seed, eval_seed) in enumerate(zip(seeds, eval_seeds)):
             agent, curve, updates = adapted_copy(ckpt, target, control, seed, args, reward_scale)
-            after = gate_returns(agent.eval(), target, hide_velocity, {"learned": None}, [eval_seed], args.eval_episodes)["learned"]
-            for kind, ((returns, weights),) in after.items():
-                entry["after_per_seed"][kind].append(float(returns.mean()))
-            entry["slot_weights_after_per_seed"].append(after["deterministic"][0][1].tolist())
+            after, runs = gate_returns(agent.eval(), target, hide_velocity, {"learned": None}, [eval_seed], args.eval_episodes)
+            for kind, (value,) in after["learned"].items():
+                entry["after_per_seed"][kind].append(value)
+            entry["slot_weights_after_per_seed"].append(runs["learned"]["deterministic"][0][1].tolist())
             entry["during_per_seed"].append(curve)
             entry["updates"] += updates
             if args.save_model:
@@ -589,11 +570,8 @@ def adapt_target(args, ckpt, base_agent, target, position, reward_scale, setting
         entry["during"] = {"mean": curves.mean(0).tolist(), "ci95": [mean_ci(c)["ci95"] for c in curves.T]}
         entry["during_mean"] = mean_ci(curves.mean(1))
         entry["after"] = {kind: mean_ci(v) for kind, v in entry["after_per_seed"].items()}
-    none = res["controls"].get("none")
-    gap = res["ceiling"]["sampled"]["mean"] - res["before"]["sampled"]["mean"] if res["ceiling"] else 0.0
-    for control, entry in res["controls"].items():
-        if none is None or control == "none":
-            continue
+    none, gap = res["controls"].get("none"), res["ceiling"]["sampled"]["mean"] - before_sampled_mean if res["ceiling"] else 0.0
+    for control, entry in [(c, e) for c, e in res["controls"].items() if none and c != "none"]:
         # paired by seed: the same episodes with and without updates
         gain_during = np.mean(entry["during_per_seed"], 1) - np.mean(none["during_per_seed"], 1)
         gain = mean_ci(np.subtract(entry["after_per_seed"]["sampled"], none["after_per_seed"]["sampled"]))
@@ -620,14 +598,13 @@ def run_adapt(args, ckpt, base_agent, targets, reward_scale, writer, report, sum
         for control, entry in res["controls"].items():
             for step, value in enumerate(entry["during"]["mean"]):
                 writer.add_scalar(f"tta/episodic_return_{target['name']}_{control}", value, step + 1)
-            stats = {"during_mean": entry["during_mean"], **{f"after_{kind}": entry["after"][kind] for kind, _ in KINDS}}
-            if "gain_over_none" in entry:
-                stats.update(gain_over_none_during=entry["gain_over_none"]["during_mean"],
-                             gain_over_none_after_sampled=entry["gain_over_none"]["after_sampled"])
-            if entry.get("gain_fraction_of_ceiling"):
-                stats["gain_fraction_of_ceiling"] = entry["gain_fraction_of_ceiling"]
+            gains, fraction = entry.get("gain_over_none", {}), entry.get("gain_fraction_of_ceiling")
+            stats = {"during_mean": entry["during_mean"], "after_deterministic": entry["after"]["deterministic"],
+                     "after_sampled": entry["after"]["sampled"], "gain_over_none_during": gains.get("during_mean"),
+                     "gain_over_none_after_sampled": gains.get("after_sampled"), "gain_fraction_of_ceiling": fraction}
             for key, stat in stats.items():
-                record(writer, summary, key, target, stat["mean"], args.episodes, control)
+                if stat:
+                    record(writer, summary, key, target, stat["mean"], args.episodes, control)
     figure = os.path.join(run_dir, "adaptation_curves.png")
     plot_adaptation_curves(report["results"], targets, args.controls, figure, f"{run_name}\nadaptation on {ckpt['run_name']} "
                            f"({args.num_seeds} seeds, {'online' if args.online else 'per-episode'} updates)")
@@ -646,7 +623,7 @@ def run_clamp(args, ckpt, base_agent, targets, _reward_scale, writer, report, su
     report.update(columns=list(settings), results={})
     for ti, target in enumerate(targets):
         res = report["results"][target["name"]] = {}
-        runs = gate_returns(base_agent, target, hide_velocity, settings, [100_000 + args.seed + 1000 * ti], args.eval_episodes)
+        _, runs = gate_returns(base_agent, target, hide_velocity, settings, [100_000 + args.seed + 1000 * ti], args.eval_episodes)
         for j, (column, by_kind) in enumerate(runs.items()):
             res[column] = {kind: {"mean": float(r.mean()), "std": float(r.std()), "returns": r.tolist()} for kind, ((r, _),) in by_kind.items()}
             for kind, _ in KINDS:
@@ -658,12 +635,11 @@ def run_clamp(args, ckpt, base_agent, targets, _reward_scale, writer, report, su
         # each mode's own preferred slot (argmax of the learned gate) against the others: needs no slot-to-mode match
         preferred = res["preferred_slot"] = int(np.argmax(res["learned_slot_weights"]))
         for kind, _ in KINDS:
-            slot_returns = matrix[kind][ti, :num_slots]
-            others = np.delete(slot_returns, preferred)
-            res[f"preferred_minus_other_slots_{kind}"] = float(slot_returns[preferred] - (others.mean() if len(others) else 0.0))
-            res[f"slot_spread_{kind}"] = float(slot_returns.max() - slot_returns.min())
-            record(writer, summary, "preferred_minus_other_slots", target, res[f"preferred_minus_other_slots_{kind}"], 0, kind)
-            record(writer, summary, "slot_spread", target, res[f"slot_spread_{kind}"], 0, kind)
+            slots = matrix[kind][ti, :num_slots]
+            res[f"preferred_minus_other_slots_{kind}"] = float(slots[preferred] - np.delete(slots, preferred).mean()) if num_slots > 1 else 0.0
+            res[f"slot_spread_{kind}"] = float(slots.max() - slots.min())
+            for key in ("preferred_minus_other_slots", "slot_spread"):
+                record(writer, summary, key, target, res[f"{key}_{kind}"], 0, kind)
         print(f"{target['label']}: " + " ".join(f"{c} {v:.0f}" for c, v in zip(settings, matrix["deterministic"][ti])), flush=True)
     report["matrix"], report["specificity"] = {kind: m.tolist() for kind, m in matrix.items()}, {}
     for kind, _ in KINDS:
@@ -696,8 +672,7 @@ if __name__ == "__main__":
                    name=run_name, dir=run_dir, save_code=True)
     writer = SummaryWriter(run_dir)
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n%s" % "\n".join(f"|{key}|{value}|" for key, value in vars(args).items()))
-    torch.manual_seed(args.seed)  # every evaluation and adaptation reseeds torch and the environments themselves
-    torch.set_num_threads(1)  # fastest for this small network
+    torch.set_num_threads(1)  # fastest for this small network; every evaluation and adaptation seeds torch and its envs
     report = {"script": SCRIPT, "subcommand": subcommand, "checkpoint": os.path.abspath(model_path), "checkpoint_run": ckpt["run_name"],
               "checkpoint_args": ckpt["args"], "eval_episodes": args.eval_episodes, "args": dataclasses.asdict(args),
               "targets": [dict(zip(("name", "gravity", "half_length", "force_sign"), (t["name"], *t["physics"]))) for t in targets]}

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -85,7 +86,8 @@ def target_of(ckpt, k=0):
 def test_env_gives_the_training_envs_trajectories_in_each_mode(preset, hide_velocity, mode):
     modes = astral.MODE_PRESETS[preset]
     a = astral.make_vector_env(4, modes, hide_velocity, fixed_mode=mode)
-    b = m.make_vector_env(4, {"physics": modes[mode], "index": mode}, hide_velocity)
+    b = gym.vector.SyncVectorEnv([lambda: m.make_env({"physics": modes[mode], "index": mode}, hide_velocity)] * 4,
+                                 autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     obs_a, _ = a.reset(seed=3)
     obs_b, _ = b.reset(seed=3)
     assert np.array_equal(obs_a, obs_b)
@@ -514,6 +516,44 @@ def test_gain_over_none_is_paired_and_its_fraction_is_of_the_ceilings_headroom(c
             assert fraction is None
         else:
             assert fraction["mean"] == pytest.approx(res["controls"][control]["gain_over_none"]["after_sampled"]["mean"] / gap)
+
+
+def test_adapt_target_pairs_gains_and_divides_them_by_the_ceilings_headroom(checkpoint, monkeypatch):
+    """With planted returns: before 10 / 20 on the two seeds' evaluation episodes, slot0 fixed 30 / 40 (the best), `gate`
+    after 25 / 27 and `none` after 10 / 20, so the paired gains are 15 / 7, the headroom 35 - 15 = 20 and the fraction
+    11 / 20. If this failed, the gain were unpaired, the ceiling another setting, or the fraction of another gap."""
+    ckpt, base = m.load_astral_checkpoint(checkpoint)
+
+    class Adapted:
+        def __init__(self, control):
+            self.control = control
+
+        def eval(self):
+            return self
+
+    def value(agent, name, eval_seed):
+        i = (eval_seed - 100_000) // 10_000 - 1  # adaptation seeds 1 and 2, first target
+        if agent is base:
+            return {"learned": (10.0, 20.0), "slot0": (30.0, 40.0)}.get(name, (12.0, 14.0))[i]
+        return {"none": (10.0, 20.0), "gate": (25.0, 27.0)}[agent.control][i]
+
+    def gate_returns(agent, target, hide_velocity, settings, seeds, episodes, kinds=m.KINDS):
+        runs = {name: {kind: [(np.array([value(agent, name, s)]), np.ones(3) / 3) for s in seeds] for kind, _ in kinds} for name in settings}
+        return {name: {kind: [float(r.mean()) for r, _ in v] for kind, v in by.items()} for name, by in runs.items()}, runs
+
+    monkeypatch.setattr(m, "gate_returns", gate_returns)
+    monkeypatch.setattr(m, "adapted_copy", lambda ckpt, target, control, seed, args, scale: (Adapted(control), [1.0], 1))
+    args = adapt_args(checkpoint, controls=["none", "gate"], num_seeds=2)
+    res, _ = m.adapt_target(args, ckpt, base, target_of(ckpt), 0, None, m.gate_settings(3, 2))
+    assert res["before"]["sampled"]["per_seed"] == [10.0, 20.0] and res["ceiling"]["best"] == "slot0"
+    assert res["ceiling"]["sampled"]["mean"] == 35.0
+    gain = res["controls"]["gate"]["gain_over_none"]["after_sampled"]
+    assert gain == m.mean_ci([15.0, 7.0])
+    fraction = res["controls"]["gate"]["gain_fraction_of_ceiling"]
+    assert fraction == {"mean": 11.0 / 20.0, "ci95": gain["ci95"] / 20.0, "gap": 20.0}
+    # no headroom, no fraction
+    res, _ = m.adapt_target(args, ckpt, base, target_of(ckpt), 0, None, {"slot1": None})
+    assert res["ceiling"]["best"] == "slot1" and res["controls"]["gate"]["gain_fraction_of_ceiling"] is None
 
 
 # --- clamp end to end -----------------------------------------------------------------------------------------------
