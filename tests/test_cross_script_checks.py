@@ -45,7 +45,7 @@ def test_exp_names_that_cannot_name_a_file_are_refused(script):
         "reinforce_baby": (reinforce_baby, reinforce_baby.Args),
         "maml_ssm": (maml_ssm, maml_ssm.Args),
         "tta_adapt": (tta_gating, lambda **kw: tta_gating.AdaptArgs(checkpoint="missing", **kw)),
-        "tta_clamp": (tta_gating, lambda **kw: tta_gating.ClampArgs(checkpoint="missing", **kw)),
+        "tta_clamp": (tta_gating, lambda **kw: tta_gating.Args(checkpoint="missing", **kw)),
         "sb3_peers": (None, None),
     }[script]
     if script == "sb3_peers":
