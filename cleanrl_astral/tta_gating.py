@@ -503,9 +503,10 @@ def validate(args):
     if args.gamma != ckpt["args"]["gamma"]:  # the critic estimates returns at its training discount
         raise ValueError(f"--gamma {args.gamma} differs from the {ckpt['args']['gamma']} the critic was trained with, and --online "
                          f"bootstraps its returns with that critic; pass --gamma {ckpt['args']['gamma']}")
-    # the critic learnt rewards divided by the final std of the reward normaliser, which the model holds
-    scaler = ckpt.get("reward_scaler")
-    reward_scale = args.reward_scale or (float(np.sqrt(scaler["var"] + 1e-8)) if scaler else None if ckpt["args"].get("norm_reward") else 1.0)
+    # the critic learnt rewards / σ, σ the final std of the reward normaliser (1 without --norm-reward), which the model holds
+    reward_scale, scaler = args.reward_scale, ckpt.get("reward_scaler")
+    if reward_scale is None:
+        reward_scale = 1.0 if not ckpt["args"].get("norm_reward") else float(np.sqrt(scaler["var"] + 1e-8)) if scaler else None
     if reward_scale is None:
         raise ValueError("--online needs the reward scale the critic was trained with, and this model does not hold its reward "
                          "normaliser; pass --reward-scale S (the final std of the run's reward normaliser)")

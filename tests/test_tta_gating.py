@@ -756,6 +756,8 @@ def test_online_reads_the_critics_reward_scale_from_the_model_or_refuses(checkpo
     with pytest.raises(ValueError, match="--online needs the reward scale"):
         m.validate(adapt_args(str(model), online=True, controls=["none", "gate"]))
     assert m.validate(adapt_args(str(model), online=True, controls=["none", "gate"], reward_scale=30.0))[-1] == 30.0
+    unnormalised = edited_checkpoint(str(model), tmp_path / "unnormalised.cleanrl_model", norm_reward=False)
+    assert m.validate(adapt_args(unnormalised, online=True, controls=["none", "gate"]))[-1] == 1.0  # raw rewards: σ = 1
 
 
 def test_online_refuses_a_discount_other_than_the_critics(checkpoint):
