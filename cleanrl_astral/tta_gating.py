@@ -198,55 +198,6 @@ class Agent(nn.Module):
         return self.film(hidden, z), weights
 
 
-# CHECKPOINT AND TARGETS
-def agent_from_checkpoint(ckpt):
-    """A fresh agent holding the checkpoint's weights (and a zero context, which the checkpoint does not have)."""
-    a = ckpt["args"]
-    agent = Agent(2 if a["hide_velocity"] else 4, 2, len(ckpt["modes"]), a["hidden_size"], a["memory"], a["oracle"],
-                  a["num_abstractions"], a["slot_dim"], a["tau"])
-    agent.load_state_dict({"bank.context": torch.zeros(a["num_abstractions"]), **ckpt["state_dict"]})
-    return agent
-
-
-def load_astral_checkpoint(path):
-    """(checkpoint dict, agent) of a ppo_gru_astral.py `.cleanrl_model` (read only), or ValueError saying why not."""
-    if not os.path.isfile(path):
-        raise ValueError(f"checkpoint {path!r} does not exist; pass the .cleanrl_model of a ppo_gru_astral.py --save-model run")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise ValueError(f"checkpoint {path!r} is not a readable torch file ({type(e).__name__})")
-    found = ckpt.get("script") if isinstance(ckpt, dict) else None
-    if found != ASTRAL_SCRIPT or ckpt.get("format") != ASTRAL_FORMAT:
-        raise ValueError(f"checkpoint {path!r} was written by {found or 'another program'} (format {ckpt.get('format') if found else '?'}), "
-                         f"not {ASTRAL_SCRIPT}.py format {ASTRAL_FORMAT}; test-time gating needs an ASTRAL agent (it has the gate)")
-    try:
-        return ckpt, agent_from_checkpoint(ckpt).eval()
-    except (KeyError, TypeError, RuntimeError) as e:
-        raise ValueError(f"checkpoint {path!r}: its state dict does not fit the agent its args describe ({str(e).splitlines()[0]})")
-
-
-def resolve_targets(mode_indices, modes, ckpt):
-    """The target modes: [{"name", "index" (the mode index an --oracle agent reads), "physics", "label"}]."""
-    def target(name, index, physics):
-        g, l, sign = physics
-        return {"name": name, "index": index, "physics": physics, "label": f"{name} (g {g:g}, l {l:g}{', inverted' if sign < 0 else ''})"}
-
-    if modes is not None and mode_indices is not None:
-        raise ValueError("give either --mode-indices (training modes) or --modes (custom physics), not both")
-    if modes is not None:
-        if ckpt["args"]["oracle"]:
-            raise ValueError("an --oracle agent reads the true mode index, so it cannot be run on custom --modes; use --mode-indices")
-        return [target(f"custom{j}", j, m) for j, m in enumerate(parse_modes(modes))]
-    train_modes = [tuple(float(v) for v in m) for m in ckpt["modes"]]
-    indices = range(len(train_modes)) if mode_indices is None else mode_indices
-    if not indices or len(set(indices)) != len(indices):
-        raise ValueError("--mode-indices needs distinct training-mode indices (a repeated one would be counted twice)")
-    for k in (k for k in indices if not 0 <= k < len(train_modes)):
-        raise ValueError(f"--mode-indices {k} is out of range; the checkpoint has {len(train_modes)} modes (0..{len(train_modes) - 1})")
-    return [target(f"mode{k}", k, train_modes[k]) for k in indices]
-
-
 # ACTING
 def policy_step(agent, obs, prev_action, prev_reward, mode, state, start, weights=None):
     """One step of B environments, the input built as ppo_gru_astral.py's rollout builds it (previous action -1 and reward
@@ -417,6 +368,55 @@ def gate_returns(agent, target, hide_velocity, settings, seeds, episodes, kinds=
     runs = {name: {kind: [evaluate_target(agent, target, hide_velocity, episodes, det, s, w) for s in seeds] for kind, det in kinds}
             for name, w in settings.items()}
     return {name: {kind: [float(r.mean()) for r, _ in v] for kind, v in by_kind.items()} for name, by_kind in runs.items()}, runs
+
+
+# CHECKPOINT AND TARGETS
+def agent_from_checkpoint(ckpt):
+    """A fresh agent holding the checkpoint's weights (and a zero context, which the checkpoint does not have)."""
+    a = ckpt["args"]
+    agent = Agent(2 if a["hide_velocity"] else 4, 2, len(ckpt["modes"]), a["hidden_size"], a["memory"], a["oracle"],
+                  a["num_abstractions"], a["slot_dim"], a["tau"])
+    agent.load_state_dict({"bank.context": torch.zeros(a["num_abstractions"]), **ckpt["state_dict"]})
+    return agent
+
+
+def load_astral_checkpoint(path):
+    """(checkpoint dict, agent) of a ppo_gru_astral.py `.cleanrl_model` (read only), or ValueError saying why not."""
+    if not os.path.isfile(path):
+        raise ValueError(f"checkpoint {path!r} does not exist; pass the .cleanrl_model of a ppo_gru_astral.py --save-model run")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise ValueError(f"checkpoint {path!r} is not a readable torch file ({type(e).__name__})")
+    found = ckpt.get("script") if isinstance(ckpt, dict) else None
+    if found != ASTRAL_SCRIPT or ckpt.get("format") != ASTRAL_FORMAT:
+        raise ValueError(f"checkpoint {path!r} was written by {found or 'another program'} (format {ckpt.get('format') if found else '?'}), "
+                         f"not {ASTRAL_SCRIPT}.py format {ASTRAL_FORMAT}; test-time gating needs an ASTRAL agent (it has the gate)")
+    try:
+        return ckpt, agent_from_checkpoint(ckpt).eval()
+    except (KeyError, TypeError, RuntimeError) as e:
+        raise ValueError(f"checkpoint {path!r}: its state dict does not fit the agent its args describe ({str(e).splitlines()[0]})")
+
+
+def resolve_targets(mode_indices, modes, ckpt):
+    """The target modes: [{"name", "index" (the mode index an --oracle agent reads), "physics", "label"}]."""
+    def target(name, index, physics):
+        g, l, sign = physics
+        return {"name": name, "index": index, "physics": physics, "label": f"{name} (g {g:g}, l {l:g}{', inverted' if sign < 0 else ''})"}
+
+    if modes is not None and mode_indices is not None:
+        raise ValueError("give either --mode-indices (training modes) or --modes (custom physics), not both")
+    if modes is not None:
+        if ckpt["args"]["oracle"]:
+            raise ValueError("an --oracle agent reads the true mode index, so it cannot be run on custom --modes; use --mode-indices")
+        return [target(f"custom{j}", j, m) for j, m in enumerate(parse_modes(modes))]
+    train_modes = [tuple(float(v) for v in m) for m in ckpt["modes"]]
+    indices = range(len(train_modes)) if mode_indices is None else mode_indices
+    if not indices or len(set(indices)) != len(indices):
+        raise ValueError("--mode-indices needs distinct training-mode indices (a repeated one would be counted twice)")
+    for k in (k for k in indices if not 0 <= k < len(train_modes)):
+        raise ValueError(f"--mode-indices {k} is out of range; the checkpoint has {len(train_modes)} modes (0..{len(train_modes) - 1})")
+    return [target(f"mode{k}", k, train_modes[k]) for k in indices]
 
 
 # STATISTICS AND PLOTS
