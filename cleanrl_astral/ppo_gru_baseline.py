@@ -8,7 +8,10 @@ one saved at the start of the rollout.
 
 Usage: python cleanrl_astral/ppo_gru_baseline.py --modes-preset seed3 --hide-velocity --save-model
 """
+import contextlib
 import dataclasses
+
+import itertools
 import json
 import math
 import os
@@ -17,7 +20,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Optional
+from typing import Literal, Optional
 
 import gymnasium as gym
 import numpy as np
@@ -25,6 +28,9 @@ import torch
 import torch.nn as nn
 import torch.optim as optim
 import tyro
+from gymnasium.utils.save_video import save_video
+from gymnasium.wrappers.utils import RunningMeanStd
+
 from torch.distributions.categorical import Categorical
 from torch.utils.tensorboard import SummaryWriter
 
@@ -54,30 +60,24 @@ class Args:
     """save the model to `runs/{run_name}/{exp_name}.cleanrl_model`, then evaluate it"""
     runs_dir: str = "runs"
     """directory under which `{run_name}/` is written"""
-    resume: Optional[str] = None
-    """path of a `checkpoint.pt` to continue from (all other settings are the checkpoint's; a flag that disagrees is
-    refused)"""
-    checkpoint_every: int = 10
-    """write `runs/{run_name}/checkpoint.pt` every this many updates (0 disables)"""
     eval_episodes: int = 10
     """evaluation episodes per mode, each for deterministic and for sampled actions"""
-    torch_threads: int = 1
-    """torch CPU threads (one is fastest for this small network)"""
 
     # Environment
     env_id: str = "NonStationaryCartPole"
     """name used in the run name"""
-    modes_preset: str = "seed3"
-    """physics modes: `seed3` (three gravity/length settings) or `inverted4` (seed3 plus inverted force)"""
-    modes: Optional[str] = None
-    """custom modes, overriding the preset: "g,l[,sign] g,l[,sign] ..." (gravity, pole half-length, force sign)"""
+    modes_preset: Literal["seed3", "inverted4", "mirror4"] = "seed3"
+    """physics modes: `seed3` (three gravity/length settings), `inverted4` (seed3 plus inverted force) or `mirror4`
+    (two physics x force sign ±1, plus a held-out mode 4 that is only evaluated)"""
+    mode_share: Literal["uniform", "balanced"] = "uniform"
+    """`uniform`: a training mode drawn per episode; `balanced`: env i always in training mode i mod M (equal step shares)"""
     hide_velocity: bool = False
     """observe only cart position and pole angle, so velocities must be inferred from memory"""
     fixed_mode: Optional[int] = None
     """always use this mode index instead of resampling it"""
     switch_prob: float = 0.0
     """per-step probability of resampling the mode in the middle of an episode"""
-    memory: str = "gru"
+    memory: Literal["gru", "none"] = "gru"
     """`gru`: recurrent agent; `none`: GRU state zeroed every step (memoryless control, same parameters)"""
     oracle: bool = False
     """append the true mode one-hot to the agent's input (the upper-bound control)"""
@@ -129,111 +129,69 @@ class Args:
 
 
 # ENVIRONMENT
-# A mode is (gravity, pole half-length, force sign).
-MODE_PRESETS = {
+MODE_PRESETS = {  # a mode is (gravity, pole half-length, force sign)
     "seed3": [(9.8, 0.5, 1.0), (7.5, 0.7, 1.0), (12.0, 0.4, 1.0)],
     "inverted4": [(9.8, 0.5, 1.0), (7.5, 0.7, 1.0), (12.0, 0.4, 1.0), (9.8, 0.5, -1.0)],
+    # two physics x force sign ±1, so the right action flips with the hidden mode; mode 4 (between the two physics,
+    # inverted force) is held out of training
+    "mirror4": [(9.8, 0.5, 1.0), (9.8, 0.5, -1.0), (7.5, 0.7, 1.0), (7.5, 0.7, -1.0), (8.65, 0.6, -1.0)],
 }
+HELD_OUT_MODES = {"seed3": [], "inverted4": [], "mirror4": [4]}  # evaluated (and adapted to) only, never trained on
 
 
-def parse_modes(spec: str) -> list:
-    """Parse "g,l[,sign] g,l[,sign] ..." into a list of (gravity, half_length, force_sign)."""
-    modes = []
-    for item in spec.split():
-        parts = item.split(",")
-        try:
-            values = [float(p) for p in parts]
-        except ValueError:
-            values = []
-        if len(values) not in (2, 3):
-            raise ValueError(f"malformed mode {item!r} in --modes; write gravity,half_length[,force_sign] e.g. '9.8,0.5 7.5,0.7,-1'")
-        gravity, half_length, sign = values[0], values[1], (values[2] if len(values) == 3 else 1.0)
-        if not np.isfinite(gravity) or gravity <= 0 or not np.isfinite(half_length) or half_length <= 0:
-            raise ValueError(f"mode {item!r} in --modes needs a positive gravity and a positive half-length")
-        if sign not in (1.0, -1.0):
-            raise ValueError(f"mode {item!r} in --modes has force sign {sign:g}; use 1 or -1")
-        modes.append((gravity, half_length, sign))
-    if not modes:
-        raise ValueError("--modes is empty; give at least one mode such as '9.8,0.5'")
-    return modes
+class NonStationaryCartPole:
+    """`num_envs` CartPole-v1s stepped together in numpy, with gymnasium's equations, constants and 500-step limit.
+    Each env has a hidden physics mode (gravity, pole half-length, force sign), drawn at every episode start and, with
+    probability `switch_prob`, after any step, among the modes not `held_out`; `pinned[i] >= 0` fixes env i's mode
+    (`fixed_mode` pins all; `mode_share="balanced"` pins env i to the (i mod M)-th of the M training modes, so every
+    mode gets the same share of steps whatever its episode length). Autoreset is same-step: where an episode ends,
+    the returned observation is already the next episode's first, and info["final_obs"] holds the ended one's last.
+    info["mode"] (for analysis only) is the mode that governs each env's next step."""
 
+    def __init__(self, num_envs, modes, hide_velocity=False, fixed_mode=None, switch_prob=0.0, max_episode_steps=500,
+                 held_out=(), mode_share="uniform"):
+        self.num_envs, self.switch_prob, self.max_episode_steps = num_envs, switch_prob, max_episode_steps
+        self.gravity, self.half_length, self.force_sign = np.array(modes, dtype=np.float64).T
+        self.train_modes = np.array([k for k in range(len(modes)) if k not in held_out])
+        self.pinned, self.rng = np.full(num_envs, -1 if fixed_mode is None else fixed_mode), np.random.default_rng()
+        if mode_share == "balanced":
+            self.pinned = self.train_modes[np.arange(num_envs) % len(self.train_modes)]
+        self.observed = [0, 2] if hide_velocity else [0, 1, 2, 3]  # hidden velocity: cart position and pole angle only
 
-def resolve_modes(modes_preset: str, modes: Optional[str]) -> list:
-    if modes is not None:
-        return parse_modes(modes)
-    if modes_preset not in MODE_PRESETS:
-        raise ValueError(f"unknown --modes-preset {modes_preset!r}; choose one of {', '.join(MODE_PRESETS)} or give --modes")
-    return list(MODE_PRESETS[modes_preset])
+    def draw_modes(self, envs):
+        """New modes for the envs of the boolean mask `envs` (pinned envs keep theirs)."""
+        drawn = self.train_modes[self.rng.integers(len(self.train_modes), size=self.num_envs)]
+        drawn = np.where(self.pinned >= 0, self.pinned, drawn)
+        self.mode = np.where(envs, drawn, self.mode)
 
+    def restart(self, envs):
+        self.state[envs], self.elapsed[envs] = self.rng.uniform(-0.05, 0.05, (int(envs.sum()), 4)), 0
+        self.draw_modes(envs)
 
-class NonStationaryCartPole(gym.Wrapper):
-    """CartPole-v1 whose hidden physics mode (gravity, pole half-length, force sign) is resampled at every
-    episode start, and with probability `switch_prob` after any step. `info["mode"]` is for analysis only:
-    it is the mode that governs the next step."""
-
-    def __init__(self, env, modes, hide_velocity=False, fixed_mode=None, switch_prob=0.0):
-        super().__init__(env)
-        self.modes = [tuple(float(v) for v in m) for m in modes]
-        self.hide_velocity = hide_velocity
-        self.fixed_mode = fixed_mode
-        self.switch_prob = switch_prob
-        self.base_force_mag = abs(env.unwrapped.force_mag)
-        self.mode_rng = np.random.default_rng()
-        self.mode = 0
-        if hide_velocity:
-            high = env.observation_space.high[[0, 2]]
-            self.observation_space = gym.spaces.Box(-high, high, dtype=np.float32)
-
-    def set_mode(self, k):
-        self.mode = int(k)
-        gravity, half_length, force_sign = self.modes[self.mode]
-        cartpole = self.env.unwrapped
-        cartpole.gravity = gravity
-        cartpole.length = half_length
-        # CartPole caches this product; it must follow the length or the dynamics mix two poles
-        cartpole.polemass_length = cartpole.masspole * half_length
-        cartpole.force_mag = force_sign * self.base_force_mag
-
-    def sample_mode(self):
-        if self.fixed_mode is not None:
-            return self.fixed_mode
-        return int(self.mode_rng.integers(len(self.modes)))
-
-    def observe(self, obs):
-        return obs[[0, 2]] if self.hide_velocity else obs
-
-    def reset(self, *, seed=None, options=None):
-        if seed is not None:
-            # a stream of its own, so the mode sequence does not shift CartPole's initial states
-            self.mode_rng = np.random.default_rng([seed, 1])
-        obs, info = self.env.reset(seed=seed, options=options)
-        self.set_mode(self.sample_mode())
-        info["mode"] = self.mode
-        return self.observe(obs), info
+    def reset(self, seed=None):
+        self.rng = np.random.default_rng(seed)
+        self.state, self.elapsed, self.mode = np.zeros((self.num_envs, 4)), np.zeros(self.num_envs, dtype=int), np.zeros(self.num_envs, dtype=int)
+        self.restart(np.ones(self.num_envs, dtype=bool))
+        return self.state[:, self.observed].astype(np.float32), {"mode": self.mode.copy()}
 
     def step(self, action):
-        obs, reward, terminated, truncated, info = self.env.step(action)
-        if self.switch_prob > 0 and self.mode_rng.random() < self.switch_prob:
-            self.set_mode(self.sample_mode())
-        info["mode"] = self.mode
-        return self.observe(obs), reward, terminated, truncated, info
-
-
-def make_env(modes, hide_velocity=False, fixed_mode=None, switch_prob=0.0, render_mode=None):
-    def thunk():
-        env = gym.make("CartPole-v1", render_mode=render_mode)
-        return NonStationaryCartPole(env, modes, hide_velocity, fixed_mode, switch_prob)
-
-    return thunk
-
-
-def make_vector_env(num_envs, modes, hide_velocity=False, fixed_mode=None, switch_prob=0.0):
-    # SAME_STEP autoreset: the obs returned at a done step is already the next episode's first obs and the
-    # ended episode lives in infos["final_obs"/"final_info"], so no fake reset transition enters the batch
-    return gym.vector.SyncVectorEnv(
-        [make_env(modes, hide_velocity, fixed_mode, switch_prob) for _ in range(num_envs)],
-        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
-    )
+        x, x_dot, theta, theta_dot = self.state.T
+        gravity, length, masspole, total_mass = self.gravity[self.mode], self.half_length[self.mode], 0.1, 0.1 + 1.0
+        force = self.force_sign[self.mode] * 10.0 * np.where(action == 1, 1.0, -1.0)
+        costheta, sintheta = np.cos(theta), np.sin(theta)
+        temp = (force + masspole * length * np.square(theta_dot) * sintheta) / total_mass
+        thetaacc = (gravity * sintheta - costheta * temp) / (length * (4.0 / 3.0 - masspole * np.square(costheta) / total_mass))
+        xacc = temp - masspole * length * thetaacc * costheta / total_mass
+        self.state = np.stack([x + 0.02 * x_dot, x_dot + 0.02 * xacc, theta + 0.02 * theta_dot, theta_dot + 0.02 * thetaacc], 1)
+        self.last_state, self.elapsed = self.state.copy(), self.elapsed + 1  # last_state: what a renderer draws
+        terminated = (np.abs(self.state[:, 0]) > 2.4) | (np.abs(self.state[:, 2]) > 12 * 2 * math.pi / 360)
+        truncated = self.elapsed >= self.max_episode_steps
+        if self.switch_prob > 0:
+            self.draw_modes(self.rng.random(self.num_envs) < self.switch_prob)
+        info = {"final_obs": self.state[:, self.observed].astype(np.float32), "final_mode": self.mode.copy()}
+        self.restart(terminated | truncated)
+        info["mode"] = self.mode.copy()
+        return self.state[:, self.observed].astype(np.float32), np.ones(self.num_envs), terminated, truncated, info
 
 
 # MODEL
@@ -246,24 +204,14 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
 class Agent(nn.Module):
     def __init__(self, obs_dim, num_actions, num_modes, hidden_size=128, memory="gru", oracle=False):
         super().__init__()
-        self.obs_dim, self.num_actions, self.num_modes = obs_dim, num_actions, num_modes
-        self.memory, self.oracle = memory, oracle
+        self.obs_dim, self.num_actions, self.num_modes, self.memory, self.oracle = obs_dim, num_actions, num_modes, memory, oracle
         self.input_dim = obs_dim + num_actions + 1 + (num_modes if oracle else 0)
         self.encoder = nn.Sequential(layer_init(nn.Linear(self.input_dim, hidden_size)), nn.Tanh())
-        self.gru = nn.GRUCell(hidden_size, hidden_size)
+        self.hidden_size, self.gru = hidden_size, nn.GRUCell(hidden_size, hidden_size)
         for name, param in self.gru.named_parameters():
-            if "bias" in name:
-                nn.init.constant_(param, 0)
-            elif "weight" in name:
-                nn.init.orthogonal_(param, 1.0)
-        self.actor = nn.Sequential(
-            layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, num_actions), std=0.01)
-        )
+            nn.init.constant_(param, 0) if "bias" in name else nn.init.orthogonal_(param, 1.0)
+        self.actor = nn.Sequential(layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, num_actions), std=0.01))
         self.critic = nn.Sequential(layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, 1), std=1.0))
-        self.hidden_size = hidden_size
-
-    def initial_state(self, batch_size, device="cpu"):
-        return torch.zeros(batch_size, self.hidden_size, device=device)
 
     def build_input(self, obs, prev_action, prev_reward, mode):
         """obs (..., obs_dim), prev_action (...) with -1 for "none", prev_reward (...), mode (...) -> input."""
@@ -277,10 +225,7 @@ class Agent(nn.Module):
         """x (T, B, input_dim), state (B, H) before x[0], starts (T, B) = 1 where x[t] opens an episode.
         Returns the hidden states (T, B, H) the heads read and the state after x[T-1]."""
         features = self.encoder(x)
-        if self.memory == "none":
-            keep = torch.zeros_like(starts)
-        else:
-            keep = 1.0 - starts
+        keep = torch.zeros_like(starts) if self.memory == "none" else 1.0 - starts
         hidden = []
         # the GRUCell's own op without the module-call overhead (same numbers, ~4% off a training run)
         gru_weights = (self.gru.weight_ih, self.gru.weight_hh, self.gru.bias_ih, self.gru.bias_hh)
@@ -305,129 +250,90 @@ class Agent(nn.Module):
 
 
 class RewardScaler:
-    """Divides rewards by the running std of each environment's discounted return (as gymnasium's
-    NormalizeReward), keeping the value targets O(1) for the shared trunk."""
+    """Divides rewards by the running std of each environment's discounted return (as gymnasium's NormalizeReward),
+    keeping the value targets O(1) for the shared trunk."""
 
-    def __init__(self, num_envs, gamma, epsilon=1e-8):
-        self.gamma, self.epsilon = gamma, epsilon
-        self.returns = np.zeros(num_envs)
-        self.mean, self.var, self.count = 0.0, 1.0, 1e-4
+    def __init__(self, num_envs, gamma):
+        self.gamma, self.returns, self.return_rms = gamma, np.zeros(num_envs), RunningMeanStd(shape=())
 
     def __call__(self, rewards, dones):
         self.returns = self.returns * self.gamma + rewards
-        batch_mean, batch_var, n = self.returns.mean(), self.returns.var(), len(self.returns)
-        delta, total = batch_mean - self.mean, self.count + n
-        self.mean += delta * n / total
-        self.var = (self.var * self.count + batch_var * n + delta**2 * self.count * n / total) / total
-        self.count = total
+        self.return_rms.update(self.returns)
         self.returns[dones] = 0.0
-        return rewards / np.sqrt(self.var + self.epsilon)
-
-    def state_dict(self):
-        return {"mean": float(self.mean), "var": float(self.var), "count": float(self.count)}
-
-    def load_state_dict(self, state):
-        self.mean, self.var, self.count = state["mean"], state["var"], state["count"]
+        return rewards / np.sqrt(self.return_rms.var + 1e-8)
 
 
 # ROLLOUT / GAE / UPDATE
 def new_carry(envs, agent, seed, device):
-    """The state the rollout carries from one iteration to the next."""
-    obs, infos = envs.reset(seed=seed)
+    """What one step hands to the next: the agent's next input, its GRU state and the running episode totals."""
+    obs, info = envs.reset(seed=seed)
     n = envs.num_envs
-    return {
-        "obs": obs,
-        "start": np.ones(n, dtype=bool),
-        "state": agent.initial_state(n, device),
-        "prev_action": np.full(n, -1),
-        "prev_reward": np.zeros(n),
-        "mode": np.asarray(infos["mode"]),
-        "episode_mode": np.asarray(infos["mode"]).copy(),
-        "episode_return": np.zeros(n),
-        "episode_length": np.zeros(n, dtype=int),
-    }
+    return {"obs": obs, "start": np.ones(n, dtype=bool), "state": torch.zeros(n, agent.hidden_size, device=device), "prev_action": np.full(n, -1),
+            "prev_reward": np.zeros(n), "mode": info["mode"], "episode_mode": info["mode"].copy(), "episode_return": np.zeros(n),
+            "episode_length": np.zeros(n, dtype=int)}
 
 
-def carry_input(agent, carry, device):
+def carry_input(agent, carry):
     """The agent's input for the carried observation, previous action/reward and mode."""
-    return agent.build_input(
-        torch.as_tensor(carry["obs"], device=device), torch.as_tensor(carry["prev_action"], device=device),
-        torch.as_tensor(carry["prev_reward"], device=device), torch.as_tensor(carry["mode"], device=device),
-    )
+    return agent.build_input(*(torch.as_tensor(carry[key], device=carry["state"].device)
+                               for key in ("obs", "prev_action", "prev_reward", "mode")))
 
 
-def collect_rollout(agent, envs, carry, num_steps, gamma, reward_scaler, device):
-    """Runs `num_steps` steps in every env. Returns the batch (tensors shaped (T, N, ...)), the GRU state
-    it started from, and the finished episodes as (return, length, mode, index of the rollout step it ended in)."""
-    n = envs.num_envs
-    batch = {
-        "inputs": torch.zeros(num_steps, n, agent.input_dim, device=device),
-        "starts": torch.zeros(num_steps, n, device=device),
-        "actions": torch.zeros(num_steps, n, dtype=torch.long, device=device),
-        "logprobs": torch.zeros(num_steps, n, device=device),
-        "values": torch.zeros(num_steps, n, device=device),
-        "rewards": torch.zeros(num_steps, n, device=device),
-        "raw_rewards": torch.zeros(num_steps, n, device=device),
-    }
-    initial_state = carry["state"].clone()
-    episodes = []
-    state = carry["state"]
-    for step in range(num_steps):
-        x = carry_input(agent, carry, device)
-        start = torch.as_tensor(carry["start"], dtype=torch.float32, device=device)
-        with torch.no_grad():
-            action, logprob, _, value, state = agent.get_action_and_value(x[None], state, start[None])
-        action_np = action[0].cpu().numpy()
-        obs, reward, terminated, truncated, infos = envs.step(action_np)
-        done = terminated | truncated
-        scaled = reward_scaler(reward, done) if reward_scaler is not None else reward.astype(np.float64)
-        batch["inputs"][step], batch["starts"][step] = x, start
-        batch["actions"][step], batch["logprobs"][step], batch["values"][step] = action[0], logprob[0], value[0]
-        batch["raw_rewards"][step] = torch.as_tensor(reward, device=device)
+def env_step(agent, envs, carry, deterministic=False):
+    """One step of every environment, shared by the rollout, the evaluation and the video: the agent acts on the
+    carried input, the environments step, and the carry moves on. Returns what the batch keeps of the step (input,
+    start flag, action, log-prob, value, true mode), what the environments returned, and the episodes that ended as
+    (return, length, mode)."""
+    x = carry_input(agent, carry)
+    start = torch.as_tensor(carry["start"], dtype=torch.float32, device=x.device)
+    with torch.no_grad():
+        action, logprob, _, value, carry["state"] = agent.get_action_and_value(
+            x[None], carry["state"], start[None], deterministic=deterministic)
+    step = {"inputs": x, "starts": start, "actions": action[0], "logprobs": logprob[0], "values": value[0],
+            "modes": torch.as_tensor(carry["mode"], device=x.device)}
+    obs, reward, terminated, truncated, info = outcome = envs.step(action[0].cpu().numpy())
+    done = terminated | truncated
+    carry["episode_return"], carry["episode_length"] = carry["episode_return"] + reward, carry["episode_length"] + 1
+    episodes = [(float(carry["episode_return"][i]), int(carry["episode_length"][i]), int(carry["episode_mode"][i]))
+                for i in np.flatnonzero(done)]
+    carry["episode_return"][done], carry["episode_length"][done], carry["episode_mode"][done] = 0.0, 0, info["mode"][done]
+    # same-step autoreset: where done, obs opens the next episode, so its previous action / reward are "none" and the
+    # next step zeroes the GRU state
+    carry.update(obs=obs, start=done, mode=info["mode"], prev_action=np.where(done, -1, step["actions"].cpu().numpy()),
+                 prev_reward=np.where(done, 0.0, reward))
+    return step, outcome, episodes
 
+
+def collect_rollout(agent, envs, carry, num_steps, gamma, reward_scaler):
+    """Runs `num_steps` steps in every env. Returns the batch (tensors shaped (T, N, ...)), the GRU state it started
+    from, and the finished episodes as (return, length, mode, index of the rollout step it ended in)."""
+    initial_state, columns, episodes, device = carry["state"].clone(), {}, [], carry["state"].device
+    for t in range(num_steps):
+        step, (_, reward, terminated, truncated, info), ended = env_step(agent, envs, carry)
+        episodes += [(*episode, t) for episode in ended]
+        scaled = reward_scaler(reward, terminated | truncated) if reward_scaler is not None else reward.copy()
         # a time-limit truncation is not a failure: bootstrap from the value of the true final observation
         cut = np.flatnonzero(truncated & ~terminated)
         if len(cut):
-            final_obs = torch.as_tensor(np.stack(infos["final_obs"][cut]), device=device)
-            final_mode = torch.as_tensor(infos["final_info"]["mode"][cut], device=device)
-            xf = agent.build_input(
-                final_obs, action[0][cut], torch.as_tensor(reward[cut], device=device), final_mode
-            )
+            final_x = agent.build_input(*(torch.as_tensor(a, device=device) for a in (
+                info["final_obs"][cut], step["actions"].cpu().numpy()[cut], reward[cut], info["final_mode"][cut])))
             with torch.no_grad():
-                vf = agent.get_value(xf[None], state[cut], torch.zeros(1, len(cut), device=device))[0]
-            scaled = scaled.copy()
-            scaled[cut] += gamma * vf.cpu().numpy()
-        batch["rewards"][step] = torch.as_tensor(scaled, dtype=torch.float32, device=device)
-
-        carry["episode_return"] += reward
-        carry["episode_length"] += 1
-        for i in np.flatnonzero(done):
-            episodes.append((float(carry["episode_return"][i]), int(carry["episode_length"][i]), int(carry["episode_mode"][i]), step))
-        carry["episode_return"][done] = 0.0
-        carry["episode_length"][done] = 0
-        mode = np.asarray(infos["mode"])
-        carry["episode_mode"][done] = mode[done]
-        # previous action / reward are "none" at an episode's first step
-        carry["prev_action"] = np.where(done, -1, action_np)
-        carry["prev_reward"] = np.where(done, 0.0, reward)
-        carry["obs"], carry["start"], carry["mode"] = obs, done, mode
-    carry["state"] = state
-    return batch, initial_state, episodes
+                final_value = agent.get_value(final_x[None], carry["state"][cut], torch.zeros(1, len(cut), device=device))[0]
+            scaled[cut] += gamma * final_value.cpu().numpy()
+        step["rewards"], step["raw_rewards"] = (torch.as_tensor(r, dtype=torch.float32, device=device) for r in (scaled, reward))
+        for key, value in step.items():
+            columns.setdefault(key, []).append(value)
+    return {key: torch.stack(column) for key, column in columns.items()}, initial_state, episodes
 
 
 def compute_gae(rewards, values, starts, next_value, next_start, gamma, gae_lambda):
     """GAE over (T, N) tensors. starts[t] = 1 where step t opens an episode, so step t-1 ended one and must
     not bootstrap from step t (truncations were already bootstrapped into their reward)."""
-    num_steps = rewards.shape[0]
-    advantages = torch.zeros_like(rewards)
-    lastgaelam = torch.zeros_like(next_value)
-    for t in reversed(range(num_steps)):
-        if t == num_steps - 1:
-            nextnonterminal, nextvalues = 1.0 - next_start, next_value
-        else:
-            nextnonterminal, nextvalues = 1.0 - starts[t + 1], values[t + 1]
-        delta = rewards[t] + gamma * nextvalues * nextnonterminal - values[t]
-        advantages[t] = lastgaelam = delta + gamma * gae_lambda * nextnonterminal * lastgaelam
+    nextnonterminal = 1.0 - torch.cat([starts[1:], next_start[None]])
+    deltas = rewards + gamma * torch.cat([values[1:], next_value[None]]) * nextnonterminal - values
+    advantages, lastgaelam = torch.zeros_like(rewards), torch.zeros_like(next_value)
+    for t in reversed(range(len(rewards))):
+        advantages[t] = lastgaelam = deltas[t] + gamma * gae_lambda * nextnonterminal[t] * lastgaelam
     return advantages, advantages + values
 
 
@@ -435,16 +341,14 @@ def ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args
     """PPO epochs over minibatches of whole environments. Each minibatch replays its sequences from the
     state saved at the start of the rollout, so log-probs are re-computed exactly as they were acted."""
     num_envs = batch["inputs"].shape[1]
-    envs_per_minibatch = num_envs // args.num_minibatches
-    env_indices = np.arange(num_envs)
+    envs_per_minibatch, env_indices = num_envs // args.num_minibatches, np.arange(num_envs)
     clipfracs, stats = [], {}
     for epoch in range(args.update_epochs):
         np.random.shuffle(env_indices)
         for start in range(0, num_envs, envs_per_minibatch):
             mb = env_indices[start : start + envs_per_minibatch]
             _, newlogprob, entropy, newvalue, _ = agent.get_action_and_value(
-                batch["inputs"][:, mb], initial_state[mb], batch["starts"][:, mb], batch["actions"][:, mb]
-            )
+                batch["inputs"][:, mb], initial_state[mb], batch["starts"][:, mb], batch["actions"][:, mb])
             logratio = newlogprob - batch["logprobs"][:, mb]
             ratio = logratio.exp()
             if epoch == 0 and start == 0:
@@ -464,9 +368,7 @@ def ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args
 
             if args.clip_vloss:
                 v_loss_unclipped = (newvalue - returns[:, mb]) ** 2
-                v_clipped = batch["values"][:, mb] + torch.clamp(
-                    newvalue - batch["values"][:, mb], -args.clip_coef, args.clip_coef
-                )
+                v_clipped = batch["values"][:, mb] + torch.clamp(newvalue - batch["values"][:, mb], -args.clip_coef, args.clip_coef)
                 v_loss = 0.5 * torch.max(v_loss_unclipped, (v_clipped - returns[:, mb]) ** 2).mean()
             else:
                 v_loss = 0.5 * ((newvalue - returns[:, mb]) ** 2).mean()
@@ -483,306 +385,157 @@ def ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args
 
     y_pred, y_true = batch["values"].flatten().cpu().numpy(), returns.flatten().cpu().numpy()
     var_y = np.var(y_true)
-    stats.update(
-        value_loss=v_loss.item(), policy_loss=pg_loss.item(), entropy=entropy_loss.item(),
-        old_approx_kl=old_approx_kl.item(), approx_kl=approx_kl.item(), clipfrac=float(np.mean(clipfracs)),
-        explained_variance=float("nan") if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y),
-    )
+    stats.update(value_loss=v_loss.item(), policy_loss=pg_loss.item(), entropy=entropy_loss.item(),
+                 old_approx_kl=old_approx_kl.item(), approx_kl=approx_kl.item(), clipfrac=float(np.mean(clipfracs)),
+                 explained_variance=float("nan") if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y))
     return stats
 
 
-# CHECKPOINTS / EVALUATION
-def atomic_save(obj, path):
-    """torch.save to a temporary file, then rename: a killed run never leaves a half-written file."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
-def load_checkpoint(path):
-    """Loads a file written by this script, or raises ValueError saying why it cannot be used."""
-    if not os.path.isfile(path):
-        raise ValueError(f"checkpoint {path!r} does not exist")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise ValueError(f"checkpoint {path!r} is not a readable torch file ({type(e).__name__})")
-    if not isinstance(ckpt, dict) or ckpt.get("script") != SCRIPT:
-        found = ckpt.get("script") if isinstance(ckpt, dict) else None
-        raise ValueError(f"checkpoint {path!r} was written by {found or 'another program'}, not {SCRIPT}.py")
-    if ckpt.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"checkpoint {path!r} has format {ckpt.get('format')}, this script reads format {CHECKPOINT_FORMAT}")
-    return ckpt
-
-
+# EVALUATION
 def agent_from_args(args, num_modes):
-    obs_dim = 2 if args.hide_velocity else 4
-    return Agent(obs_dim, 2, num_modes, args.hidden_size, args.memory, args.oracle)
+    return Agent(2 if args.hide_velocity else 4, 2, num_modes, args.hidden_size, args.memory, args.oracle)
 
 
 def evaluate(model_path, episodes_per_mode=10, modes=None, deterministic=True, seed=0, video_dir=None, device="cpu"):
     """Runs `episodes_per_mode` episodes in each mode of `modes` (default: the training modes; any physics
     works, unseen ones included) with the saved agent. Returns {mode index: array of returns}."""
-    ckpt = load_checkpoint(model_path)
-    train_args = Args(**ckpt["args"])
-    train_modes = [tuple(m) for m in ckpt["modes"]]
+    ckpt = torch.load(model_path, map_location="cpu", weights_only=True)
+    if not isinstance(ckpt, dict) or ckpt.get("script") != SCRIPT or ckpt.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"{model_path!r} was not written by {SCRIPT}.py (format {CHECKPOINT_FORMAT})")
+    train_args, train_modes = Args(**ckpt["args"]), [tuple(m) for m in ckpt["modes"]]
     modes = train_modes if modes is None else [tuple(float(v) for v in m) for m in modes]
-    if train_args.oracle and len(modes) != len(train_modes):
-        raise ValueError(f"an --oracle agent knows {len(train_modes)} mode indices; it cannot be evaluated on {len(modes)} modes")
     agent = agent_from_args(train_args, len(train_modes)).to(device)
     agent.load_state_dict(ckpt["state_dict"])
-    agent.eval()
     results = {}
     for k in range(len(modes)):
-        envs = make_vector_env(episodes_per_mode, modes, train_args.hide_velocity, fixed_mode=k)
-        carry = new_carry(envs, agent, seed + 1000 * k, device)
-        returns, finished = np.zeros(episodes_per_mode), np.zeros(episodes_per_mode, dtype=bool)
-        state = carry["state"]
-        while not finished.all():
-            x = carry_input(agent, carry, device)
-            start = torch.as_tensor(carry["start"], dtype=torch.float32, device=device)
-            with torch.no_grad():
-                action, _, _, _, state = agent.get_action_and_value(x[None], state, start[None], deterministic=deterministic)
-            action_np = action[0].cpu().numpy()
-            obs, reward, terminated, truncated, infos = envs.step(action_np)
-            returns += reward * ~finished
-            done = terminated | truncated
-            finished |= done
-            carry["prev_action"], carry["prev_reward"] = np.where(done, -1, action_np), np.where(done, 0.0, reward)
-            carry["obs"], carry["start"], carry["mode"] = obs, done, np.asarray(infos["mode"])
-        envs.close()
-        results[k] = returns
+        envs = NonStationaryCartPole(episodes_per_mode, modes, train_args.hide_velocity, fixed_mode=k)
+        results[k] = np.array([ret for ret, _, _ in first_episodes(agent, envs, seed + 1000 * k, deterministic)])
         if video_dir is not None:
-            record_episode(agent, modes, train_args.hide_velocity, k, video_dir, seed, device)
+            record_video(agent, NonStationaryCartPole(1, modes, train_args.hide_velocity, fixed_mode=k), seed,
+                         video_dir, f"mode{k}")
     return results
 
 
-def record_episode(agent, modes, hide_velocity, k, video_dir, seed, device):
-    """One deterministic episode of mode k, saved as video_dir/mode{k}-episode-0.mp4."""
-    env = make_env(modes, hide_velocity, fixed_mode=k, render_mode="rgb_array")()
-    env = gym.wrappers.RecordVideo(env, video_dir, name_prefix=f"mode{k}", episode_trigger=lambda e: True)
-    obs, info = env.reset(seed=seed)
-    state, prev_action, prev_reward, start, done = agent.initial_state(1, device), -1, 0.0, 1.0, False
-    while not done:
-        x = agent.build_input(
-            torch.as_tensor(obs[None], device=device), torch.tensor([prev_action]), torch.tensor([prev_reward]),
-            torch.tensor([info["mode"]]),
-        )
-        with torch.no_grad():
-            action, _, _, _, state = agent.get_action_and_value(x[None], state, torch.tensor([[start]]), deterministic=True)
-        prev_action = int(action[0, 0])
-        obs, prev_reward, terminated, truncated, info = env.step(prev_action)
-        start, done = 0.0, terminated or truncated
-    env.close()
+def first_episodes(agent, envs, seed, deterministic):
+    """The first episode of every environment of `envs`, as (return, length, mode)."""
+    carry = new_carry(envs, agent, seed, next(agent.parameters()).device)
+    first = [None] * envs.num_envs
+    while any(episode is None for episode in first):
+        _, (_, _, terminated, truncated, _), ended = env_step(agent, envs, carry, deterministic)
+        for i, episode in zip(np.flatnonzero(terminated | truncated), ended):
+            first[i] = first[i] or episode
+    return first
 
 
-def claim_run_dir(runs_dir: str, run_name: str) -> tuple[str, str]:
-    """Create a new run directory and return (run_name, run_dir).
-
-    Runs with the same name started in the same second (a shell loop over flags with one seed) would otherwise share
-    one directory, mixing their TensorBoard events and overwriting each other's checkpoints and eval.json. os.mkdir is
-    atomic, so each run gets a directory of its own: a name already taken gets the suffix __2, __3, ... An unusable
-    --runs-dir (a file, not writable) is a one-line error.
-    """
-    try:
-        os.makedirs(runs_dir, exist_ok=True)
-        suffix = 1
-        while True:
-            name = run_name if suffix == 1 else f"{run_name}__{suffix}"
-            try:
-                os.mkdir(os.path.join(runs_dir, name))
-                return name, os.path.join(runs_dir, name)
-            except FileExistsError:
-                suffix += 1
-    except OSError as e:  # --runs-dir itself is unusable: a file, not writable, ...
-        reason = "not a directory" if os.path.exists(runs_dir) and not os.path.isdir(runs_dir) else e.strerror
-        fail(f"cannot create a run directory in --runs-dir {runs_dir!r} ({reason}); pass a writable directory")
+def record_video(agent, env, seed, video_dir, name):
+    """One deterministic episode of the single env `env`, drawn by gymnasium's renderer: video_dir/{name}-episode-0.mp4."""
+    renderer = gym.make("CartPole-v1", render_mode="rgb_array").unwrapped
+    carry, frames, ended = new_carry(env, agent, seed, next(agent.parameters()).device), [], []
+    renderer.length, renderer.state = env.half_length[env.mode[0]], env.state[0]
+    while not ended:
+        frames.append(renderer.render())
+        *_, ended = env_step(agent, env, carry, deterministic=True)
+        renderer.state = env.last_state[0]
+    save_video(frames + [renderer.render()], video_dir, fps=50, name_prefix=name)
 
 
-def flags_given(argv):
-    """Args field names of the flags on a command line: --name, --name=value, and --no-name for a boolean."""
-    fields = {f.name for f in dataclasses.fields(Args)}
-    names = set()
-    for token in argv:
-        if token.startswith("--"):
-            name = token[2:].split("=", 1)[0].replace("-", "_")
-            names.add(name[3:] if name.startswith("no_") and name[3:] in fields else name)
-    return names
-
-
-def fail(message):
-    print(f"{SCRIPT}.py: error: {message}", file=sys.stderr)
-    sys.exit(2)
+# RUN DIRECTORY / VALIDATION
+def claim_run_dir(runs_dir, run_name):
+    """Creates runs_dir/run_name (run_name__2, __3, ... if a run started in the same second took it): (name, dir)."""
+    if os.path.exists(runs_dir) and not os.path.isdir(runs_dir):
+        raise ValueError(f"cannot create a run directory in --runs-dir {runs_dir!r} (not a directory); pass a directory")
+    for name in (run_name if n == 1 else f"{run_name}__{n}" for n in itertools.count(1)):
+        with contextlib.suppress(FileExistsError):
+            os.makedirs(os.path.join(runs_dir, name))
+            return name, os.path.join(runs_dir, name)
 
 
 def validate(args):
-    """Every check that can fail before training starts; returns the resolved modes."""
-    # NaN and inf pass every `x <= 0` check below and reach the optimizer or the loss: refused first
-    for field in dataclasses.fields(Args):
-        value = getattr(args, field.name)
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"--{field.name.replace('_', '-')} {value} must be a finite number")
-    if not 0 <= args.seed < 2**32:
-        raise ValueError(f"--seed {args.seed} must be in [0, 2**32 - 1] (the range numpy and gymnasium accept)")
-    # the name becomes part of a directory name and of the model file's name: a '/' makes the save fail after training
-    if not args.exp_name.strip() or "/" in args.exp_name:
-        raise ValueError(f"--exp-name {args.exp_name!r} must be a non-empty name without '/'")
-    if not 0.0 < args.gamma <= 1.0 or not 0.0 <= args.gae_lambda <= 1.0:
-        raise ValueError(f"--gamma {args.gamma} must be in (0, 1] and --gae-lambda {args.gae_lambda} in [0, 1]")
-    for name in ("clip_coef", "max_grad_norm"):
-        if getattr(args, name) <= 0:
-            raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)} must be positive")
-    for name in ("ent_coef", "vf_coef"):
-        if getattr(args, name) < 0:
-            raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)} must be non-negative")
-    if args.target_kl is not None and args.target_kl <= 0:
-        raise ValueError(f"--target-kl {args.target_kl} must be positive (leave it out to disable early stopping)")
-    modes = resolve_modes(args.modes_preset, args.modes)
-    if args.fixed_mode is not None and not 0 <= args.fixed_mode < len(modes):
-        raise ValueError(f"--fixed-mode {args.fixed_mode} is out of range; there are {len(modes)} modes (0..{len(modes) - 1})")
-    if args.memory not in ("gru", "none"):
-        raise ValueError(f"unknown --memory {args.memory!r}; choose gru or none")
-    for name in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "hidden_size", "eval_episodes", "torch_threads"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
-    if args.num_envs % args.num_minibatches != 0:
-        raise ValueError(
-            f"--num-envs {args.num_envs} is not divisible by --num-minibatches {args.num_minibatches}; "
-            "minibatches hold whole environments' sequences"
-        )
-    if args.norm_adv and args.num_envs // args.num_minibatches * args.num_steps < 2:
-        raise ValueError("a minibatch of one step cannot normalise its advantages (their std is undefined); "
-                         "raise --num-steps or --num-envs, or lower --num-minibatches")
-    if not 0.0 <= args.switch_prob <= 1.0:
-        raise ValueError(f"--switch-prob {args.switch_prob} must be in [0, 1]")
-    if args.checkpoint_every < 0:
-        raise ValueError("--checkpoint-every must be 0 (off) or positive")
-    if args.learning_rate <= 0:
-        raise ValueError("--learning-rate must be positive")
-    if args.total_timesteps < args.num_envs * args.num_steps:
-        raise ValueError(
-            f"--total-timesteps {args.total_timesteps} is less than one rollout "
-            f"(--num-envs x --num-steps = {args.num_envs * args.num_steps})"
-        )
-    if args.capture_video and not args.save_model:
-        raise ValueError("--capture-video records evaluation episodes; add --save-model")
-    # sizes that cannot fit fail here, not as a MemoryError once the run directory exists. Both figures are lower
-    # bounds: weights, gradients and Adam's two moments (16 bytes a parameter), and the rollout's inputs
-    with torch.device("meta"):  # shapes only, no memory
-        agent = agent_from_args(args, len(modes))
-    params = sum(p.numel() for p in agent.parameters())
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if 16 * params > ram:
-        raise ValueError(f"the agent would have {params:,} parameters, {16 * params / 2**30:,.0f} GiB with gradients "
-                         f"and Adam state, more than this machine's {ram / 2**30:.0f} GiB:"
-                         " reduce --hidden-size")
-    if 4 * args.num_steps * args.num_envs * agent.input_dim > ram:
-        raise ValueError(f"a rollout of --num-steps {args.num_steps} x --num-envs {args.num_envs} needs more than this "
-                         f"machine's {ram / 2**30:.0f} GiB: reduce them")
-    # the update replays a minibatch's sequences with autograd, which keeps at least the recurrent state of every step
-    envs_per_minibatch = args.num_envs // args.num_minibatches
-    if 4 * args.num_steps * envs_per_minibatch * args.hidden_size > ram:
-        raise ValueError(f"replaying a minibatch of --num-steps {args.num_steps} x {envs_per_minibatch} envs x "
-                         f"--hidden-size {args.hidden_size} needs more than this machine's {ram / 2**30:.0f} GiB: "
-                         "raise --num-minibatches or reduce them")
-    return modes
+    """Refuses, in one line (ValueError), the settings that would crash late or train wrong in silence."""
+    value, flag = lambda name: getattr(args, name), lambda name: "--" + name.replace("_", "-")
+    problems = [f"{flag(f.name)} {value(f.name)} must be a finite number" for f in dataclasses.fields(args)  # NaN passes any <, >
+                if isinstance(value(f.name), float) and not math.isfinite(value(f.name))]
+    problems += [f"{flag(n)} {value(n)} must be positive" for n in ("learning_rate", "clip_coef", "max_grad_norm", "target_kl")
+                 if value(n) is not None and value(n) <= 0]
+    problems += [f"{flag(n)} {value(n)} must be non-negative" for n in ("ent_coef", "vf_coef") if value(n) < 0]
+    problems += [f"{flag(n)} must be at least 1" for n in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "hidden_size",
+                                                           "eval_episodes") if value(n) < 1]
+
+    num_modes, envs_per_minibatch = len(MODE_PRESETS[args.modes_preset]), args.num_envs // max(1, args.num_minibatches)
+    held_out, num_train = HELD_OUT_MODES[args.modes_preset], num_modes - len(HELD_OUT_MODES[args.modes_preset])
+    problems += [message for wrong, message in (
+        (not 0 <= args.seed < 2**32, f"--seed {args.seed} must be in [0, 2**32 - 1] (the range numpy and gymnasium accept)"),
+        # the name becomes part of a directory name and of the model file's name: a '/' would fail the save after training
+        (not args.exp_name.strip() or "/" in args.exp_name, f"--exp-name {args.exp_name!r} must be a non-empty name without '/'"),
+        (not (0.0 < args.gamma <= 1.0 and 0.0 <= args.gae_lambda <= 1.0),
+         f"--gamma {args.gamma} must be in (0, 1] and --gae-lambda {args.gae_lambda} in [0, 1]"),
+        (not 0.0 <= args.switch_prob <= 1.0, f"--switch-prob {args.switch_prob} must be in [0, 1]"),
+        (args.fixed_mode is not None and not 0 <= args.fixed_mode < num_modes,
+         f"--fixed-mode {args.fixed_mode} is out of range; there are {num_modes} modes (0..{num_modes - 1})"),
+        (args.fixed_mode in held_out, f"--fixed-mode {args.fixed_mode} is held out of training in {args.modes_preset} (evaluation only)"),
+        (args.mode_share == "balanced" and args.num_envs % num_train != 0, f"--mode-share balanced needs --num-envs "
+         f"{args.num_envs} to be a multiple of the {num_train} training modes, so each gets the same share"),
+        (args.mode_share == "balanced" and (args.fixed_mode is not None or args.switch_prob > 0),
+         "--mode-share balanced pins every env's mode; it cannot be combined with --fixed-mode or --switch-prob"),
+        (args.num_minibatches >= 1 and args.num_envs % args.num_minibatches != 0,
+         f"--num-envs {args.num_envs} is not divisible by --num-minibatches {args.num_minibatches}; minibatches hold whole "
+         "environments' sequences"),
+        (args.norm_adv and envs_per_minibatch * args.num_steps < 2, "a minibatch of one step cannot normalise its advantages "
+         "(their std is undefined); raise --num-steps or --num-envs, or lower --num-minibatches"),
+        (args.total_timesteps < args.num_envs * args.num_steps, f"--total-timesteps {args.total_timesteps} is less than one "
+         f"rollout (--num-envs x --num-steps = {args.num_envs * args.num_steps})"),
+        (args.capture_video and not args.save_model, "--capture-video records evaluation episodes; add --save-model"),
+    ) if wrong]
+    if problems:
+        raise ValueError(problems[0])
 
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
-    ckpt = None
-    if args.resume is not None:
-        try:
-            ckpt = load_checkpoint(args.resume)
-        except ValueError as e:
-            fail(f"cannot resume: {e}")
-        if "optimizer" not in ckpt:
-            fail(f"cannot resume: {args.resume!r} is a saved model, not a training checkpoint; resume from the run's "
-                 "checkpoint.pt (written every --checkpoint-every updates)")
-        # the checkpoint's settings define the resumed run; a flag given beside --resume that disagrees with them
-        # would otherwise be dropped without a word
-        for name in sorted(flags_given(sys.argv[1:]) - {"resume"}):
-            if name in ckpt["args"] and getattr(args, name) != ckpt["args"][name]:
-                fail(f"a resumed run keeps its checkpoint's settings: --{name.replace('_', '-')} "
-                     f"{getattr(args, name)!r} differs from the checkpoint's {ckpt['args'][name]!r}; drop the flag")
-        args = Args(**{**ckpt["args"], "resume": args.resume})
     try:
-        modes = validate(args)
+        validate(args)
+        run_name, run_dir = claim_run_dir(args.runs_dir, f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
     except ValueError as e:
-        fail(str(e))
+        print(f"{SCRIPT}.py: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    modes = MODE_PRESETS[args.modes_preset]
     args.batch_size = int(args.num_envs * args.num_steps)
     args.minibatch_size = int(args.batch_size // args.num_minibatches)
     args.num_iterations = args.total_timesteps // args.batch_size
-    if ckpt is not None:
-        run_name = ckpt["run_name"]
-        run_dir = os.path.dirname(os.path.abspath(args.resume))
-    else:
-        run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-        run_name, run_dir = claim_run_dir(args.runs_dir, run_name)
-    if ckpt is not None and ckpt["iteration"] >= args.num_iterations and (
-            not args.save_model or os.path.isfile(os.path.join(run_dir, "eval.json"))):
-        # resuming a finished run would only evaluate it again and log every eval scalar a second time
-        fail(f"nothing to resume: {args.resume!r} is the final checkpoint of a run that finished "
-             f"(all {args.num_iterations} updates{' and its eval.json' if args.save_model else ''}); start a new run")
-
     if args.track:
         import wandb
 
-        wandb.init(
-            project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True, config=vars(args),
-            name=run_name, id=run_name, resume="allow", dir=run_dir, save_code=True,
-        )
-    # a resumed run appends to the killed run's directory; purge_step makes TensorBoard drop what the killed run
-    # logged after its last checkpoint (an update it never finished), so every update is logged exactly once
-    writer = SummaryWriter(run_dir, purge_step=None if ckpt is None else ckpt["global_step"] + 1)
-    writer.add_text(
-        "hyperparameters", "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
-    )
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True, config=vars(args), name=run_name,
+                   dir=run_dir, save_code=True)
+    writer = SummaryWriter(run_dir)
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])))
 
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
-    torch.set_num_threads(args.torch_threads)
+    torch.set_num_threads(1)  # fastest for this small network
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
-    envs = make_vector_env(args.num_envs, modes, args.hide_velocity, args.fixed_mode, args.switch_prob)
+    envs = NonStationaryCartPole(args.num_envs, modes, args.hide_velocity, args.fixed_mode, args.switch_prob,
+                                 held_out=HELD_OUT_MODES[args.modes_preset], mode_share=args.mode_share)
     agent = agent_from_args(args, len(modes)).to(device)
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
     reward_scaler = RewardScaler(args.num_envs, args.gamma) if args.norm_reward else None
-    global_step, first_iteration, env_seed = 0, 1, args.seed
-    if ckpt is not None:
-        agent.load_state_dict(ckpt["state_dict"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        if reward_scaler is not None:
-            reward_scaler.load_state_dict(ckpt["reward_scaler"])
-        global_step, first_iteration = ckpt["global_step"], ckpt["iteration"] + 1
-        random.setstate((ckpt["rng"]["python"][0], tuple(ckpt["rng"]["python"][1]), ckpt["rng"]["python"][2]))
-        np_state = ckpt["rng"]["numpy"]
-        np.random.set_state((np_state[0], np_state[1].numpy().astype(np.uint32), *np_state[2:]))
-        torch.set_rng_state(ckpt["rng"]["torch"])
-        # the episodes in flight when the run was killed are lost; finished updates are not
-        env_seed = args.seed + 7919 * ckpt["iteration"]
-        print(f"resumed {run_name} at iteration {ckpt['iteration']} (global step {global_step})")
-    carry = new_carry(envs, agent, env_seed, device)
-
-    recent = deque(maxlen=100)
-    recent_by_mode = {k: deque(maxlen=100) for k in range(len(modes))}
-    print_every = max(1, args.num_iterations // 50)
-    start_time, start_step = time.time(), global_step
-    for iteration in range(first_iteration, args.num_iterations + 1):
+    carry = new_carry(envs, agent, args.seed, device)
+    recent, recent_by_mode = deque(maxlen=100), {k: deque(maxlen=100) for k in range(len(modes))}
+    global_step, start_time = 0, time.time()
+    for iteration in range(1, args.num_iterations + 1):
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / args.num_iterations
             optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
         # ROLLOUT
-        batch, initial_state, episodes = collect_rollout(agent, envs, carry, args.num_steps, args.gamma, reward_scaler, device)
+        batch, initial_state, episodes = collect_rollout(agent, envs, carry, args.num_steps, args.gamma, reward_scaler)
         for ep_return, ep_length, ep_mode, ep_end in episodes:
             recent.append(ep_return)
             recent_by_mode[ep_mode].append(ep_return)
-            # logged at the global step where the episode ended (CleanRL's convention): every log of an update
-            # lies in (previous global_step, global_step], which is what a resumed run's purge_step relies on
-            end_step = global_step + (ep_end + 1) * args.num_envs
+            end_step = global_step + (ep_end + 1) * args.num_envs  # the global step where the episode ended
             writer.add_scalar("charts/episodic_return", ep_return, end_step)
             writer.add_scalar("charts/episodic_length", ep_length, end_step)
             writer.add_scalar(f"charts/episodic_return_mode{ep_mode}", ep_return, end_step)
@@ -790,59 +543,33 @@ if __name__ == "__main__":
 
         # ADVANTAGES (GAE)
         with torch.no_grad():
-            x = carry_input(agent, carry, device)
             next_start = torch.as_tensor(carry["start"], dtype=torch.float32, device=device)
-            next_value = agent.get_value(x[None], carry["state"], next_start[None])[0]
-            advantages, returns = compute_gae(
-                batch["rewards"], batch["values"], batch["starts"], next_value, next_start, args.gamma, args.gae_lambda
-            )
+            next_value = agent.get_value(carry_input(agent, carry)[None], carry["state"], next_start[None])[0]
+            advantages, returns = compute_gae(batch["rewards"], batch["values"], batch["starts"], next_value, next_start,
+                                              args.gamma, args.gae_lambda)
 
         # UPDATE
         stats = ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args)
 
         # LOGGING
-        sps = int((global_step - start_step) / (time.time() - start_time))
+        sps = int(global_step / (time.time() - start_time))
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
         for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "explained_variance"):
             writer.add_scalar(f"losses/{key}", stats[key], global_step)
         writer.add_scalar("debug/first_minibatch_ratio_error", stats["first_minibatch_ratio_error"], global_step)
         writer.add_scalar("charts/SPS", sps, global_step)
-        if iteration % print_every == 0 or iteration == args.num_iterations:
-            by_mode = " ".join(
-                f"m{k} {np.mean(v):.0f}" if v else f"m{k} -" for k, v in recent_by_mode.items()
-            )
-            mean_recent = f"{np.mean(recent):.1f}" if recent else "-"
-            print(f"iter {iteration}/{args.num_iterations} step {global_step} SPS {sps} return {mean_recent} | {by_mode}", flush=True)
-
-        if args.checkpoint_every and (iteration % args.checkpoint_every == 0 or iteration == args.num_iterations):
-            writer.flush()  # the logs of every update the checkpoint claims reach disk first: a kill loses none
-            py_state = random.getstate()
-            np_state = np.random.get_state()
-            atomic_save(
-                {
-                    "script": SCRIPT, "format": CHECKPOINT_FORMAT, "args": dataclasses.asdict(args), "modes": modes,
-                    "run_name": run_name, "state_dict": agent.state_dict(), "optimizer": optimizer.state_dict(),
-                    "reward_scaler": reward_scaler.state_dict() if reward_scaler is not None else None,
-                    "global_step": global_step, "iteration": iteration,
-                    "rng": {
-                        "python": [py_state[0], list(py_state[1]), py_state[2]],
-                        "numpy": [np_state[0], torch.as_tensor(np_state[1].astype(np.int64)), *np_state[2:]],
-                        "torch": torch.get_rng_state(),
-                    },
-                },
-                os.path.join(run_dir, "checkpoint.pt"),
-            )
-    envs.close()
+        if iteration % max(1, args.num_iterations // 50) == 0 or iteration == args.num_iterations:
+            by_mode = " ".join(f"m{k} {np.mean(v):.0f}" if v else f"m{k} -" for k, v in recent_by_mode.items())
+            print(f"iter {iteration}/{args.num_iterations} step {global_step} SPS {sps} return {np.mean(recent or [np.nan]):.1f} | {by_mode}", flush=True)
 
     if args.save_model:
         model_path = os.path.join(run_dir, f"{args.exp_name}.cleanrl_model")
-        atomic_save(
-            # the reward normaliser's state: the value head is in its units (tta_gating --online bootstraps with it)
-            {"script": SCRIPT, "format": CHECKPOINT_FORMAT, "args": dataclasses.asdict(args), "modes": modes,
-             "run_name": run_name, "state_dict": agent.state_dict(),
-             "reward_scaler": reward_scaler.state_dict() if reward_scaler is not None else None},
-            model_path,
-        )
+        # with the reward normaliser's state: the value head is in its units (tta_gating --online bootstraps with it)
+        torch.save({"script": SCRIPT, "format": CHECKPOINT_FORMAT, "args": dataclasses.asdict(args), "modes": modes,
+                    "run_name": run_name, "state_dict": agent.state_dict(),
+                    "reward_scaler": None if reward_scaler is None else
+                    {key: float(getattr(reward_scaler.return_rms, key)) for key in ("mean", "var", "count")}}, model_path + ".tmp")
+        os.replace(model_path + ".tmp", model_path)  # written atomically: a killed run leaves no half-written model
         print(f"model saved to {model_path}")
         video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
         report = {"script": SCRIPT, "checkpoint": model_path, "episodes_per_mode": args.eval_episodes,
@@ -852,17 +579,11 @@ if __name__ == "__main__":
                                video_dir=video_dir if det else None, device=device)
             for k, rets in results.items():
                 report["per_mode"].setdefault(str(k), {})[kind] = {"mean": float(np.mean(rets)), "std": float(np.std(rets)), "returns": rets.tolist()}
+                writer.add_scalar(f"eval/episodic_return_mode{k}_{kind}", np.mean(rets), global_step)
             report[f"{kind}_mean"] = float(np.mean([np.mean(r) for r in results.values()]))
-        print(f"evaluation over {args.eval_episodes} episodes per mode (mean ± std):")
-        print("mode  gravity  half_len  sign  deterministic    sampled")
-        for k, (g, l, s) in enumerate(modes):
-            d, s_ = report["per_mode"][str(k)]["deterministic"], report["per_mode"][str(k)]["sampled"]
-            print(f"{k:>4}  {g:7.2f}  {l:8.2f}  {s:+4.0f}  {d['mean']:6.1f} ± {d['std']:5.1f}  {s_['mean']:6.1f} ± {s_['std']:5.1f}")
-        # logged only now, beside eval.json: a run killed during its evaluation leaves no eval scalars behind, so
-        # its resume (which evaluates again) logs each of them once
-        for kind in ("deterministic", "sampled"):
-            for k, per_kind in report["per_mode"].items():
-                writer.add_scalar(f"eval/episodic_return_mode{k}_{kind}", per_kind[kind]["mean"], global_step)
+        for k, per_kind in report["per_mode"].items():
+            print(f"eval mode {k} ({args.eval_episodes} episodes): " + ", ".join(f"{kind} {r['mean']:.1f} ± {r['std']:.1f}" for kind, r in per_kind.items()))
+
         with open(os.path.join(run_dir, "eval.json.tmp"), "w") as f:
             json.dump(report, f, indent=1)
         os.replace(os.path.join(run_dir, "eval.json.tmp"), os.path.join(run_dir, "eval.json"))

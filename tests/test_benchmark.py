@@ -2,7 +2,6 @@
 real tiny run, and the SB3 peers' copy of the NonStationaryCartPole environment."""
 import dataclasses
 import importlib.util
-import inspect
 import json
 import os
 import subprocess
@@ -286,39 +285,40 @@ def peers():
     return load(SB3_PEERS)
 
 
-@pytest.mark.parametrize("preset,hide_velocity,switch_prob", [
-    ("seed3", False, 0.0), ("inverted4", True, 0.0), ("seed3", True, 0.05), ("inverted4", False, 0.05)])
-def test_peers_env_copy_matches_ppo_gru_baseline(peers, preset, hide_velocity, switch_prob):
+@pytest.mark.parametrize("preset,hide_velocity", [("seed3", False), ("inverted4", True)])
+def test_peers_env_gives_the_baselines_trajectories(peers, preset, hide_velocity):
+    """The peers' gymnasium env (one CartPole-v1 per env, as SB3 steps it) and ppo_gru_baseline's vectorised env,
+    started from the same state in the same mode and given the same actions, return the same observations, rewards,
+    terminations and modes, over episodes in every mode."""
     from cleanrl_astral import ppo_gru_baseline as original
 
-    modes = original.resolve_modes(preset, None)
+    modes = original.MODE_PRESETS[preset]
     assert peers.resolve_modes(preset, None) == modes
-    env_a = original.make_env(modes, hide_velocity, None, switch_prob)()
-    env_b = peers.make_env(modes, hide_velocity, None, switch_prob)()
-    actions = np.random.default_rng(0).integers(2, size=1500)
-    obs_a, info_a = env_a.reset(seed=3)
-    obs_b, info_b = env_b.reset(seed=3)
-    seen_modes, episodes = set(), 0
-    for action in actions:
-        np.testing.assert_array_equal(obs_a, obs_b)
-        assert info_a["mode"] == info_b["mode"]
-        seen_modes.add(info_a["mode"])
-        obs_a, rew_a, term_a, trunc_a, info_a = env_a.step(int(action))
-        obs_b, rew_b, term_b, trunc_b, info_b = env_b.step(int(action))
-        assert (rew_a, term_a, trunc_a) == (rew_b, term_b, trunc_b)
-        if term_a or trunc_a:
+    rng, episodes = np.random.default_rng(0), 0
+    for k in range(len(modes)):
+        ours = original.NonStationaryCartPole(1, modes, hide_velocity, fixed_mode=k)
+        theirs = peers.make_env(modes, hide_velocity, fixed_mode=k)()
+        obs_a, info_a = ours.reset(seed=k)
+        for _ in range(400):
+            obs_b, info_b = theirs.reset(seed=k)
+            theirs.unwrapped.state = ours.state[0].copy()
+            np.testing.assert_array_equal(obs_a[0], ours.state[0, [0, 2] if hide_velocity else slice(None)].astype(np.float32))
+            assert info_a["mode"][0] == info_b["mode"] == k
+            done = False
+            while not done:
+                action = int(rng.integers(2))
+                obs_a, rew_a, term_a, trunc_a, info_a = ours.step(np.array([action]))
+                obs_b, rew_b, term_b, trunc_b, info_b = theirs.step(action)
+                np.testing.assert_array_equal(info_a["final_obs"][0], obs_b)
+                assert (rew_a[0], term_a[0], trunc_a[0]) == (rew_b, term_b, trunc_b) and info_b["mode"] == k
+                done = term_b or trunc_b
             episodes += 1
-            obs_a, info_a = env_a.reset()
-            obs_b, info_b = env_b.reset()
-    assert episodes > 10 and len(seen_modes) == len(modes)
-    assert obs_a.shape == ((2,) if hide_velocity else (4,))
+    assert episodes == 400 * len(modes) and obs_b.shape == ((2,) if hide_velocity else (4,))
 
 
-def test_peers_env_source_is_a_verbatim_copy(peers):
+def test_peers_use_the_baselines_mode_presets(peers):
     from cleanrl_astral import ppo_gru_baseline as original
 
-    for name in ("parse_modes", "resolve_modes", "NonStationaryCartPole", "make_env"):
-        assert inspect.getsource(getattr(peers, name)) == inspect.getsource(getattr(original, name)), name
     assert peers.MODE_PRESETS == original.MODE_PRESETS
 
 

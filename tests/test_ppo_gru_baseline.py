@@ -1,13 +1,10 @@
 """Tests for cleanrl_astral/ppo_gru_baseline.py: each would fail if the mechanism it names were wrong."""
 import copy
 import glob
-import dataclasses
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import gymnasium as gym
 import numpy as np
@@ -15,7 +12,6 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from cleanrl_astral import ppo_gru_astral
 from cleanrl_astral import ppo_gru_baseline as m
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -33,17 +29,17 @@ def scalars(run_dir, tag):
     return [(e.step, e.value) for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
 
 
-def rollout(memory="gru", oracle=False, hide_velocity=False, num_envs=8, num_steps=64, iterations=2, seed=0):
-    """A real rollout with an untrained agent; the second one starts from a non-zero GRU state and
-    crosses several episode boundaries (random CartPole episodes last ~20 steps)."""
+def rollout(memory="gru", oracle=False, hide_velocity=False, num_envs=8, num_steps=64, seed=0, envs=None):
+    """Two real rollouts with an untrained agent; the second starts from a non-zero GRU state and crosses several
+    episode boundaries (random CartPole episodes last ~20 steps)."""
     torch.manual_seed(seed)
-    modes = m.resolve_modes("seed3", None)
-    envs = m.make_vector_env(num_envs, modes, hide_velocity)
+    modes = m.MODE_PRESETS["seed3"]
+    envs = envs or m.NonStationaryCartPole(num_envs, modes, hide_velocity)
     agent = m.Agent(2 if hide_velocity else 4, 2, len(modes), 32, memory, oracle)
     carry = m.new_carry(envs, agent, seed, "cpu")
-    for _ in range(iterations):
-        batch, initial_state, episodes = m.collect_rollout(agent, envs, carry, num_steps, 0.99, None, "cpu")
-    return agent, batch, initial_state, episodes, carry
+    for _ in range(2):
+        batch, initial_state, episodes = m.collect_rollout(agent, envs, carry, num_steps, 0.99, None)
+    return agent, batch, initial_state, episodes
 
 
 def zero_state_step(agent, inputs):
@@ -60,12 +56,110 @@ def update_args(**overrides):
     return args
 
 
+# --- environment ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("preset,mode_of_env", [("seed3", [0, 1, 2, 0, 1, 2]), ("inverted4", [3, 3, 0, 1, 2, 3])])
+def test_env_gives_gymnasiums_cartpole_trajectories(preset, mode_of_env):
+    """Started from the same states, with the same actions and each env's physics set on gymnasium's CartPole-v1 (as
+    the script's modes define it), the vectorised env returns the same observations, rewards, terminations and
+    time-limit truncations, bit for bit, over many episodes."""
+    modes, n = m.MODE_PRESETS[preset], len(mode_of_env)
+    envs = m.NonStationaryCartPole(n, modes, max_episode_steps=40)
+    envs.pinned[:] = mode_of_env
+    envs.reset(seed=0)
+    reference = [gym.make("CartPole-v1", max_episode_steps=40) for _ in range(n)]
+
+    def restart(i):
+        reference[i].reset(seed=i)
+        cartpole = reference[i].unwrapped
+        gravity, half_length, sign = modes[mode_of_env[i]]
+        cartpole.gravity, cartpole.length, cartpole.force_mag = gravity, half_length, sign * 10.0
+        cartpole.polemass_length = cartpole.masspole * half_length
+        cartpole.state = envs.state[i].copy()
+
+    for i in range(n):
+        restart(i)
+    rng, truncations, ends = np.random.default_rng(1), 0, 0
+    for _ in range(2000):
+        # mostly the action that holds the pole up, so some episodes reach the time limit
+        action = np.where(rng.random(n) < 0.8, (envs.state[:, 2] + 0.3 * envs.state[:, 3] > 0) == (envs.force_sign[envs.mode] > 0),
+                          rng.integers(2, size=n)).astype(int)
+        _, reward, terminated, truncated, info = envs.step(action)
+        for i in range(n):
+            obs, r, term, trunc, _ = reference[i].step(int(action[i]))
+            assert np.array_equal(obs, info["final_obs"][i]) and (r, term, trunc) == (reward[i], terminated[i], truncated[i])
+            if term or trunc:
+                ends, truncations = ends + 1, truncations + (trunc and not term)
+                restart(i)
+    assert ends > 100 and truncations > 5
+
+
+def test_autoreset_is_same_step_with_fresh_first_observations():
+    envs = m.NonStationaryCartPole(16, m.MODE_PRESETS["seed3"], max_episode_steps=30)
+    obs, info = envs.reset(seed=0)
+    rng, ended = np.random.default_rng(0), 0
+    for _ in range(300):
+        obs, reward, terminated, truncated, info = envs.step(rng.integers(2, size=16))
+        done = terminated | truncated
+        ended += done.sum()
+        # where done, obs is the next episode's first observation (CartPole samples it in [-0.05, 0.05]), and the ended
+        # episode's last observation is in final_obs; elsewhere the two are the same
+        assert np.abs(obs[done]).max(initial=0) <= 0.05 and np.array_equal(obs[~done], info["final_obs"][~done])
+        assert np.all(np.abs(info["final_obs"][terminated][:, [0, 2]]).max(-1) > 0.2)
+        assert np.all(reward == 1.0)
+    assert ended > 50
+
+
+def test_inverted_mode_pushes_the_other_way():
+    envs = m.NonStationaryCartPole(2, m.MODE_PRESETS["inverted4"])
+    envs.pinned[:] = [0, 3]
+    obs, _ = envs.reset(seed=0)
+    envs.state[1] = envs.state[0]
+    before = envs.state[:, 1].copy()
+    envs.step(np.array([1, 1]))  # action 1 pushes right: cart velocity goes up in mode 0 and down in the inverted mode
+    assert envs.state[0, 1] > before[0] and envs.state[1, 1] < before[1]
+
+
+def test_hide_velocity_observes_position_and_angle():
+    full, hidden = (m.NonStationaryCartPole(4, m.MODE_PRESETS["seed3"], hide) for hide in (False, True))
+    obs_full, _ = full.reset(seed=3)
+    obs_hidden, _ = hidden.reset(seed=3)
+    for _ in range(50):
+        assert obs_hidden.shape == (4, 2) and np.array_equal(obs_hidden, obs_full[:, [0, 2]])
+        obs_full, *_ = full.step(np.ones(4, dtype=int))
+        obs_hidden, *_ = hidden.step(np.ones(4, dtype=int))
+
+
+def test_modes_are_drawn_per_episode_switched_by_switch_prob_and_pinned_by_fixed_mode():
+    def modes_seen(switch_prob=0.0, fixed_mode=None, steps=200):
+        envs = m.NonStationaryCartPole(8, m.MODE_PRESETS["seed3"], fixed_mode=fixed_mode, switch_prob=switch_prob)
+        _, info = envs.reset(seed=0)
+        rng, changes, episode_modes, mode = np.random.default_rng(0), 0, [info["mode"]], info["mode"]
+        for _ in range(steps):
+            _, _, terminated, truncated, info = envs.step(rng.integers(2, size=8))
+            done = terminated | truncated
+            changes += (info["final_mode"] != mode)[~done].sum()  # a change inside an episode
+            # final_mode is the mode the ended episode had at its end, mode the next episode's
+            assert np.array_equal(info["final_mode"][~done], info["mode"][~done])
+            episode_modes.append(info["mode"][done])
+            mode = info["mode"]
+        return changes, np.concatenate(episode_modes)
+
+    changes, drawn = modes_seen()
+    assert changes == 0 and set(drawn) == {0, 1, 2} and np.bincount(drawn).min() > len(drawn) / 5
+    changes, _ = modes_seen(switch_prob=0.5)
+    assert changes > 100
+    changes, drawn = modes_seen(switch_prob=1.0, fixed_mode=2)
+    assert changes == 0 and set(drawn) == {2}
+
+
 # --- recurrent PPO mechanics -------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("memory,oracle", [("gru", False), ("none", False), ("gru", True)])
 def test_first_minibatch_ratio_is_one(memory, oracle):
-    agent, batch, initial_state, _, _ = rollout(memory, oracle)
+    agent, batch, initial_state, _ = rollout(memory, oracle)
     assert initial_state.abs().sum() > 0 and batch["starts"][1:].sum() > 0
     adv, ret = m.compute_gae(batch["rewards"], batch["values"], batch["starts"], torch.zeros(8), torch.zeros(8), 0.99, 0.95)
     optimizer = torch.optim.Adam(agent.parameters(), lr=1e-3)
@@ -73,10 +167,10 @@ def test_first_minibatch_ratio_is_one(memory, oracle):
     assert stats["first_minibatch_ratio_error"] < 1e-5
 
 
-def test_replay_check_detects_wrong_state_handling():
-    """The ratio check above is sensitive: replaying from a zero state, or ignoring episode starts,
-    changes the log-probs of the rollout."""
-    agent, batch, initial_state, _, _ = rollout("gru")
+def test_replayed_log_probs_equal_the_acted_ones_and_wrong_state_handling_breaks_them():
+    """Replaying from the saved initial state with the episode starts reproduces the acted log-probs; replaying from a
+    zero state, or ignoring episode starts, does not (so the ratio check above is sensitive)."""
+    agent, batch, initial_state, _ = rollout("gru")
     with torch.no_grad():
         _, right, _, _, _ = agent.get_action_and_value(batch["inputs"], initial_state, batch["starts"], batch["actions"])
         _, zero_state, _, _, _ = agent.get_action_and_value(batch["inputs"], torch.zeros_like(initial_state), batch["starts"], batch["actions"])
@@ -87,7 +181,7 @@ def test_replay_check_detects_wrong_state_handling():
 
 
 def test_hidden_state_and_prev_inputs_are_zero_at_episode_starts():
-    agent, batch, initial_state, _, _ = rollout("gru")
+    agent, batch, initial_state, _ = rollout("gru")
     starts = batch["starts"].bool()
     inputs = batch["inputs"]
     prev_action, prev_reward = inputs[..., 4:6], inputs[..., 6]
@@ -107,15 +201,35 @@ def test_hidden_state_and_prev_inputs_are_zero_at_episode_starts():
 
 
 def test_memory_none_zeroes_state_every_step():
-    agent, batch, initial_state, _, _ = rollout("none")
+    agent, batch, initial_state, _ = rollout("none")
     with torch.no_grad():
         hidden, _ = agent.unroll(batch["inputs"], initial_state, batch["starts"])
         fresh = zero_state_step(agent, batch["inputs"])
     assert torch.allclose(hidden, fresh, atol=1e-6)
 
 
+def test_unroll_equals_stepping_the_gru_module_with_resets():
+    """unroll calls torch.gru_cell on the module's weights directly; it must equal nn.GRUCell step by step, with the
+    state zeroed exactly where starts = 1 (random biases, so swapped ih/hh weights or biases would show)."""
+    torch.manual_seed(0)
+    agent = m.Agent(4, 2, 3, 16)
+    with torch.no_grad():
+        for p in agent.gru.parameters():
+            p.normal_()
+    x, state = torch.randn(7, 3, agent.input_dim), torch.randn(3, 16)
+    starts = torch.zeros(7, 3)
+    starts[0, 1] = starts[3, 0] = starts[5, 2] = 1.0
+    hidden, last = agent.unroll(x, state, starts)
+    h, expected = state, []
+    for t in range(7):
+        h = agent.gru(agent.encoder(x[t]), h * (1 - starts[t]).unsqueeze(-1))
+        expected.append(h)
+    torch.testing.assert_close(hidden, torch.stack(expected), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(last, expected[-1], rtol=1e-5, atol=1e-6)
+
+
 def test_no_autoreset_transition_enters_the_batch():
-    agent, batch, _, episodes, _ = rollout("gru")
+    agent, batch, _, episodes = rollout("gru")
     obs = batch["inputs"][..., :4]
     # every stored transition is a real CartPole step: reward 1, and never a terminal observation
     assert torch.all(batch["raw_rewards"] == 1.0)
@@ -136,38 +250,27 @@ def test_no_autoreset_transition_enters_the_batch():
     assert restarts and restarts == sorted(end for *_, end in episodes if end < T - 1)
 
 
-def test_rollout_checks_catch_next_step_autoreset():
-    """Negative control: gymnasium's default NEXT_STEP autoreset does leak a fake transition (reward 0),
-    which the check above would catch."""
-    modes = m.resolve_modes("seed3", None)
-    envs = gym.vector.SyncVectorEnv([m.make_env(modes) for _ in range(4)])
-    agent = m.Agent(4, 2, 3, 16)
-    carry = m.new_carry(envs, agent, 0, "cpu")
-    batch, _, _ = m.collect_rollout(agent, envs, carry, 64, 0.99, None, "cpu")
-    assert torch.any(batch["raw_rewards"] == 0.0)
-
-
-def test_truncation_bootstraps_from_the_final_observation():
-    modes = [(9.8, 0.5, 1.0)]
-
-    def make():
-        return m.NonStationaryCartPole(gym.make("CartPole-v1", max_episode_steps=5), modes)
-
-    envs = gym.vector.SyncVectorEnv([make], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+def test_truncation_bootstraps_from_the_final_observation_and_is_logged():
+    """An episode cut by the time limit is not a failure: its last reward is 1 + gamma V(final observation), with the
+    final observation recomputed independently on gymnasium's CartPole, and it reaches the episode log. With a 5-step
+    limit, 2 envs x 12 steps finish 4 episodes of return 5, at steps 4 and 9."""
+    envs = m.NonStationaryCartPole(2, [(9.8, 0.5, 1.0)], max_episode_steps=5)
     torch.manual_seed(0)
     agent = m.Agent(4, 2, 1, 16)
     carry = m.new_carry(envs, agent, 3, "cpu")
-    batch, initial_state, _ = m.collect_rollout(agent, envs, carry, 5, 0.99, None, "cpu")
-    assert torch.all(batch["rewards"][:4] == 1.0)
-    # recompute the final observation by replaying the same actions on an identically seeded env
-    env = make()
-    env.reset(seed=3)
-    for a in batch["actions"][:, 0].tolist():
-        final_obs, *_ = env.step(a)
+    start_state = envs.state[0].copy()
+    batch, initial_state, episodes = m.collect_rollout(agent, envs, carry, 12, 0.99, None)
+    assert sorted(episodes) == [(5.0, 5, 0, 4)] * 2 + [(5.0, 5, 0, 9)] * 2
+    assert torch.all(batch["rewards"][[0, 1, 2, 3, 5, 6, 7, 8]] == 1.0) and torch.all(batch["starts"][[5, 10]] == 1.0)
+    reference = gym.make("CartPole-v1").unwrapped
+    reference.reset(seed=0)
+    reference.state = start_state
+    for a in batch["actions"][:5, 0].tolist():
+        final_obs, *_ = reference.step(a)
     with torch.no_grad():
-        _, state = agent.unroll(batch["inputs"], initial_state, batch["starts"])
-        x = agent.build_input(torch.as_tensor(final_obs)[None], batch["actions"][4], torch.ones(1), torch.zeros(1))
-        v_final = agent.get_value(x[None], state, torch.zeros(1, 1))[0, 0]
+        _, state = agent.unroll(batch["inputs"][:5], initial_state, batch["starts"][:5])
+        x = agent.build_input(torch.as_tensor(final_obs)[None], batch["actions"][4, :1], torch.ones(1), torch.zeros(1))
+        v_final = agent.get_value(x[None], state[:1], torch.zeros(1, 1))[0, 0]
     assert batch["rewards"][4, 0].item() == pytest.approx(1.0 + 0.99 * v_final.item(), abs=1e-5)
 
 
@@ -184,231 +287,22 @@ def test_gae_does_not_bootstrap_across_episode_boundaries():
     assert torch.allclose(ret, adv + values)
 
 
-@pytest.mark.parametrize("module", [m, ppo_gru_astral], ids=["ppo_gru_baseline", "ppo_gru_astral"])
 @pytest.mark.parametrize("next_start", [0.0, 1.0])
-def test_gae_matches_its_definition_with_discounting_and_bootstrapping(forward_gae, next_start, module):
+def test_gae_matches_its_definition_with_discounting_and_bootstrapping(forward_gae, next_start):
     """gamma and lambda both below 1, episodes cut inside the rollout, and the rollout's last step bootstrapping
-    from next_value unless the next step opens an episode: every advantage equals GAE summed forwards (both PPO
-    scripts carry their own compute_gae)."""
+    from next_value unless the next step opens an episode: every advantage equals GAE summed forwards."""
     gamma, lam = 0.9, 0.5
     rewards = torch.tensor([[1.0, -1.0], [2.0, 0.5], [3.0, 2.0], [4.0, -3.0], [0.5, 1.0]])
     values = torch.tensor([[10.0, 1.0], [20.0, -2.0], [30.0, 3.0], [40.0, 0.0], [5.0, 6.0]])
     starts = torch.tensor([[1.0, 1.0], [0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 0.0]])
     next_value, next_start_t = torch.tensor([50.0, -7.0]), torch.tensor([next_start, 0.0])
-    adv, ret = module.compute_gae(rewards, values, starts, next_value, next_start_t, gamma, lam)
+    adv, ret = m.compute_gae(rewards, values, starts, next_value, next_start_t, gamma, lam)
     for n in range(2):
         continues = [1.0 - starts[t + 1, n].item() for t in range(4)] + [1.0 - next_start_t[n].item()]
         expected = forward_gae(rewards[:, n].tolist(), values[:, n].tolist() + [next_value[n].item()], continues,
                                gamma, lam)
         assert adv[:, n].tolist() == pytest.approx(expected, rel=1e-6)
     assert torch.allclose(ret, adv + values)
-
-
-# --- environment ---------------------------------------------------------------------------------------
-
-
-def trajectory(mode, actions, seed=0, hide_velocity=False):
-    env = m.make_env(m.MODE_PRESETS["inverted4"], hide_velocity, fixed_mode=mode)()
-    obs, info = env.reset(seed=seed)
-    out = [obs]
-    for a in actions:
-        obs, *_ = env.step(a)
-        out.append(obs)
-    return np.array(out), env
-
-
-def test_each_mode_applies_its_physics():
-    actions = [1, 1, 0, 1, 0, 0, 1, 1]
-    trajs = [trajectory(k, actions)[0] for k in range(4)]
-    for k, (g, l, s) in enumerate(m.MODE_PRESETS["inverted4"]):
-        _, env = trajectory(k, [])
-        cp = env.unwrapped
-        assert (cp.gravity, cp.length, cp.force_mag) == (g, l, s * 10.0)
-        assert cp.polemass_length == pytest.approx(cp.masspole * l)
-    # same start, same actions: the three seed3 physics diverge, and mode 3 equals mode 0 only before a push
-    for a in range(3):
-        for b in range(a + 1, 4):
-            assert not np.allclose(trajs[a][1:], trajs[b][1:])
-    np.testing.assert_allclose(trajs[0][0], trajs[3][0])
-
-
-def test_inverted_mode_pushes_the_other_way():
-    normal, _ = trajectory(0, [1])
-    inverted, _ = trajectory(3, [1])
-    # action 1 pushes right: cart velocity goes up in mode 0 and down in the inverted mode
-    assert normal[1, 1] > normal[0, 1] and inverted[1, 1] < inverted[0, 1]
-
-
-def test_hide_velocity_observes_position_and_angle():
-    full, _ = trajectory(0, [1, 0, 1])
-    hidden, env = trajectory(0, [1, 0, 1], hide_velocity=True)
-    assert env.observation_space.shape == (2,)
-    np.testing.assert_array_equal(hidden, full[:, [0, 2]])
-
-
-def test_mode_resampling():
-    env = m.make_env(m.MODE_PRESETS["seed3"])()
-    starts = [env.reset(seed=s)[1]["mode"] for s in range(30)]
-    assert set(starts) == {0, 1, 2}
-    stay = m.make_env(m.MODE_PRESETS["seed3"], switch_prob=0.0)()
-    switch = m.make_env(m.MODE_PRESETS["seed3"], switch_prob=1.0)()
-    for env, expect_change in ((stay, False), (switch, True)):
-        _, info = env.reset(seed=0)
-        seen = {info["mode"]}
-        for _ in range(8):
-            seen.add(env.step(0)[4]["mode"])
-        assert (len(seen) > 1) == expect_change
-    fixed = m.make_env(m.MODE_PRESETS["seed3"], fixed_mode=2, switch_prob=1.0)()
-    assert {fixed.reset(seed=s)[1]["mode"] for s in range(10)} == {2}
-
-
-def test_parse_modes():
-    assert m.parse_modes("9.8,0.5 7.5,0.7 12.0,0.4 9.8,0.5,-1") == [(9.8, 0.5, 1.0), (7.5, 0.7, 1.0), (12.0, 0.4, 1.0), (9.8, 0.5, -1.0)]
-    for bad in ("9.8", "9.8,0.5,2", "a,b", "9.8,-0.5", ""):
-        with pytest.raises(ValueError):
-            m.parse_modes(bad)
-
-
-# --- script-level behaviour ----------------------------------------------------------------------------
-
-
-def test_smoke_save_evaluate_round_trip(tmp_path):
-    result = run([*TINY, "--total-timesteps", "256", "--runs-dir", str(tmp_path), "--save-model", "--eval-episodes", "2", "--hide-velocity"])
-    assert result.returncode == 0, result.stderr
-    (run_dir,) = glob.glob(str(tmp_path / "*"))
-    model = os.path.join(run_dir, "ppo_gru_baseline.cleanrl_model")
-    report = json.load(open(os.path.join(run_dir, "eval.json")))
-    assert set(report["per_mode"]) == {"0", "1", "2"}
-    assert all(len(report["per_mode"][k]["deterministic"]["returns"]) == 2 for k in "012")
-    # training logged what the benchmark reads, and the replay check held on every update
-    assert scalars(run_dir, "charts/episodic_return") and scalars(run_dir, "charts/episodic_return_mode0")
-    errors = [v for _, v in scalars(run_dir, "debug/first_minibatch_ratio_error")]
-    assert len(errors) == 4 and max(errors) < 1e-5
-    # evaluate() works on a saved file with unseen physics, and never writes to it
-    before = open(model, "rb").read()
-    results = m.evaluate(model, episodes_per_mode=3, modes=[(5.0, 0.9, 1.0), (15.0, 0.3, -1.0)])
-    assert set(results) == {0, 1} and all(len(r) == 3 and np.all(r >= 1) for r in results.values())
-    assert open(model, "rb").read() == before
-
-
-def test_controls_and_tracking_run(tmp_path):
-    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
-    for extra in (["--memory", "none"], ["--oracle", "--track"], ["--modes-preset", "inverted4", "--switch-prob", "0.05"]):
-        result = run([*TINY, "--total-timesteps", "128", "--runs-dir", str(tmp_path / extra[-1])] + extra, env=env)
-        assert result.returncode == 0, result.stderr
-        (run_dir,) = glob.glob(str(tmp_path / extra[-1] / "*"))
-        assert max(v for _, v in scalars(run_dir, "debug/first_minibatch_ratio_error")) < 1e-5
-    assert glob.glob(str(tmp_path / "--track" / "*" / "wandb" / "offline-run-*"))
-
-
-def test_capture_video_writes_one_video_per_mode(tmp_path):
-    result = run([*TINY, "--total-timesteps", "64", "--runs-dir", str(tmp_path), "--save-model", "--capture-video", "--eval-episodes", "1"])
-    assert result.returncode == 0, result.stderr
-    videos = sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / "*" / "videos" / "*.mp4")))
-    assert [v.split("-")[0] for v in videos] == ["mode0", "mode1", "mode2"]
-
-
-# A kill right after or right before a checkpoint, and the resumed run's logs: tests in test_ppo_gru_astral.py
-# run on this script too (BOTH_SCRIPTS).
-
-
-def test_resume_after_kill_loses_no_finished_update(tmp_path):
-    args = [*TINY, "--total-timesteps", str(64 * 100), "--runs-dir", str(tmp_path), "--checkpoint-every", "1"]
-    proc = subprocess.Popen([sys.executable, SCRIPT, *args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
-    ckpt_path, iteration = None, 0
-    while time.monotonic() < deadline and iteration < 3:
-        found = glob.glob(str(tmp_path / "*" / "checkpoint.pt"))
-        if found:
-            ckpt_path = found[0]
-            try:
-                iteration = torch.load(ckpt_path, weights_only=True)["iteration"]
-            except FileNotFoundError:
-                pass
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert iteration >= 3, proc.stderr.read().decode()
-    ckpt = m.load_checkpoint(ckpt_path)  # the kill never leaves a half-written checkpoint
-    assert ckpt["iteration"] < 100
-    result = run(["--resume", ckpt_path])
-    assert result.returncode == 0, result.stderr
-    assert f"resumed" in result.stdout
-    final = m.load_checkpoint(ckpt_path)
-    assert final["iteration"] == 100 and final["global_step"] == 64 * 100
-    steps = [s for s, _ in scalars(os.path.dirname(ckpt_path), "charts/SPS")]
-    # every update was logged exactly once across the two processes: none lost, none repeated
-    assert sorted(steps) == list(range(64, 64 * 101, 64))
-
-
-def test_checkpoint_holds_optimizer_and_scaler(tmp_path):
-    """What a resume needs is in the checkpoint; that a resume uses it is
-    test_ppo_gru_astral.py::test_resume_carries_on_the_optimizer_and_reward_scaler (run on both scripts)."""
-    result = run([*TINY, "--total-timesteps", "128", "--runs-dir", str(tmp_path), "--checkpoint-every", "1"])
-    assert result.returncode == 0, result.stderr
-    (ckpt_path,) = glob.glob(str(tmp_path / "*" / "checkpoint.pt"))
-    ckpt = m.load_checkpoint(ckpt_path)
-    assert ckpt["optimizer"]["state"] and ckpt["reward_scaler"]["count"] > 1
-    assert ckpt["global_step"] == 128 and ckpt["iteration"] == 2
-
-
-BAD_INPUTS = [
-    (["--num-envs", "6", "--num-minibatches", "4"], "not divisible"),
-    (["--num-envs", "4", "--num-minibatches", "4", "--num-steps", "1"], "a minibatch of one step"),
-    (["--modes-preset", "seed7"], "unknown --modes-preset"),
-    (["--modes", "9.8,0.5 oops"], "malformed mode"),
-    (["--fixed-mode", "3"], "--fixed-mode 3 is out of range"),
-    (["--memory", "lstm"], "unknown --memory"),
-    (["--total-timesteps", "10"], "less than one rollout"),
-    (["--resume", "/nonexistent/checkpoint.pt"], "does not exist"),
-    (["--learning-rate", "nan"], "--learning-rate nan must be a finite number"),
-    (["--gamma", "-1"], "--gamma -1.0 must be in (0, 1]"),
-    (["--gae-lambda", "2"], "--gae-lambda 2.0 in [0, 1]"),
-    (["--clip-coef", "0"], "--clip-coef 0.0 must be positive"),
-    (["--max-grad-norm", "-1"], "--max-grad-norm -1.0 must be positive"),
-    (["--seed", "-1"], "--seed -1 must be in [0, 2**32 - 1]"),
-    (["--target-kl", "nan"], "--target-kl nan must be a finite number"),
-    (["--ent-coef", "-1"], "--ent-coef -1.0 must be non-negative"),
-    (["--target-kl", "0"], "--target-kl 0.0 must be positive"),
-]
-
-
-@pytest.mark.parametrize("flags,message", BAD_INPUTS)
-def test_bad_input_fails_fast_with_one_line(tmp_path, flags, message):
-    result = run([*flags, "--runs-dir", str(tmp_path)])
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0] and lines[0].startswith("ppo_gru_baseline.py: error:")
-    assert not os.listdir(tmp_path)  # no run directory: nothing started
-
-
-def test_incompatible_checkpoints_are_refused(tmp_path):
-    other = tmp_path / "other.pt"
-    torch.save({"script": "ppo_gru_astral", "format": 1}, other)
-    junk = tmp_path / "junk.pt"
-    junk.write_text("not a checkpoint")
-    for path, message in ((other, "written by ppo_gru_astral"), (junk, "not a readable torch file")):
-        result = run(["--resume", str(path)])
-        assert result.returncode == 2 and message in result.stderr and len(result.stderr.strip().splitlines()) == 1
-        with pytest.raises(ValueError, match=message):
-            m.evaluate(str(path))
-    # a saved model (what --save-model writes) holds no optimizer or RNG state: it cannot continue a run
-    model = tmp_path / "ppo_gru_baseline.cleanrl_model"
-    torch.save({"script": "ppo_gru_baseline", "format": m.CHECKPOINT_FORMAT, "args": dataclasses.asdict(m.Args()),
-                "modes": [], "run_name": "r", "state_dict": {}}, model)
-    result = run(["--resume", str(model), "--runs-dir", str(tmp_path / "runs")])
-    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
-    assert "is a saved model, not a training checkpoint" in result.stderr and not (tmp_path / "runs").exists()
-
-
-def test_learning_happens(tmp_path):
-    """Catches a broken learner: a random CartPole policy averages ~22; 30k steps of this PPO must do far better."""
-    result = run(["--total-timesteps", "32768", "--num-envs", "16", "--num-steps", "128", "--runs-dir", str(tmp_path), "--seed", "1"])
-    assert result.returncode == 0, result.stderr
-    (run_dir,) = glob.glob(str(tmp_path / "*"))
-    returns = [v for _, v in scalars(run_dir, "charts/episodic_return")]
-    assert np.mean(returns[:50]) < 40
-    assert np.mean(returns[-50:]) > 100
 
 
 def test_reward_scaler_divides_by_running_std_of_discounted_return():
@@ -427,9 +321,6 @@ def test_reward_scaler_divides_by_running_std_of_discounted_return():
         expected = rewards / np.sqrt(pooled + 1e-8)
         returns[dones] = 0.0
         np.testing.assert_allclose(scaler(rewards, dones), expected, rtol=1e-9)
-    restored = m.RewardScaler(3, 0.9)
-    restored.load_state_dict(scaler.state_dict())
-    assert (restored.mean, restored.var, restored.count) == (scaler.mean, scaler.var, scaler.count)
 
 
 # --- the PPO update, term by term ----------------------------------------------------------------------
@@ -478,8 +369,7 @@ def scripted_update(advantages, returns, old_values, new_values=None, **override
     new_values = old_values if new_values is None else new_values
     agent = ScriptedAgent(batch["logprobs"], new_values, torch.full((T, N), 0.6))
     spy = GradSpy(agent)
-    args = update_args(max_grad_norm=1e9, **overrides)
-    stats = m.ppo_update(agent, spy, batch, env_index[:, None], advantages, returns, args)
+    stats = m.ppo_update(agent, spy, batch, env_index[:, None], advantages, returns, update_args(max_grad_norm=1e9, **overrides))
     return agent, spy, stats
 
 
@@ -547,65 +437,166 @@ def test_each_epoch_visits_every_env_exactly_once():
         assert sorted(i for mb in minibatches for i in mb) == list(range(N)), minibatches
 
 
-def synthetic_batch(agent, T=6, N=4, seed=0):
-    """A batch as collect_rollout returns it, acted by `agent` on random inputs (episodes restart mid-rollout),
-    with random advantages and returns: (batch, initial_state, advantages, returns)."""
-    gen = torch.Generator().manual_seed(seed)
-    inputs = torch.randn(T, N, agent.input_dim, generator=gen)
-    starts = torch.zeros(T, N)
-    starts[0], starts[T // 2, ::2] = 1.0, 1.0
-    initial_state = torch.zeros(N, agent.hidden_size)
-    actions = torch.randint(0, 2, (T, N), generator=gen)
-    with torch.no_grad():
-        _, logprobs, _, values, *_ = agent.get_action_and_value(inputs, initial_state, starts, actions)
-    batch = {"inputs": inputs, "starts": starts, "actions": actions, "logprobs": logprobs, "values": values}
-    return batch, initial_state, torch.randn(T, N, generator=gen), torch.randn(T, N, generator=gen)
-
-
 def test_target_kl_stops_the_update_after_the_epoch_that_exceeds_it():
     """--target-kl ends the update after the first epoch whose last minibatch's approx_kl exceeds it. With a tiny
     target, the first epoch's second minibatch already sees a moved policy, so only that epoch's 2 Adam steps are
     taken (of 2 minibatches x 4 epochs = 8); without a target, or with a huge one, all 8 are."""
     torch.manual_seed(0)
     agent = m.Agent(4, 2, 3, 16)
-    batch, initial_state, adv, ret = synthetic_batch(agent)
+    gen = torch.Generator().manual_seed(0)
+    T, N = 6, 4
+    inputs, starts = torch.randn(T, N, agent.input_dim, generator=gen), torch.zeros(T, N)
+    starts[0], starts[T // 2, ::2] = 1.0, 1.0
+    initial_state, actions = torch.zeros(N, agent.hidden_size), torch.randint(0, 2, (T, N), generator=gen)
+    with torch.no_grad():
+        _, logprobs, _, values, _ = agent.get_action_and_value(inputs, initial_state, starts, actions)
+    batch = {"inputs": inputs, "starts": starts, "actions": actions, "logprobs": logprobs, "values": values}
+    adv, ret = torch.randn(T, N, generator=gen), torch.randn(T, N, generator=gen)
     steps = {}
     for target_kl in (None, 1e-8, 1e3):
         trained = copy.deepcopy(agent)
         optimizer = torch.optim.Adam(trained.parameters(), lr=1e-2)
-        args = update_args(num_minibatches=2, update_epochs=4, target_kl=target_kl)
-        stats = m.ppo_update(trained, optimizer, batch, initial_state, adv, ret, args)
+        stats = m.ppo_update(trained, optimizer, batch, initial_state, adv, ret, update_args(update_epochs=4, target_kl=target_kl))
         steps[target_kl] = int(optimizer.state[trained.actor[-1].weight]["step"])
         if target_kl == 1e-8:
             assert stats["approx_kl"] > target_kl
     assert steps == {None: 8, 1e-8: 2, 1e3: 8}
 
 
-def test_episodes_cut_by_the_time_limit_are_logged():
-    """An episode ends when it terminates or is truncated by the time limit; both are finished episodes and must
-    reach the episode log (charts/episodic_return). With a 5-step limit no CartPole episode can fail, so every
-    episode here is a truncation: 2 envs x 12 steps finish 4 episodes of return 5, at steps 4 and 9."""
-    modes = [(9.8, 0.5, 1.0)]
+# --- script-level behaviour ----------------------------------------------------------------------------
 
-    def make():
-        return m.NonStationaryCartPole(gym.make("CartPole-v1", max_episode_steps=5), modes)
 
-    envs = gym.vector.SyncVectorEnv([make, make], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    torch.manual_seed(0)
-    agent = m.Agent(4, 2, 1, 16)
-    carry = m.new_carry(envs, agent, 0, "cpu")
-    batch, _, episodes = m.collect_rollout(agent, envs, carry, 12, 0.99, None, "cpu")
-    # truncations, not failures: their rewards were bootstrapped, and the envs restart right after
-    assert torch.all(batch["rewards"][[4, 9]] != 1.0) and torch.all(batch["starts"][[5, 10]] == 1.0)
-    assert sorted(episodes) == [(5.0, 5, 0, 4)] * 2 + [(5.0, 5, 0, 9)] * 2
+def test_smoke_save_evaluate_round_trip(tmp_path):
+    result = run([*TINY, "--total-timesteps", "256", "--runs-dir", str(tmp_path), "--save-model", "--eval-episodes", "2", "--hide-velocity"])
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = glob.glob(str(tmp_path / "*"))
+    model = os.path.join(run_dir, "ppo_gru_baseline.cleanrl_model")
+    report = json.load(open(os.path.join(run_dir, "eval.json")))
+    assert set(report["per_mode"]) == {"0", "1", "2"}
+    assert all(len(report["per_mode"][k][kind]["returns"]) == 2 for k in "012" for kind in ("deterministic", "sampled"))
+    for k in "012":
+        assert [v for _, v in scalars(run_dir, f"eval/episodic_return_mode{k}_deterministic")] == pytest.approx(
+            [report["per_mode"][k]["deterministic"]["mean"]])
+    # training logged what the benchmark reads, and the replay check held on every update
+    assert scalars(run_dir, "charts/episodic_return") and scalars(run_dir, "charts/episodic_return_mode0")
+    errors = [v for _, v in scalars(run_dir, "debug/first_minibatch_ratio_error")]
+    assert len(errors) == 4 and max(errors) < 1e-5
+    # what tta_gating reads from a saved model
+    ckpt = torch.load(model, weights_only=True)
+    assert ckpt["args"]["hide_velocity"] and ckpt["reward_scaler"]["var"] > 0 and len(ckpt["modes"]) == 3
+    # evaluate() works on a saved file with unseen physics, and never writes to it
+    before = open(model, "rb").read()
+    results = m.evaluate(model, episodes_per_mode=3, modes=[(5.0, 0.9, 1.0), (15.0, 0.3, -1.0)])
+    assert set(results) == {0, 1} and all(len(r) == 3 and np.all(r >= 1) for r in results.values())
+    assert open(model, "rb").read() == before
+
+
+def test_evaluation_returns_the_first_episode_of_each_env():
+    """evaluate's episodes are the first episode of each env: an env that finishes early and restarts must not add its
+    second episode's rewards."""
+    agent = m.Agent(4, 2, 3, 16)
+    envs = m.NonStationaryCartPole(6, m.MODE_PRESETS["seed3"], fixed_mode=1, max_episode_steps=7)
+    first = m.first_episodes(agent, envs, seed=0, deterministic=True)
+    assert all(ret <= 7 and ret == length and mode == 1 for ret, length, mode in first)
+
+
+def test_controls_and_tracking_run(tmp_path):
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    for extra in (["--memory", "none"], ["--oracle", "--track"], ["--modes-preset", "inverted4", "--switch-prob", "0.05"]):
+        result = run([*TINY, "--total-timesteps", "128", "--runs-dir", str(tmp_path / extra[-1])] + extra, env=env)
+        assert result.returncode == 0, result.stderr
+        (run_dir,) = glob.glob(str(tmp_path / extra[-1] / "*"))
+        assert max(v for _, v in scalars(run_dir, "debug/first_minibatch_ratio_error")) < 1e-5
+    assert glob.glob(str(tmp_path / "--track" / "*" / "wandb" / "offline-run-*"))
+
+
+def test_capture_video_writes_one_video_per_mode(tmp_path):
+    result = run([*TINY, "--total-timesteps", "64", "--runs-dir", str(tmp_path), "--save-model", "--capture-video", "--eval-episodes", "1"])
+    assert result.returncode == 0, result.stderr
+    videos = sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / "*" / "videos" / "*.mp4")))
+    assert videos == ["mode0-episode-0.mp4", "mode1-episode-0.mp4", "mode2-episode-0.mp4"]
+
+
+def test_runs_started_in_the_same_second_get_directories_of_their_own(tmp_path, occupied_run_names):
+    """Runs of one command and seed started in the same second (a shell loop over flags) would otherwise share
+    runs/{run_name}: their TensorBoard events would mix, and the later run's files would replace the earlier run's."""
+    check = occupied_run_names(str(tmp_path), "NonStationaryCartPole__collide__7__")
+    result = run([*TINY, "--total-timesteps", "64", "--exp-name", "collide", "--seed", "7", "--runs-dir", str(tmp_path),
+                  "--save-model", "--eval-episodes", "1"])
+    assert result.returncode == 0, result.stderr
+    run_dir = check()
+    assert os.path.isfile(os.path.join(run_dir, "collide.cleanrl_model")) and os.path.isfile(os.path.join(run_dir, "eval.json"))
+
+
+BAD_INPUTS = [
+    (["--num-envs", "6", "--num-minibatches", "4"], "not divisible"),
+    (["--num-envs", "4", "--num-minibatches", "4", "--num-steps", "1"], "a minibatch of one step"),
+    (["--num-minibatches", "0"], "--num-minibatches must be at least 1"),
+    (["--fixed-mode", "3"], "--fixed-mode 3 is out of range"),
+    (["--total-timesteps", "10"], "less than one rollout"),
+    (["--learning-rate", "nan"], "--learning-rate nan must be a finite number"),
+    (["--gamma", "-1"], "--gamma -1.0 must be in (0, 1]"),
+    (["--gae-lambda", "2"], "--gae-lambda 2.0 in [0, 1]"),
+    (["--clip-coef", "0"], "--clip-coef 0.0 must be positive"),
+    (["--max-grad-norm", "-1"], "--max-grad-norm -1.0 must be positive"),
+    (["--seed", "-1"], "--seed -1 must be in [0, 2**32 - 1]"),
+    (["--target-kl", "nan"], "--target-kl nan must be a finite number"),
+    (["--ent-coef", "-1"], "--ent-coef -1.0 must be non-negative"),
+    (["--target-kl", "0"], "--target-kl 0.0 must be positive"),
+    (["--switch-prob", "1.5"], "--switch-prob 1.5 must be in [0, 1]"),
+    (["--capture-video"], "add --save-model"),
+    (["--exp-name", "a/b"], "--exp-name 'a/b' must be a non-empty name without '/'"),
+]
+
+
+@pytest.mark.parametrize("flags,message", BAD_INPUTS)
+def test_bad_input_fails_fast_with_one_line(tmp_path, flags, message):
+    result = run([*flags, "--runs-dir", str(tmp_path / "runs")])
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and lines[0].startswith("ppo_gru_baseline.py: error:"), result.stderr
+    assert not (tmp_path / "runs").exists()  # no run directory: nothing started
+
+
+@pytest.mark.parametrize("flags", [["--memory", "lstm"], ["--modes-preset", "seed7"]])
+def test_choices_are_checked_by_the_parser(tmp_path, flags):
+    result = run([*flags, "--runs-dir", str(tmp_path / "runs")])
+    assert result.returncode != 0 and "invalid choice" in result.stderr.lower() and not (tmp_path / "runs").exists()
+
+
+def test_a_runs_dir_that_is_a_file_is_a_one_line_error(tmp_path):
+    (tmp_path / "runs").write_text("")
+    result = run([*TINY, "--total-timesteps", "64", "--runs-dir", str(tmp_path / "runs")])
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "--runs-dir" in lines[0] and "not a directory" in lines[0]
+    assert result.stdout == "" and (tmp_path / "runs").read_text() == ""
+
+
+def test_another_scripts_model_is_refused(tmp_path):
+    other, junk = tmp_path / "other.pt", tmp_path / "junk.pt"
+    torch.save({"script": "ppo_gru_astral", "format": 1}, other)
+    torch.save([1, 2], junk)
+    for path in (other, junk):
+        with pytest.raises(ValueError, match="not written by ppo_gru_baseline.py"):
+            m.evaluate(str(path))
+
+
+def test_learning_happens(tmp_path):
+    """Catches a broken learner: a random CartPole policy averages ~22; 30k steps of this PPO (with the default
+    reward scaling) must do far better."""
+    result = run(["--total-timesteps", "32768", "--num-envs", "16", "--num-steps", "128", "--runs-dir", str(tmp_path), "--seed", "1"])
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = glob.glob(str(tmp_path / "*"))
+    returns = [v for _, v in scalars(run_dir, "charts/episodic_return")]
+    assert np.mean(returns[:50]) < 40
+    assert np.mean(returns[-50:]) > 100
 
 
 def test_learning_rate_anneals_linearly_to_zero(tmp_path):
     """With --anneal-lr (the default) update k of n uses lr * (1 - (k - 1) / n): 3e-3, 2e-3, 1e-3 for n = 3, as
     logged in charts/learning_rate (the optimizer's lr). A constant lr would not decay."""
     result = run(["--num-envs", "2", "--num-steps", "8", "--num-minibatches", "1", "--update-epochs", "1",
-                  "--hidden-size", "8", "--total-timesteps", "48", "--learning-rate", "0.003",
-                  "--checkpoint-every", "0", "--runs-dir", str(tmp_path)])
+                  "--hidden-size", "8", "--total-timesteps", "48", "--learning-rate", "0.003", "--runs-dir", str(tmp_path)])
     assert result.returncode == 0, result.stderr
     (run_dir,) = glob.glob(str(tmp_path / "*"))
     logged = scalars(run_dir, "charts/learning_rate")
