@@ -22,7 +22,6 @@ import time
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-import gymnasium as gym
 import matplotlib
 
 matplotlib.use("Agg")
@@ -58,7 +57,7 @@ class Args:
     checkpoint: str
     """`.cleanrl_model` written by ppo_gru_astral.py --save-model (read only); `{seed}` and glob patterns are resolved to exactly one file"""
     mode_indices: Optional[List[int]] = None
-    """indices of the checkpoint's training modes to target (default: all of them)"""
+    """indices of the checkpoint's modes to target, a preset's held-out mode included (default: all of them)"""
     modes: Optional[str] = None
     """custom target physics instead of training modes: "g,l[,sign] g,l[,sign] ..." (unseen physics welcome)"""
     eval_episodes: int = 10
@@ -93,7 +92,10 @@ class AdaptArgs(Args):
     """the ceiling's fixed gates: every mixture with weights in multiples of 1/N, plus uniform (1: the K one-hot clamps; 0: no ceiling)"""
 
 
-# ENVIRONMENT: ppo_gru_astral.py's CartPole, its physics mode held fixed
+# ENVIRONMENT: ppo_gru_astral.py's CartPole, all envs in one physics mode
+HELD_OUT_MODES = {"seed3": [], "inverted4": [], "mirror4": [4]}  # the presets' modes that training never draws
+
+
 def parse_modes(spec: str) -> list:
     """Parse "g,l[,sign] g,l[,sign] ..." into a list of (gravity, half_length, force_sign)."""
     modes = []
@@ -112,36 +114,65 @@ def parse_modes(spec: str) -> list:
     return modes
 
 
-def make_env(target, hide_velocity):
-    """CartPole-v1 under the target's physics (gravity, pole half-length, force sign), without velocities if hidden."""
-    env = gym.make("CartPole-v1")
-    cartpole = env.unwrapped
-    cartpole.gravity, cartpole.length, force_sign = target["physics"]
-    # CartPole caches this product; it must follow the length or the dynamics mix two poles
-    cartpole.polemass_length = cartpole.masspole * cartpole.length
-    cartpole.force_mag = force_sign * abs(cartpole.force_mag)
-    if not hide_velocity:
-        return env
-    high = env.observation_space.high[[0, 2]]
-    return gym.wrappers.TransformObservation(env, lambda obs: obs[[0, 2]], gym.spaces.Box(-high, high, dtype=np.float32))
+class NonStationaryCartPole:
+    """`num_envs` CartPole-v1s stepped together in numpy (gymnasium's equations, constants and 500-step limit) under one
+    physics (gravity, pole half-length, force sign): ppo_gru_astral.py's env as its `evaluate` builds it for one mode, so
+    a seed gives the same episodes. Same-step autoreset: where an episode ends, the returned observation is already the
+    next episode's first, and info["final_obs"] holds the ended one's last."""
+
+    def __init__(self, num_envs, physics, hide_velocity=False, max_episode_steps=500):
+        self.num_envs, self.max_episode_steps, (self.gravity, self.half_length, self.force_sign) = num_envs, max_episode_steps, physics
+        self.observed = [0, 2] if hide_velocity else [0, 1, 2, 3]  # hidden velocity: cart position and pole angle only
+
+    def restart(self, envs):
+        self.state[envs], self.elapsed[envs] = self.rng.uniform(-0.05, 0.05, (int(envs.sum()), 4)), 0
+
+    def reset(self, seed=None):
+        self.rng, self.state, self.elapsed = np.random.default_rng(seed), np.zeros((self.num_envs, 4)), np.zeros(self.num_envs, dtype=int)
+        self.restart(np.ones(self.num_envs, dtype=bool))
+        return self.state[:, self.observed].astype(np.float32), {}
+
+    def step(self, action):
+        x, x_dot, theta, theta_dot = self.state.T
+        gravity, length, masspole, total_mass = self.gravity, self.half_length, 0.1, 0.1 + 1.0
+        force = self.force_sign * 10.0 * np.where(action == 1, 1.0, -1.0)
+        costheta, sintheta = np.cos(theta), np.sin(theta)
+        temp = (force + masspole * length * np.square(theta_dot) * sintheta) / total_mass
+        thetaacc = (gravity * sintheta - costheta * temp) / (length * (4.0 / 3.0 - masspole * np.square(costheta) / total_mass))
+        xacc = temp - masspole * length * thetaacc * costheta / total_mass
+        self.state = np.stack([x + 0.02 * x_dot, x_dot + 0.02 * xacc, theta + 0.02 * theta_dot, theta_dot + 0.02 * thetaacc], 1)
+        self.elapsed += 1
+        terminated = (np.abs(self.state[:, 0]) > 2.4) | (np.abs(self.state[:, 2]) > 12 * 2 * math.pi / 360)
+        truncated = self.elapsed >= self.max_episode_steps
+        info = {"final_obs": self.state[:, self.observed].astype(np.float32)}
+        self.restart(terminated | truncated)
+        return self.state[:, self.observed].astype(np.float32), np.ones(self.num_envs), terminated, truncated, info
 
 
 # MODEL: ppo_gru_astral.py's agent (its weights come from the checkpoint, so no initialisation scheme here), plus a
 # zero gate-logit bias, the context, that only the `context` control moves
 class AbstractionBank(nn.Module):
-    """K learnable slots and a gate over them: w = softmax((g(h) + c) / τ), z = wᵀA; the context c is zero as loaded."""
+    """K slots A and a gate over them: p = softmax((g(h) + c) / τ), the context c zero as loaded; z = wᵀA with w = p
+    (soft gate) or, with `gumbel_tau`, the straight-through Gumbel-softmax one-hot of argmax((g(h) + c)/τ + noise) (hard
+    gate: slot k drawn with probability p_k, or with zero noise the argmax of p)."""
 
-    def __init__(self, hidden_size, num_abstractions, slot_dim, tau):
+    def __init__(self, hidden_size, num_abstractions, slot_dim, tau, gumbel_tau=None):
         super().__init__()
-        self.slots, self.tau = nn.Parameter(torch.zeros(num_abstractions, slot_dim)), tau
+        self.slots, self.tau, self.gumbel_tau = nn.Parameter(torch.zeros(num_abstractions, slot_dim)), tau, gumbel_tau
         self.gate = nn.Sequential(nn.Linear(hidden_size, 64), nn.Tanh(), nn.Linear(64, num_abstractions))
         self.context = nn.Parameter(torch.zeros(num_abstractions))
 
-    def forward(self, h, weights=None):
-        """Returns (z, w). `weights` overrides the gate (e.g. a one-hot to clamp one slot)."""
-        if weights is None:
-            weights = torch.softmax((self.gate(h) + self.context) / self.tau, dim=-1)
-        return weights @ self.slots, weights
+    def forward(self, h, weights=None, noise=None):
+        """Returns (z, w, p, noise). `weights` overrides w (e.g. a one-hot to clamp one slot); the hard gate draws its
+        Gumbel noise from torch's generator unless given one (zero noise: the argmax slot)."""
+        logits = (self.gate(h) + self.context) / self.tau
+        probs = torch.softmax(logits, dim=-1)
+        if weights is None and self.gumbel_tau is not None:
+            noise = -torch.empty_like(logits).exponential_().log() if noise is None else noise  # as F.gumbel_softmax
+            soft = torch.softmax((logits + noise) / self.gumbel_tau, dim=-1)
+            weights = torch.zeros_like(soft).scatter_(-1, soft.argmax(-1, keepdim=True), 1.0) - soft.detach() + soft
+        weights = probs if weights is None else weights
+        return weights @ self.slots, weights, probs, noise
 
 
 class FiLM(nn.Module):
@@ -158,19 +189,16 @@ class FiLM(nn.Module):
 
 class Agent(nn.Module):
     def __init__(self, obs_dim, num_actions, num_modes, hidden_size=128, memory="gru", oracle=False,
-                 num_abstractions=3, slot_dim=32, tau=1.0):
+                 num_abstractions=3, slot_dim=32, tau=1.0, bottleneck=False, gumbel_tau=None):
         super().__init__()
         self.num_actions, self.num_modes, self.memory, self.oracle, self.hidden_size = num_actions, num_modes, memory, oracle, hidden_size
-        self.input_dim = obs_dim + num_actions + 1 + (num_modes if oracle else 0)
+        self.input_dim, self.bottleneck = obs_dim + num_actions + 1 + (num_modes if oracle else 0), bottleneck
         self.encoder = nn.Sequential(nn.Linear(self.input_dim, hidden_size), nn.Tanh())
         self.gru = nn.GRUCell(hidden_size, hidden_size)
-        self.bank = AbstractionBank(hidden_size, num_abstractions, slot_dim, tau)
+        self.bank = AbstractionBank(hidden_size, num_abstractions, slot_dim, tau, gumbel_tau)
         self.film = FiLM(slot_dim, hidden_size)
         self.actor = nn.Sequential(nn.Linear(hidden_size, 64), nn.Tanh(), nn.Linear(64, num_actions))
         self.critic = nn.Sequential(nn.Linear(hidden_size, 64), nn.Tanh(), nn.Linear(64, 1))
-
-    def initial_state(self, batch_size):
-        return torch.zeros(batch_size, self.hidden_size)
 
     def build_input(self, obs, prev_action, prev_reward, mode):
         """obs (..., obs_dim), prev_action (...) with -1 for "none", prev_reward (...), mode (...) -> input."""
@@ -180,49 +208,50 @@ class Agent(nn.Module):
             parts.append(torch.nn.functional.one_hot(mode.long(), self.num_modes).float())
         return torch.cat(parts, dim=-1)
 
-    def unroll(self, x, state, starts):
-        """x (T, B, input_dim), state (B, H) before x[0], starts (T, B) = 1 where x[t] opens an episode.
-        Returns the GRU states h (T, B, H) and the state after x[T-1]."""
-        keep = torch.zeros_like(starts) if self.memory == "none" else 1.0 - starts
-        hidden = []
-        for feature_t, keep_t in zip(self.encoder(x).unbind(0), keep.unbind(0)):
+    def forward(self, x, state, starts, weights=None, noise=None):
+        """x (T, B, input_dim), state (B, H) before x[0], starts (T, B) = 1 where x[t] opens an episode. Returns the
+        heads' input h' (T, B, H), the state after x[T-1], w, p and the hard gate's noise (T, B, K). The gate reads the GRU state h; h' =
+        FiLM(h; z), or with the bottleneck FiLM(features of x_t; z), so memory then reaches the heads only through z."""
+        features = self.encoder(x)
+        keep, states = torch.zeros_like(starts) if self.memory == "none" else 1.0 - starts, []
+        for feature_t, keep_t in zip(features.unbind(0), keep.unbind(0)):
             # zero the state where the episode restarted: x[t] is a first step
             state = torch.gru_cell(feature_t, state * keep_t.unsqueeze(-1), self.gru.weight_ih, self.gru.weight_hh,
                                    self.gru.bias_ih, self.gru.bias_hh)
-            hidden.append(state)
-        return torch.stack(hidden), state
-
-    def modulate(self, hidden, weights=None):
-        """h -> (h', w): the heads' only input is the FiLM-modulated state, there is no bypass from h."""
-        z, weights = self.bank(hidden, weights)
-        return self.film(hidden, z), weights
+            states.append(state)
+        hidden = torch.stack(states)
+        z, weights, probs, noise = self.bank(hidden, weights, noise)
+        return self.film(features if self.bottleneck else hidden, z), state, weights, probs, noise
 
 
 # ACTING
-def policy_step(agent, obs, prev_action, prev_reward, mode, state, start, weights=None):
+def policy_step(agent, obs, prev_action, prev_reward, mode, state, start, weights=None, deterministic=False, noise=None):
     """One step of B environments, the input built as ppo_gru_astral.py's rollout builds it (previous action -1 and reward
-    0 at an episode's first step, where start = 1 zeroes the GRU state); `weights` (K,) clamps the gate. Returns the
-    action distribution, the value, the next state and the gate weights (B, K), with the graph when grad is enabled."""
-    x = agent.build_input(*(torch.as_tensor(np.asarray(v)) for v in (obs, prev_action, prev_reward, mode)))
-    hidden, state = agent.unroll(x[None], state, torch.as_tensor(np.asarray(start), dtype=torch.float32)[None])
-    modulated, weights = agent.modulate(hidden, None if weights is None else weights.expand(*hidden.shape[:2], -1))
-    return Categorical(logits=agent.actor(modulated[0])), agent.critic(modulated[0]).squeeze(-1), state, weights[0]
+    0 at an episode's first step, where start = 1 zeroes the GRU state); `weights` (K,) clamps the gate; the hard gate
+    takes its argmax slot if `deterministic`, else draws (or is given) its noise. Returns the action distribution, the
+    value, the next state, the gate's weights and probabilities (B, K) and its noise, with the graph when grad is enabled."""
+    x = agent.build_input(*(torch.as_tensor(np.asarray(v)) for v in (obs, prev_action, prev_reward, mode)))[None]
+    if deterministic and agent.bank.gumbel_tau is not None:
+        noise = torch.zeros(*x.shape[:-1], len(agent.bank.slots))
+    modulated, state, weights, probs, noise = agent(x, state, torch.as_tensor(np.asarray(start), dtype=torch.float32)[None],
+                                                    None if weights is None else weights.expand(*x.shape[:-1], -1), noise)
+    return Categorical(logits=agent.actor(modulated[0])), agent.critic(modulated[0]).squeeze(-1), state, weights[0], probs[0], noise
 
 
 def evaluate_target(agent, target, hide_velocity, episodes, deterministic, seed, weights=None):
-    """`episodes` episodes of the target mode side by side (the first episode of each environment; env seeds seed..
-    and torch seed `seed`, so every gate setting evaluated with one seed plays the same episodes), the gate optionally
-    clamped to `weights` (K,). Returns the returns and the mean gate weights acted with."""
+    """`episodes` episodes of the target mode side by side (the first episode of each environment; env and torch seed
+    `seed`, so every gate setting evaluated with one seed plays the same episodes), the gate optionally clamped to
+    `weights` (K,): ppo_gru_astral.evaluate's episodes for `modes=[the target's physics]`. Returns the returns and the
+    mean gate weights acted with."""
     torch.manual_seed(seed)
-    # SAME_STEP autoreset, as in training (only each environment's first episode counts here)
-    envs = gym.vector.SyncVectorEnv([lambda: make_env(target, hide_velocity)] * episodes, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    envs = NonStationaryCartPole(episodes, target["physics"], hide_velocity)
     obs, _ = envs.reset(seed=seed)
-    mode, state = np.full(episodes, target["index"]), agent.initial_state(episodes)
+    mode, state = np.full(episodes, target["index"]), torch.zeros(episodes, agent.hidden_size)
     prev_action, prev_reward, start = np.full(episodes, -1), np.zeros(episodes), np.ones(episodes)
     returns, finished, weight_sum, steps = np.zeros(episodes), np.zeros(episodes, dtype=bool), 0.0, 0
     while not finished.all():
         with torch.no_grad():
-            dist, _, state, w = policy_step(agent, obs, prev_action, prev_reward, mode, state, start, weights)
+            dist, _, state, w, *_ = policy_step(agent, obs, prev_action, prev_reward, mode, state, start, weights, deterministic)
         action = (dist.logits.argmax(-1) if deterministic else dist.sample()).numpy()
         weight_sum, steps = weight_sum + w[torch.as_tensor(~finished)].sum(0).numpy(), steps + int((~finished).sum())
         obs, reward, terminated, truncated, _ = envs.step(action)
@@ -230,7 +259,6 @@ def evaluate_target(agent, target, hide_velocity, episodes, deterministic, seed,
         done = terminated | truncated
         finished |= done
         prev_action, prev_reward, start = np.where(done, -1, action), np.where(done, 0.0, reward), done
-    envs.close()
     return returns, weight_sum / steps
 
 
@@ -257,10 +285,11 @@ def actor_critic_loss(logprobs, values, rewards, bootstrap_value, gamma, reward_
     return -(logprobs * (torch.as_tensor(targets, dtype=torch.float32) - values.detach())).mean()
 
 
-def tent_loss(logits, anchor_logits, gate_weights, kl_coef):
-    """Reward-free: gate entropy + policy entropy + kl_coef · KL(π || π_unadapted), averaged over steps. Without
-    the anchor, minimising entropy happily collapses the policy onto whatever action it already prefers."""
-    gate_entropy = -(gate_weights * torch.log(gate_weights + 1e-8)).sum(-1).mean()
+def tent_loss(logits, anchor_logits, gate_probs, kl_coef):
+    """Reward-free: gate entropy + policy entropy + kl_coef · KL(π || π_unadapted), averaged over steps; the gate entropy
+    is of its probabilities p (under the hard gate w is one-hot). Without the anchor, minimising entropy happily
+    collapses the policy onto whatever action it already prefers."""
+    gate_entropy = -(gate_probs * torch.log(gate_probs + 1e-8)).sum(-1).mean()
     log_p, log_q = torch.log_softmax(logits, -1), torch.log_softmax(anchor_logits, -1)
     policy_entropy = -(log_p.exp() * log_p).sum(-1).mean()
     kl = (log_p.exp() * (log_p - log_q)).sum(-1).mean()
@@ -277,39 +306,40 @@ def adapted_parameters(agent, control):
 
 # ADAPTATION
 def adaptation_episode(agent, anchor, env, mode, env_seed, control, optimizer, args, reward_scale):
-    """One sampled episode on the target mode, updating at its end (or every --online-every steps with --online).
-    `none` (optimizer None) acts identically but never updates. Returns the episode's return and update count."""
+    """One sampled episode on the target mode (the single env `env`), updating at its end (or every --online-every steps
+    with --online). `none` (optimizer None) acts identically but never updates. Returns the episode's return and update
+    count."""
     obs, _ = env.reset(seed=env_seed)
-    state, anchor_state, prev_action, prev_reward, start = agent.initial_state(1), anchor.initial_state(1), -1, 0.0, 1.0
+    state, anchor_state = torch.zeros(1, agent.hidden_size), torch.zeros(1, agent.hidden_size)
+    prev_action, prev_reward, start, mode = np.full(1, -1), np.zeros(1), np.ones(1), np.full(1, mode)
     segment, episode_return, done, updates = [], 0.0, False, 0
     while not done:
-        inputs = (obs[None], [prev_action], [prev_reward], [mode])
         with torch.set_grad_enabled(optimizer is not None):
-            dist, value, state, weights = policy_step(agent, *inputs, state, [start])
+            dist, value, state, _, probs, noise = policy_step(agent, obs, prev_action, prev_reward, mode, state, start)
         anchor_logits = None
-        if control == "tent":
+        if control == "tent":  # the anchor on the same inputs, its hard gate (if any) with the same draw
             with torch.no_grad():
-                anchor_dist, _, anchor_state, _ = policy_step(anchor, *inputs, anchor_state, [start])
+                anchor_dist, _, anchor_state, *_ = policy_step(anchor, obs, prev_action, prev_reward, mode, anchor_state, start, noise=noise)
             anchor_logits = anchor_dist.logits
         action = dist.sample()
-        prev_action = int(action)
-        obs, reward, terminated, truncated, _ = env.step(prev_action)
-        prev_reward, start, done = float(reward), 0.0, terminated or truncated
-        segment.append((dist.log_prob(action), value, dist.logits, weights, anchor_logits, prev_reward))
-        episode_return += prev_reward
+        obs, prev_reward, terminated, truncated, info = env.step(action.numpy())
+        prev_action, start, done = action.numpy(), np.zeros(1), bool(terminated[0] or truncated[0])
+        segment.append((dist.log_prob(action), value, dist.logits, probs, anchor_logits, float(prev_reward[0])))
+        episode_return += float(prev_reward[0])
         if optimizer is None or not (done or (args.online and len(segment) == args.online_every)):
             continue
 
         # UPDATE
-        logprobs, values, logits, gate_weights, anchor_logits, rewards = zip(*segment)
+        logprobs, values, logits, gate_probs, anchor_logits, rewards = zip(*segment)
         if control == "tent":
-            loss = tent_loss(torch.cat(logits), torch.cat(anchor_logits), torch.cat(gate_weights), args.tent_kl_coef)
+            loss = tent_loss(torch.cat(logits), torch.cat(anchor_logits), torch.cat(gate_probs), args.tent_kl_coef)
         elif args.online:
             bootstrap = 0.0
-            if not terminated:
+            if not terminated[0]:
                 # a cut segment or a time-limit truncation continues: bootstrap from the value of the next observation
+                # (the ended episode's last one where the env already restarted)
                 with torch.no_grad():
-                    bootstrap = float(policy_step(agent, obs[None], [prev_action], [prev_reward], [mode], state, [0.0])[1])
+                    bootstrap = float(policy_step(agent, info["final_obs"], prev_action, prev_reward, mode, state, start)[1])
             loss = actor_critic_loss(torch.cat(logprobs), torch.cat(values), rewards, bootstrap, args.gamma, reward_scale)
         else:
             loss = reinforce_loss(torch.cat(logprobs), rewards, args.gamma)
@@ -331,7 +361,7 @@ def adapted_copy(ckpt, target, control, seed, args, reward_scale):
     anchor = copy.deepcopy(agent).requires_grad_(False)
     params = adapted_parameters(agent, control)
     optimizer = optim.Adam(params, lr=args.adapt_lr) if params else None
-    env = make_env(target, ckpt["args"]["hide_velocity"])
+    env = NonStationaryCartPole(1, target["physics"], ckpt["args"]["hide_velocity"])
     torch.manual_seed(seed)
     episodes = [adaptation_episode(agent, anchor, env, target["index"], 10_000 * seed + episode, control, optimizer, args,
                                    reward_scale) for episode in range(args.episodes)]
@@ -371,11 +401,20 @@ def gate_returns(agent, target, hide_velocity, settings, seeds, episodes, kinds=
 
 
 # CHECKPOINT AND TARGETS
+# the checkpoint's args that shape the agent's forward pass (Agent honours each) and those that only shaped its training
+# (the last four: older runs'); a checkpoint with any other would be acted as another agent than it is, so it is refused
+KNOWN_ARGS = set("""hide_velocity memory oracle hidden_size num_abstractions slot_dim tau bottleneck hard_gate gumbel_tau modes_preset
+    exp_name seed torch_deterministic cuda track wandb_project_name wandb_entity capture_video save_model runs_dir eval_episodes env_id
+    mode_share fixed_mode switch_prob total_timesteps learning_rate num_envs num_steps anneal_lr gamma gae_lambda num_minibatches
+    update_epochs norm_adv clip_coef clip_vloss ent_coef vf_coef max_grad_norm target_kl norm_reward lambda_w_ent lambda_lb lambda_orth
+    slot_init lambda_consistency lambda_supervised batch_size minibatch_size num_iterations resume checkpoint_every torch_threads modes""".split())
+
+
 def agent_from_checkpoint(ckpt):
     """A fresh agent holding the checkpoint's weights (and a zero context, which the checkpoint does not have)."""
-    a = ckpt["args"]
+    a = {"bottleneck": False, "hard_gate": False, **ckpt["args"]}
     agent = Agent(2 if a["hide_velocity"] else 4, 2, len(ckpt["modes"]), a["hidden_size"], a["memory"], a["oracle"],
-                  a["num_abstractions"], a["slot_dim"], a["tau"])
+                  a["num_abstractions"], a["slot_dim"], a["tau"], a["bottleneck"], a["gumbel_tau"] if a["hard_gate"] else None)
     agent.load_state_dict({"bank.context": torch.zeros(a["num_abstractions"]), **ckpt["state_dict"]})
     return agent
 
@@ -392,6 +431,13 @@ def load_astral_checkpoint(path):
     if found != ASTRAL_SCRIPT or ckpt.get("format") != ASTRAL_FORMAT:
         raise ValueError(f"checkpoint {path!r} was written by {found or 'another program'} (format {ckpt.get('format') if found else '?'}), "
                          f"not {ASTRAL_SCRIPT}.py format {ASTRAL_FORMAT}; test-time gating needs an ASTRAL agent (it has the gate)")
+    a = ckpt["args"]
+    unknown = [f"--{k.replace('_', '-')} {a[k]}" for k in sorted(set(a) - KNOWN_ARGS)] + [
+        f"--{k.replace('_', '-')} {a.get(k)}" for k, allowed in (("memory", ("gru", "none")), ("modes_preset", tuple(HELD_OUT_MODES)))
+        if a.get(k) not in allowed]
+    if unknown:
+        raise ValueError(f"checkpoint {path!r} was trained with {', '.join(unknown)}, which {SCRIPT}.py's copy of the agent does "
+                         "not implement; it would act as another agent")
     try:
         return ckpt, agent_from_checkpoint(ckpt).eval()
     except (KeyError, TypeError, RuntimeError) as e:
@@ -399,13 +445,14 @@ def load_astral_checkpoint(path):
 
 
 def resolve_targets(mode_indices, modes, ckpt):
-    """The target modes: [{"name", "index" (the mode index an --oracle agent reads), "physics", "label"}]."""
-    def target(name, index, physics):
+    """The target modes: [{"name", "index" (the mode index an --oracle agent reads), "physics", "held_out", "label"}]."""
+    def target(name, index, physics, held_out=False):
         g, l, sign = physics
-        return {"name": name, "index": index, "physics": physics, "label": f"{name} (g {g:g}, l {l:g}{', inverted' if sign < 0 else ''})"}
+        return {"name": name, "index": index, "physics": physics, "held_out": held_out,
+                "label": f"{name} (g {g:g}, l {l:g}{', inverted' if sign < 0 else ''}{', held out' if held_out else ''})"}
 
     if modes is not None and mode_indices is not None:
-        raise ValueError("give either --mode-indices (training modes) or --modes (custom physics), not both")
+        raise ValueError("give either --mode-indices (the checkpoint's modes) or --modes (custom physics), not both")
     if modes is not None:
         if ckpt["args"]["oracle"]:
             raise ValueError("an --oracle agent reads the true mode index, so it cannot be run on custom --modes; use --mode-indices")
@@ -413,10 +460,11 @@ def resolve_targets(mode_indices, modes, ckpt):
     train_modes = [tuple(float(v) for v in m) for m in ckpt["modes"]]
     indices = range(len(train_modes)) if mode_indices is None else mode_indices
     if not indices or len(set(indices)) != len(indices):
-        raise ValueError("--mode-indices needs distinct training-mode indices (a repeated one would be counted twice)")
+        raise ValueError("--mode-indices needs distinct mode indices (a repeated one would be counted twice)")
     for k in (k for k in indices if not 0 <= k < len(train_modes)):
         raise ValueError(f"--mode-indices {k} is out of range; the checkpoint has {len(train_modes)} modes (0..{len(train_modes) - 1})")
-    return [target(f"mode{k}", k, train_modes[k]) for k in indices]
+    held_out = HELD_OUT_MODES[ckpt["args"]["modes_preset"]]
+    return [target(f"mode{k}", k, train_modes[k], k in held_out) for k in indices]
 
 
 # STATISTICS AND PLOTS
@@ -676,7 +724,8 @@ if __name__ == "__main__":
     torch.set_num_threads(1)  # fastest for this small network; every evaluation and adaptation seeds torch and its envs
     report = {"script": SCRIPT, "subcommand": subcommand, "checkpoint": os.path.abspath(model_path), "checkpoint_run": ckpt["run_name"],
               "checkpoint_args": ckpt["args"], "eval_episodes": args.eval_episodes, "args": dataclasses.asdict(args),
-              "targets": [dict(zip(("name", "gravity", "half_length", "force_sign"), (t["name"], *t["physics"]))) for t in targets]}
+              "targets": [dict(zip(("name", "gravity", "half_length", "force_sign", "held_out"), (t["name"], *t["physics"], t["held_out"])))
+                          for t in targets]}
     summary = {}  # headline metric -> (column ->) one value per target
     run = run_adapt if subcommand == "adapt" else run_clamp
     figure, results_path = run(args, ckpt, base_agent, targets, reward_scale, writer, report, summary, run_dir, run_name)
