@@ -627,6 +627,29 @@ def test_adapt_target_pairs_gains_and_divides_them_by_the_ceilings_headroom(chec
     assert res["ceiling"]["best"] == "slot1" and res["controls"]["gate"]["gain_fraction_of_ceiling"] is None
 
 
+@pytest.fixture(scope="module")
+def mirror4_checkpoint(tmp_path_factory):
+    runs = tmp_path_factory.mktemp("astral_mirror4")
+    subprocess.run([sys.executable, "cleanrl_astral/ppo_gru_astral.py", *TINY_TRAIN, "--modes-preset", "mirror4", "--mode-share", "balanced",
+                    "--runs-dir", str(runs)], cwd=ROOT, check=True, capture_output=True, timeout=300)
+    (path,) = glob.glob(str(runs / "*" / "ppo_gru_astral.cleanrl_model"))
+    return path
+
+
+def test_held_out_mode_is_a_target_of_adapt_and_clamp(mirror4_checkpoint, tmp_path):
+    """mirror4's mode 4, never trained on, is adapted to on its own, and clamp covers it with the training modes."""
+    result = run(["adapt", "--checkpoint", mirror4_checkpoint, "--mode-indices", "4", "--controls", "none", "gate", "context",
+                  "--episodes", "2", "--num-seeds", "2", "--eval-episodes", "2", "--ceiling-resolution", "1", "--runs-dir", str(tmp_path / "a")])
+    assert result.returncode == 0, result.stderr
+    report = load_json(tmp_path / "a" / "*" / "tta.json")
+    assert report["targets"] == [{"name": "mode4", "gravity": 8.65, "half_length": 0.6, "force_sign": -1.0, "held_out": True}]
+    assert set(report["results"]["mode4"]["controls"]["gate"]["gain_over_none"]) == {"during_mean", "after_sampled"}
+    result = run(["clamp", "--checkpoint", mirror4_checkpoint, "--eval-episodes", "1", "--runs-dir", str(tmp_path / "c")])
+    assert result.returncode == 0, result.stderr
+    report = load_json(tmp_path / "c" / "*" / "clamp.json")
+    assert [t["held_out"] for t in report["targets"]] == [False] * 4 + [True] and len(report["matrix"]["sampled"]) == 5
+
+
 # --- clamp end to end -----------------------------------------------------------------------------------------------
 
 
@@ -756,9 +779,12 @@ def baseline_checkpoint(tmp_path_factory):
     ("baseline", "written by ppo_gru_baseline"),
     ("mode_index", "--mode-indices 7 is out of range"),
     ("runs_dir_is_a_file", "--runs-dir"),
+    ("unknown_option", "trained with --gate-input obs, which tta_gating.py's copy of the agent does not implement"),
 ])
 def test_bad_input_fails_with_one_line_before_any_work(case, expected, checkpoint, baseline_checkpoint, tmp_path):
     path = {"missing": str(tmp_path / "nope.cleanrl_model"), "baseline": baseline_checkpoint}.get(case, checkpoint)
+    if case == "unknown_option":  # an option of the agent this copy does not have: refused, never acted as the plain agent
+        path = edited_checkpoint(checkpoint, tmp_path / "unknown.cleanrl_model", gate_input="obs")
     runs = tmp_path / "runs"
     if case == "runs_dir_is_a_file":
         runs.write_text("")
@@ -797,6 +823,9 @@ def test_validate_rejects_checkpoints_that_do_not_fit_their_args(checkpoint, tmp
     for name, args in (("bad_k", dict(num_abstractions=4)), ("bad_h", dict(hidden_size=32))):
         with pytest.raises(ValueError, match="does not fit the agent its args describe"):
             m.validate(m.Args(checkpoint=edited_checkpoint(checkpoint, tmp_path / f"{name}.cleanrl_model", **args)))
+    for args, flag in ((dict(memory="lstm"), "--memory lstm"), (dict(modes_preset="mirror8"), "--modes-preset mirror8")):
+        with pytest.raises(ValueError, match=f"trained with {flag}, which"):
+            m.validate(m.Args(checkpoint=edited_checkpoint(checkpoint, tmp_path / "unknown.cleanrl_model", **args)))
 
 
 def test_checkpoint_pattern_picks_the_seeds_file(checkpoint):
