@@ -101,10 +101,9 @@ def parse_modes(spec: str) -> list:
     modes = []
     for item in spec.split():
         try:
-            values = [float(p) for p in item.split(",")]
+            g, l, sign = (*map(float, item.split(",")), 1.0)[:3] if item.count(",") in (1, 2) else (0.0, 0.0, 0.0)
         except ValueError:
-            values = []
-        g, l, sign = (*values, 1.0)[:3] if len(values) in (2, 3) else (0.0, 0.0, 0.0)
+            g = l = sign = 0.0
         if not (0 < g < math.inf and 0 < l < math.inf and sign in (1.0, -1.0)):
             raise ValueError(f"malformed mode {item!r} in --modes; write gravity,half_length[,force_sign] with a positive gravity "
                              "and half-length and a force sign of 1 or -1, e.g. '9.8,0.5 7.5,0.7,-1'")
@@ -116,12 +115,11 @@ def parse_modes(spec: str) -> list:
 
 class NonStationaryCartPole:
     """`num_envs` CartPole-v1s stepped together in numpy (gymnasium's equations, constants and 500-step limit) under one
-    physics (gravity, pole half-length, force sign): ppo_gru_astral.py's env as its `evaluate` builds it for one mode, so
-    a seed gives the same episodes. Same-step autoreset: where an episode ends, the returned observation is already the
-    next episode's first, and info["final_obs"] holds the ended one's last."""
+    physics (gravity, pole half-length, force sign): ppo_gru_astral.py's env as its `evaluate` builds it for one mode.
+    Same-step autoreset: an ended episode's last observation is in info["final_obs"], the next one's first is returned."""
 
-    def __init__(self, num_envs, physics, hide_velocity=False, max_episode_steps=500):
-        self.num_envs, self.max_episode_steps, (self.gravity, self.half_length, self.force_sign) = num_envs, max_episode_steps, physics
+    def __init__(self, num_envs, physics, hide_velocity=False):
+        self.num_envs, (self.gravity, self.half_length, self.force_sign) = num_envs, physics
         self.observed = [0, 2] if hide_velocity else [0, 1, 2, 3]  # hidden velocity: cart position and pole angle only
 
     def restart(self, envs):
@@ -143,7 +141,7 @@ class NonStationaryCartPole:
         self.state = np.stack([x + 0.02 * x_dot, x_dot + 0.02 * xacc, theta + 0.02 * theta_dot, theta_dot + 0.02 * thetaacc], 1)
         self.elapsed += 1
         terminated = (np.abs(self.state[:, 0]) > 2.4) | (np.abs(self.state[:, 2]) > 12 * 2 * math.pi / 360)
-        truncated = self.elapsed >= self.max_episode_steps
+        truncated = self.elapsed >= 500
         info = {"final_obs": self.state[:, self.observed].astype(np.float32)}
         self.restart(terminated | truncated)
         return self.state[:, self.observed].astype(np.float32), np.ones(self.num_envs), terminated, truncated, info
@@ -681,14 +679,6 @@ def run_clamp(args, ckpt, base_agent, targets, _reward_scale, writer, report, su
                 if not column.startswith("slot"):  # slot k of one checkpoint is not slot k of another: no pooling
                     summary.setdefault(f"clamp_{kind}", {}).setdefault(column, []).append(res[column][kind]["mean"])
         res["learned_slot_weights"] = runs["learned"]["deterministic"][0][1].tolist()
-        # each mode's own preferred slot (argmax of the learned gate) against the others: needs no slot-to-mode match
-        preferred = res["preferred_slot"] = int(np.argmax(res["learned_slot_weights"]))
-        for kind, _ in KINDS:
-            slots = matrix[kind][ti, :num_slots]
-            res[f"preferred_minus_other_slots_{kind}"] = float(slots[preferred] - np.delete(slots, preferred).mean()) if num_slots > 1 else 0.0
-            res[f"slot_spread_{kind}"] = float(slots.max() - slots.min())
-            for key in ("preferred_minus_other_slots", "slot_spread"):
-                record(writer, summary, key, target, res[f"{key}_{kind}"], 0, kind)
         print(f"{target['label']}: " + " ".join(f"{c} {v:.0f}" for c, v in zip(settings, matrix["deterministic"][ti])), flush=True)
     report["matrix"], report["specificity"] = {kind: m.tolist() for kind, m in matrix.items()}, {}
     for kind, _ in KINDS:

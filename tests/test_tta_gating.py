@@ -664,9 +664,8 @@ def test_clamp_smoke(checkpoint, tmp_path):
     assert np.asarray(report["matrix"]["deterministic"]).shape == (3, 5)
     assert os.path.getsize(os.path.join(run_dir, "clamp_heatmap.png")) > 0
     headline = load_json(os.path.join(run_dir, "eval.json"))
-    spreads = [max(r[f"slot{k}"]["sampled"]["mean"] for k in range(3)) - min(r[f"slot{k}"]["sampled"]["mean"] for k in range(3))
-               for r in report["results"].values()]
-    assert headline["slot_spread"]["sampled"] == pytest.approx(np.mean(spreads))
+    uniform = [r["uniform"]["sampled"]["mean"] for r in report["results"].values()]
+    assert headline["clamp_sampled"]["uniform"] == pytest.approx(np.mean(uniform))  # eval.json averages over the targets
     assert set(headline["clamp_deterministic"]) == {"uniform", "learned"}
     acc = EventAccumulator(run_dir)
     acc.Reload()
@@ -698,18 +697,6 @@ def test_clamp_column_slot_k_is_the_return_with_the_gate_clamped_to_slot_k(sharp
                 assert report["results"][target["name"]][f"slot{k}"][kind]["returns"] == returns.tolist(), (ti, k)
                 per_slot[k].append(returns.tolist())
     assert all(per_slot[j] != per_slot[k] for j in range(3) for k in range(j + 1, 3))  # another slot's returns cannot match
-
-
-def test_clamp_preferred_slot_is_the_one_the_learned_gate_weighs_most(sharp_clamp):
-    _, report, _ = sharp_clamp
-    for name, res in report["results"].items():
-        weights = res["learned_slot_weights"]
-        assert np.argmax(weights) != np.argmin(weights), name  # a gate with a favourite, not a uniform one
-        k = res["preferred_slot"]
-        assert k == int(np.argmax(weights)), name
-        for kind, _ in m.KINDS:
-            others = [res[f"slot{j}"][kind]["mean"] for j in range(3) if j != k]
-            assert res[f"preferred_minus_other_slots_{kind}"] == pytest.approx(res[f"slot{k}"][kind]["mean"] - np.mean(others))
 
 
 def test_clamp_specificity_is_reported_for_the_mode_by_slot_matrix(sharp_clamp):
