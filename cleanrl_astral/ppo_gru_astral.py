@@ -5,12 +5,14 @@ and logging) plus the ASTRAL plan's module: an `AbstractionBank` of K slots A �
 w_t = softmax(g(h_t)/τ) over them, z_t = w_tᵀA, and `FiLM` modulation h'_t = γ(z_t) ⊙ h_t + β(z_t). The
 policy and value heads read only h'_t. Slot regularisers (per-sample weight entropy, load balancing,
 orthogonality) are added to the PPO loss, with the gate weights recomputed from replayed sequences.
+Options that give slots a reason and a way to specialise: a bottleneck (FiLM of the current input's features, so
+memory reaches the heads only through the gate), orthonormal slots, a straight-through Gumbel gate, an
+episode-consistency bonus; and, as a diagnostic ceiling, a gate supervised by the true mode.
 
-Usage: python cleanrl_astral/ppo_gru_astral.py --modes-preset seed3 --hide-velocity --save-model
+Usage: python cleanrl_astral/ppo_gru_astral.py --modes-preset mirror4 --mode-share balanced --hide-velocity --save-model
 """
 import contextlib
 import dataclasses
-
 import itertools
 import json
 import math
@@ -374,6 +376,8 @@ def supervised_gate_loss(probs, modes, ages):
     """Cross-entropy from the gate to the true mode (slot k for training mode k) past each episode's burn-in: the
     diagnostic ceiling of a gate that knows the mode, not the method."""
     keep = ages.flatten() >= BURN_IN
+    if not keep.any():  # no step past burn-in in this minibatch: nothing to supervise (a mean over none is NaN)
+        return probs.sum() * 0.0
     return nn.functional.nll_loss(torch.log(probs.reshape(-1, probs.shape[-1])[keep] + 1e-8), modes.flatten()[keep].long())
 
 
@@ -591,25 +595,28 @@ def evaluate(model_path, episodes_per_mode=10, modes=None, deterministic=True, s
     modes = train_modes if modes is None else [tuple(float(v) for v in m) for m in modes]
     agent = agent_from_args(train_args, len(train_modes)).to(device)
     agent.load_state_dict(ckpt["state_dict"])
-    envs = NonStationaryCartPole(episodes_per_mode * len(modes), modes, train_args.hide_velocity)
-    envs.pinned = np.repeat(np.arange(len(modes)), episodes_per_mode)  # one vector, `episodes_per_mode` envs per mode
-    episodes, steps = first_episodes(agent, envs, seed, deterministic)
-    group, running = torch.as_tensor(envs.pinned).expand_as(steps["ages"]), steps["ages"] >= 0
-    weights = {k: steps["weights"][running & (group == k)].cpu().numpy() for k in range(len(modes))}
-    slot_counts = np.stack([np.bincount(weights[k].argmax(-1), minlength=train_args.num_abstractions) for k in weights])
-    trained = torch.as_tensor(~np.isin(envs.pinned, held_out))
-    columns = {key: value[:, trained] for key, value in steps.items()}
+    returns, steps = {}, []
+    for k in range(len(modes)):
+        envs = NonStationaryCartPole(episodes_per_mode, modes, train_args.hide_velocity, fixed_mode=k)
+        episodes, columns = first_episodes(agent, envs, seed + 1000 * k, deterministic)
+        returns[k] = np.array([ret for ret, _, _ in episodes])
+        steps.append(columns)
+        if video_dir is not None:
+            record_video(agent, NonStationaryCartPole(1, modes, train_args.hide_velocity, fixed_mode=k), seed, video_dir, f"mode{k}")
+    weights = [c["weights"][c["ages"] >= 0].cpu().numpy() for c in steps]
+    slot_counts = np.stack([np.bincount(w.argmax(-1), minlength=train_args.num_abstractions) for w in weights])
+    # the trained modes' episodes side by side in one (T, N) batch, padded with uncounted steps (age -1)
+    length = max(len(c["ages"]) for c in steps)
+    columns = {key: torch.cat([nn.functional.pad(c[key], (0, 0) * (c[key].dim() - 2) + (0, 0, 0, length - len(c[key])),
+                                                 value=-1 if key == "ages" else 0) for k, c in enumerate(steps) if k not in held_out], 1)
+               for key in steps[0]}
     metrics = episode_slot_metrics(columns["weights"], columns["modes"], columns["starts"], columns["ages"], len(modes))
     _, episode, keep = episode_means(columns["weights"], columns["starts"], columns["ages"])
     labels = columns["modes"].flatten()[keep].cpu().numpy()
     for name in ("weights", "hidden"):
         features = columns[name].reshape(len(keep), -1)[keep].cpu().numpy()
         metrics[f"probe_acc_{'w' if name == 'weights' else 'h'}"] = linear_probe_accuracy(features, labels, episode.cpu().numpy())
-    if video_dir is not None:
-        for k in range(len(modes)):
-            record_video(agent, NonStationaryCartPole(1, modes, train_args.hide_velocity, fixed_mode=k), seed, video_dir, f"mode{k}")
-    return {"returns": {k: np.array([episodes[i][0] for i in np.flatnonzero(envs.pinned == k)]) for k in range(len(modes))},
-            "slot_weights": np.stack([weights[k].mean(0) for k in weights]), "slot_counts": slot_counts, "slots": metrics}
+    return {"returns": returns, "slot_weights": np.stack([w.mean(0) for w in weights]), "slot_counts": slot_counts, "slots": metrics}
 
 
 def linear_probe_accuracy(features, labels, episode):

@@ -140,6 +140,10 @@ def test_supervised_gate_loss_is_the_cross_entropy_to_the_true_mode_past_burn_in
     modes, ages = torch.randint(0, 4, (30, 2)), torch.arange(30)[:, None].expand(30, 2)
     expected = -torch.log(probs.gather(-1, modes[..., None])[..., 0])[B:].mean()
     torch.testing.assert_close(m.supervised_gate_loss(probs, modes, ages), expected, atol=1e-6, rtol=1e-5)
+    # a minibatch of young episodes only: zero, not NaN (which would poison every parameter)
+    young = m.supervised_gate_loss(probs.requires_grad_(), modes, ages.clamp(max=B - 1))
+    assert young.item() == 0.0 and torch.autograd.grad(young, probs)[0].abs().max() == 0
+    assert m.episode_consistency(probs, torch.zeros(30, 2), ages.clamp(max=B - 1)).item() == 0.0
 
 
 # --- episode-level metrics and probes ---------------------------------------------------------------------

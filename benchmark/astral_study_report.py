@@ -1,0 +1,114 @@
+"""Criterion tables of the ASTRAL study (benchmark/astral_study.sh; protocol in docs/ppo_gru_astral.md).
+
+Reads a sweep written by benchmark.py (its completion markers and every finished run's eval.json), groups the runs by
+--exp-name and observation, and prints one markdown table (per training mode: mean deterministic return over seeds and
+how many seeds reach 475; the held-out mode; episode-level NMI; wall time) and the phase's pass/fail lines.
+
+Usage: python benchmark/astral_study_report.py --phase C --sweep benchmark/out/astral_study/phase_C
+"""
+import argparse
+import glob
+import json
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from cleanrl_astral.ppo_gru_baseline import HELD_OUT_MODES  # noqa: E402  (the baseline's eval.json does not name them)
+
+SOLVED, MARGIN, SHARE = 475.0, 25.0, 0.8  # criterion 1: a solved mode, the allowed loss to the baseline, 8/10 seeds
+NMI_SCREEN, NMI_PASS = 0.3, 0.5  # stopping rule (Phase B, 2/3 seeds) and criterion 2 (Phase C, 8/10 seeds)
+
+
+def load_runs(sweep):
+    """{label: [run]} with run = {"seed", "train" (per training mode returns), "held_out", "nmi" (None for the
+    baseline), "wall_time"}; label = the run's --exp-name, plus " (hidden velocity)" where it had --hide-velocity."""
+    groups = {}
+    for marker in sorted(glob.glob(os.path.join(sweep, "markers", "*.json"))):
+        record = json.load(open(marker))
+        argv, reports = record["argv"], [os.path.join(d, "eval.json") for d in record["run_dirs"]]
+        if not reports or not os.path.isfile(reports[0]):
+            continue
+        report = json.load(open(reports[0]))
+        held_out = HELD_OUT_MODES[argv[argv.index("--modes-preset") + 1] if "--modes-preset" in argv else "seed3"]
+        returns = {int(k): v["deterministic"]["mean"] for k, v in report["per_mode"].items()}
+        label = argv[argv.index("--exp-name") + 1] if "--exp-name" in argv else record["command"]
+        label += " (hidden velocity)" if "--hide-velocity" in argv else ""
+        groups.setdefault(label, []).append({
+            "seed": record["seed"], "train": [r for k, r in sorted(returns.items()) if k not in held_out],
+            "held_out": [returns[k] for k in held_out], "wall_time": record["wall_time_s"],
+            "nmi": report.get("slots_deterministic", {}).get("episode_nmi")})
+    return groups
+
+
+def table(groups):
+    lines = ["| run | seeds | per training mode: mean (seeds >= 475) | held-out mean | episode NMI: mean (seeds >= 0.5) | wall time s |",
+             "|-|-|-|-|-|-|"]
+    for label, runs in groups.items():
+        train = np.array([r["train"] for r in runs])
+        modes = ", ".join(f"m{k} {train[:, k].mean():.0f} ({int((train[:, k] >= SOLVED).sum())})" for k in range(train.shape[1]))
+        held, nmi = [v for r in runs for v in r["held_out"]], [r["nmi"] for r in runs if r["nmi"] is not None]
+        nmi_text = f"{np.mean(nmi):.2f} ({sum(v >= NMI_PASS for v in nmi)})" if nmi else "-"
+        lines.append(f"| {label} | {len(runs)} | {modes} | {np.mean(held) if held else float('nan'):.0f} | {nmi_text} | "
+                     f"{np.mean([r['wall_time'] for r in runs]):.0f} |")
+    return lines
+
+
+def mean_train(runs):
+    return np.array([r["train"] for r in runs]).mean(0)
+
+
+def criteria(phase, groups):
+    """The phase's verdict lines, each starting PASS, FAIL or a plain statement."""
+    lines = []
+    if phase == "A":
+        for obs in ("", " (hidden velocity)"):
+            oracle, memoryless = groups.get("oracle" + obs), groups.get("memoryless" + obs)
+            if not oracle:
+                continue
+            means = mean_train(oracle)
+            lines.append(f"{'PASS' if means.min() >= SOLVED else 'FAIL'} oracle{obs}: every training mode >= {SOLVED:.0f} "
+                         f"(per-mode means {np.round(means).tolist()})")
+            if memoryless:
+                below = [k for k, (n, o) in enumerate(zip(mean_train(memoryless), means)) if n < 0.5 * o]
+                lines.append(f"memoryless{obs} is below half the oracle's return on training modes {below} "
+                             f"(means {np.round(mean_train(memoryless)).tolist()})")
+    elif phase == "B":
+        screened = [label for label, runs in groups.items()
+                    if sum(r["nmi"] is not None and r["nmi"] >= NMI_SCREEN for r in runs) >= 2 * len(runs) / 3]
+        lines.append(f"{'PASS' if screened else 'FAIL (stop: report the negative result)'} stopping rule: configurations "
+                     f"with episode-level NMI >= {NMI_SCREEN} in 2/3 of their seeds: {screened or 'none'}")
+    elif phase == "C":
+        for label in [g for g in groups if g.split(" (")[0] in ("frozen", "ceiling")]:
+            runs, baseline = groups[label], groups.get(label.replace("frozen", "baseline").replace("ceiling", "baseline"))
+            train, need = np.array([r["train"] for r in runs]), SHARE * len(runs)
+            solved = (train >= SOLVED).sum(0)
+            close = baseline is None or bool(np.all(train.mean(0) >= mean_train(baseline) - MARGIN))
+            lines.append(f"{'PASS' if solved.min() >= need and close else 'FAIL'} {label} criterion 1: seeds per training mode "
+                         f">= {SOLVED:.0f}: {solved.tolist()} of {len(runs)}; no mode below the baseline - {MARGIN:.0f}: {close}")
+            nmi = sum(r["nmi"] is not None and r["nmi"] >= NMI_PASS for r in runs)
+            lines.append(f"{'PASS' if nmi >= need else 'FAIL'} {label} criterion 2: episode-level NMI >= {NMI_PASS} in {nmi} of {len(runs)} seeds")
+            lines.append(f"{label} criteria 3 and 4 (adaptation gain, clamp specificity) are measured by tta_gating.py on these checkpoints")
+            if baseline:
+                ratio = np.mean([r["wall_time"] for r in runs]) / np.mean([r["wall_time"] for r in baseline])
+                lines.append(f"{'PASS' if ratio <= 1.25 else 'FAIL'} {label} wall time {ratio:.2f}x the baseline's (<= 1.25x)")
+    return lines
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--phase", choices=["A", "B", "C"], required=True)
+    parser.add_argument("--sweep", required=True, help="a sweep directory written by benchmark.py")
+    args = parser.parse_args(argv)
+    groups = load_runs(args.sweep)
+    if not groups:
+        print(f"astral_study_report.py: error: no finished run with an eval.json in {args.sweep}", file=sys.stderr)
+        return 2
+    print(f"## Phase {args.phase}: {args.sweep}\n")
+    print("\n".join(table(groups) + [""] + criteria(args.phase, groups)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
