@@ -154,8 +154,8 @@ def test_agent_gives_the_training_agents_outputs_for_its_state_dict(option_check
 
 
 def test_evaluation_reproduces_the_training_scripts_evaluate(option_checkpoint, monkeypatch):
-    """evaluate_target plays ppo_gru_astral.evaluate's episodes for modes=[the target's physics] (torch seeded alike for
-    the sampled kind): same returns, same mean gate weights, in every mode of the checkpoint, held-out ones included."""
+    """evaluate_target with seed s + 1000 k plays ppo_gru_astral.evaluate's episodes of mode k (seed s; torch seeded alike
+    for the sampled kind): same returns, same mean gate weights, in every mode of the checkpoint, held-out ones included."""
     ckpt, agent = m.load_astral_checkpoint(option_checkpoint)
     real = astral.first_episodes
 
@@ -164,17 +164,16 @@ def test_evaluation_reproduces_the_training_scripts_evaluate(option_checkpoint, 
         return real(agent_, envs, seed, deterministic)
 
     monkeypatch.setattr(astral, "first_episodes", seeded)
-    targets, differ = m.resolve_targets(None, None, ckpt), False
+    targets, hide_velocity = m.resolve_targets(None, None, ckpt), ckpt["args"]["hide_velocity"]
     assert [t["held_out"] for t in targets] == [k in astral.HELD_OUT_MODES[ckpt["args"]["modes_preset"]] for k in range(len(targets))]
-    for target in targets:
-        target = dict(target, index=0)  # evaluate numbers its one mode 0, which an --oracle agent reads
-        for kind, deterministic in m.KINDS:
-            reference = astral.evaluate(option_checkpoint, 4, modes=[target["physics"]], deterministic=deterministic, seed=11)
-            returns, weights = m.evaluate_target(agent, target, ckpt["args"]["hide_velocity"], 4, deterministic, 11)
-            assert np.array_equal(returns, reference["returns"][0]), (target["name"], kind)
-            assert np.allclose(weights, reference["slot_weights"][0], atol=1e-6)
-            differ |= not np.array_equal(returns, m.evaluate_target(agent, target, ckpt["args"]["hide_velocity"], 4, deterministic, 12)[0])
-    assert differ  # another seed plays other episodes, so equal returns are not a coincidence of the seed
+    for kind, deterministic in m.KINDS:
+        reference = astral.evaluate(option_checkpoint, 4, deterministic=deterministic, seed=11)
+        for k, target in enumerate(targets):
+            returns, weights = m.evaluate_target(agent, target, hide_velocity, 4, deterministic, 11 + 1000 * k)
+            assert np.array_equal(returns, reference["returns"][k]), (target["name"], kind)
+            assert np.allclose(weights, reference["slot_weights"][k], atol=1e-6)
+    # another seed plays other episodes, so equal returns are not a coincidence of the seed
+    assert not np.array_equal(returns, m.evaluate_target(agent, target, hide_velocity, 4, deterministic, 12)[0])
 
 
 def test_every_training_option_is_known_as_honoured_or_training_only():
@@ -669,6 +668,10 @@ def test_clamp_smoke(checkpoint, tmp_path):
     report = load_json(os.path.join(run_dir, "clamp.json"))
     assert report["columns"] == ["slot0", "slot1", "slot2", "uniform", "learned"]
     assert np.asarray(report["matrix"]["deterministic"]).shape == (3, 5)
+    # the "learned" column is the training run's own deterministic evaluation (same seeds, same protocol)
+    train_eval = load_json(os.path.join(os.path.dirname(checkpoint), "eval.json"))
+    for k in range(3):
+        assert report["results"][f"mode{k}"]["learned"]["deterministic"]["returns"] == train_eval["per_mode"][str(k)]["deterministic"]["returns"]
     assert os.path.getsize(os.path.join(run_dir, "clamp_heatmap.png")) > 0
     headline = load_json(os.path.join(run_dir, "eval.json"))
     uniform = [r["uniform"]["sampled"]["mean"] for r in report["results"].values()]
