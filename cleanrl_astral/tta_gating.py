@@ -150,9 +150,8 @@ class NonStationaryCartPole:
 # MODEL: ppo_gru_astral.py's agent (its weights come from the checkpoint, so no initialisation scheme here), plus a
 # zero gate-logit bias, the context, that only the `context` control moves
 class AbstractionBank(nn.Module):
-    """K slots A and a gate over them: p = softmax((g(h) + c) / τ), the context c zero as loaded; z = wᵀA with w = p
-    (soft gate) or, with `gumbel_tau`, the straight-through Gumbel-softmax one-hot of argmax((g(h) + c)/τ + noise) (hard
-    gate: slot k drawn with probability p_k, or with zero noise the argmax of p)."""
+    """K slots A and a gate: p = softmax((g(h) + c) / τ), the context c zero as loaded; z = wᵀA with w = p (soft gate) or,
+    with `gumbel_tau`, the straight-through Gumbel-softmax one-hot of slot k ~ p (hard gate; with zero noise, argmax p)."""
 
     def __init__(self, hidden_size, num_abstractions, slot_dim, tau, gumbel_tau=None):
         super().__init__()
@@ -207,9 +206,9 @@ class Agent(nn.Module):
         return torch.cat(parts, dim=-1)
 
     def forward(self, x, state, starts, weights=None, noise=None):
-        """x (T, B, input_dim), state (B, H) before x[0], starts (T, B) = 1 where x[t] opens an episode. Returns the
-        heads' input h' (T, B, H), the state after x[T-1], w, p and the hard gate's noise (T, B, K). The gate reads the GRU state h; h' =
-        FiLM(h; z), or with the bottleneck FiLM(features of x_t; z), so memory then reaches the heads only through z."""
+        """x (T, B, input_dim), state (B, H) before x[0], starts (T, B) = 1 where x[t] opens an episode. Returns the heads'
+        input h' (T, B, H), the state after x[T-1], w, p and the hard gate's noise (T, B, K). The gate reads the GRU state
+        h; h' = FiLM(h; z), or with the bottleneck FiLM(features of x_t; z): memory then reaches the heads only through z."""
         features = self.encoder(x)
         keep, states = torch.zeros_like(starts) if self.memory == "none" else 1.0 - starts, []
         for feature_t, keep_t in zip(features.unbind(0), keep.unbind(0)):
@@ -224,10 +223,9 @@ class Agent(nn.Module):
 
 # ACTING
 def policy_step(agent, obs, prev_action, prev_reward, mode, state, start, weights=None, deterministic=False, noise=None):
-    """One step of B environments, the input built as ppo_gru_astral.py's rollout builds it (previous action -1 and reward
-    0 at an episode's first step, where start = 1 zeroes the GRU state); `weights` (K,) clamps the gate; the hard gate
-    takes its argmax slot if `deterministic`, else draws (or is given) its noise. Returns the action distribution, the
-    value, the next state, the gate's weights and probabilities (B, K) and its noise, with the graph when grad is enabled."""
+    """One step of B environments, the input built as in ppo_gru_astral.py's rollout (start = 1 zeroes the GRU state);
+    `weights` (K,) clamps the gate; the hard gate takes its argmax slot if `deterministic`, else draws (or is given) its
+    noise. Returns the action distribution, value, next state, gate weights, probabilities (B, K) and noise, with graph."""
     x = agent.build_input(*(torch.as_tensor(np.asarray(v)) for v in (obs, prev_action, prev_reward, mode)))[None]
     if deterministic and agent.bank.gumbel_tau is not None:
         noise = torch.zeros(*x.shape[:-1], len(agent.bank.slots))
@@ -237,10 +235,9 @@ def policy_step(agent, obs, prev_action, prev_reward, mode, state, start, weight
 
 
 def evaluate_target(agent, target, hide_velocity, episodes, deterministic, seed, weights=None):
-    """`episodes` episodes of the target mode side by side (the first episode of each environment; env and torch seed
-    `seed`, so every gate setting evaluated with one seed plays the same episodes), the gate optionally clamped to
-    `weights` (K,): ppo_gru_astral.evaluate's episodes for `modes=[the target's physics]`. Returns the returns and the
-    mean gate weights acted with."""
+    """The first episode of `episodes` envs of the target side by side (env and torch seed `seed`: every gate setting
+    plays the same episodes; ppo_gru_astral.evaluate's mode k for seed - 1000 k), the gate optionally clamped to `weights`
+    (K,). Returns the returns and the mean gate weights acted with."""
     torch.manual_seed(seed)
     envs = NonStationaryCartPole(episodes, target["physics"], hide_velocity)
     obs, _ = envs.reset(seed=seed)
@@ -304,9 +301,8 @@ def adapted_parameters(agent, control):
 
 # ADAPTATION
 def adaptation_episode(agent, anchor, env, mode, env_seed, control, optimizer, args, reward_scale):
-    """One sampled episode on the target mode (the single env `env`), updating at its end (or every --online-every steps
-    with --online). `none` (optimizer None) acts identically but never updates. Returns the episode's return and update
-    count."""
+    """One sampled episode of the single env `env`, updating at its end (or every --online-every steps with --online).
+    `none` (optimizer None) acts identically but never updates. Returns the episode's return and update count."""
     obs, _ = env.reset(seed=env_seed)
     state, anchor_state = torch.zeros(1, agent.hidden_size), torch.zeros(1, agent.hidden_size)
     prev_action, prev_reward, start, mode = np.full(1, -1), np.zeros(1), np.ones(1), np.full(1, mode)
@@ -591,7 +587,6 @@ def adapt_target(args, ckpt, base_agent, target, position, reward_scale, setting
     eval_seeds = [100_000 + 10_000 * seed + 1000 * position for seed in seeds]
     before = gate_returns(base_agent, target, hide_velocity, {"learned": None}, eval_seeds, args.eval_episodes)[0]["learned"]
     res = {"before": {kind: {**mean_ci(v), "per_seed": v} for kind, v in before.items()}, "ceiling": None, "controls": {}}
-    before_sampled_mean = res["before"]["sampled"]["mean"]
     if settings:  # the best fixed gate, sampled actions
         fixed = gate_returns(base_agent, target, hide_velocity, settings, eval_seeds, args.eval_episodes, KINDS[1:])[0]
         per_setting = {name: v["sampled"] for name, v in fixed.items()}
@@ -617,7 +612,7 @@ def adapt_target(args, ckpt, base_agent, target, position, reward_scale, setting
         entry["during"] = {"mean": curves.mean(0).tolist(), "ci95": [mean_ci(c)["ci95"] for c in curves.T]}
         entry["during_mean"] = mean_ci(curves.mean(1))
         entry["after"] = {kind: mean_ci(v) for kind, v in entry["after_per_seed"].items()}
-    none, gap = res["controls"].get("none"), res["ceiling"]["sampled"]["mean"] - before_sampled_mean if res["ceiling"] else 0.0
+    none, gap = res["controls"].get("none"), res["ceiling"]["sampled"]["mean"] - res["before"]["sampled"]["mean"] if res["ceiling"] else 0.0
     for control, entry in [(c, e) for c, e in res["controls"].items() if none and c != "none"]:
         # paired by seed: the same episodes with and without updates
         gain_during = np.mean(entry["during_per_seed"], 1) - np.mean(none["during_per_seed"], 1)
