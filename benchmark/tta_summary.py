@@ -23,8 +23,10 @@ ADAPT_SWEEPS = [
     ("adapt_collapsed", "upright modes 0-2 of the inverted4 --hide-velocity agent whose training collapsed (seed 3)"),
     ("adapt_unseen_upright", "unseen upright physics g 15.0, l 0.3 for the one seed3 agent below 500 there"),
     ("full", "full flavour: every training mode of every setting, and the seed3 agents on unseen physics"),
+    ("study_adapt_frozen", "ASTRAL study, Phase C frozen configuration: every mode of mirror4, held-out mode 4 included"),
+    ("study_adapt_ceiling", "ASTRAL study, Phase C supervised-gate ceiling: every mode of mirror4, held-out mode 4 included"),
 ]
-CLAMP_SWEEPS = ["clamp_b", "clamp_all", "full"]
+CLAMP_SWEEPS = ["clamp_b", "clamp_all", "full", "study_clamp_frozen", "study_clamp_ceiling"]
 SETTINGS = {"g0": "seed3", "g1": "seed3 `--hide-velocity`", "g2": "inverted4 `--hide-velocity`"}
 
 
@@ -44,15 +46,15 @@ def target_labels(d):
     """target name -> 'name (g, l[, inverted])' from a tta.json / clamp.json."""
     out = {}
     for t in d["targets"]:
-        sign = ", inverted" if t["force_sign"] < 0 else ""
+        sign = (", inverted" if t["force_sign"] < 0 else "") + (", held out" if t.get("held_out") else "")
         out[t["name"]] = f"{t['name']} (g {t['gravity']:g}, l {t['half_length']:g}{sign})"
     return out
 
 
 def setting_of(d):
     """The training setting of the checkpoint a tta.json / clamp.json was made from."""
-    m = re.search(r"c1__(g\d)_", d["checkpoint"])
-    return SETTINGS.get(m.group(1), m.group(1)) if m else "?"
+    m = re.search(r"c1__(g\d)_", d["checkpoint"])  # a study checkpoint: its file name (frozen, ceiling)
+    return SETTINGS.get(m.group(1), m.group(1)) if m else os.path.basename(d["checkpoint"]).split(".")[0]
 
 
 def training_seed(path):

@@ -557,6 +557,27 @@ def test_tta_summary_one_seed_sweep_has_no_ci_and_every_clamp_sweep_gets_a_table
     assert "| seed3 | 3 | mode0 (g 9.8, l 0.5) | 300.0 / 250.0 / 250.0 | 300.0 / 250.0 / 250.0 | 50.0 / 50.0 | [1.00] | 12.5 / — |" in text
 
 
+def test_tta_summary_reads_the_study_sweeps_and_labels_the_held_out_mode(tmp_path):
+    """tta_gating.sh --study's sweeps get their tables, rows named by the study checkpoint (frozen, ceiling) and the
+    held-out target labelled as such."""
+    summary = load(os.path.join(REPO, "benchmark", "tta_summary.py"))
+    target = {"name": "mode4", "gravity": 8.65, "half_length": 0.6, "force_sign": -1.0, "held_out": True}
+
+    def ctl(a):
+        return {"during_per_seed": [[x] for x in a], "after_per_seed": {"sampled": a, "deterministic": a}}
+
+    d = tmp_path / "study_adapt_frozen" / "runs" / "c0__g0_base__s6" / "run"
+    d.mkdir(parents=True)
+    (d / "tta.json").write_text(json.dumps({"checkpoint": "out/phase_C/runs/c0__g0_base__s6/run/frozen.cleanrl_model", "targets": [target],
+                                            "results": {"mode4": {"before": {"sampled": {"mean": 1.0, "ci95": 0.0}},
+                                                                  "controls": {"none": ctl([10.0, 20.0]), "gate": ctl([13.0, 21.0])}}}}))
+    out = tmp_path / "tables.md"
+    assert summary.main(["--root", str(tmp_path), "--output", str(out)]) == 0
+    text = out.read_text()
+    assert "`study_adapt_frozen`: 1 runs, training seeds 6" in text
+    assert "| frozen | mode4 (g 8.65, l 0.6, inverted, held out) | gate | 1 | 2.0 (one seed: no CI) | 1/1 |" in text
+
+
 def _fake_maml_run(root, sweep, seed, args, returns, cis=(1.0, 1.0, 1.0, 1.0), steps_done=None, version=None):
     """A finished maml_ssm run as the report finds it: checkpoint dict (no weights needed) and eval.json."""
     d = root / sweep / "runs" / f"c0__s{seed}" / f"run{seed}"
