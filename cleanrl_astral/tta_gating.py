@@ -119,7 +119,7 @@ class NonStationaryCartPole:
     Same-step autoreset: an ended episode's last observation is in info["final_obs"], the next one's first is returned."""
 
     def __init__(self, num_envs, physics, hide_velocity=False):
-        self.num_envs, (self.gravity, self.half_length, self.force_sign) = num_envs, physics
+        self.num_envs, self.max_episode_steps, (self.gravity, self.half_length, self.force_sign) = num_envs, 500, physics
         self.observed = [0, 2] if hide_velocity else [0, 1, 2, 3]  # hidden velocity: cart position and pole angle only
 
     def restart(self, envs):
@@ -141,7 +141,7 @@ class NonStationaryCartPole:
         self.state = np.stack([x + 0.02 * x_dot, x_dot + 0.02 * xacc, theta + 0.02 * theta_dot, theta_dot + 0.02 * thetaacc], 1)
         self.elapsed += 1
         terminated = (np.abs(self.state[:, 0]) > 2.4) | (np.abs(self.state[:, 2]) > 12 * 2 * math.pi / 360)
-        truncated = self.elapsed >= 500
+        truncated = self.elapsed >= self.max_episode_steps
         info = {"final_obs": self.state[:, self.observed].astype(np.float32)}
         self.restart(terminated | truncated)
         return self.state[:, self.observed].astype(np.float32), np.ones(self.num_envs), terminated, truncated, info

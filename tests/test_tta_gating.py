@@ -330,16 +330,19 @@ def test_discounted_returns_actor_critic_and_tent_losses():
     assert m.tent_loss(logits, anchor, onehot, 2.0).item() == pytest.approx(entropy + 2 * forward, abs=1e-5)
 
 
-def online_episode(checkpoint, monkeypatch, lr, env_seed):
-    """One --online --online-every 4 `gate` episode; returns (updates, [(rewards, values, bootstrap) per update], step ends)."""
+def online_episode(checkpoint, monkeypatch, lr, env_seed, max_episode_steps=500):
+    """One --online --online-every 4 `gate` episode; returns (updates, [(rewards, values, bootstrap) per update], step
+    ends), the steps' (action, reward, info) in `.steps` of the last end list."""
     ckpt, agent = m.load_astral_checkpoint(checkpoint)
     optimizer = torch.optim.Adam(m.adapted_parameters(agent, "gate"), lr=lr)
     env, calls, ends = new_env(ckpt), [], []
-    real_step, real_loss = env.step, m.actor_critic_loss
+    env.max_episode_steps, real_step, real_loss = max_episode_steps, env.step, m.actor_critic_loss
+    online_episode.steps = []
 
     def step(action):
         out = real_step(action)
         ends.append((bool(out[2][0]), bool(out[3][0])))
+        online_episode.steps.append((action.copy(), out[1].copy(), out[4]))
         return out
 
     def loss(logprobs, values, rewards, bootstrap_value, gamma, reward_scale):
@@ -373,6 +376,24 @@ def test_online_does_not_bootstrap_past_the_pole_falling(checkpoint, monkeypatch
     assert ends[-1] == (True, False), "the episode must end with the pole falling for this test to mean anything"
     assert updates == len(calls) >= 3 and len(ends) > 8
     assert all(b != 0.0 for _, _, b in calls[:-1]) and calls[-1][2] == 0.0
+
+
+def test_online_bootstraps_a_time_limit_truncation_from_the_final_observation(checkpoint, monkeypatch):
+    """The env restarts in the step that truncates, so the returned observation opens the next episode; the bootstrap must
+    be the critic's value of the ended episode's last observation (info["final_obs"]) with the GRU state carried on."""
+    updates, calls, ends = online_episode(checkpoint, monkeypatch, 0.0, 3, max_episode_steps=6)
+    assert ends == [(False, False)] * 5 + [(False, True)] and updates == len(calls) == 2 and len(calls[-1][0]) == 2
+    ckpt, agent = m.load_astral_checkpoint(checkpoint)
+    env = new_env(ckpt)
+    env.max_episode_steps, (obs, _) = 6, env.reset(seed=3)
+    state, prev_action, prev_reward, start = zeros_state(agent), [-1], [0.0], [1.0]
+    with torch.no_grad():
+        for action, reward, info in online_episode.steps:
+            state = m.policy_step(agent, obs, prev_action, prev_reward, [0], state, start)[2]
+            obs, prev_action, prev_reward, start = env.step(action)[0], action, reward, [0.0]
+        final = float(m.policy_step(agent, info["final_obs"], prev_action, prev_reward, [0], state, start)[1])
+        restarted = float(m.policy_step(agent, obs, prev_action, prev_reward, [0], state, start)[1])
+    assert calls[-1][2] == pytest.approx(final, abs=1e-6) and abs(final - restarted) > 1e-4
 
 
 def test_tent_anchor_is_the_unadapted_policy_on_the_same_inputs(checkpoint, monkeypatch):
