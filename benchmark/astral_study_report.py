@@ -55,6 +55,17 @@ def table(groups):
     return lines
 
 
+def seed_rows(groups):
+    """One line per run: its per-mode returns (training, then held-out) and episode-level NMI."""
+    lines = ["| run | seed | training modes | held-out | episode NMI |", "|-|-|-|-|-|"]
+    for label, runs in groups.items():
+        for r in sorted(runs, key=lambda r: r["seed"]):
+            nmi = "-" if r["nmi"] is None else f"{r['nmi']:.2f}"
+            lines.append(f"| {label} | {r['seed']} | {' / '.join(f'{v:.0f}' for v in r['train'])} | "
+                         f"{' / '.join(f'{v:.0f}' for v in r['held_out']) or '-'} | {nmi} |")
+    return lines
+
+
 def mean_train(runs):
     return np.array([r["train"] for r in runs]).mean(0)
 
@@ -106,7 +117,7 @@ def main(argv=None):
         print(f"astral_study_report.py: error: no finished run with an eval.json in {args.sweep}", file=sys.stderr)
         return 2
     print(f"## Phase {args.phase}: {args.sweep}\n")
-    print("\n".join(table(groups) + [""] + criteria(args.phase, groups)))
+    print("\n".join(table(groups) + [""] + criteria(args.phase, groups) + ["", "Per seed:", ""] + seed_rows(groups)))
     return 0
 
 

@@ -81,6 +81,7 @@ def test_phase_c_criteria(tmp_path):
     assert any(line.startswith("FAIL frozen") and "baseline - 25: False" in line for line in lines)
     assert "PASS frozen (hidden velocity) wall time 1.20x" in "\n".join(lines)
     assert "FAIL ceiling (hidden velocity) wall time 1.30x" in "\n".join(lines)
+    assert "| frozen (hidden velocity) | 1 | 500 / 400 / 480 / 500 | 300 | 0.90 |" in report.seed_rows(groups)
     table = "\n".join(report.table(groups))
     assert "| frozen (hidden velocity) | 10 | m0 500 (10), m1 456 (7), m2 480 (10), m3 500 (10) | 300 | 0.74 (8) | 120 |" in table
 
