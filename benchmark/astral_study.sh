@@ -53,7 +53,7 @@ sweep() {  # sweep <output> <seeds: first count> <grid or ""> <command>...
 }
 report() {  # report <phase>
     case " ${extra[*]} " in *" --dry-run "*) return 0 ;; esac
-    python benchmark/astral_study_report.py --phase "$1" --sweep "$out/phase_$1"
+    python benchmark/astral_study_report.py --phase "$1" --sweep "$out/phase_$1"* # phase B: both rounds
 }
 
 phase_a() {
@@ -78,7 +78,7 @@ phase_b() {
         for lam in 0.01 0.1; do for k in 2 4 8; do
             runs+=("$base --lambda-consistency $lam --num-abstractions $k --exp-name round2_lam${lam}_k$k")
         done; done
-        sweep "$out/phase_B" 1 3 "" "${runs[@]}"
+        sweep "$out/phase_B_round2" 1 3 "" "${runs[@]}"  # its own directory: benchmark.py reruns a run key whose command changed
     fi
 }
 phase_c() {

@@ -21,11 +21,11 @@ SOLVED, MARGIN, SHARE = 475.0, 25.0, 0.8  # criterion 1: a solved mode, the allo
 NMI_SCREEN, NMI_PASS = 0.3, 0.5  # stopping rule (Phase B, 2/3 seeds) and criterion 2 (Phase C, 8/10 seeds)
 
 
-def load_runs(sweep):
+def load_runs(*sweeps):
     """{label: [run]} with run = {"seed", "train" (per training mode returns), "held_out", "nmi" (None for the
     baseline), "wall_time"}; label = the run's --exp-name, plus " (hidden velocity)" where it had --hide-velocity."""
     groups = {}
-    for marker in sorted(glob.glob(os.path.join(sweep, "markers", "*.json"))):
+    for marker in sorted(m for sweep in sweeps for m in glob.glob(os.path.join(sweep, "markers", "*.json"))):
         record = json.load(open(marker))
         argv, reports = record["argv"], [os.path.join(d, "eval.json") for d in record["run_dirs"]]
         if not reports or not os.path.isfile(reports[0]):
@@ -110,13 +110,13 @@ def criteria(phase, groups):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--phase", choices=["A", "B", "C"], required=True)
-    parser.add_argument("--sweep", required=True, help="a sweep directory written by benchmark.py")
+    parser.add_argument("--sweep", required=True, nargs="+", help="sweep directories written by benchmark.py (read together)")
     args = parser.parse_args(argv)
-    groups = load_runs(args.sweep)
+    groups = load_runs(*args.sweep)
     if not groups:
-        print(f"astral_study_report.py: error: no finished run with an eval.json in {args.sweep}", file=sys.stderr)
+        print(f"astral_study_report.py: error: no finished run with an eval.json in {' '.join(args.sweep)}", file=sys.stderr)
         return 2
-    print(f"## Phase {args.phase}: {args.sweep}\n")
+    print(f"## Phase {args.phase}: {' '.join(args.sweep)}\n")
     print("\n".join(table(groups) + [""] + criteria(args.phase, groups) + ["", "Per seed:", ""] + seed_rows(groups)))
     return 0
 

@@ -32,6 +32,7 @@ def test_phases_expand_to_the_protocols_runs():
     assert len(b1) == 21 and {re.search(r"--seed (\d+)", c).group(1) for c in b1} == {"1", "2", "3"}
     assert sum("--lambda-supervised" in c for c in b1) == 3 and all("--hide-velocity" in c for c in b1)
     b2 = commands(study("B", "2", ASTRAL_OBS=""))
+    assert "phase_B_round2" in b2[0]  # round 2 must not share round 1's run keys: benchmark.py would rerun over them
     assert len(b2) == 18 and {re.search(r"--num-abstractions (\d)", c).group(1) for c in b2} == {"2", "4", "8"}
     assert {re.findall(r"--lambda-consistency (\S+)", c)[-1] for c in b2} == {"0.01", "0.1"}
     assert all(len(re.findall("--lambda-consistency", c)) == 1 for c in b2)
@@ -104,3 +105,8 @@ def test_phase_a_and_b_verdicts(tmp_path):
     write_run(b, "h1", "hard_gate", 1, [500] * 5, nmi=0.2)
     (line,) = report.criteria("B", report.load_runs(b))
     assert line.startswith("FAIL (stop")
+    b2 = str(tmp_path / "b2")  # the second round's sweep is read with the first
+    for seed in range(3):
+        write_run(b2, f"r{seed}", "round2", seed, [500] * 5, nmi=0.6)
+    (line,) = report.criteria("B", report.load_runs(b, b2))
+    assert line.startswith("PASS") and "['round2 (hidden velocity)']" in line
