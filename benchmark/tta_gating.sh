@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Experiment tta_gating: test-time adaptation of the ASTRAL gate (controls none / gate / all / tent) and slot
-# clamping, on the ASTRAL checkpoints of the ppo_gru_astral sweep: seed3, seed3 --hide-velocity and
+# Experiment tta_gating: test-time adaptation of the ASTRAL gate (controls none / gate / context / all / tent, after
+# the ceiling of fixed gates) and slot clamping, on the ASTRAL checkpoints of the ppo_gru_astral sweep: seed3, seed3 --hide-velocity and
 # inverted4 --hide-velocity on their training modes, plus unseen physics (g 5.0, l 0.9; g 15.0, l 0.3; inverted force)
 # for the seed3 agents. Seed N of this sweep adapts the checkpoint of training seed N. Budget: agents that score 500
 # make every episode 500 steps, so the full flavour takes hours on 2 cores (see docs/tta_gating.md).
@@ -10,6 +10,10 @@
 #                                                online; unseen for the seed3 agents) and clamp on mode 3 and on the two unseen
 #                                                upright physics, 5 training seeds -> benchmark/out/tta_gating/<sweep>
 #   benchmark/tta_gating.sh --quick              smoke (minutes) on benchmark/out/ppo_gru_astral_quick -> benchmark/out/tta_gating_quick/report
+#   benchmark/tta_gating.sh --study              criteria 3 and 4 of the ASTRAL study (docs/ppo_gru_astral.md) on its Phase C
+#                                                checkpoints (benchmark/out/astral_study/phase_C, seeds 6-15): adapt on every mode,
+#                                                held-out mode 4 included, and clamp on the training modes 0-3, for the frozen
+#                                                configuration and the supervised-gate ceiling -> benchmark/out/tta_gating/study_* (--output)
 #   benchmark/tta_gating.sh --train-sweep DIR    read the checkpoints from another sweep (its command 1 must be ppo_gru_astral.py
 #                                                with the grid seed3 | seed3 --hide-velocity | inverted4 --hide-velocity)
 # Other arguments go to benchmark.py (e.g. --num-seeds 2, --dry-run, --backend ray --ray-address auto). Re-running
@@ -17,12 +21,13 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-quick=0 budget=0 dry_run=0 train="" out="" report=""
+quick=0 budget=0 study=0 dry_run=0 train="" out="" report=""
 extra=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --quick) quick=1 ;;
         --budget) budget=1 ;;
+        --study) study=1 ;;
         --train-sweep) train="$2"; shift ;;
         --output) out="$2"; shift ;;
         --report) report="$2"; shift ;;
@@ -32,8 +37,25 @@ while [ $# -gt 0 ]; do
     shift
 done
 
+if [ "$study" = 1 ]; then
+    # one checkpoint per Phase C seed and configuration (its --exp-name names the model file)
+    P=${train:-benchmark/out/astral_study/phase_C}/runs out=${out:-benchmark/out/tta_gating} status=0
+    for name in frozen ceiling; do
+        ck="--checkpoint '$P/c*__s{seed}/*/$name.cleanrl_model'"
+        for cmd in "adapt --episodes 30 --num-seeds 3 --eval-episodes 10 --adapt-lr 0.03 --controls none gate context $ck:adapt" \
+                   "clamp --eval-episodes 10 --mode-indices 0 1 2 3 $ck:clamp"; do
+            python benchmark/benchmark.py --command "python cleanrl_astral/tta_gating.py ${cmd%:*}" --start-seed 6 --num-seeds 10 \
+                --workers 2 --resume --no-progress --output "$out/study_${cmd##*:}_$name" "${extra[@]}" || status=1
+        done
+    done
+    if [ "$dry_run" = 0 ]; then
+        python benchmark/tta_summary.py --root "$out" --output "$out/study_tables.md" || status=1
+    fi
+    exit "$status"
+fi
+
 if [ "$budget" = 1 ]; then
-    # the sweeps of docs/tta_gating.md, command text unchanged so that --resume keeps the seeds already measured
+    # the sweeps of docs/tta_gating.md; --resume skips the runs a killed sweep already finished
     C=${train:-benchmark/out/cartpole_main}/runs
     A="python cleanrl_astral/tta_gating.py adapt"
     B="--episodes 30 --num-seeds 3 --eval-episodes 10 --adapt-lr 0.03"

@@ -1,6 +1,7 @@
 """Tables of the tta_gating benchmark (`benchmark/tta_gating.sh --budget`): one row per training seed x control for
-every adapt sweep, a pooled row per control (gain over `none`, mean and 95% CI over training seeds), and the clamp
-matrix per checkpoint x target. Reads the tta.json / clamp.json files of the sweeps; writes markdown.
+every adapt sweep, a pooled row per control (gain over `none`, mean and 95% CI over training seeds; with a ceiling, the
+gain as a fraction of the ceiling's headroom), and the clamp matrix per checkpoint x target (with the run's clamp
+specificity when it has one). Reads the tta.json / clamp.json files of the sweeps; writes markdown.
 
 Usage: python benchmark/tta_summary.py --root benchmark/out/tta_gating --output docs/results/tta_gating/budget_tables.md
 """
@@ -22,8 +23,10 @@ ADAPT_SWEEPS = [
     ("adapt_collapsed", "upright modes 0-2 of the inverted4 --hide-velocity agent whose training collapsed (seed 3)"),
     ("adapt_unseen_upright", "unseen upright physics g 15.0, l 0.3 for the one seed3 agent below 500 there"),
     ("full", "full flavour: every training mode of every setting, and the seed3 agents on unseen physics"),
+    ("study_adapt_frozen", "ASTRAL study, Phase C frozen configuration: every mode of mirror4, held-out mode 4 included"),
+    ("study_adapt_ceiling", "ASTRAL study, Phase C supervised-gate ceiling: every mode of mirror4, held-out mode 4 included"),
 ]
-CLAMP_SWEEPS = ["clamp_b", "clamp_all", "full"]
+CLAMP_SWEEPS = ["clamp_b", "clamp_all", "full", "study_clamp_frozen", "study_clamp_ceiling"]
 SETTINGS = {"g0": "seed3", "g1": "seed3 `--hide-velocity`", "g2": "inverted4 `--hide-velocity`"}
 
 
@@ -43,15 +46,15 @@ def target_labels(d):
     """target name -> 'name (g, l[, inverted])' from a tta.json / clamp.json."""
     out = {}
     for t in d["targets"]:
-        sign = ", inverted" if t["force_sign"] < 0 else ""
+        sign = (", inverted" if t["force_sign"] < 0 else "") + (", held out" if t.get("held_out") else "")
         out[t["name"]] = f"{t['name']} (g {t['gravity']:g}, l {t['half_length']:g}{sign})"
     return out
 
 
 def setting_of(d):
     """The training setting of the checkpoint a tta.json / clamp.json was made from."""
-    m = re.search(r"c1__(g\d)_", d["checkpoint"])
-    return SETTINGS.get(m.group(1), m.group(1)) if m else "?"
+    m = re.search(r"c1__(g\d)_", d["checkpoint"])  # a study checkpoint: its file name (frozen, ceiling)
+    return SETTINGS.get(m.group(1), m.group(1)) if m else os.path.basename(d["checkpoint"]).split(".")[0]
 
 
 def training_seed(path):
@@ -69,7 +72,8 @@ def adapt_tables(root):
         lines += [f"\n### {title}\n", f"`{sweep}`: {len(files)} runs, training seeds "
                   f"{', '.join(str(x) for x in seeds)}; per row mean ± 95% CI over the adaptation seeds.\n",
                   "| checkpoint | training seed | target | control | before (sampled) | during (mean of episodes) | after (sampled) "
-                  "| after (deterministic) | gain over `none`, after (sampled) |", "|---|---|---|---|---|---|---|---|---|"]
+                  "| after (deterministic) | gain over `none`, after (sampled) | ceiling (sampled) | gain / (ceiling − before) |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         pooled = {}
         for f in files:
             d = json.load(open(f))
@@ -83,20 +87,27 @@ def adapt_tables(root):
                     after_d = np.array(c["after_per_seed"]["deterministic"])
                     gain = after_s - none_after  # paired: same evaluation episodes per adaptation seed
                     g = "—" if control == "none" else fmt(gain.mean(), ci95(gain))
+                    ceiling = res.get("ceiling")
+                    # the headroom of the same evaluation episodes: the best fixed gate minus the unadapted agent
+                    gap = ceiling["sampled"]["mean"] - before["mean"] if ceiling else None
+                    fraction = gain.mean() / gap if gap and gap > 0 and control != "none" else None
                     lines.append(f"| {setting} | {s} | {labels[target]} | {control} | {fmt(before['mean'], before['ci95'])} | "
                                  f"{fmt(during.mean(), ci95(during))} | {fmt(after_s.mean(), ci95(after_s))} | "
-                                 f"{fmt(after_d.mean(), ci95(after_d))} | {g} |")
-                    pooled.setdefault((setting, labels[target], control), []).append(gain.mean())
+                                 f"{fmt(after_d.mean(), ci95(after_d))} | {g} | "
+                                 f"{'—' if not ceiling else fmt(ceiling['sampled']['mean']) + ' (' + ceiling['best'] + ')'} | "
+                                 f"{'—' if fraction is None else f'{fraction:.2f}'} |")
+                    pooled.setdefault((setting, labels[target], control), []).append((gain.mean(), fraction))
         lines += ["", "Pooled over training seeds (each seed's mean paired gain; 95% CI over training seeds):", "",
-                  "| checkpoint | target | control | training seeds | gain over `none`, after (sampled) | seeds with gain > 0 |",
-                  "|---|---|---|---|---|---|"]
-        for (setting, target, control), gains in pooled.items():
+                  "| checkpoint | target | control | training seeds | gain over `none`, after (sampled) | seeds with gain > 0 "
+                  "| gain / headroom (mean over seeds with headroom) |", "|---|---|---|---|---|---|---|"]
+        for (setting, target, control), rows in pooled.items():
             if control == "none":
                 continue
-            gains = np.array(gains)
+            gains, fractions = np.array([g for g, _ in rows]), [f for _, f in rows if f is not None]
             pooled_gain = fmt(gains.mean(), ci95(gains)) if len(gains) > 1 else f"{gains.mean():.1f} (one seed: no CI)"
+            fraction = f"{np.mean(fractions):.2f} ({len(fractions)} seeds)" if fractions else "—"
             lines.append(f"| {setting} | {target} | {control} | {len(gains)} | {pooled_gain} | "
-                         f"{int((gains > 0).sum())}/{len(gains)} |")
+                         f"{int((gains > 0).sum())}/{len(gains)} | {fraction} |")
     return lines
 
 
@@ -108,13 +119,16 @@ def clamp_table(root, sweep):
              "to one-hot k, `uniform` = 1/K each, `learned` = the gate itself. Max |Δ| = largest difference between a "
              "clamp column and `learned`.\n",
              "| checkpoint | training seed | target | deterministic: slots / uniform / learned | sampled: slots / uniform / learned "
-             "| max \\|Δ\\| vs learned (det / sampled) | learned gate weights |", "|---|---|---|---|---|---|---|"]
+             "| max \\|Δ\\| vs learned (det / sampled) | learned gate weights | run's clamp specificity (det / sampled) |",
+             "|---|---|---|---|---|---|---|---|"]
     rows = []
     for f in files:
         d = json.load(open(f))
         rows.append((setting_of(d), training_seed(f), f, d))
     for g, s, f, d in sorted(rows, key=lambda r: (r[0], r[1])):
         labels = target_labels(d)
+        spec = d.get("specificity", {})
+        specificity = " / ".join("—" if spec.get(k, {}).get("score") is None else f"{spec[k]['score']:.1f}" for k in ("deterministic", "sampled"))
         for target, res in d["results"].items():
             cols = d["columns"]  # slot0..slotK-1, uniform, learned (learned last)
             det = [res[c]["deterministic"]["mean"] for c in cols]
@@ -123,7 +137,7 @@ def clamp_table(root, sweep):
             ds = max(abs(v - smp[-1]) for v in smp[:-1])
             w = "[" + ", ".join(f"{x:.2f}" for x in res["learned_slot_weights"]) + "]"
             lines.append(f"| {g} | {s} | {labels[target]} | {' / '.join(f'{v:.1f}' for v in det)} | "
-                         f"{' / '.join(f'{v:.1f}' for v in smp)} | {dd:.1f} / {ds:.1f} | {w} |")
+                         f"{' / '.join(f'{v:.1f}' for v in smp)} | {dd:.1f} / {ds:.1f} | {w} | {specificity} |")
     return lines
 
 

@@ -1,34 +1,27 @@
-"""Test-time adaptation of the ASTRAL gate, and slot interventions, with controls.
+"""Test-time adaptation of the ASTRAL gate, and slot interventions, with controls (the ASTRAL plan's phases 5 and 6).
 
-Reads an agent trained by ppo_gru_astral.py (its `.cleanrl_model`, never modified) and asks two questions of
-its AbstractionBank, following the ASTRAL plan's phases 5 and 6:
-
-- `adapt`: on a fixed target mode (a training mode, or new physics), does updating only the gating network
-  g(h) with REINFORCE raise the return? Every control runs the same episodes with the same seeds: `none` (no
-  updates: the luck of those episodes), `gate` (the method), `all` (every parameter) and `tent` (reward-free:
-  gate + policy entropy minimisation with a KL anchor to the unadapted policy). `--online` updates within
-  episodes (n-step actor-critic on the checkpoint's value head) instead of once per episode.
-- `clamp`: what does each slot do? The gate is forced to a one-hot (z = A_k) in every mode and the return
-  measured, next to a uniform gate and the learned gate.
-
-The environment and model sections are verbatim copies of ppo_gru_astral.py (a test checks that, and that both
-files give identical trajectories and agent outputs).
+Reads an agent trained by ppo_gru_astral.py (its `.cleanrl_model`, never modified) and asks of its AbstractionBank:
+- `adapt`: on a fixed target mode, does updating only the gate with REINFORCE raise the return? Controls on the same
+  episodes: `none` (no updates), `gate` (the gating MLP: the method), `context` (a K-dimensional gate-logit bias,
+  CAVIA-style), `all` (every parameter), `tent` (reward-free entropy minimisation). The best fixed gate is measured
+  first, so a gain also reads as a fraction of that ceiling's headroom.
+- `clamp`: what does each slot do? The gate is forced to each one-hot (z = A_k) in every mode; slots matched to modes
+  give the clamp specificity.
 
 Usage: python cleanrl_astral/tta_gating.py adapt --checkpoint runs/<run_name>/ppo_gru_astral.cleanrl_model
 """
 import copy
 import dataclasses
 import glob
+import itertools
 import json
 import math
 import os
-import random
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-import gymnasium as gym
 import matplotlib
 
 matplotlib.use("Agg")
@@ -43,19 +36,16 @@ from torch.utils.tensorboard import SummaryWriter
 
 SCRIPT = os.path.basename(__file__)[: -len(".py")]
 ASTRAL_SCRIPT, ASTRAL_FORMAT = "ppo_gru_astral", 1
-CONTROLS = ("none", "gate", "all", "tent")
+CONTROLS = ("none", "gate", "context", "all", "tent")
+KINDS = (("deterministic", True), ("sampled", False))
 
 
 @dataclass(kw_only=True)
-class CommonArgs:
-    exp_name: str = SCRIPT
-    """the name of this experiment"""
+class Args:
+    exp_name: Optional[str] = None
+    """the name of this experiment (default: tta_gating_adapt or tta_gating_clamp)"""
     seed: int = 1
     """seed of the experiment (adaptation seed i is seed + i); also replaces `{seed}` in --checkpoint"""
-    torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
-    cuda: bool = False
-    """if toggled, cuda will be used when available (the tiny GRU is faster on CPU)"""
     track: bool = False
     """if toggled, this experiment will be tracked with Weights and Biases"""
     wandb_project_name: str = "cleanrl_astral"
@@ -64,14 +54,10 @@ class CommonArgs:
     """the entity (team) of wandb's project"""
     runs_dir: str = "runs"
     """directory under which `{run_name}/` is written"""
-    torch_threads: int = 1
-    """torch CPU threads (one is fastest for this small network)"""
     checkpoint: str
     """`.cleanrl_model` written by ppo_gru_astral.py --save-model (read only); `{seed}` and glob patterns are resolved to exactly one file"""
-    env_id: str = "NonStationaryCartPole"
-    """name used in the run name"""
     mode_indices: Optional[List[int]] = None
-    """indices of the checkpoint's training modes to target (default: all of them)"""
+    """indices of the checkpoint's modes to target, a preset's held-out mode included (default: all of them)"""
     modes: Optional[str] = None
     """custom target physics instead of training modes: "g,l[,sign] g,l[,sign] ..." (unseen physics welcome)"""
     eval_episodes: int = 10
@@ -79,13 +65,11 @@ class CommonArgs:
 
 
 @dataclass(kw_only=True)
-class AdaptArgs(CommonArgs):
-    exp_name: str = f"{SCRIPT}_adapt"
-    """the name of this experiment"""
+class AdaptArgs(Args):
     save_model: bool = False
     """save every adapted agent (target × seed × control) to `runs/{run_name}/{exp_name}.cleanrl_model`"""
     controls: List[str] = field(default_factory=lambda: list(CONTROLS))
-    """which of none, gate, all, tent to run (all with the same episodes and seeds)"""
+    """which of none, gate, context, all, tent to run (all with the same episodes and seeds)"""
     episodes: int = 30
     """adaptation episodes per target mode, seed and control"""
     num_seeds: int = 3
@@ -101,149 +85,91 @@ class AdaptArgs(CommonArgs):
     online_every: int = 16
     """steps between online updates"""
     reward_scale: Optional[float] = None
-    """--online: the std the critic's rewards were divided by in training (default: read from checkpoint.pt next to the model)"""
+    """--online: the std the critic's rewards were divided by in training (default: read from the checkpoint)"""
     tent_kl_coef: float = 1.0
     """weight of KL(π_adapted || π_unadapted) in the `tent` loss; 0 lets entropy minimisation collapse the policy"""
+    ceiling_resolution: int = 2
+    """the ceiling's fixed gates: every mixture with weights in multiples of 1/N, plus uniform (1: the K one-hot clamps; 0: no ceiling)"""
 
 
-@dataclass(kw_only=True)
-class ClampArgs(CommonArgs):
-    exp_name: str = f"{SCRIPT}_clamp"
-    """the name of this experiment"""
-
-
-# ENVIRONMENT
-# A mode is (gravity, pole half-length, force sign).
-MODE_PRESETS = {
-    "seed3": [(9.8, 0.5, 1.0), (7.5, 0.7, 1.0), (12.0, 0.4, 1.0)],
-    "inverted4": [(9.8, 0.5, 1.0), (7.5, 0.7, 1.0), (12.0, 0.4, 1.0), (9.8, 0.5, -1.0)],
-}
+# ENVIRONMENT: ppo_gru_astral.py's CartPole, all envs in one physics mode
+HELD_OUT_MODES = {"seed3": [], "inverted4": [], "mirror4": [4]}  # the presets' modes that training never draws
 
 
 def parse_modes(spec: str) -> list:
     """Parse "g,l[,sign] g,l[,sign] ..." into a list of (gravity, half_length, force_sign)."""
     modes = []
     for item in spec.split():
-        parts = item.split(",")
         try:
-            values = [float(p) for p in parts]
+            g, l, sign = (*map(float, item.split(",")), 1.0)[:3] if item.count(",") in (1, 2) else (0.0, 0.0, 0.0)
         except ValueError:
-            values = []
-        if len(values) not in (2, 3):
-            raise ValueError(f"malformed mode {item!r} in --modes; write gravity,half_length[,force_sign] e.g. '9.8,0.5 7.5,0.7,-1'")
-        gravity, half_length, sign = values[0], values[1], (values[2] if len(values) == 3 else 1.0)
-        if not np.isfinite(gravity) or gravity <= 0 or not np.isfinite(half_length) or half_length <= 0:
-            raise ValueError(f"mode {item!r} in --modes needs a positive gravity and a positive half-length")
-        if sign not in (1.0, -1.0):
-            raise ValueError(f"mode {item!r} in --modes has force sign {sign:g}; use 1 or -1")
-        modes.append((gravity, half_length, sign))
+            g = l = sign = 0.0
+        if not (0 < g < math.inf and 0 < l < math.inf and sign in (1.0, -1.0)):
+            raise ValueError(f"malformed mode {item!r} in --modes; write gravity,half_length[,force_sign] with a positive gravity "
+                             "and half-length and a force sign of 1 or -1, e.g. '9.8,0.5 7.5,0.7,-1'")
+        modes.append((g, l, sign))
     if not modes:
         raise ValueError("--modes is empty; give at least one mode such as '9.8,0.5'")
     return modes
 
 
-def resolve_modes(modes_preset: str, modes: Optional[str]) -> list:
-    if modes is not None:
-        return parse_modes(modes)
-    if modes_preset not in MODE_PRESETS:
-        raise ValueError(f"unknown --modes-preset {modes_preset!r}; choose one of {', '.join(MODE_PRESETS)} or give --modes")
-    return list(MODE_PRESETS[modes_preset])
+class NonStationaryCartPole:
+    """`num_envs` CartPole-v1s stepped together in numpy (gymnasium's equations, constants and 500-step limit) under one
+    physics (gravity, pole half-length, force sign): ppo_gru_astral.py's env as its `evaluate` builds it for one mode.
+    Same-step autoreset: an ended episode's last observation is in info["final_obs"], the next one's first is returned."""
 
+    def __init__(self, num_envs, physics, hide_velocity=False):
+        self.num_envs, self.max_episode_steps, (self.gravity, self.half_length, self.force_sign) = num_envs, 500, physics
+        self.observed = [0, 2] if hide_velocity else [0, 1, 2, 3]  # hidden velocity: cart position and pole angle only
 
-class NonStationaryCartPole(gym.Wrapper):
-    """CartPole-v1 whose hidden physics mode (gravity, pole half-length, force sign) is resampled at every
-    episode start, and with probability `switch_prob` after any step. `info["mode"]` is for analysis only:
-    it is the mode that governs the next step."""
+    def restart(self, envs):
+        self.state[envs], self.elapsed[envs] = self.rng.uniform(-0.05, 0.05, (int(envs.sum()), 4)), 0
 
-    def __init__(self, env, modes, hide_velocity=False, fixed_mode=None, switch_prob=0.0):
-        super().__init__(env)
-        self.modes = [tuple(float(v) for v in m) for m in modes]
-        self.hide_velocity = hide_velocity
-        self.fixed_mode = fixed_mode
-        self.switch_prob = switch_prob
-        self.base_force_mag = abs(env.unwrapped.force_mag)
-        self.mode_rng = np.random.default_rng()
-        self.mode = 0
-        if hide_velocity:
-            high = env.observation_space.high[[0, 2]]
-            self.observation_space = gym.spaces.Box(-high, high, dtype=np.float32)
-
-    def set_mode(self, k):
-        self.mode = int(k)
-        gravity, half_length, force_sign = self.modes[self.mode]
-        cartpole = self.env.unwrapped
-        cartpole.gravity = gravity
-        cartpole.length = half_length
-        # CartPole caches this product; it must follow the length or the dynamics mix two poles
-        cartpole.polemass_length = cartpole.masspole * half_length
-        cartpole.force_mag = force_sign * self.base_force_mag
-
-    def sample_mode(self):
-        if self.fixed_mode is not None:
-            return self.fixed_mode
-        return int(self.mode_rng.integers(len(self.modes)))
-
-    def observe(self, obs):
-        return obs[[0, 2]] if self.hide_velocity else obs
-
-    def reset(self, *, seed=None, options=None):
-        if seed is not None:
-            # a stream of its own, so the mode sequence does not shift CartPole's initial states
-            self.mode_rng = np.random.default_rng([seed, 1])
-        obs, info = self.env.reset(seed=seed, options=options)
-        self.set_mode(self.sample_mode())
-        info["mode"] = self.mode
-        return self.observe(obs), info
+    def reset(self, seed=None):
+        self.rng, self.state, self.elapsed = np.random.default_rng(seed), np.zeros((self.num_envs, 4)), np.zeros(self.num_envs, dtype=int)
+        self.restart(np.ones(self.num_envs, dtype=bool))
+        return self.state[:, self.observed].astype(np.float32), {}
 
     def step(self, action):
-        obs, reward, terminated, truncated, info = self.env.step(action)
-        if self.switch_prob > 0 and self.mode_rng.random() < self.switch_prob:
-            self.set_mode(self.sample_mode())
-        info["mode"] = self.mode
-        return self.observe(obs), reward, terminated, truncated, info
+        x, x_dot, theta, theta_dot = self.state.T
+        gravity, length, masspole, total_mass = self.gravity, self.half_length, 0.1, 0.1 + 1.0
+        force = self.force_sign * 10.0 * np.where(action == 1, 1.0, -1.0)
+        costheta, sintheta = np.cos(theta), np.sin(theta)
+        temp = (force + masspole * length * np.square(theta_dot) * sintheta) / total_mass
+        thetaacc = (gravity * sintheta - costheta * temp) / (length * (4.0 / 3.0 - masspole * np.square(costheta) / total_mass))
+        xacc = temp - masspole * length * thetaacc * costheta / total_mass
+        self.state = np.stack([x + 0.02 * x_dot, x_dot + 0.02 * xacc, theta + 0.02 * theta_dot, theta_dot + 0.02 * thetaacc], 1)
+        self.elapsed += 1
+        terminated = (np.abs(self.state[:, 0]) > 2.4) | (np.abs(self.state[:, 2]) > 12 * 2 * math.pi / 360)
+        truncated = self.elapsed >= self.max_episode_steps
+        info = {"final_obs": self.state[:, self.observed].astype(np.float32)}
+        self.restart(terminated | truncated)
+        return self.state[:, self.observed].astype(np.float32), np.ones(self.num_envs), terminated, truncated, info
 
 
-def make_env(modes, hide_velocity=False, fixed_mode=None, switch_prob=0.0, render_mode=None):
-    def thunk():
-        env = gym.make("CartPole-v1", render_mode=render_mode)
-        return NonStationaryCartPole(env, modes, hide_velocity, fixed_mode, switch_prob)
-
-    return thunk
-
-
-def make_vector_env(num_envs, modes, hide_velocity=False, fixed_mode=None, switch_prob=0.0):
-    # SAME_STEP autoreset: the obs returned at a done step is already the next episode's first obs and the
-    # ended episode lives in infos["final_obs"/"final_info"], so no fake reset transition enters the batch
-    return gym.vector.SyncVectorEnv(
-        [make_env(modes, hide_velocity, fixed_mode, switch_prob) for _ in range(num_envs)],
-        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
-    )
-
-
-# MODEL
-def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
-    torch.nn.init.orthogonal_(layer.weight, std)
-    torch.nn.init.constant_(layer.bias, bias_const)
-    return layer
-
-
+# MODEL: ppo_gru_astral.py's agent (its weights come from the checkpoint, so no initialisation scheme here), plus a
+# zero gate-logit bias, the context, that only the `context` control moves
 class AbstractionBank(nn.Module):
-    """K learnable slots and a gate over them: w = softmax(g(h) / τ), z = wᵀA."""
+    """K slots A and a gate: p = softmax((g(h) + c) / τ), the context c zero as loaded; z = wᵀA with w = p (soft gate) or,
+    with `gumbel_tau`, the straight-through Gumbel-softmax one-hot of slot k ~ p (hard gate; with zero noise, argmax p)."""
 
-    def __init__(self, hidden_size, num_abstractions, slot_dim, tau):
+    def __init__(self, hidden_size, num_abstractions, slot_dim, tau, gumbel_tau=None):
         super().__init__()
-        self.slots = nn.Parameter(torch.randn(num_abstractions, slot_dim) * 0.02)
-        # small final layer: the gate starts near uniform, so no slot wins by initialisation
-        self.gate = nn.Sequential(
-            layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, num_abstractions), std=0.01)
-        )
-        self.tau = tau
+        self.slots, self.tau, self.gumbel_tau = nn.Parameter(torch.zeros(num_abstractions, slot_dim)), tau, gumbel_tau
+        self.gate = nn.Sequential(nn.Linear(hidden_size, 64), nn.Tanh(), nn.Linear(64, num_abstractions))
+        self.context = nn.Parameter(torch.zeros(num_abstractions))
 
-    def forward(self, h, weights=None):
-        """Returns (z, w). `weights` overrides the gate (e.g. a one-hot to clamp one slot)."""
-        if weights is None:
-            weights = torch.softmax(self.gate(h) / self.tau, dim=-1)
-        return weights @ self.slots, weights
+    def forward(self, h, weights=None, noise=None):
+        """Returns (z, w, p, noise). `weights` overrides w (e.g. a one-hot to clamp one slot); the hard gate draws its
+        Gumbel noise from torch's generator unless given one (zero noise: the argmax slot)."""
+        logits = (self.gate(h) + self.context) / self.tau
+        probs = torch.softmax(logits, dim=-1)
+        if weights is None and self.gumbel_tau is not None:
+            noise = -torch.empty_like(logits).exponential_().log() if noise is None else noise  # as F.gumbel_softmax
+            soft = torch.softmax((logits + noise) / self.gumbel_tau, dim=-1)
+            weights = torch.zeros_like(soft).scatter_(-1, soft.argmax(-1, keepdim=True), 1.0) - soft.detach() + soft
+        weights = probs if weights is None else weights
+        return weights @ self.slots, weights, probs, noise
 
 
 class FiLM(nn.Module):
@@ -251,7 +177,7 @@ class FiLM(nn.Module):
 
     def __init__(self, slot_dim, hidden_size):
         super().__init__()
-        self.net = layer_init(nn.Linear(slot_dim, 2 * hidden_size), std=1.0)
+        self.net = nn.Linear(slot_dim, 2 * hidden_size)
 
     def forward(self, h, z):
         gamma_delta, beta = self.net(z).chunk(2, dim=-1)
@@ -260,28 +186,16 @@ class FiLM(nn.Module):
 
 class Agent(nn.Module):
     def __init__(self, obs_dim, num_actions, num_modes, hidden_size=128, memory="gru", oracle=False,
-                 num_abstractions=3, slot_dim=32, tau=1.0):
+                 num_abstractions=3, slot_dim=32, tau=1.0, bottleneck=False, gumbel_tau=None):
         super().__init__()
-        self.obs_dim, self.num_actions, self.num_modes = obs_dim, num_actions, num_modes
-        self.memory, self.oracle = memory, oracle
-        self.input_dim = obs_dim + num_actions + 1 + (num_modes if oracle else 0)
-        self.encoder = nn.Sequential(layer_init(nn.Linear(self.input_dim, hidden_size)), nn.Tanh())
+        self.num_actions, self.num_modes, self.memory, self.oracle, self.hidden_size = num_actions, num_modes, memory, oracle, hidden_size
+        self.input_dim, self.bottleneck = obs_dim + num_actions + 1 + (num_modes if oracle else 0), bottleneck
+        self.encoder = nn.Sequential(nn.Linear(self.input_dim, hidden_size), nn.Tanh())
         self.gru = nn.GRUCell(hidden_size, hidden_size)
-        for name, param in self.gru.named_parameters():
-            if "bias" in name:
-                nn.init.constant_(param, 0)
-            elif "weight" in name:
-                nn.init.orthogonal_(param, 1.0)
-        self.bank = AbstractionBank(hidden_size, num_abstractions, slot_dim, tau)
+        self.bank = AbstractionBank(hidden_size, num_abstractions, slot_dim, tau, gumbel_tau)
         self.film = FiLM(slot_dim, hidden_size)
-        self.actor = nn.Sequential(
-            layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, num_actions), std=0.01)
-        )
-        self.critic = nn.Sequential(layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, 1), std=1.0))
-        self.hidden_size = hidden_size
-
-    def initial_state(self, batch_size, device="cpu"):
-        return torch.zeros(batch_size, self.hidden_size, device=device)
+        self.actor = nn.Sequential(nn.Linear(hidden_size, 64), nn.Tanh(), nn.Linear(64, num_actions))
+        self.critic = nn.Sequential(nn.Linear(hidden_size, 64), nn.Tanh(), nn.Linear(64, 1))
 
     def build_input(self, obs, prev_action, prev_reward, mode):
         """obs (..., obs_dim), prev_action (...) with -1 for "none", prev_reward (...), mode (...) -> input."""
@@ -291,185 +205,63 @@ class Agent(nn.Module):
             parts.append(torch.nn.functional.one_hot(mode.long(), self.num_modes).float())
         return torch.cat(parts, dim=-1)
 
-    def unroll(self, x, state, starts):
-        """x (T, B, input_dim), state (B, H) before x[0], starts (T, B) = 1 where x[t] opens an episode.
-        Returns the GRU states h (T, B, H) and the state after x[T-1]."""
+    def forward(self, x, state, starts, weights=None, noise=None):
+        """x (T, B, input_dim), state (B, H) before x[0], starts (T, B) = 1 where x[t] opens an episode. Returns the heads'
+        input h' (T, B, H), the state after x[T-1], w, p and the hard gate's noise (T, B, K). The gate reads the GRU state
+        h; h' = FiLM(h; z), or with the bottleneck FiLM(features of x_t; z): memory then reaches the heads only through z."""
         features = self.encoder(x)
-        if self.memory == "none":
-            keep = torch.zeros_like(starts)
-        else:
-            keep = 1.0 - starts
-        hidden = []
-        # the GRUCell's own op without the module-call overhead (same numbers, ~4% off a training run)
-        gru_weights = (self.gru.weight_ih, self.gru.weight_hh, self.gru.bias_ih, self.gru.bias_hh)
-        # unbind, not features[t]: indexing makes backward zero-fill a full (T, B, H) gradient at every step
+        keep, states = torch.zeros_like(starts) if self.memory == "none" else 1.0 - starts, []
         for feature_t, keep_t in zip(features.unbind(0), keep.unbind(0)):
             # zero the state where the episode restarted: x[t] is a first step
-            state = torch.gru_cell(feature_t, state * keep_t.unsqueeze(-1), *gru_weights)
-            hidden.append(state)
-        return torch.stack(hidden), state
-
-    def modulate(self, hidden, weights=None):
-        """h -> (h', w): the heads' only input is the FiLM-modulated state, there is no bypass from h."""
-        z, weights = self.bank(hidden, weights)
-        return self.film(hidden, z), weights
-
-    def get_value(self, x, state, starts):
-        hidden, _ = self.unroll(x, state, starts)
-        return self.critic(self.modulate(hidden)[0]).squeeze(-1)
-
-    def get_action_and_value(self, x, state, starts, action=None, deterministic=False, weights=None):
-        """Returns action, log-prob, entropy, value, final state and the gate weights (T, B, K)."""
-        hidden, state = self.unroll(x, state, starts)
-        modulated, weights = self.modulate(hidden, weights)
-        logits = self.actor(modulated)
-        probs = Categorical(logits=logits)
-        if action is None:
-            action = logits.argmax(-1) if deterministic else probs.sample()
-        return action, probs.log_prob(action), probs.entropy(), self.critic(modulated).squeeze(-1), state, weights
-
-
-# CHECKPOINT AND TARGETS
-def resolve_checkpoint_path(pattern, seed):
-    """`{seed}` -> the seed, then a glob that must match exactly one file (lets one sweep command pick each seed's checkpoint)."""
-    path = pattern.replace("{seed}", str(seed))
-    if glob.has_magic(path):
-        matches = sorted(glob.glob(path))
-        if len(matches) != 1:
-            raise ValueError(f"--checkpoint {path!r} matches {len(matches)} files; it must match exactly one")
-        path = matches[0]
-    return path
-
-
-def agent_from_checkpoint(ckpt):
-    a = ckpt["args"]
-    obs_dim = 2 if a["hide_velocity"] else 4
-    return Agent(obs_dim, 2, len(ckpt["modes"]), a["hidden_size"], a["memory"], a["oracle"],
-                 a["num_abstractions"], a["slot_dim"], a["tau"])
-
-
-def load_astral_checkpoint(path):
-    """Reads (never writes) a `.cleanrl_model` of ppo_gru_astral.py. Returns (checkpoint dict, agent), or raises
-    ValueError saying why the file cannot be used."""
-    if not os.path.isfile(path):
-        raise ValueError(f"checkpoint {path!r} does not exist; pass the .cleanrl_model of a ppo_gru_astral.py --save-model run")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise ValueError(f"checkpoint {path!r} is not a readable torch file ({type(e).__name__})")
-    if not isinstance(ckpt, dict) or ckpt.get("script") != ASTRAL_SCRIPT:
-        found = ckpt.get("script") if isinstance(ckpt, dict) else None
-        raise ValueError(f"checkpoint {path!r} was written by {found or 'another program'}, not {ASTRAL_SCRIPT}.py; "
-                         "test-time gating needs an ASTRAL agent (it has the gate)")
-    if ckpt.get("format") != ASTRAL_FORMAT:
-        raise ValueError(f"checkpoint {path!r} has format {ckpt.get('format')}; this script reads format {ASTRAL_FORMAT}")
-    missing = [key for key in ("args", "modes", "state_dict", "run_name") if key not in ckpt]
-    if missing:
-        raise ValueError(f"checkpoint {path!r} lacks {', '.join(missing)}")
-    a, slots = ckpt["args"], ckpt["state_dict"].get("bank.slots")
-    expected = (a.get("num_abstractions"), a.get("slot_dim"))
-    if slots is None or tuple(slots.shape) != expected:
-        shape = None if slots is None else tuple(slots.shape)
-        raise ValueError(f"checkpoint {path!r} is inconsistent: its args say K={expected[0]} slots of dimension d={expected[1]} "
-                         f"but its state dict holds slots of shape {shape}")
-    try:
-        agent = agent_from_checkpoint(ckpt)
-        agent.load_state_dict(ckpt["state_dict"])
-    except (KeyError, TypeError, RuntimeError) as e:
-        raise ValueError(f"checkpoint {path!r}: the state dict does not fit the agent its args describe ({str(e).splitlines()[0]})")
-    return ckpt, agent.eval()
-
-
-def resolve_targets(mode_indices, modes, ckpt):
-    """The target modes: [{"name", "modes" (the env's mode list), "index" (fixed mode), "physics"}]."""
-    train_modes = [tuple(float(v) for v in m) for m in ckpt["modes"]]
-    if modes is not None and mode_indices is not None:
-        raise ValueError("give either --mode-indices (training modes) or --modes (custom physics), not both")
-    if modes is not None:
-        if ckpt["args"]["oracle"]:
-            raise ValueError("an --oracle agent reads the true mode index, so it cannot be run on custom --modes; use --mode-indices")
-        custom = parse_modes(modes)
-        return [{"name": f"custom{j}", "modes": custom, "index": j, "physics": m} for j, m in enumerate(custom)]
-    indices = range(len(train_modes)) if mode_indices is None else mode_indices
-    for k in indices:
-        if not 0 <= k < len(train_modes):
-            raise ValueError(f"--mode-indices {k} is out of range; the checkpoint has {len(train_modes)} modes (0..{len(train_modes) - 1})")
-    return [{"name": f"mode{k}", "modes": train_modes, "index": k, "physics": train_modes[k]} for k in indices]
-
-
-def critic_reward_scale(model_path, ckpt):
-    """The std the critic's rewards were divided by during training (its value head is in those units): 1 without
-    --norm-reward, else the final running std saved with the model (since session 17) or in the run's checkpoint.pt
-    beside it; None if neither has it."""
-    if not ckpt["args"].get("norm_reward", False):
-        return 1.0
-    if ckpt.get("reward_scaler"):
-        return float(np.sqrt(ckpt["reward_scaler"]["var"] + 1e-8))
-    path = os.path.join(os.path.dirname(model_path), "checkpoint.pt")
-    if not os.path.isfile(path):
-        return None
-    try:
-        train_ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # truncated or foreign: said here, before any work
-        raise ValueError(f"{path} is not a readable ppo_gru_astral checkpoint ({type(e).__name__}); pass --reward-scale S "
-                         "(the final std of the run's reward normaliser) instead") from e
-    if not isinstance(train_ckpt, dict) or train_ckpt.get("run_name") != ckpt["run_name"] or not train_ckpt.get("reward_scaler"):
-        return None
-    return float(np.sqrt(train_ckpt["reward_scaler"]["var"] + 1e-8))
-
-
-def target_label(target):
-    g, l, s = target["physics"]
-    return f"{target['name']} (g {g:g}, l {l:g}{', inverted' if s < 0 else ''})"
+            state = torch.gru_cell(feature_t, state * keep_t.unsqueeze(-1), self.gru.weight_ih, self.gru.weight_hh,
+                                   self.gru.bias_ih, self.gru.bias_hh)
+            states.append(state)
+        hidden = torch.stack(states)
+        z, weights, probs, noise = self.bank(hidden, weights, noise)
+        return self.film(features if self.bottleneck else hidden, z), state, weights, probs, noise
 
 
 # ACTING
-def policy_step(agent, obs, prev_action, prev_reward, mode, state, start, weights=None):
-    """One step of one environment, the input built exactly as ppo_gru_astral.py's rollout builds it (previous
-    action -1 and reward 0 at an episode's first step, where start = 1 zeroes the GRU state). Returns the action
-    distribution, the value, the next GRU state and the gate weights; keeps the graph when grad is enabled."""
-    x = agent.build_input(torch.as_tensor(obs[None]), torch.tensor([prev_action]), torch.tensor([prev_reward]), torch.tensor([mode]))
-    hidden, state = agent.unroll(x[None], state, torch.tensor([[float(start)]]))
-    modulated, weights = agent.modulate(hidden, weights)
-    return Categorical(logits=agent.actor(modulated[0])), agent.critic(modulated[0]).squeeze(-1), state, weights[0]
+def policy_step(agent, obs, prev_action, prev_reward, mode, state, start, weights=None, deterministic=False, noise=None):
+    """One step of B environments, the input built as in ppo_gru_astral.py's rollout (start = 1 zeroes the GRU state);
+    `weights` (K,) clamps the gate; the hard gate takes its argmax slot if `deterministic`, else draws (or is given) its
+    noise. Returns the action distribution, value, next state, gate weights, probabilities (B, K) and noise, with graph."""
+    x = agent.build_input(*(torch.as_tensor(np.asarray(v)) for v in (obs, prev_action, prev_reward, mode)))[None]
+    if deterministic and agent.bank.gumbel_tau is not None:
+        noise = torch.zeros(*x.shape[:-1], len(agent.bank.slots))
+    modulated, state, weights, probs, noise = agent(x, state, torch.as_tensor(np.asarray(start), dtype=torch.float32)[None],
+                                                    None if weights is None else weights.expand(*x.shape[:-1], -1), noise)
+    return Categorical(logits=agent.actor(modulated[0])), agent.critic(modulated[0]).squeeze(-1), state, weights[0], probs[0], noise
 
 
 def evaluate_target(agent, target, hide_velocity, episodes, deterministic, seed, weights=None):
-    """`episodes` episodes of the target mode run side by side (first episode of each env, env seeds seed..),
-    optionally with the gate clamped to `weights` (K,). Returns the returns and the mean gate weights acted with."""
-    envs = make_vector_env(episodes, target["modes"], hide_velocity, fixed_mode=target["index"])
-    obs, infos = envs.reset(seed=seed)
-    state = agent.initial_state(episodes)
+    """The first episode of `episodes` envs of the target side by side (env and torch seed `seed`: every gate setting
+    plays the same episodes; ppo_gru_astral.evaluate's mode k for seed - 1000 k), the gate optionally clamped to `weights`
+    (K,). Returns the returns and the mean gate weights acted with."""
+    torch.manual_seed(seed)
+    envs = NonStationaryCartPole(episodes, target["physics"], hide_velocity)
+    obs, _ = envs.reset(seed=seed)
+    mode, state = np.full(episodes, target["index"]), torch.zeros(episodes, agent.hidden_size)
     prev_action, prev_reward, start = np.full(episodes, -1), np.zeros(episodes), np.ones(episodes)
-    mode = np.asarray(infos["mode"])
-    clamp = None if weights is None else weights.expand(1, episodes, -1)
-    returns, finished = np.zeros(episodes), np.zeros(episodes, dtype=bool)
-    weight_sum, weight_count = 0.0, 0
+    returns, finished, weight_sum, steps = np.zeros(episodes), np.zeros(episodes, dtype=bool), 0.0, 0
     while not finished.all():
-        x = agent.build_input(torch.as_tensor(obs), torch.as_tensor(prev_action), torch.as_tensor(prev_reward), torch.as_tensor(mode))
         with torch.no_grad():
-            action, _, _, _, state, w = agent.get_action_and_value(
-                x[None], state, torch.as_tensor(start, dtype=torch.float32)[None], deterministic=deterministic, weights=clamp
-            )
-        action_np = action[0].numpy()
-        active = w[0][torch.as_tensor(~finished)].numpy()
-        weight_sum, weight_count = weight_sum + active.sum(0), weight_count + len(active)
-        obs, reward, terminated, truncated, infos = envs.step(action_np)
+            dist, _, state, w, *_ = policy_step(agent, obs, prev_action, prev_reward, mode, state, start, weights, deterministic)
+        action = (dist.logits.argmax(-1) if deterministic else dist.sample()).numpy()
+        weight_sum, steps = weight_sum + w[torch.as_tensor(~finished)].sum(0).numpy(), steps + int((~finished).sum())
+        obs, reward, terminated, truncated, _ = envs.step(action)
         returns += reward * ~finished
         done = terminated | truncated
         finished |= done
-        prev_action, prev_reward = np.where(done, -1, action_np), np.where(done, 0.0, reward)
-        start, mode = done.astype(np.float64), np.asarray(infos["mode"])
-    envs.close()
-    return returns, weight_sum / weight_count
+        prev_action, prev_reward, start = np.where(done, -1, action), np.where(done, 0.0, reward), done
+    return returns, weight_sum / steps
 
 
 # ADAPTATION LOSSES
 def discounted_returns(rewards, gamma, bootstrap=0.0):
     out, running = np.zeros(len(rewards)), bootstrap
     for t in reversed(range(len(rewards))):
-        running = rewards[t] + gamma * running
-        out[t] = running
+        running = out[t] = rewards[t] + gamma * running
     return out
 
 
@@ -485,14 +277,14 @@ def actor_critic_loss(logprobs, values, rewards, bootstrap_value, gamma, reward_
     """n-step advantage actor-critic on one segment. The critic is the checkpoint's value head, which was trained
     on rewards / reward_scale; it serves as a baseline and bootstrap only (not retrained)."""
     targets = discounted_returns(np.asarray(rewards) / reward_scale, gamma, bootstrap_value)
-    advantages = torch.as_tensor(targets, dtype=torch.float32) - values.detach()
-    return -(logprobs * advantages).mean()
+    return -(logprobs * (torch.as_tensor(targets, dtype=torch.float32) - values.detach())).mean()
 
 
-def tent_loss(logits, anchor_logits, gate_weights, kl_coef):
-    """Reward-free: gate entropy + policy entropy + kl_coef · KL(π || π_unadapted), averaged over steps. Without
-    the anchor, minimising entropy happily collapses the policy onto whatever action it already prefers."""
-    gate_entropy = -(gate_weights * torch.log(gate_weights + 1e-8)).sum(-1).mean()
+def tent_loss(logits, anchor_logits, gate_probs, kl_coef):
+    """Reward-free: gate entropy + policy entropy + kl_coef · KL(π || π_unadapted), averaged over steps; the gate entropy
+    is of its probabilities p (under the hard gate w is one-hot). Without the anchor, minimising entropy happily
+    collapses the policy onto whatever action it already prefers."""
+    gate_entropy = -(gate_probs * torch.log(gate_probs + 1e-8)).sum(-1).mean()
     log_p, log_q = torch.log_softmax(logits, -1), torch.log_softmax(anchor_logits, -1)
     policy_entropy = -(log_p.exp() * log_p).sum(-1).mean()
     kl = (log_p.exp() * (log_p - log_q)).sum(-1).mean()
@@ -500,127 +292,204 @@ def tent_loss(logits, anchor_logits, gate_weights, kl_coef):
 
 
 def adapted_parameters(agent, control):
-    """The parameters a control updates; every other parameter is frozen (requires_grad False)."""
+    """The parameters a control updates, the others frozen; `all` means the checkpoint's (its clipped norm without c)."""
     for name, param in agent.named_parameters():
-        param.requires_grad_(control == "all" or (control in ("gate", "tent") and name.startswith("bank.gate.")))
+        gate, context = name.startswith("bank.gate."), name == "bank.context"
+        param.requires_grad_({"gate": gate, "tent": gate, "context": context, "all": not context}.get(control, False))
     return [p for p in agent.parameters() if p.requires_grad]
 
 
-def adaptation_episode(agent, anchor, env, env_seed, control, optimizer, args, reward_scale):
-    """One sampled episode on the target mode, updating at its end (or every --online-every steps with --online).
+# ADAPTATION
+def adaptation_episode(agent, anchor, env, mode, env_seed, control, optimizer, args, reward_scale):
+    """One sampled episode of the single env `env`, updating at its end (or every --online-every steps with --online).
     `none` (optimizer None) acts identically but never updates. Returns the episode's return and update count."""
-    obs, info = env.reset(seed=env_seed)
-    state, anchor_state = agent.initial_state(1), anchor.initial_state(1)
-    prev_action, prev_reward, start = -1, 0.0, 1.0
-    segment = {"logprobs": [], "values": [], "rewards": [], "logits": [], "anchor_logits": [], "weights": []}
-    episode_return, done, updates = 0.0, False, 0
+    obs, _ = env.reset(seed=env_seed)
+    state, anchor_state = torch.zeros(1, agent.hidden_size), torch.zeros(1, agent.hidden_size)
+    prev_action, prev_reward, start, mode = np.full(1, -1), np.zeros(1), np.ones(1), np.full(1, mode)
+    segment, episode_return, done, updates = [], 0.0, False, 0
     while not done:
         with torch.set_grad_enabled(optimizer is not None):
-            dist, value, state, weights = policy_step(agent, obs, prev_action, prev_reward, info["mode"], state, start)
-        action = dist.sample()
-        if control == "tent":
+            dist, value, state, _, probs, noise = policy_step(agent, obs, prev_action, prev_reward, mode, state, start)
+        anchor_logits = None
+        if control == "tent":  # the anchor on the same inputs, its hard gate (if any) with the same draw
             with torch.no_grad():
-                anchor_dist, _, anchor_state, _ = policy_step(anchor, obs, prev_action, prev_reward, info["mode"], anchor_state, start)
-            segment["anchor_logits"].append(anchor_dist.logits)
-        segment["logprobs"].append(dist.log_prob(action))
-        segment["values"].append(value)
-        segment["logits"].append(dist.logits)
-        segment["weights"].append(weights)
-        prev_action = int(action)
-        obs, reward, terminated, truncated, info = env.step(prev_action)
-        prev_reward, start = float(reward), 0.0
-        segment["rewards"].append(prev_reward)
-        episode_return += prev_reward
-        done = terminated or truncated
-        if optimizer is None or not (done or (args.online and len(segment["rewards"]) == args.online_every)):
+                anchor_dist, _, anchor_state, *_ = policy_step(anchor, obs, prev_action, prev_reward, mode, anchor_state, start, noise=noise)
+            anchor_logits = anchor_dist.logits
+        action = dist.sample()
+        obs, prev_reward, terminated, truncated, info = env.step(action.numpy())
+        prev_action, start, done = action.numpy(), np.zeros(1), bool(terminated[0] or truncated[0])
+        segment.append((dist.log_prob(action), value, dist.logits, probs, anchor_logits, float(prev_reward[0])))
+        episode_return += float(prev_reward[0])
+        if optimizer is None or not (done or (args.online and len(segment) == args.online_every)):
             continue
 
         # UPDATE
+        logprobs, values, logits, gate_probs, anchor_logits, rewards = zip(*segment)
         if control == "tent":
-            loss = tent_loss(torch.cat(segment["logits"]), torch.cat(segment["anchor_logits"]), torch.cat(segment["weights"]), args.tent_kl_coef)
+            loss = tent_loss(torch.cat(logits), torch.cat(anchor_logits), torch.cat(gate_probs), args.tent_kl_coef)
         elif args.online:
             bootstrap = 0.0
-            if not terminated:
+            if not terminated[0]:
                 # a cut segment or a time-limit truncation continues: bootstrap from the value of the next observation
+                # (the ended episode's last one where the env already restarted)
                 with torch.no_grad():
-                    bootstrap = float(policy_step(agent, obs, prev_action, prev_reward, info["mode"], state, 0.0)[1])
-            loss = actor_critic_loss(torch.cat(segment["logprobs"]), torch.cat(segment["values"]), segment["rewards"],
-                                     bootstrap, args.gamma, reward_scale)
+                    bootstrap = float(policy_step(agent, info["final_obs"], prev_action, prev_reward, mode, state, start)[1])
+            loss = actor_critic_loss(torch.cat(logprobs), torch.cat(values), rewards, bootstrap, args.gamma, reward_scale)
         else:
-            loss = reinforce_loss(torch.cat(segment["logprobs"]), segment["rewards"], args.gamma)
+            loss = reinforce_loss(torch.cat(logprobs), rewards, args.gamma)
         optimizer.zero_grad()
         loss.backward()
-        nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]], args.max_grad_norm)
+        nn.utils.clip_grad_norm_(optimizer.param_groups[0]["params"], args.max_grad_norm)
         optimizer.step()
         updates += 1
         # truncated backpropagation: the next segment starts from a constant state
-        state, anchor_state = state.detach(), anchor_state.detach()
-        segment = {key: [] for key in segment}
+        state, anchor_state, segment = state.detach(), anchor_state.detach(), []
     return episode_return, updates
 
 
-def adapt(ckpt, target, control, seed, args, reward_scale):
-    """A fresh copy of the checkpoint's agent adapted on `target` for --episodes episodes. The env seeds and the
-    torch seed depend only on (target, seed), so every control sees the same episodes until its parameters differ."""
+def adapted_copy(ckpt, target, control, seed, args, reward_scale):
+    """A fresh copy of the checkpoint's agent adapted on `target` for --episodes episodes. The env seeds and the torch
+    seed depend only on (target, seed): every control plays the same episodes until its parameters differ. Returns the
+    agent, its return per episode and its number of updates."""
     agent = agent_from_checkpoint(ckpt)
-    agent.load_state_dict(ckpt["state_dict"])
     anchor = copy.deepcopy(agent).requires_grad_(False)
     params = adapted_parameters(agent, control)
     optimizer = optim.Adam(params, lr=args.adapt_lr) if params else None
-    env = make_env(target["modes"], ckpt["args"]["hide_velocity"], fixed_mode=target["index"])()
+    env = NonStationaryCartPole(1, target["physics"], ckpt["args"]["hide_velocity"])
     torch.manual_seed(seed)
-    curve, updates = [], 0
-    for episode in range(args.episodes):
-        episode_return, n = adaptation_episode(agent, anchor, env, 10_000 * seed + episode, control, optimizer, args, reward_scale)
-        curve.append(episode_return)
-        updates += n
-    env.close()
-    return agent, curve, updates
+    episodes = [adaptation_episode(agent, anchor, env, target["index"], 10_000 * seed + episode, control, optimizer, args,
+                                   reward_scale) for episode in range(args.episodes)]
+    return agent, [episode_return for episode_return, _ in episodes], sum(updates for _, updates in episodes)
+
+
+# INTERVENTIONS: fixed gates
+def gate_settings(num_slots, resolution):
+    """Named fixed gates: the one-hots `slot{k}`, the other weight vectors with entries in multiples of 1/resolution,
+    and `uniform` (1/K)."""
+    settings = {f"slot{k}": torch.eye(num_slots)[k] for k in range(num_slots)}
+    for parts in itertools.product(range(resolution), repeat=num_slots):
+        if sum(parts) == resolution and len(set(parts)) > 1:
+            weights = torch.tensor(parts, dtype=torch.float32) / resolution
+            settings["mix[" + " ".join(f"{w:.2g}" for w in weights.tolist()) + "]"] = weights
+    return {**settings, "uniform": torch.full((num_slots,), 1.0 / num_slots)}
+
+
+def clamp_specificity(returns):
+    """Mode × slot return matrix -> (mean matched cell − mean other cell, [(mode row, slot column)]). Slots are
+    unlabelled, so each mode is first matched to a slot of its own (Hungarian, maximising the matched returns); the
+    score compares the matched cells with the other cells of the matched rows and columns. A mode or slot that is
+    better everywhere cancels out; the maximising match makes the score ≥ 0 even for noise. None below two pairs."""
+    from scipy.optimize import linear_sum_assignment
+
+    rows, cols = linear_sum_assignment(returns, maximize=True)
+    matched = np.asarray(returns)[np.ix_(rows, cols)]
+    score = float(np.diag(matched).mean() - matched[~np.eye(len(rows), dtype=bool)].mean()) if len(rows) > 1 else None
+    return score, [(int(r), int(c)) for r, c in zip(rows, cols)]
+
+
+def gate_returns(agent, target, hide_velocity, settings, seeds, episodes, kinds=KINDS):
+    """({setting: {kind: [mean return per seed]}}, the evaluations) for named gate settings (None: the learned gate)."""
+    runs = {name: {kind: [evaluate_target(agent, target, hide_velocity, episodes, det, s, w) for s in seeds] for kind, det in kinds}
+            for name, w in settings.items()}
+    return {name: {kind: [float(r.mean()) for r, _ in v] for kind, v in by_kind.items()} for name, by_kind in runs.items()}, runs
+
+
+# CHECKPOINT AND TARGETS
+# the checkpoint's args that shape the agent's forward pass (Agent honours each) and those that only shaped its training
+# (the last four: older runs'); a checkpoint with any other would be acted as another agent than it is, so it is refused
+KNOWN_ARGS = set("""hide_velocity memory oracle hidden_size num_abstractions slot_dim tau bottleneck hard_gate gumbel_tau modes_preset
+    exp_name seed torch_deterministic cuda track wandb_project_name wandb_entity capture_video save_model runs_dir eval_episodes env_id
+    mode_share fixed_mode switch_prob total_timesteps learning_rate num_envs num_steps anneal_lr gamma gae_lambda num_minibatches
+    update_epochs norm_adv clip_coef clip_vloss ent_coef vf_coef max_grad_norm target_kl norm_reward lambda_w_ent lambda_lb lambda_orth
+    slot_init lambda_consistency lambda_supervised batch_size minibatch_size num_iterations resume checkpoint_every torch_threads modes""".split())
+
+
+def agent_from_checkpoint(ckpt):
+    """A fresh agent holding the checkpoint's weights (and a zero context, which the checkpoint does not have)."""
+    a = {"bottleneck": False, "hard_gate": False, **ckpt["args"]}
+    agent = Agent(2 if a["hide_velocity"] else 4, 2, len(ckpt["modes"]), a["hidden_size"], a["memory"], a["oracle"],
+                  a["num_abstractions"], a["slot_dim"], a["tau"], a["bottleneck"], a["gumbel_tau"] if a["hard_gate"] else None)
+    agent.load_state_dict({"bank.context": torch.zeros(a["num_abstractions"]), **ckpt["state_dict"]})
+    return agent
+
+
+def load_astral_checkpoint(path):
+    """(checkpoint dict, agent) of a ppo_gru_astral.py `.cleanrl_model` (read only), or ValueError saying why not."""
+    if not os.path.isfile(path):
+        raise ValueError(f"checkpoint {path!r} does not exist; pass the .cleanrl_model of a ppo_gru_astral.py --save-model run")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise ValueError(f"checkpoint {path!r} is not a readable torch file ({type(e).__name__})")
+    found = ckpt.get("script") if isinstance(ckpt, dict) else None
+    if found != ASTRAL_SCRIPT or ckpt.get("format") != ASTRAL_FORMAT:
+        raise ValueError(f"checkpoint {path!r} was written by {found or 'another program'} (format {ckpt.get('format') if found else '?'}), "
+                         f"not {ASTRAL_SCRIPT}.py format {ASTRAL_FORMAT}; test-time gating needs an ASTRAL agent (it has the gate)")
+    a = ckpt["args"]
+    unknown = [f"--{k.replace('_', '-')} {a[k]}" for k in sorted(set(a) - KNOWN_ARGS)] + [
+        f"--{k.replace('_', '-')} {a.get(k)}" for k, allowed in (("memory", ("gru", "none")), ("modes_preset", tuple(HELD_OUT_MODES)))
+        if a.get(k) not in allowed]
+    if unknown:
+        raise ValueError(f"checkpoint {path!r} was trained with {', '.join(unknown)}, which {SCRIPT}.py's copy of the agent does "
+                         "not implement; it would act as another agent")
+    try:
+        return ckpt, agent_from_checkpoint(ckpt).eval()
+    except (KeyError, TypeError, RuntimeError) as e:
+        raise ValueError(f"checkpoint {path!r}: its state dict does not fit the agent its args describe ({str(e).splitlines()[0]})")
+
+
+def resolve_targets(mode_indices, modes, ckpt):
+    """The target modes: [{"name", "index" (the mode index an --oracle agent reads), "physics", "held_out", "label"}]."""
+    def target(name, index, physics, held_out=False):
+        g, l, sign = physics
+        return {"name": name, "index": index, "physics": physics, "held_out": held_out,
+                "label": f"{name} (g {g:g}, l {l:g}{', inverted' if sign < 0 else ''}{', held out' if held_out else ''})"}
+
+    if modes is not None and mode_indices is not None:
+        raise ValueError("give either --mode-indices (the checkpoint's modes) or --modes (custom physics), not both")
+    if modes is not None:
+        if ckpt["args"]["oracle"]:
+            raise ValueError("an --oracle agent reads the true mode index, so it cannot be run on custom --modes; use --mode-indices")
+        return [target(f"custom{j}", j, m) for j, m in enumerate(parse_modes(modes))]
+    train_modes = [tuple(float(v) for v in m) for m in ckpt["modes"]]
+    indices = range(len(train_modes)) if mode_indices is None else mode_indices
+    if not indices or len(set(indices)) != len(indices):
+        raise ValueError("--mode-indices needs distinct mode indices (a repeated one would be counted twice)")
+    for k in (k for k in indices if not 0 <= k < len(train_modes)):
+        raise ValueError(f"--mode-indices {k} is out of range; the checkpoint has {len(train_modes)} modes (0..{len(train_modes) - 1})")
+    held_out = HELD_OUT_MODES[ckpt["args"]["modes_preset"]]
+    return [target(f"mode{k}", k, train_modes[k], k in held_out) for k in indices]
 
 
 # STATISTICS AND PLOTS
 def mean_ci(values):
     """Mean and half-width of the 95% Student-t confidence interval of the mean (None with one value)."""
+    from scipy import stats  # a second to import; only the summaries need it
+
     v = np.asarray(values, dtype=np.float64)
-    half = t_quantile(len(v)) * v.std(ddof=1) / np.sqrt(len(v)) if len(v) > 1 else None
-    return {"mean": float(v.mean()), "ci95": None if half is None else float(half), "n": int(len(v))}
-
-
-def t_quantile(n):
-    """97.5% quantile of Student's t with n - 1 degrees of freedom."""
-    # scipy.stats takes a second to import and only the summaries need it
-    from scipy import stats
-
-    return float(stats.t.ppf(0.975, n - 1))
-
-
-def format_stat(stat):
-    return f"{stat['mean']:.1f}" + (f" ± {stat['ci95']:.1f}" if stat["ci95"] is not None else "")
+    half = float(stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else None
+    return {"mean": float(v.mean()), "ci95": half, "n": int(len(v))}
 
 
 def plot_adaptation_curves(results, targets, controls, path, title):
     """One panel per target: the mean return of each adaptation episode over seeds, a line per control with its 95% CI
-    band, and the pre-adaptation evaluation (sampled) as a dotted line."""
-    ncols = min(3, len(targets))
-    nrows = (len(targets) + ncols - 1) // ncols
+    band, the pre-adaptation evaluation (sampled) dotted and the ceiling of the fixed gates dashed."""
+    ncols, nrows = min(3, len(targets)), (len(targets) + 2) // 3
     fig, axes = plt.subplots(nrows, ncols, figsize=(max(6.0, 4.2 * ncols), 3.2 * nrows + 0.6), squeeze=False, layout="constrained")
-    colors = {"none": "tab:gray", "gate": "tab:blue", "all": "tab:orange", "tent": "tab:green"}
+    colors = {"none": "tab:gray", "gate": "tab:blue", "context": "tab:purple", "all": "tab:orange", "tent": "tab:green"}
     for ax, target in zip(axes.flat, targets):
         res = results[target["name"]]
         for control in controls:
-            curves = np.asarray(res["controls"][control]["during_per_seed"], dtype=np.float64)
-            x = np.arange(1, curves.shape[1] + 1)
-            mean = curves.mean(0)
-            ax.plot(x, mean, label=control, color=colors.get(control))
-            if len(curves) > 1:
-                half = t_quantile(len(curves)) * curves.std(0, ddof=1) / np.sqrt(len(curves))
-                ax.fill_between(x, mean - half, mean + half, alpha=0.15, color=colors.get(control))
+            during = res["controls"][control]["during"]
+            x, mean = np.arange(1, len(during["mean"]) + 1), np.asarray(during["mean"])
+            ax.plot(x, mean, label=control, color=colors[control])
+            if during["ci95"][0] is not None:
+                ax.fill_between(x, mean - during["ci95"], mean + during["ci95"], alpha=0.15, color=colors[control])
         ax.axhline(res["before"]["sampled"]["mean"], color="black", linestyle=":", linewidth=1, label="before (eval)")
-        ax.set_title(target_label(target), fontsize=9)
-        ax.set_xlabel("adaptation episode")
-        ax.set_ylabel("return")
-        ax.set_ylim(bottom=0)
-        ax.xaxis.get_major_locator().set_params(integer=True)
+        if res["ceiling"]:
+            ax.axhline(res["ceiling"]["sampled"]["mean"], color="black", linestyle="--", linewidth=1, label="ceiling (eval)")
+        ax.set(xlabel="adaptation episode", ylabel="return", ylim=(0, None))
+        ax.set_title(target["label"], fontsize=9)
     for ax in list(axes.flat)[len(targets):]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=7)
@@ -631,12 +500,10 @@ def plot_adaptation_curves(results, targets, controls, path, title):
 
 def plot_clamp_heatmap(matrix, row_labels, col_labels, path, title):
     """Annotated target × gate-setting heatmaps of mean return, one panel per action kind."""
-    kinds = list(matrix)
-    fig, axes = plt.subplots(1, len(kinds), figsize=(3.0 + 0.9 * len(col_labels) * len(kinds), 1.6 + 0.5 * len(row_labels)),
+    fig, axes = plt.subplots(1, len(matrix), figsize=(3.0 + 0.9 * len(col_labels) * len(matrix), 1.6 + 0.5 * len(row_labels)),
                              squeeze=False, sharey=True, layout="constrained")
-    for ax, kind in zip(axes[0], kinds):
-        values = np.asarray(matrix[kind])
-        im = ax.imshow(values, cmap="viridis", vmin=0.0, vmax=500.0, aspect="auto")
+    for ax, (kind, values) in zip(axes[0], matrix.items()):
+        im = ax.imshow(np.asarray(values), cmap="viridis", vmin=0.0, vmax=500.0, aspect="auto")
         for (i, j), v in np.ndenumerate(values):
             ax.text(j, i, f"{v:.0f}", ha="center", va="center", color="white" if v < 300 else "black", fontsize=8)
         ax.set_xticks(range(len(col_labels)), col_labels, rotation=30, fontsize=8)
@@ -648,240 +515,205 @@ def plot_clamp_heatmap(matrix, row_labels, col_labels, path, title):
     plt.close(fig)
 
 
+# RUN BOOKKEEPING
+def validate(args):
+    """Every check that can fail before any work starts. Returns (checkpoint path, checkpoint, agent, targets, reward scale)."""
+    for f in dataclasses.fields(args):  # NaN and inf pass every `x > 0` style check and reach the optimizer
+        if isinstance(getattr(args, f.name), float) and not math.isfinite(getattr(args, f.name)):
+            raise ValueError(f"--{f.name.replace('_', '-')} {getattr(args, f.name)} must be a finite number")
+    for name, low in (("seed", 0), ("eval_episodes", 1), ("episodes", 1), ("num_seeds", 1), ("online_every", 1), ("ceiling_resolution", 0)):
+        if getattr(args, name, low) < low:
+            raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)} must be at least {low}")
+    if args.exp_name is not None and (not args.exp_name.strip() or "/" in args.exp_name):  # a '/' fails the save at the end
+        raise ValueError(f"--exp-name {args.exp_name!r} must be a non-empty name without '/'")
+    path = args.checkpoint.replace("{seed}", str(args.seed))  # `{seed}` and a glob: one sweep command, each seed's checkpoint
+    matches = sorted(glob.glob(path)) if glob.has_magic(path) else [path]
+    if len(matches) != 1:
+        raise ValueError(f"--checkpoint {path!r} matches {len(matches)} files; it must match exactly one")
+    ckpt, agent = load_astral_checkpoint(matches[0])
+    targets = resolve_targets(args.mode_indices, args.modes, ckpt)
+    if not isinstance(args, AdaptArgs):
+        return matches[0], ckpt, agent, targets, None
+    if not args.controls or len(set(args.controls)) != len(args.controls) or set(args.controls) - set(CONTROLS):
+        raise ValueError(f"--controls {' '.join(args.controls)} is invalid; choose distinct names among {', '.join(CONTROLS)}")
+    if not args.adapt_lr > 0 or not args.max_grad_norm > 0 or not 0 <= args.gamma <= 1 or args.tent_kl_coef < 0:
+        raise ValueError("--adapt-lr and --max-grad-norm must be positive, --gamma in [0, 1], --tent-kl-coef non-negative")
+    if args.reward_scale is not None and not args.reward_scale > 0:
+        raise ValueError(f"--reward-scale {args.reward_scale} must be positive")
+    if not (args.online and {"gate", "context", "all"} & set(args.controls)):
+        return matches[0], ckpt, agent, targets, None
+    if args.gamma != ckpt["args"]["gamma"]:  # the critic estimates returns at its training discount
+        raise ValueError(f"--gamma {args.gamma} differs from the {ckpt['args']['gamma']} the critic was trained with, and --online "
+                         f"bootstraps its returns with that critic; pass --gamma {ckpt['args']['gamma']}")
+    # the critic learnt rewards / σ, σ the final std of the reward normaliser (1 without --norm-reward), which the model holds
+    reward_scale, scaler = args.reward_scale, ckpt.get("reward_scaler")
+    if reward_scale is None:
+        reward_scale = 1.0 if not ckpt["args"].get("norm_reward") else float(np.sqrt(scaler["var"] + 1e-8)) if scaler else None
+    if reward_scale is None:
+        raise ValueError("--online needs the reward scale the critic was trained with, and this model does not hold its reward "
+                         "normaliser; pass --reward-scale S (the final std of the run's reward normaliser)")
+    return matches[0], ckpt, agent, targets, reward_scale
+
+
+def claim_run_dir(runs_dir, run_name):
+    """(run_name, run_dir) of a new directory: a name taken in the same second gets __2, __3, ... (mkdir is atomic)."""
+    for name in itertools.chain([run_name], (f"{run_name}__{i}" for i in itertools.count(2))):
+        try:
+            os.makedirs(os.path.join(runs_dir, name))
+            return name, os.path.join(runs_dir, name)
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise ValueError(f"cannot create a run directory in --runs-dir {runs_dir!r} ({e.strerror.lower()}); pass a writable directory")
+
+
 def write_json(obj, path):
     with open(f"{path}.tmp", "w") as f:
         json.dump(obj, f, indent=1)
     os.replace(f"{path}.tmp", path)
 
 
-def claim_run_dir(runs_dir: str, run_name: str) -> tuple[str, str]:
-    """Create a new run directory and return (run_name, run_dir).
-
-    Runs with the same name started in the same second (a shell loop over flags with one seed) would otherwise share
-    one directory, mixing their TensorBoard events and overwriting each other's checkpoints and eval.json. os.mkdir is
-    atomic, so each run gets a directory of its own: a name already taken gets the suffix __2, __3, ... An unusable
-    --runs-dir (a file, not writable) is a one-line error.
-    """
-    try:
-        os.makedirs(runs_dir, exist_ok=True)
-        suffix = 1
-        while True:
-            name = run_name if suffix == 1 else f"{run_name}__{suffix}"
-            try:
-                os.mkdir(os.path.join(runs_dir, name))
-                return name, os.path.join(runs_dir, name)
-            except FileExistsError:
-                suffix += 1
-    except OSError as e:  # --runs-dir itself is unusable: a file, not writable, ...
-        reason = "not a directory" if os.path.exists(runs_dir) and not os.path.isdir(runs_dir) else e.strerror
-        fail(f"cannot create a run directory in --runs-dir {runs_dir!r} ({reason}); pass a writable directory")
+def record(writer, summary, key, target, value, step=0, column=None):
+    """TensorBoard tta/{key}_{target}[_{column}], and the value for eval.json, which averages it over the targets."""
+    writer.add_scalar(f"tta/{key}_{target['name']}" + (f"_{column}" if column else ""), value, step)
+    (summary.setdefault(key, {}).setdefault(column, []) if column else summary.setdefault(key, [])).append(value)
 
 
-def fail(message):
-    print(f"{SCRIPT}.py: error: {message}", file=sys.stderr)
-    sys.exit(2)
+# MAIN STEPS
+def adapt_target(args, ckpt, base_agent, target, position, reward_scale, settings):
+    """Before, ceiling, then every control × seed on one target. Returns its tta.json entry and the adapted state dicts."""
+    hide_velocity, seeds = ckpt["args"]["hide_velocity"], [args.seed + i for i in range(args.num_seeds)]
+    # the same evaluation episodes (env and torch seeds) before, after and for the ceiling: every comparison is paired
+    eval_seeds = [100_000 + 10_000 * seed + 1000 * position for seed in seeds]
+    before = gate_returns(base_agent, target, hide_velocity, {"learned": None}, eval_seeds, args.eval_episodes)[0]["learned"]
+    res = {"before": {kind: {**mean_ci(v), "per_seed": v} for kind, v in before.items()}, "ceiling": None, "controls": {}}
+    if settings:  # the best fixed gate, sampled actions
+        fixed = gate_returns(base_agent, target, hide_velocity, settings, eval_seeds, args.eval_episodes, KINDS[1:])[0]
+        per_setting = {name: v["sampled"] for name, v in fixed.items()}
+        best = max(per_setting, key=lambda name: np.mean(per_setting[name]))
+        res["ceiling"] = {"best": best, "sampled": {**mean_ci(per_setting[best]), "per_seed": per_setting[best]}, "per_setting": per_setting}
+    saved = []
+    for control in args.controls:
+        entry = res["controls"][control] = {"during_per_seed": [], "after_per_seed": {kind: [] for kind, _ in KINDS},
+                                            "slot_weights_after_per_seed": [], "updates": 0}
+        for i, (seed, eval_seed) in enumerate(zip(seeds, eval_seeds)):
+            agent, curve, updates = adapted_copy(ckpt, target, control, seed, args, reward_scale)
+            after, runs = gate_returns(agent.eval(), target, hide_velocity, {"learned": None}, [eval_seed], args.eval_episodes)
+            for kind, (value,) in after["learned"].items():
+                entry["after_per_seed"][kind].append(value)
+            entry["slot_weights_after_per_seed"].append(runs["learned"]["deterministic"][0][1].tolist())
+            entry["during_per_seed"].append(curve)
+            entry["updates"] += updates
+            if args.save_model:
+                saved.append({"target": target["name"], "seed": seed, "control": control, "state_dict": agent.state_dict()})
+            print(f"{target['name']} seed {seed} {control:>7}: before {before['sampled'][i]:6.1f} during {np.mean(curve):6.1f} "
+                  f"after {entry['after_per_seed']['sampled'][-1]:6.1f} (sampled; {updates} updates)", flush=True)
+        curves = np.asarray(entry["during_per_seed"])
+        entry["during"] = {"mean": curves.mean(0).tolist(), "ci95": [mean_ci(c)["ci95"] for c in curves.T]}
+        entry["during_mean"] = mean_ci(curves.mean(1))
+        entry["after"] = {kind: mean_ci(v) for kind, v in entry["after_per_seed"].items()}
+    none, gap = res["controls"].get("none"), res["ceiling"]["sampled"]["mean"] - res["before"]["sampled"]["mean"] if res["ceiling"] else 0.0
+    for control, entry in [(c, e) for c, e in res["controls"].items() if none and c != "none"]:
+        # paired by seed: the same episodes with and without updates
+        gain_during = np.mean(entry["during_per_seed"], 1) - np.mean(none["during_per_seed"], 1)
+        gain = mean_ci(np.subtract(entry["after_per_seed"]["sampled"], none["after_per_seed"]["sampled"]))
+        entry["gain_over_none"] = {"during_mean": mean_ci(gain_during), "after_sampled": gain}
+        # the gap is taken as fixed, so the fraction's CI is the gain's, scaled; without headroom there is no fraction
+        entry["gain_fraction_of_ceiling"] = None if gap <= 0 else {
+            "mean": gain["mean"] / gap, "ci95": None if gain["ci95"] is None else gain["ci95"] / gap, "gap": gap}
+    return res, saved
 
 
-def validate(args):
-    """Every check that can fail before any work starts. Returns (checkpoint path, checkpoint, agent, targets, reward scale)."""
-    # NaN and inf pass every `x > 0` style check and reach the optimizer; a seed out of numpy's range fails late
-    for field in dataclasses.fields(args):
-        value = getattr(args, field.name)
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"--{field.name.replace('_', '-')} {value} must be a finite number")
-    if not 0 <= args.seed < 2**32:
-        raise ValueError(f"--seed {args.seed} must be in [0, 2**32 - 1]")
-    # the name becomes part of a directory name and of the model file's name: a '/' makes the save fail after training
-    if not args.exp_name.strip() or "/" in args.exp_name:
-        raise ValueError(f"--exp-name {args.exp_name!r} must be a non-empty name without '/'")
-    if args.mode_indices is not None and (not args.mode_indices or len(set(args.mode_indices)) != len(args.mode_indices)):
-        raise ValueError("--mode-indices needs distinct training-mode indices (a repeated one would be counted twice in "
-                         "eval.json but once in tta.json)")
-    path = resolve_checkpoint_path(args.checkpoint, args.seed)
-    ckpt, agent = load_astral_checkpoint(path)
-    targets = resolve_targets(args.mode_indices, args.modes, ckpt)
-    if args.eval_episodes < 1 or args.torch_threads < 1:
-        raise ValueError("--eval-episodes and --torch-threads must be at least 1")
-    reward_scale = None
-    if isinstance(args, AdaptArgs):
-        unknown = [c for c in args.controls if c not in CONTROLS]
-        if unknown or not args.controls or len(set(args.controls)) != len(args.controls):
-            raise ValueError(f"--controls {' '.join(args.controls)} is invalid; choose distinct names among {', '.join(CONTROLS)}")
-        for name in ("episodes", "num_seeds", "online_every"):
-            if getattr(args, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
-        if not args.adapt_lr > 0 or not args.max_grad_norm > 0 or not 0 <= args.gamma <= 1 or args.tent_kl_coef < 0:
-            raise ValueError("--adapt-lr and --max-grad-norm must be positive, --gamma in [0, 1], --tent-kl-coef non-negative")
-        if args.reward_scale is not None and not args.reward_scale > 0:
-            raise ValueError(f"--reward-scale {args.reward_scale} must be positive")
-        if args.online and ({"gate", "all"} & set(args.controls)):
-            trained_gamma = ckpt["args"].get("gamma", args.gamma)  # the critic estimates returns at this discount
-            if args.gamma != trained_gamma:
-                raise ValueError(f"--gamma {args.gamma} differs from the {trained_gamma} the critic was trained with, and --online "
-                                 f"bootstraps its returns with that critic; pass --gamma {trained_gamma}")
-            reward_scale = args.reward_scale if args.reward_scale is not None else critic_reward_scale(path, ckpt)
-            if reward_scale is None or not reward_scale > 0:
-                raise ValueError("--online needs the reward scale the critic was trained with: it is read from checkpoint.pt next to "
-                                 "the model (written by ppo_gru_astral.py --checkpoint-every); pass --reward-scale S if that file is gone")
-    return path, ckpt, agent, targets, reward_scale
+def run_adapt(args, ckpt, base_agent, targets, reward_scale, writer, report, summary, run_dir, run_name):
+    settings = gate_settings(ckpt["args"]["num_abstractions"], args.ceiling_resolution) if args.ceiling_resolution else {}
+    report.update(controls=args.controls, seeds=[args.seed + i for i in range(args.num_seeds)], episodes=args.episodes,
+                  online=args.online, reward_scale=reward_scale, results={})
+    saved = []
+    for position, target in enumerate(targets):
+        res, adapted = adapt_target(args, ckpt, base_agent, target, position, reward_scale, settings)
+        report["results"][target["name"]], saved = res, saved + adapted
+        # LOGGING
+        for kind, _ in KINDS:
+            record(writer, summary, f"before_{kind}", target, res["before"][kind]["mean"])
+        if res["ceiling"]:
+            record(writer, summary, "ceiling_sampled", target, res["ceiling"]["sampled"]["mean"])
+        for control, entry in res["controls"].items():
+            for step, value in enumerate(entry["during"]["mean"]):
+                writer.add_scalar(f"tta/episodic_return_{target['name']}_{control}", value, step + 1)
+            gains, fraction = entry.get("gain_over_none", {}), entry.get("gain_fraction_of_ceiling")
+            stats = {"during_mean": entry["during_mean"], "after_deterministic": entry["after"]["deterministic"],
+                     "after_sampled": entry["after"]["sampled"], "gain_over_none_during": gains.get("during_mean"),
+                     "gain_over_none_after_sampled": gains.get("after_sampled"), "gain_fraction_of_ceiling": fraction}
+            for key, stat in stats.items():
+                if stat:
+                    record(writer, summary, key, target, stat["mean"], args.episodes, control)
+    figure = os.path.join(run_dir, "adaptation_curves.png")
+    plot_adaptation_curves(report["results"], targets, args.controls, figure, f"{run_name}\nadaptation on {ckpt['run_name']} "
+                           f"({args.num_seeds} seeds, {'online' if args.online else 'per-episode'} updates)")
+    if args.save_model:
+        model_path = os.path.join(run_dir, f"{args.exp_name}.cleanrl_model")
+        torch.save({"script": SCRIPT, "format": 1, "source_checkpoint": report["checkpoint"], "source_args": ckpt["args"],
+                    "modes": ckpt["modes"], "adapted": saved}, f"{model_path}.tmp")
+        os.replace(f"{model_path}.tmp", model_path)
+    return figure, os.path.join(run_dir, "tta.json")
 
 
-def summary_key(target, *parts):
-    return "_".join([target["name"], *parts])
+def run_clamp(args, ckpt, base_agent, targets, _reward_scale, writer, report, summary, run_dir, run_name):
+    num_slots, hide_velocity = ckpt["args"]["num_abstractions"], ckpt["args"]["hide_velocity"]
+    settings = {**gate_settings(num_slots, 1), "learned": None}
+    matrix = {kind: np.zeros((len(targets), len(settings))) for kind, _ in KINDS}
+    report.update(columns=list(settings), results={})
+    for ti, target in enumerate(targets):
+        res = report["results"][target["name"]] = {}
+        _, runs = gate_returns(base_agent, target, hide_velocity, settings, [100_000 + args.seed + 1000 * ti], args.eval_episodes)
+        for j, (column, by_kind) in enumerate(runs.items()):
+            res[column] = {kind: {"mean": float(r.mean()), "std": float(r.std()), "returns": r.tolist()} for kind, ((r, _),) in by_kind.items()}
+            for kind, _ in KINDS:
+                matrix[kind][ti, j] = res[column][kind]["mean"]
+                writer.add_scalar(f"tta/clamp_return_{target['name']}_{column}_{kind}", res[column][kind]["mean"], 0)
+                if not column.startswith("slot"):  # slot k of one checkpoint is not slot k of another: no pooling
+                    summary.setdefault(f"clamp_{kind}", {}).setdefault(column, []).append(res[column][kind]["mean"])
+        res["learned_slot_weights"] = runs["learned"]["deterministic"][0][1].tolist()
+        print(f"{target['label']}: " + " ".join(f"{c} {v:.0f}" for c, v in zip(settings, matrix["deterministic"][ti])), flush=True)
+    report["matrix"], report["specificity"] = {kind: m.tolist() for kind, m in matrix.items()}, {}
+    for kind, _ in KINDS:
+        score, matching = clamp_specificity(matrix[kind][:, :num_slots])
+        report["specificity"][kind] = {"score": score, "matching": [[targets[r]["name"], f"slot{c}"] for r, c in matching]}
+        if score is not None:
+            writer.add_scalar(f"tta/clamp_specificity_{kind}", score, 0)
+            summary.setdefault("clamp_specificity", {})[kind] = [score]
+        print(f"clamp specificity, {kind}: {score}, matching {report['specificity'][kind]['matching']}")
+    figure = os.path.join(run_dir, "clamp_heatmap.png")
+    plot_clamp_heatmap(matrix, [t["label"] for t in targets], list(settings), figure,
+                       f"{run_name}\nreturn with the gate clamped, {args.eval_episodes} episodes per cell ({ckpt['run_name']})")
+    return figure, os.path.join(run_dir, "clamp.json")
 
 
 if __name__ == "__main__":
-    args = tyro.extras.subcommand_cli_from_dict({"adapt": AdaptArgs, "clamp": ClampArgs})
+    args = tyro.extras.subcommand_cli_from_dict({"adapt": AdaptArgs, "clamp": Args})
     subcommand = "adapt" if isinstance(args, AdaptArgs) else "clamp"
+    args.exp_name = f"{SCRIPT}_{subcommand}" if args.exp_name is None else args.exp_name
     try:
         model_path, ckpt, base_agent, targets, reward_scale = validate(args)
+        run_name, run_dir = claim_run_dir(args.runs_dir, f"NonStationaryCartPole__{args.exp_name}__{args.seed}__{int(time.time())}")
     except ValueError as e:
-        fail(str(e))
-    train_args = ckpt["args"]
-    hide_velocity, num_slots = train_args["hide_velocity"], train_args["num_abstractions"]
-    run_name, run_dir = claim_run_dir(args.runs_dir, f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
-
+        print(f"{SCRIPT}.py: error: {e}", file=sys.stderr)
+        sys.exit(2)
     if args.track:
         import wandb
 
         wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True, config=vars(args),
                    name=run_name, dir=run_dir, save_code=True)
     writer = SummaryWriter(run_dir)
-    writer.add_text(
-        "hyperparameters", "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
-    )
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    torch.set_num_threads(args.torch_threads)
-    kinds = (("deterministic", True), ("sampled", False))
-    report = {
-        "script": SCRIPT, "subcommand": subcommand, "checkpoint": os.path.abspath(model_path), "checkpoint_run": ckpt["run_name"],
-        "checkpoint_args": {k: train_args[k] for k in ("modes_preset", "modes", "hide_velocity", "memory", "oracle", "seed",
-                                                         "total_timesteps", "num_abstractions", "slot_dim", "tau", "hidden_size")},
-        "targets": [{"name": t["name"], "gravity": t["physics"][0], "half_length": t["physics"][1], "force_sign": t["physics"][2]} for t in targets],
-        "eval_episodes": args.eval_episodes, "args": dataclasses.asdict(args),
-    }
-    summary = {}  # headline metric -> control / column -> one value per target
-    start_time = time.time()
-
-    if subcommand == "adapt":
-        seeds = [args.seed + i for i in range(args.num_seeds)]
-        report.update(controls=args.controls, seeds=seeds, episodes=args.episodes, online=args.online, reward_scale=reward_scale, results={})
-        saved = []
-        for ti, target in enumerate(targets):
-            res = {"before": {}, "controls": {c: {"during_per_seed": [], "after_per_seed": {k: [] for k, _ in kinds}, "updates": 0}
-                                              for c in args.controls}}
-            before_per_seed = {k: [] for k, _ in kinds}
-            for seed in seeds:
-                # the same evaluation episodes (env and torch seeds) before and after, so the comparison is paired
-                eval_seed = 100_000 + 10_000 * seed + 1000 * ti
-                for kind, det in kinds:
-                    torch.manual_seed(eval_seed)
-                    before_per_seed[kind].append(float(evaluate_target(base_agent, target, hide_velocity, args.eval_episodes, det, eval_seed)[0].mean()))
-                for control in args.controls:
-                    agent, curve, updates = adapt(ckpt, target, control, seed, args, reward_scale)
-                    entry = res["controls"][control]
-                    entry["during_per_seed"].append(curve)
-                    entry["updates"] += updates
-                    agent.eval()
-                    for kind, det in kinds:
-                        torch.manual_seed(eval_seed)
-                        returns, weights = evaluate_target(agent, target, hide_velocity, args.eval_episodes, det, eval_seed)
-                        entry["after_per_seed"][kind].append(float(returns.mean()))
-                        if kind == "deterministic":
-                            entry.setdefault("slot_weights_after_per_seed", []).append(weights.tolist())
-                    if args.save_model:
-                        saved.append({"target": target["name"], "seed": seed, "control": control, "state_dict": agent.state_dict()})
-                    print(f"{target['name']} seed {seed} {control:>4}: before {before_per_seed['sampled'][-1]:6.1f} "
-                          f"during {np.mean(curve):6.1f} after {entry['after_per_seed']['sampled'][-1]:6.1f} (sampled; "
-                          f"{updates} updates, {time.time() - start_time:.0f}s elapsed)", flush=True)
-            res["before"] = {kind: {**mean_ci(v), "per_seed": v} for kind, v in before_per_seed.items()}
-            for control, entry in res["controls"].items():
-                curves = np.asarray(entry["during_per_seed"])
-                entry["during"] = {"mean": curves.mean(0).tolist(), "ci95": [mean_ci(c)["ci95"] for c in curves.T]}
-                entry["during_mean"] = mean_ci(curves.mean(1))
-                entry["after"] = {kind: mean_ci(v) for kind, v in entry["after_per_seed"].items()}
-                for step, value in enumerate(curves.mean(0)):
-                    writer.add_scalar(f"tta/episodic_return_{summary_key(target, control)}", value, step + 1)
-                for kind, _ in kinds:
-                    writer.add_scalar(f"tta/return_after_{summary_key(target, control, kind)}", entry["after"][kind]["mean"], args.episodes)
-                    summary.setdefault(f"after_{kind}", {}).setdefault(control, []).append(entry["after"][kind]["mean"])
-                summary.setdefault("during_mean", {}).setdefault(control, []).append(entry["during_mean"]["mean"])
-                if "none" in res["controls"] and control != "none":
-                    # paired by seed: the same episodes with and without updates
-                    none = res["controls"]["none"]
-                    gain_during = curves.mean(1) - np.asarray(none["during_per_seed"]).mean(1)
-                    gain_after = np.asarray(entry["after_per_seed"]["sampled"]) - np.asarray(none["after_per_seed"]["sampled"])
-                    entry["gain_over_none"] = {"during_mean": mean_ci(gain_during), "after_sampled": mean_ci(gain_after)}
-                    summary.setdefault("gain_over_none_during", {}).setdefault(control, []).append(float(gain_during.mean()))
-                    summary.setdefault("gain_over_none_after_sampled", {}).setdefault(control, []).append(float(gain_after.mean()))
-                    writer.add_scalar(f"tta/gain_over_none_{summary_key(target, control)}", float(gain_after.mean()), args.episodes)
-            for kind, _ in kinds:
-                writer.add_scalar(f"tta/return_before_{summary_key(target, kind)}", res["before"][kind]["mean"], 0)
-                summary.setdefault(f"before_{kind}", []).append(res["before"][kind]["mean"])
-            report["results"][target["name"]] = res
-        figure = os.path.join(run_dir, "adaptation_curves.png")
-        plot_adaptation_curves(report["results"], targets, args.controls, figure,
-                               f"{run_name}\nadaptation on {ckpt['run_name']} ({args.num_seeds} seeds, {'online' if args.online else 'per-episode'} updates)")
-        report["adaptation_curves"] = figure
-        print(f"\n{'target':<34}{'control':>8}  {'before':>8}  {'during':>16}  {'after (sampled)':>18}  {'gain over none':>16}")
-        for target in targets:
-            res = report["results"][target["name"]]
-            for control, entry in res["controls"].items():
-                gain = format_stat(entry["gain_over_none"]["after_sampled"]) if "gain_over_none" in entry else "-"
-                print(f"{target_label(target):<34}{control:>8}  {res['before']['sampled']['mean']:8.1f}  "
-                      f"{format_stat(entry['during_mean']):>16}  {format_stat(entry['after']['sampled']):>18}  {gain:>16}")
-        if args.save_model:
-            model_out = os.path.join(run_dir, f"{args.exp_name}.cleanrl_model")
-            tmp = f"{model_out}.tmp{os.getpid()}"
-            torch.save({"script": SCRIPT, "format": 1, "source_checkpoint": os.path.abspath(model_path), "source_args": train_args,
-                        "modes": ckpt["modes"], "adapted": saved}, tmp)
-            os.replace(tmp, model_out)
-            print(f"adapted agents saved to {model_out}")
-        results_path = os.path.join(run_dir, "tta.json")
-
-    else:
-        columns = [f"slot{k}" for k in range(num_slots)] + ["uniform", "learned"]
-        settings = [torch.eye(num_slots)[k] for k in range(num_slots)] + [torch.full((num_slots,), 1.0 / num_slots), None]
-        matrix = {kind: np.zeros((len(targets), len(columns))) for kind, _ in kinds}
-        report.update(columns=columns, results={})
-        for ti, target in enumerate(targets):
-            eval_seed = 100_000 + args.seed + 1000 * ti
-            res = {}
-            for column, weights in zip(columns, settings):
-                res[column] = {}
-                for kind, det in kinds:
-                    torch.manual_seed(eval_seed)
-                    returns, mean_weights = evaluate_target(base_agent, target, hide_velocity, args.eval_episodes, det, eval_seed, weights)
-                    res[column][kind] = {"mean": float(returns.mean()), "std": float(returns.std()), "returns": returns.tolist()}
-                    matrix[kind][ti, columns.index(column)] = returns.mean()
-                    writer.add_scalar(f"tta/clamp_return_{summary_key(target, column, kind)}", float(returns.mean()), 0)
-                    if not column.startswith("slot"):  # slot k of one checkpoint is not slot k of another: no pooling
-                        summary.setdefault(f"clamp_{kind}", {}).setdefault(column, []).append(float(returns.mean()))
-                    if column == "learned" and kind == "deterministic":
-                        res["learned_slot_weights"] = mean_weights.tolist()
-            # slots are unlabelled, so compare each mode's own preferred slot (argmax of the learned gate) with the others
-            preferred = int(np.argmax(res["learned_slot_weights"]))
-            res["preferred_slot"] = preferred
-            for kind, _ in kinds:
-                others = [res[f"slot{k}"][kind]["mean"] for k in range(num_slots) if k != preferred]
-                res[f"preferred_minus_other_slots_{kind}"] = res[f"slot{preferred}"][kind]["mean"] - (float(np.mean(others)) if others else 0.0)
-                summary.setdefault("preferred_minus_other_slots", {}).setdefault(kind, []).append(res[f"preferred_minus_other_slots_{kind}"])
-                slot_returns = [res[f"slot{k}"][kind]["mean"] for k in range(num_slots)]
-                res[f"slot_spread_{kind}"] = max(slot_returns) - min(slot_returns)
-                summary.setdefault("slot_spread", {}).setdefault(kind, []).append(res[f"slot_spread_{kind}"])
-            report["results"][target["name"]] = res
-            print(f"{target_label(target):<34} deterministic: " + " ".join(f"{c} {matrix['deterministic'][ti, j]:.0f}" for j, c in enumerate(columns))
-                  + f" | preferred slot {preferred} ({time.time() - start_time:.0f}s elapsed)", flush=True)
-        report["matrix"] = {kind: m.tolist() for kind, m in matrix.items()}
-        figure = os.path.join(run_dir, "clamp_heatmap.png")
-        plot_clamp_heatmap(matrix, [target_label(t) for t in targets], columns, figure,
-                           f"{run_name}\nreturn with the gate clamped, {args.eval_episodes} episodes per cell ({ckpt['run_name']})")
-        report["clamp_heatmap"] = figure
-        results_path = os.path.join(run_dir, "clamp.json")
-
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n%s" % "\n".join(f"|{key}|{value}|" for key, value in vars(args).items()))
+    torch.set_num_threads(1)  # fastest for this small network; every evaluation and adaptation seeds torch and its envs
+    report = {"script": SCRIPT, "subcommand": subcommand, "checkpoint": os.path.abspath(model_path), "checkpoint_run": ckpt["run_name"],
+              "checkpoint_args": ckpt["args"], "eval_episodes": args.eval_episodes, "args": dataclasses.asdict(args),
+              "targets": [dict(zip(("name", "gravity", "half_length", "force_sign", "held_out"), (t["name"], *t["physics"], t["held_out"])))
+                          for t in targets]}
+    summary = {}  # headline metric -> (column ->) one value per target
+    run = run_adapt if subcommand == "adapt" else run_clamp
+    figure, results_path = run(args, ckpt, base_agent, targets, reward_scale, writer, report, summary, run_dir, run_name)
     write_json(report, results_path)
     # eval.json: headline numbers averaged over the targets, for benchmark/report.py's tables (per target: results_path)
     headline = {key: {k: float(np.mean(v)) for k, v in values.items()} if isinstance(values, dict) else float(np.mean(values))

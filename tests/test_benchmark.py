@@ -517,14 +517,19 @@ def test_tta_summary_pairs_gains_per_adaptation_seed_and_pools_over_training_see
         d = tmp_path / "adapt_inverted" / "runs" / f"c0__g0_base__s{seed}" / "run"
         d.mkdir(parents=True)
         ckpt = f"out/runs/c1__g2_modes-preset_inverted4__s{seed}/run/ppo_gru_astral.cleanrl_model"
+        # seed 1 has a ceiling 7 above its before (headroom 6 for a gain of 3), seed 2 none (a run without one)
+        ceiling = {"ceiling": {"best": "slot0", "sampled": {"mean": 7.0}}} if seed == 1 else {}
         (d / "tta.json").write_text(json.dumps({"checkpoint": ckpt, "targets": [target], "results": {"mode3": {
-            "before": {"sampled": {"mean": 1.0, "ci95": 0.0}}, "controls": {"none": control(none), "gate": control(gate)}}}}))
+            "before": {"sampled": {"mean": 1.0, "ci95": 0.0}}, "controls": {"none": control(none), "gate": control(gate)},
+            **ceiling}}}))
     out = tmp_path / "tables.md"
     assert summary.main(["--root", str(tmp_path), "--output", str(out)]) == 0
     text = out.read_text()
-    assert "| inverted4 `--hide-velocity` | 1 | mode3 (g 9.8, l 0.5, inverted) | gate | 1.0 ± 0.0 | 18.0 ± 76.2 | 18.0 ± 76.2 | 18.0 ± 76.2 | 3.0 ± 12.7 |" in text
-    # pooled: per-seed mean gains 3 and 1 -> mean 2, t(1) CI 12.706 * 1.414 / 1.414 = 12.7
-    assert "| inverted4 `--hide-velocity` | mode3 (g 9.8, l 0.5, inverted) | gate | 2 | 2.0 ± 12.7 | 2/2 |" in text
+    assert ("| inverted4 `--hide-velocity` | 1 | mode3 (g 9.8, l 0.5, inverted) | gate | 1.0 ± 0.0 | 18.0 ± 76.2 | 18.0 ± 76.2 "
+            "| 18.0 ± 76.2 | 3.0 ± 12.7 | 7.0 (slot0) | 0.50 |") in text
+    assert "| gate | 1.0 ± 0.0 | 16.0 ± 12.7 | 16.0 ± 12.7 | 16.0 ± 12.7 | 1.0 ± 12.7 | — | — |" in text
+    # pooled: per-seed mean gains 3 and 1 -> mean 2, t(1) CI 12.706 * 1.414 / 1.414 = 12.7; the fraction of seed 1 only
+    assert "| inverted4 `--hide-velocity` | mode3 (g 9.8, l 0.5, inverted) | gate | 2 | 2.0 ± 12.7 | 2/2 | 0.50 (1 seeds) |" in text
     assert summary.main(["--root", str(tmp_path / "missing"), "--output", str(out)]) == 2
 
 
@@ -546,9 +551,11 @@ def test_tta_summary_one_seed_sweep_has_no_ci_and_every_clamp_sweep_gets_a_table
     for sweep, learned in (("clamp_all", 500.0), ("full", 250.0)):
         d = tmp_path / sweep / "runs" / "c1__g0_base__s3" / "run"
         d.mkdir(parents=True)
+        specificity = {"specificity": {"deterministic": {"score": 12.5}, "sampled": {"score": None}}} if sweep == "full" else {}
         (d / "clamp.json").write_text(json.dumps({"checkpoint": ckpt, "targets": [target], "columns": ["slot0", "uniform", "learned"],
                                                   "results": {"mode0": {"slot0": cell(300.0), "uniform": cell(learned),
-                                                                        "learned": cell(learned), "learned_slot_weights": [1.0]}}}))
+                                                                        "learned": cell(learned), "learned_slot_weights": [1.0]}},
+                                                  **specificity}))
     out = tmp_path / "tables.md"
     assert summary.main(["--root", str(tmp_path), "--output", str(out)]) == 0
     text = out.read_text()
@@ -556,8 +563,29 @@ def test_tta_summary_one_seed_sweep_has_no_ci_and_every_clamp_sweep_gets_a_table
     assert "| seed3 | mode0 (g 9.8, l 0.5) | gate | 1 | 2.0 (one seed: no CI) | 1/1 |" in text
     # a table per clamp sweep, each from its own clamp.json (max |Δ| vs learned 200 in one, 50 in the other)
     assert "### clamp (`clamp_all`)" in text and "### clamp (`full`)" in text and "### clamp (`clamp_b`)" not in text
-    assert "| seed3 | 3 | mode0 (g 9.8, l 0.5) | 300.0 / 500.0 / 500.0 | 300.0 / 500.0 / 500.0 | 200.0 / 200.0 | [1.00] |" in text
-    assert "| seed3 | 3 | mode0 (g 9.8, l 0.5) | 300.0 / 250.0 / 250.0 | 300.0 / 250.0 / 250.0 | 50.0 / 50.0 | [1.00] |" in text
+    assert "| seed3 | 3 | mode0 (g 9.8, l 0.5) | 300.0 / 500.0 / 500.0 | 300.0 / 500.0 / 500.0 | 200.0 / 200.0 | [1.00] | — / — |" in text
+    assert "| seed3 | 3 | mode0 (g 9.8, l 0.5) | 300.0 / 250.0 / 250.0 | 300.0 / 250.0 / 250.0 | 50.0 / 50.0 | [1.00] | 12.5 / — |" in text
+
+
+def test_tta_summary_reads_the_study_sweeps_and_labels_the_held_out_mode(tmp_path):
+    """tta_gating.sh --study's sweeps get their tables, rows named by the study checkpoint (frozen, ceiling) and the
+    held-out target labelled as such."""
+    summary = load(os.path.join(REPO, "benchmark", "tta_summary.py"))
+    target = {"name": "mode4", "gravity": 8.65, "half_length": 0.6, "force_sign": -1.0, "held_out": True}
+
+    def ctl(a):
+        return {"during_per_seed": [[x] for x in a], "after_per_seed": {"sampled": a, "deterministic": a}}
+
+    d = tmp_path / "study_adapt_frozen" / "runs" / "c0__g0_base__s6" / "run"
+    d.mkdir(parents=True)
+    (d / "tta.json").write_text(json.dumps({"checkpoint": "out/phase_C/runs/c0__g0_base__s6/run/frozen.cleanrl_model", "targets": [target],
+                                            "results": {"mode4": {"before": {"sampled": {"mean": 1.0, "ci95": 0.0}},
+                                                                  "controls": {"none": ctl([10.0, 20.0]), "gate": ctl([13.0, 21.0])}}}}))
+    out = tmp_path / "tables.md"
+    assert summary.main(["--root", str(tmp_path), "--output", str(out)]) == 0
+    text = out.read_text()
+    assert "`study_adapt_frozen`: 1 runs, training seeds 6" in text
+    assert "| frozen | mode4 (g 8.65, l 0.6, inverted, held out) | gate | 1 | 2.0 (one seed: no CI) | 1/1 |" in text
 
 
 def _fake_maml_run(root, sweep, seed, args, returns, cis=(1.0, 1.0, 1.0, 1.0), steps_done=None, version=None):
