@@ -389,6 +389,7 @@ def test_peers_bad_flag_exits_2():
     ({"ent_coef": -0.1}, "--ent-coef -0.1 must be non-negative"),
     ({"seed": -1}, "--seed -1 must be in"),
     ({"minibatch_size": 1}, "--minibatch-size must be at least 2"),
+    ({"modes_preset": "mirror4", "fixed_mode": 4}, "--fixed-mode 4 is held out of training in mirror4"),
 ])
 def test_peers_refuse_meaningless_values_before_any_work(peers, overrides, needle):
     """Found by a CLI fuzz: these trained silently with the value, or failed inside SB3 after the run dir existed."""
