@@ -70,6 +70,26 @@ def mean_train(runs):
     return np.array([r["train"] for r in runs]).mean(0)
 
 
+def choose_observation(groups):
+    """Phase A's rule: the observation whose controls both pass (oracle >= 475 in every training mode, memoryless
+    below half the oracle in every training mode); both pass: hidden velocity; neither: the one whose oracle
+    solves more training modes (ties: hidden velocity)."""
+    scores = {}
+    for obs, name in (("", "full observation"), (" (hidden velocity)", "hidden velocity")):
+        oracle, memoryless = groups.get("oracle" + obs), groups.get("memoryless" + obs)
+        if not oracle or not memoryless:
+            continue
+        o, n = mean_train(oracle), mean_train(memoryless)
+        scores[name] = (bool(o.min() >= SOLVED and np.all(n < 0.5 * o)), int((o >= SOLVED).sum()), name == "hidden velocity")
+    return max(scores, key=scores.get) if scores else "undecided (no oracle and memoryless runs)"
+
+
+def freeze_key(runs):
+    """Phase B's rule for the frozen configuration among those that pass the screen: most (seed, training mode) pairs
+    >= 475, then the highest mean episode-level NMI."""
+    return int((np.array([r["train"] for r in runs]) >= SOLVED).sum()), float(np.mean([r["nmi"] for r in runs]))
+
+
 def criteria(phase, groups):
     """The phase's verdict lines, each starting PASS, FAIL or a plain statement."""
     lines = []
@@ -85,11 +105,15 @@ def criteria(phase, groups):
                 below = [k for k, (n, o) in enumerate(zip(mean_train(memoryless), means)) if n < 0.5 * o]
                 lines.append(f"memoryless{obs} is below half the oracle's return on training modes {below} "
                              f"(means {np.round(mean_train(memoryless)).tolist()})")
+        lines.append(f"observation for phases B and C: {choose_observation(groups)}")
     elif phase == "B":
-        screened = [label for label, runs in groups.items()
-                    if sum(r["nmi"] is not None and r["nmi"] >= NMI_SCREEN for r in runs) >= 2 * len(runs) / 3]
+        # the supervised gate is the diagnostic ceiling, not a candidate: it neither passes the screen nor is frozen
+        screened = [label for label, runs in groups.items() if not label.startswith("ceiling")
+                    and sum(r["nmi"] is not None and r["nmi"] >= NMI_SCREEN for r in runs) >= 2 * len(runs) / 3]
         lines.append(f"{'PASS' if screened else 'FAIL (stop: report the negative result)'} stopping rule: configurations "
                      f"with episode-level NMI >= {NMI_SCREEN} in 2/3 of their seeds: {screened or 'none'}")
+        if screened:
+            lines.append(f"configuration to freeze for phase C: {max(screened, key=lambda label: freeze_key(groups[label]))}")
     elif phase == "C":
         for label in [g for g in groups if g.split(" (")[0] in ("frozen", "ceiling")]:
             runs, baseline = groups[label], groups.get(label.replace("frozen", "baseline").replace("ceiling", "baseline"))

@@ -96,17 +96,40 @@ def test_phase_a_and_b_verdicts(tmp_path):
     lines = report.criteria("A", report.load_runs(a))
     assert lines[0].startswith("FAIL oracle:") and lines[1].startswith("PASS oracle (hidden velocity)")
     assert "below half the oracle's return on training modes [1, 3]" in lines[2]
+    # hidden velocity's memoryless agent beats half the oracle on modes 0 and 2, full observation has no memoryless
+    # runs: the full-observation controls are incomplete, so hidden velocity is chosen
+    assert lines[-1] == "observation for phases B and C: hidden velocity"
+    for seed in range(5):
+        write_run(a, f"fn{seed}", "memoryless", seed, [50, 50, 50, 50, 50], hide=False)
+        write_run(a, f"f{seed}", "oracle", seed, [500, 490, 500, 500, 50], hide=False)
+    assert report.criteria("A", report.load_runs(a))[-1] == "observation for phases B and C: full observation"
+    for seed in range(5):  # both pass: hidden velocity
+        write_run(a, f"n{seed}", "memoryless", seed, [100, 100, 100, 100, 20])
+    assert report.criteria("A", report.load_runs(a))[-1] == "observation for phases B and C: hidden velocity"
+    for seed in range(5):  # neither passes: the oracle that solves more training modes
+        write_run(a, f"n{seed}", "memoryless", seed, [300, 100, 400, 120, 20])
+        write_run(a, f"fn{seed}", "memoryless", seed, [300, 300, 300, 300, 50], hide=False)
+        write_run(a, f"o{seed}", "oracle", seed, [500, 100, 500, 100, 50])
+    assert report.criteria("A", report.load_runs(a))[-1] == "observation for phases B and C: full observation"
     b = str(tmp_path / "b")
     for seed in range(3):
         write_run(b, f"p{seed}", "plan", seed, [500] * 5, nmi=0.05)
         write_run(b, f"h{seed}", "hard_gate", seed, [500] * 5, nmi=0.4 if seed else 0.1)
-    (line,) = report.criteria("B", report.load_runs(b))
+    for seed in range(3):  # the supervised ceiling's NMI never passes the screen: it is not a candidate
+        write_run(b, f"c{seed}", "ceiling", seed, [500] * 5, nmi=1.0)
+    line, frozen = report.criteria("B", report.load_runs(b))
     assert line.startswith("PASS") and "['hard_gate (hidden velocity)']" in line
+    assert frozen == "configuration to freeze for phase C: hard_gate (hidden velocity)"
     write_run(b, "h1", "hard_gate", 1, [500] * 5, nmi=0.2)
     (line,) = report.criteria("B", report.load_runs(b))
     assert line.startswith("FAIL (stop")
     b2 = str(tmp_path / "b2")  # the second round's sweep is read with the first
     for seed in range(3):
         write_run(b2, f"r{seed}", "round2", seed, [500] * 5, nmi=0.6)
-    (line,) = report.criteria("B", report.load_runs(b, b2))
+    line, frozen = report.criteria("B", report.load_runs(b, b2))
     assert line.startswith("PASS") and "['round2 (hidden velocity)']" in line
+    for seed in range(3):  # two pass the screen: the one solving more (seed, mode) pairs is frozen, whatever its NMI
+        write_run(b, f"h{seed}", "hard_gate", seed, [500] * 5, nmi=0.35)
+        write_run(b2, f"r{seed}", "round2", seed, [500, 100, 500, 500, 0], nmi=0.9)
+    line, frozen = report.criteria("B", report.load_runs(b, b2))
+    assert "hard_gate" in line and "round2" in line and frozen.endswith(": hard_gate (hidden velocity)")
