@@ -643,14 +643,12 @@ def plot_slot_heatmap(slot_weights, path, title):
     import matplotlib.pyplot as plt  # only a --save-model run draws
 
     num_modes, num_slots = slot_weights.shape
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.2 + 0.9 * num_slots), 1.4 + 0.6 * num_modes))
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.2 + 0.9 * num_slots), 1.4 + 0.6 * num_modes), layout="tight")
     fig.colorbar(ax.imshow(slot_weights, cmap="viridis", vmin=0.0, vmax=1.0), ax=ax, fraction=0.046, pad=0.04)
     for (i, j), v in np.ndenumerate(slot_weights):
         ax.text(j, i, f"{v:.2f}", ha="center", va="center", color="white" if v < 0.6 else "black", fontsize=9)
-    ax.set(xticks=range(num_slots), xticklabels=[f"slot {j}" for j in range(num_slots)], yticks=range(num_modes),
-           yticklabels=[f"mode {i}" for i in range(num_modes)])
+    ax.set(xlabel="slot", ylabel="mode", xticks=range(num_slots), yticks=range(num_modes))
     ax.set_title(title, fontsize=7)
-    fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
