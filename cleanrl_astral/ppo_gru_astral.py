@@ -1,13 +1,9 @@
-"""ASTRAL: recurrent PPO whose GRU state is modulated by a bank of learnable abstraction slots.
+"""ASTRAL: the recurrent PPO agent of ppo_gru_baseline.py, its GRU state modulated by learnable abstraction slots.
 
-The agent of ppo_gru_baseline.py (same NonStationaryCartPole, inputs, controls, flags, evaluation
-and logging) plus the ASTRAL plan's module: an `AbstractionBank` of K slots A ∈ R^{K×d}, a softmax gate
-w_t = softmax(g(h_t)/τ) over them, z_t = w_tᵀA, and `FiLM` modulation h'_t = γ(z_t) ⊙ h_t + β(z_t). The
-policy and value heads read only h'_t. Slot regularisers (per-sample weight entropy, load balancing,
-orthogonality) are added to the PPO loss, with the gate weights recomputed from replayed sequences.
-Options that give slots a reason and a way to specialise: a bottleneck (FiLM of the current input's features, so
-memory reaches the heads only through the gate), orthonormal slots, a straight-through Gumbel gate, an
-episode-consistency bonus; and, as a diagnostic ceiling, a gate supervised by the true mode.
+An `AbstractionBank` of K slots A ∈ R^{K×d} and a gate w_t = softmax(g(h_t)/τ) give z_t = w_tᵀA; `FiLM` makes
+h'_t = γ(z_t) ⊙ h_t + β(z_t), all the heads read. Slot regularisers join the PPO loss through the gate replayed in the
+update. A bottleneck, orthonormal slots, a hard gate and an episode-consistency bonus give slots a reason and a way to
+specialise; a gate supervised by the true mode is the diagnostic ceiling. Environment, flags and logs: the baseline's.
 
 Usage: python cleanrl_astral/ppo_gru_astral.py --modes-preset mirror4 --mode-share balanced --hide-velocity --save-model
 """
@@ -32,7 +28,6 @@ import torch.optim as optim
 import tyro
 from gymnasium.utils.save_video import save_video
 from gymnasium.wrappers.utils import RunningMeanStd
-
 from torch.distributions.categorical import Categorical
 from torch.utils.tensorboard import SummaryWriter
 
@@ -127,6 +122,8 @@ class Args:
     """K, the number of abstraction slots"""
     slot_dim: int = 32
     """d, the dimension of each slot"""
+    slot_init: Literal["random", "orthonormal"] = "random"
+    """`random`: N(0, 0.02²) slots; `orthonormal`: unit-norm, mutually orthogonal slots (needs K <= --slot-dim)"""
     tau: float = 1.0
     """temperature of the gate softmax"""
     lambda_w_ent: float = 0.001
@@ -137,8 +134,6 @@ class Args:
     """weight of the slot orthogonality penalty ||ÂÂᵀ - I||²_F on row-normalised slots"""
     bottleneck: bool = False
     """FiLM the current input's features (not h) by z, so memory reaches the heads only through the gate"""
-    slot_init: Literal["random", "orthonormal"] = "random"
-    """`random`: N(0, 0.02²) slots; `orthonormal`: unit-norm, mutually orthogonal slots (needs K <= --slot-dim)"""
     hard_gate: bool = False
     """straight-through Gumbel-softmax gate: one slot per step in the forward pass, and only it gets gradient"""
     gumbel_tau: float = 1.0
@@ -230,9 +225,8 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
 
 
 class AbstractionBank(nn.Module):
-    """K learnable slots A and a gate over them: p = softmax(g(h) / τ), z = wᵀA with w = p (soft gate) or, with
-    `gumbel_tau`, the straight-through Gumbel-softmax one-hot of argmax(g(h)/τ + noise) (hard gate: the forward pass
-    uses exactly one slot, so only that slot's row gets gradient)."""
+    """K learnable slots A and a gate p = softmax(g(h) / τ): z = wᵀA with w = p or, given `gumbel_tau`, the hard gate's
+    straight-through Gumbel-softmax one-hot of argmax(g(h)/τ + noise), so only the chosen slot's row gets gradient."""
 
     def __init__(self, hidden_size, num_abstractions, slot_dim, tau, orthonormal=False, gumbel_tau=None):
         super().__init__()
@@ -243,8 +237,7 @@ class AbstractionBank(nn.Module):
         self.gate = nn.Sequential(layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, num_abstractions), std=0.01))
 
     def forward(self, h, weights=None, noise=None):
-        """Returns (z, w, p, noise). `weights` overrides w (e.g. a one-hot to clamp one slot); the hard gate draws its
-        Gumbel noise unless given one (the PPO replay passes the acted noise, so it reproduces the acted slot)."""
+        """(z, w, p, noise); `weights` overrides w (a one-hot clamps a slot), `noise` the hard gate's draw (the replay's)."""
         logits = self.gate(h) / self.tau
         probs = torch.softmax(logits, dim=-1)
         if weights is None and self.gumbel_tau is not None:
@@ -256,7 +249,7 @@ class AbstractionBank(nn.Module):
 
 
 class FiLM(nn.Module):
-    """h' = γ ⊙ h + β with (γ, β) = f(z); γ = 1 + f_γ(z), so a zero z leaves h unchanged."""
+    """h' = γ ⊙ h + β with (γ - 1, β) = Linear(z): a zero z leaves h unchanged."""
 
     def __init__(self, slot_dim, hidden_size):
         super().__init__()
@@ -306,8 +299,7 @@ class Agent(nn.Module):
         return features, torch.stack(hidden), state
 
     def forward(self, x, state, starts, weights=None, noise=None):
-        """The heads' input and the gate: (h', final state, w, p, noise). The gate reads h; h' = FiLM(h; z), or with the
-        bottleneck FiLM(features of x_t; z), so memory then reaches the heads only through the gate."""
+        """(h', final state, w, p, noise): the gate reads h; h' = FiLM(h; z), or FiLM(x_t's features; z) with the bottleneck."""
         features, hidden, state = self.unroll(x, state, starts)
         z, weights, probs, noise = self.bank(hidden, weights, noise)
         return self.film(features if self.bottleneck else hidden, z), state, weights, probs, noise
@@ -316,8 +308,7 @@ class Agent(nn.Module):
         return self.critic(self(x, state, starts)[0]).squeeze(-1)
 
     def get_action_and_value(self, x, state, starts, action=None, deterministic=False, weights=None, noise=None):
-        """Returns action, log-prob, entropy, value, final state and the gate: weights w, probabilities p and the hard
-        gate's Gumbel noise (None for the soft gate; zero when deterministic), each (T, B, K)."""
+        """action, log-prob, entropy, value, final state and the gate's w, p and hard-gate noise (zero when deterministic)."""
         if deterministic and noise is None and self.bank.gumbel_tau is not None:
             noise = torch.zeros(*x.shape[:-1], len(self.bank.slots), device=x.device)
         modulated, state, weights, probs, noise = self(x, state, starts, weights, noise)
@@ -328,22 +319,18 @@ class Agent(nn.Module):
         return action, probs_a.log_prob(action), probs_a.entropy(), self.critic(modulated).squeeze(-1), state, weights, probs, noise
 
 
-# SLOT REGULARISERS AND METRICS
+# SLOT REGULARISERS
 BURN_IN = 10  # the steps an episode's gate may take to infer the mode: the episode-level terms and metrics skip them
 
 
-def entropy_of(p):
-    return -(p * torch.log(p + 1e-8)).sum(-1)
-
-
 def weight_entropy(probs):
-    """Mean per-sample entropy of the gate probabilities (..., K); penalised so each step commits to a slot."""
-    return entropy_of(probs).mean()
+    """Mean entropy of the distributions in probs (..., K): of the per-step gate, penalised so each step picks a slot."""
+    return -(probs * torch.log(probs + 1e-8)).sum(-1).mean()
 
 
 def load_balance_entropy(probs):
     """Entropy of the batch-mean gate probabilities; rewarded so that every slot is used somewhere."""
-    return entropy_of(probs.reshape(-1, probs.shape[-1]).mean(0))
+    return weight_entropy(probs.reshape(-1, probs.shape[-1]).mean(0))
 
 
 def orthogonality_penalty(slots):
@@ -353,9 +340,8 @@ def orthogonality_penalty(slots):
 
 
 def episode_means(values, starts, ages):
-    """Means of values (T, B, C) over each episode's steps past its first BURN_IN (ages: steps the episode had taken
-    before each step; negative = not counted). Episodes are cut at the starts the agent sees and at the batch's edges,
-    never at a hidden mode switch. Returns (episodes, C) means, each kept step's episode index, and the kept-step mask."""
+    """(episodes, C) means of values (T, B, C) over steps of age >= BURN_IN, each kept step's episode index and the mask of
+    kept steps; episodes end at the starts the agent sees and at the batch's edges, never at a hidden mode switch."""
     T, B = starts.shape
     ids = (starts.cumsum(0) + torch.arange(B, device=starts.device) * (T + 1)).long().flatten()
     keep = ages.flatten() >= BURN_IN
@@ -366,21 +352,37 @@ def episode_means(values, starts, ages):
 
 
 def episode_consistency(probs, starts, ages):
-    """I(episode; slot) = H(mean of the episode-mean gates) - mean H(episode-mean gate), rewarded: high when every
-    episode keeps one slot all along and different episodes use different slots (log K at best)."""
+    """I(episode; slot) = H(mean of the episode-mean gates) - mean H(episode-mean gate), rewarded: log K when every
+    episode keeps one slot and episodes spread evenly over the slots, 0 when all have the same mean gate."""
     means = episode_means(probs, starts, ages)[0]
-    return entropy_of(means.mean(0)) - entropy_of(means).mean() if len(means) else probs.sum() * 0.0
+    return weight_entropy(means.mean(0)) - weight_entropy(means) if len(means) else probs.sum() * 0.0
 
 
 def supervised_gate_loss(probs, modes, ages):
-    """Cross-entropy from the gate to the true mode (slot k for training mode k) past each episode's burn-in: the
-    diagnostic ceiling of a gate that knows the mode, not the method."""
+    """The diagnostic ceiling, not the method: cross-entropy from the gate to slot k in true mode k, past burn-in."""
     keep = ages.flatten() >= BURN_IN
-    if not keep.any():  # no step past burn-in in this minibatch: nothing to supervise (a mean over none is NaN)
+    if not keep.any():  # a mean over no step would be NaN
         return probs.sum() * 0.0
     return nn.functional.nll_loss(torch.log(probs.reshape(-1, probs.shape[-1])[keep] + 1e-8), modes.flatten()[keep].long())
 
 
+# each slot term's weight flag and its sign in the minimised loss: sharp steps, all slots used, orthogonal slots,
+# episodes that keep one slot and differ from each other, and (ceiling only) a gate that names the true mode
+SLOT_TERMS = {"weight_entropy": ("lambda_w_ent", 1), "load_balance_entropy": ("lambda_lb", -1), "orthogonality": ("lambda_orth", 1),
+              "episode_consistency": ("lambda_consistency", -1), "supervised_ce": ("lambda_supervised", 1)}
+
+
+def slot_terms(probs, slots, batch, mb, args):
+    """The slot terms of minibatch `mb` from its replayed gate probabilities: (values, {name: sign · λ · value})."""
+    starts, ages = batch["starts"][:, mb], batch["ages"][:, mb]
+    values = {"weight_entropy": weight_entropy(probs), "load_balance_entropy": load_balance_entropy(probs),
+              "orthogonality": orthogonality_penalty(slots), "episode_consistency": episode_consistency(probs, starts, ages)}
+    if args.lambda_supervised > 0:
+        values["supervised_ce"] = supervised_gate_loss(probs, batch["modes"][:, mb], ages)
+    return values, {name: sign * getattr(args, flag) * values[name] for name, (flag, sign) in SLOT_TERMS.items() if name in values}
+
+
+# SLOT METRICS: the acted gate against the true mode, which the agent never sees
 def mutual_information(counts):
     """I(mode; slot) in nats from a joint count matrix, and the same divided by H(mode) (0 if H(mode) = 0)."""
     joint = counts / counts.sum()
@@ -400,9 +402,21 @@ def episode_slot_metrics(weights, modes, starts, ages, num_modes):
     episode_mode = episode_means(nn.functional.one_hot(modes.long(), num_modes).float(), starts, ages)[0].argmax(-1)
     slot, num_slots = means.argmax(-1), weights.shape[-1]
     stable = (weights.reshape(-1, num_slots)[keep].argmax(-1) == slot[episode]).float()
-    counts = np.zeros((num_modes, num_slots))
-    np.add.at(counts, (episode_mode.cpu().numpy(), slot.cpu().numpy()), 1.0)
+    counts = np.histogram2d(episode_mode.cpu().numpy(), slot.cpu().numpy(), (num_modes, num_slots), ((0, num_modes), (0, num_slots)))[0]
     return {"episode_nmi": mutual_information(counts)[1], "gate_stability": (stable.sum() / keep.sum()).item()}
+
+
+def linear_probe_accuracy(features, labels, episode):
+    """Held-out accuracy of a logistic regression predicting the mode from per-step features: fitted on the steps of
+    even-numbered episodes, scored on the odd ones' (at most ~10k steps each; nan without two modes to tell apart)."""
+    from sklearn.linear_model import LogisticRegression  # only the evaluation probes
+
+    fit = episode % 2 == 0
+    if len(np.unique(labels[fit])) < 2 or fit.all():
+        return float("nan")
+    stride = max(1, len(labels) // 20000)
+    train, test = np.flatnonzero(fit)[::stride], np.flatnonzero(~fit)[::stride]
+    return float(LogisticRegression(max_iter=1000).fit(features[train], labels[train]).score(features[test], labels[test]))
 
 
 class RewardScaler:
@@ -436,11 +450,8 @@ def carry_input(agent, carry):
 
 
 def env_step(agent, envs, carry, deterministic=False):
-    """One step of every environment, shared by the rollout, the evaluation and the video: the agent acts on the
-    carried input, the environments step, and the carry moves on. Returns what the batch keeps of the step (input,
-    start flag, action, log-prob, value, the hard gate's noise; and for the metrics the true mode, the steps the episode
-    had taken, the gate weights and the GRU state), what the environments returned, and the episodes that ended as
-    (return, length, mode)."""
+    """One step of every environment, shared by the rollout, the evaluation and the video. Returns what the batch keeps
+    of it (and the slot metrics read), what the environments returned, and the ended episodes' (return, length, mode)."""
     x = carry_input(agent, carry)
     start = torch.as_tensor(carry["start"], dtype=torch.float32, device=x.device)
     with torch.no_grad():
@@ -457,8 +468,7 @@ def env_step(agent, envs, carry, deterministic=False):
     episodes = [(float(carry["episode_return"][i]), int(carry["episode_length"][i]), int(carry["episode_mode"][i]))
                 for i in np.flatnonzero(done)]
     carry["episode_return"][done], carry["episode_length"][done], carry["episode_mode"][done] = 0.0, 0, info["mode"][done]
-    # same-step autoreset: where done, obs opens the next episode, so its previous action / reward are "none" and the
-    # next step zeroes the GRU state
+    # same-step autoreset: where done, obs opens the next episode: no previous action / reward, and a zeroed GRU state
     carry.update(obs=obs, start=done, mode=info["mode"], prev_action=np.where(done, -1, step["actions"].cpu().numpy()),
                  prev_reward=np.where(done, 0.0, reward))
     return step, outcome, episodes
@@ -466,8 +476,7 @@ def env_step(agent, envs, carry, deterministic=False):
 
 def collect_rollout(agent, envs, carry, num_steps, gamma, reward_scaler):
     """Runs `num_steps` steps in every env. Returns the batch (tensors shaped (T, N, ...)), the GRU state it started
-    from, and the finished episodes as (return, length, mode, index of the rollout step it ended in); the acted gate
-    weights and true modes are for the slot metrics only."""
+    from, and the finished episodes as (return, length, mode, index of the rollout step it ended in)."""
     initial_state, columns, episodes, device = carry["state"].clone(), {}, [], carry["state"].device
     for t in range(num_steps):
         step, (_, reward, terminated, truncated, info), ended = env_step(agent, envs, carry)
@@ -498,16 +507,9 @@ def compute_gae(rewards, values, starts, next_value, next_start, gamma, gae_lamb
     return advantages, advantages + values
 
 
-# each slot term's weight flag and its sign in the minimised loss: sharp steps, all slots used, orthogonal slots,
-# episodes that keep one slot and differ from each other, and (ceiling only) a gate that names the true mode
-SLOT_TERMS = {"weight_entropy": ("lambda_w_ent", 1), "load_balance_entropy": ("lambda_lb", -1), "orthogonality": ("lambda_orth", 1),
-              "episode_consistency": ("lambda_consistency", -1), "supervised_ce": ("lambda_supervised", 1)}
-
-
 def ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args):
-    """PPO epochs over minibatches of whole environments. Each minibatch replays its sequences from the
-    state saved at the start of the rollout (and the hard gate with its acted noise), so log-probs and gate weights
-    are re-computed exactly as they were acted; the slot terms use the replayed gate probabilities, with gradient."""
+    """PPO epochs over minibatches of whole environments, replayed from the state saved at the start of the rollout (the
+    hard gate with its acted noise): log-probs and gate are as acted, and the slot terms get the gate's gradient."""
     num_envs = batch["inputs"].shape[1]
     envs_per_minibatch, env_indices = num_envs // args.num_minibatches, np.arange(num_envs)
     clipfracs, stats = [], {}
@@ -545,12 +547,7 @@ def ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args
 
             entropy_loss = entropy.mean()
             ppo_loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-            starts, ages = batch["starts"][:, mb], batch["ages"][:, mb]
-            values = {"weight_entropy": weight_entropy(probs), "load_balance_entropy": load_balance_entropy(probs),
-                      "orthogonality": orthogonality_penalty(agent.bank.slots), "episode_consistency": episode_consistency(probs, starts, ages)}
-            if args.lambda_supervised > 0:
-                values["supervised_ce"] = supervised_gate_loss(probs, batch["modes"][:, mb], ages)
-            terms = {name: sign * getattr(args, flag) * values[name] for name, (flag, sign) in SLOT_TERMS.items() if name in values}
+            values, terms = slot_terms(probs, agent.bank.slots, batch, mb, args)
             slot_loss = sum(terms.values())
             loss = ppo_loss + slot_loss
             if epoch == 0 and start == 0:  # what each term adds to the gradient, beside the PPO loss's, before the clip
@@ -582,11 +579,9 @@ def agent_from_args(args, num_modes):
 
 
 def evaluate(model_path, episodes_per_mode=10, modes=None, deterministic=True, seed=0, video_dir=None, device="cpu"):
-    """Runs `episodes_per_mode` episodes in each mode of `modes` (default: the training preset's, held-out ones
-    included; any physics works) with the saved agent. Returns {"returns": {mode index: array of returns},
-    "slot_weights": mode × slot mean gate weights over those episodes' steps, "slot_counts": mode × argmax-slot counts,
-    "slots": episode-level NMI, gate stability and linear-probe accuracies of the mode from w_t and from h_t, over the
-    modes that were trained on (all of `modes` when given)}."""
+    """Plays `episodes_per_mode` episodes in each mode of `modes` (default: the checkpoint's, held-out ones included; any
+    physics works): {"returns": {mode: returns}, "slot_weights", "slot_counts": mode × slot mean gate and argmax counts,
+    "slots": episode-level metrics and probe accuracies over the trained modes (all of `modes` when given)}."""
     ckpt = torch.load(model_path, map_location="cpu", weights_only=True)
     if not isinstance(ckpt, dict) or ckpt.get("script") != SCRIPT or ckpt.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"{model_path!r} was not written by {SCRIPT}.py (format {CHECKPOINT_FORMAT})")
@@ -605,36 +600,19 @@ def evaluate(model_path, episodes_per_mode=10, modes=None, deterministic=True, s
             record_video(agent, NonStationaryCartPole(1, modes, train_args.hide_velocity, fixed_mode=k), seed, video_dir, f"mode{k}")
     weights = [c["weights"][c["ages"] >= 0].cpu().numpy() for c in steps]
     slot_counts = np.stack([np.bincount(w.argmax(-1), minlength=train_args.num_abstractions) for w in weights])
-    # the trained modes' episodes side by side in one (T, N) batch, padded with uncounted steps (age -1)
-    length = max(len(c["ages"]) for c in steps)
-    columns = {key: torch.cat([nn.functional.pad(c[key], (0, 0) * (c[key].dim() - 2) + (0, 0, 0, length - len(c[key])),
-                                                 value=-1 if key == "ages" else 0) for k, c in enumerate(steps) if k not in held_out], 1)
-               for key in steps[0]}
-    metrics = episode_slot_metrics(columns["weights"], columns["modes"], columns["starts"], columns["ages"], len(modes))
-    _, episode, keep = episode_means(columns["weights"], columns["starts"], columns["ages"])
-    labels = columns["modes"].flatten()[keep].cpu().numpy()
-    for name in ("weights", "hidden"):
-        features = columns[name].reshape(len(keep), -1)[keep].cpu().numpy()
-        metrics[f"probe_acc_{'w' if name == 'weights' else 'h'}"] = linear_probe_accuracy(features, labels, episode.cpu().numpy())
+    # the trained modes' episodes side by side in one (T, N) batch, padded at the end with uncounted steps (age -1)
+    batch = {key: nn.utils.rnn.pad_sequence([c[key] for k, c in enumerate(steps) if k not in held_out],
+                                            padding_value=-1 if key == "ages" else 0).flatten(1, 2) for key in steps[0]}
+    metrics = episode_slot_metrics(batch["weights"], batch["modes"], batch["starts"], batch["ages"], len(modes))
+    _, episode, keep = episode_means(batch["weights"], batch["starts"], batch["ages"])
+    for name, key in (("w", "weights"), ("h", "hidden")):
+        metrics[f"probe_acc_{name}"] = linear_probe_accuracy(batch[key].flatten(0, 1)[keep].cpu().numpy(),
+                                                             batch["modes"].flatten()[keep].cpu().numpy(), episode.cpu().numpy())
     return {"returns": returns, "slot_weights": np.stack([w.mean(0) for w in weights]), "slot_counts": slot_counts, "slots": metrics}
 
 
-def linear_probe_accuracy(features, labels, episode):
-    """Held-out accuracy of a logistic regression that predicts the mode from per-step features: fitted on the steps
-    of even-numbered episodes, scored on the odd ones' (at most ~10k steps each; nan without two modes to tell apart)."""
-    from sklearn.linear_model import LogisticRegression  # only the evaluation probes
-
-    fit = episode % 2 == 0
-    if len(np.unique(labels[fit])) < 2 or fit.all():
-        return float("nan")
-    stride = max(1, len(labels) // 20000)
-    train, test = np.flatnonzero(fit)[::stride], np.flatnonzero(~fit)[::stride]
-    return float(LogisticRegression(max_iter=1000).fit(features[train], labels[train]).score(features[test], labels[test]))
-
-
 def first_episodes(agent, envs, seed, deterministic):
-    """The first episode of every environment of `envs`, as (return, length, mode), and its steps' columns (T, N, ...)
-    of env_step, with ages -1 once an env's first episode is over."""
+    """Each env's first episode as (return, length, mode), and the slot metrics' columns (T, N, ...), age -1 after it."""
     carry = new_carry(envs, agent, seed, next(agent.parameters()).device)
     first, columns = [None] * envs.num_envs, {}
     while any(episode is None for episode in first):
@@ -648,23 +626,6 @@ def first_episodes(agent, envs, seed, deterministic):
     return first, {key: torch.stack(column) for key, column in columns.items()}
 
 
-def plot_slot_heatmap(slot_weights, path, title):
-    """Annotated mode × slot heatmap of mean gate weights, saved as PNG."""
-    import matplotlib.pyplot as plt  # only a --save-model run draws
-
-    num_modes, num_slots = slot_weights.shape
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.2 + 0.9 * num_slots), 1.4 + 0.6 * num_modes))
-    fig.colorbar(ax.imshow(slot_weights, cmap="viridis", vmin=0.0, vmax=1.0), ax=ax, fraction=0.046, pad=0.04)
-    for (i, j), v in np.ndenumerate(slot_weights):
-        ax.text(j, i, f"{v:.2f}", ha="center", va="center", color="white" if v < 0.6 else "black", fontsize=9)
-    ax.set(xticks=range(num_slots), xticklabels=[f"slot {j}" for j in range(num_slots)], yticks=range(num_modes),
-           yticklabels=[f"mode {i}" for i in range(num_modes)])
-    ax.set_title(title, fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def record_video(agent, env, seed, video_dir, name):
     """One deterministic episode of the single env `env`, drawn by gymnasium's renderer: video_dir/{name}-episode-0.mp4."""
     renderer = gym.make("CartPole-v1", render_mode="rgb_array").unwrapped
@@ -675,6 +636,21 @@ def record_video(agent, env, seed, video_dir, name):
         *_, ended = env_step(agent, env, carry, deterministic=True)
         renderer.state = env.last_state[0]
     save_video(frames + [renderer.render()], video_dir, fps=50, name_prefix=name)
+
+
+def plot_slot_heatmap(slot_weights, path, title):
+    """Annotated mode × slot heatmap of mean gate weights, saved as PNG."""
+    import matplotlib.pyplot as plt  # only a --save-model run draws
+
+    num_modes, num_slots = slot_weights.shape
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.2 + 0.9 * num_slots), 1.4 + 0.6 * num_modes), layout="tight")
+    fig.colorbar(ax.imshow(slot_weights, cmap="viridis", vmin=0.0, vmax=1.0), ax=ax, fraction=0.046, pad=0.04)
+    for (i, j), v in np.ndenumerate(slot_weights):
+        ax.text(j, i, f"{v:.2f}", ha="center", va="center", color="white" if v < 0.6 else "black", fontsize=9)
+    ax.set(xlabel="slot", ylabel="mode", xticks=range(num_slots), yticks=range(num_modes))
+    ax.set_title(title, fontsize=7)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 # RUN DIRECTORY / VALIDATION
@@ -740,7 +716,7 @@ if __name__ == "__main__":
     except ValueError as e:
         print(f"{SCRIPT}.py: error: {e}", file=sys.stderr)
         sys.exit(2)
-    modes = MODE_PRESETS[args.modes_preset]
+    modes, held_out = MODE_PRESETS[args.modes_preset], HELD_OUT_MODES[args.modes_preset]
     args.batch_size = int(args.num_envs * args.num_steps)
     args.minibatch_size = int(args.batch_size // args.num_minibatches)
     args.num_iterations = args.total_timesteps // args.batch_size
@@ -760,7 +736,7 @@ if __name__ == "__main__":
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
     envs = NonStationaryCartPole(args.num_envs, modes, args.hide_velocity, args.fixed_mode, args.switch_prob,
-                                 held_out=HELD_OUT_MODES[args.modes_preset], mode_share=args.mode_share)
+                                 held_out=held_out, mode_share=args.mode_share)
     agent = agent_from_args(args, len(modes)).to(device)
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
     reward_scaler = RewardScaler(args.num_envs, args.gamma) if args.norm_reward else None
@@ -796,23 +772,19 @@ if __name__ == "__main__":
         # LOGGING
         sps = int(global_step / (time.time() - start_time))
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-        for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "explained_variance"):
-            writer.add_scalar(f"losses/{key}", stats[key], global_step)
-        writer.add_scalar("debug/first_minibatch_ratio_error", stats["first_minibatch_ratio_error"], global_step)
-        writer.add_scalar("debug/first_minibatch_gate_error", stats["first_minibatch_gate_error"], global_step)
-        # slot usage from the weights the agent acted with, split by the (hidden) true mode
-        weights, step_modes = batch["weights"].reshape(-1, args.num_abstractions), batch["modes"].flatten()
-        slots = {key: value for key, value in stats.items() if key in SLOT_TERMS or key.startswith("grad_norm_") or key == "slot_loss"}
-        writer.add_scalar("losses/grad_norm_ppo", slots.pop("grad_norm_ppo"), global_step)
-        slots.update(episode_slot_metrics(batch["weights"], batch["modes"], batch["starts"], batch["ages"], len(modes)))
+        # slot usage as the agent acted, overall and per (hidden) true mode
+        weights, step_modes = batch["weights"].flatten(0, 1), batch["modes"].flatten()
+        slots = episode_slot_metrics(batch["weights"], batch["modes"], batch["starts"], batch["ages"], len(modes))
         slots.update({f"usage_w{k}": w for k, w in enumerate(weights.mean(0).tolist())})
         for mode in step_modes.unique().tolist():
             slots.update({f"mode{mode}_w{k}": w for k, w in enumerate(weights[step_modes == mode].mean(0).tolist())})
         slots["mode_slot_mi"], slots["mode_slot_nmi"] = mutual_information(np.histogram2d(  # (true mode, argmax slot) counts
             step_modes.cpu().numpy(), weights.argmax(-1).cpu().numpy(), (len(modes), args.num_abstractions),
             ((0, len(modes)), (0, args.num_abstractions)))[0])
-        for key, value in slots.items():
-            writer.add_scalar(f"slots/{key}", value, global_step)
+        losses = ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "explained_variance", "grad_norm_ppo")
+        for key, value in {**stats, **slots}.items():  # the replay checks under debug/, the slot terms and metrics under slots/
+            group = "losses" if key in losses else "debug" if key.startswith("first_minibatch") else "slots"
+            writer.add_scalar(f"{group}/{key}", value, global_step)
         writer.add_scalar("charts/SPS", sps, global_step)
         if iteration % max(1, args.num_iterations // 50) == 0 or iteration == args.num_iterations:
             by_mode = " ".join(f"m{k} {np.mean(v):.0f}" if v else f"m{k} -" for k, v in recent_by_mode.items())
@@ -828,13 +800,11 @@ if __name__ == "__main__":
                     {key: float(getattr(reward_scaler.return_rms, key)) for key in ("mean", "var", "count")}}, model_path + ".tmp")
         os.replace(model_path + ".tmp", model_path)  # written atomically: a killed run leaves no half-written model
         print(f"model saved to {model_path}")
-        video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
-        held_out = HELD_OUT_MODES[args.modes_preset]
         report = {"script": SCRIPT, "checkpoint": model_path, "episodes_per_mode": args.eval_episodes, "held_out_modes": held_out,
                   "modes": [{"gravity": g, "half_length": l, "force_sign": s} for g, l, s in modes], "per_mode": {}}
         for kind, det in (("deterministic", True), ("sampled", False)):
             evaluation = evaluate(model_path, args.eval_episodes, deterministic=det, seed=args.seed + 100_000,
-                                  video_dir=video_dir if det else None, device=device)
+                                  video_dir=os.path.join(run_dir, "videos") if det and args.capture_video else None, device=device)
             results = evaluation["returns"]
             for k, rets in results.items():
                 report["per_mode"].setdefault(str(k), {})[kind] = {"mean": float(np.mean(rets)), "std": float(np.std(rets)), "returns": rets.tolist()}
