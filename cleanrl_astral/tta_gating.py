@@ -2,9 +2,8 @@
 
 Reads an agent trained by ppo_gru_astral.py (its `.cleanrl_model`, never modified) and asks of its AbstractionBank:
 - `adapt`: on a fixed target mode, does updating only the gate with REINFORCE raise the return? Controls on the same
-  episodes: `none` (no updates), `gate` (the method), `context` (a K-dim gate-logit bias, CAVIA-style), `all` (every
-  parameter), `tent` (reward-free entropy minimisation). A gain also reads as a fraction of the headroom up to the
-  ceiling, the best fixed gate.
+  episodes: `none`, `gate` (the method), `context` (a gate-logit bias), `all` (every parameter), `tent` (reward-free);
+  a gain also reads as a fraction of the headroom up to the ceiling, the best fixed gate.
 - `clamp`: the gate forced to each one-hot (z = A_k) in every mode; slots matched to modes give the clamp specificity.
 
 Usage: python cleanrl_astral/tta_gating.py adapt --checkpoint runs/<run_name>/ppo_gru_astral.cleanrl_model
@@ -143,8 +142,7 @@ class NonStationaryCartPole:
         return self.state[:, self.observed].astype(np.float32), np.ones(self.num_envs), terminated, truncated, info
 
 
-# MODEL: ppo_gru_astral.py's agent (its weights come from the checkpoint, so no initialisation scheme here), plus a
-# zero gate-logit bias, the context, that only the `context` control moves
+# MODEL: ppo_gru_astral.py's agent (weights from the checkpoint), plus the context: a zero gate-logit bias for `context`
 class AbstractionBank(nn.Module):
     """K slots A and a gate: p = softmax((g(h) + c) / τ), the context c zero as loaded; z = wᵀA with w = p (soft gate) or,
     with `gumbel_tau`, the straight-through Gumbel-softmax one-hot of slot k ~ p (hard gate; with zero noise, argmax p)."""
@@ -384,8 +382,7 @@ def ceiling(agent, target, hide_velocity, settings, seeds, episodes):
 
 
 # CHECKPOINT AND TARGETS
-# the checkpoint's args that shape the agent's forward pass (Agent honours each) and those that only shaped its training
-# (the last four: older runs'); a checkpoint with any other would be acted as another agent than it is, so it is refused
+# the args Agent honours, then the training-only ones (the last four: older runs'); a checkpoint with any other is refused
 KNOWN_ARGS = set("""hide_velocity memory oracle hidden_size num_abstractions slot_dim tau bottleneck hard_gate gumbel_tau modes_preset
     exp_name seed torch_deterministic cuda track wandb_project_name wandb_entity capture_video save_model runs_dir eval_episodes env_id
     mode_share fixed_mode switch_prob total_timesteps learning_rate num_envs num_steps anneal_lr gamma gae_lambda num_minibatches
@@ -457,8 +454,7 @@ def mean_ci(values):
 
 
 def plot_adaptation_curves(results, targets, controls, path, title):
-    """One panel per target: the mean return of each adaptation episode over seeds, a line per control with its 95% CI
-    band, the pre-adaptation evaluation (sampled) dotted and the ceiling of the fixed gates dashed."""
+    """One panel per target: each control's mean return per adaptation episode, its 95% CI; before dotted, ceiling dashed."""
     ncols, nrows = min(3, len(targets)), (len(targets) + 2) // 3
     fig, axes = plt.subplots(nrows, ncols, figsize=(max(6.0, 4.2 * ncols), 3.2 * nrows + 0.6), squeeze=False, layout="constrained")
     colors = {"none": "tab:gray", "gate": "tab:blue", "context": "tab:purple", "all": "tab:orange", "tent": "tab:green"}
