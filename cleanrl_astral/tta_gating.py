@@ -2,16 +2,13 @@
 
 Reads an agent trained by ppo_gru_astral.py (its `.cleanrl_model`, never modified) and asks of its AbstractionBank:
 - `adapt`: on a fixed target mode, does updating only the gate with REINFORCE raise the return? Controls on the same
-  episodes: `none` (no updates), `gate` (the gating MLP: the method), `context` (a K-dimensional gate-logit bias,
-  CAVIA-style), `all` (every parameter), `tent` (reward-free entropy minimisation). The best fixed gate is measured
-  first, so a gain also reads as a fraction of that ceiling's headroom.
-- `clamp`: what does each slot do? The gate is forced to each one-hot (z = A_k) in every mode; slots matched to modes
-  give the clamp specificity.
+  episodes: `none`, `gate` (the method), `context` (a gate-logit bias), `all` (every parameter), `tent` (reward-free);
+  a gain also reads as a fraction of the headroom up to the ceiling, the best fixed gate.
+- `clamp`: the gate forced to each one-hot (z = A_k) in every mode; slots matched to modes give the clamp specificity.
 
 Usage: python cleanrl_astral/tta_gating.py adapt --checkpoint runs/<run_name>/ppo_gru_astral.cleanrl_model
 """
 import copy
-import dataclasses
 import glob
 import itertools
 import json
@@ -29,7 +26,6 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.optim as optim
 import tyro
 from torch.distributions.categorical import Categorical
 from torch.utils.tensorboard import SummaryWriter
@@ -92,8 +88,8 @@ class AdaptArgs(Args):
     """the ceiling's fixed gates: every mixture with weights in multiples of 1/N, plus uniform (1: the K one-hot clamps; 0: no ceiling)"""
 
 
-# ENVIRONMENT: ppo_gru_astral.py's CartPole, all envs in one physics mode
-HELD_OUT_MODES = {"seed3": [], "inverted4": [], "mirror4": [4]}  # the presets' modes that training never draws
+# ENVIRONMENT: ppo_gru_astral.py's CartPole, all envs in one physics mode; the presets' modes that training never draws
+HELD_OUT_MODES = {"seed3": [], "inverted4": [], "mirror4": [4]}
 
 
 def parse_modes(spec: str) -> list:
@@ -114,9 +110,8 @@ def parse_modes(spec: str) -> list:
 
 
 class NonStationaryCartPole:
-    """`num_envs` CartPole-v1s stepped together in numpy (gymnasium's equations, constants and 500-step limit) under one
-    physics (gravity, pole half-length, force sign): ppo_gru_astral.py's env as its `evaluate` builds it for one mode.
-    Same-step autoreset: an ended episode's last observation is in info["final_obs"], the next one's first is returned."""
+    """`num_envs` CartPole-v1s (gymnasium's equations and 500-step limit, in numpy) under one physics: ppo_gru_astral.py's
+    env as its `evaluate` builds it for one mode. Same-step autoreset; an ended episode's last observation is in info."""
 
     def __init__(self, num_envs, physics, hide_velocity=False):
         self.num_envs, self.max_episode_steps, (self.gravity, self.half_length, self.force_sign) = num_envs, 500, physics
@@ -147,8 +142,7 @@ class NonStationaryCartPole:
         return self.state[:, self.observed].astype(np.float32), np.ones(self.num_envs), terminated, truncated, info
 
 
-# MODEL: ppo_gru_astral.py's agent (its weights come from the checkpoint, so no initialisation scheme here), plus a
-# zero gate-logit bias, the context, that only the `context` control moves
+# MODEL: ppo_gru_astral.py's agent (weights from the checkpoint), plus the context: a zero gate-logit bias for `context`
 class AbstractionBank(nn.Module):
     """K slots A and a gate: p = softmax((g(h) + c) / τ), the context c zero as loaded; z = wᵀA with w = p (soft gate) or,
     with `gumbel_tau`, the straight-through Gumbel-softmax one-hot of slot k ~ p (hard gate; with zero noise, argmax p)."""
@@ -160,8 +154,7 @@ class AbstractionBank(nn.Module):
         self.context = nn.Parameter(torch.zeros(num_abstractions))
 
     def forward(self, h, weights=None, noise=None):
-        """Returns (z, w, p, noise). `weights` overrides w (e.g. a one-hot to clamp one slot); the hard gate draws its
-        Gumbel noise from torch's generator unless given one (zero noise: the argmax slot)."""
+        """(z, w, p, noise); `weights` overrides w (a one-hot clamps one slot); the hard gate draws its noise unless given."""
         logits = (self.gate(h) + self.context) / self.tau
         probs = torch.softmax(logits, dim=-1)
         if weights is None and self.gumbel_tau is not None:
@@ -200,15 +193,12 @@ class Agent(nn.Module):
     def build_input(self, obs, prev_action, prev_reward, mode):
         """obs (..., obs_dim), prev_action (...) with -1 for "none", prev_reward (...), mode (...) -> input."""
         prev_onehot = torch.nn.functional.one_hot((prev_action + 1).long(), self.num_actions + 1)[..., 1:].float()
-        parts = [obs.float(), prev_onehot, prev_reward.float().unsqueeze(-1)]
-        if self.oracle:
-            parts.append(torch.nn.functional.one_hot(mode.long(), self.num_modes).float())
-        return torch.cat(parts, dim=-1)
+        oracle = [torch.nn.functional.one_hot(mode.long(), self.num_modes).float()] if self.oracle else []
+        return torch.cat([obs.float(), prev_onehot, prev_reward.float().unsqueeze(-1), *oracle], dim=-1)
 
     def forward(self, x, state, starts, weights=None, noise=None):
-        """x (T, B, input_dim), state (B, H) before x[0], starts (T, B) = 1 where x[t] opens an episode. Returns the heads'
-        input h' (T, B, H), the state after x[T-1], w, p and the hard gate's noise (T, B, K). The gate reads the GRU state
-        h; h' = FiLM(h; z), or with the bottleneck FiLM(features of x_t; z): memory then reaches the heads only through z."""
+        """x (T, B, input_dim), state (B, H) before x[0], starts (T, B) = 1 where x[t] opens an episode. Returns h' = FiLM(h; z)
+        (with the bottleneck FiLM(features of x_t; z): memory reaches the heads only through z), last state, w, p, noise."""
         features = self.encoder(x)
         keep, states = torch.zeros_like(starts) if self.memory == "none" else 1.0 - starts, []
         for feature_t, keep_t in zip(features.unbind(0), keep.unbind(0)):
@@ -223,9 +213,8 @@ class Agent(nn.Module):
 
 # ACTING
 def policy_step(agent, obs, prev_action, prev_reward, mode, state, start, weights=None, deterministic=False, noise=None):
-    """One step of B environments, the input built as in ppo_gru_astral.py's rollout (start = 1 zeroes the GRU state);
-    `weights` (K,) clamps the gate; the hard gate takes its argmax slot if `deterministic`, else draws (or is given) its
-    noise. Returns the action distribution, value, next state, gate weights, probabilities (B, K) and noise, with graph."""
+    """One step of B envs, the input built as in ppo_gru_astral.py's rollout (start = 1 zeroes the state); `weights` (K,)
+    clamps the gate; `deterministic`: the hard gate's argmax slot. Returns (dist, value, state, w, p, noise), with graph."""
     x = agent.build_input(*(torch.as_tensor(np.asarray(v)) for v in (obs, prev_action, prev_reward, mode)))[None]
     if deterministic and agent.bank.gumbel_tau is not None:
         noise = torch.zeros(*x.shape[:-1], len(agent.bank.slots))
@@ -235,9 +224,8 @@ def policy_step(agent, obs, prev_action, prev_reward, mode, state, start, weight
 
 
 def evaluate_target(agent, target, hide_velocity, episodes, deterministic, seed, weights=None):
-    """The first episode of `episodes` envs of the target side by side (env and torch seed `seed`: every gate setting
-    plays the same episodes; ppo_gru_astral.evaluate's mode k for seed - 1000 k), the gate optionally clamped to `weights`
-    (K,). Returns the returns and the mean gate weights acted with."""
+    """Returns and mean gate weights of the first episode of `episodes` envs of the target (env and torch seed `seed`, as
+    ppo_gru_astral.evaluate's mode k for seed - 1000 k), the gate optionally clamped to `weights` (K,)."""
     torch.manual_seed(seed)
     envs = NonStationaryCartPole(episodes, target["physics"], hide_velocity)
     obs, _ = envs.reset(seed=seed)
@@ -250,8 +238,7 @@ def evaluate_target(agent, target, hide_velocity, episodes, deterministic, seed,
         action = (dist.logits.argmax(-1) if deterministic else dist.sample()).numpy()
         weight_sum, steps = weight_sum + w[torch.as_tensor(~finished)].sum(0).numpy(), steps + int((~finished).sum())
         obs, reward, terminated, truncated, _ = envs.step(action)
-        returns += reward * ~finished
-        done = terminated | truncated
+        returns, done = returns + reward * ~finished, terminated | truncated
         finished |= done
         prev_action, prev_reward, start = np.where(done, -1, action), np.where(done, 0.0, reward), done
     return returns, weight_sum / steps
@@ -266,24 +253,21 @@ def discounted_returns(rewards, gamma, bootstrap=0.0):
 
 
 def reinforce_loss(logprobs, rewards, gamma):
-    """REINFORCE on one episode: -mean_t log π(a_t) Ĝ_t, Ĝ the discounted returns normalised over the episode.
-    `logprobs` must carry the graph: acting under no_grad would leave nothing to differentiate."""
+    """-mean_t log π(a_t) Ĝ_t on one episode, Ĝ the discounted returns normalised over it; `logprobs` carry the graph."""
     returns = torch.as_tensor(discounted_returns(rewards, gamma), dtype=torch.float32)
     returns = (returns - returns.mean()) / (returns.std() + 1e-8) if len(returns) > 1 else torch.zeros_like(returns)
     return -(logprobs * returns).mean()
 
 
 def actor_critic_loss(logprobs, values, rewards, bootstrap_value, gamma, reward_scale):
-    """n-step advantage actor-critic on one segment. The critic is the checkpoint's value head, which was trained
-    on rewards / reward_scale; it serves as a baseline and bootstrap only (not retrained)."""
+    """n-step actor-critic on one segment; the value head (trained on rewards / reward_scale) is baseline and bootstrap only."""
     targets = discounted_returns(np.asarray(rewards) / reward_scale, gamma, bootstrap_value)
     return -(logprobs * (torch.as_tensor(targets, dtype=torch.float32) - values.detach())).mean()
 
 
 def tent_loss(logits, anchor_logits, gate_probs, kl_coef):
-    """Reward-free: gate entropy + policy entropy + kl_coef · KL(π || π_unadapted), averaged over steps; the gate entropy
-    is of its probabilities p (under the hard gate w is one-hot). Without the anchor, minimising entropy happily
-    collapses the policy onto whatever action it already prefers."""
+    """Reward-free: H(p) + H(π) + kl_coef · KL(π || π_unadapted), averaged over steps (p the gate's probabilities: under the
+    hard gate w is one-hot). Without the anchor, entropy minimisation collapses the policy onto its preferred action."""
     gate_entropy = -(gate_probs * torch.log(gate_probs + 1e-8)).sum(-1).mean()
     log_p, log_q = torch.log_softmax(logits, -1), torch.log_softmax(anchor_logits, -1)
     policy_entropy = -(log_p.exp() * log_p).sum(-1).mean()
@@ -328,12 +312,10 @@ def adaptation_episode(agent, anchor, env, mode, env_seed, control, optimizer, a
         if control == "tent":
             loss = tent_loss(torch.cat(logits), torch.cat(anchor_logits), torch.cat(gate_probs), args.tent_kl_coef)
         elif args.online:
-            bootstrap = 0.0
-            if not terminated[0]:
-                # a cut segment or a time-limit truncation continues: bootstrap from the value of the next observation
-                # (the ended episode's last one where the env already restarted)
-                with torch.no_grad():
-                    bootstrap = float(policy_step(agent, info["final_obs"], prev_action, prev_reward, mode, state, start)[1])
+            # a fallen pole has no future; a cut segment or a time-limit truncation continues: bootstrap from the value of
+            # the next observation (the ended episode's last one where the env already restarted)
+            with torch.no_grad():
+                bootstrap = 0.0 if terminated[0] else float(policy_step(agent, info["final_obs"], prev_action, prev_reward, mode, state, start)[1])
             loss = actor_critic_loss(torch.cat(logprobs), torch.cat(values), rewards, bootstrap, args.gamma, reward_scale)
         else:
             loss = reinforce_loss(torch.cat(logprobs), rewards, args.gamma)
@@ -348,13 +330,12 @@ def adaptation_episode(agent, anchor, env, mode, env_seed, control, optimizer, a
 
 
 def adapted_copy(ckpt, target, control, seed, args, reward_scale):
-    """A fresh copy of the checkpoint's agent adapted on `target` for --episodes episodes. The env seeds and the torch
-    seed depend only on (target, seed): every control plays the same episodes until its parameters differ. Returns the
-    agent, its return per episode and its number of updates."""
+    """(agent, return per episode, updates) of a fresh copy of the checkpoint's agent adapted on `target`. The env and torch
+    seeds depend only on (target, seed): every control plays the same episodes until its parameters differ."""
     agent = agent_from_checkpoint(ckpt)
     anchor = copy.deepcopy(agent).requires_grad_(False)
     params = adapted_parameters(agent, control)
-    optimizer = optim.Adam(params, lr=args.adapt_lr) if params else None
+    optimizer = torch.optim.Adam(params, lr=args.adapt_lr) if params else None
     env = NonStationaryCartPole(1, target["physics"], ckpt["args"]["hide_velocity"])
     torch.manual_seed(seed)
     episodes = [adaptation_episode(agent, anchor, env, target["index"], 10_000 * seed + episode, control, optimizer, args,
@@ -364,8 +345,7 @@ def adapted_copy(ckpt, target, control, seed, args, reward_scale):
 
 # INTERVENTIONS: fixed gates
 def gate_settings(num_slots, resolution):
-    """Named fixed gates: the one-hots `slot{k}`, the other weight vectors with entries in multiples of 1/resolution,
-    and `uniform` (1/K)."""
+    """Named fixed gates: the one-hots `slot{k}`, mixtures with weights in multiples of 1/resolution, `uniform` (1/K)."""
     settings = {f"slot{k}": torch.eye(num_slots)[k] for k in range(num_slots)}
     for parts in itertools.product(range(resolution), repeat=num_slots):
         if sum(parts) == resolution and len(set(parts)) > 1:
@@ -375,10 +355,9 @@ def gate_settings(num_slots, resolution):
 
 
 def clamp_specificity(returns):
-    """Mode × slot return matrix -> (mean matched cell − mean other cell, [(mode row, slot column)]). Slots are
-    unlabelled, so each mode is first matched to a slot of its own (Hungarian, maximising the matched returns); the
-    score compares the matched cells with the other cells of the matched rows and columns. A mode or slot that is
-    better everywhere cancels out; the maximising match makes the score ≥ 0 even for noise. None below two pairs."""
+    """Mode × slot return matrix -> (mean matched cell − mean other cell of the matched rows and columns, [(row, column)]).
+    Slots are unlabelled: each mode is matched to a slot of its own (Hungarian, maximising the matched returns). A mode or
+    slot better everywhere cancels out; the maximising match makes the score ≥ 0 even for noise. None below two pairs."""
     from scipy.optimize import linear_sum_assignment
 
     rows, cols = linear_sum_assignment(returns, maximize=True)
@@ -394,9 +373,16 @@ def gate_returns(agent, target, hide_velocity, settings, seeds, episodes, kinds=
     return {name: {kind: [float(r.mean()) for r, _ in v] for kind, v in by_kind.items()} for name, by_kind in runs.items()}, runs
 
 
+def ceiling(agent, target, hide_velocity, settings, seeds, episodes):
+    """The best of the fixed gates `settings` by mean sampled return on the evaluation episodes, and every gate's returns."""
+    returns = gate_returns(agent, target, hide_velocity, settings, seeds, episodes, KINDS[1:])[0]
+    per_setting = {name: v["sampled"] for name, v in returns.items()}
+    best = max(per_setting, key=lambda name: np.mean(per_setting[name]))
+    return {"best": best, "sampled": {**mean_ci(per_setting[best]), "per_seed": per_setting[best]}, "per_setting": per_setting}
+
+
 # CHECKPOINT AND TARGETS
-# the checkpoint's args that shape the agent's forward pass (Agent honours each) and those that only shaped its training
-# (the last four: older runs'); a checkpoint with any other would be acted as another agent than it is, so it is refused
+# the args Agent honours, then the training-only ones (the last four: older runs'); a checkpoint with any other is refused
 KNOWN_ARGS = set("""hide_velocity memory oracle hidden_size num_abstractions slot_dim tau bottleneck hard_gate gumbel_tau modes_preset
     exp_name seed torch_deterministic cuda track wandb_project_name wandb_entity capture_video save_model runs_dir eval_episodes env_id
     mode_share fixed_mode switch_prob total_timesteps learning_rate num_envs num_steps anneal_lr gamma gae_lambda num_minibatches
@@ -425,13 +411,12 @@ def load_astral_checkpoint(path):
     if found != ASTRAL_SCRIPT or ckpt.get("format") != ASTRAL_FORMAT:
         raise ValueError(f"checkpoint {path!r} was written by {found or 'another program'} (format {ckpt.get('format') if found else '?'}), "
                          f"not {ASTRAL_SCRIPT}.py format {ASTRAL_FORMAT}; test-time gating needs an ASTRAL agent (it has the gate)")
-    a = ckpt["args"]
-    unknown = [f"--{k.replace('_', '-')} {a[k]}" for k in sorted(set(a) - KNOWN_ARGS)] + [
-        f"--{k.replace('_', '-')} {a.get(k)}" for k, allowed in (("memory", ("gru", "none")), ("modes_preset", tuple(HELD_OUT_MODES)))
-        if a.get(k) not in allowed]
+    a, allowed = ckpt["args"], {"memory": ("gru", "none"), "modes_preset": tuple(HELD_OUT_MODES)}
+    unknown = ", ".join(f"--{k.replace('_', '-')} {a.get(k)}" for k in
+                        sorted(set(a) - KNOWN_ARGS) + [k for k, values in allowed.items() if a.get(k) not in values])
     if unknown:
-        raise ValueError(f"checkpoint {path!r} was trained with {', '.join(unknown)}, which {SCRIPT}.py's copy of the agent does "
-                         "not implement; it would act as another agent")
+        raise ValueError(f"checkpoint {path!r} was trained with {unknown}, which {SCRIPT}.py's copy of the agent does not implement; "
+                         "it would act as another agent")
     try:
         return ckpt, agent_from_checkpoint(ckpt).eval()
     except (KeyError, TypeError, RuntimeError) as e:
@@ -440,17 +425,10 @@ def load_astral_checkpoint(path):
 
 def resolve_targets(mode_indices, modes, ckpt):
     """The target modes: [{"name", "index" (the mode index an --oracle agent reads), "physics", "held_out", "label"}]."""
-    def target(name, index, physics, held_out=False):
-        g, l, sign = physics
-        return {"name": name, "index": index, "physics": physics, "held_out": held_out,
-                "label": f"{name} (g {g:g}, l {l:g}{', inverted' if sign < 0 else ''}{', held out' if held_out else ''})"}
-
     if modes is not None and mode_indices is not None:
         raise ValueError("give either --mode-indices (the checkpoint's modes) or --modes (custom physics), not both")
-    if modes is not None:
-        if ckpt["args"]["oracle"]:
-            raise ValueError("an --oracle agent reads the true mode index, so it cannot be run on custom --modes; use --mode-indices")
-        return [target(f"custom{j}", j, m) for j, m in enumerate(parse_modes(modes))]
+    if modes is not None and ckpt["args"]["oracle"]:
+        raise ValueError("an --oracle agent reads the true mode index, so it cannot be run on custom --modes; use --mode-indices")
     train_modes = [tuple(float(v) for v in m) for m in ckpt["modes"]]
     indices = range(len(train_modes)) if mode_indices is None else mode_indices
     if not indices or len(set(indices)) != len(indices):
@@ -458,7 +436,11 @@ def resolve_targets(mode_indices, modes, ckpt):
     for k in (k for k in indices if not 0 <= k < len(train_modes)):
         raise ValueError(f"--mode-indices {k} is out of range; the checkpoint has {len(train_modes)} modes (0..{len(train_modes) - 1})")
     held_out = HELD_OUT_MODES[ckpt["args"]["modes_preset"]]
-    return [target(f"mode{k}", k, train_modes[k], k in held_out) for k in indices]
+    found = ([(f"mode{k}", k, train_modes[k], k in held_out) for k in indices] if modes is None
+             else [(f"custom{j}", j, m, False) for j, m in enumerate(parse_modes(modes))])
+    return [{"name": name, "index": k, "physics": (g, l, sign), "held_out": out,
+             "label": f"{name} (g {g:g}, l {l:g}{', inverted' if sign < 0 else ''}{', held out' if out else ''})"}
+            for name, k, (g, l, sign), out in found]
 
 
 # STATISTICS AND PLOTS
@@ -472,8 +454,7 @@ def mean_ci(values):
 
 
 def plot_adaptation_curves(results, targets, controls, path, title):
-    """One panel per target: the mean return of each adaptation episode over seeds, a line per control with its 95% CI
-    band, the pre-adaptation evaluation (sampled) dotted and the ceiling of the fixed gates dashed."""
+    """One panel per target: each control's mean return per adaptation episode, its 95% CI; before dotted, ceiling dashed."""
     ncols, nrows = min(3, len(targets)), (len(targets) + 2) // 3
     fig, axes = plt.subplots(nrows, ncols, figsize=(max(6.0, 4.2 * ncols), 3.2 * nrows + 0.6), squeeze=False, layout="constrained")
     colors = {"none": "tab:gray", "gate": "tab:blue", "context": "tab:purple", "all": "tab:orange", "tent": "tab:green"}
@@ -518,9 +499,9 @@ def plot_clamp_heatmap(matrix, row_labels, col_labels, path, title):
 # RUN BOOKKEEPING
 def validate(args):
     """Every check that can fail before any work starts. Returns (checkpoint path, checkpoint, agent, targets, reward scale)."""
-    for f in dataclasses.fields(args):  # NaN and inf pass every `x > 0` style check and reach the optimizer
-        if isinstance(getattr(args, f.name), float) and not math.isfinite(getattr(args, f.name)):
-            raise ValueError(f"--{f.name.replace('_', '-')} {getattr(args, f.name)} must be a finite number")
+    for name, value in vars(args).items():  # NaN and inf pass every `x > 0` style check and reach the optimizer
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"--{name.replace('_', '-')} {value} must be a finite number")
     for name, low in (("seed", 0), ("eval_episodes", 1), ("episodes", 1), ("num_seeds", 1), ("online_every", 1), ("ceiling_resolution", 0)):
         if getattr(args, name, low) < low:
             raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)} must be at least {low}")
@@ -531,27 +512,24 @@ def validate(args):
     if len(matches) != 1:
         raise ValueError(f"--checkpoint {path!r} matches {len(matches)} files; it must match exactly one")
     ckpt, agent = load_astral_checkpoint(matches[0])
-    targets = resolve_targets(args.mode_indices, args.modes, ckpt)
-    if not isinstance(args, AdaptArgs):
-        return matches[0], ckpt, agent, targets, None
-    if not args.controls or len(set(args.controls)) != len(args.controls) or set(args.controls) - set(CONTROLS):
-        raise ValueError(f"--controls {' '.join(args.controls)} is invalid; choose distinct names among {', '.join(CONTROLS)}")
-    if not args.adapt_lr > 0 or not args.max_grad_norm > 0 or not 0 <= args.gamma <= 1 or args.tent_kl_coef < 0:
-        raise ValueError("--adapt-lr and --max-grad-norm must be positive, --gamma in [0, 1], --tent-kl-coef non-negative")
-    if args.reward_scale is not None and not args.reward_scale > 0:
-        raise ValueError(f"--reward-scale {args.reward_scale} must be positive")
-    if not (args.online and {"gate", "context", "all"} & set(args.controls)):
-        return matches[0], ckpt, agent, targets, None
-    if args.gamma != ckpt["args"]["gamma"]:  # the critic estimates returns at its training discount
-        raise ValueError(f"--gamma {args.gamma} differs from the {ckpt['args']['gamma']} the critic was trained with, and --online "
-                         f"bootstraps its returns with that critic; pass --gamma {ckpt['args']['gamma']}")
-    # the critic learnt rewards / σ, σ the final std of the reward normaliser (1 without --norm-reward), which the model holds
-    reward_scale, scaler = args.reward_scale, ckpt.get("reward_scaler")
-    if reward_scale is None:
-        reward_scale = 1.0 if not ckpt["args"].get("norm_reward") else float(np.sqrt(scaler["var"] + 1e-8)) if scaler else None
-    if reward_scale is None:
-        raise ValueError("--online needs the reward scale the critic was trained with, and this model does not hold its reward "
-                         "normaliser; pass --reward-scale S (the final std of the run's reward normaliser)")
+    targets, reward_scale = resolve_targets(args.mode_indices, args.modes, ckpt), None
+    if isinstance(args, AdaptArgs):
+        if not args.controls or len(set(args.controls)) != len(args.controls) or set(args.controls) - set(CONTROLS):
+            raise ValueError(f"--controls {' '.join(args.controls)} is invalid; choose distinct names among {', '.join(CONTROLS)}")
+        if not args.adapt_lr > 0 or not args.max_grad_norm > 0 or not 0 <= args.gamma <= 1 or args.tent_kl_coef < 0:
+            raise ValueError("--adapt-lr and --max-grad-norm must be positive, --gamma in [0, 1], --tent-kl-coef non-negative")
+        if args.reward_scale is not None and not args.reward_scale > 0:
+            raise ValueError(f"--reward-scale {args.reward_scale} must be positive")
+        if args.online and {"gate", "context", "all"} & set(args.controls):  # these bootstrap with the critic
+            trained, scaler = ckpt["args"], ckpt.get("reward_scaler")
+            if args.gamma != trained["gamma"]:  # the critic estimates returns at its training discount
+                raise ValueError(f"--gamma {args.gamma} differs from the {trained['gamma']} the critic was trained with, and --online "
+                                 f"bootstraps its returns with that critic; pass --gamma {trained['gamma']}")
+            # the critic learnt rewards / σ, σ the final std of the reward normaliser (1 without --norm-reward), which the model holds
+            if args.reward_scale is None and trained.get("norm_reward") and not scaler:
+                raise ValueError("--online needs the reward scale the critic was trained with, and this model does not hold its "
+                                 "reward normaliser; pass --reward-scale S (the final std of the run's reward normaliser)")
+            reward_scale = args.reward_scale or (float(np.sqrt(scaler["var"] + 1e-8)) if trained.get("norm_reward") else 1.0)
     return matches[0], ckpt, agent, targets, reward_scale
 
 
@@ -570,7 +548,7 @@ def claim_run_dir(runs_dir, run_name):
 def write_json(obj, path):
     with open(f"{path}.tmp", "w") as f:
         json.dump(obj, f, indent=1)
-    os.replace(f"{path}.tmp", path)
+    os.replace(f"{path}.tmp", path)  # a killed run leaves no half-written file
 
 
 def record(writer, summary, key, target, value, step=0, column=None):
@@ -586,12 +564,9 @@ def adapt_target(args, ckpt, base_agent, target, position, reward_scale, setting
     # the same evaluation episodes (env and torch seeds) before, after and for the ceiling: every comparison is paired
     eval_seeds = [100_000 + 10_000 * seed + 1000 * position for seed in seeds]
     before = gate_returns(base_agent, target, hide_velocity, {"learned": None}, eval_seeds, args.eval_episodes)[0]["learned"]
-    res = {"before": {kind: {**mean_ci(v), "per_seed": v} for kind, v in before.items()}, "ceiling": None, "controls": {}}
-    if settings:  # the best fixed gate, sampled actions
-        fixed = gate_returns(base_agent, target, hide_velocity, settings, eval_seeds, args.eval_episodes, KINDS[1:])[0]
-        per_setting = {name: v["sampled"] for name, v in fixed.items()}
-        best = max(per_setting, key=lambda name: np.mean(per_setting[name]))
-        res["ceiling"] = {"best": best, "sampled": {**mean_ci(per_setting[best]), "per_seed": per_setting[best]}, "per_setting": per_setting}
+    res = {"before": {kind: {**mean_ci(v), "per_seed": v} for kind, v in before.items()},
+           "ceiling": ceiling(base_agent, target, hide_velocity, settings, eval_seeds, args.eval_episodes) if settings else None,
+           "controls": {}}
     saved = []
     for control in args.controls:
         entry = res["controls"][control] = {"during_per_seed": [], "after_per_seed": {kind: [] for kind, _ in KINDS},
@@ -613,7 +588,7 @@ def adapt_target(args, ckpt, base_agent, target, position, reward_scale, setting
         entry["during_mean"] = mean_ci(curves.mean(1))
         entry["after"] = {kind: mean_ci(v) for kind, v in entry["after_per_seed"].items()}
     none, gap = res["controls"].get("none"), res["ceiling"]["sampled"]["mean"] - res["before"]["sampled"]["mean"] if res["ceiling"] else 0.0
-    for control, entry in [(c, e) for c, e in res["controls"].items() if none and c != "none"]:
+    for entry in [e for c, e in res["controls"].items() if none and c != "none"]:
         # paired by seed: the same episodes with and without updates
         gain_during = np.mean(entry["during_per_seed"], 1) - np.mean(none["during_per_seed"], 1)
         gain = mean_ci(np.subtract(entry["after_per_seed"]["sampled"], none["after_per_seed"]["sampled"]))
@@ -624,11 +599,12 @@ def adapt_target(args, ckpt, base_agent, target, position, reward_scale, setting
     return res, saved
 
 
-def run_adapt(args, ckpt, base_agent, targets, reward_scale, writer, report, summary, run_dir, run_name):
+def run_adapt(args, ckpt, base_agent, targets, reward_scale, writer, report, run_dir):
+    """Adapts on every target into `report`; logs, plots and saves. Returns eval.json's summary and the figure's path."""
     settings = gate_settings(ckpt["args"]["num_abstractions"], args.ceiling_resolution) if args.ceiling_resolution else {}
     report.update(controls=args.controls, seeds=[args.seed + i for i in range(args.num_seeds)], episodes=args.episodes,
                   online=args.online, reward_scale=reward_scale, results={})
-    saved = []
+    summary, saved = {}, []
     for position, target in enumerate(targets):
         res, adapted = adapt_target(args, ckpt, base_agent, target, position, reward_scale, settings)
         report["results"][target["name"]], saved = res, saved + adapted
@@ -640,41 +616,41 @@ def run_adapt(args, ckpt, base_agent, targets, reward_scale, writer, report, sum
         for control, entry in res["controls"].items():
             for step, value in enumerate(entry["during"]["mean"]):
                 writer.add_scalar(f"tta/episodic_return_{target['name']}_{control}", value, step + 1)
-            gains, fraction = entry.get("gain_over_none", {}), entry.get("gain_fraction_of_ceiling")
+            gains = entry.get("gain_over_none", {})
             stats = {"during_mean": entry["during_mean"], "after_deterministic": entry["after"]["deterministic"],
                      "after_sampled": entry["after"]["sampled"], "gain_over_none_during": gains.get("during_mean"),
-                     "gain_over_none_after_sampled": gains.get("after_sampled"), "gain_fraction_of_ceiling": fraction}
+                     "gain_over_none_after_sampled": gains.get("after_sampled"), "gain_fraction_of_ceiling": entry.get("gain_fraction_of_ceiling")}
             for key, stat in stats.items():
                 if stat:
                     record(writer, summary, key, target, stat["mean"], args.episodes, control)
     figure = os.path.join(run_dir, "adaptation_curves.png")
-    plot_adaptation_curves(report["results"], targets, args.controls, figure, f"{run_name}\nadaptation on {ckpt['run_name']} "
-                           f"({args.num_seeds} seeds, {'online' if args.online else 'per-episode'} updates)")
+    plot_adaptation_curves(report["results"], targets, args.controls, figure, f"{os.path.basename(run_dir)}\nadaptation on "
+                           f"{ckpt['run_name']} ({args.num_seeds} seeds, {'online' if args.online else 'per-episode'} updates)")
     if args.save_model:
         model_path = os.path.join(run_dir, f"{args.exp_name}.cleanrl_model")
         torch.save({"script": SCRIPT, "format": 1, "source_checkpoint": report["checkpoint"], "source_args": ckpt["args"],
                     "modes": ckpt["modes"], "adapted": saved}, f"{model_path}.tmp")
         os.replace(f"{model_path}.tmp", model_path)
-    return figure, os.path.join(run_dir, "tta.json")
+    return summary, figure
 
 
-def run_clamp(args, ckpt, base_agent, targets, _reward_scale, writer, report, summary, run_dir, run_name):
+def run_clamp(args, ckpt, base_agent, targets, _reward_scale, writer, report, run_dir):
+    """Every target with the gate clamped to each slot, uniform and learned, into `report`; the specificity; the heatmap."""
     num_slots, hide_velocity = ckpt["args"]["num_abstractions"], ckpt["args"]["hide_velocity"]
     settings = {**gate_settings(num_slots, 1), "learned": None}
-    matrix = {kind: np.zeros((len(targets), len(settings))) for kind, _ in KINDS}
     report.update(columns=list(settings), results={})
+    summary = {}
     for ti, target in enumerate(targets):
-        res = report["results"][target["name"]] = {}
         _, runs = gate_returns(base_agent, target, hide_velocity, settings, [100_000 + args.seed + 1000 * ti], args.eval_episodes)
-        for j, (column, by_kind) in enumerate(runs.items()):
-            res[column] = {kind: {"mean": float(r.mean()), "std": float(r.std()), "returns": r.tolist()} for kind, ((r, _),) in by_kind.items()}
-            for kind, _ in KINDS:
-                matrix[kind][ti, j] = res[column][kind]["mean"]
-                writer.add_scalar(f"tta/clamp_return_{target['name']}_{column}_{kind}", res[column][kind]["mean"], 0)
-                if not column.startswith("slot"):  # slot k of one checkpoint is not slot k of another: no pooling
-                    summary.setdefault(f"clamp_{kind}", {}).setdefault(column, []).append(res[column][kind]["mean"])
+        res = report["results"][target["name"]] = {column: {kind: {"mean": float(r.mean()), "std": float(r.std()), "returns": r.tolist()}
+                                                            for kind, ((r, _),) in by_kind.items()} for column, by_kind in runs.items()}
+        for column, (kind, _) in itertools.product(settings, KINDS):
+            writer.add_scalar(f"tta/clamp_return_{target['name']}_{column}_{kind}", res[column][kind]["mean"], 0)
+            if not column.startswith("slot"):  # slot k of one checkpoint is not slot k of another: no pooling
+                summary.setdefault(f"clamp_{kind}", {}).setdefault(column, []).append(res[column][kind]["mean"])
         res["learned_slot_weights"] = runs["learned"]["deterministic"][0][1].tolist()
-        print(f"{target['label']}: " + " ".join(f"{c} {v:.0f}" for c, v in zip(settings, matrix["deterministic"][ti])), flush=True)
+        print(f"{target['label']}: " + " ".join(f"{c} {res[c]['deterministic']['mean']:.0f}" for c in settings), flush=True)
+    matrix = {kind: np.array([[report["results"][t["name"]][c][kind]["mean"] for c in settings] for t in targets]) for kind, _ in KINDS}
     report["matrix"], report["specificity"] = {kind: m.tolist() for kind, m in matrix.items()}, {}
     for kind, _ in KINDS:
         score, matching = clamp_specificity(matrix[kind][:, :num_slots])
@@ -684,9 +660,9 @@ def run_clamp(args, ckpt, base_agent, targets, _reward_scale, writer, report, su
             summary.setdefault("clamp_specificity", {})[kind] = [score]
         print(f"clamp specificity, {kind}: {score}, matching {report['specificity'][kind]['matching']}")
     figure = os.path.join(run_dir, "clamp_heatmap.png")
-    plot_clamp_heatmap(matrix, [t["label"] for t in targets], list(settings), figure,
-                       f"{run_name}\nreturn with the gate clamped, {args.eval_episodes} episodes per cell ({ckpt['run_name']})")
-    return figure, os.path.join(run_dir, "clamp.json")
+    plot_clamp_heatmap(matrix, [t["label"] for t in targets], list(settings), figure, f"{os.path.basename(run_dir)}\nreturn with "
+                       f"the gate clamped, {args.eval_episodes} episodes per cell ({ckpt['run_name']})")
+    return summary, figure
 
 
 if __name__ == "__main__":
@@ -708,12 +684,12 @@ if __name__ == "__main__":
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n%s" % "\n".join(f"|{key}|{value}|" for key, value in vars(args).items()))
     torch.set_num_threads(1)  # fastest for this small network; every evaluation and adaptation seeds torch and its envs
     report = {"script": SCRIPT, "subcommand": subcommand, "checkpoint": os.path.abspath(model_path), "checkpoint_run": ckpt["run_name"],
-              "checkpoint_args": ckpt["args"], "eval_episodes": args.eval_episodes, "args": dataclasses.asdict(args),
+              "checkpoint_args": ckpt["args"], "eval_episodes": args.eval_episodes, "args": vars(args),
               "targets": [dict(zip(("name", "gravity", "half_length", "force_sign", "held_out"), (t["name"], *t["physics"], t["held_out"])))
                           for t in targets]}
-    summary = {}  # headline metric -> (column ->) one value per target
     run = run_adapt if subcommand == "adapt" else run_clamp
-    figure, results_path = run(args, ckpt, base_agent, targets, reward_scale, writer, report, summary, run_dir, run_name)
+    summary, figure = run(args, ckpt, base_agent, targets, reward_scale, writer, report, run_dir)
+    results_path = os.path.join(run_dir, "tta.json" if subcommand == "adapt" else "clamp.json")
     write_json(report, results_path)
     # eval.json: headline numbers averaged over the targets, for benchmark/report.py's tables (per target: results_path)
     headline = {key: {k: float(np.mean(v)) for k, v in values.items()} if isinstance(values, dict) else float(np.mean(values))
