@@ -660,7 +660,7 @@ def inner_loss(model, params, batch):
     return -masked_mean(logp * batch["advantages"], batch["masks"])
 
 
-def inner_step(model, params, batch, lr, create_graph):
+def inner_update(model, params, batch, lr, create_graph):
     """theta' = theta - lr * grad inner_loss(theta); differentiable in theta unless create_graph is False."""
     g = grad(lambda p: inner_loss(model, p, batch))(params)
     return {k: params[k] - lr * (g[k] if create_graph else g[k].detach()) for k in params}
@@ -669,7 +669,7 @@ def inner_step(model, params, batch, lr, create_graph):
 def inner_loop(model, params, train_batches, lr, first_order, create_graph=True):
     """theta' after one inner step on each of a task's fast batches."""
     for b in train_batches:
-        params = inner_step(model, params, b, lr, create_graph and not first_order)
+        params = inner_update(model, params, b, lr, create_graph and not first_order)
     return params
 
 
@@ -771,7 +771,7 @@ def sample_task_batches(model, params, task_params, args, gen, num_steps, inner_
             return [{"train": train[i], "val": parts[i]} for i in range(K)], returns
         for i in range(K):
             train[i].append(parts[i])
-        task_p = stack_params([clone_params(inner_step(model, take(task_p, i), b, inner_lrs[j], False))
+        task_p = stack_params([clone_params(inner_update(model, take(task_p, i), b, inner_lrs[j], False))
                                for i, b in enumerate(parts)])
 
 
