@@ -1284,9 +1284,9 @@ def run_adaptation(checkpoint, aargs, writer=None):
                 acting = stack_params([ad.acting_params() for ad in adapters])
                 batch = rollout(model, acting, env, args.max_episode_steps, aargs.online_every if aargs.online else 0, online)
                 per_step.append(task_returns(batch))
-                mon.append({key: float(np.mean([monitor_stats(model, ad.acting_params(), p, monitor)[key]
-                                                for ad, p in zip(adapters, split_batch(batch, len(tasks)))]))
-                            for key in ["entropy", "confidence"] + (["feature_shift"] if monitor else [])})
+                parts = split_batch(batch, len(tasks))
+                stats = [monitor_stats(model, ad.acting_params(), p, monitor) for ad, p in zip(adapters, parts)]
+                mon.append({key: float(np.mean([st[key] for st in stats])) for key in stats[0]})
                 if k < K and not aargs.online:
                     adapt_step(adapters, batch, objective, args, step_logs)
             name = f"{mode}/{objective}"
