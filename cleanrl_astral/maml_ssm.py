@@ -886,14 +886,14 @@ def main_train(args: Args):
     env_cls = ENV_CLASSES[args.task]
     model = build_agent(args, env_cls)
     spec = (env_cls.obs_dim, env_cls.act_dim, env_cls.discrete)
-    counts = [agent_param_count(k, *spec, policy_width(dataclasses.replace(args, policy=k), env_cls), args.state_size,
-                                args.in_context, args.layer_norm) for k in POLICIES]
+    counts = {k: agent_param_count(k, *spec, policy_width(dataclasses.replace(args, policy=k), env_cls), args.state_size,
+                                   args.in_context, args.layer_norm) for k in POLICIES}
     print(f"policy {args.policy} (width {model.hidden}): {count_params(model)} parameters; matched counts "
-          + " ".join(f"{k} {c}" for k, c in zip(POLICIES, counts)) + f"; obs/act/discrete {spec}")
+          f"ssm {counts['ssm']} gru {counts['gru']} mlp {counts['mlp']}; obs/act/discrete {spec}")
     aux_opt, outer_opt = make_optimizers(model, args)
-    buffer = ExperienceBuffer(args.buffer_size, env_cls.obs_dim, model.encoder.in_features,
-                              1 if model.discrete else model.act_dim, model.initial_state(1).shape[1]) \
-        if args.buffer_size > 0 else None
+    act_width = 1 if model.discrete else model.act_dim
+    buffer = ExperienceBuffer(args.buffer_size, env_cls.obs_dim, model.encoder.in_features, act_width,
+                              model.initial_state(1).shape[1]) if args.buffer_size > 0 else None
     monitor = FeatureMonitor(model.hidden)
     train_tasks, global_step, start_time, start_cpu = [], 0, time.time(), time.process_time()
     for it in range(1, args.outer_steps + 1):
@@ -1372,7 +1372,7 @@ def mujoco_available() -> bool:
 
 
 def claim_run_dir(runs_dir: str, run_name: str) -> tuple[str, str]:
-    """(run_name, run_dir) of a new directory; atomic os.mkdir gives a taken name the suffix __2, __3, ..."""
+    """(run_name, run_dir) of a new directory; its atomic mkdir gives a taken name the suffix __2, __3, ..."""
     for suffix in range(1, 10**6):
         name = run_name if suffix == 1 else f"{run_name}__{suffix}"
         try:
