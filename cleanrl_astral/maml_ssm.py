@@ -353,7 +353,6 @@ class LRU(nn.Module):
         self.C_re = nn.Parameter(torch.randn(d_model, d_state) / math.sqrt(d_state))
         self.C_im = nn.Parameter(torch.randn(d_model, d_state) / math.sqrt(d_state))
         self.D = nn.Parameter(torch.randn(d_model) * 0.1)
-        self.d_state = d_state
 
     def lam(self):
         """(log |lambda|, arg lambda) per state dimension; log |lambda| <= -DELTA_MIN < 0 by construction."""
@@ -469,16 +468,14 @@ def agent_param_count(kind, obs_dim, act_dim, discrete, w, n_state, in_context, 
 
 def policy_width(args: Args, env_cls) -> int:
     """The SSM uses --hidden-size; gru/mlp get the width whose parameter count is closest to the SSM's."""
-    spec = (env_cls.obs_dim, env_cls.act_dim, env_cls.discrete)
-    target = agent_param_count("ssm", *spec, args.hidden_size, args.state_size, args.in_context, args.layer_norm)
     if args.policy == "ssm":
         return args.hidden_size
-
-    count = lambda w: agent_param_count(args.policy, *spec, w, args.state_size, args.in_context, args.layer_norm)  # noqa: E731
-    hi = 4
-    while count(hi) < target:  # counts grow with the width: the closest is below the first width reaching the target
+    spec = (env_cls.obs_dim, env_cls.act_dim, env_cls.discrete)
+    count = lambda kind, w: agent_param_count(kind, *spec, w, args.state_size, args.in_context, args.layer_norm)  # noqa: E731
+    target, hi = count("ssm", args.hidden_size), 4
+    while count(args.policy, hi) < target:  # counts grow with the width: the closest is below the first reaching it
         hi *= 2
-    return min(range(4, hi + 1), key=lambda w: (abs(count(w) - target), w))  # the smaller on a tie
+    return min(range(4, hi + 1), key=lambda w: (abs(count(args.policy, w) - target), w))  # the smaller on a tie
 
 
 def build_agent(args: Args, env_cls) -> Agent:
@@ -660,7 +657,7 @@ def inner_loss(model, params, batch):
     return -masked_mean(logp * batch["advantages"], batch["masks"])
 
 
-def inner_step(model, params, batch, lr, create_graph):
+def inner_update(model, params, batch, lr, create_graph):
     """theta' = theta - lr * grad inner_loss(theta); differentiable in theta unless create_graph is False."""
     g = grad(lambda p: inner_loss(model, p, batch))(params)
     return {k: params[k] - lr * (g[k] if create_graph else g[k].detach()) for k in params}
@@ -669,7 +666,7 @@ def inner_step(model, params, batch, lr, create_graph):
 def inner_loop(model, params, train_batches, lr, first_order, create_graph=True):
     """theta' after one inner step on each of a task's fast batches."""
     for b in train_batches:
-        params = inner_step(model, params, b, lr, create_graph and not first_order)
+        params = inner_update(model, params, b, lr, create_graph and not first_order)
     return params
 
 
@@ -771,7 +768,7 @@ def sample_task_batches(model, params, task_params, args, gen, num_steps, inner_
             return [{"train": train[i], "val": parts[i]} for i in range(K)], returns
         for i in range(K):
             train[i].append(parts[i])
-        task_p = stack_params([clone_params(inner_step(model, take(task_p, i), b, inner_lrs[j], False))
+        task_p = stack_params([clone_params(inner_update(model, take(task_p, i), b, inner_lrs[j], False))
                                for i, b in enumerate(parts)])
 
 
@@ -818,8 +815,8 @@ def aux_update(model, tasks_data, args, aux_opt, monitor):
     return float(np.mean(v_losses)), float(np.mean(d_losses))
 
 
-def main_train(args: Args):
-    fail(validate_args(args))
+def start_run(args: Args):
+    """Run directory, TensorBoard writer (and wandb), threads and seeds; returns (run_dir, writer)."""
     run_name, run_dir = claim_run_dir(args.runs_dir, f"{args.task}__{args.exp_name}__{args.seed}__{int(time.time())}")
     if args.track:
         import wandb
@@ -835,9 +832,57 @@ def main_train(args: Args):
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
+    return run_dir, writer
+
+
+def meta_iteration(model, args, task_params, gen, buffer, first_task_id, aux_opt, outer_opt, monitor):
+    """One meta-training iteration on a meta-batch of tasks; returns (env steps taken, scalars to log)."""
+    # ROLLOUT: fast batches with theta (and theta after j inner updates), then post-adaptation batches
+    theta = {k: v.detach() for k, v in model.named_parameters()}
+    tasks_data, returns = sample_task_batches(model, theta, task_params, args, gen, args.num_inner_steps,
+                                              [args.inner_lr] * args.num_inner_steps)
+    if buffer is not None:  # task id = index of the task in the checkpoint's task_split["train_tasks"]
+        for i, td in enumerate(tasks_data):
+            add_batch_to_buffer(buffer, td["val"], first_task_id + i)
+    steps = int(sum(b["masks"].sum().item() for td in tasks_data for b in td["train"] + [td["val"]]))
+    with torch.no_grad():  # before the outer step, which updates theta's storage in place
+        inner_l = np.mean([inner_loss(model, theta, td["train"][0]).item() for td in tasks_data]) \
+            if args.num_inner_steps else float("nan")
+    # UPDATE
+    stats = outer_update(model, tasks_data, args, outer_opt)
+    v_loss, d_loss = aux_update(model, tasks_data, args, aux_opt, monitor)
+    post = returns[-1].mean().item()
+    return steps, {"meta/pre_adapt_return": returns[0].mean().item(), "meta/post_adapt_return": post,
+                   **{f"meta/return_after_{j}_steps": r.mean().item() for j, r in enumerate(returns[1:-1], 1)},
+                   "charts/episodic_return": post,
+                   "charts/episodic_length": tasks_data[0]["val"]["masks"].sum(0).mean().item(),
+                   "losses/inner_loss": inner_l, "losses/outer_loss": stats["outer_loss"],
+                   "losses/approx_kl": stats["approx_kl"], "losses/value_loss": v_loss, "losses/dynamics_loss": d_loss,
+                   "meta/line_search_steps": stats["line_search_steps"], "meta/step_accepted": stats["accepted"],
+                   **({"charts/learning_rate": args.outer_lr} if outer_opt is not None else {})}
+
+
+def save_and_evaluate(model, args, run_dir, writer, train_tasks, extra):
+    """Writes the checkpoint, then evaluates it with its own eval settings, as `eval` would."""
+    path = os.path.join(run_dir, f"{args.exp_name}.cleanrl_model")
+    cartpole = args.task == "cartpole-physics"
+    split = {"task": args.task, "train_stream": [args.seed, 0], "test_stream": [args.seed, 1],
+             "train_ranges": CARTPOLE_TRAIN_RANGES if cartpole else None,
+             "test_ranges": CARTPOLE_TEST_RANGES if cartpole else None,
+             "train_tasks": (np.concatenate(train_tasks) if train_tasks else np.zeros((0, 1))).tolist()}
+    save_checkpoint(path, model, args, split, extra)
+    print(f"model saved to {path}")
+    res = evaluate(path)
+    for k, v in res["returns_after_steps"].items():  # x axis: inner updates
+        writer.add_scalar("eval/return_after_steps", v, int(k))
+    print(f"eval: {json.dumps(res)}")
+
+
+def main_train(args: Args):
+    fail(validate_args(args))
+    run_dir, writer = start_run(args)
     gen = torch.Generator().manual_seed(args.seed)
     train_rng, _ = task_streams(args.seed)
-
     env_cls = ENV_CLASSES[args.task]
     model = build_agent(args, env_cls)
     spec = (env_cls.obs_dim, env_cls.act_dim, env_cls.discrete)
@@ -850,65 +895,32 @@ def main_train(args: Args):
     buffer = ExperienceBuffer(args.buffer_size, env_cls.obs_dim, model.encoder.in_features, act_width,
                               model.initial_state(1).shape[1]) if args.buffer_size > 0 else None
     monitor = FeatureMonitor(model.hidden)
-    train_tasks_seen = []
-    global_step, start_time, start_cpu, outer_steps_done = 0, time.time(), time.process_time(), 0
+    train_tasks, global_step, start_time, start_cpu = [], 0, time.time(), time.process_time()
     for it in range(1, args.outer_steps + 1):
         it_start = time.time()
-        # ROLLOUT: fast batches with theta (and theta adapted j times), then post-adaptation batches
-        task_params = sample_tasks(args.task, train_rng, args.tasks_per_batch, "train")
-        train_tasks_seen.append(task_params)
-        theta = {k: v.detach() for k, v in model.named_parameters()}
-        tasks_data, returns = sample_task_batches(model, theta, task_params, args, gen, args.num_inner_steps,
-                                                  [args.inner_lr] * args.num_inner_steps)
-        if buffer is not None:  # task id = index of the task in the checkpoint's task_split["train_tasks"]
-            for i, td in enumerate(tasks_data):
-                add_batch_to_buffer(buffer, td["val"], (it - 1) * args.tasks_per_batch + i)
-        global_step += int(sum(b["masks"].sum().item() for td in tasks_data for b in td["train"] + [td["val"]]))
-        # before the outer step, which updates theta's storage in place
-        with torch.no_grad():
-            inner_l = float(np.mean([inner_loss(model, theta, td["train"][0]).item() for td in tasks_data])) if args.num_inner_steps else float("nan")
-        stats = outer_update(model, tasks_data, args, outer_opt)
-        v_loss, d_loss = aux_update(model, tasks_data, args, aux_opt, monitor)
-
+        train_tasks.append(sample_tasks(args.task, train_rng, args.tasks_per_batch, "train"))
+        steps, scalars = meta_iteration(model, args, train_tasks[-1], gen, buffer, (it - 1) * args.tasks_per_batch,
+                                        aux_opt, outer_opt, monitor)
         # LOGGING
-        pre, post = returns[0].mean().item(), returns[-1].mean().item()
+        global_step += steps
         dt, sps = time.time() - it_start, int(global_step / (time.time() - start_time))
-        scalars = {"meta/pre_adapt_return": pre, "meta/post_adapt_return": post,
-                   **{f"meta/return_after_{j}_steps": r.mean().item() for j, r in enumerate(returns[1:-1], 1)},
-                   "charts/episodic_return": post, "charts/episodic_length": tasks_data[0]["val"]["masks"].sum(0).mean().item(),
-                   "losses/inner_loss": inner_l, "losses/outer_loss": stats["outer_loss"], "losses/approx_kl": stats["approx_kl"],
-                   "losses/value_loss": v_loss, "losses/dynamics_loss": d_loss, "meta/line_search_steps": stats["line_search_steps"],
-                   "meta/step_accepted": stats["accepted"], "meta/iteration_time": dt, "charts/SPS": sps,
-                   **({"charts/learning_rate": args.outer_lr} if outer_opt is not None else {})}
-        log_scalars(writer, scalars, global_step)
+        log_scalars(writer, {**scalars, "meta/iteration_time": dt, "charts/SPS": sps}, global_step)
         if it % args.log_every == 0 or it == 1 or it == args.outer_steps:
-            print(f"iter {it}/{args.outer_steps} step {global_step} SPS {sps} pre {pre:.2f} post {post:.2f} "
-                  f"kl {stats['approx_kl']:.4f} ls {stats['line_search_steps']} {dt:.2f}s/it "
+            print(f"iter {it}/{args.outer_steps} step {global_step} SPS {sps} "
+                  f"pre {scalars['meta/pre_adapt_return']:.2f} post {scalars['meta/post_adapt_return']:.2f} "
+                  f"kl {scalars['losses/approx_kl']:.4f} ls {scalars['meta/line_search_steps']} {dt:.2f}s/it "
                   f"elapsed {time.time() - start_time:.0f}s", flush=True)
-        outer_steps_done = it
         if args.cpu_budget and time.process_time() - start_cpu >= args.cpu_budget:
             print(f"--cpu-budget {args.cpu_budget:g}s reached after {it} of {args.outer_steps} outer steps")
             break
 
-    train_time, train_cpu = time.time() - start_time, time.process_time() - start_cpu
-    log_scalars(writer, {"meta/train_wall_time": train_time, "meta/train_cpu_time": train_cpu,
-                         "meta/outer_steps_done": outer_steps_done}, global_step)
-    print(f"meta-training wall time {train_time:.1f}s, CPU time {train_cpu:.1f}s")
+    times = {"train_wall_time": time.time() - start_time, "train_cpu_time": time.process_time() - start_cpu,
+             "outer_steps_done": len(train_tasks)}
+    log_scalars(writer, {f"meta/{k}": v for k, v in times.items()}, global_step)
+    print(f"meta-training wall time {times['train_wall_time']:.1f}s, CPU time {times['train_cpu_time']:.1f}s")
     if args.save_model:
-        path = os.path.join(run_dir, f"{args.exp_name}.cleanrl_model")
-        seen = np.concatenate(train_tasks_seen) if train_tasks_seen else np.zeros((0, 1))
-        cartpole = args.task == "cartpole-physics"
-        split = {"task": args.task, "train_stream": [args.seed, 0], "test_stream": [args.seed, 1],
-                 "train_ranges": CARTPOLE_TRAIN_RANGES if cartpole else None,
-                 "test_ranges": CARTPOLE_TEST_RANGES if cartpole else None, "train_tasks": seen.tolist()}
-        save_checkpoint(path, model, args, split, {"train_wall_time": train_time, "train_cpu_time": train_cpu,
-                                                   "outer_steps_done": outer_steps_done, "feature_stats": vars(monitor),
-                                                   "buffer": buffer.state_dict() if buffer is not None else None})
-        print(f"model saved to {path}")
-        res = evaluate(path)  # the checkpoint's eval_tasks, eval_steps, eval_later_lr_scale and eval_episodes
-        for k, v in res["returns_after_steps"].items():  # x axis: inner steps
-            writer.add_scalar("eval/return_after_steps", v, int(k))
-        print(f"eval: {json.dumps(res)}")
+        save_and_evaluate(model, args, run_dir, writer, train_tasks, {**times, "feature_stats": vars(monitor),
+                          "buffer": buffer.state_dict() if buffer is not None else None})
     writer.close()
 
 
@@ -1120,7 +1132,6 @@ def register_strategy(name):
     return lambda fn: STRATEGIES.update({name: fn}) or fn
 
 
-
 PARAM_GROUPS = {"all": ("",), "ssm": ("core.",), "heads": ("pi.", "log_std", "value_head.", "dyn_head."), "norm": ("norm.",)}
 OBJECTIVES = ("pg", "dynamics", "entropy")
 
@@ -1128,6 +1139,14 @@ OBJECTIVES = ("pg", "dynamics", "entropy")
 def select_params(names, which):
     """Names of the adapted parameters: all | ssm (the core) | heads | norm (LayerNorm affine)."""
     return [n for n in names if n.startswith(PARAM_GROUPS[which])]
+
+
+def project_to_ball(params, centre, radius):
+    """Scales params - centre down to norm `radius` where it is longer (in place); returns whether it did."""
+    dist = torch.sqrt(sum(((p - c) ** 2).sum() for p, c in zip(params, centre))).item()
+    for p, c in zip(params, centre) if dist > radius else ():
+        p.copy_(c + (p - c) * (radius / dist))
+    return dist > radius
 
 
 class StandardAdapter:
@@ -1154,7 +1173,7 @@ class StandardAdapter:
         w = self.aargs.experience_weight
         return loss if replay is None or w == 0 else loss + w * self.loss(replay)
 
-    def drift(self):
+    def drift(self):  # distance from the meta-learned theta_0, which the trust region bounds
         return torch.sqrt(sum(((self.params[k].detach() - self.theta0[k]) ** 2).sum() for k in self.names)).item()
 
     def step(self, batch):
@@ -1163,22 +1182,14 @@ class StandardAdapter:
         leaves = [self.params[k] for k in self.names]
         grads = [g if g is not None else torch.zeros_like(p) for g, p in zip(torch.autograd.grad(loss, leaves, allow_unused=True), leaves)]
         gnorm = torch.sqrt(sum((g**2).sum() for g in grads)).item()
-        fired = {"clip": gnorm > a.grad_clip, "max_step": False, "trust_region": False}
+        fired = {"clip": gnorm > a.grad_clip}
         before = [p.detach().clone() for p in leaves]
         for p, g in zip(leaves, grads):
             p.grad = g * (a.grad_clip / (gnorm + 1e-12)) if fired["clip"] else g
         self.opt.step()
         with torch.no_grad():
-            delta = torch.sqrt(sum(((p - b) ** 2).sum() for p, b in zip(leaves, before))).item()
-            if delta > a.max_step_norm:
-                fired["max_step"] = True
-                for p, b in zip(leaves, before):
-                    p.copy_(b + (p - b) * (a.max_step_norm / delta))
-            drift = self.drift()
-            if drift > a.trust_region:  # project back onto the ball around the meta-learned theta_0
-                fired["trust_region"] = True
-                for k in self.names:
-                    self.params[k].copy_(self.theta0[k] + (self.params[k] - self.theta0[k]) * (a.trust_region / drift))
+            fired["max_step"] = project_to_ball(leaves, before, a.max_step_norm)
+            fired["trust_region"] = project_to_ball(leaves, [self.theta0[k] for k in self.names], a.trust_region)
             for k in self.names if self.ema is not None else ():
                 self.ema[k] = a.ema_decay * self.ema[k] + (1 - a.ema_decay) * self.params[k].detach()
         with torch.enable_grad():
@@ -1254,8 +1265,7 @@ def run_adaptation(checkpoint, aargs, writer=None):
     theta0 = clone_params(dict(model.named_parameters()))
     task_returns = lambda batch: episode_returns(batch).reshape(len(tasks), n_eps).mean(1).numpy()  # noqa: E731
 
-    def seeded_env():
-        """Runs with the same parameters see the same episodes: both generators restart from `seed`."""
+    def seeded_env():  # runs with the same parameters see the same episodes: both generators restart from `seed`
         torch.manual_seed(seed)
         return make_env(args, tasks, n_eps, torch.Generator().manual_seed(seed))
 
@@ -1274,9 +1284,9 @@ def run_adaptation(checkpoint, aargs, writer=None):
                 acting = stack_params([ad.acting_params() for ad in adapters])
                 batch = rollout(model, acting, env, args.max_episode_steps, aargs.online_every if aargs.online else 0, online)
                 per_step.append(task_returns(batch))
-                mon.append({key: float(np.mean([monitor_stats(model, ad.acting_params(), p, monitor)[key]
-                                                for ad, p in zip(adapters, split_batch(batch, len(tasks)))]))
-                            for key in ["entropy", "confidence"] + (["feature_shift"] if monitor else [])})
+                parts = split_batch(batch, len(tasks))
+                stats = [monitor_stats(model, ad.acting_params(), p, monitor) for ad, p in zip(adapters, parts)]
+                mon.append({key: float(np.mean([st[key] for st in stats])) for key in stats[0]})
                 if k < K and not aargs.online:
                     adapt_step(adapters, batch, objective, args, step_logs)
             name = f"{mode}/{objective}"
@@ -1362,19 +1372,17 @@ def mujoco_available() -> bool:
 
 
 def claim_run_dir(runs_dir: str, run_name: str) -> tuple[str, str]:
-    """(run_name, run_dir) of a new directory; atomic os.mkdir gives a taken name the suffix __2, __3, ..."""
-    try:
-        os.makedirs(runs_dir, exist_ok=True)
-        for suffix in range(1, 10**6):
-            name = run_name if suffix == 1 else f"{run_name}__{suffix}"
-            try:
-                os.mkdir(os.path.join(runs_dir, name))
-                return name, os.path.join(runs_dir, name)
-            except FileExistsError:
-                continue
-    except OSError as e:
-        reason = "not a directory" if os.path.exists(runs_dir) and not os.path.isdir(runs_dir) else e.strerror
-        fail(f"cannot create a run directory in --runs-dir {runs_dir!r} ({reason}); pass a writable directory")
+    """(run_name, run_dir) of a new directory; its atomic mkdir gives a taken name the suffix __2, __3, ..."""
+    for suffix in range(1, 10**6):
+        name = run_name if suffix == 1 else f"{run_name}__{suffix}"
+        try:
+            os.makedirs(os.path.join(runs_dir, name))
+            return name, os.path.join(runs_dir, name)
+        except FileExistsError:
+            continue
+        except OSError as e:
+            reason = "not a directory" if os.path.exists(runs_dir) and not os.path.isdir(runs_dir) else e.strerror
+            fail(f"cannot create a run directory in --runs-dir {runs_dir!r} ({reason}); pass a writable directory")
 
 
 def parse_cli(argv):

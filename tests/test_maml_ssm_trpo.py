@@ -182,7 +182,7 @@ def test_fill_steps_samples_until_the_step_count_of_the_paper_sampler(fill, monk
     assert m.parse_cli(["train", "--config", "paper"]).fill_steps is True and m.Args().fill_steps is False
 
 
-def test_fill_steps_waves_act_with_each_tasks_own_adapted_parameters(monkeypatch):
+def test_fill_steps_waves_act_with_each_tasks_own_theta_prime(monkeypatch):
     # every kept episode of a post-adaptation batch, first wave or extra, was sampled by its own task's theta'
     monkeypatch.setattr(m, "make_env", lambda args, tp, per, gen: FixedLengthEpisodes(torch.tensor(np.repeat(tp, per, axis=0))))
     torch.manual_seed(0)
@@ -190,15 +190,15 @@ def test_fill_steps_waves_act_with_each_tasks_own_adapted_parameters(monkeypatch
     model = m.build_agent(args, m.PointNav2D)
     theta = {k: v.detach() for k, v in model.named_parameters()}
     data, _ = m.sample_task_batches(model, theta, np.array([[3.0], [4.0], [10.0]]), args, torch.Generator(), 1, [0.5])
-    adapted = [m.inner_step(model, {k: v.clone().requires_grad_(True) for k, v in theta.items()}, td["train"][0], 0.5,
-                            False) for td in data]
+    updated = [m.inner_update(model, {k: v.clone().requires_grad_(True) for k, v in theta.items()}, td["train"][0], 0.5,
+                              False) for td in data]
     logp = lambda params, val: m.log_prob(m.make_dist(m.policy_out(model, params, val), False), val["actions"], False) * val["masks"]
-    for td, params in zip(data, adapted):
+    for td, params in zip(data, updated):
         val = td["val"]
         assert val["masks"].shape[1] > 2 or val["masks"][:, 0].sum() == 10  # the short tasks got extra episodes
         assert torch.allclose(logp(params, val), val["logp"] * val["masks"], atol=1e-5)
     # and the check can tell tasks apart: task 0's episodes are not what task 1's theta' would give them
-    assert not torch.allclose(logp(adapted[1], data[0]["val"]), data[0]["val"]["logp"] * data[0]["val"]["masks"], atol=1e-5)
+    assert not torch.allclose(logp(updated[1], data[0]["val"]), data[0]["val"]["logp"] * data[0]["val"]["masks"], atol=1e-5)
 
 
 # ------------------------------------------------------------------------------------------------ ADVANTAGES
@@ -277,13 +277,13 @@ def test_advantages_are_gae_on_the_linear_baseline_normalised_over_valid_steps(f
     assert m.compute_advantages(one, gamma, lam).tolist() == [[0.0]] * 5
 
 
-# ------------------------------------------------------------------------------------------------ INNER STEP AND META-OBJECTIVE
+# ------------------------------------------------------------------------------------------------ INNER UPDATE AND META-OBJECTIVE
 
 
-def test_functional_inner_step_equals_manual_sgd_on_copied_module():
+def test_functional_inner_update_equals_manual_sgd_on_copied_module():
     model, args, data = tiny_setup()
     batch = data[0]["train"][0]
-    new = m.inner_step(model, dict(model.named_parameters()), batch, 0.3, create_graph=False)
+    new = m.inner_update(model, dict(model.named_parameters()), batch, 0.3, create_graph=False)
     clone = copy.deepcopy(model)
     opt = torch.optim.SGD(clone.parameters(), lr=0.3)
     out = clone(batch["inputs"], batch["starts"], clone.initial_state(batch["masks"].shape[1]))
@@ -344,7 +344,7 @@ def padded_meta_setup():
 
 def test_surrogate_is_the_exact_importance_weighted_mean_over_valid_steps():
     """The meta-objective at parameters away from the sampling ones is the mean over tasks of
-    -mean_valid(exp(logp' - logp_old) A) with logp' at the adapted parameters. Checked against an independent
+    -mean_valid(exp(logp' - logp_old) A) with logp' at the inner-updated parameters. Checked against an independent
     computation: a first-order ratio 1 + logp' - logp_old, or a normaliser counting padded steps, is off."""
     model, args, data, old, theta1 = padded_meta_setup()
     expected, log_ratios = [], []
@@ -378,7 +378,7 @@ def test_mean_kl_averages_over_valid_steps_only():
 
 
 def test_meta_objective_kl_is_the_mean_not_the_sum_over_tasks():
-    """With three tasks whose adapted policies move by different amounts, the meta-objective's KL is the mean over
+    """With three tasks whose inner-updated policies move by different amounts, the meta-objective's KL is the mean over
     tasks of each task's own KL (computed here task by task, one task per call). A sum over tasks is three times
     it, which would shrink TRPO's trust region as the meta-batch grows."""
     model, args, data = tiny_setup(n_tasks=3, per=2)
@@ -395,9 +395,9 @@ def test_meta_objective_kl_is_the_mean_not_the_sum_over_tasks():
     assert abs(kl.item() - sum(per_task)) > 0.5 * kl.item()
 
 
-def test_meta_objective_adapts_with_the_samplers_step_sizes():
-    """With two inner steps, the sampler drew the post-adaptation episodes with theta adapted twice at --inner-lr;
-    the meta-objective must re-adapt the same way, so its old policy (ratio 1 at the start of the TRPO step) gives
+def test_meta_objective_updates_with_the_samplers_step_sizes():
+    """With two inner steps, the sampler drew the post-adaptation episodes with theta updated twice at --inner-lr;
+    the meta-objective must repeat the same inner updates, so its old policy (ratio 1 at the start of the TRPO step) gives
     the recorded log-probabilities of the sampled actions. Another step size on either step would not."""
     model, args, data = tiny_setup(num_steps=2, dtype=torch.float32)
     params = dict(model.named_parameters())
@@ -409,7 +409,7 @@ def test_meta_objective_adapts_with_the_samplers_step_sizes():
         valid = val["masks"] > 0
         logp = gaussian(out).log_prob(val["actions"]).sum(-1)
         assert torch.allclose(logp[valid], val["logp"][valid], atol=2e-5), (logp - val["logp"])[valid].abs().max()
-        # non-vacuous: the unadapted policy gives other log-probabilities
+        # non-vacuous: theta itself gives other log-probabilities
         logp0 = gaussian(m.policy_out(model, theta0, val)).log_prob(val["actions"]).sum(-1)
         assert (logp0 - val["logp"])[valid].abs().max() > 1e-3
 
