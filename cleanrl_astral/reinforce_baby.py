@@ -755,13 +755,13 @@ def build_agent(cfg: dict) -> Agent:
 def evaluate(model_path: str, episodes: Optional[int] = None, seed: Optional[int] = None, greedy: bool = True) -> dict:
     """Evaluates a saved model; by default on the run's own episodes, so it reproduces the run's eval.json."""
     ckpt = torch.load(model_path, map_location="cpu", weights_only=False)
-    cfg, tasks = ckpt["args"], task_list(ckpt["args"]["task"])
+    cfg = ckpt["args"]
     agent = build_agent(cfg)
     agent.load_state_dict(ckpt["state_dict"])
-    evaluator = Evaluator(tasks, cfg["num_actions"], cfg["max_episode_steps"],
+    evaluator = Evaluator(task_list(cfg["task"]), cfg["num_actions"], cfg["max_episode_steps"],
                           cfg["eval_episodes"] if episodes is None else episodes,
                           cfg["seed"] + EVAL_SEED_OFFSET if seed is None else seed)
-    return evaluator.run(agent.eval(), ckpt.get("eval_levels") or {t: cfg["level"] for t in tasks}, greedy)
+    return evaluator.run(agent.eval(), ckpt["eval_levels"], greedy)
 
 
 def atomic_write(path: str, write):
