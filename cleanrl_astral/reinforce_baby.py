@@ -306,11 +306,6 @@ LLM_SYSTEM_PROMPT = ("You check a child's answer against a rule. Reply with JSON
                      "follows the rule, {\"reward\": 0} if it does not.")
 
 
-def failure(e: Exception) -> str:
-    """One line naming an exception: the client's class (APIConnectionError, NotFoundError, ...) and first line."""
-    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
-
-
 class LLMParent(DeterministicParent):
     """Judges actions with a model behind an OpenAI-compatible endpoint: validated, retried, cached, rule fallback."""
 
@@ -328,21 +323,13 @@ class LLMParent(DeterministicParent):
         os.makedirs(os.path.dirname(os.path.abspath(cache)), exist_ok=True)
         self.db = sqlite3.connect(cache)
         self.db.execute("CREATE TABLE IF NOT EXISTS answers (key TEXT PRIMARY KEY, answer TEXT NOT NULL)")
-        self.stats = collections.Counter()  # running totals; "<task>/level<k>/..." keys per task and level
-        self.latencies: List[float] = []
+        # running totals; "<task>/level<k>/..." keys per task and level
+        self.stats, self.latencies = collections.Counter(), []
 
     def user_message(self, s: State, action: int) -> str:
-        text = f"{s.to_prompt()}\nanswer = {int(action)}"
-        if self.next_state:
-            text += (f"\nstate = {json.dumps(s.as_dict())}\nAlso give next_state: this state "
-                     "with step + 1, last_action = the answer and last_correct = your reward.")
-        return text
-
-    def rule_answer(self, s: State, action: int) -> str:
-        """The answer the rule would give: a worked example's reply."""
-        reward = self.judge(s, action)
-        nxt = {"next_state": self.transition(s, action, reward).as_dict()} if self.next_state else {}
-        return json.dumps({"reward": int(reward), **nxt})
+        ask_state = (f"\nstate = {json.dumps(s.as_dict())}\nAlso give next_state: this state with step + 1, "
+                     "last_action = the answer and last_correct = your reward.") if self.next_state else ""
+        return f"{s.to_prompt()}\nanswer = {int(action)}{ask_state}"
 
     def body(self, s: State, action: int) -> dict:
         # worked examples: fixed instances of the same task and level, answered right and wrong in turn
@@ -350,8 +337,10 @@ class LLMParent(DeterministicParent):
         for i in range(self.args.llm_examples):
             e = self.new_instance(TASKS[s.task], s.level, rng)
             a = self.oracle_action(e) if i % 2 == 0 else (self.oracle_action(e) + 1 + i) % self.num_actions
+            r = self.judge(e, a)
+            nxt = {"next_state": self.transition(e, a, r).as_dict()} if self.next_state else {}
             shots += [{"role": "user", "content": self.user_message(e, a)},
-                      {"role": "assistant", "content": self.rule_answer(e, a)}]
+                      {"role": "assistant", "content": json.dumps({"reward": int(r), **nxt})}]
         props = {"reward": {"type": "integer", "enum": [0, 1]}}
         if self.next_state:
             props["next_state"] = {"type": "object", "required": ATTRIBUTES, "properties": {
@@ -394,10 +383,10 @@ class LLMParent(DeterministicParent):
         if not self.next_state:
             return float(obj["reward"]), None
         ns = obj.get("next_state")
-        vals = [ns[a] for a in ATTRIBUTES] if isinstance(ns, dict) and set(ns) == set(ATTRIBUTES) else []
-        if not vals or not all(isinstance(v, int) and 0 <= v < k for v, k in zip(vals, self.vocab)):
+        if not (isinstance(ns, dict) and set(ns) == set(ATTRIBUTES)
+                and all(isinstance(ns[a], int) and 0 <= ns[a] < k for a, k in zip(ATTRIBUTES, self.vocab))):
             return None
-        nxt = State.from_list(vals, self.num_actions)
+        nxt = State.from_list([ns[a] for a in ATTRIBUTES], self.num_actions)
         # the LLM may set the verdict (last_correct), never a new task instance: that would move the goalposts
         ok = nxt == dataclasses.replace(s, last_action=int(action), step=s.step + 1, last_correct=nxt.last_correct)
         return (float(obj["reward"]), nxt) if ok else None
@@ -456,16 +445,20 @@ class LLMParent(DeterministicParent):
     def probe(self) -> Optional[str]:
         """What is wrong with the endpoint, or None: one listing and one judgement, asked before any training."""
         where = f"--llm-base-url {self.base_url}"
+
+        def failed(what: str, e: Exception) -> str:  # the client's class (APIConnectionError, ...) and first line
+            return f"{where}: {what} failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
+
         try:
             served = [m.id for m in self.client.models.list()]
         except Exception as e:  # whatever the reply is, the run cannot use this endpoint
-            return f"{where}: listing the models failed: {failure(e)}"
+            return failed("listing the models", e)
         if served and self.model not in served:
             return f"--llm-model {self.model!r} is not served at {self.base_url} (it serves {', '.join(served[:5])})"
         try:
             text = self.request(self.new_instance(TASKS[0], 0, np.random.default_rng(0)), 0)
         except Exception as e:
-            return f"{where}: a chat completion failed: {failure(e)}"
+            return failed("a chat completion", e)
         return None if isinstance(text, str) else f"{where}: a chat completion had no text"
 
     def check_agreement(self, tasks: List[str], pairs: int, seed: int = 0) -> dict:
@@ -487,13 +480,10 @@ class BabyEnv:
 
     def __init__(self, parent: DeterministicParent, num_envs: int, max_episode_steps: int, seed: int):
         self.parent, self.num_envs, self.max_episode_steps = parent, num_envs, max_episode_steps
-        self.rng = np.random.default_rng(seed)
-        self.states: List[State] = []
-        self.t = 0
+        self.rng, self.states, self.t = np.random.default_rng(seed), [], 0
 
     def reset(self, tasks: List[str], levels: List[int]) -> List[State]:
-        self.states = [self.parent.new_instance(t, lv, self.rng) for t, lv in zip(tasks, levels)]
-        self.t = 0
+        self.states, self.t = [self.parent.new_instance(t, lv, self.rng) for t, lv in zip(tasks, levels)], 0
         return self.states
 
     def step(self, actions: List[int]):
@@ -516,12 +506,9 @@ def states_to_tensor(states: List[State]) -> torch.Tensor:
 
 def consistency_reward(states: List[State], actions: List[int]) -> np.ndarray:
     """+1 for keeping an approved answer or changing a rejected one, -1 otherwise, 0 at an episode's start."""
-    out = np.zeros(len(states), dtype=np.float32)
-    for i, (s, a) in enumerate(zip(states, actions)):
-        if s.last_correct != FLAG_PAD:
-            keep = a == s.last_action
-            out[i] = 1.0 if keep == (s.last_correct == 1) else -1.0
-    return out
+    last = np.array([s.last_correct for s in states])
+    keep = np.array([a == s.last_action for s, a in zip(states, actions)])
+    return np.where(last == FLAG_PAD, 0.0, np.where(keep == (last == 1), 1.0, -1.0)).astype(np.float32)
 
 
 # Model ----------------------------------------------------------------------------------------------------------------
@@ -624,11 +611,9 @@ def reinforce_returns(rewards: torch.Tensor, gamma: float) -> torch.Tensor:
 
 def gae(rewards: torch.Tensor, values: torch.Tensor, gamma: float, lam: float) -> torch.Tensor:
     """GAE over (T, N) with values[T] = 0: the horizon is fixed and observed, so nothing is earned after it."""
-    adv = torch.zeros_like(rewards)
-    last = torch.zeros_like(rewards[0])
+    adv, last = torch.zeros_like(rewards), torch.zeros_like(rewards[0])
     for t in reversed(range(rewards.shape[0])):
-        delta = rewards[t] + gamma * values[t + 1] - values[t]
-        last = delta + gamma * lam * last
+        last = rewards[t] + gamma * values[t + 1] - values[t] + gamma * lam * last
         adv[t] = last
     return adv
 
@@ -673,11 +658,11 @@ class CurriculumManager:
             return False
         h = self.history[task]
         h.append(float(success))
-        if self.levels[task] < NUM_LEVELS - 1 and len(h) == self.window and np.mean(h) >= self.threshold:
+        up = bool(self.levels[task] < NUM_LEVELS - 1 and len(h) == self.window and np.mean(h) >= self.threshold)
+        if up:
             self.levels[task] += 1
             h.clear()
-            return True
-        return False
+        return up
 
 
 # Evaluation and representation analysis -------------------------------------------------------------------------------
@@ -691,13 +676,11 @@ class Evaluator:
     @torch.no_grad()
     def run(self, agent: Optional[Agent], eval_levels: dict, greedy: bool = True, transcript: Optional[list] = None):
         """agent=None evaluates the uniform random policy."""
-        parent, n = DeterministicParent(self.num_actions), self.episodes
+        parent, n, gen = DeterministicParent(self.num_actions), self.episodes, torch.Generator().manual_seed(self.seed)
         per_diff, mse_all, ent_all = {}, [], []
-        gen = torch.Generator().manual_seed(self.seed)
         for task, level in playable(self.tasks, self.num_actions):
             env = BabyEnv(parent, n, self.T, self.seed + 1000 * self.tasks.index(task) + level)
-            states = env.reset([task] * n, [level] * n)
-            success = np.zeros(n, dtype=bool)
+            states, success = env.reset([task] * n, [level] * n), np.zeros(n, dtype=bool)
             for _ in range(self.T):
                 if agent is None:
                     action = torch.randint(0, self.num_actions, (n,), generator=gen)
@@ -734,19 +717,16 @@ def representation_analysis(agent: Agent, tasks: List[str], levels: dict, num_ac
     from sklearn.manifold import TSNE
     from sklearn.model_selection import train_test_split
 
-    parent, rng = DeterministicParent(num_actions), np.random.default_rng(seed)
-    states = []
+    parent, rng, states = DeterministicParent(num_actions), np.random.default_rng(seed), []
     for i in range(samples):
         task = tasks[i % len(tasks)]
         s = parent.new_instance(task, levels[task], rng)
-        # visit later steps too, so last_action/last_correct/step vary
-        for _ in range(int(rng.integers(0, T))):
+        for _ in range(int(rng.integers(0, T))):  # later steps too, so last_action/last_correct/step vary
             a = int(rng.integers(num_actions))
             s = parent.transition(s, a, parent.judge(s, a))
         states.append(s)
     x = states_to_tensor(states)
-    h = agent.embed(x).numpy()
-    probes = {}
+    h, probes = agent.embed(x).numpy(), {}
     for i, name in enumerate(ATTRIBUTES):
         y = x[:, i].numpy()
         counts = np.unique(y, return_counts=True)[1]
@@ -756,10 +736,10 @@ def representation_analysis(agent: Agent, tasks: List[str], levels: dict, num_ac
                                               stratify=y if counts.min() >= 2 else None)
         if len(np.unique(ytr)) >= 2:
             probes[name] = float(LogisticRegression(max_iter=1000).fit(htr, ytr).score(hte, yte))
-    target = np.array([parent.oracle_action(s) for s in states])
     emb = TSNE(n_components=2, init="pca", perplexity=min(30, len(states) // 4), random_state=seed).fit_transform(h)
     fig, ax = plt.subplots(figsize=(5, 4.5))
-    sc = ax.scatter(emb[:, 0], emb[:, 1], c=target, cmap="tab10" if num_actions <= 10 else "tab20", s=8)
+    sc = ax.scatter(emb[:, 0], emb[:, 1], c=np.array([parent.oracle_action(s) for s in states]),
+                    cmap="tab10" if num_actions <= 10 else "tab20", s=8)
     fig.colorbar(sc, ax=ax, label="target (oracle action)")
     ax.set_title(f"t-SNE of state embeddings ({', '.join(tasks)})", fontsize=9)
     fig.tight_layout()
@@ -769,20 +749,19 @@ def representation_analysis(agent: Agent, tasks: List[str], levels: dict, num_ac
 
 
 def build_agent(cfg: dict) -> Agent:
-    return Agent(cfg["num_actions"], cfg["max_episode_steps"], cfg["hidden_dim"], cfg["num_layers"],
-                 cfg["num_heads"])
+    return Agent(cfg["num_actions"], cfg["max_episode_steps"], cfg["hidden_dim"], cfg["num_layers"], cfg["num_heads"])
 
 
 def evaluate(model_path: str, episodes: Optional[int] = None, seed: Optional[int] = None, greedy: bool = True) -> dict:
     """Evaluates a saved model; by default on the run's own episodes, so it reproduces the run's eval.json."""
     ckpt = torch.load(model_path, map_location="cpu", weights_only=False)
-    cfg, tasks = ckpt["args"], task_list(ckpt["args"]["task"])
+    cfg = ckpt["args"]
     agent = build_agent(cfg)
     agent.load_state_dict(ckpt["state_dict"])
-    evaluator = Evaluator(tasks, cfg["num_actions"], cfg["max_episode_steps"],
+    evaluator = Evaluator(task_list(cfg["task"]), cfg["num_actions"], cfg["max_episode_steps"],
                           cfg["eval_episodes"] if episodes is None else episodes,
                           cfg["seed"] + EVAL_SEED_OFFSET if seed is None else seed)
-    return evaluator.run(agent.eval(), ckpt.get("eval_levels") or {t: cfg["level"] for t in tasks}, greedy)
+    return evaluator.run(agent.eval(), ckpt["eval_levels"], greedy)
 
 
 def atomic_write(path: str, write):
@@ -815,17 +794,15 @@ class Rollout:
 
 
 @torch.no_grad()
-def collect_rollout(agent: Agent, env: BabyEnv, curriculum: CurriculumManager, tasks: List[str], args: Args,
-                    device) -> Rollout:
-    T, N = args.max_episode_steps, args.num_envs
+def collect_rollout(agent: Agent, env: BabyEnv, curriculum: CurriculumManager, args: Args, device) -> Rollout:
+    T, N, tasks = args.max_episode_steps, args.num_envs, curriculum.tasks
     ep_tasks = [tasks[int(i)] for i in env.rng.integers(0, len(tasks), N)]
     ep_levels = [curriculum.sample_level(t, env.rng) for t in ep_tasks]
-    states = env.reset(ep_tasks, ep_levels)
+    states, success = env.reset(ep_tasks, ep_levels), np.zeros(N, dtype=bool)
     obs = torch.zeros(T + 1, N, STATE_DIM, dtype=torch.long)
     actions, oracle = torch.zeros(T, N, dtype=torch.long), torch.zeros(T, N, dtype=torch.long)
     logprobs, values = torch.zeros(T, N), torch.zeros(T + 1, N)
     goal, pred, cons = (np.zeros((T, N), np.float32) for _ in range(3))
-    success = np.zeros(N, dtype=bool)
     for t in range(T):
         obs[t] = states_to_tensor(states)
         oracle[t] = torch.tensor([env.parent.oracle_action(s) for s in states])
@@ -854,14 +831,10 @@ def advantages_and_returns(rewards: torch.Tensor, values: torch.Tensor, baseline
 def update(agent: Agent, optimizer, ro: Rollout, advantages: torch.Tensor, returns: torch.Tensor, args: Args,
            device) -> dict:
     """REINFORCE: one gradient step on the whole batch. PPO: epochs x minibatches of the clipped surrogate."""
-    T = args.max_episode_steps
-    b_obs, b_next = ro.obs[:T].reshape(-1, STATE_DIM).to(device), ro.obs[1:].reshape(-1, STATE_DIM).to(device)
-    b_actions, b_logprobs = ro.actions.reshape(-1).to(device), ro.logprobs.reshape(-1).to(device)
-    b_adv, b_returns = advantages.reshape(-1).to(device), returns.reshape(-1).to(device)
-    b_oracle, b_values = ro.oracle.reshape(-1).to(device), ro.values[:T].reshape(-1).to(device)
+    b_obs, b_next, b_actions, b_logprobs, b_adv, b_returns, b_oracle, b_values = (x.flatten(0, 1).to(device) for x in (
+        ro.obs[:-1], ro.obs[1:], ro.actions, ro.logprobs, advantages, returns, ro.oracle, ro.values[:-1]))
     epochs, n_mb = (1, 1) if args.algorithm == "reinforce" else (args.update_epochs, args.num_minibatches)
-    mb_size = args.batch_size // n_mb
-    clipfracs, stats = [], {}
+    mb_size, clipfracs, stats = args.batch_size // n_mb, [], {}
     for _ in range(epochs):
         perm = torch.randperm(args.batch_size)
         for start in range(0, args.batch_size, mb_size):
@@ -921,7 +894,7 @@ def train(args: Args, writer, parent: Optional[DeterministicParent] = None, labe
             optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
 
         # ROLLOUT: N whole episodes of exactly T steps (the time limit is the only episode end)
-        ro = collect_rollout(agent, env, curriculum, tasks, args, device)
+        ro = collect_rollout(agent, env, curriculum, args, device)
         rewards = torch.as_tensor(ro.rewards.total(args.goal_reward_weight, args.pred_reward_weight,
                                                    args.cons_reward_weight))
         for task, level, success in zip(ro.tasks, ro.levels, ro.success):
@@ -961,12 +934,11 @@ def fail(message: str):
     sys.exit(2)
 
 
-def flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
 def validate_args(args: Args) -> Optional[str]:
     """The first problem with the arguments that would crash late or run wrong in silence, as one line; or None."""
+    def flag(name: str) -> str:
+        return "--" + name.replace("_", "-")
+
     def must(name: str, ok: bool, need: str) -> Tuple[bool, str]:
         return not ok, f"{flag(name)} {getattr(args, name)} must be {need}"
 
@@ -990,9 +962,8 @@ def validate_args(args: Args) -> Optional[str]:
         must("gamma", 0 < args.gamma <= 1, "in (0, 1]"),
         must("baseline_decay", 0 <= args.baseline_decay < 1, "in [0, 1)"),
         must("mastery_threshold", 0 < args.mastery_threshold <= 1, "in (0, 1]"),
-        (args.total_timesteps < batch,
-         f"--total-timesteps {args.total_timesteps} is less than one update (--num-envs x --max-episode-steps "
-         f"= {batch})"),
+        (args.total_timesteps < batch, f"--total-timesteps {args.total_timesteps} is less than one update "
+                                       f"(--num-envs x --max-episode-steps = {batch})"),
         (args.analysis and args.analysis_samples < 2, "--analysis-samples must be >= 2 (or --no-analysis)"),
         (args.num_actions < need, f"--num-actions {args.num_actions} is smaller than the {need} symbols task "
                                   f"{args.task!r} needs up to level {top}; use --num-actions >= {need}"),
@@ -1010,13 +981,13 @@ def validate_args(args: Args) -> Optional[str]:
     if error := next((message for bad, message in checks if bad), None):
         return error
     n_params = num_parameters(build_agent(vars(args)))
-    if n_params >= 1_000_000:
-        # the state embedding has one row per value of every attribute, the step counter included
-        embeddings = sum(attribute_vocab(args.num_actions, args.max_episode_steps)) * args.hidden_dim
-        fix = ("reduce --hidden-dim or --num-layers (e.g. --hidden-dim 128 --num-layers 4)" if embeddings < n_params / 2
-               else f"reduce --max-episode-steps or --num-actions ({embeddings:,} of them are in the state embedding)")
-        return f"the model would have {n_params:,} parameters; the baby model must stay under 1M: {fix}"
-    return None
+    if n_params < 1_000_000:
+        return None
+    # the state embedding has one row per value of every attribute, the step counter included
+    embeddings = sum(attribute_vocab(args.num_actions, args.max_episode_steps)) * args.hidden_dim
+    fix = ("reduce --hidden-dim or --num-layers (e.g. --hidden-dim 128 --num-layers 4)" if embeddings < n_params / 2
+           else f"reduce --max-episode-steps or --num-actions ({embeddings:,} of them are in the state embedding)")
+    return f"the model would have {n_params:,} parameters; the baby model must stay under 1M: {fix}"
 
 
 def claim_run_dir(runs_dir: str, run_name: str) -> Tuple[str, str]:
@@ -1056,14 +1027,11 @@ def evaluate_with_baselines(args: Args, agent: Agent, eval_levels: dict, run_dir
         diff = " ".join(f"{k}={v:.2f}" for k, v in r["per_difficulty_success"].items())
         mse = "-" if r["world_model_mse"] is None else f"{r['world_model_mse']:.3f}"
         print(f"{name:<12} {r['success_rate']:>8.3f} {mse:>8} {r['policy_entropy']:>8.3f}  {diff}")
-    return result, baselines
-
-
-def baseline_row(r: dict) -> dict:
-    """A baseline's eval.json entry: flat, and without a world-model MSE where it has none (random)."""
-    mse = {} if r["world_model_mse"] is None else {"world_model_mse": r["world_model_mse"]}
-    return {"success_rate": r["success_rate"], "policy_entropy": r["policy_entropy"], **mse,
-            **{f"success_{k}": v for k, v in r["per_difficulty_success"].items()}}
+    # eval.json's rows: flat, and without a world-model MSE where there is none (random)
+    return result, {name: {"success_rate": r["success_rate"], "policy_entropy": r["policy_entropy"],
+                           **({} if r["world_model_mse"] is None else {"world_model_mse": r["world_model_mse"]}),
+                           **{f"success_{k}": v for k, v in r["per_difficulty_success"].items()}}
+                    for name, r in baselines.items()}
 
 
 if __name__ == "__main__":
@@ -1110,13 +1078,10 @@ if __name__ == "__main__":
     # EVALUATION: the trained agent and the baselines in one table
     transcript = [] if args.capture_video else None
     result, baselines = evaluate_with_baselines(args, agent, eval_levels, run_dir, transcript)
-    out = {"script": SCRIPT, "task": args.task, **result,
-           "baselines": {name: baseline_row(r) for name, r in baselines.items()}, "train_time_s": train_time,
+    out = {"script": SCRIPT, "task": args.task, **result, "baselines": baselines, "train_time_s": train_time,
            "eval_levels": eval_levels, "num_parameters": num_parameters(agent)}
     if parent is not None:
-        out["parent"] = parent.summary()
-    if check is not None:
-        out["llm_agreement_check"] = check
+        out.update(parent=parent.summary(), **({"llm_agreement_check": check} if check is not None else {}))
     if args.analysis:
         png = os.path.join(run_dir, "tsne.png")
         out["probe_accuracy"] = representation_analysis(agent, tasks, eval_levels, args.num_actions,
