@@ -69,8 +69,6 @@ class Args:
     modes_preset: Literal["seed3", "inverted4", "mirror4"] = "seed3"
     """physics modes: `seed3` (three gravity/length settings), `inverted4` (seed3 plus inverted force) or `mirror4`
     (two physics x force sign ±1, plus a held-out mode 4 that is only evaluated)"""
-    mode_share: Literal["uniform", "balanced"] = "uniform"
-    """`uniform`: a training mode drawn per episode; `balanced`: env i always in training mode i mod M (equal step shares)"""
     hide_velocity: bool = False
     """observe only cart position and pole angle, so velocities must be inferred from memory"""
     fixed_mode: Optional[int] = None
