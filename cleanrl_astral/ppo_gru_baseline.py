@@ -1,16 +1,14 @@
 """Recurrent PPO (GRU) on NonStationaryCartPole: the reference baseline of cleanrl_astral.
 
-One file holds the environment (CartPole whose hidden physics mode is resampled at every episode start),
-an RL²-style GRU agent that sees (observation, previous action, previous reward), and PPO with the
-recurrent-PPO details: orthogonal GRU init, zero initial state, state reset exactly where an episode
-restarts, minibatches of whole environment sequences, and the state replayed during the update from the
-one saved at the start of the rollout.
+One file holds the environment (CartPole whose hidden physics mode is resampled at every episode start), an
+RL²-style GRU agent that sees (observation, previous action, previous reward), and PPO with the recurrent-PPO
+details: orthogonal GRU init, zero initial state, state reset exactly where an episode restarts, minibatches of
+whole environment sequences, and the state replayed during the update from the one saved at the rollout's start.
 
 Usage: python cleanrl_astral/ppo_gru_baseline.py --modes-preset seed3 --hide-velocity --save-model
 """
 import contextlib
 import dataclasses
-
 import itertools
 import json
 import math
@@ -30,7 +28,6 @@ import torch.optim as optim
 import tyro
 from gymnasium.utils.save_video import save_video
 from gymnasium.wrappers.utils import RunningMeanStd
-
 from torch.distributions.categorical import Categorical
 from torch.utils.tensorboard import SummaryWriter
 
@@ -216,10 +213,8 @@ class Agent(nn.Module):
     def build_input(self, obs, prev_action, prev_reward, mode):
         """obs (..., obs_dim), prev_action (...) with -1 for "none", prev_reward (...), mode (...) -> input."""
         prev_onehot = torch.nn.functional.one_hot((prev_action + 1).long(), self.num_actions + 1)[..., 1:].float()
-        parts = [obs.float(), prev_onehot, prev_reward.float().unsqueeze(-1)]
-        if self.oracle:
-            parts.append(torch.nn.functional.one_hot(mode.long(), self.num_modes).float())
-        return torch.cat(parts, dim=-1)
+        oracle = [torch.nn.functional.one_hot(mode.long(), self.num_modes).float()] if self.oracle else []
+        return torch.cat([obs.float(), prev_onehot, prev_reward.float().unsqueeze(-1), *oracle], dim=-1)
 
     def unroll(self, x, state, starts):
         """x (T, B, input_dim), state (B, H) before x[0], starts (T, B) = 1 where x[t] opens an episode.
@@ -237,8 +232,7 @@ class Agent(nn.Module):
         return torch.stack(hidden), state
 
     def get_value(self, x, state, starts):
-        hidden, _ = self.unroll(x, state, starts)
-        return self.critic(hidden).squeeze(-1)
+        return self.critic(self.unroll(x, state, starts)[0]).squeeze(-1)
 
     def get_action_and_value(self, x, state, starts, action=None, deterministic=False):
         hidden, state = self.unroll(x, state, starts)
@@ -250,8 +244,7 @@ class Agent(nn.Module):
 
 
 class RewardScaler:
-    """Divides rewards by the running std of each environment's discounted return (as gymnasium's NormalizeReward),
-    keeping the value targets O(1) for the shared trunk."""
+    """Divides rewards by the running std of each env's discounted return (gymnasium's NormalizeReward): O(1) value targets."""
 
     def __init__(self, num_envs, gamma):
         self.gamma, self.returns, self.return_rms = gamma, np.zeros(num_envs), RunningMeanStd(shape=())
@@ -266,8 +259,7 @@ class RewardScaler:
 # ROLLOUT / GAE / UPDATE
 def new_carry(envs, agent, seed, device):
     """What one step hands to the next: the agent's next input, its GRU state and the running episode totals."""
-    obs, info = envs.reset(seed=seed)
-    n = envs.num_envs
+    (obs, info), n = envs.reset(seed=seed), envs.num_envs
     return {"obs": obs, "start": np.ones(n, dtype=bool), "state": torch.zeros(n, agent.hidden_size, device=device), "prev_action": np.full(n, -1),
             "prev_reward": np.zeros(n), "mode": info["mode"], "episode_mode": info["mode"].copy(), "episode_return": np.zeros(n),
             "episode_length": np.zeros(n, dtype=int)}
@@ -280,10 +272,9 @@ def carry_input(agent, carry):
 
 
 def env_step(agent, envs, carry, deterministic=False):
-    """One step of every environment, shared by the rollout, the evaluation and the video: the agent acts on the
-    carried input, the environments step, and the carry moves on. Returns what the batch keeps of the step (input,
-    start flag, action, log-prob, value, true mode), what the environments returned, and the episodes that ended as
-    (return, length, mode)."""
+    """One step of every environment, shared by the rollout, the evaluation and the video: the agent acts on the carried
+    input, the environments step, and the carry moves on. Returns what the batch keeps of the step (input, start flag,
+    action, log-prob, value, true mode), what the environments returned, and the episodes that ended (return, length, mode)."""
     x = carry_input(agent, carry)
     start = torch.as_tensor(carry["start"], dtype=torch.float32, device=x.device)
     with torch.no_grad():
@@ -291,16 +282,15 @@ def env_step(agent, envs, carry, deterministic=False):
             x[None], carry["state"], start[None], deterministic=deterministic)
     step = {"inputs": x, "starts": start, "actions": action[0], "logprobs": logprob[0], "values": value[0],
             "modes": torch.as_tensor(carry["mode"], device=x.device)}
-    obs, reward, terminated, truncated, info = outcome = envs.step(action[0].cpu().numpy())
+    acted = action[0].cpu().numpy()
+    obs, reward, terminated, truncated, info = outcome = envs.step(acted)
     done = terminated | truncated
     carry["episode_return"], carry["episode_length"] = carry["episode_return"] + reward, carry["episode_length"] + 1
     episodes = [(float(carry["episode_return"][i]), int(carry["episode_length"][i]), int(carry["episode_mode"][i]))
                 for i in np.flatnonzero(done)]
     carry["episode_return"][done], carry["episode_length"][done], carry["episode_mode"][done] = 0.0, 0, info["mode"][done]
-    # same-step autoreset: where done, obs opens the next episode, so its previous action / reward are "none" and the
-    # next step zeroes the GRU state
-    carry.update(obs=obs, start=done, mode=info["mode"], prev_action=np.where(done, -1, step["actions"].cpu().numpy()),
-                 prev_reward=np.where(done, 0.0, reward))
+    # same-step autoreset: where done, obs opens the next episode: no previous action / reward, and the state is zeroed
+    carry.update(obs=obs, start=done, mode=info["mode"], prev_action=np.where(done, -1, acted), prev_reward=reward * ~done)
     return step, outcome, episodes
 
 
@@ -312,8 +302,7 @@ def collect_rollout(agent, envs, carry, num_steps, gamma, reward_scaler):
         step, (_, reward, terminated, truncated, info), ended = env_step(agent, envs, carry)
         episodes += [(*episode, t) for episode in ended]
         scaled = reward_scaler(reward, terminated | truncated) if reward_scaler is not None else reward.copy()
-        # a time-limit truncation is not a failure: bootstrap from the value of the true final observation
-        cut = np.flatnonzero(truncated & ~terminated)
+        cut = np.flatnonzero(truncated & ~terminated)  # a time limit is no failure: bootstrap from the final observation
         if len(cut):
             final_x = agent.build_input(*(torch.as_tensor(a, device=device) for a in (
                 info["final_obs"][cut], step["actions"].cpu().numpy()[cut], reward[cut], info["final_mode"][cut])))
@@ -327,8 +316,8 @@ def collect_rollout(agent, envs, carry, num_steps, gamma, reward_scaler):
 
 
 def compute_gae(rewards, values, starts, next_value, next_start, gamma, gae_lambda):
-    """GAE over (T, N) tensors. starts[t] = 1 where step t opens an episode, so step t-1 ended one and must
-    not bootstrap from step t (truncations were already bootstrapped into their reward)."""
+    """GAE over (T, N) tensors. starts[t] = 1 where step t opens an episode, so step t-1 ended one and must not bootstrap
+    from step t (truncations were already bootstrapped into their reward)."""
     nextnonterminal = 1.0 - torch.cat([starts[1:], next_start[None]])
     deltas = rewards + gamma * torch.cat([values[1:], next_value[None]]) * nextnonterminal - values
     advantages, lastgaelam = torch.zeros_like(rewards), torch.zeros_like(next_value)
@@ -340,9 +329,8 @@ def compute_gae(rewards, values, starts, next_value, next_start, gamma, gae_lamb
 def ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args):
     """PPO epochs over minibatches of whole environments. Each minibatch replays its sequences from the
     state saved at the start of the rollout, so log-probs are re-computed exactly as they were acted."""
-    num_envs = batch["inputs"].shape[1]
+    num_envs, clipfracs, stats = batch["inputs"].shape[1], [], {}
     envs_per_minibatch, env_indices = num_envs // args.num_minibatches, np.arange(num_envs)
-    clipfracs, stats = [], {}
     for epoch in range(args.update_epochs):
         np.random.shuffle(env_indices)
         for start in range(0, num_envs, envs_per_minibatch):
@@ -351,8 +339,7 @@ def ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args
                 batch["inputs"][:, mb], initial_state[mb], batch["starts"][:, mb], batch["actions"][:, mb])
             logratio = newlogprob - batch["logprobs"][:, mb]
             ratio = logratio.exp()
-            if epoch == 0 and start == 0:
-                # exactly 1 unless the recurrent replay differs from what was acted
+            if epoch == 0 and start == 0:  # exactly 1 unless the recurrent replay differs from what was acted
                 stats["first_minibatch_ratio_error"] = (ratio - 1).abs().max().item()
             with torch.no_grad():
                 old_approx_kl = (-logratio).mean()
@@ -404,22 +391,19 @@ def evaluate(model_path, episodes_per_mode=10, modes=None, deterministic=True, s
         raise ValueError(f"{model_path!r} was not written by {SCRIPT}.py (format {CHECKPOINT_FORMAT})")
     train_args, train_modes = Args(**ckpt["args"]), [tuple(m) for m in ckpt["modes"]]
     modes = train_modes if modes is None else [tuple(float(v) for v in m) for m in modes]
-    agent = agent_from_args(train_args, len(train_modes)).to(device)
+    agent, results = agent_from_args(train_args, len(train_modes)).to(device), {}
     agent.load_state_dict(ckpt["state_dict"])
-    results = {}
     for k in range(len(modes)):
         envs = NonStationaryCartPole(episodes_per_mode, modes, train_args.hide_velocity, fixed_mode=k)
         results[k] = np.array([ret for ret, _, _ in first_episodes(agent, envs, seed + 1000 * k, deterministic)])
         if video_dir is not None:
-            record_video(agent, NonStationaryCartPole(1, modes, train_args.hide_velocity, fixed_mode=k), seed,
-                         video_dir, f"mode{k}")
+            record_video(agent, NonStationaryCartPole(1, modes, train_args.hide_velocity, fixed_mode=k), seed, video_dir, f"mode{k}")
     return results
 
 
 def first_episodes(agent, envs, seed, deterministic):
     """The first episode of every environment of `envs`, as (return, length, mode)."""
-    carry = new_carry(envs, agent, seed, next(agent.parameters()).device)
-    first = [None] * envs.num_envs
+    carry, first = new_carry(envs, agent, seed, next(agent.parameters()).device), [None] * envs.num_envs
     while any(episode is None for episode in first):
         _, (_, _, terminated, truncated, _), ended = env_step(agent, envs, carry, deterministic)
         for i, episode in zip(np.flatnonzero(terminated | truncated), ended):
@@ -460,7 +444,6 @@ def validate(args):
     problems += [f"{flag(n)} {value(n)} must be non-negative" for n in ("ent_coef", "vf_coef") if value(n) < 0]
     problems += [f"{flag(n)} must be at least 1" for n in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "hidden_size",
                                                            "eval_episodes") if value(n) < 1]
-
     num_modes, envs_per_minibatch = len(MODE_PRESETS[args.modes_preset]), args.num_envs // max(1, args.num_minibatches)
     held_out, num_train = HELD_OUT_MODES[args.modes_preset], num_modes - len(HELD_OUT_MODES[args.modes_preset])
     problems += [message for wrong, message in (
@@ -477,9 +460,8 @@ def validate(args):
          f"{args.num_envs} to be a multiple of the {num_train} training modes, so each gets the same share"),
         (args.mode_share == "balanced" and (args.fixed_mode is not None or args.switch_prob > 0),
          "--mode-share balanced pins every env's mode; it cannot be combined with --fixed-mode or --switch-prob"),
-        (args.num_minibatches >= 1 and args.num_envs % args.num_minibatches != 0,
-         f"--num-envs {args.num_envs} is not divisible by --num-minibatches {args.num_minibatches}; minibatches hold whole "
-         "environments' sequences"),
+        (args.num_minibatches >= 1 and args.num_envs % args.num_minibatches != 0, f"--num-envs {args.num_envs} is not divisible "
+         f"by --num-minibatches {args.num_minibatches}; minibatches hold whole environments' sequences"),
         (args.norm_adv and envs_per_minibatch * args.num_steps < 2, "a minibatch of one step cannot normalise its advantages "
          "(their std is undefined); raise --num-steps or --num-envs, or lower --num-minibatches"),
         (args.total_timesteps < args.num_envs * args.num_steps, f"--total-timesteps {args.total_timesteps} is less than one "
@@ -504,7 +486,6 @@ if __name__ == "__main__":
     args.num_iterations = args.total_timesteps // args.batch_size
     if args.track:
         import wandb
-
         wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True, config=vars(args), name=run_name,
                    dir=run_dir, save_code=True)
     writer = SummaryWriter(run_dir)
@@ -565,14 +546,12 @@ if __name__ == "__main__":
     if args.save_model:
         model_path = os.path.join(run_dir, f"{args.exp_name}.cleanrl_model")
         # with the reward normaliser's state: the value head is in its units (tta_gating --online bootstraps with it)
-        torch.save({"script": SCRIPT, "format": CHECKPOINT_FORMAT, "args": dataclasses.asdict(args), "modes": modes,
-                    "run_name": run_name, "state_dict": agent.state_dict(),
-                    "reward_scaler": None if reward_scaler is None else
+        torch.save({"script": SCRIPT, "format": CHECKPOINT_FORMAT, "args": dataclasses.asdict(args), "modes": modes, "run_name": run_name,
+                    "state_dict": agent.state_dict(), "reward_scaler": None if reward_scaler is None else
                     {key: float(getattr(reward_scaler.return_rms, key)) for key in ("mean", "var", "count")}}, model_path + ".tmp")
         os.replace(model_path + ".tmp", model_path)  # written atomically: a killed run leaves no half-written model
         print(f"model saved to {model_path}")
-        video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
-        held_out = HELD_OUT_MODES[args.modes_preset]
+        video_dir, held_out = os.path.join(run_dir, "videos") if args.capture_video else None, HELD_OUT_MODES[args.modes_preset]
         report = {"script": SCRIPT, "checkpoint": model_path, "episodes_per_mode": args.eval_episodes, "held_out_modes": held_out,
                   "modes": [{"gravity": g, "half_length": l, "force_sign": s} for g, l, s in modes], "per_mode": {}}
         for kind, det in (("deterministic", True), ("sampled", False)):
@@ -586,7 +565,6 @@ if __name__ == "__main__":
                     report[f"{kind}_{name}"] = float(np.mean([np.mean(results[k]) for k in subset]))
         for k, per_kind in report["per_mode"].items():
             print(f"eval mode {k} ({args.eval_episodes} episodes): " + ", ".join(f"{kind} {r['mean']:.1f} ± {r['std']:.1f}" for kind, r in per_kind.items()))
-
         with open(os.path.join(run_dir, "eval.json.tmp"), "w") as f:
             json.dump(report, f, indent=1)
         os.replace(os.path.join(run_dir, "eval.json.tmp"), os.path.join(run_dir, "eval.json"))
