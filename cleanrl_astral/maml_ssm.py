@@ -719,20 +719,46 @@ def flat_grad(out, plist, **kw):
     return torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1) for g, p in zip(grads, plist)])
 
 
+def fisher_product(model, tasks_data, args):
+    """v -> F v + damping v, F the Hessian at theta of the mean KL(old || pi_theta'). The KL's gradient in theta' is zero
+    there, so F = mean_i A_i^T G_i A_i: G_i the Hessian of task i's KL in theta', A_i = d theta'/d theta = prod_j (I -
+    alpha H_j), H_j an inner loss's (symmetric) Hessian. A product is 2J + 1 second-order vjps through graphs built once."""
+    sizes = [p.numel() for p in model.parameters()]
+    leaf = lambda p: {k: v.detach().requires_grad_() for k, v in p.items()}  # noqa: E731
+    stages = []  # per task: (leaf, output) of each inner step, then (theta' leaf, gradient of the KL in theta')
+    for td in tasks_data:
+        p, chain = dict(model.named_parameters()), []
+        for b in td["train"]:
+            chain.append((q := leaf(p), (p := inner_update(model, q, b, args.inner_lr, not args.first_order))))
+        out = policy_out(model, q := leaf(p), td["val"])
+        old = {k: out[k].detach() for k in ("pi", "log_std") if k in out}
+        kl = masked_mean(kl_divergence(old, out, model.discrete), td["val"]["masks"])
+        stages.append(chain + [(q, dict(zip(q, torch.autograd.grad(kl, list(q.values()), create_graph=True,
+                                                                   allow_unused=True))))])
+
+    def vjp(j, vs):  # every task's v^T d(output of stage j) / d(its leaf), in one backward call
+        outs, us = zip(*[(o, u.view_as(o)) for s, v in zip(stages, vs) for o, u in zip(s[j][1].values(), v.split(sizes))
+                         if o is not None])
+        return list(flat_grad(outs, [q for s in stages for q in s[j][0].values()], grad_outputs=us,
+                              retain_graph=True).split(sum(sizes)))
+
+    def fvp(v):  # A_i v (A_j symmetric: a vjp too), G_i, then A_i^T
+        vs, J = [v] * len(stages), len(stages[0]) - 1
+        for j in [*range(J + 1), *reversed(range(J))]:
+            vs = vjp(j, vs)
+        return torch.stack(vs).mean(0) + args.cg_damping * v
+
+    return fvp
+
+
 def trpo_step(model, tasks_data, args):
     """TRPO outer update: conjugate-gradient natural gradient, KL-radius scaling, backtracking line search."""
     plist = list(model.parameters())
-    # kl is KL(detached self || self): zero with zero gradient, but its Hessian is the Fisher matrix
-    loss, kl, old_outs = meta_objective(model, dict(model.named_parameters()), tasks_data, args)
-    g = flat_grad(loss, plist, retain_graph=True)
-    if args.cg_subsample < 1:  # the Fisher of a random subset of the tasks (changes the maths)
-        keep = torch.randperm(len(tasks_data))[: max(1, round(args.cg_subsample * len(tasks_data)))].tolist()
-        kl = meta_objective(model, dict(model.named_parameters()), [tasks_data[i] for i in keep], args)[1]
-    flat_kl = flat_grad(kl, plist, create_graph=True)  # built once; every Fisher-vector product reuses its graph
-
-    def fvp(v):
-        return flat_grad(flat_kl @ v, plist, retain_graph=True) + args.cg_damping * v
-
+    loss, _, old_outs = meta_objective(model, dict(model.named_parameters()), tasks_data, args)
+    g = flat_grad(loss, plist)
+    keep = torch.randperm(len(tasks_data))[: max(1, round(args.cg_subsample * len(tasks_data)))].tolist() \
+        if args.cg_subsample < 1 else range(len(tasks_data))  # the Fisher of a random subset of the tasks (other maths)
+    fvp = fisher_product(model, [tasks_data[i] for i in keep], args)
     step_dir = conjugate_gradient(fvp, -g, args.cg_iters)
     step = kl_radius_step(step_dir, fvp(step_dir), args.max_kl)
     old_flat = torch.cat([p.detach().reshape(-1) for p in plist])
