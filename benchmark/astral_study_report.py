@@ -78,10 +78,10 @@ def choose_observation(groups):
     for obs, name in (("", "full observation"), (" (hidden velocity)", "hidden velocity")):
         oracle, memoryless = groups.get("oracle" + obs), groups.get("memoryless" + obs)
         if not oracle or not memoryless:
-            continue
+            return f"undecided (no oracle or no memoryless runs with {name})"
         o, n = mean_train(oracle), mean_train(memoryless)
         scores[name] = (bool(o.min() >= SOLVED and np.all(n < 0.5 * o)), int((o >= SOLVED).sum()), name == "hidden velocity")
-    return max(scores, key=scores.get) if scores else "undecided (no oracle and memoryless runs)"
+    return max(scores, key=scores.get)
 
 
 def freeze_key(runs):

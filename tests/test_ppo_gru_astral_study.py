@@ -96,9 +96,8 @@ def test_phase_a_and_b_verdicts(tmp_path):
     lines = report.criteria("A", report.load_runs(a))
     assert lines[0].startswith("FAIL oracle:") and lines[1].startswith("PASS oracle (hidden velocity)")
     assert "below half the oracle's return on training modes [1, 3]" in lines[2]
-    # hidden velocity's memoryless agent beats half the oracle on modes 0 and 2, full observation has no memoryless
-    # runs: the full-observation controls are incomplete, so hidden velocity is chosen
-    assert lines[-1] == "observation for phases B and C: hidden velocity"
+    # full observation has no memoryless runs: no choice until both observations' controls have run
+    assert lines[-1] == "observation for phases B and C: undecided (no oracle or no memoryless runs with full observation)"
     for seed in range(5):
         write_run(a, f"fn{seed}", "memoryless", seed, [50, 50, 50, 50, 50], hide=False)
         write_run(a, f"f{seed}", "oracle", seed, [500, 490, 500, 500, 50], hide=False)
