@@ -5,11 +5,14 @@ Reads a sweep written by benchmark.py (its completion markers and every finished
 how many seeds reach 475; the held-out mode; episode-level NMI; wall time) and the phase's pass/fail lines.
 
 Usage: python benchmark/astral_study_report.py --phase C --sweep benchmark/out/astral_study/phase_C
+       add --archive DIR to copy the sweep's markers and eval.json files (no models, no logs) into DIR, a directory that
+       --sweep reads back: the docs keep the study's results that way, small enough to commit.
 """
 import argparse
 import glob
 import json
 import os
+import shutil
 import sys
 
 import numpy as np
@@ -27,10 +30,10 @@ def load_runs(*sweeps):
     groups = {}
     for marker in sorted(m for sweep in sweeps for m in glob.glob(os.path.join(sweep, "markers", "*.json"))):
         record = json.load(open(marker))
-        argv, reports = record["argv"], [os.path.join(d, "eval.json") for d in record["run_dirs"]]
-        if not reports or not os.path.isfile(reports[0]):
+        report = eval_path(os.path.dirname(os.path.dirname(marker)), marker, record)
+        if report is None:
             continue
-        report = json.load(open(reports[0]))
+        argv, report = record["argv"], json.load(open(report))
         held_out = HELD_OUT_MODES[argv[argv.index("--modes-preset") + 1] if "--modes-preset" in argv else "seed3"]
         returns = {int(k): v["deterministic"]["mean"] for k, v in report["per_mode"].items()}
         label = argv[argv.index("--exp-name") + 1] if "--exp-name" in argv else record["command"]
@@ -40,6 +43,30 @@ def load_runs(*sweeps):
             "held_out": [returns[k] for k in held_out], "wall_time": record["wall_time_s"],
             "nmi": report.get("slots_deterministic", {}).get("episode_nmi")})
     return groups
+
+
+def eval_path(sweep, marker, record):
+    """The run's eval.json: in its run directory, or in an archive's eval/<run_key>.json; None if it has none."""
+    candidates = [os.path.join(d, "eval.json") for d in record["run_dirs"][:1]]
+    candidates.append(os.path.join(sweep, "eval", os.path.basename(marker)))
+    return next((c for c in candidates if os.path.isfile(c)), None)
+
+
+def archive(sweeps, dest):
+    """Copy every finished run's marker and eval.json into dest/markers and dest/eval; returns how many runs."""
+    copied = set()
+    for sweep in sweeps:
+        for marker in sorted(glob.glob(os.path.join(sweep, "markers", "*.json"))):
+            report = eval_path(sweep, marker, json.load(open(marker)))
+            if report is None:
+                continue
+            if os.path.basename(marker) in copied:
+                sys.exit(f"astral_study_report.py: error: two sweeps hold run {os.path.basename(marker)}: archive them one at a time")
+            copied.add(os.path.basename(marker))
+            for sub, source in (("markers", marker), ("eval", report)):
+                os.makedirs(os.path.join(dest, sub), exist_ok=True)
+                shutil.copyfile(source, os.path.join(dest, sub, os.path.basename(marker)))
+    return len(copied)
 
 
 def table(groups):
@@ -135,11 +162,14 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--phase", choices=["A", "B", "C"], required=True)
     parser.add_argument("--sweep", required=True, nargs="+", help="sweep directories written by benchmark.py (read together)")
+    parser.add_argument("--archive", help="also copy the finished runs' markers and eval.json files into this directory")
     args = parser.parse_args(argv)
     groups = load_runs(*args.sweep)
     if not groups:
         print(f"astral_study_report.py: error: no finished run with an eval.json in {' '.join(args.sweep)}", file=sys.stderr)
         return 2
+    if args.archive:
+        print(f"archived {archive(args.sweep, args.archive)} runs in {args.archive}", file=sys.stderr)
     print(f"## Phase {args.phase}: {' '.join(args.sweep)}\n")
     print("\n".join(table(groups) + [""] + criteria(args.phase, groups) + ["", "Per seed:", ""] + seed_rows(groups)))
     return 0

@@ -3,6 +3,7 @@ benchmark/astral_study_report.py (on a hand-made sweep whose verdicts are known)
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -132,3 +133,20 @@ def test_phase_a_and_b_verdicts(tmp_path):
         write_run(b2, f"r{seed}", "round2", seed, [500, 100, 500, 500, 0], nmi=0.9)
     line, frozen = report.criteria("B", report.load_runs(b, b2))
     assert "hard_gate" in line and "round2" in line and frozen.endswith(": hard_gate (hidden velocity)")
+
+
+def test_an_archive_reads_back_as_its_sweep(tmp_path):
+    sweep, dest = str(tmp_path / "sweep"), str(tmp_path / "archive")
+    for seed in range(3):
+        write_run(sweep, f"p{seed}", "plan", seed, [500, 400, 300, 200, 100 + seed], nmi=0.1 * seed)
+    write_run(sweep, "unfinished", "plan", 9, [0] * 5)
+    os.remove(os.path.join(sweep, "runs", "unfinished", "run", "eval.json"))  # a marker without eval.json is skipped
+    assert report.archive([sweep], dest) == 3
+    before = report.load_runs(sweep)
+    shutil.rmtree(os.path.join(sweep))  # only the archive is left: no run directory, no model
+    assert sorted(os.listdir(os.path.join(dest, "eval"))) == ["p0.json", "p1.json", "p2.json"]
+    assert report.load_runs(dest) == before and len(before["plan (hidden velocity)"]) == 3
+    other = str(tmp_path / "other")
+    write_run(other, "p0", "plan", 0, [1] * 5)
+    with pytest.raises(SystemExit, match="two sweeps hold run p0.json"):
+        report.archive([dest, other], str(tmp_path / "both"))
