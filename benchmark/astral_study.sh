@@ -5,7 +5,8 @@
 #   benchmark/astral_study.sh A                task controls: oracle, memoryless, GRU baseline; both observations; seeds 1-5
 #   benchmark/astral_study.sh B [1|2]          screen, seeds 1-3: round 1 = plan, each mechanism alone, the combination,
 #                                              the supervised-gate ceiling; round 2 = the combination over lambda x K
-#   benchmark/astral_study.sh C                confirm, run once: FROZEN vs the baseline vs the ceiling on seeds 6-15
+#   benchmark/astral_study.sh C                confirm, run once: FROZEN vs the baseline vs FROZEN with the supervised gate
+#                                              (the ceiling) on seeds 6-15
 #   benchmark/astral_study.sh report [A|B|C]   the criterion tables of the phases that have runs
 #   benchmark/astral_study.sh --one-seed N     FROZEN and the baseline for seed N alone, then their per-mode returns and NMI
 #   add --quick to any of them (alone: A, B 1, C and the report): one seed, a tiny budget, a couple of minutes, output
@@ -39,7 +40,7 @@ TASK="--modes-preset mirror4 --mode-share balanced"
 COMMON="--total-timesteps $steps $FAST $TASK --save-model --eval-episodes $eval_episodes"
 BASELINE="python cleanrl_astral/ppo_gru_baseline.py $COMMON"
 ASTRAL="python cleanrl_astral/ppo_gru_astral.py $COMMON"
-CEILING="--num-abstractions 4 --lambda-supervised 1.0"  # the gate told the true mode: the diagnostic ceiling
+CEILING="--num-abstractions 4 --lambda-supervised 1.0"  # Phase B's diagnostic ceiling: the combination's gate told the true mode
 
 need() {  # refuse a phase whose inputs from an earlier phase are not filled in
     if [ "$2" = unset ]; then echo "astral_study.sh: error: set $1 (from the earlier phase's results) before this phase" >&2; exit 2; fi
@@ -83,8 +84,10 @@ phase_b() {
 }
 phase_c() {
     need ASTRAL_OBS "$OBS"; need ASTRAL_FROZEN "$FROZEN"
+    # the ceiling is the frozen configuration itself with its gate told the true mode: it bounds what that architecture
+    # would gain from slots that name the modes
     sweep "$out/phase_C" 6 10 "" "$ASTRAL $OBS $FROZEN --exp-name frozen" "$BASELINE $OBS --exp-name baseline" \
-        "$ASTRAL $OBS $COMBO $CEILING --exp-name ceiling"
+        "$ASTRAL $OBS $FROZEN --lambda-supervised 1.0 --exp-name ceiling"
 }
 
 status=0

@@ -40,6 +40,8 @@ def test_phases_expand_to_the_protocols_runs():
     c = commands(study("C", ASTRAL_OBS="", ASTRAL_FROZEN="--hard-gate --num-abstractions 8"))
     assert len(c) == 30 and {int(re.search(r"--seed (\d+)", x).group(1)) for x in c} == set(range(6, 16))
     assert sum("--hard-gate --num-abstractions 8 --exp-name frozen" in x for x in c) == 10
+    # the ceiling is the frozen configuration with the supervised gate
+    assert sum("--hard-gate --num-abstractions 8 --lambda-supervised 1.0 --exp-name ceiling" in x for x in c) == 10
     one = commands(study("--one-seed", "17", ASTRAL_OBS="", ASTRAL_FROZEN="--hard-gate"))
     assert len(one) == 2 and all("--seed 17" in x for x in one) and sum("ppo_gru_baseline.py" in x for x in one) == 1
 
