@@ -53,20 +53,22 @@ def eval_path(sweep, marker, record):
 
 
 def archive(sweeps, dest):
-    """Copy every finished run's marker and eval.json into dest/markers and dest/eval; returns how many runs."""
-    copied = set()
+    """Copy every finished run's marker and eval.json into dest/markers and dest/eval; returns how many runs. Two
+    sweeps holding one run key are refused before anything is copied."""
+    runs = {}
     for sweep in sweeps:
         for marker in sorted(glob.glob(os.path.join(sweep, "markers", "*.json"))):
             report = eval_path(sweep, marker, json.load(open(marker)))
-            if report is None:
-                continue
-            if os.path.basename(marker) in copied:
-                sys.exit(f"astral_study_report.py: error: two sweeps hold run {os.path.basename(marker)}: archive them one at a time")
-            copied.add(os.path.basename(marker))
-            for sub, source in (("markers", marker), ("eval", report)):
-                os.makedirs(os.path.join(dest, sub), exist_ok=True)
-                shutil.copyfile(source, os.path.join(dest, sub, os.path.basename(marker)))
-    return len(copied)
+            if report is not None:
+                name = os.path.basename(marker)
+                if name in runs:
+                    sys.exit(f"astral_study_report.py: error: two sweeps hold run {name}: archive them one at a time")
+                runs[name] = (marker, report)
+    for name, sources in runs.items():
+        for sub, source in zip(("markers", "eval"), sources):
+            os.makedirs(os.path.join(dest, sub), exist_ok=True)
+            shutil.copyfile(source, os.path.join(dest, sub, name))
+    return len(runs)
 
 
 def table(groups):

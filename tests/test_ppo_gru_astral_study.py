@@ -152,3 +152,4 @@ def test_an_archive_reads_back_as_its_sweep(tmp_path):
     write_run(other, "p0", "plan", 0, [1] * 5)
     with pytest.raises(SystemExit, match="two sweeps hold run p0.json"):
         report.archive([dest, other], str(tmp_path / "both"))
+    assert not os.path.exists(tmp_path / "both")  # refused before anything is copied
