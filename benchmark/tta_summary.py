@@ -1,7 +1,8 @@
 """Tables of the tta_gating benchmark (`benchmark/tta_gating.sh --budget`): one row per training seed x control for
 every adapt sweep, a pooled row per control (gain over `none`, mean and 95% CI over training seeds; with a ceiling, the
 gain as a fraction of the ceiling's headroom), and the clamp matrix per checkpoint x target (with the run's clamp
-specificity when it has one). Reads the tta.json / clamp.json files of the sweeps; writes markdown.
+specificity when it has one); for the ASTRAL study's sweeps (`--study`), the verdicts of its criteria 3 and 4. Reads
+the tta.json / clamp.json files of the sweeps; writes markdown.
 
 Usage: python benchmark/tta_summary.py --root benchmark/out/tta_gating --output docs/results/tta_gating/budget_tables.md
 """
@@ -27,6 +28,7 @@ ADAPT_SWEEPS = [
     ("study_adapt_ceiling", "ASTRAL study, Phase C supervised-gate ceiling: every mode of mirror4, held-out mode 4 included"),
 ]
 CLAMP_SWEEPS = ["clamp_b", "clamp_all", "full", "study_clamp_frozen", "study_clamp_ceiling"]
+STUDY_CONFIGS, STUDY_SEEDS = ("frozen", "ceiling"), range(6, 16)  # the ASTRAL study's Phase C checkpoints
 SETTINGS = {"g0": "seed3", "g1": "seed3 `--hide-velocity`", "g2": "inverted4 `--hide-velocity`"}
 
 
@@ -141,6 +143,69 @@ def clamp_table(root, sweep):
     return lines
 
 
+def study_criteria(root):
+    """Criteria 3 and 4 of the ASTRAL study, scored as docs/ppo_gru_astral.md#study-protocol-pre-registered fixes them,
+    for each configuration whose study sweeps exist under `root`."""
+    lines = []
+    for name in STUDY_CONFIGS:
+        adapt = sorted(glob.glob(os.path.join(root, f"study_adapt_{name}", "runs", "*", "*", "tta.json")), key=training_seed)
+        clamp = sorted(glob.glob(os.path.join(root, f"study_clamp_{name}", "runs", "*", "*", "clamp.json")), key=training_seed)
+        if not adapt and not clamp:
+            continue
+        lines.append(f"\n### ASTRAL study, criteria 3 and 4: {name}\n")
+        per_target, targets = {}, {}  # control -> target -> [(training seed's mean paired gain, its gap)]
+        for f in adapt:
+            d = json.load(open(f))
+            labels = target_labels(d)
+            for target, res in d["results"].items():
+                none = np.array(res["controls"]["none"]["after_per_seed"]["sampled"])
+                gap = max(res["ceiling"]["sampled"]["mean"] - res["before"]["sampled"]["mean"], 0.0)
+                targets[labels[target]] = None
+                for control, c in res["controls"].items():
+                    if control != "none":
+                        gain = float(np.mean(np.array(c["after_per_seed"]["sampled"]) - none))
+                        per_target.setdefault(control, {}).setdefault(labels[target], []).append((gain, gap))
+        if adapt:
+            lines += ["Criterion 3: per target, each training seed's gain over `none` (sampled, mean over its adaptation seeds) "
+                      "and its gap (ceiling − unadapted, 0 when negative); a target passes when the 95% CI of the mean gain "
+                      "lies above 0 and the mean gain is ≥ 50% of the mean gap.\n",
+                      "| control | target | training seeds | gain over `none` | mean gap | gain / gap | target |", "|---|---|---|---|---|---|---|"]
+            passed = {}
+            for control, by_target in per_target.items():
+                verdicts = []
+                for target in targets:
+                    rows = np.array(by_target.get(target, []), dtype=float).reshape(-1, 2)
+                    gains, gaps = rows[:, 0], rows[:, 1]
+                    half = ci95(gains) if len(gains) > 1 else math.inf  # one seed has no CI: it cannot exclude 0
+                    ok = len(gains) > 0 and gains.mean() - half > 0 and gains.mean() >= 0.5 * gaps.mean()
+                    verdicts.append(ok)
+                    fraction = f"{gains.mean() / gaps.mean():.2f}" if len(gains) and gaps.mean() > 0 else "no headroom"
+                    lines.append(f"| {control} | {target} | {len(gains)} | "
+                                 f"{fmt(gains.mean(), half if math.isfinite(half) else None) if len(gains) else '—'} | "
+                                 f"{fmt(gaps.mean()) if len(gaps) else '—'} | {fraction} | {'pass' if ok else 'fail'} |")
+                passed[control] = all(verdicts)
+            seeds = {training_seed(f) for f in adapt}
+            complete = seeds >= set(STUDY_SEEDS) and {"gate", "context"} <= set(passed)
+            verdict = "PASS" if any(passed.get(c, False) for c in ("gate", "context")) else "FAIL"
+            lines += ["", f"**criterion 3, {name}: {verdict if complete else 'incomplete'}** (every target passes for `gate` or "
+                      f"`context`; `gate` {'passes' if passed.get('gate') else 'fails'}, `context` "
+                      f"{'passes' if passed.get('context') else 'fails'}; training seeds {len(seeds)}/{len(STUDY_SEEDS)})\n"]
+        if clamp:
+            lines += ["Criterion 4: the run's clamp specificity on the training modes (≥ 200 in ≥ 8 of 10 training seeds, "
+                      "deterministic actions).\n", "| training seed | deterministic | sampled |", "|---|---|---|"]
+            scores = []
+            for f in clamp:
+                spec = json.load(open(f))["specificity"]
+                det, smp = (spec[k]["score"] for k in ("deterministic", "sampled"))
+                scores.append(det)
+                lines.append(f"| {training_seed(f)} | {fmt(det)} | {fmt(smp)} |")
+            hits = sum(s is not None and s >= 200 for s in scores)
+            complete = {training_seed(f) for f in clamp} >= set(STUDY_SEEDS)
+            verdict = ("PASS" if hits >= 8 else "FAIL") if complete else "incomplete"
+            lines += ["", f"**criterion 4, {name}: {verdict}** ({hits}/{len(scores)} training seeds ≥ 200)\n"]
+    return lines
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--root", default="benchmark/out/tta_gating", help="directory holding the budget sweeps")
@@ -152,6 +217,7 @@ def main(argv=None):
     lines = ["# tta_gating sweeps", ""] + adapt_tables(a.root)
     for sweep in CLAMP_SWEEPS:
         lines += clamp_table(a.root, sweep)
+    lines += study_criteria(a.root)
     os.makedirs(os.path.dirname(os.path.abspath(a.output)), exist_ok=True)
     tmp = a.output + ".tmp"
     with open(tmp, "w") as f:

@@ -581,12 +581,68 @@ def test_tta_summary_reads_the_study_sweeps_and_labels_the_held_out_mode(tmp_pat
     d.mkdir(parents=True)
     (d / "tta.json").write_text(json.dumps({"checkpoint": "out/phase_C/runs/c0__g0_base__s6/run/frozen.cleanrl_model", "targets": [target],
                                             "results": {"mode4": {"before": {"sampled": {"mean": 1.0, "ci95": 0.0}},
+                                                                  "ceiling": {"best": "slot0", "sampled": {"mean": 9.0}},
                                                                   "controls": {"none": ctl([10.0, 20.0]), "gate": ctl([13.0, 21.0])}}}}))
     out = tmp_path / "tables.md"
     assert summary.main(["--root", str(tmp_path), "--output", str(out)]) == 0
     text = out.read_text()
     assert "`study_adapt_frozen`: 1 runs, training seeds 6" in text
     assert "| frozen | mode4 (g 8.65, l 0.6, inverted, held out) | gate | 1 | 2.0 (one seed: no CI) | 1/1 |" in text
+
+
+def test_tta_summary_scores_the_study_criteria_3_and_4_as_the_protocol_fixes_them(tmp_path):
+    """Criterion 3: per target the t-CI of the mean paired gain over training seeds must lie above 0 and the gain reach
+    half the mean gap (negative gaps count 0); `gate` or `context` must pass every target. Criterion 4: deterministic
+    specificity >= 200 in >= 8/10 seeds. Fewer than ten training seeds give no verdict."""
+    summary = load(os.path.join(REPO, "benchmark", "tta_summary.py"))
+    targets = [{"name": f"mode{k}", "gravity": 9.8, "half_length": 0.5, "force_sign": 1.0} for k in (0, 4)]
+
+    def ctl(a):
+        return {"during_per_seed": [[x] for x in a], "after_per_seed": {"sampled": a, "deterministic": a}}
+
+    def write(seeds, gate_gain_mode4):
+        for s in seeds:
+            d = tmp_path / "study_adapt_frozen" / "runs" / f"c0__g0_base__s{s}" / "run"
+            d.mkdir(parents=True, exist_ok=True)
+            jitter = (s % 2) * 2.0  # gains differ by seed so the CI has a width
+            results = {
+                # mode0: before 100, ceiling 200 (gap 100); gate gains 60 +- 1, context gains 40 +- 1 (below half the gap)
+                "mode0": {"before": {"sampled": {"mean": 100.0, "ci95": 0.0}}, "ceiling": {"best": "slot0", "sampled": {"mean": 200.0}},
+                          "controls": {"none": ctl([100.0, 100.0]), "gate": ctl([159.0 + jitter, 159.0 + jitter]),
+                                       "context": ctl([139.0 + jitter, 139.0 + jitter])}},
+                # mode4: ceiling below before (gap counted 0): any gain with a CI above 0 passes
+                "mode4": {"before": {"sampled": {"mean": 300.0, "ci95": 0.0}}, "ceiling": {"best": "slot1", "sampled": {"mean": 250.0}},
+                          "controls": {"none": ctl([300.0]), "gate": ctl([300.0 + gate_gain_mode4 + jitter]),
+                                       "context": ctl([301.0 + jitter])}}}
+            (d / "tta.json").write_text(json.dumps({"checkpoint": f"x/c0__g0_base__s{s}/run/frozen.cleanrl_model",
+                                                    "targets": targets, "results": results}))
+            d = tmp_path / "study_clamp_frozen" / "runs" / f"c0__g0_base__s{s}" / "run"
+            d.mkdir(parents=True, exist_ok=True)
+            cell = {"deterministic": {"mean": 500.0}, "sampled": {"mean": 500.0}}
+            (d / "clamp.json").write_text(json.dumps({
+                "checkpoint": f"x/c0__g0_base__s{s}/run/frozen.cleanrl_model", "targets": targets[:1], "columns": ["slot0", "learned"],
+                "results": {"mode0": {"slot0": cell, "learned": cell, "learned_slot_weights": [1.0]}},
+                "specificity": {"deterministic": {"score": 250.0 if s < 14 else 150.0}, "sampled": {"score": 10.0}}}))
+
+    out = tmp_path / "tables.md"
+    write(range(6, 15), 4.0)  # nine of the ten seeds
+    assert summary.main(["--root", str(tmp_path), "--output", str(out)]) == 0
+    text = out.read_text()
+    assert "**criterion 3, frozen: incomplete**" in text and "**criterion 4, frozen: incomplete** (8/9" in text
+    write([15], 4.0)
+    assert summary.main(["--root", str(tmp_path), "--output", str(out)]) == 0
+    text = out.read_text()
+    assert "| gate | mode0 (g 9.8, l 0.5) | 10 | 60.0 ± 0.8 | 100.0 | 0.60 | pass |" in text
+    assert "| context | mode0 (g 9.8, l 0.5) | 10 | 40.0 ± 0.8 | 100.0 | 0.40 | fail |" in text
+    assert "| context | mode4 (g 9.8, l 0.5) | 10 | 2.0 ± 0.8 | 0.0 | no headroom | pass |" in text
+    assert "**criterion 3, frozen: PASS** (every target passes for `gate` or `context`; `gate` passes, `context` fails" in text
+    assert "**criterion 4, frozen: PASS** (8/10 training seeds ≥ 200)" in text
+    # the gate's gain on mode4 now straddles 0 (-1 or +1): its CI does not exclude 0, so neither control passes everywhere
+    write(range(6, 16), -2.0)
+    assert summary.main(["--root", str(tmp_path), "--output", str(out)]) == 0
+    text = out.read_text()
+    assert "| gate | mode4 (g 9.8, l 0.5) | 10 | -1.0 ± 0.8 | 0.0 | no headroom | fail |" in text
+    assert "**criterion 3, frozen: FAIL**" in text
 
 
 def _fake_maml_run(root, sweep, seed, args, returns, cis=(1.0, 1.0, 1.0, 1.0), steps_done=None, version=None):
