@@ -182,7 +182,7 @@ def study_criteria(root):
                     fraction = f"{gains.mean() / gaps.mean():.2f}" if len(gains) and gaps.mean() > 0 else "no headroom"
                     lines.append(f"| {control} | {target} | {len(gains)} | "
                                  f"{fmt(gains.mean(), half if math.isfinite(half) else None) if len(gains) else '—'} | "
-                                 f"{fmt(gaps.mean()) if len(gaps) else '—'} | {fraction} | {'pass' if ok else 'fail'} |")
+                                 f"{f'{gaps.mean():.2f}' if len(gaps) else '—'} | {fraction} | {'pass' if ok else 'fail'} |")
                 passed[control] = all(verdicts)
             seeds = {training_seed(f) for f in adapt}
             complete = seeds >= set(STUDY_SEEDS) and {"gate", "context"} <= set(passed)

@@ -632,16 +632,16 @@ def test_tta_summary_scores_the_study_criteria_3_and_4_as_the_protocol_fixes_the
     write([15], 4.0)
     assert summary.main(["--root", str(tmp_path), "--output", str(out)]) == 0
     text = out.read_text()
-    assert "| gate | mode0 (g 9.8, l 0.5) | 10 | 60.0 ± 0.8 | 100.0 | 0.60 | pass |" in text
-    assert "| context | mode0 (g 9.8, l 0.5) | 10 | 40.0 ± 0.8 | 100.0 | 0.40 | fail |" in text
-    assert "| context | mode4 (g 9.8, l 0.5) | 10 | 2.0 ± 0.8 | 0.0 | no headroom | pass |" in text
+    assert "| gate | mode0 (g 9.8, l 0.5) | 10 | 60.0 ± 0.8 | 100.00 | 0.60 | pass |" in text
+    assert "| context | mode0 (g 9.8, l 0.5) | 10 | 40.0 ± 0.8 | 100.00 | 0.40 | fail |" in text
+    assert "| context | mode4 (g 9.8, l 0.5) | 10 | 2.0 ± 0.8 | 0.00 | no headroom | pass |" in text
     assert "**criterion 3, frozen: PASS** (every target passes for `gate` or `context`; `gate` passes, `context` fails" in text
     assert "**criterion 4, frozen: PASS** (8/10 training seeds ≥ 200)" in text
     # the gate's gain on mode4 now straddles 0 (-1 or +1): its CI does not exclude 0, so neither control passes everywhere
     write(range(6, 16), -2.0)
     assert summary.main(["--root", str(tmp_path), "--output", str(out)]) == 0
     text = out.read_text()
-    assert "| gate | mode4 (g 9.8, l 0.5) | 10 | -1.0 ± 0.8 | 0.0 | no headroom | fail |" in text
+    assert "| gate | mode4 (g 9.8, l 0.5) | 10 | -1.0 ± 0.8 | 0.00 | no headroom | fail |" in text
     assert "**criterion 3, frozen: FAIL**" in text
 
 
