@@ -158,6 +158,9 @@ def study_criteria(root):
             d = json.load(open(f))
             labels = target_labels(d)
             for target, res in d["results"].items():
+                if not res.get("ceiling") or "none" not in res["controls"]:
+                    sys.exit(f"tta_summary.py: error: {f} has no ceiling or no `none` control; criterion 3 needs both "
+                             "(run tta_gating.sh --study's command)")
                 none = np.array(res["controls"]["none"]["after_per_seed"]["sampled"])
                 gap = max(res["ceiling"]["sampled"]["mean"] - res["before"]["sampled"]["mean"], 0.0)
                 targets[labels[target]] = None
@@ -170,22 +173,21 @@ def study_criteria(root):
                       "and its gap (ceiling − unadapted, 0 when negative); a target passes when the 95% CI of the mean gain "
                       "lies above 0 and the mean gain is ≥ 50% of the mean gap.\n",
                       "| control | target | training seeds | gain over `none` | mean gap | gain / gap | target |", "|---|---|---|---|---|---|---|"]
-            passed = {}
+            passed, complete = {}, {"gate", "context"} <= set(per_target)
             for control, by_target in per_target.items():
                 verdicts = []
                 for target in targets:
-                    rows = np.array(by_target.get(target, []), dtype=float).reshape(-1, 2)
-                    gains, gaps = rows[:, 0], rows[:, 1]
+                    gains, gaps = np.array(by_target.get(target, [(math.nan, math.nan)])).T
+                    complete &= len(gains) >= len(STUDY_SEEDS)  # every target of every control has every training seed
                     half = ci95(gains) if len(gains) > 1 else math.inf  # one seed has no CI: it cannot exclude 0
-                    ok = len(gains) > 0 and gains.mean() - half > 0 and gains.mean() >= 0.5 * gaps.mean()
+                    ok = bool(gains.mean() - half > 0 and gains.mean() >= 0.5 * gaps.mean())  # NaN (missing): False
                     verdicts.append(ok)
-                    fraction = f"{gains.mean() / gaps.mean():.2f}" if len(gains) and gaps.mean() > 0 else "no headroom"
-                    lines.append(f"| {control} | {target} | {len(gains)} | "
-                                 f"{fmt(gains.mean(), half if math.isfinite(half) else None) if len(gains) else '—'} | "
-                                 f"{f'{gaps.mean():.2f}' if len(gaps) else '—'} | {fraction} | {'pass' if ok else 'fail'} |")
+                    fraction = f"{gains.mean() / gaps.mean():.2f}" if gaps.mean() > 0 else "no headroom"
+                    gain = fmt(gains.mean(), half if math.isfinite(half) else None)
+                    lines.append(f"| {control} | {target} | {len(gains)} | {gain} | {gaps.mean():.2f} | {fraction} | "
+                                 f"{'pass' if ok else 'fail'} |")
                 passed[control] = all(verdicts)
             seeds = {training_seed(f) for f in adapt}
-            complete = seeds >= set(STUDY_SEEDS) and {"gate", "context"} <= set(passed)
             verdict = "PASS" if any(passed.get(c, False) for c in ("gate", "context")) else "FAIL"
             lines += ["", f"**criterion 3, {name}: {verdict if complete else 'incomplete'}** (every target passes for `gate` or "
                       f"`context`; `gate` {'passes' if passed.get('gate') else 'fails'}, `context` "
@@ -198,7 +200,7 @@ def study_criteria(root):
                 spec = json.load(open(f))["specificity"]
                 det, smp = (spec[k]["score"] for k in ("deterministic", "sampled"))
                 scores.append(det)
-                lines.append(f"| {training_seed(f)} | {fmt(det)} | {fmt(smp)} |")
+                lines.append(f"| {training_seed(f)} | {'—' if det is None else fmt(det)} | {'—' if smp is None else fmt(smp)} |")
             hits = sum(s is not None and s >= 200 for s in scores)
             complete = {training_seed(f) for f in clamp} >= set(STUDY_SEEDS)
             verdict = ("PASS" if hits >= 8 else "FAIL") if complete else "incomplete"

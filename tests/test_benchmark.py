@@ -622,7 +622,7 @@ def test_tta_summary_scores_the_study_criteria_3_and_4_as_the_protocol_fixes_the
             (d / "clamp.json").write_text(json.dumps({
                 "checkpoint": f"x/c0__g0_base__s{s}/run/frozen.cleanrl_model", "targets": targets[:1], "columns": ["slot0", "learned"],
                 "results": {"mode0": {"slot0": cell, "learned": cell, "learned_slot_weights": [1.0]}},
-                "specificity": {"deterministic": {"score": 250.0 if s < 14 else 150.0}, "sampled": {"score": 10.0}}}))
+                "specificity": {"deterministic": {"score": 250.0 if s < 13 else 200.0 if s == 13 else 150.0}, "sampled": {"score": 10.0}}}))
 
     out = tmp_path / "tables.md"
     write(range(6, 15), 4.0)  # nine of the ten seeds
@@ -637,12 +637,20 @@ def test_tta_summary_scores_the_study_criteria_3_and_4_as_the_protocol_fixes_the
     assert "| context | mode4 (g 9.8, l 0.5) | 10 | 2.0 ± 0.8 | 0.00 | no headroom | pass |" in text
     assert "**criterion 3, frozen: PASS** (every target passes for `gate` or `context`; `gate` passes, `context` fails" in text
     assert "**criterion 4, frozen: PASS** (8/10 training seeds ≥ 200)" in text
-    # the gate's gain on mode4 now straddles 0 (-1 or +1): its CI does not exclude 0, so neither control passes everywhere
-    write(range(6, 16), -2.0)
+    # the gate's gain on mode4 now straddles 0 (-0.5 or +1.5): its mean is positive and above half the gap (0), but its
+    # CI does not exclude 0, so neither control passes everywhere
+    write(range(6, 16), -0.5)
     assert summary.main(["--root", str(tmp_path), "--output", str(out)]) == 0
     text = out.read_text()
-    assert "| gate | mode4 (g 9.8, l 0.5) | 10 | -1.0 ± 0.8 | 0.00 | no headroom | fail |" in text
+    assert "| gate | mode4 (g 9.8, l 0.5) | 10 | 0.5 ± 0.8 | 0.00 | no headroom | fail |" in text
     assert "**criterion 3, frozen: FAIL**" in text
+    # a sweep run without the ceiling cannot be scored: one line, no traceback
+    run = tmp_path / "study_adapt_frozen" / "runs" / "c0__g0_base__s6" / "run" / "tta.json"
+    d = json.loads(run.read_text())
+    del d["results"]["mode0"]["ceiling"]
+    run.write_text(json.dumps(d))
+    with pytest.raises(SystemExit, match="has no ceiling or no `none` control"):
+        summary.main(["--root", str(tmp_path), "--output", str(out)])
 
 
 def _fake_maml_run(root, sweep, seed, args, returns, cis=(1.0, 1.0, 1.0, 1.0), steps_done=None, version=None):
