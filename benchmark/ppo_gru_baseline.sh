@@ -7,8 +7,9 @@
 #   benchmark/ppo_gru_baseline.sh --speed    wall time in one invocation, one run after another, one torch thread each:
 #       CleanRL's own ppo.py on CartPole-v1 (cleanrl==1.2.0 from PyPI, unpacked with its pinned gym==0.23.1 into a
 #       throwaway venv under benchmark/out; no CleanRL code enters the repository), SB3 PPO (MLP), sb3-contrib
-#       RecurrentPPO (at 100k steps, LSTM_SPEED_STEPS: the slowest by far) and ppo_gru_baseline.py with its default flags
-#       (the last three on seed3 --hide-velocity) -> benchmark/out/ppo_gru_baseline_speed/speed.md
+#       RecurrentPPO (at 100k steps, LSTM_SPEED_STEPS: the slowest by far), ppo_gru_baseline.py and ppo_gru_astral.py with
+#       their default flags, and ppo_gru_astral.py with the baseline's rollout shape (128 envs x 32 steps); all but ppo.py
+#       on seed3 --hide-velocity -> benchmark/out/ppo_gru_baseline_speed/speed.md
 # Other arguments go to benchmark.py (e.g. --backend ray --ray-address auto, --workers 4). Re-running continues a
 # killed sweep; the GRU runs share benchmark/out/cartpole_main with ppo_gru_astral.sh, so they are made once.
 # Cost on an idle 2-core machine: a GRU run ~1 min, SB3 PPO ~1.5 min, RecurrentPPO ~8 min (~1100 steps/s).
@@ -53,6 +54,9 @@ if [ "$speed_only" = 1 ]; then
     timed sb3_ppo_mlp "$speed_steps" python benchmark/sb3_peers.py --algo ppo --total-timesteps "$speed_steps" $hv
     timed sb3_recurrent_ppo "$lstm_speed_steps" python benchmark/sb3_peers.py --algo recurrent_ppo --total-timesteps "$lstm_speed_steps" $hv
     timed ppo_gru_baseline "$speed_steps" python cleanrl_astral/ppo_gru_baseline.py --total-timesteps "$speed_steps" $hv
+    timed ppo_gru_astral "$speed_steps" python cleanrl_astral/ppo_gru_astral.py --total-timesteps "$speed_steps" $hv
+    timed ppo_gru_astral_128x32 "$speed_steps" python cleanrl_astral/ppo_gru_astral.py --total-timesteps "$speed_steps" $hv \
+        --num-envs 128 --num-steps 32
     python - "$speed" <<'PY'
 import sys
 rows = [line.rstrip("\n").split("\t") for line in open(f"{sys.argv[1]}/times.tsv")]
@@ -61,6 +65,8 @@ lines = ["| run | steps | wall time (s) | SPS | time per step / CleanRL ppo.py's
 for name, steps, wall, _ in rows:
     lines.append(f"| {name} | {int(steps)} | {float(wall):.1f} | {int(steps) / float(wall):.0f} | "
                  f"{per_step[name] / per_step[rows[0][0]]:.2f} |")
+lines.append("\ntime per step / ppo_gru_baseline's: " + ", ".join(
+    f"{name} {per_step[name] / per_step['ppo_gru_baseline']:.2f}" for name in per_step if name.startswith("ppo_gru_astral")))
 open(f"{sys.argv[1]}/speed.md", "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 PY
