@@ -12,7 +12,8 @@
 #       on seed3 --hide-velocity -> benchmark/out/ppo_gru_baseline_speed/speed.md
 # Other arguments go to benchmark.py (e.g. --backend ray --ray-address auto, --workers 4). Re-running continues a
 # killed sweep; the GRU runs share benchmark/out/cartpole_main with ppo_gru_astral.sh, so they are made once.
-# Cost on an idle 2-core machine: a GRU run ~1 min, SB3 PPO ~1.5 min, RecurrentPPO ~8 min (~1100 steps/s).
+# Cost on an idle 2-core machine, one run at a time: a GRU run ~1 min (ASTRAL with its defaults ~2.5 min), SB3 PPO
+# ~2.5 min, RecurrentPPO ~500-600 steps/s; the --speed flavour takes ~12 min.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
