@@ -144,8 +144,8 @@ def clamp_table(root, sweep):
 
 
 def study_criteria(root):
-    """Criteria 3 and 4 of the ASTRAL study, scored as docs/ppo_gru_astral.md#study-protocol-pre-registered fixes them,
-    for each configuration whose study sweeps exist under `root`."""
+    """Criteria 3 and 4 of the ASTRAL study, for each configuration whose study sweeps exist under `root`, scored as
+    docs/results/ppo_gru_astral/study/README.md#scoring-of-criteria-3-and-4 fixes them."""
     lines = []
     for name in STUDY_CONFIGS:
         adapt = sorted(glob.glob(os.path.join(root, f"study_adapt_{name}", "runs", "*", "*", "tta.json")), key=training_seed)
