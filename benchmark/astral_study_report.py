@@ -8,6 +8,7 @@ Usage: python benchmark/astral_study_report.py --phase C --sweep benchmark/out/a
        add --archive DIR to copy the sweep's markers and eval.json files (no models, no logs) into DIR, a directory that
        --sweep reads back: the docs keep the study's results that way, small enough to commit.
 """
+
 import argparse
 import glob
 import json
@@ -38,10 +39,15 @@ def load_runs(*sweeps):
         returns = {int(k): v["deterministic"]["mean"] for k, v in report["per_mode"].items()}
         label = argv[argv.index("--exp-name") + 1] if "--exp-name" in argv else record["command"]
         label += " (hidden velocity)" if "--hide-velocity" in argv else ""
-        groups.setdefault(label, []).append({
-            "seed": record["seed"], "train": [r for k, r in sorted(returns.items()) if k not in held_out],
-            "held_out": [returns[k] for k in held_out], "wall_time": record["wall_time_s"],
-            "nmi": report.get("slots_deterministic", {}).get("episode_nmi")})
+        groups.setdefault(label, []).append(
+            {
+                "seed": record["seed"],
+                "train": [r for k, r in sorted(returns.items()) if k not in held_out],
+                "held_out": [returns[k] for k in held_out],
+                "wall_time": record["wall_time_s"],
+                "nmi": report.get("slots_deterministic", {}).get("episode_nmi"),
+            }
+        )
     return groups
 
 
@@ -72,15 +78,22 @@ def archive(sweeps, dest):
 
 
 def table(groups):
-    lines = ["| run | seeds | per training mode: mean (seeds >= 475) | held-out mean | episode NMI: mean (seeds >= 0.5) | wall time s |",
-             "|-|-|-|-|-|-|"]
+    lines = [
+        "| run | seeds | per training mode: mean (seeds >= 475) | held-out mean "
+        "| episode NMI: mean (seeds >= 0.5) | wall time s |",
+        "|-|-|-|-|-|-|",
+    ]
     for label, runs in groups.items():
         train = np.array([r["train"] for r in runs])
-        modes = ", ".join(f"m{k} {train[:, k].mean():.0f} ({int((train[:, k] >= SOLVED).sum())})" for k in range(train.shape[1]))
+        modes = ", ".join(
+            f"m{k} {train[:, k].mean():.0f} ({int((train[:, k] >= SOLVED).sum())})" for k in range(train.shape[1])
+        )
         held, nmi = [v for r in runs for v in r["held_out"]], [r["nmi"] for r in runs if r["nmi"] is not None]
         nmi_text = f"{np.mean(nmi):.2f} ({sum(v >= NMI_PASS for v in nmi)})" if nmi else "-"
-        lines.append(f"| {label} | {len(runs)} | {modes} | {np.mean(held) if held else float('nan'):.0f} | {nmi_text} | "
-                     f"{np.mean([r['wall_time'] for r in runs]):.0f} |")
+        lines.append(
+            f"| {label} | {len(runs)} | {modes} | {np.mean(held) if held else float('nan'):.0f} | {nmi_text} | "
+            f"{np.mean([r['wall_time'] for r in runs]):.0f} |"
+        )
     return lines
 
 
@@ -90,8 +103,10 @@ def seed_rows(groups):
     for label, runs in groups.items():
         for r in sorted(runs, key=lambda r: r["seed"]):
             nmi = "-" if r["nmi"] is None else f"{r['nmi']:.2f}"
-            lines.append(f"| {label} | {r['seed']} | {' / '.join(f'{v:.0f}' for v in r['train'])} | "
-                         f"{' / '.join(f'{v:.0f}' for v in r['held_out']) or '-'} | {nmi} |")
+            lines.append(
+                f"| {label} | {r['seed']} | {' / '.join(f'{v:.0f}' for v in r['train'])} | "
+                f"{' / '.join(f'{v:.0f}' for v in r['held_out']) or '-'} | {nmi} |"
+            )
     return lines
 
 
@@ -128,19 +143,29 @@ def criteria(phase, groups):
             if not oracle:
                 continue
             means = mean_train(oracle)
-            lines.append(f"{'PASS' if means.min() >= SOLVED else 'FAIL'} oracle{obs}: every training mode >= {SOLVED:.0f} "
-                         f"(per-mode means {np.round(means).tolist()})")
+            lines.append(
+                f"{'PASS' if means.min() >= SOLVED else 'FAIL'} oracle{obs}: every training mode >= {SOLVED:.0f} "
+                f"(per-mode means {np.round(means).tolist()})"
+            )
             if memoryless:
                 below = [k for k, (n, o) in enumerate(zip(mean_train(memoryless), means)) if n < 0.5 * o]
-                lines.append(f"memoryless{obs} is below half the oracle's return on training modes {below} "
-                             f"(means {np.round(mean_train(memoryless)).tolist()})")
+                lines.append(
+                    f"memoryless{obs} is below half the oracle's return on training modes {below} "
+                    f"(means {np.round(mean_train(memoryless)).tolist()})"
+                )
         lines.append(f"observation for phases B and C: {choose_observation(groups)}")
     elif phase == "B":
         # the supervised gate is the diagnostic ceiling, not a candidate: it neither passes the screen nor is frozen
-        screened = [label for label, runs in groups.items() if not label.startswith("ceiling")
-                    and sum(r["nmi"] is not None and r["nmi"] >= NMI_SCREEN for r in runs) >= 2 * len(runs) / 3]
-        lines.append(f"{'PASS' if screened else 'FAIL (stop: report the negative result)'} stopping rule: configurations "
-                     f"with episode-level NMI >= {NMI_SCREEN} in 2/3 of their seeds: {screened or 'none'}")
+        screened = [
+            label
+            for label, runs in groups.items()
+            if not label.startswith("ceiling")
+            and sum(r["nmi"] is not None and r["nmi"] >= NMI_SCREEN for r in runs) >= 2 * len(runs) / 3
+        ]
+        lines.append(
+            f"{'PASS' if screened else 'FAIL (stop: report the negative result)'} stopping rule: configurations "
+            f"with episode-level NMI >= {NMI_SCREEN} in 2/3 of their seeds: {screened or 'none'}"
+        )
         if screened:
             lines.append(f"configuration to freeze for phase C: {max(screened, key=lambda label: freeze_key(groups[label]))}")
     elif phase == "C":
@@ -149,11 +174,19 @@ def criteria(phase, groups):
             train, need = np.array([r["train"] for r in runs]), SHARE * len(runs)
             solved = (train >= SOLVED).sum(0)
             close = baseline is None or bool(np.all(train.mean(0) >= mean_train(baseline) - MARGIN))
-            lines.append(f"{'PASS' if solved.min() >= need and close else 'FAIL'} {label} criterion 1: seeds per training mode "
-                         f">= {SOLVED:.0f}: {solved.tolist()} of {len(runs)}; no mode below the baseline - {MARGIN:.0f}: {close}")
+            lines.append(
+                f"{'PASS' if solved.min() >= need and close else 'FAIL'} {label} criterion 1: seeds per training mode "
+                f">= {SOLVED:.0f}: {solved.tolist()} of {len(runs)}; no mode below the baseline - {MARGIN:.0f}: {close}"
+            )
             nmi = sum(r["nmi"] is not None and r["nmi"] >= NMI_PASS for r in runs)
-            lines.append(f"{'PASS' if nmi >= need else 'FAIL'} {label} criterion 2: episode-level NMI >= {NMI_PASS} in {nmi} of {len(runs)} seeds")
-            lines.append(f"{label} criteria 3 and 4 (adaptation gain, clamp specificity) are measured by tta_gating.py on these checkpoints")
+            lines.append(
+                f"{'PASS' if nmi >= need else 'FAIL'} {label} criterion 2: "
+                f"episode-level NMI >= {NMI_PASS} in {nmi} of {len(runs)} seeds"
+            )
+            lines.append(
+                f"{label} criteria 3 and 4 (adaptation gain, clamp specificity) "
+                "are measured by tta_gating.py on these checkpoints"
+            )
             if baseline:
                 ratio = np.mean([r["wall_time"] for r in runs]) / np.mean([r["wall_time"] for r in baseline])
                 lines.append(f"{'PASS' if ratio <= 1.25 else 'FAIL'} {label} wall time {ratio:.2f}x the baseline's (<= 1.25x)")

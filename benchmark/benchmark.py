@@ -61,9 +61,7 @@ def parse_grid_spec(spec: str) -> list[list[str]]:
         return alternatives
     tokens = alternatives[0]
     if len(tokens) < 2 or not tokens[0].startswith("-"):
-        raise ValueError(
-            f"grid spec {spec!r} must be '--flag value1 value2 ...' or 'alternative1 | alternative2 | ...'"
-        )
+        raise ValueError(f"grid spec {spec!r} must be '--flag value1 value2 ...' or 'alternative1 | alternative2 | ...'")
     if any(value.startswith("--") for value in tokens[1:]):
         # "--modes-preset seed3 --hide-velocity" would otherwise run "--modes-preset --hide-velocity" as a value
         raise ValueError(
@@ -175,13 +173,26 @@ def execute(spec: RunSpec, attempt: int) -> dict:
 def failed_record(spec: RunSpec, attempt: int, error: str) -> dict:
     """Manifest record of an attempt whose task raised instead of returning (no exit code, no wall time)."""
     return {
-        "run_key": spec.run_key, "command_index": spec.command_index, "num_commands": spec.num_commands,
+        "run_key": spec.run_key,
+        "command_index": spec.command_index,
+        "num_commands": spec.num_commands,
         "command": spec.command,
-        "grid_index": spec.grid_index, "grid": shlex.join(spec.grid), "seed": spec.seed, "argv": spec.argv,
-        "full_command": shlex.join(spec.argv), "command_hash": command_hash(spec), "cwd": spec.cwd,
-        "runs_dir": spec.runs_dir, "run_dirs": [],
+        "grid_index": spec.grid_index,
+        "grid": shlex.join(spec.grid),
+        "seed": spec.seed,
+        "argv": spec.argv,
+        "full_command": shlex.join(spec.argv),
+        "command_hash": command_hash(spec),
+        "cwd": spec.cwd,
+        "runs_dir": spec.runs_dir,
+        "run_dirs": [],
         "log_path": os.path.join(spec.log_dir, f"{spec.run_key}.attempt{attempt}.log"),
-        "attempt": attempt, "exit_code": -1, "wall_time_s": None, "started_at": None, "host": None, "error": error,
+        "attempt": attempt,
+        "exit_code": -1,
+        "wall_time_s": None,
+        "started_at": None,
+        "host": None,
+        "error": error,
     }
 
 
@@ -337,31 +348,50 @@ def parse_args(argv=None):
         prog="benchmark.py",
         description="Run commands x grid points x seeds and record every run (see docs/benchmark.md).",
     )
-    p.add_argument("--command", nargs="+", action="extend", required=True,
-                   help="command(s) to benchmark; each is run with '--seed N --runs-dir DIR' and the grid flags appended")
-    p.add_argument("--env-ids", nargs="+", default=[],
-                   help="shorthand for a grid dimension over --env-id (CleanRL compatible)")
-    p.add_argument("--grid", nargs="+", action="extend", default=[],
-                   help="grid dimension(s): '--flag v1 v2' or 'alt1 | alt2' (several specs form a Cartesian product; "
-                        "write --grid=--flag when a spec has no space)")
+    p.add_argument(
+        "--command",
+        nargs="+",
+        action="extend",
+        required=True,
+        help="command(s) to benchmark; each is run with '--seed N --runs-dir DIR' and the grid flags appended",
+    )
+    p.add_argument(
+        "--env-ids", nargs="+", default=[], help="shorthand for a grid dimension over --env-id (CleanRL compatible)"
+    )
+    p.add_argument(
+        "--grid",
+        nargs="+",
+        action="extend",
+        default=[],
+        help="grid dimension(s): '--flag v1 v2' or 'alt1 | alt2' (several specs form a Cartesian product; "
+        "write --grid=--flag when a spec has no space)",
+    )
     p.add_argument("--num-seeds", type=int, default=3, help="number of seeds per command and grid point")
     p.add_argument("--start-seed", type=int, default=1, help="first seed; seeds are start-seed .. start-seed+num-seeds-1")
     p.add_argument("--workers", type=int, default=1, help="local backend: runs at the same time")
     p.add_argument("--threads-per-run", type=int, default=1, help="OMP_NUM_THREADS/MKL_NUM_THREADS set for every run")
     p.add_argument("--retries", type=int, default=0, help="re-run a failed run up to this many more times")
-    p.add_argument("--resume", action="store_true",
-                   help="skip runs whose completion marker exists for the same command line")
+    p.add_argument("--resume", action="store_true", help="skip runs whose completion marker exists for the same command line")
     p.add_argument("--dry-run", action="store_true", help="print the expanded commands and exit")
-    p.add_argument("--output", default="benchmark/out/sweep",
-                   help="sweep directory: runs/, logs/, markers/ and manifest.jsonl go here")
-    p.add_argument("--cwd", default=os.getcwd(),
-                   help="working directory of every run (on a Ray cluster it must exist on every node)")
+    p.add_argument(
+        "--output", default="benchmark/out/sweep", help="sweep directory: runs/, logs/, markers/ and manifest.jsonl go here"
+    )
+    p.add_argument(
+        "--cwd", default=os.getcwd(), help="working directory of every run (on a Ray cluster it must exist on every node)"
+    )
     p.add_argument("--backend", choices=["local", "ray"], default="local", help="where runs execute")
-    p.add_argument("--ray-address", default=None,
-                   help="ray backend: 'auto' or HOST:PORT of a running cluster; unset starts a local Ray instance")
+    p.add_argument(
+        "--ray-address",
+        default=None,
+        help="ray backend: 'auto' or HOST:PORT of a running cluster; unset starts a local Ray instance",
+    )
     p.add_argument("--cpus-per-run", type=float, default=1.0, help="ray backend: CPUs reserved by each run")
-    p.add_argument("--ray-num-cpus", type=int, default=None,
-                   help="ray backend without --ray-address: CPUs of the local Ray instance (default: all)")
+    p.add_argument(
+        "--ray-num-cpus",
+        type=int,
+        default=None,
+        help="ray backend without --ray-address: CPUs of the local Ray instance (default: all)",
+    )
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     args = p.parse_args(argv)
     errors = []
@@ -381,8 +411,10 @@ def parse_args(argv=None):
         errors.append(f"--ray-num-cpus must be >= 1, got {args.ray_num_cpus}")
     elif args.backend == "ray" and not args.ray_address and args.cpus_per_run > (args.ray_num_cpus or os.cpu_count()):
         # Ray would keep every run pending forever, silently; a cluster's size is not known here
-        errors.append(f"--cpus-per-run {args.cpus_per_run} is more than the {args.ray_num_cpus or os.cpu_count()} CPUs of "
-                      "the local Ray instance (--ray-num-cpus, default all of this machine's): no run could start")
+        errors.append(
+            f"--cpus-per-run {args.cpus_per_run} is more than the {args.ray_num_cpus or os.cpu_count()} CPUs of "
+            "the local Ray instance (--ray-num-cpus, default all of this machine's): no run could start"
+        )
     if os.path.exists(args.output) and not os.path.isdir(args.output):
         errors.append(f"--output {args.output} is a file; give a directory (it is created if missing)")
     # a missing working directory would make every run fail with exit code 127; a Ray cluster's nodes are not ours
@@ -417,8 +449,10 @@ def main(argv=None) -> int:
     # the same command line twice (a repeated --command or grid value) would be pooled by the report as extra seeds
     runs = [(s.command, tuple(s.grid), s.seed) for s in specs]
     if len(set(runs)) != len(runs):
-        print("benchmark.py: error: the commands and grid expand to duplicate runs; remove repeated --command or grid "
-              "values", file=sys.stderr)
+        print(
+            "benchmark.py: error: the commands and grid expand to duplicate runs; remove repeated --command or grid values",
+            file=sys.stderr,
+        )
         return 2
 
     if args.dry_run:
@@ -427,8 +461,11 @@ def main(argv=None) -> int:
             skip = args.resume and is_complete(output, spec)
             done += skip
             print(f"{shlex.join(spec.argv)}  # {spec.run_key}{' (complete: --resume skips it)' if skip else ''}")
-        print(f"{len(specs)} runs ({len(args.command)} commands x {len(specs) // len(args.command) // len(seeds)} "
-              f"grid points x {len(seeds)} seeds)" + (f", {done} already complete" if args.resume else ""), file=sys.stderr)
+        print(
+            f"{len(specs)} runs ({len(args.command)} commands x {len(specs) // len(args.command) // len(seeds)} "
+            f"grid points x {len(seeds)} seeds)" + (f", {done} already complete" if args.resume else ""),
+            file=sys.stderr,
+        )
         return 0
 
     os.makedirs(output, exist_ok=True)
@@ -455,12 +492,17 @@ def main(argv=None) -> int:
         backend.shutdown()
 
     failed = [r for r in records if r["exit_code"] != 0]
-    print(f"benchmark.py: {len(records) - len(failed)} of {len(records)} runs succeeded; "
-          f"manifest: {os.path.join(output, 'manifest.jsonl')}", file=sys.stderr)
+    print(
+        f"benchmark.py: {len(records) - len(failed)} of {len(records)} runs succeeded; "
+        f"manifest: {os.path.join(output, 'manifest.jsonl')}",
+        file=sys.stderr,
+    )
     for r in failed:
-        print(f"benchmark.py: FAILED {r['run_key']} (exit code {r['exit_code']}, attempt {r['attempt']}): "
-              f"{r['full_command']}\n    log: {r['log_path']}" + (f"\n    error: {r['error']}" if r.get("error") else ""),
-              file=sys.stderr)
+        print(
+            f"benchmark.py: FAILED {r['run_key']} (exit code {r['exit_code']}, attempt {r['attempt']}): "
+            f"{r['full_command']}\n    log: {r['log_path']}" + (f"\n    error: {r['error']}" if r.get("error") else ""),
+            file=sys.stderr,
+        )
     return 1 if failed else 0
 
 

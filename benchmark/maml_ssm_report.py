@@ -5,6 +5,7 @@ the `adapt` tables), the JSON behind them, point_nav_adaptation.png, point_nav_t
 
 Usage: python benchmark/maml_ssm_report.py --out benchmark/out/maml_ssm_full --report docs/results/maml_ssm
 """
+
 import argparse
 import glob
 import json
@@ -37,8 +38,10 @@ def arm_of(a):
         return "pretrained multi-task + fine-tune"
     if a.get("cpu_budget"):
         goal = "goal square" if a.get("goal_box") else "Euclidean goal"  # checkpoints without the field: Euclidean
-        return (f"MAML {a['policy'].upper()}, {a['outer_optimizer'].upper()} {a['tasks_per_batch']} x "
-                f"{a['fast_batch_size']}, {a['cpu_budget']:g} CPU-s budget, {goal}")
+        return (
+            f"MAML {a['policy'].upper()}, {a['outer_optimizer'].upper()} {a['tasks_per_batch']} x "
+            f"{a['fast_batch_size']}, {a['cpu_budget']:g} CPU-s budget, {goal}"
+        )
     return f"MAML {a['policy'].upper()}, {a['outer_steps']} outer steps"
 
 
@@ -48,8 +51,10 @@ def load_runs(out):
     for ckpt in sorted(glob.glob(os.path.join(out, "*", "runs", "*", "*", "maml_ssm.cleanrl_model"))):
         c = torch.load(ckpt, map_location="cpu", weights_only=False)
         if c.get("task_version", 1) != TASK_VERSIONS[c["args"]["task"]]:  # never pool old dynamics with current
-            raise ValueError(f"{ckpt} was trained on an older {c['args']['task']} (version "
-                             f"{c.get('task_version', 1)}); delete its sweep directory and rerun")
+            raise ValueError(
+                f"{ckpt} was trained on an older {c['args']['task']} (version "
+                f"{c.get('task_version', 1)}); delete its sweep directory and rerun"
+            )
         with open(os.path.join(os.path.dirname(ckpt), "eval.json")) as f:
             runs.append((ckpt, c, json.load(f)))
     return runs
@@ -64,27 +69,42 @@ def mean_cells(R, cis):
 
 def point_nav(runs, report):
     arms = {}
-    for ckpt, c, ev in runs:
+    for _ckpt, c, ev in runs:
         a = c["args"]
         if a["task"] != "point-nav-2d":
             continue
-        arms.setdefault(arm_of(a), []).append({
-            "seed": a["seed"], "ret": [ev["returns_after_steps"][k] for k in "0123"], "ci": [ev["ci95"][k] for k in "0123"],
-            "wall": c.get("train_wall_time", float("nan")), "cpu": c.get("train_cpu_time", float("nan")),
-            "params": c["param_count"], "steps": c.get("outer_steps_done", a["outer_steps"]), "tasks": ev["num_tasks"]})
-    lines = ["| method | params | seeds | outer steps | 0 steps | 1 step | 2 steps | 3 steps | meta-train wall s | meta-train CPU s |",
-             "|---|---|---|---|---|---|---|---|---|---|",
-             "| MAML paper, Table 4 (MLP, TRPO) | | | | " + " | ".join(f"{v:.2f}" for v in PAPER) + " | | |"]
+        arms.setdefault(arm_of(a), []).append(
+            {
+                "seed": a["seed"],
+                "ret": [ev["returns_after_steps"][k] for k in "0123"],
+                "ci": [ev["ci95"][k] for k in "0123"],
+                "wall": c.get("train_wall_time", float("nan")),
+                "cpu": c.get("train_cpu_time", float("nan")),
+                "params": c["param_count"],
+                "steps": c.get("outer_steps_done", a["outer_steps"]),
+                "tasks": ev["num_tasks"],
+            }
+        )
+    lines = [
+        "| method | params | seeds | outer steps | 0 steps | 1 step | 2 steps | 3 steps "
+        "| meta-train wall s | meta-train CPU s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        "| MAML paper, Table 4 (MLP, TRPO) | | | | " + " | ".join(f"{v:.2f}" for v in PAPER) + " | | |",
+    ]
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(range(4), PAPER, "k--", marker="s", label="MAML paper (Table 4)")
     for arm, rs in arms.items():
         R = np.array([r["ret"] for r in rs])
         steps = sorted({r["steps"] for r in rs})  # a --cpu-budget run stops after a seed-dependent number of steps
         steps = str(steps[0]) if len(steps) == 1 else f"{steps[0]}–{steps[-1]}"
-        lines.append(f"| {arm} | {rs[0]['params']} | {','.join(str(r['seed']) for r in rs)} | {steps} | "
-                     + " | ".join(mean_cells(R, [r["ci"] for r in rs]))
-                     + f" | {np.mean([r['wall'] for r in rs]):.0f} | {np.mean([r['cpu'] for r in rs]):.0f} |")
-        ax.errorbar(range(4), R.mean(0), yerr=R.std(0, ddof=1) if len(rs) > 1 else rs[0]["ci"], marker="o", capsize=3, label=arm)
+        lines.append(
+            f"| {arm} | {rs[0]['params']} | {','.join(str(r['seed']) for r in rs)} | {steps} | "
+            + " | ".join(mean_cells(R, [r["ci"] for r in rs]))
+            + f" | {np.mean([r['wall'] for r in rs]):.0f} | {np.mean([r['cpu'] for r in rs]):.0f} |"
+        )
+        ax.errorbar(
+            range(4), R.mean(0), yerr=R.std(0, ddof=1) if len(rs) > 1 else rs[0]["ci"], marker="o", capsize=3, label=arm
+        )
     ax.set_xticks(range(4))
     ax.set_xlabel("inner policy-gradient steps on the test task")
     ax.set_ylabel("return (40 fresh test tasks)")
@@ -131,33 +151,56 @@ def other_tasks(runs):
     """cartpole-physics (test tasks from held-out physics ranges) and halfcheetah-vel: eval returns after 0..3
     inner steps, mean ± std over seeds of the per-seed means, then every seed with its 95% CI over test tasks."""
     others, text = {}, ""
-    for ckpt, c, ev in runs:
+    for _ckpt, c, ev in runs:
         a = c["args"]
         if a["task"] == "point-nav-2d":
             continue
         others.setdefault(a["task"], {}).setdefault(arm_of(a), []).append(
-            {"seed": a["seed"], "ret": ev["returns_after_steps"], "ci": ev["ci95"], "tasks": ev["num_tasks"],
-             "wall": c.get("train_wall_time", float("nan")), "cpu": c.get("train_cpu_time", float("nan")),
-             "params": c["param_count"], "steps": a["outer_steps"], "batch": f"{a['tasks_per_batch']} x {a['fast_batch_size']}",
-             "horizon": a["max_episode_steps"]})
+            {
+                "seed": a["seed"],
+                "ret": ev["returns_after_steps"],
+                "ci": ev["ci95"],
+                "tasks": ev["num_tasks"],
+                "wall": c.get("train_wall_time", float("nan")),
+                "cpu": c.get("train_cpu_time", float("nan")),
+                "params": c["param_count"],
+                "steps": a["outer_steps"],
+                "batch": f"{a['tasks_per_batch']} x {a['fast_batch_size']}",
+                "horizon": a["max_episode_steps"],
+            }
+        )
     for task in sorted(others):
         for arm, rs in others[task].items():
             rs.sort(key=lambda r: r["seed"])
             ks = sorted(rs[0]["ret"], key=int)
             R = np.array([[r["ret"][k] for k in ks] for r in rs])
             r0 = rs[0]
-            text += (f"\n### {task}: {arm}, eval returns after k inner steps ({r0['tasks']} fresh test tasks per seed)\n\n"
-                     f"{r0['params']} parameters, outer steps: {r0['steps']} of {r0['batch']} episodes (tasks x episodes), "
-                     f"horizon {r0['horizon']}.\n\n"
-                     "| seeds | " + " | ".join(f"{k} steps" for k in ks) + " | meta-train wall s | meta-train CPU s |\n|---|"
-                     + "---|" * (len(ks) + 2) + "\n")
-            cells = ([f"{m:.2f} ± {s:.2f}" for m, s in zip(R.mean(0), R.std(0, ddof=1))] if len(rs) > 1
-                     else [f"{m:.2f}" for m in R[0]])
-            text += (f"| mean over {len(rs)} seed(s) ({','.join(str(r['seed']) for r in rs)}) | " + " | ".join(cells)
-                     + f" | {np.mean([r['wall'] for r in rs]):.0f} | {np.mean([r['cpu'] for r in rs]):.0f} |\n")
+            text += (
+                f"\n### {task}: {arm}, eval returns after k inner steps ({r0['tasks']} fresh test tasks per seed)\n\n"
+                f"{r0['params']} parameters, outer steps: {r0['steps']} of {r0['batch']} episodes (tasks x episodes), "
+                f"horizon {r0['horizon']}.\n\n"
+                "| seeds | "
+                + " | ".join(f"{k} steps" for k in ks)
+                + " | meta-train wall s | meta-train CPU s |\n|---|"
+                + "---|" * (len(ks) + 2)
+                + "\n"
+            )
+            cells = (
+                [f"{m:.2f} ± {s:.2f}" for m, s in zip(R.mean(0), R.std(0, ddof=1))]
+                if len(rs) > 1
+                else [f"{m:.2f}" for m in R[0]]
+            )
+            text += (
+                f"| mean over {len(rs)} seed(s) ({','.join(str(r['seed']) for r in rs)}) | "
+                + " | ".join(cells)
+                + f" | {np.mean([r['wall'] for r in rs]):.0f} | {np.mean([r['cpu'] for r in rs]):.0f} |\n"
+            )
             for r in rs:
-                text += (f"| seed {r['seed']} | " + " | ".join(f"{r['ret'][k]:.2f} ± {r['ci'][k]:.2f}" for k in ks)
-                         + f" | {r['wall']:.0f} | {r['cpu']:.0f} |\n")
+                text += (
+                    f"| seed {r['seed']} | "
+                    + " | ".join(f"{r['ret'][k]:.2f} ± {r['ci'][k]:.2f}" for k in ks)
+                    + f" | {r['wall']:.0f} | {r['cpu']:.0f} |\n"
+                )
             text += "\nFirst row: mean ± std across seeds (no ± with one seed); seed rows: ± 95% CI over test tasks.\n"
     return others, text
 
@@ -171,22 +214,35 @@ def protocol(runs, report):
         if os.path.basename(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(ckpt))))).startswith("protocol"):
             a = c["args"]
             rows.setdefault(a["task"], {}).setdefault(a["policy"], []).append(
-                (a["seed"], [ev["returns_after_steps"][k] for k in "0123"], c.get("outer_steps_done", a["outer_steps"])))
+                (a["seed"], [ev["returns_after_steps"][k] for k in "0123"], c.get("outer_steps_done", a["outer_steps"]))
+            )
     if not rows:
         return {}, ""
-    lines = ["| task | policy | seeds | TRPO iterations, mean (range) | 0 steps | 1 step | 2 steps | 3 steps |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| task | policy | seeds | TRPO iterations, mean (range) | 0 steps | 1 step | 2 steps | 3 steps |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     fig, axes = plt.subplots(1, len(rows), figsize=(5 * len(rows), 3.6), squeeze=False)
     summary = {}
     for ax, task in zip(axes[0], sorted(rows)):
         for policy, rs in sorted(rows[task].items()):
             R, its = np.array([r[1] for r in rs]), [r[2] for r in rs]
             half = stats.t.ppf(0.975, len(rs) - 1) * R.std(0, ddof=1) / np.sqrt(len(rs)) if len(rs) > 1 else np.zeros(4)
-            summary.setdefault(task, {})[policy] = {"seeds": sorted(r[0] for r in rs), "mean": R.mean(0).tolist(),
-                                                    "ci95": half.tolist(), "iterations": its}
-            lines.append(f"| {task} | {policy} | {len(rs)} | {np.mean(its):.0f} ({min(its)}–{max(its)}) | "
-                         + " | ".join(f"{m:.2f} ± {h:.2f}" for m, h in zip(R.mean(0), half)) + " |")
+            summary.setdefault(task, {})[policy] = {
+                "seeds": sorted(r[0] for r in rs),
+                "mean": R.mean(0).tolist(),
+                "ci95": half.tolist(),
+                "iterations": its,
+            }
+            lines.append(
+                f"| {task} | {policy} | {len(rs)} | {np.mean(its):.0f} ({min(its)}–{max(its)}) | "
+                + " | ".join(f"{m:.2f} ± {h:.2f}" for m, h in zip(R.mean(0), half))
+                + " |"
+            )
             ax.errorbar(range(4), R.mean(0), yerr=half, marker="o", capsize=3, label=f"{policy} ({np.mean(its):.0f} it.)")
-        ax.set(title=task, xticks=range(4), xlabel="inner gradient steps on the test task", ylabel="return (95% CI over seeds)")
+        ax.set(
+            title=task, xticks=range(4), xlabel="inner gradient steps on the test task", ylabel="return (95% CI over seeds)"
+        )
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(os.path.join(report, "protocol.png"), dpi=110)
@@ -203,10 +259,12 @@ def adapt_tables(out, report):
     for path in sorted(glob.glob(os.path.join(out, "*", "runs", "*", "*", "adapt.json"))):
         with open(path) as f:
             res = json.load(f)
-        a = torch.load(os.path.join(os.path.dirname(path), "maml_ssm.cleanrl_model"), map_location="cpu", weights_only=False)["args"]
+        a = torch.load(os.path.join(os.path.dirname(path), "maml_ssm.cleanrl_model"), map_location="cpu", weights_only=False)[
+            "args"
+        ]
         adapts.append((path, res, a))
     groups = {}
-    for path, res, a in adapts:
+    for _path, res, a in adapts:
         groups.setdefault((res["task"], arm_of(a)), []).append((a["seed"], res))
     summary, text = {}, ""
     for (task, arm), items in sorted(groups.items()):
@@ -214,11 +272,16 @@ def adapt_tables(out, report):
         seeds = [s for s, _ in items]
         res0 = items[0][1]
         ks = sorted(next(iter(res0["results"].values()))["returns_after_steps"], key=int)
-        text += (f"\n### adapt summary: {task}, {arm}, seeds {','.join(map(str, seeds))} ({res0['num_tasks']} test tasks "
-                 f"per seed, lr {res0['adapt_lr']})\n\nmean ± std across seeds of the per-seed mean return over test tasks "
-                 "(no ± with one seed); 0 steps is the unadapted policy (no-adaptation level).\n\n"
-                 "| adapter/objective | seeds | " + " | ".join(f"{k} steps" for k in ks)
-                 + " | guard fired | final drift |\n|---|---|" + "---|" * (len(ks) + 2) + "\n")
+        text += (
+            f"\n### adapt summary: {task}, {arm}, seeds {','.join(map(str, seeds))} ({res0['num_tasks']} test tasks "
+            f"per seed, lr {res0['adapt_lr']})\n\nmean ± std across seeds of the per-seed mean return over test tasks "
+            "(no ± with one seed); 0 steps is the unadapted policy (no-adaptation level).\n\n"
+            "| adapter/objective | seeds | "
+            + " | ".join(f"{k} steps" for k in ks)
+            + " | guard fired | final drift |\n|---|---|"
+            + "---|" * (len(ks) + 2)
+            + "\n"
+        )
         fig, ax = plt.subplots(figsize=(6.5, 4))
         names = [n for n in res0["results"] if all(n in r["results"] for _, r in items)]
         summary[f"{task} / {arm}"] = {"seeds": seeds, "results": {}}
@@ -227,15 +290,26 @@ def adapt_tables(out, report):
             sd = R.std(0, ddof=1) if len(items) > 1 else np.zeros(len(ks))
             guard = np.mean([r["results"][name]["guard_fired_frac"] for _, r in items])
             drift = np.mean([r["results"][name]["final_drift"] for _, r in items])
-            text += (f"| {name} | {len(items)} | " + " | ".join(f"{m:.2f}" + (f" ± {s:.2f}" if len(items) > 1 else "")
-                                                            for m, s in zip(R.mean(0), sd)) + f" | {guard:.2f} | {drift:.3f} |\n")
-            summary[f"{task} / {arm}"]["results"][name] = {"mean": R.mean(0).tolist(), "std": sd.tolist(), "per_seed": R.tolist()}
+            text += (
+                f"| {name} | {len(items)} | "
+                + " | ".join(f"{m:.2f}" + (f" ± {s:.2f}" if len(items) > 1 else "") for m, s in zip(R.mean(0), sd))
+                + f" | {guard:.2f} | {drift:.3f} |\n"
+            )
+            summary[f"{task} / {arm}"]["results"][name] = {
+                "mean": R.mean(0).tolist(),
+                "std": sd.tolist(),
+                "per_seed": R.tolist(),
+            }
             # small x offsets so the error bars of the 6 lines do not hide each other
             x = np.array([int(k) for k in ks]) + (i - (len(names) - 1) / 2) * 0.03
             ax.errorbar(x, R.mean(0), yerr=sd, marker="o", capsize=3, label=name)
         # theta_0's level (an adapt.json without it: offline, every run's entry 0 is that level)
-        base = np.mean([r["no_adaptation"]["return"] if "no_adaptation" in r else r["results"][names[0]]["returns_after_steps"]["0"]
-                        for _, r in items])
+        base = np.mean(
+            [
+                r["no_adaptation"]["return"] if "no_adaptation" in r else r["results"][names[0]]["returns_after_steps"]["0"]
+                for _, r in items
+            ]
+        )
         ax.axhline(base, color="k", ls="--", lw=1, label=f"no adaptation (theta_0): {base:.2f}")
         ax.set_xticks([int(k) for k in ks])
         ax.set_xlabel("adaptation steps on the test task")
@@ -252,14 +326,23 @@ def adapt_tables(out, report):
         with open(os.path.join(os.path.dirname(path), "eval.json")) as f:
             ev = json.load(f)
         ks = sorted(next(iter(res["results"].values()))["returns_after_steps"], key=int)
-        text += (f"\n### adapt: {res['task']}, {arm_of(a)}, seed {seed}, {res['num_tasks']} test tasks, lr {res['adapt_lr']}\n\n"
-                 f"eval (meta-learned rule, alpha then alpha/2) on {ev['num_tasks']} tasks: "
-                 + ", ".join(f"{k}: {v:.2f} ± {ev['ci95'][k]:.2f}" for k, v in ev["returns_after_steps"].items()) + "\n\n"
-                 "| adapter/objective | " + " | ".join(f"{k} steps" for k in ks) + " | guard fired | final drift |\n|---|"
-                 + "---|" * (len(ks) + 2) + "\n")
+        text += (
+            f"\n### adapt: {res['task']}, {arm_of(a)}, seed {seed}, {res['num_tasks']} test tasks, lr {res['adapt_lr']}\n\n"
+            f"eval (meta-learned rule, alpha then alpha/2) on {ev['num_tasks']} tasks: "
+            + ", ".join(f"{k}: {v:.2f} ± {ev['ci95'][k]:.2f}" for k, v in ev["returns_after_steps"].items())
+            + "\n\n"
+            "| adapter/objective | "
+            + " | ".join(f"{k} steps" for k in ks)
+            + " | guard fired | final drift |\n|---|"
+            + "---|" * (len(ks) + 2)
+            + "\n"
+        )
         for name, r in res["results"].items():
-            text += (f"| {name} | " + " | ".join(f"{r['returns_after_steps'][k]:.2f} ± {r['ci95'][k]:.2f}" for k in ks)
-                     + f" | {r['guard_fired_frac']:.2f} | {r['final_drift']:.3f} |\n")
+            text += (
+                f"| {name} | "
+                + " | ".join(f"{r['returns_after_steps'][k]:.2f} ± {r['ci95'][k]:.2f}" for k in ks)
+                + f" | {r['guard_fired_frac']:.2f} | {r['final_drift']:.3f} |\n"
+            )
         figure = os.path.join(os.path.dirname(path), "adapt.png")
         if os.path.exists(figure):
             shutil.copy(figure, os.path.join(report, f"adapt_{res['task']}_seed{seed}.png"))
@@ -286,8 +369,12 @@ def main(argv=None):
     summary, adapt_text = adapt_tables(args.out, args.report)
     compared, protocol_text = protocol(runs, args.report)
     text += more + adapt_text + protocol_text
-    for name, obj in (("point_nav_runs.json", arms), ("other_tasks_runs.json", others), ("adapt_summary.json", summary),
-                      ("protocol_runs.json", compared)):
+    for name, obj in (
+        ("point_nav_runs.json", arms),
+        ("other_tasks_runs.json", others),
+        ("adapt_summary.json", summary),
+        ("protocol_runs.json", compared),
+    ):
         with open(os.path.join(args.report, name), "w") as f:
             json.dump(obj, f, indent=2)
     with open(os.path.join(args.report, "point_nav_table.md"), "w") as f:

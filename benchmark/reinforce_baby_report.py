@@ -9,6 +9,7 @@ Usage: python benchmark/reinforce_baby_report.py --out benchmark/out/reinforce_b
        python benchmark/reinforce_baby_report.py --llm --out benchmark/out/reinforce_baby_llm \
            --report docs/results/reinforce_baby
 """
+
 import argparse
 import glob
 import json
@@ -92,35 +93,55 @@ def mvp_rows(mvp_sweep):
         mse0, mse1 = first_last_mean(series, "losses/world_model_mse")
         final = float(series["charts/success_rate"][1][-1])
         wall = walls.get(key, float("nan"))
-        rows.append({"seed": seed, "success@5k": s5k,
-                     "first_step_gt_50%": first_step_above(series, "charts/success_rate", 0.5),
-                     "first_step_gt_90%": first_step_above(series, "charts/success_rate", 0.9),
-                     "final_success": final, "eval_success": ev["success_rate"], "entropy_first": ent0,
-                     "entropy_last": ent1, "wm_mse_first": mse0, "wm_mse_last": mse1,
-                     "train_s": ev["train_time_s"], "wall_s": wall,
-                     "c1_gt_12.5%": final > 0.125 and ev["success_rate"] > 0.125, "c2_gt_50%@5k": s5k > 0.5,
-                     "c3_entropy_down": ent1 < ent0, "c4_wm_mse_down": mse1 < mse0, "target_gt_90%@5k": s5k > 0.9,
-                     "under_60s": wall < 60})
+        rows.append(
+            {
+                "seed": seed,
+                "success@5k": s5k,
+                "first_step_gt_50%": first_step_above(series, "charts/success_rate", 0.5),
+                "first_step_gt_90%": first_step_above(series, "charts/success_rate", 0.9),
+                "final_success": final,
+                "eval_success": ev["success_rate"],
+                "entropy_first": ent0,
+                "entropy_last": ent1,
+                "wm_mse_first": mse0,
+                "wm_mse_last": mse1,
+                "train_s": ev["train_time_s"],
+                "wall_s": wall,
+                "c1_gt_12.5%": final > 0.125 and ev["success_rate"] > 0.125,
+                "c2_gt_50%@5k": s5k > 0.5,
+                "c3_entropy_down": ent1 < ent0,
+                "c4_wm_mse_down": mse1 < mse0,
+                "target_gt_90%@5k": s5k > 0.9,
+                "under_60s": wall < 60,
+            }
+        )
     return rows, curves
 
 
 def mvp_table(rows):
-    lines = ["| seed | success@5k | first step >50% | first step >90% | final success (100 ep) | eval success (greedy) "
-             "| entropy first→last 10% | WM MSE first→last 10% | train s | wall s | >12.5% | >50%@5k | entropy ↓ "
-             "| WM MSE ↓ | >90%@5k | <60 s |", "|" + "---|" * 16]
+    lines = [
+        "| seed | success@5k | first step >50% | first step >90% | final success (100 ep) | eval success (greedy) "
+        "| entropy first→last 10% | WM MSE first→last 10% | train s | wall s | >12.5% | >50%@5k | entropy ↓ "
+        "| WM MSE ↓ | >90%@5k | <60 s |",
+        "|" + "---|" * 16,
+    ]
     for r in rows:
-        lines.append(f"| {r['seed']} | {r['success@5k']:.3f} | {r['first_step_gt_50%']} | {r['first_step_gt_90%']} | "
-                     f"{r['final_success']:.3f} | {r['eval_success']:.3f} | "
-                     f"{r['entropy_first']:.3f} → {r['entropy_last']:.3f} | "
-                     f"{r['wm_mse_first']:.3f} → {r['wm_mse_last']:.3f} | "
-                     f"{r['train_s']:.1f} | {r['wall_s']:.1f} | {yn(r['c1_gt_12.5%'])} | {yn(r['c2_gt_50%@5k'])} | "
-                     f"{yn(r['c3_entropy_down'])} | {yn(r['c4_wm_mse_down'])} | {yn(r['target_gt_90%@5k'])} | "
-                     f"{yn(r['under_60s'])} |")
+        lines.append(
+            f"| {r['seed']} | {r['success@5k']:.3f} | {r['first_step_gt_50%']} | {r['first_step_gt_90%']} | "
+            f"{r['final_success']:.3f} | {r['eval_success']:.3f} | "
+            f"{r['entropy_first']:.3f} → {r['entropy_last']:.3f} | "
+            f"{r['wm_mse_first']:.3f} → {r['wm_mse_last']:.3f} | "
+            f"{r['train_s']:.1f} | {r['wall_s']:.1f} | {yn(r['c1_gt_12.5%'])} | {yn(r['c2_gt_50%@5k'])} | "
+            f"{yn(r['c3_entropy_down'])} | {yn(r['c4_wm_mse_down'])} | {yn(r['target_gt_90%@5k'])} | "
+            f"{yn(r['under_60s'])} |"
+        )
     n90 = sum(r["target_gt_90%@5k"] for r in rows)
     all4 = all(r["c1_gt_12.5%"] and r["c2_gt_50%@5k"] and r["c3_entropy_down"] and r["c4_wm_mse_down"] for r in rows)
-    lines.append(f"\nTarget > 90% by step 5,000: {n90}/{len(rows)} seeds "
-                 f"({'met' if n90 >= 4 and len(rows) >= 5 else 'not met'} for >= 4/5). "
-                 f"All four MVP criteria on every seed: {all4}.")
+    lines.append(
+        f"\nTarget > 90% by step 5,000: {n90}/{len(rows)} seeds "
+        f"({'met' if n90 >= 4 and len(rows) >= 5 else 'not met'} for >= 4/5). "
+        f"All four MVP criteria on every seed: {all4}."
+    )
     return "\n".join(lines)
 
 
@@ -144,8 +165,12 @@ def mvp_curves(curves, path):
 
 # ------------------------------------------------------------------------------------------------ CURRICULUM
 def method_of(key):
-    for needle, name in [("algorithm_ppo", "PPO"), ("world-model-coef_0", "RL-only"), ("kl-coef", "KL-distill"),
-                         ("algorithm_reinforce", "REINFORCE")]:
+    for needle, name in [
+        ("algorithm_ppo", "PPO"),
+        ("world-model-coef_0", "RL-only"),
+        ("kl-coef", "KL-distill"),
+        ("algorithm_reinforce", "REINFORCE"),
+    ]:
         if needle in key:
             return name
     raise ValueError(f"run {key!r} is none of the curriculum sweep's four methods")
@@ -171,8 +196,10 @@ def curriculum_runs(out):
 
 def curriculum_table(by_method):
     # matched-step comparison from the curves: every run counts at the steps it reached
-    mt = ["| method | " + " | ".join(f"{c // 1000}k: success / levels (runs)" for c in MATCHED_STEPS) + " |",
-          "|" + "---|" * (len(MATCHED_STEPS) + 1)]
+    mt = [
+        "| method | " + " | ".join(f"{c // 1000}k: success / levels (runs)" for c in MATCHED_STEPS) + " |",
+        "|" + "---|" * (len(MATCHED_STEPS) + 1),
+    ]
     for method, runs in by_method.items():
         cells = []
         for c in MATCHED_STEPS:
@@ -182,9 +209,12 @@ def curriculum_table(by_method):
             cells.append(f"{ms(succ)} / {ms(lv)} ({len(reached)})" if reached else "–")
         mt.append(f"| {method} | " + " | ".join(cells) + " |")
     # final evaluation of the finished runs
-    ft = ["| method | finished runs | eval success at final levels | final levels (PE/SN/C) | "
-          + " | ".join(f"{t[:3]}/L{lvl}" for t in TASKS for lvl in range(3)) + " | WM MSE | wall s |",
-          "|" + "---|" * 15]
+    ft = [
+        "| method | finished runs | eval success at final levels | final levels (PE/SN/C) | "
+        + " | ".join(f"{t[:3]}/L{lvl}" for t in TASKS for lvl in range(3))
+        + " | WM MSE | wall s |",
+        "|" + "---|" * 15,
+    ]
     for method, runs in by_method.items():
         done = [(k, ev, w) for k, _, ev, w in runs if ev is not None]
         if not done:
@@ -193,11 +223,17 @@ def curriculum_table(by_method):
         evs = [ev for _, ev, _ in done]
         levels = ["/".join(str(ev["eval_levels"][t]) for t in TASKS) for ev in evs]
         per = [ms([ev["per_difficulty_success"][f"{t}/level{lvl}"] for ev in evs]) for t in TASKS for lvl in range(3)]
-        ft.append(f"| {method} | {len(done)} | {ms([ev['success_rate'] for ev in evs])} | {', '.join(levels)} | "
-                  + " | ".join(per) + f" | {ms([ev['world_model_mse'] for ev in evs])} | {ms([w for _, _, w in done])} |")
-    return ("Matched steps (from the training curves; `levels` = sum of the three tasks' levels, max 6):\n\n"
-            + "\n".join(mt) + "\n\nFinal greedy evaluation (200 episodes per task and level) of the runs that finished:"
-            "\n\n" + "\n".join(ft) + "\n")
+        ft.append(
+            f"| {method} | {len(done)} | {ms([ev['success_rate'] for ev in evs])} | {', '.join(levels)} | "
+            + " | ".join(per)
+            + f" | {ms([ev['world_model_mse'] for ev in evs])} | {ms([w for _, _, w in done])} |"
+        )
+    return (
+        "Matched steps (from the training curves; `levels` = sum of the three tasks' levels, max 6):\n\n"
+        + "\n".join(mt)
+        + "\n\nFinal greedy evaluation (200 episodes per task and level) of the runs that finished:"
+        "\n\n" + "\n".join(ft) + "\n"
+    )
 
 
 def curriculum_curves(by_method, path):
@@ -235,20 +271,32 @@ def agreement_table(out):
     if not checks:
         return "", {}
     ks = sorted(checks)
-    lines = ["| task / level | " + " | ".join(f"agreement, {k} examples | rewarded, {k} examples" for k in ks) + " |",
-             "|" + "---|" * (1 + 2 * len(ks))]
+    lines = [
+        "| task / level | " + " | ".join(f"agreement, {k} examples | rewarded, {k} examples" for k in ks) + " |",
+        "|" + "---|" * (1 + 2 * len(ks)),
+    ]
     for where in checks[ks[0]]["per_level"]:
-        cells = [f"{checks[k]['per_level'][where]['agreement']:.2f} | {checks[k]['per_level'][where]['rewarded']:.2f}"
-                 for k in ks]
+        cells = [
+            f"{checks[k]['per_level'][where]['agreement']:.2f} | {checks[k]['per_level'][where]['rewarded']:.2f}" for k in ks
+        ]
         lines.append(f"| {where} | " + " | ".join(cells) + " |")
     lines.append("| all | " + " | ".join(f"{checks[k]['agreement']:.3f} | – " for k in ks) + " |")
-    pairs = checks[ks[0]]["per_level"][next(iter(checks[ks[0]]["per_level"]))]["judged"] + \
-        checks[ks[0]]["per_level"][next(iter(checks[ks[0]]["per_level"]))]["fallbacks"]
-    foot = "; ".join(f"{k} examples: {checks[k]['judged']} judged, {checks[k]['fallbacks']} fallbacks, "
-                     f"{checks[k]['latency_ms']:.0f} ms per query" for k in ks)
-    return ((f"{pairs} seeded (state, action) pairs per task and level, half answered right: agreement with the rule "
-            "(0.5 is chance on this set) and the share the LLM rewarded.\n\n" + "\n".join(lines) + f"\n\n{foot}.\n"),
-            checks)
+    pairs = (
+        checks[ks[0]]["per_level"][next(iter(checks[ks[0]]["per_level"]))]["judged"]
+        + checks[ks[0]]["per_level"][next(iter(checks[ks[0]]["per_level"]))]["fallbacks"]
+    )
+    foot = "; ".join(
+        f"{k} examples: {checks[k]['judged']} judged, {checks[k]['fallbacks']} fallbacks, "
+        f"{checks[k]['latency_ms']:.0f} ms per query"
+        for k in ks
+    )
+    return (
+        (
+            f"{pairs} seeded (state, action) pairs per task and level, half answered right: agreement with the rule "
+            "(0.5 is chance on this set) and the share the LLM rewarded.\n\n" + "\n".join(lines) + f"\n\n{foot}.\n"
+        ),
+        checks,
+    )
 
 
 def llm_run_rows(out):
@@ -265,9 +313,14 @@ def llm_run_rows(out):
             if "charts/success_rate" not in series:
                 continue  # nor logged yet
             steps = series["charts/success_rate"][0]
-            row = {"run": "LLM, --llm-next-state" if sweep == "next_state" else
-                   ("LLM" if "parent_llm" in key else "deterministic"), "seed": int(key.rsplit("__s", 1)[1]),
-                   "steps": int(steps[-1]), "wall_s": walls.get(key, float("nan"))}
+            row = {
+                "run": "LLM, --llm-next-state"
+                if sweep == "next_state"
+                else ("LLM" if "parent_llm" in key else "deterministic"),
+                "seed": int(key.rsplit("__s", 1)[1]),
+                "steps": int(steps[-1]),
+                "wall_s": walls.get(key, float("nan")),
+            }
             for c in (5000, 10000):
                 # success by step c: none for a run that stopped more than one update before c
                 reached = steps[0] <= c < steps[-1] + (steps[1] - steps[0] if len(steps) > 1 else 1)
@@ -275,8 +328,7 @@ def llm_run_rows(out):
             row["eval_success"] = ev["success_rate"] if ev else None
             parent = (ev or {}).get("parent")
             if parent:
-                row.update({k: parent[k] for k in ("queries", "judged", "agreement", "fallbacks", "latency_ms",
-                                                    "cache_hits")})
+                row.update({k: parent[k] for k in ("queries", "judged", "agreement", "fallbacks", "latency_ms", "cache_hits")})
                 if not parent["judged"]:  # no answer was valid: there is no agreement nor latency to speak of
                     row["agreement"] = row["latency_ms"] = None
                 check = ev.get("llm_agreement_check", {}).get("per_level", {})
@@ -290,16 +342,21 @@ def fmt(v, spec=".3f"):
 
 
 def llm_runs_table(rows):
-    lines = ["| parent | seed | steps | success@5k | success@10k | eval success | LLM queries | judged "
-             "| agreement (training) | fallbacks | latency ms/query | cache hits "
-             "| agreement before training (pattern-echo L0/L1/L2) | wall s |", "|" + "---|" * 14]
+    lines = [
+        "| parent | seed | steps | success@5k | success@10k | eval success | LLM queries | judged "
+        "| agreement (training) | fallbacks | latency ms/query | cache hits "
+        "| agreement before training (pattern-echo L0/L1/L2) | wall s |",
+        "|" + "---|" * 14,
+    ]
     for r in rows:
         check = "/".join(f"{r['check'][f'pattern-echo/level{k}']:.2f}" for k in range(3)) if r.get("check") else "–"
-        lines.append(f"| {r['run']} | {r['seed']} | {r['steps']} | {fmt(r['success@5k'])} | {fmt(r['success@10k'])} | "
-                     f"{fmt(r['eval_success'])} | {fmt(r.get('queries'), 'd')} | {fmt(r.get('judged'), 'd')} | "
-                     f"{fmt(r.get('agreement'))} | {fmt(r.get('fallbacks'), 'd')} | "
-                     f"{fmt(r.get('latency_ms'), '.0f')} | "
-                     f"{fmt(r.get('cache_hits'), 'd')} | {check} | {fmt(r['wall_s'], '.1f')} |")
+        lines.append(
+            f"| {r['run']} | {r['seed']} | {r['steps']} | {fmt(r['success@5k'])} | {fmt(r['success@10k'])} | "
+            f"{fmt(r['eval_success'])} | {fmt(r.get('queries'), 'd')} | {fmt(r.get('judged'), 'd')} | "
+            f"{fmt(r.get('agreement'))} | {fmt(r.get('fallbacks'), 'd')} | "
+            f"{fmt(r.get('latency_ms'), '.0f')} | "
+            f"{fmt(r.get('cache_hits'), 'd')} | {check} | {fmt(r['wall_s'], '.1f')} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -307,12 +364,18 @@ def llm_main(out, report):
     agreement, checks = agreement_table(out)
     rows = llm_run_rows(out)
     if not rows and not checks:
-        print(f"reinforce_baby_report: no LLM-parent runs under {out!r}; run benchmark/reinforce_baby_llm.sh first",
-              file=sys.stderr)
+        print(
+            f"reinforce_baby_report: no LLM-parent runs under {out!r}; run benchmark/reinforce_baby_llm.sh first",
+            file=sys.stderr,
+        )
         return 2
-    text = ("# reinforce_baby with a real LLM parent (SmolLM2-135M behind llama.cpp's server)\n\n"
-            "## Agreement with the rule before training\n\n" + agreement +
-            "\n## The MVP command with either parent\n\n" + llm_runs_table(rows))
+    text = (
+        "# reinforce_baby with a real LLM parent (SmolLM2-135M behind llama.cpp's server)\n\n"
+        "## Agreement with the rule before training\n\n"
+        + agreement
+        + "\n## The MVP command with either parent\n\n"
+        + llm_runs_table(rows)
+    )
     os.makedirs(report, exist_ok=True)
     with open(os.path.join(report, "llm_parent.md"), "w") as f:
         f.write(text)
@@ -332,8 +395,7 @@ def main(argv=None):
         return llm_main(args.out, args.report)
     mvp = os.path.join(args.out, "mvp")
     if not glob.glob(os.path.join(mvp, "runs", "*")):
-        print(f"reinforce_baby_report: no MVP runs under {mvp!r}; run benchmark/reinforce_baby.sh first",
-              file=sys.stderr)
+        print(f"reinforce_baby_report: no MVP runs under {mvp!r}; run benchmark/reinforce_baby.sh first", file=sys.stderr)
         return 2
     os.makedirs(args.report, exist_ok=True)
     rows, curves = mvp_rows(mvp)

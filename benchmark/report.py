@@ -46,8 +46,7 @@ MAIN_METRICS = {
 
 
 # what build_report reads from every manifest line (benchmark.py writes these and more)
-MANIFEST_KEYS = ("run_key", "command_index", "command", "grid_index", "grid", "seed", "exit_code", "runs_dir",
-                 "wall_time_s")
+MANIFEST_KEYS = ("run_key", "command_index", "command", "grid_index", "grid", "seed", "exit_code", "runs_dir", "wall_time_s")
 
 
 def load_manifest(sweep_dir: str) -> list[dict]:
@@ -69,8 +68,10 @@ def load_manifest(sweep_dir: str) -> list[dict]:
             if not isinstance(record, dict) or any(key not in record for key in MANIFEST_KEYS):
                 missing = [key for key in MANIFEST_KEYS if key not in record] if isinstance(record, dict) else []
                 why = f"lacks {', '.join(missing)}" if missing else "is not a JSON object"
-                raise ValueError(f"{path} line {number} {why}: not a benchmark.py manifest record; re-run the sweep "
-                                 "with benchmark.py --resume into a fresh --output, or remove that line")
+                raise ValueError(
+                    f"{path} line {number} {why}: not a benchmark.py manifest record; re-run the sweep "
+                    "with benchmark.py --resume into a fresh --output, or remove that line"
+                )
             latest[record["run_key"]] = record
     return list(latest.values())
 
@@ -129,8 +130,11 @@ def flatten_eval(data: dict) -> dict[str, float]:
                 out[f"eval_{kind}_worst_mode"] = min(per_mode)
         # method-specific numbers beside the per-mode returns (e.g. ASTRAL's mode_slot_nmi_deterministic)
         for key, value in data.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in (
-                "episodes_per_mode", "deterministic_mean", "sampled_mean"):
+            if (
+                isinstance(value, (int, float))
+                and not isinstance(value, bool)
+                and key not in ("episodes_per_mode", "deterministic_mean", "sampled_mean")
+            ):
                 out[f"eval_{key}"] = float(value)
         return out
     for key, value in data.items():
@@ -268,7 +272,9 @@ def parse_labels(items: list[str]) -> dict:
     for item in items:
         key, sep, name = item.rpartition("=")
         if not sep or not key.strip() or not name.strip():
-            raise ValueError(f"label {item!r} must look like INDEX=NAME or TEXT=NAME, e.g. 0=ppo_gru or 'oracle=ppo_gru_oracle'")
+            raise ValueError(
+                f"label {item!r} must look like INDEX=NAME or TEXT=NAME, e.g. 0=ppo_gru or 'oracle=ppo_gru_oracle'"
+            )
         labels[int(key) if key.strip().isdigit() else key.strip()] = name.strip()
     return labels
 
@@ -282,8 +288,9 @@ def label_for(labels: dict, command_id: int, command: str) -> str:
     return default_label(command)
 
 
-def build_report(sweeps: list[str], output: str, labels: dict, last_n: int = 100, smooth: int = 20,
-                 title: str = "Benchmark") -> dict:
+def build_report(
+    sweeps: list[str], output: str, labels: dict, last_n: int = 100, smooth: int = 20, title: str = "Benchmark"
+) -> dict:
     """Write report.md, summary.csv, runs.csv and learning-curve PNGs to `output`; return what was written."""
     os.makedirs(output, exist_ok=True)
     # commands are numbered across sweeps in the order given (a sweep's commands take the numbers after the previous
@@ -301,8 +308,9 @@ def build_report(sweeps: list[str], output: str, labels: dict, last_n: int = 100
         if key not in command_ids if isinstance(key, int) else not any(key in r["command"] for _, r in records):
             problems.append(f"label {key}={name} matches no command of these sweeps (a typo, or its runs are missing)")
     groups: dict[str, list] = {}
-    for sweep, record in sorted(records, key=lambda sr: (sweeps.index(sr[0]), sr[1]["command_index"],
-                                                         sr[1]["grid_index"], sr[1]["seed"])):
+    for sweep, record in sorted(
+        records, key=lambda sr: (sweeps.index(sr[0]), sr[1]["command_index"], sr[1]["grid_index"], sr[1]["seed"])
+    ):
         cid = offsets[sweep] + record["command_index"]
         method = label_for(labels, cid, record["command"])
         if record["exit_code"] != 0:
@@ -311,10 +319,19 @@ def build_report(sweeps: list[str], output: str, labels: dict, last_n: int = 100
         metrics, curves, issues = read_run(record, last_n)
         problems += issues
         grid = (" ".join(record["grid"]) if isinstance(record["grid"], list) else str(record["grid"])) or "–"
-        rows.append({"method": method, "grid": grid, "seed": record["seed"], "run_key": record["run_key"],
-                     "run_dir": (record.get("run_dirs") or [""])[-1], **metrics})
-        groups.setdefault((method, grid), []).append({"row": rows[-1], "curves": curves,
-                                                      "run_dir": (record.get("run_dirs") or [None])[-1]})
+        rows.append(
+            {
+                "method": method,
+                "grid": grid,
+                "seed": record["seed"],
+                "run_key": record["run_key"],
+                "run_dir": (record.get("run_dirs") or [""])[-1],
+                **metrics,
+            }
+        )
+        groups.setdefault((method, grid), []).append(
+            {"row": rows[-1], "curves": curves, "run_dir": (record.get("run_dirs") or [None])[-1]}
+        )
 
     runs_df = pd.DataFrame(rows)
     metric_cols = [c for c in runs_df.columns if c not in ("method", "grid", "seed", "run_key", "run_dir")]
@@ -336,23 +353,33 @@ def build_report(sweeps: list[str], output: str, labels: dict, last_n: int = 100
         agg = aggregates.get((method, grid, col))
         return cell(agg, len(groups[(method, grid)])) if agg else "–"
 
-    lines = [f"# {title}", "",
-             f"Each cell: mean ± std [95% CI of the mean, Student t] over seeds. Final return = mean of the last {last_n} "
-             "logged episodic returns of a run; eval returns from its eval.json; wall time from the sweep manifest; "
-             "SPS = last logged charts/SPS.", ""]
+    lines = [
+        f"# {title}",
+        "",
+        f"Each cell: mean ± std [95% CI of the mean, Student t] over seeds. Final return = mean of the last {last_n} "
+        "logged episodic returns of a run; eval returns from its eval.json; wall time from the sweep manifest; "
+        "SPS = last logged charts/SPS.",
+        "",
+    ]
     main_cols = [c for c in MAIN_METRICS if c in metric_cols]
     header = ["Method", "Grid", "Seeds"] + [MAIN_METRICS[c].format(n=last_n) for c in main_cols]
-    lines.append(markdown_table(header, [[m, g, str(len(grp))] + [agg_cell(m, g, c) for c in main_cols]
-                                         for (m, g), grp in groups.items()]))
+    lines.append(
+        markdown_table(
+            header, [[m, g, str(len(grp))] + [agg_cell(m, g, c) for c in main_cols] for (m, g), grp in groups.items()]
+        )
+    )
 
     mode_cols = sorted({c for c in metric_cols if re.search(r"_mode\d+$", c)}, key=mode_key)
     modes = sorted({mode_key(c)[1] for c in mode_cols})
     if modes:
-        kinds = [("final_return", f"Final return (last {last_n} ep. of the mode)"),
-                 ("eval_deterministic", "Eval return (deterministic)"), ("eval_sampled", "Eval return (sampled)")]
+        kinds = [
+            ("final_return", f"Final return (last {last_n} ep. of the mode)"),
+            ("eval_deterministic", "Eval return (deterministic)"),
+            ("eval_sampled", "Eval return (sampled)"),
+        ]
         kinds = [(k, h) for k, h in kinds if any(c.startswith(k + "_mode") for c in mode_cols)]
         table = []
-        for (m, g) in groups:
+        for m, g in groups:
             for k in modes:
                 cells = [agg_cell(m, g, f"{kind}_mode{k}") for kind, _ in kinds]
                 if any(c != "–" for c in cells):  # a grid point without mode k (e.g. seed3 has no mode 3)
@@ -361,13 +388,20 @@ def build_report(sweeps: list[str], output: str, labels: dict, last_n: int = 100
 
     other_cols = [c for c in sorted(metric_cols) if c not in main_cols and c not in mode_cols]
     if other_cols:
-        lines += ["", "## Other evaluation metrics", "",
-                  markdown_table(["Method", "Grid"] + other_cols,
-                                 [[m, g] + [agg_cell(m, g, c) for c in other_cols] for (m, g) in groups])]
+        lines += [
+            "",
+            "## Other evaluation metrics",
+            "",
+            markdown_table(
+                ["Method", "Grid"] + other_cols, [[m, g] + [agg_cell(m, g, c) for c in other_cols] for (m, g) in groups]
+            ),
+        ]
 
     plots = []
-    curve_tags = sorted({tag for grp in groups.values() for g in grp for tag in g["curves"]},
-                        key=lambda t: (t != RETURN_TAG, int(MODE_TAG.match(t).group(1)) if MODE_TAG.match(t) else -1))
+    curve_tags = sorted(
+        {tag for grp in groups.values() for g in grp for tag in g["curves"]},
+        key=lambda t: (t != RETURN_TAG, int(MODE_TAG.match(t).group(1)) if MODE_TAG.match(t) else -1),
+    )
     named = {(m if g == "–" else f"{m} {g}"): grp for (m, g), grp in groups.items()}
     for tag in curve_tags:
         m = MODE_TAG.match(tag)
@@ -393,23 +427,35 @@ def build_report(sweeps: list[str], output: str, labels: dict, last_n: int = 100
         lines += ["", "## Figures written by the runs", ""] + linked
     if failed:
         lines += ["", "## Failed runs", ""]
-        lines += [f"- `{r['run_key']}` exit code {r['exit_code']}: `{r['command']}` (log: {r.get('log_path', '?')})"
-                  for r in failed]
+        lines += [
+            f"- `{r['run_key']}` exit code {r['exit_code']}: `{r['command']}` (log: {r.get('log_path', '?')})" for r in failed
+        ]
     if problems:
         lines += ["", "## Warnings", ""] + [f"- {p}" for p in problems]
     report_path = os.path.join(output, "report.md")
     with open(report_path, "w") as f:
         f.write("\n".join(lines) + "\n")
-    return {"report": report_path, "summary": summary_path, "runs": runs_path, "plots": plots,
-            "problems": problems, "failed": failed}
+    return {
+        "report": report_path,
+        "summary": summary_path,
+        "runs": runs_path,
+        "plots": plots,
+        "problems": problems,
+        "failed": failed,
+    }
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="report.py", description="Tables and plots from benchmark.py sweeps.")
     p.add_argument("--sweep", nargs="+", required=True, help="sweep directories (benchmark.py --output)")
     p.add_argument("--output", required=True, help="where report.md, summary.csv, runs.csv and the PNGs go")
-    p.add_argument("--labels", nargs="+", default=[],
-                   help="INDEX=NAME (commands numbered from 0 across the sweeps in order) or TEXT=NAME (commands containing TEXT; first match wins)")
+    p.add_argument(
+        "--labels",
+        nargs="+",
+        default=[],
+        help="INDEX=NAME (commands numbered from 0 across the sweeps in order) "
+        "or TEXT=NAME (commands containing TEXT; first match wins)",
+    )
     p.add_argument("--last-n", type=int, default=100, help="final return = mean of the last N logged episodes")
     p.add_argument("--smooth", type=int, default=20, help="running-mean window (episodes) of the plotted curves")
     p.add_argument("--title", default=None, help="report title (default: the output directory's name)")
@@ -424,14 +470,20 @@ def main(argv=None) -> int:
         return 2
     missing = [s for s in args.sweep if not os.path.exists(os.path.join(s, "manifest.jsonl"))]
     if missing:
-        print(f"report.py: error: {missing[0]}/manifest.jsonl does not exist; run benchmark/benchmark.py "
-              f"--output {missing[0]} first", file=sys.stderr)
+        print(
+            f"report.py: error: {missing[0]}/manifest.jsonl does not exist; run benchmark/benchmark.py "
+            f"--output {missing[0]} first",
+            file=sys.stderr,
+        )
         return 2
     real = [os.path.realpath(s) for s in args.sweep]
     twice = next((s for s, r in zip(args.sweep, real) if real.count(r) > 1), None)
     if twice is not None:
-        print(f"report.py: error: sweep {twice} is given twice; its runs would count as extra seeds and narrow the "
-              "confidence intervals; give each sweep once", file=sys.stderr)
+        print(
+            f"report.py: error: sweep {twice} is given twice; its runs would count as extra seeds and narrow the "
+            "confidence intervals; give each sweep once",
+            file=sys.stderr,
+        )
         return 2
     try:
         manifests = [load_manifest(s) for s in args.sweep]
@@ -439,13 +491,17 @@ def main(argv=None) -> int:
         print(f"report.py: error: {e}", file=sys.stderr)
         return 2
     if not any(manifests):
-        print(f"report.py: error: no runs recorded in {' '.join(args.sweep)}; the sweep has not finished a run yet",
-              file=sys.stderr)
+        print(
+            f"report.py: error: no runs recorded in {' '.join(args.sweep)}; the sweep has not finished a run yet",
+            file=sys.stderr,
+        )
         return 2
     title = args.title or os.path.basename(os.path.normpath(args.output))
     result = build_report(args.sweep, args.output, labels, args.last_n, args.smooth, title)
-    print(f"report.py: wrote {result['report']}, {result['summary']}, {result['runs']} and "
-          f"{len(result['plots'])} plot(s)", file=sys.stderr)
+    print(
+        f"report.py: wrote {result['report']}, {result['summary']}, {result['runs']} and {len(result['plots'])} plot(s)",
+        file=sys.stderr,
+    )
     for problem in result["problems"]:
         print(f"report.py: warning: {problem}", file=sys.stderr)
     if result["failed"]:

@@ -12,6 +12,7 @@ give the same trajectories from the same states and actions.
 
 Usage: python benchmark/sb3_peers.py --algo recurrent_ppo --modes-preset seed3 --hide-velocity --save-model
 """
+
 import dataclasses
 import json
 import math
@@ -20,7 +21,6 @@ import random
 import sys
 import time
 from dataclasses import dataclass
-from typing import Optional
 
 import gymnasium as gym
 import numpy as np
@@ -51,7 +51,7 @@ class Args:
     """if toggled, this experiment will be tracked with Weights and Biases"""
     wandb_project_name: str = "cleanrl_astral"
     """the wandb's project name"""
-    wandb_entity: Optional[str] = None
+    wandb_entity: str | None = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
     """record one deterministic evaluation episode per mode into `runs/{run_name}/videos` (needs --save-model)"""
@@ -69,11 +69,11 @@ class Args:
     """name used in the run name"""
     modes_preset: str = "seed3"
     """physics modes: `seed3`, `inverted4` (seed3 plus inverted force) or `mirror4` (mode 4 held out of training)"""
-    modes: Optional[str] = None
+    modes: str | None = None
     """custom modes, overriding the preset: "g,l[,sign] g,l[,sign] ..." (gravity, pole half-length, force sign)"""
     hide_velocity: bool = False
     """observe only cart position and pole angle, so velocities must be inferred from memory"""
-    fixed_mode: Optional[int] = None
+    fixed_mode: int | None = None
     """always use this mode index instead of resampling it"""
     switch_prob: float = 0.0
     """per-step probability of resampling the mode in the middle of an episode"""
@@ -131,7 +131,9 @@ def parse_modes(spec: str) -> list:
         except ValueError:
             values = []
         if len(values) not in (2, 3):
-            raise ValueError(f"malformed mode {item!r} in --modes; write gravity,half_length[,force_sign] e.g. '9.8,0.5 7.5,0.7,-1'")
+            raise ValueError(
+                f"malformed mode {item!r} in --modes; write gravity,half_length[,force_sign] e.g. '9.8,0.5 7.5,0.7,-1'"
+            )
         gravity, half_length, sign = values[0], values[1], (values[2] if len(values) == 3 else 1.0)
         if not np.isfinite(gravity) or gravity <= 0 or not np.isfinite(half_length) or half_length <= 0:
             raise ValueError(f"mode {item!r} in --modes needs a positive gravity and a positive half-length")
@@ -143,7 +145,7 @@ def parse_modes(spec: str) -> list:
     return modes
 
 
-def resolve_modes(modes_preset: str, modes: Optional[str]) -> list:
+def resolve_modes(modes_preset: str, modes: str | None) -> list:
     if modes is not None:
         return parse_modes(modes)
     if modes_preset not in MODE_PRESETS:
@@ -223,15 +225,29 @@ def build_model(args, env, device="cpu"):
         return (lambda progress_remaining: progress_remaining * initial) if args.anneal_lr else initial
 
     kwargs = dict(
-        n_steps=args.num_steps, batch_size=args.minibatch_size, n_epochs=args.update_epochs, gamma=args.gamma,
-        gae_lambda=args.gae_lambda, clip_range=schedule(args.clip_coef), ent_coef=args.ent_coef,
-        vf_coef=args.vf_coef, max_grad_norm=args.max_grad_norm, learning_rate=schedule(args.learning_rate),
-        seed=args.seed, device=device, verbose=0,
+        n_steps=args.num_steps,
+        batch_size=args.minibatch_size,
+        n_epochs=args.update_epochs,
+        gamma=args.gamma,
+        gae_lambda=args.gae_lambda,
+        clip_range=schedule(args.clip_coef),
+        ent_coef=args.ent_coef,
+        vf_coef=args.vf_coef,
+        max_grad_norm=args.max_grad_norm,
+        learning_rate=schedule(args.learning_rate),
+        seed=args.seed,
+        device=device,
+        verbose=0,
     )
     if args.algo == "recurrent_ppo":
         # rl-baselines3-zoo ppo_lstm.yml, CartPoleNoVel-v1
-        kwargs["policy_kwargs"] = dict(ortho_init=False, activation_fn=torch.nn.ReLU, lstm_hidden_size=args.lstm_hidden_size,
-                                       enable_critic_lstm=True, net_arch=dict(pi=[64], vf=[64]))
+        kwargs["policy_kwargs"] = dict(
+            ortho_init=False,
+            activation_fn=torch.nn.ReLU,
+            lstm_hidden_size=args.lstm_hidden_size,
+            enable_critic_lstm=True,
+            net_arch=dict(pi=[64], vf=[64]),
+        )
     return algo_class(policy, env, **kwargs)
 
 
@@ -419,8 +435,15 @@ def validate(args):
         raise ValueError(f"--fixed-mode {args.fixed_mode} is out of range; there are {len(modes)} modes (0..{len(modes) - 1})")
     if args.modes is None and args.fixed_mode in HELD_OUT_MODES[args.modes_preset]:
         raise ValueError(f"--fixed-mode {args.fixed_mode} is held out of training in {args.modes_preset} (evaluation only)")
-    for name in ("num_envs", "num_steps", "minibatch_size", "update_epochs", "eval_episodes", "torch_threads",
-                 "lstm_hidden_size"):
+    for name in (
+        "num_envs",
+        "num_steps",
+        "minibatch_size",
+        "update_epochs",
+        "eval_episodes",
+        "torch_threads",
+        "lstm_hidden_size",
+    ):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
     if not 0.0 <= args.switch_prob <= 1.0:
@@ -455,12 +478,18 @@ if __name__ == "__main__":
         import wandb
 
         wandb.init(
-            project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True, config=vars(args),
-            name=run_name, dir=run_dir, save_code=True,
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=vars(args),
+            name=run_name,
+            dir=run_dir,
+            save_code=True,
         )
     writer = SummaryWriter(run_dir)
     writer.add_text(
-        "hyperparameters", "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
+        "hyperparameters",
+        "|param|value|\n|-|-|\n" + "\n".join([f"|{key}|{value}|" for key, value in vars(args).items()]),
     )
 
     random.seed(args.seed)
@@ -471,8 +500,14 @@ if __name__ == "__main__":
     device = "cuda" if torch.cuda.is_available() and args.cuda else "cpu"
 
     # ROLLOUT / UPDATE: SB3's learn() loop; the callback does the LOGGING
-    envs = make_sb3_env(args.num_envs, modes, args.hide_velocity, args.fixed_mode, args.switch_prob,
-                        held_out=HELD_OUT_MODES[args.modes_preset] if args.modes is None else ())
+    envs = make_sb3_env(
+        args.num_envs,
+        modes,
+        args.hide_velocity,
+        args.fixed_mode,
+        args.switch_prob,
+        held_out=HELD_OUT_MODES[args.modes_preset] if args.modes is None else (),
+    )
     if normalizes_obs(args.algo):
         envs = VecNormalize(envs, norm_obs=True, norm_reward=False, gamma=args.gamma)
     model = build_model(args, envs, device)
@@ -480,33 +515,61 @@ if __name__ == "__main__":
     model.learn(args.total_timesteps, callback=CleanRLLogger(writer, max(args.total_timesteps // 50, 1)))
     obs_rms = None
     if isinstance(envs, VecNormalize):
-        obs_rms = {"mean": torch.as_tensor(envs.obs_rms.mean), "var": torch.as_tensor(envs.obs_rms.var),
-                   "clip_obs": envs.clip_obs, "epsilon": envs.epsilon}
+        obs_rms = {
+            "mean": torch.as_tensor(envs.obs_rms.mean),
+            "var": torch.as_tensor(envs.obs_rms.var),
+            "clip_obs": envs.clip_obs,
+            "epsilon": envs.epsilon,
+        }
     envs.close()
 
     if args.save_model:
         model_path = os.path.join(run_dir, f"{exp_name}.cleanrl_model")
         atomic_save(
-            {"script": SCRIPT, "args": dataclasses.asdict(args), "modes": modes, "run_name": run_name,
-             "state_dict": model.policy.state_dict(), "obs_rms": obs_rms},
+            {
+                "script": SCRIPT,
+                "args": dataclasses.asdict(args),
+                "modes": modes,
+                "run_name": run_name,
+                "state_dict": model.policy.state_dict(),
+                "obs_rms": obs_rms,
+            },
             model_path,
         )
         print(f"model saved to {model_path}")
         video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
-        report = {"script": SCRIPT, "checkpoint": model_path, "episodes_per_mode": args.eval_episodes,
-                  "modes": [{"gravity": g, "half_length": l, "force_sign": s} for g, l, s in modes], "per_mode": {}}
+        report = {
+            "script": SCRIPT,
+            "checkpoint": model_path,
+            "episodes_per_mode": args.eval_episodes,
+            "modes": [{"gravity": g, "half_length": length, "force_sign": s} for g, length, s in modes],
+            "per_mode": {},
+        }
         for kind, det in (("deterministic", True), ("sampled", False)):
-            results = evaluate(model_path, args.eval_episodes, deterministic=det, seed=args.seed + 100_000,
-                               video_dir=video_dir if det else None, device=device)
+            results = evaluate(
+                model_path,
+                args.eval_episodes,
+                deterministic=det,
+                seed=args.seed + 100_000,
+                video_dir=video_dir if det else None,
+                device=device,
+            )
             for k, rets in results.items():
-                report["per_mode"].setdefault(str(k), {})[kind] = {"mean": float(np.mean(rets)), "std": float(np.std(rets)), "returns": rets.tolist()}
+                report["per_mode"].setdefault(str(k), {})[kind] = {
+                    "mean": float(np.mean(rets)),
+                    "std": float(np.std(rets)),
+                    "returns": rets.tolist(),
+                }
                 writer.add_scalar(f"eval/episodic_return_mode{k}_{kind}", float(np.mean(rets)), model.num_timesteps)
             report[f"{kind}_mean"] = float(np.mean([np.mean(r) for r in results.values()]))
         print(f"evaluation over {args.eval_episodes} episodes per mode (mean ± std):")
         print("mode  gravity  half_len  sign  deterministic    sampled")
-        for k, (g, l, s) in enumerate(modes):
+        for k, (g, length, s) in enumerate(modes):
             d, s_ = report["per_mode"][str(k)]["deterministic"], report["per_mode"][str(k)]["sampled"]
-            print(f"{k:>4}  {g:7.2f}  {l:8.2f}  {s:+4.0f}  {d['mean']:6.1f} ± {d['std']:5.1f}  {s_['mean']:6.1f} ± {s_['std']:5.1f}")
+            print(
+                f"{k:>4}  {g:7.2f}  {length:8.2f}  {s:+4.0f}  "
+                f"{d['mean']:6.1f} ± {d['std']:5.1f}  {s_['mean']:6.1f} ± {s_['std']:5.1f}"
+            )
         with open(os.path.join(run_dir, "eval.json.tmp"), "w") as f:
             json.dump(report, f, indent=1)
         os.replace(os.path.join(run_dir, "eval.json.tmp"), os.path.join(run_dir, "eval.json"))

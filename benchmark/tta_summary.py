@@ -6,6 +6,7 @@ the tta.json / clamp.json files of the sweeps; writes markdown.
 
 Usage: python benchmark/tta_summary.py --root benchmark/out/tta_gating --output docs/results/tta_gating/budget_tables.md
 """
+
 import argparse
 import glob
 import json
@@ -71,11 +72,14 @@ def adapt_tables(root):
         if not files:
             continue
         seeds = sorted({training_seed(f) for f in files})
-        lines += [f"\n### {title}\n", f"`{sweep}`: {len(files)} runs, training seeds "
-                  f"{', '.join(str(x) for x in seeds)}; per row mean ± 95% CI over the adaptation seeds.\n",
-                  "| checkpoint | training seed | target | control | before (sampled) | during (mean of episodes) | after (sampled) "
-                  "| after (deterministic) | gain over `none`, after (sampled) | ceiling (sampled) | gain / (ceiling − before) |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"\n### {title}\n",
+            f"`{sweep}`: {len(files)} runs, training seeds "
+            f"{', '.join(str(x) for x in seeds)}; per row mean ± 95% CI over the adaptation seeds.\n",
+            "| checkpoint | training seed | target | control | before (sampled) | during (mean of episodes) | after (sampled) "
+            "| after (deterministic) | gain over `none`, after (sampled) | ceiling (sampled) | gain / (ceiling − before) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         pooled = {}
         for f in files:
             d = json.load(open(f))
@@ -93,23 +97,32 @@ def adapt_tables(root):
                     # the headroom of the same evaluation episodes: the best fixed gate minus the unadapted agent
                     gap = ceiling["sampled"]["mean"] - before["mean"] if ceiling else None
                     fraction = gain.mean() / gap if gap and gap > 0 and control != "none" else None
-                    lines.append(f"| {setting} | {s} | {labels[target]} | {control} | {fmt(before['mean'], before['ci95'])} | "
-                                 f"{fmt(during.mean(), ci95(during))} | {fmt(after_s.mean(), ci95(after_s))} | "
-                                 f"{fmt(after_d.mean(), ci95(after_d))} | {g} | "
-                                 f"{'—' if not ceiling else fmt(ceiling['sampled']['mean']) + ' (' + ceiling['best'] + ')'} | "
-                                 f"{'—' if fraction is None else f'{fraction:.2f}'} |")
+                    lines.append(
+                        f"| {setting} | {s} | {labels[target]} | {control} | {fmt(before['mean'], before['ci95'])} | "
+                        f"{fmt(during.mean(), ci95(during))} | {fmt(after_s.mean(), ci95(after_s))} | "
+                        f"{fmt(after_d.mean(), ci95(after_d))} | {g} | "
+                        f"{'—' if not ceiling else fmt(ceiling['sampled']['mean']) + ' (' + ceiling['best'] + ')'} | "
+                        f"{'—' if fraction is None else f'{fraction:.2f}'} |"
+                    )
                     pooled.setdefault((setting, labels[target], control), []).append((gain.mean(), fraction))
-        lines += ["", "Pooled over training seeds (each seed's mean paired gain; 95% CI over training seeds):", "",
-                  "| checkpoint | target | control | training seeds | gain over `none`, after (sampled) | seeds with gain > 0 "
-                  "| gain / headroom (mean over seeds with headroom) |", "|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "Pooled over training seeds (each seed's mean paired gain; 95% CI over training seeds):",
+            "",
+            "| checkpoint | target | control | training seeds | gain over `none`, after (sampled) | seeds with gain > 0 "
+            "| gain / headroom (mean over seeds with headroom) |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for (setting, target, control), rows in pooled.items():
             if control == "none":
                 continue
             gains, fractions = np.array([g for g, _ in rows]), [f for _, f in rows if f is not None]
             pooled_gain = fmt(gains.mean(), ci95(gains)) if len(gains) > 1 else f"{gains.mean():.1f} (one seed: no CI)"
             fraction = f"{np.mean(fractions):.2f} ({len(fractions)} seeds)" if fractions else "—"
-            lines.append(f"| {setting} | {target} | {control} | {len(gains)} | {pooled_gain} | "
-                         f"{int((gains > 0).sum())}/{len(gains)} | {fraction} |")
+            lines.append(
+                f"| {setting} | {target} | {control} | {len(gains)} | {pooled_gain} | "
+                f"{int((gains > 0).sum())}/{len(gains)} | {fraction} |"
+            )
     return lines
 
 
@@ -117,20 +130,26 @@ def clamp_table(root, sweep):
     files = sorted(glob.glob(os.path.join(root, sweep, "runs", "*", "*", "clamp.json")))
     if not files:
         return []
-    lines = [f"\n### clamp (`{sweep}`)\n", "Mean return per cell over the cell's evaluation episodes; `slot k` = gate forced "
-             "to one-hot k, `uniform` = 1/K each, `learned` = the gate itself. Max |Δ| = largest difference between a "
-             "clamp column and `learned`.\n",
-             "| checkpoint | training seed | target | deterministic: slots / uniform / learned | sampled: slots / uniform / learned "
-             "| max \\|Δ\\| vs learned (det / sampled) | learned gate weights | run's clamp specificity (det / sampled) |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"\n### clamp (`{sweep}`)\n",
+        "Mean return per cell over the cell's evaluation episodes; `slot k` = gate forced "
+        "to one-hot k, `uniform` = 1/K each, `learned` = the gate itself. Max |Δ| = largest difference between a "
+        "clamp column and `learned`.\n",
+        "| checkpoint | training seed | target | deterministic: slots / uniform / learned "
+        "| sampled: slots / uniform / learned "
+        "| max \\|Δ\\| vs learned (det / sampled) | learned gate weights | run's clamp specificity (det / sampled) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     rows = []
     for f in files:
         d = json.load(open(f))
         rows.append((setting_of(d), training_seed(f), f, d))
-    for g, s, f, d in sorted(rows, key=lambda r: (r[0], r[1])):
+    for g, s, _f, d in sorted(rows, key=lambda r: (r[0], r[1])):
         labels = target_labels(d)
         spec = d.get("specificity", {})
-        specificity = " / ".join("—" if spec.get(k, {}).get("score") is None else f"{spec[k]['score']:.1f}" for k in ("deterministic", "sampled"))
+        specificity = " / ".join(
+            "—" if spec.get(k, {}).get("score") is None else f"{spec[k]['score']:.1f}" for k in ("deterministic", "sampled")
+        )
         for target, res in d["results"].items():
             cols = d["columns"]  # slot0..slotK-1, uniform, learned (learned last)
             det = [res[c]["deterministic"]["mean"] for c in cols]
@@ -138,8 +157,10 @@ def clamp_table(root, sweep):
             dd = max(abs(v - det[-1]) for v in det[:-1])
             ds = max(abs(v - smp[-1]) for v in smp[:-1])
             w = "[" + ", ".join(f"{x:.2f}" for x in res["learned_slot_weights"]) + "]"
-            lines.append(f"| {g} | {s} | {labels[target]} | {' / '.join(f'{v:.1f}' for v in det)} | "
-                         f"{' / '.join(f'{v:.1f}' for v in smp)} | {dd:.1f} / {ds:.1f} | {w} | {specificity} |")
+            lines.append(
+                f"| {g} | {s} | {labels[target]} | {' / '.join(f'{v:.1f}' for v in det)} | "
+                f"{' / '.join(f'{v:.1f}' for v in smp)} | {dd:.1f} / {ds:.1f} | {w} | {specificity} |"
+            )
     return lines
 
 
@@ -159,8 +180,10 @@ def study_criteria(root):
             labels = target_labels(d)
             for target, res in d["results"].items():
                 if not res.get("ceiling") or "none" not in res["controls"]:
-                    sys.exit(f"tta_summary.py: error: {f} has no ceiling or no `none` control; criterion 3 needs both "
-                             "(run tta_gating.sh --study's command)")
+                    sys.exit(
+                        f"tta_summary.py: error: {f} has no ceiling or no `none` control; criterion 3 needs both "
+                        "(run tta_gating.sh --study's command)"
+                    )
                 none = np.array(res["controls"]["none"]["after_per_seed"]["sampled"])
                 gap = max(res["ceiling"]["sampled"]["mean"] - res["before"]["sampled"]["mean"], 0.0)
                 targets[labels[target]] = None
@@ -169,10 +192,13 @@ def study_criteria(root):
                         gain = float(np.mean(np.array(c["after_per_seed"]["sampled"]) - none))
                         per_target.setdefault(control, {}).setdefault(labels[target], []).append((gain, gap))
         if adapt:
-            lines += ["Criterion 3: per target, each training seed's gain over `none` (sampled, mean over its adaptation seeds) "
-                      "and its gap (ceiling − unadapted, 0 when negative); a target passes when the 95% CI of the mean gain "
-                      "lies above 0 and the mean gain is ≥ 50% of the mean gap.\n",
-                      "| control | target | training seeds | gain over `none` | mean gap | gain / gap | target |", "|---|---|---|---|---|---|---|"]
+            lines += [
+                "Criterion 3: per target, each training seed's gain over `none` (sampled, mean over its adaptation seeds) "
+                "and its gap (ceiling − unadapted, 0 when negative); a target passes when the 95% CI of the mean gain "
+                "lies above 0 and the mean gain is ≥ 50% of the mean gap.\n",
+                "| control | target | training seeds | gain over `none` | mean gap | gain / gap | target |",
+                "|---|---|---|---|---|---|---|",
+            ]
             passed, complete = {}, {"gate", "context"} <= set(per_target)
             for control, by_target in per_target.items():
                 verdicts = []
@@ -184,23 +210,34 @@ def study_criteria(root):
                     verdicts.append(ok)
                     fraction = f"{gains.mean() / gaps.mean():.2f}" if gaps.mean() > 0 else "no headroom"
                     gain = fmt(gains.mean(), half if math.isfinite(half) else None)
-                    lines.append(f"| {control} | {target} | {len(gains)} | {gain} | {gaps.mean():.2f} | {fraction} | "
-                                 f"{'pass' if ok else 'fail'} |")
+                    lines.append(
+                        f"| {control} | {target} | {len(gains)} | {gain} | {gaps.mean():.2f} | {fraction} | "
+                        f"{'pass' if ok else 'fail'} |"
+                    )
                 passed[control] = all(verdicts)
             seeds = {training_seed(f) for f in adapt}
             verdict = "PASS" if any(passed.get(c, False) for c in ("gate", "context")) else "FAIL"
-            lines += ["", f"**criterion 3, {name}: {verdict if complete else 'incomplete'}** (every target passes for `gate` or "
-                      f"`context`; `gate` {'passes' if passed.get('gate') else 'fails'}, `context` "
-                      f"{'passes' if passed.get('context') else 'fails'}; training seeds {len(seeds)}/{len(STUDY_SEEDS)})\n"]
+            lines += [
+                "",
+                f"**criterion 3, {name}: {verdict if complete else 'incomplete'}** (every target passes for `gate` or "
+                f"`context`; `gate` {'passes' if passed.get('gate') else 'fails'}, `context` "
+                f"{'passes' if passed.get('context') else 'fails'}; training seeds {len(seeds)}/{len(STUDY_SEEDS)})\n",
+            ]
         if clamp:
-            lines += ["Criterion 4: the run's clamp specificity on the training modes (≥ 200 in ≥ 8 of 10 training seeds, "
-                      "deterministic actions).\n", "| training seed | deterministic | sampled |", "|---|---|---|"]
+            lines += [
+                "Criterion 4: the run's clamp specificity on the training modes (≥ 200 in ≥ 8 of 10 training seeds, "
+                "deterministic actions).\n",
+                "| training seed | deterministic | sampled |",
+                "|---|---|---|",
+            ]
             scores = []
             for f in clamp:
                 spec = json.load(open(f))["specificity"]
                 det, smp = (spec[k]["score"] for k in ("deterministic", "sampled"))
                 scores.append(det)
-                lines.append(f"| {training_seed(f)} | {'—' if det is None else fmt(det)} | {'—' if smp is None else fmt(smp)} |")
+                lines.append(
+                    f"| {training_seed(f)} | {'—' if det is None else fmt(det)} | {'—' if smp is None else fmt(smp)} |"
+                )
             hits = sum(s is not None and s >= 200 for s in scores)
             complete = {training_seed(f) for f in clamp} >= set(STUDY_SEEDS)
             verdict = ("PASS" if hits >= 8 else "FAIL") if complete else "incomplete"
@@ -214,7 +251,10 @@ def main(argv=None):
     p.add_argument("--output", required=True, help="markdown file to write")
     a = p.parse_args(argv)
     if not os.path.isdir(a.root):
-        print(f"tta_summary.py: error: {a.root!r} is not a directory; run benchmark/tta_gating.sh --budget first", file=sys.stderr)
+        print(
+            f"tta_summary.py: error: {a.root!r} is not a directory; run benchmark/tta_gating.sh --budget first",
+            file=sys.stderr,
+        )
         return 2
     lines = ["# tta_gating sweeps", ""] + adapt_tables(a.root)
     for sweep in CLAMP_SWEEPS:

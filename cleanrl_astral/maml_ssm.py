@@ -11,15 +11,17 @@ Usage: python cleanrl_astral/maml_ssm.py train --task point-nav-2d --save-model
 
 import argparse
 import dataclasses
+import functools
 import importlib.util
 import json
 import math
+import operator
 import os
 import random
 import sys
 import time
 from dataclasses import dataclass
-from typing import Annotated, Optional, Union
+from typing import Annotated
 
 import numpy as np
 import torch
@@ -51,7 +53,7 @@ class Args:
     """if toggled, this experiment will be tracked with Weights and Biases"""
     wandb_project_name: str = "cleanrl_astral"
     """the wandb's project name"""
-    wandb_entity: Optional[str] = None
+    wandb_entity: str | None = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
     """not supported here (tasks are batched tensors without a renderer); setting it is an error"""
@@ -133,7 +135,7 @@ class Args:
     """inner steps evaluated after training (returns after 0..eval_steps steps)"""
     eval_later_lr_scale: float = 0.5
     """evaluation step size is inner_lr for the first step and inner_lr * this for later steps (paper: 0.5)"""
-    eval_episodes: Optional[int] = None
+    eval_episodes: int | None = None
     """episodes per test task and inner step in that evaluation (default: fast_batch_size; paper: 40)"""
     adapt_steps: int = 5
     """default number of test-time adaptation steps of the `adapt` subcommand"""
@@ -147,11 +149,30 @@ class Args:
 
 PRESETS = {
     "none": {},
-    "basic": dict(seed=42, fast_batch_size=8, max_episode_steps=200, outer_steps=50, tasks_per_batch=8,
-                  num_inner_steps=1, inner_lr=1e-2, adapt_steps=5, adapt_lr=1e-2),
+    "basic": dict(
+        seed=42,
+        fast_batch_size=8,
+        max_episode_steps=200,
+        outer_steps=50,
+        tasks_per_batch=8,
+        num_inner_steps=1,
+        inner_lr=1e-2,
+        adapt_steps=5,
+        adapt_lr=1e-2,
+    ),
     # MAML paper, 2D navigation, with its code's goal box and step-counted batches; its test batch is 4,000 steps
-    "paper": dict(fast_batch_size=20, tasks_per_batch=20, max_episode_steps=100, num_inner_steps=1,
-                  inner_lr=0.1, outer_optimizer="trpo", max_kl=0.01, eval_episodes=40, goal_box=True, fill_steps=True),
+    "paper": dict(
+        fast_batch_size=20,
+        tasks_per_batch=20,
+        max_episode_steps=100,
+        num_inner_steps=1,
+        inner_lr=0.1,
+        outer_optimizer="trpo",
+        max_kl=0.01,
+        eval_episodes=40,
+        goal_box=True,
+        fill_steps=True,
+    ),
 }
 
 
@@ -159,21 +180,21 @@ PRESETS = {
 class CheckpointArgs:
     checkpoint: str
     """path of a .cleanrl_model written by `train --save-model`"""
-    eval_seed: Optional[int] = None
+    eval_seed: int | None = None
     """seed of the test-task stream and the sampling (default: the checkpoint's seed)"""
 
 
 @dataclass
 class EvalArgs(CheckpointArgs):
-    num_tasks: Optional[int] = None
+    num_tasks: int | None = None
     """number of fresh test tasks (default: the checkpoint's eval_tasks)"""
-    num_steps: Optional[int] = None
+    num_steps: int | None = None
     """evaluate returns after 0..num_steps inner steps (default: the checkpoint's eval_steps)"""
-    inner_lr: Optional[float] = None
+    inner_lr: float | None = None
     """first-step size (default: the checkpoint's inner_lr)"""
-    later_lr_scale: Optional[float] = None
+    later_lr_scale: float | None = None
     """later steps use inner_lr * this (paper: alpha then alpha/2; default: the checkpoint's eval_later_lr_scale)"""
-    fast_batch_size: Optional[int] = None
+    fast_batch_size: int | None = None
     """episodes per task and step (default: the checkpoint's eval_episodes, else its fast_batch_size)"""
 
 
@@ -181,9 +202,9 @@ class EvalArgs(CheckpointArgs):
 class AdaptArgs(CheckpointArgs):
     num_tasks: int = 20
     """number of fresh test tasks"""
-    adapt_steps: Optional[int] = None
+    adapt_steps: int | None = None
     """adaptation steps K (default: the checkpoint's adapt_steps); returns are reported after 0..K steps"""
-    adapt_lr: Optional[float] = None
+    adapt_lr: float | None = None
     """adaptation learning rate (default: the checkpoint's adapt_lr)"""
     adaptation_mode: tuple[str, ...] = ("standard",)
     """one or more adapters: standard (current-task loss) | hybrid (plus replayed training transitions)"""
@@ -215,7 +236,7 @@ class AdaptArgs(CheckpointArgs):
     """adapt during the episode every --online-every env steps instead of between episode batches"""
     online_every: int = 20
     """online mode: env steps between adaptation steps"""
-    fast_batch_size: Optional[int] = None
+    fast_batch_size: int | None = None
     """episodes per task and step (default: the checkpoint's fast_batch_size)"""
 
 
@@ -315,7 +336,11 @@ class HalfCheetahVel:
             o, _, _, _, info = env.step(a)
             obs.append(o)
             rew.append(-abs(info["x_velocity"] - v) + info["reward_ctrl"])
-        return torch.tensor(np.stack(obs), dtype=torch.float32), torch.tensor(rew, dtype=torch.float32), torch.zeros(self.n, dtype=torch.bool)
+        return (
+            torch.tensor(np.stack(obs), dtype=torch.float32),
+            torch.tensor(rew, dtype=torch.float32),
+            torch.zeros(self.n, dtype=torch.bool),
+        )
 
 
 ENV_CLASSES = {"point-nav-2d": PointNav2D, "cartpole-physics": CartPolePhysics, "halfcheetah-vel": HalfCheetahVel}
@@ -488,7 +513,7 @@ def map_tasks(model, fn, *args):
     """fn over dim 0 (the task) as one vmapped call; the GRU's fused kernel cannot be vmapped, so it loops."""
     if model.kind != "gru":
         return vmap(fn)(*args)
-    outs = [fn(*tree_map(lambda x: x[i], args)) for i in range(len(args[1]))]
+    outs = [fn(*tree_map(operator.itemgetter(i), args)) for i in range(len(args[1]))]
     return tree_map(lambda *xs: torch.stack(xs), *outs)
 
 
@@ -530,7 +555,11 @@ def rollout(model, params, env, horizon, adapt_every=0, adapt_on=None):
         state_in = state.reshape(n, -1)  # the recurrent state this step starts from (stored for replay)
         out = map_tasks(model, act, params, inp.reshape(K, per, -1), torch.full((K, per), t == 0), state)
         state = out["state"]
-        out = {k: out[k][:, 0].reshape(n, -1) if k == "pi" else out[k].repeat_interleave(per, 0) for k in ("pi", "log_std") if k in out}
+        out = {
+            k: out[k][:, 0].reshape(n, -1) if k == "pi" else out[k].repeat_interleave(per, 0)
+            for k in ("pi", "log_std")
+            if k in out
+        }
         dist = make_dist(out, model.discrete)
         action = dist.sample()
         action = action[:, None].float() if model.discrete else action
@@ -688,8 +717,10 @@ def meta_objective(model, params, tasks_data, args, old_outs=None, create_graph=
             out = policy_out(model, inner_loop(model, params, td["train"], args.inner_lr, args.first_order), val)
             old = old_outs[i] if old_outs is not None else {k: out[k].detach() for k in ("pi", "log_std") if k in out}
             outs.append(old)
-            ratio = torch.exp(log_prob(make_dist(out, model.discrete), val["actions"], model.discrete)
-                              - log_prob(make_dist(old, model.discrete), val["actions"], model.discrete))
+            ratio = torch.exp(
+                log_prob(make_dist(out, model.discrete), val["actions"], model.discrete)
+                - log_prob(make_dist(old, model.discrete), val["actions"], model.discrete)
+            )
             losses.append(-masked_mean(ratio * val["advantages"], val["masks"]))
             kls.append(masked_mean(kl_divergence(old, out, model.discrete), val["masks"]))
     return torch.stack(losses).mean(), torch.stack(kls).mean(), outs
@@ -733,14 +764,19 @@ def fisher_product(model, tasks_data, args):
         out = policy_out(model, q := leaf(p), td["val"])
         old = {k: out[k].detach() for k in ("pi", "log_std") if k in out}
         kl = masked_mean(kl_divergence(old, out, model.discrete), td["val"]["masks"])
-        stages.append(chain + [(q, dict(zip(q, torch.autograd.grad(kl, list(q.values()), create_graph=True,
-                                                                   allow_unused=True))))])
+        stages.append(
+            chain + [(q, dict(zip(q, torch.autograd.grad(kl, list(q.values()), create_graph=True, allow_unused=True))))]
+        )
 
     def vjp(j, vs):  # every task's v^T d(output of stage j) / d(its leaf), in one backward call
-        outs, us = zip(*[(o, u.view_as(o)) for s, v in zip(stages, vs) for o, u in zip(s[j][1].values(), v.split(sizes))
-                         if o is not None])
-        return list(flat_grad(outs, [q for s in stages for q in s[j][0].values()], grad_outputs=us,
-                              retain_graph=True).split(sum(sizes)))
+        outs, us = zip(
+            *[(o, u.view_as(o)) for s, v in zip(stages, vs) for o, u in zip(s[j][1].values(), v.split(sizes)) if o is not None]
+        )
+        return list(
+            flat_grad(outs, [q for s in stages for q in s[j][0].values()], grad_outputs=us, retain_graph=True).split(
+                sum(sizes)
+            )
+        )
 
     def fvp(v):  # A_i v (A_j symmetric: a vjp too), G_i, then A_i^T
         vs, J = [v] * len(stages), len(stages[0]) - 1
@@ -756,24 +792,34 @@ def trpo_step(model, tasks_data, args):
     plist = list(model.parameters())
     loss, _, old_outs = meta_objective(model, dict(model.named_parameters()), tasks_data, args)
     g = flat_grad(loss, plist)
-    keep = torch.randperm(len(tasks_data))[: max(1, round(args.cg_subsample * len(tasks_data)))].tolist() \
-        if args.cg_subsample < 1 else range(len(tasks_data))  # the Fisher of a random subset of the tasks (other maths)
+    keep = (
+        torch.randperm(len(tasks_data))[: max(1, round(args.cg_subsample * len(tasks_data)))].tolist()
+        if args.cg_subsample < 1
+        else range(len(tasks_data))
+    )  # the Fisher of a random subset of the tasks (other maths)
     fvp = fisher_product(model, [tasks_data[i] for i in keep], args)
     step_dir = conjugate_gradient(fvp, -g, args.cg_iters)
     step = kl_radius_step(step_dir, fvp(step_dir), args.max_kl)
     old_flat = torch.cat([p.detach().reshape(-1) for p in plist])
     frac, accepted, new_kl, ls_steps = 1.0, False, torch.tensor(0.0), 0
-    for ls_steps in range(1, args.ls_max_steps + 1):
+    for ls_steps in range(1, args.ls_max_steps + 1):  # noqa: B007 (the count is logged after the loop)
         torch.nn.utils.vector_to_parameters(old_flat + frac * step, plist)
-        new_loss, new_kl, _ = meta_objective(model, dict(model.named_parameters()), tasks_data, args, old_outs, create_graph=False)
+        new_loss, new_kl, _ = meta_objective(
+            model, dict(model.named_parameters()), tasks_data, args, old_outs, create_graph=False
+        )
         accepted = (new_loss - loss).item() < 0 and new_kl.item() <= args.max_kl
         if accepted:
             break
         frac *= args.ls_backtrack_ratio
     else:
         torch.nn.utils.vector_to_parameters(old_flat, plist)
-    return {"outer_loss": loss.item(), "approx_kl": new_kl.item() if accepted else 0.0, "line_search_steps": ls_steps,
-            "accepted": float(accepted), "expected_improve": -(g @ step).item()}
+    return {
+        "outer_loss": loss.item(),
+        "approx_kl": new_kl.item() if accepted else 0.0,
+        "line_search_steps": ls_steps,
+        "accepted": float(accepted),
+        "expected_improve": -(g @ step).item(),
+    }
 
 
 def sample_task_batches(model, params, task_params, args, gen, num_steps, inner_lrs):
@@ -794,8 +840,9 @@ def sample_task_batches(model, params, task_params, args, gen, num_steps, inner_
             return [{"train": train[i], "val": parts[i]} for i in range(K)], returns
         for i in range(K):
             train[i].append(parts[i])
-        task_p = stack_params([clone_params(inner_update(model, take(task_p, i), b, inner_lrs[j], False))
-                               for i, b in enumerate(parts)])
+        task_p = stack_params(
+            [clone_params(inner_update(model, take(task_p, i), b, inner_lrs[j], False)) for i, b in enumerate(parts)]
+        )
 
 
 # ------------------------------------------------------------------------------------------------ TRAINING
@@ -847,12 +894,18 @@ def start_run(args: Args):
     if args.track:
         import wandb
 
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                   config=vars(args), name=run_name, save_code=True)
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=vars(args),
+            name=run_name,
+            save_code=True,
+        )
     from torch.utils.tensorboard import SummaryWriter
 
     writer = SummaryWriter(run_dir)
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n%s" % "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
     torch.set_num_threads(args.num_threads)
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -865,37 +918,52 @@ def meta_iteration(model, args, task_params, gen, buffer, first_task_id, aux_opt
     """One meta-training iteration on a meta-batch of tasks; returns (env steps taken, scalars to log)."""
     # ROLLOUT: fast batches with theta (and theta after j inner updates), then post-adaptation batches
     theta = {k: v.detach() for k, v in model.named_parameters()}
-    tasks_data, returns = sample_task_batches(model, theta, task_params, args, gen, args.num_inner_steps,
-                                              [args.inner_lr] * args.num_inner_steps)
+    tasks_data, returns = sample_task_batches(
+        model, theta, task_params, args, gen, args.num_inner_steps, [args.inner_lr] * args.num_inner_steps
+    )
     if buffer is not None:  # task id = index of the task in the checkpoint's task_split["train_tasks"]
         for i, td in enumerate(tasks_data):
             add_batch_to_buffer(buffer, td["val"], first_task_id + i)
     steps = int(sum(b["masks"].sum().item() for td in tasks_data for b in td["train"] + [td["val"]]))
     with torch.no_grad():  # before the outer step, which updates theta's storage in place
-        inner_l = np.mean([inner_loss(model, theta, td["train"][0]).item() for td in tasks_data]) \
-            if args.num_inner_steps else float("nan")
+        inner_l = (
+            np.mean([inner_loss(model, theta, td["train"][0]).item() for td in tasks_data])
+            if args.num_inner_steps
+            else float("nan")
+        )
     # UPDATE
     stats = outer_update(model, tasks_data, args, outer_opt)
     v_loss, d_loss = aux_update(model, tasks_data, args, aux_opt, monitor)
     post = returns[-1].mean().item()
-    return steps, {"meta/pre_adapt_return": returns[0].mean().item(), "meta/post_adapt_return": post,
-                   **{f"meta/return_after_{j}_steps": r.mean().item() for j, r in enumerate(returns[1:-1], 1)},
-                   "charts/episodic_return": post,
-                   "charts/episodic_length": tasks_data[0]["val"]["masks"].sum(0).mean().item(),
-                   "losses/inner_loss": inner_l, "losses/outer_loss": stats["outer_loss"],
-                   "losses/approx_kl": stats["approx_kl"], "losses/value_loss": v_loss, "losses/dynamics_loss": d_loss,
-                   "meta/line_search_steps": stats["line_search_steps"], "meta/step_accepted": stats["accepted"],
-                   **({"charts/learning_rate": args.outer_lr} if outer_opt is not None else {})}
+    return steps, {
+        "meta/pre_adapt_return": returns[0].mean().item(),
+        "meta/post_adapt_return": post,
+        **{f"meta/return_after_{j}_steps": r.mean().item() for j, r in enumerate(returns[1:-1], 1)},
+        "charts/episodic_return": post,
+        "charts/episodic_length": tasks_data[0]["val"]["masks"].sum(0).mean().item(),
+        "losses/inner_loss": inner_l,
+        "losses/outer_loss": stats["outer_loss"],
+        "losses/approx_kl": stats["approx_kl"],
+        "losses/value_loss": v_loss,
+        "losses/dynamics_loss": d_loss,
+        "meta/line_search_steps": stats["line_search_steps"],
+        "meta/step_accepted": stats["accepted"],
+        **({"charts/learning_rate": args.outer_lr} if outer_opt is not None else {}),
+    }
 
 
 def save_and_evaluate(model, args, run_dir, writer, train_tasks, extra):
     """Writes the checkpoint, then evaluates it with its own eval settings, as `eval` would."""
     path = os.path.join(run_dir, f"{args.exp_name}.cleanrl_model")
     cartpole = args.task == "cartpole-physics"
-    split = {"task": args.task, "train_stream": [args.seed, 0], "test_stream": [args.seed, 1],
-             "train_ranges": CARTPOLE_TRAIN_RANGES if cartpole else None,
-             "test_ranges": CARTPOLE_TEST_RANGES if cartpole else None,
-             "train_tasks": (np.concatenate(train_tasks) if train_tasks else np.zeros((0, 1))).tolist()}
+    split = {
+        "task": args.task,
+        "train_stream": [args.seed, 0],
+        "test_stream": [args.seed, 1],
+        "train_ranges": CARTPOLE_TRAIN_RANGES if cartpole else None,
+        "test_ranges": CARTPOLE_TEST_RANGES if cartpole else None,
+        "train_tasks": (np.concatenate(train_tasks) if train_tasks else np.zeros((0, 1))).tolist(),
+    }
     save_checkpoint(path, model, args, split, extra)
     print(f"model saved to {path}")
     res = evaluate(path)
@@ -912,41 +980,70 @@ def main_train(args: Args):
     env_cls = ENV_CLASSES[args.task]
     model = build_agent(args, env_cls)
     spec = (env_cls.obs_dim, env_cls.act_dim, env_cls.discrete)
-    counts = {k: agent_param_count(k, *spec, policy_width(dataclasses.replace(args, policy=k), env_cls), args.state_size,
-                                   args.in_context, args.layer_norm) for k in POLICIES}
-    print(f"policy {args.policy} (width {model.hidden}): {count_params(model)} parameters; matched counts "
-          f"ssm {counts['ssm']} gru {counts['gru']} mlp {counts['mlp']}; obs/act/discrete {spec}")
+    counts = {
+        k: agent_param_count(
+            k,
+            *spec,
+            policy_width(dataclasses.replace(args, policy=k), env_cls),
+            args.state_size,
+            args.in_context,
+            args.layer_norm,
+        )
+        for k in POLICIES
+    }
+    print(
+        f"policy {args.policy} (width {model.hidden}): {count_params(model)} parameters; matched counts "
+        f"ssm {counts['ssm']} gru {counts['gru']} mlp {counts['mlp']}; obs/act/discrete {spec}"
+    )
     aux_opt, outer_opt = make_optimizers(model, args)
     act_width = 1 if model.discrete else model.act_dim
-    buffer = ExperienceBuffer(args.buffer_size, env_cls.obs_dim, model.encoder.in_features, act_width,
-                              model.initial_state(1).shape[1]) if args.buffer_size > 0 else None
+    buffer = (
+        ExperienceBuffer(
+            args.buffer_size, env_cls.obs_dim, model.encoder.in_features, act_width, model.initial_state(1).shape[1]
+        )
+        if args.buffer_size > 0
+        else None
+    )
     monitor = FeatureMonitor(model.hidden)
     train_tasks, global_step, start_time, start_cpu = [], 0, time.time(), time.process_time()
     for it in range(1, args.outer_steps + 1):
         it_start = time.time()
         train_tasks.append(sample_tasks(args.task, train_rng, args.tasks_per_batch, "train"))
-        steps, scalars = meta_iteration(model, args, train_tasks[-1], gen, buffer, (it - 1) * args.tasks_per_batch,
-                                        aux_opt, outer_opt, monitor)
+        steps, scalars = meta_iteration(
+            model, args, train_tasks[-1], gen, buffer, (it - 1) * args.tasks_per_batch, aux_opt, outer_opt, monitor
+        )
         # LOGGING
         global_step += steps
         dt, sps = time.time() - it_start, int(global_step / (time.time() - start_time))
         log_scalars(writer, {**scalars, "meta/iteration_time": dt, "charts/SPS": sps}, global_step)
         if it % args.log_every == 0 or it == 1 or it == args.outer_steps:
-            print(f"iter {it}/{args.outer_steps} step {global_step} SPS {sps} "
-                  f"pre {scalars['meta/pre_adapt_return']:.2f} post {scalars['meta/post_adapt_return']:.2f} "
-                  f"kl {scalars['losses/approx_kl']:.4f} ls {scalars['meta/line_search_steps']} {dt:.2f}s/it "
-                  f"elapsed {time.time() - start_time:.0f}s", flush=True)
+            print(
+                f"iter {it}/{args.outer_steps} step {global_step} SPS {sps} "
+                f"pre {scalars['meta/pre_adapt_return']:.2f} post {scalars['meta/post_adapt_return']:.2f} "
+                f"kl {scalars['losses/approx_kl']:.4f} ls {scalars['meta/line_search_steps']} {dt:.2f}s/it "
+                f"elapsed {time.time() - start_time:.0f}s",
+                flush=True,
+            )
         if args.cpu_budget and time.process_time() - start_cpu >= args.cpu_budget:
             print(f"--cpu-budget {args.cpu_budget:g}s reached after {it} of {args.outer_steps} outer steps")
             break
 
-    times = {"train_wall_time": time.time() - start_time, "train_cpu_time": time.process_time() - start_cpu,
-             "outer_steps_done": len(train_tasks)}
+    times = {
+        "train_wall_time": time.time() - start_time,
+        "train_cpu_time": time.process_time() - start_cpu,
+        "outer_steps_done": len(train_tasks),
+    }
     log_scalars(writer, {f"meta/{k}": v for k, v in times.items()}, global_step)
     print(f"meta-training wall time {times['train_wall_time']:.1f}s, CPU time {times['train_cpu_time']:.1f}s")
     if args.save_model:
-        save_and_evaluate(model, args, run_dir, writer, train_tasks, {**times, "feature_stats": vars(monitor),
-                          "buffer": buffer.state_dict() if buffer is not None else None})
+        save_and_evaluate(
+            model,
+            args,
+            run_dir,
+            writer,
+            train_tasks,
+            {**times, "feature_stats": vars(monitor), "buffer": buffer.state_dict() if buffer is not None else None},
+        )
     writer.close()
 
 
@@ -972,9 +1069,18 @@ def atomic_write(obj, path):
 
 
 def save_checkpoint(path, model, args, task_split, extra=None):
-    atomic_write({"state_dict": model.state_dict(), "args": dataclasses.asdict(args), "script": "maml_ssm",
-                  "task_split": task_split, "param_count": count_params(model),
-                  "task_version": TASK_VERSIONS[args.task], **(extra or {})}, path)
+    atomic_write(
+        {
+            "state_dict": model.state_dict(),
+            "args": dataclasses.asdict(args),
+            "script": "maml_ssm",
+            "task_split": task_split,
+            "param_count": count_params(model),
+            "task_version": TASK_VERSIONS[args.task],
+            **(extra or {}),
+        },
+        path,
+    )
 
 
 def load_checkpoint(path):
@@ -984,7 +1090,7 @@ def load_checkpoint(path):
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # corrupted or not a torch file
-        raise ValueError(f"cannot read checkpoint {path!r}: {type(e).__name__}")
+        raise ValueError(f"cannot read checkpoint {path!r}: {type(e).__name__}") from e
     if not isinstance(ckpt, dict) or ckpt.get("script") != "maml_ssm":
         raise ValueError(f"{path!r} is not a maml_ssm checkpoint")
     missing = [k for k in ("state_dict", "args", "task_split") if k not in ckpt]
@@ -993,16 +1099,28 @@ def load_checkpoint(path):
         raise ValueError(f"checkpoint {path!r} lacks {missing} or has unknown config fields {sorted(unknown)}")
     args, split, version = Args(**ckpt["args"]), ckpt["task_split"], ckpt.get("task_version", 1)
     bad_config = validate_args(args)
-    msg = first_failure([
-        (bad_config is not None, f"checkpoint config is invalid: {bad_config}"),
-        (split.get("task") != args.task, f"checkpoint task split is for {split.get('task')!r} but its config says {args.task!r}"),
-        *[(args.task == "cartpole-physics" and json.dumps(split.get(key)) != json.dumps(ranges),
-           f"the checkpoint's cartpole {key.replace('_', ' ')} {split.get(key)} are not this script's "
-           f"{[list(r) for r in ranges]} (gravity, pole length); retrain it with this script")
-          for key, ranges in (("train_ranges", CARTPOLE_TRAIN_RANGES), ("test_ranges", CARTPOLE_TEST_RANGES))],
-        (version != TASK_VERSIONS[args.task], f"checkpoint was trained on version {version} of {args.task}, this script "
-                                              f"runs version {TASK_VERSIONS[args.task]} (see TASK_VERSIONS); retrain it"),
-    ])
+    msg = first_failure(
+        [
+            (bad_config is not None, f"checkpoint config is invalid: {bad_config}"),
+            (
+                split.get("task") != args.task,
+                f"checkpoint task split is for {split.get('task')!r} but its config says {args.task!r}",
+            ),
+            *[
+                (
+                    args.task == "cartpole-physics" and json.dumps(split.get(key)) != json.dumps(ranges),
+                    f"the checkpoint's cartpole {key.replace('_', ' ')} {split.get(key)} are not this script's "
+                    f"{[list(r) for r in ranges]} (gravity, pole length); retrain it with this script",
+                )
+                for key, ranges in (("train_ranges", CARTPOLE_TRAIN_RANGES), ("test_ranges", CARTPOLE_TEST_RANGES))
+            ],
+            (
+                version != TASK_VERSIONS[args.task],
+                f"checkpoint was trained on version {version} of {args.task}, this script "
+                f"runs version {TASK_VERSIONS[args.task]} (see TASK_VERSIONS); retrain it",
+            ),
+        ]
+    )
     if msg:
         raise ValueError(msg)
     torch.manual_seed(0)
@@ -1010,8 +1128,10 @@ def load_checkpoint(path):
     try:
         model.load_state_dict(ckpt["state_dict"], strict=True)
     except RuntimeError as e:
-        raise ValueError(f"checkpoint weights do not match its config (--policy {args.policy}, --hidden-size "
-                         f"{args.hidden_size}): {str(e).splitlines()[0]}")
+        raise ValueError(
+            f"checkpoint weights do not match its config (--policy {args.policy}, --hidden-size "
+            f"{args.hidden_size}): {str(e).splitlines()[0]}"
+        ) from e
     return model, args, ckpt
 
 
@@ -1023,12 +1143,22 @@ def ci95(x):
 
 def summarise(per_step):
     """{"returns_after_steps": mean over tasks, "ci95": its 95% CI half-width}, keyed by the step as a string."""
-    return {"returns_after_steps": {str(k): float(r.mean()) for k, r in enumerate(per_step)},
-            "ci95": {str(k): ci95(r) for k, r in enumerate(per_step)}}
+    return {
+        "returns_after_steps": {str(k): float(r.mean()) for k, r in enumerate(per_step)},
+        "ci95": {str(k): ci95(r) for k, r in enumerate(per_step)},
+    }
 
 
-def evaluate(checkpoint, num_tasks=None, num_steps=None, inner_lr=None, later_lr_scale=None, fast_batch_size=None,
-             eval_seed=None, write=True):
+def evaluate(
+    checkpoint,
+    num_tasks=None,
+    num_steps=None,
+    inner_lr=None,
+    later_lr_scale=None,
+    fast_batch_size=None,
+    eval_seed=None,
+    write=True,
+):
     """Returns on fresh test tasks after 0..num_steps inner steps; None takes the checkpoint's setting."""
     model, args, ckpt = load_checkpoint(checkpoint)
     num_tasks = args.eval_tasks if num_tasks is None else num_tasks
@@ -1050,8 +1180,9 @@ def evaluate(checkpoint, num_tasks=None, num_steps=None, inner_lr=None, later_lr
     if write:
         out_dir = os.path.dirname(os.path.abspath(checkpoint))
         atomic_write(result, os.path.join(out_dir, "eval.json"))
-        plot_returns({args.policy: result}, os.path.join(out_dir, "eval.png"), f"{args.task} / {args.policy}",
-                     "inner gradient steps")
+        plot_returns(
+            {args.policy: result}, os.path.join(out_dir, "eval.png"), f"{args.task} / {args.policy}", "inner gradient steps"
+        )
     return result
 
 
@@ -1063,8 +1194,14 @@ def plot_returns(curves, path, title, xlabel, level=None):
     ax = fig.subplots()
     for name, r in curves.items():
         ks = sorted(r["returns_after_steps"], key=int)
-        ax.errorbar([int(k) for k in ks], [r["returns_after_steps"][k] for k in ks], yerr=[r["ci95"][k] for k in ks],
-                    marker="o", capsize=2, label=name)
+        ax.errorbar(
+            [int(k) for k in ks],
+            [r["returns_after_steps"][k] for k in ks],
+            yerr=[r["ci95"][k] for k in ks],
+            marker="o",
+            capsize=2,
+            label=name,
+        )
     if level is not None:
         ax.axhline(level, color="grey", ls=":", lw=1, label="no adaptation (theta_0)")
     ax.set(xlabel=xlabel, ylabel="mean return (95% CI)", title=title)
@@ -1107,8 +1244,10 @@ class ExperienceBuffer:
     def from_state_dict(cls, sd, state_dim):
         d = sd["data"]
         if "states" not in d or d["states"].shape[1] != state_dim:
-            raise ValueError(f"the checkpoint's ExperienceBuffer does not store recurrent states of the model's width "
-                             f"{state_dim}; retrain it to use hybrid")
+            raise ValueError(
+                f"the checkpoint's ExperienceBuffer does not store recurrent states of the model's width "
+                f"{state_dim}; retrain it to use hybrid"
+            )
         buf = cls(sd["capacity"], d["obs"].shape[1], d["inputs"].shape[1], d["actions"].shape[1], state_dim)
         buf.data = {k: d[k].clone() for k in cls.FIELDS}
         buf.pos, buf.size = sd["pos"], sd["size"]
@@ -1119,15 +1258,22 @@ def add_batch_to_buffer(buffer, batch, task_id):
     """Valid steps of one task's episodes; done marks an episode's last step."""
     m = batch["masks"] > 0
     last = m & ~(torch.cat([batch["masks"][1:], torch.zeros_like(batch["masks"][:1])]) > 0)
-    buffer.add(**{k: batch[k][m] for k in ("obs", "inputs", "actions", "rewards", "next_obs", "advantages", "states")},
-               dones=last[m], task_ids=torch.full((int(m.sum()),), task_id, dtype=torch.long))
+    buffer.add(
+        **{k: batch[k][m] for k in ("obs", "inputs", "actions", "rewards", "next_obs", "advantages", "states")},
+        dones=last[m],
+        task_ids=torch.full((int(m.sum()),), task_id, dtype=torch.long),
+    )
 
 
 def replay_as_batch(sample):
     """Replayed transitions as length-1 sequences, each continuing from its stored recurrent state."""
     B = len(sample["obs"])
-    return {**{k: sample[k][None] for k in ("inputs", "actions", "advantages", "rewards", "next_obs", "obs")},
-            "starts": torch.zeros(1, B, dtype=torch.bool), "state0": sample["states"], "masks": torch.ones(1, B)}
+    return {
+        **{k: sample[k][None] for k in ("inputs", "actions", "advantages", "rewards", "next_obs", "obs")},
+        "starts": torch.zeros(1, B, dtype=torch.bool),
+        "state0": sample["states"],
+        "masks": torch.ones(1, B),
+    }
 
 
 def objective_loss(model, params, batch, objective, max_importance_weight=10.0):
@@ -1150,8 +1296,10 @@ def objective_loss(model, params, batch, objective, max_importance_weight=10.0):
 
 
 # a strategy maps (loss, model output, masks, adapter) to the loss that is minimised; register more by name
-STRATEGIES = {"none": lambda loss, out, masks, ad: loss,
-              "tent": lambda loss, out, masks, ad: loss + ad.aargs.tent_coef * masked_mean(entropy(out, ad.model.discrete), masks)}
+STRATEGIES = {
+    "none": lambda loss, out, masks, ad: loss,
+    "tent": lambda loss, out, masks, ad: loss + ad.aargs.tent_coef * masked_mean(entropy(out, ad.model.discrete), masks),
+}
 
 
 def register_strategy(name):
@@ -1206,7 +1354,10 @@ class StandardAdapter:
         a, replay = self.aargs, self.replay_batch()
         loss = self.loss(batch, replay)
         leaves = [self.params[k] for k in self.names]
-        grads = [g if g is not None else torch.zeros_like(p) for g, p in zip(torch.autograd.grad(loss, leaves, allow_unused=True), leaves)]
+        grads = [
+            g if g is not None else torch.zeros_like(p)
+            for g, p in zip(torch.autograd.grad(loss, leaves, allow_unused=True), leaves)
+        ]
         gnorm = torch.sqrt(sum((g**2).sum() for g in grads)).item()
         fired = {"clip": gnorm > a.grad_clip}
         before = [p.detach().clone() for p in leaves]
@@ -1220,8 +1371,14 @@ class StandardAdapter:
                 self.ema[k] = a.ema_decay * self.ema[k] + (1 - a.ema_decay) * self.params[k].detach()
         with torch.enable_grad():
             after = self.loss(batch, replay).item()
-        return {"loss_before": loss.item(), "loss_after": after, "grad_norm": gnorm, "drift": self.drift(),
-                "guard_fired": any(fired.values()), **{f"fired_{k}": v for k, v in fired.items()}}
+        return {
+            "loss_before": loss.item(),
+            "loss_after": after,
+            "grad_norm": gnorm,
+            "drift": self.drift(),
+            "guard_fired": any(fired.values()),
+            **{f"fired_{k}": v for k, v in fired.items()},
+        }
 
 
 class HybridAdapter(StandardAdapter):
@@ -1262,6 +1419,11 @@ def monitor_stats(model, params, batch, monitor):
     if monitor is not None:
         stats["feature_shift"] = monitor.shift(out["feats"], m)
     return stats
+
+
+def online_step(adapters, objective, args, step_logs, batch):
+    """One adaptation step inside a rollout (--online): the rollout calls it with the segment it has gathered."""
+    return adapt_step(adapters, batch, objective, args, step_logs, online=True)
 
 
 def adapt_step(adapters, batch, objective, args, step_logs, online=False):
@@ -1305,7 +1467,7 @@ def run_adaptation(checkpoint, aargs, writer=None):
             replay_gen = torch.Generator().manual_seed(int(np.random.default_rng([seed, 2]).integers(2**62)))
             adapters = [ADAPTERS[mode](model, theta0, aargs, objective, lr, buffer, replay_gen) for _ in tasks]
             per_step, step_logs, mon = [], [], []
-            online = lambda part: adapt_step(adapters, part, objective, args, step_logs, online=True)  # noqa: E731
+            online = functools.partial(online_step, adapters, objective, args, step_logs)
             for k in range(K + 1):
                 acting = stack_params([ad.acting_params() for ad in adapters])
                 batch = rollout(model, acting, env, args.max_episode_steps, aargs.online_every if aargs.online else 0, online)
@@ -1316,22 +1478,38 @@ def run_adaptation(checkpoint, aargs, writer=None):
                 if k < K and not aargs.online:
                     adapt_step(adapters, batch, objective, args, step_logs)
             name = f"{mode}/{objective}"
-            results[name] = {**summarise(per_step), "monitor": mon,
-                             "guard_fired_frac": float(np.mean([s["guard_fired"] for s in step_logs])) if step_logs else 0.0,
-                             "final_drift": float(np.mean([ad.drift() for ad in adapters]))}
+            results[name] = {
+                **summarise(per_step),
+                "monitor": mon,
+                "guard_fired_frac": float(np.mean([s["guard_fired"] for s in step_logs])) if step_logs else 0.0,
+                "final_drift": float(np.mean([ad.drift() for ad in adapters])),
+            }
             tag = f"tta/{mode}_{objective}/"
             for i, row in enumerate(step_logs if writer else []):  # x axis: adaptation step of any task
-                log_scalars(writer, {tag + key: row[key] for key in ("loss_before", "loss_after", "grad_norm", "drift",
-                                                                      "guard_fired")}, i)
+                log_scalars(
+                    writer,
+                    {tag + key: row[key] for key in ("loss_before", "loss_after", "grad_norm", "drift", "guard_fired")},
+                    i,
+                )
             for k, (r, row) in enumerate(zip(per_step, mon) if writer else []):  # x axis: steps taken
                 log_scalars(writer, {tag + key: v for key, v in {"return_after_steps": r.mean(), **row}.items()}, k)
-            print(f"adapt {name}: " + " ".join(f"{k}:{v:.2f}" for k, v in results[name]["returns_after_steps"].items()), flush=True)
-    return {"task": args.task, "num_tasks": len(tasks), "online": aargs.online, "adapt_steps": K, "adapt_lr": lr,
-            "no_adaptation": {"return": float(base.mean()), "ci95": ci95(base)}, "results": results}
+            print(
+                f"adapt {name}: " + " ".join(f"{k}:{v:.2f}" for k, v in results[name]["returns_after_steps"].items()),
+                flush=True,
+            )
+    return {
+        "task": args.task,
+        "num_tasks": len(tasks),
+        "online": aargs.online,
+        "adapt_steps": K,
+        "adapt_lr": lr,
+        "no_adaptation": {"return": float(base.mean()), "ci95": ci95(base)},
+        "results": results,
+    }
 
 
 # ------------------------------------------------------------------------------------------------ VALIDATION AND CLI
-def fail(msg: Optional[str]):
+def fail(msg: str | None):
     """A one-line error (exit status 2) when there is a message; None lets the run go on."""
     if msg:
         print(f"maml_ssm.py: error: {msg}", file=sys.stderr)
@@ -1343,35 +1521,94 @@ def flag(name):
 
 
 # valid values by field name, for whichever of Args / EvalArgs / AdaptArgs has the field (None takes a default)
-POSITIVE = ("inner_lr", "outer_lr", "aux_lr", "adapt_lr", "max_kl", "eval_later_lr_scale", "later_lr_scale",
-            "grad_clip", "max_step_norm", "trust_region")
-AT_LEAST = {2: ("num_tasks",),  # a confidence interval needs two tasks
-            1: ("tasks_per_batch", "fast_batch_size", "max_episode_steps", "hidden_size", "state_size", "eval_tasks",
-                "cg_iters", "num_threads", "ls_max_steps", "log_every", "eval_episodes", "experience_batch_size",
-                "online_every", "max_importance_weight"),  # an importance cap below 1 would scale on-policy steps
-            0: ("outer_steps", "num_inner_steps", "eval_steps", "adapt_steps", "buffer_size", "dynamics_coef",
-                "cg_damping", "cpu_budget", "num_steps", "experience_weight", "ema_decay")}
-CHOICES = {"task": TASKS, "policy": POLICIES, "outer_optimizer": ("trpo", "adam"), "config": PRESETS,
-           "adaptation_mode": ADAPTERS, "adapt_objective": OBJECTIVES, "strategy": STRATEGIES,
-           "adapt_params": PARAM_GROUPS, "adapt_optimizer": ("sgd", "adam")}
+POSITIVE = (
+    "inner_lr",
+    "outer_lr",
+    "aux_lr",
+    "adapt_lr",
+    "max_kl",
+    "eval_later_lr_scale",
+    "later_lr_scale",
+    "grad_clip",
+    "max_step_norm",
+    "trust_region",
+)
+AT_LEAST = {
+    2: ("num_tasks",),  # a confidence interval needs two tasks
+    1: (
+        "tasks_per_batch",
+        "fast_batch_size",
+        "max_episode_steps",
+        "hidden_size",
+        "state_size",
+        "eval_tasks",
+        "cg_iters",
+        "num_threads",
+        "ls_max_steps",
+        "log_every",
+        "eval_episodes",
+        "experience_batch_size",
+        "online_every",
+        "max_importance_weight",
+    ),  # an importance cap below 1 would scale on-policy steps
+    0: (
+        "outer_steps",
+        "num_inner_steps",
+        "eval_steps",
+        "adapt_steps",
+        "buffer_size",
+        "dynamics_coef",
+        "cg_damping",
+        "cpu_budget",
+        "num_steps",
+        "experience_weight",
+        "ema_decay",
+    ),
+}
+CHOICES = {
+    "task": TASKS,
+    "policy": POLICIES,
+    "outer_optimizer": ("trpo", "adam"),
+    "config": PRESETS,
+    "adaptation_mode": ADAPTERS,
+    "adapt_objective": OBJECTIVES,
+    "strategy": STRATEGIES,
+    "adapt_params": PARAM_GROUPS,
+    "adapt_optimizer": ("sgd", "adam"),
+}
 
 
-def validate_args(a) -> Optional[str]:
+def validate_args(a) -> str | None:
     """The one-line reason why these Args/EvalArgs/AdaptArgs would crash late or run wrong; None if fine."""
     given = {f.name: getattr(a, f.name) for f in dataclasses.fields(a) if getattr(a, f.name) is not None}
     # NaN and inf pass every bound; a seed outside numpy's range fails after the run directory exists
-    checks = [(isinstance(v, float) and not math.isfinite(v), f"{flag(n)} {v} must be a finite number")
-              for n, v in given.items()]
-    checks += [(not 0 <= given[n] < 2**32, f"{flag(n)} {given[n]} must be in [0, 2**32 - 1]")
-               for n in ("seed", "eval_seed") if n in given]
+    checks = [
+        (isinstance(v, float) and not math.isfinite(v), f"{flag(n)} {v} must be a finite number") for n, v in given.items()
+    ]
+    checks += [
+        (not 0 <= given[n] < 2**32, f"{flag(n)} {given[n]} must be in [0, 2**32 - 1]")
+        for n in ("seed", "eval_seed")
+        if n in given
+    ]
     checks += [(not given[n] > 0, f"{flag(n)} must be positive, got {given[n]}") for n in POSITIVE if n in given]
-    checks += [(given[n] < lo, f"{flag(n)} must be >= {lo}, got {given[n]}")
-               for lo, names in AT_LEAST.items() for n in names if n in given]
-    checks += [(v not in CHOICES[n], f"unknown {flag(n)} {v!r}; choose one of {', '.join(CHOICES[n])}")
-               for n in CHOICES if n in given for v in (given[n] if isinstance(given[n], tuple) else (given[n],))]
+    checks += [
+        (given[n] < lo, f"{flag(n)} must be >= {lo}, got {given[n]}")
+        for lo, names in AT_LEAST.items()
+        for n in names
+        if n in given
+    ]
+    checks += [
+        (v not in CHOICES[n], f"unknown {flag(n)} {v!r}; choose one of {', '.join(CHOICES[n])}")
+        for n in CHOICES
+        if n in given
+        for v in (given[n] if isinstance(given[n], tuple) else (given[n],))
+    ]
     if isinstance(a, AdaptArgs):
         checks += [
-            (not a.adaptation_mode or not a.adapt_objective, "--adaptation-mode and --adapt-objective each need at least one value"),
+            (
+                not a.adaptation_mode or not a.adapt_objective,
+                "--adaptation-mode and --adapt-objective each need at least one value",
+            ),
             (a.ema_decay >= 1, f"--ema-decay must be in [0, 1), got {a.ema_decay}"),
         ]
     elif isinstance(a, Args):
@@ -1380,10 +1617,20 @@ def validate_args(a) -> Optional[str]:
             (not 0 < a.ls_backtrack_ratio < 1, f"--ls-backtrack-ratio must be in (0, 1), got {a.ls_backtrack_ratio}"),
             (not 0 < a.cg_subsample <= 1, f"--cg-subsample must be in (0, 1], got {a.cg_subsample}"),
             (not (0 < a.gamma <= 1 and 0 <= a.gae_lambda <= 1), "--gamma must be in (0, 1] and --gae-lambda in [0, 1]"),
-            (a.save_model and a.eval_tasks < 2, f"--eval-tasks {a.eval_tasks}: the evaluation after --save-model needs >= 2 tasks for its 95% CI"),
-            (a.goal_box and a.task != "point-nav-2d", f"--goal-box only applies to --task point-nav-2d, not {a.task}; drop it (or --no-goal-box with --config paper)"),
+            (
+                a.save_model and a.eval_tasks < 2,
+                f"--eval-tasks {a.eval_tasks}: the evaluation after --save-model needs >= 2 tasks for its 95% CI",
+            ),
+            (
+                a.goal_box and a.task != "point-nav-2d",
+                f"--goal-box only applies to --task point-nav-2d, not {a.task}; "
+                "drop it (or --no-goal-box with --config paper)",
+            ),
             (a.capture_video, "--capture-video is not supported: the tasks are batched tensors without a renderer"),
-            (a.task == "halfcheetah-vel" and not mujoco_available(), f"--task halfcheetah-vel needs the 'mujoco' package: pip install {MUJOCO_PIN}"),
+            (
+                a.task == "halfcheetah-vel" and not mujoco_available(),
+                f"--task halfcheetah-vel needs the 'mujoco' package: pip install {MUJOCO_PIN}",
+            ),
         ]
     return first_failure(checks)
 
@@ -1419,11 +1666,13 @@ def parse_cli(argv):
     if config not in PRESETS:
         fail(f"unknown --config {config!r}; choose one of {', '.join(PRESETS)}")
     train_default = dataclasses.replace(Args(), config=config, **PRESETS[config])
-    Cmd = Union[
-        Annotated[Args, tyro.conf.subcommand("train", default=train_default, description="meta-train a policy with MAML")],
-        Annotated[EvalArgs, tyro.conf.subcommand("eval", description="returns after 0..K inner steps on fresh test tasks")],
-        Annotated[AdaptArgs, tyro.conf.subcommand("adapt", description="test-time adaptation: standard/hybrid x pg/dynamics/entropy")],
-    ]
+    Cmd = (
+        Annotated[Args, tyro.conf.subcommand("train", default=train_default, description="meta-train a policy with MAML")]
+        | Annotated[EvalArgs, tyro.conf.subcommand("eval", description="returns after 0..K inner steps on fresh test tasks")]
+        | Annotated[
+            AdaptArgs, tyro.conf.subcommand("adapt", description="test-time adaptation: standard/hybrid x pg/dynamics/entropy")
+        ]
+    )
     return tyro.cli(Cmd, args=argv, prog="maml_ssm.py")
 
 
@@ -1440,25 +1689,51 @@ def checked_checkpoint(a):
 
 def main_eval(eargs: EvalArgs):
     checked_checkpoint(eargs)
-    print(json.dumps(evaluate(eargs.checkpoint, eargs.num_tasks, eargs.num_steps, eargs.inner_lr, eargs.later_lr_scale,
-                              eargs.fast_batch_size, eargs.eval_seed)))
+    print(
+        json.dumps(
+            evaluate(
+                eargs.checkpoint,
+                eargs.num_tasks,
+                eargs.num_steps,
+                eargs.inner_lr,
+                eargs.later_lr_scale,
+                eargs.fast_batch_size,
+                eargs.eval_seed,
+            )
+        )
+    )
 
 
 def main_adapt(aargs: AdaptArgs):
     model, ckpt = checked_checkpoint(aargs)
     horizon, buf = ckpt["args"]["max_episode_steps"], ckpt.get("buffer")
-    fail(first_failure([
-        (aargs.online and aargs.online_every >= horizon, f"--online-every {aargs.online_every} is not below the "
-         f"checkpoint's horizon ({horizon} steps): no step would adapt; choose a smaller --online-every"),
-        (aargs.adapt_params == "norm" and not ckpt["args"].get("layer_norm"), "--adapt-params norm: this checkpoint has "
-         "no normalisation layer; train it with --layer-norm, or use all, ssm or heads"),
-        # a Gaussian policy's entropy depends only on its state-independent log-std, which the core's parameters miss
-        ("entropy" in aargs.adapt_objective and not model.discrete and aargs.adapt_params in ("ssm", "norm"),
-         f"--adapt-objective entropy on this Gaussian policy reaches only its log-std, which --adapt-params "
-         f"{aargs.adapt_params} does not adapt; use --adapt-params all or heads, or another objective"),
-        ("hybrid" in aargs.adaptation_mode and not (buf and buf["size"] > 0),
-         "--adaptation-mode hybrid needs a checkpoint with a non-empty ExperienceBuffer (train with --buffer-size > 0)"),
-    ]))
+    fail(
+        first_failure(
+            [
+                (
+                    aargs.online and aargs.online_every >= horizon,
+                    f"--online-every {aargs.online_every} is not below the "
+                    f"checkpoint's horizon ({horizon} steps): no step would adapt; choose a smaller --online-every",
+                ),
+                (
+                    aargs.adapt_params == "norm" and not ckpt["args"].get("layer_norm"),
+                    "--adapt-params norm: this checkpoint has "
+                    "no normalisation layer; train it with --layer-norm, or use all, ssm or heads",
+                ),
+                # a Gaussian policy's entropy depends only on its state-independent log-std, which the core's parameters miss
+                (
+                    "entropy" in aargs.adapt_objective and not model.discrete and aargs.adapt_params in ("ssm", "norm"),
+                    f"--adapt-objective entropy on this Gaussian policy reaches only its log-std, which --adapt-params "
+                    f"{aargs.adapt_params} does not adapt; use --adapt-params all or heads, or another objective",
+                ),
+                (
+                    "hybrid" in aargs.adaptation_mode and not (buf and buf["size"] > 0),
+                    "--adaptation-mode hybrid needs a checkpoint with a non-empty ExperienceBuffer "
+                    "(train with --buffer-size > 0)",
+                ),
+            ]
+        )
+    )
     try:  # replay needs the buffer's recurrent states at the model's width
         if buf:
             ExperienceBuffer.from_state_dict(buf, model.initial_state(1).shape[1])
@@ -1472,8 +1747,13 @@ def main_adapt(aargs: AdaptArgs):
     res = run_adaptation(aargs.checkpoint, aargs, writer)
     writer.close()
     atomic_write(res, stem + ".json")
-    plot_returns(res["results"], stem + ".png", f"{res['task']}: test-time adaptation" + (" (online)" if res["online"] else ""),
-                 "adaptation steps", level=res["no_adaptation"]["return"])
+    plot_returns(
+        res["results"],
+        stem + ".png",
+        f"{res['task']}: test-time adaptation" + (" (online)" if res["online"] else ""),
+        "adaptation steps",
+        level=res["no_adaptation"]["return"],
+    )
     print(f"wrote {stem}.json")
 
 

@@ -7,6 +7,7 @@ specialise; a gate supervised by the true mode is the diagnostic ceiling. Enviro
 
 Usage: python cleanrl_astral/ppo_gru_astral.py --modes-preset mirror4 --mode-share balanced --hide-velocity --save-model
 """
+
 import contextlib
 import dataclasses
 import itertools
@@ -18,7 +19,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Literal
 
 import gymnasium as gym
 import numpy as np
@@ -49,7 +50,7 @@ class Args:
     """if toggled, this experiment will be tracked with Weights and Biases"""
     wandb_project_name: str = "cleanrl_astral"
     """the wandb's project name"""
-    wandb_entity: Optional[str] = None
+    wandb_entity: str | None = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
     """record one evaluation video per mode into `runs/{run_name}/videos` (needs --save-model)"""
@@ -70,7 +71,7 @@ class Args:
     """`uniform`: a training mode drawn per episode; `balanced`: env i always in training mode i mod M (equal step shares)"""
     hide_velocity: bool = False
     """observe only cart position and pole angle, so velocities must be inferred from memory"""
-    fixed_mode: Optional[int] = None
+    fixed_mode: int | None = None
     """always use this mode index instead of resampling it"""
     switch_prob: float = 0.0
     """per-step probability of resampling the mode in the middle of an episode"""
@@ -110,7 +111,7 @@ class Args:
     """coefficient of the value function"""
     max_grad_norm: float = 0.5
     """the maximum norm for the gradient clipping"""
-    target_kl: Optional[float] = None
+    target_kl: float | None = None
     """the target KL divergence threshold"""
     norm_reward: bool = True
     """divide rewards by a running std of the discounted return, so the value loss cannot swamp the gradient clip"""
@@ -141,7 +142,7 @@ class Args:
     lambda_consistency: float = 0.0
     """weight of the episode-consistency bonus I(episode; slot) of the episode-mean gates past their first 10 steps"""
     lambda_supervised: float = 0.0
-    """diagnostic ceiling, not the method: weight of a cross-entropy from the gate to the true mode (needs K >= training modes)"""
+    """diagnostic ceiling, not the method: weight of a cross-entropy from the gate to the true mode (K >= training modes)"""
 
     batch_size: int = 0
     """the batch size (computed at runtime)"""
@@ -171,8 +172,17 @@ class NonStationaryCartPole:
     the returned observation is already the next episode's first, and info["final_obs"] holds the ended one's last.
     info["mode"] (for analysis only) is the mode that governs each env's next step."""
 
-    def __init__(self, num_envs, modes, hide_velocity=False, fixed_mode=None, switch_prob=0.0, max_episode_steps=500,
-                 held_out=(), mode_share="uniform"):
+    def __init__(
+        self,
+        num_envs,
+        modes,
+        hide_velocity=False,
+        fixed_mode=None,
+        switch_prob=0.0,
+        max_episode_steps=500,
+        held_out=(),
+        mode_share="uniform",
+    ):
         self.num_envs, self.switch_prob, self.max_episode_steps = num_envs, switch_prob, max_episode_steps
         self.gravity, self.half_length, self.force_sign = np.array(modes, dtype=np.float64).T
         self.train_modes = np.array([k for k in range(len(modes)) if k not in held_out])
@@ -193,7 +203,11 @@ class NonStationaryCartPole:
 
     def reset(self, seed=None):
         self.rng = np.random.default_rng(seed)
-        self.state, self.elapsed, self.mode = np.zeros((self.num_envs, 4)), np.zeros(self.num_envs, dtype=int), np.zeros(self.num_envs, dtype=int)
+        self.state, self.elapsed, self.mode = (
+            np.zeros((self.num_envs, 4)),
+            np.zeros(self.num_envs, dtype=int),
+            np.zeros(self.num_envs, dtype=int),
+        )
         self.restart(np.ones(self.num_envs, dtype=bool))
         return self.state[:, self.observed].astype(np.float32), {"mode": self.mode.copy()}
 
@@ -203,9 +217,13 @@ class NonStationaryCartPole:
         force = self.force_sign[self.mode] * 10.0 * np.where(action == 1, 1.0, -1.0)
         costheta, sintheta = np.cos(theta), np.sin(theta)
         temp = (force + masspole * length * np.square(theta_dot) * sintheta) / total_mass
-        thetaacc = (gravity * sintheta - costheta * temp) / (length * (4.0 / 3.0 - masspole * np.square(costheta) / total_mass))
+        thetaacc = (gravity * sintheta - costheta * temp) / (
+            length * (4.0 / 3.0 - masspole * np.square(costheta) / total_mass)
+        )
         xacc = temp - masspole * length * thetaacc * costheta / total_mass
-        self.state = np.stack([x + 0.02 * x_dot, x_dot + 0.02 * xacc, theta + 0.02 * theta_dot, theta_dot + 0.02 * thetaacc], 1)
+        self.state = np.stack(
+            [x + 0.02 * x_dot, x_dot + 0.02 * xacc, theta + 0.02 * theta_dot, theta_dot + 0.02 * thetaacc], 1
+        )
         self.last_state, self.elapsed = self.state.copy(), self.elapsed + 1  # last_state: what a renderer draws
         terminated = (np.abs(self.state[:, 0]) > 2.4) | (np.abs(self.state[:, 2]) > 12 * 2 * math.pi / 360)
         truncated = self.elapsed >= self.max_episode_steps
@@ -234,7 +252,9 @@ class AbstractionBank(nn.Module):
         if orthonormal:  # unit-norm, mutually orthogonal rows: no two slots start alike (needs K <= d)
             nn.init.orthogonal_(self.slots)
         # small final layer: the gate starts near uniform, so no slot wins by initialisation
-        self.gate = nn.Sequential(layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, num_abstractions), std=0.01))
+        self.gate = nn.Sequential(
+            layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, num_abstractions), std=0.01)
+        )
 
     def forward(self, h, weights=None, noise=None):
         """(z, w, p, noise); `weights` overrides w (a one-hot clamps a slot), `noise` the hard gate's draw (the replay's)."""
@@ -261,10 +281,29 @@ class FiLM(nn.Module):
 
 
 class Agent(nn.Module):
-    def __init__(self, obs_dim, num_actions, num_modes, hidden_size=128, memory="gru", oracle=False,
-                 num_abstractions=3, slot_dim=32, tau=1.0, bottleneck=False, orthonormal=False, gumbel_tau=None):
+    def __init__(
+        self,
+        obs_dim,
+        num_actions,
+        num_modes,
+        hidden_size=128,
+        memory="gru",
+        oracle=False,
+        num_abstractions=3,
+        slot_dim=32,
+        tau=1.0,
+        bottleneck=False,
+        orthonormal=False,
+        gumbel_tau=None,
+    ):
         super().__init__()
-        self.obs_dim, self.num_actions, self.num_modes, self.memory, self.oracle = obs_dim, num_actions, num_modes, memory, oracle
+        self.obs_dim, self.num_actions, self.num_modes, self.memory, self.oracle = (
+            obs_dim,
+            num_actions,
+            num_modes,
+            memory,
+            oracle,
+        )
         self.input_dim, self.bottleneck = obs_dim + num_actions + 1 + (num_modes if oracle else 0), bottleneck
         self.encoder = nn.Sequential(layer_init(nn.Linear(self.input_dim, hidden_size)), nn.Tanh())
         self.hidden_size, self.gru = hidden_size, nn.GRUCell(hidden_size, hidden_size)
@@ -272,7 +311,9 @@ class Agent(nn.Module):
             nn.init.constant_(param, 0) if "bias" in name else nn.init.orthogonal_(param, 1.0)
         self.bank = AbstractionBank(hidden_size, num_abstractions, slot_dim, tau, orthonormal, gumbel_tau)
         self.film = FiLM(slot_dim, hidden_size)
-        self.actor = nn.Sequential(layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, num_actions), std=0.01))
+        self.actor = nn.Sequential(
+            layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, num_actions), std=0.01)
+        )
         self.critic = nn.Sequential(layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, 1), std=1.0))
 
     def build_input(self, obs, prev_action, prev_reward, mode):
@@ -299,7 +340,7 @@ class Agent(nn.Module):
         return features, torch.stack(hidden), state
 
     def forward(self, x, state, starts, weights=None, noise=None):
-        """(h', final state, w, p, noise): the gate reads h; h' = FiLM(h; z), or FiLM(x_t's features; z) with the bottleneck."""
+        """(h', final state, w, p, noise): the gate reads h; h' = FiLM(h; z), or FiLM(x_t's features; z) with bottleneck."""
         features, hidden, state = self.unroll(x, state, starts)
         z, weights, probs, noise = self.bank(hidden, weights, noise)
         return self.film(features if self.bottleneck else hidden, z), state, weights, probs, noise
@@ -316,7 +357,16 @@ class Agent(nn.Module):
         probs_a = Categorical(logits=logits)
         if action is None:
             action = logits.argmax(-1) if deterministic else probs_a.sample()
-        return action, probs_a.log_prob(action), probs_a.entropy(), self.critic(modulated).squeeze(-1), state, weights, probs, noise
+        return (
+            action,
+            probs_a.log_prob(action),
+            probs_a.entropy(),
+            self.critic(modulated).squeeze(-1),
+            state,
+            weights,
+            probs,
+            noise,
+        )
 
 
 # SLOT REGULARISERS
@@ -368,18 +418,29 @@ def supervised_gate_loss(probs, modes, ages):
 
 # each slot term's weight flag and its sign in the minimised loss: sharp steps, all slots used, orthogonal slots,
 # episodes that keep one slot and differ from each other, and (ceiling only) a gate that names the true mode
-SLOT_TERMS = {"weight_entropy": ("lambda_w_ent", 1), "load_balance_entropy": ("lambda_lb", -1), "orthogonality": ("lambda_orth", 1),
-              "episode_consistency": ("lambda_consistency", -1), "supervised_ce": ("lambda_supervised", 1)}
+SLOT_TERMS = {
+    "weight_entropy": ("lambda_w_ent", 1),
+    "load_balance_entropy": ("lambda_lb", -1),
+    "orthogonality": ("lambda_orth", 1),
+    "episode_consistency": ("lambda_consistency", -1),
+    "supervised_ce": ("lambda_supervised", 1),
+}
 
 
 def slot_terms(probs, slots, batch, mb, args):
     """The slot terms of minibatch `mb` from its replayed gate probabilities: (values, {name: sign · λ · value})."""
     starts, ages = batch["starts"][:, mb], batch["ages"][:, mb]
-    values = {"weight_entropy": weight_entropy(probs), "load_balance_entropy": load_balance_entropy(probs),
-              "orthogonality": orthogonality_penalty(slots), "episode_consistency": episode_consistency(probs, starts, ages)}
+    values = {
+        "weight_entropy": weight_entropy(probs),
+        "load_balance_entropy": load_balance_entropy(probs),
+        "orthogonality": orthogonality_penalty(slots),
+        "episode_consistency": episode_consistency(probs, starts, ages),
+    }
     if args.lambda_supervised > 0:
         values["supervised_ce"] = supervised_gate_loss(probs, batch["modes"][:, mb], ages)
-    return values, {name: sign * getattr(args, flag) * values[name] for name, (flag, sign) in SLOT_TERMS.items() if name in values}
+    return values, {
+        name: sign * getattr(args, flag) * values[name] for name, (flag, sign) in SLOT_TERMS.items() if name in values
+    }
 
 
 # SLOT METRICS: the acted gate against the true mode, which the agent never sees
@@ -402,7 +463,9 @@ def episode_slot_metrics(weights, modes, starts, ages, num_modes):
     episode_mode = episode_means(nn.functional.one_hot(modes.long(), num_modes).float(), starts, ages)[0].argmax(-1)
     slot, num_slots = means.argmax(-1), weights.shape[-1]
     stable = (weights.reshape(-1, num_slots)[keep].argmax(-1) == slot[episode]).float()
-    counts = np.histogram2d(episode_mode.cpu().numpy(), slot.cpu().numpy(), (num_modes, num_slots), ((0, num_modes), (0, num_slots)))[0]
+    counts = np.histogram2d(
+        episode_mode.cpu().numpy(), slot.cpu().numpy(), (num_modes, num_slots), ((0, num_modes), (0, num_slots))
+    )[0]
     return {"episode_nmi": mutual_information(counts)[1], "gate_stability": (stable.sum() / keep.sum()).item()}
 
 
@@ -438,15 +501,24 @@ def new_carry(envs, agent, seed, device):
     """What one step hands to the next: the agent's next input, its GRU state and the running episode totals."""
     obs, info = envs.reset(seed=seed)
     n = envs.num_envs
-    return {"obs": obs, "start": np.ones(n, dtype=bool), "state": torch.zeros(n, agent.hidden_size, device=device), "prev_action": np.full(n, -1),
-            "prev_reward": np.zeros(n), "mode": info["mode"], "episode_mode": info["mode"].copy(), "episode_return": np.zeros(n),
-            "episode_length": np.zeros(n, dtype=int)}
+    return {
+        "obs": obs,
+        "start": np.ones(n, dtype=bool),
+        "state": torch.zeros(n, agent.hidden_size, device=device),
+        "prev_action": np.full(n, -1),
+        "prev_reward": np.zeros(n),
+        "mode": info["mode"],
+        "episode_mode": info["mode"].copy(),
+        "episode_return": np.zeros(n),
+        "episode_length": np.zeros(n, dtype=int),
+    }
 
 
 def carry_input(agent, carry):
     """The agent's input for the carried observation, previous action/reward and mode."""
-    return agent.build_input(*(torch.as_tensor(carry[key], device=carry["state"].device)
-                               for key in ("obs", "prev_action", "prev_reward", "mode")))
+    return agent.build_input(
+        *(torch.as_tensor(carry[key], device=carry["state"].device) for key in ("obs", "prev_action", "prev_reward", "mode"))
+    )
 
 
 def env_step(agent, envs, carry, deterministic=False):
@@ -456,21 +528,37 @@ def env_step(agent, envs, carry, deterministic=False):
     start = torch.as_tensor(carry["start"], dtype=torch.float32, device=x.device)
     with torch.no_grad():
         action, logprob, _, value, carry["state"], weights, _, noise = agent.get_action_and_value(
-            x[None], carry["state"], start[None], deterministic=deterministic)
-    step = {"inputs": x, "starts": start, "actions": action[0], "logprobs": logprob[0], "values": value[0],
-            "modes": torch.as_tensor(carry["mode"], device=x.device), "ages": torch.as_tensor(carry["episode_length"], device=x.device),
-            "weights": weights[0], "hidden": carry["state"]}
+            x[None], carry["state"], start[None], deterministic=deterministic
+        )
+    step = {
+        "inputs": x,
+        "starts": start,
+        "actions": action[0],
+        "logprobs": logprob[0],
+        "values": value[0],
+        "modes": torch.as_tensor(carry["mode"], device=x.device),
+        "ages": torch.as_tensor(carry["episode_length"], device=x.device),
+        "weights": weights[0],
+        "hidden": carry["state"],
+    }
     if noise is not None:
         step["gate_noise"] = noise[0]
     obs, reward, terminated, truncated, info = outcome = envs.step(action[0].cpu().numpy())
     done = terminated | truncated
     carry["episode_return"], carry["episode_length"] = carry["episode_return"] + reward, carry["episode_length"] + 1
-    episodes = [(float(carry["episode_return"][i]), int(carry["episode_length"][i]), int(carry["episode_mode"][i]))
-                for i in np.flatnonzero(done)]
+    episodes = [
+        (float(carry["episode_return"][i]), int(carry["episode_length"][i]), int(carry["episode_mode"][i]))
+        for i in np.flatnonzero(done)
+    ]
     carry["episode_return"][done], carry["episode_length"][done], carry["episode_mode"][done] = 0.0, 0, info["mode"][done]
     # same-step autoreset: where done, obs opens the next episode: no previous action / reward, and a zeroed GRU state
-    carry.update(obs=obs, start=done, mode=info["mode"], prev_action=np.where(done, -1, step["actions"].cpu().numpy()),
-                 prev_reward=np.where(done, 0.0, reward))
+    carry.update(
+        obs=obs,
+        start=done,
+        mode=info["mode"],
+        prev_action=np.where(done, -1, step["actions"].cpu().numpy()),
+        prev_reward=np.where(done, 0.0, reward),
+    )
     return step, outcome, episodes
 
 
@@ -485,12 +573,18 @@ def collect_rollout(agent, envs, carry, num_steps, gamma, reward_scaler):
         # a time-limit truncation is not a failure: bootstrap from the value of the true final observation
         cut = np.flatnonzero(truncated & ~terminated)
         if len(cut):
-            final_x = agent.build_input(*(torch.as_tensor(a, device=device) for a in (
-                info["final_obs"][cut], step["actions"].cpu().numpy()[cut], reward[cut], info["final_mode"][cut])))
+            final_x = agent.build_input(
+                *(
+                    torch.as_tensor(a, device=device)
+                    for a in (info["final_obs"][cut], step["actions"].cpu().numpy()[cut], reward[cut], info["final_mode"][cut])
+                )
+            )
             with torch.no_grad():
                 final_value = agent.get_value(final_x[None], carry["state"][cut], torch.zeros(1, len(cut), device=device))[0]
             scaled[cut] += gamma * final_value.cpu().numpy()
-        step["rewards"], step["raw_rewards"] = (torch.as_tensor(r, dtype=torch.float32, device=device) for r in (scaled, reward))
+        step["rewards"], step["raw_rewards"] = (
+            torch.as_tensor(r, dtype=torch.float32, device=device) for r in (scaled, reward)
+        )
         for key, value in step.items():
             columns.setdefault(key, []).append(value)
     return {key: torch.stack(column) for key, column in columns.items()}, initial_state, episodes
@@ -519,7 +613,8 @@ def ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args
             mb = env_indices[start : start + envs_per_minibatch]
             noise = batch["gate_noise"][:, mb] if "gate_noise" in batch else None
             _, newlogprob, entropy, newvalue, _, weights, probs, _ = agent.get_action_and_value(
-                batch["inputs"][:, mb], initial_state[mb], batch["starts"][:, mb], batch["actions"][:, mb], noise=noise)
+                batch["inputs"][:, mb], initial_state[mb], batch["starts"][:, mb], batch["actions"][:, mb], noise=noise
+            )
             logratio = newlogprob - batch["logprobs"][:, mb]
             ratio = logratio.exp()
             if epoch == 0 and start == 0:
@@ -540,7 +635,9 @@ def ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args
 
             if args.clip_vloss:
                 v_loss_unclipped = (newvalue - returns[:, mb]) ** 2
-                v_clipped = batch["values"][:, mb] + torch.clamp(newvalue - batch["values"][:, mb], -args.clip_coef, args.clip_coef)
+                v_clipped = batch["values"][:, mb] + torch.clamp(
+                    newvalue - batch["values"][:, mb], -args.clip_coef, args.clip_coef
+                )
                 v_loss = 0.5 * torch.max(v_loss_unclipped, (v_clipped - returns[:, mb]) ** 2).mean()
             else:
                 v_loss = 0.5 * ((newvalue - returns[:, mb]) ** 2).mean()
@@ -552,9 +649,16 @@ def ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args
             loss = ppo_loss + slot_loss
             if epoch == 0 and start == 0:  # what each term adds to the gradient, beside the PPO loss's, before the clip
                 for name, term in {"ppo": ppo_loss, **terms}.items():
-                    grads = [g for g in torch.autograd.grad(term, list(agent.parameters()), retain_graph=True, allow_unused=True)
-                             if g is not None] if term.requires_grad and (name == "ppo" or getattr(args, SLOT_TERMS[name][0])) else []
-                    stats[f"grad_norm_{name}"] = float(torch.sqrt(sum((g ** 2).sum() for g in grads))) if grads else 0.0
+                    grads = (
+                        [
+                            g
+                            for g in torch.autograd.grad(term, list(agent.parameters()), retain_graph=True, allow_unused=True)
+                            if g is not None
+                        ]
+                        if term.requires_grad and (name == "ppo" or getattr(args, SLOT_TERMS[name][0]))
+                        else []
+                    )
+                    stats[f"grad_norm_{name}"] = float(torch.sqrt(sum((g**2).sum() for g in grads))) if grads else 0.0
             optimizer.zero_grad()
             loss.backward()
             nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
@@ -565,17 +669,36 @@ def ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args
 
     y_pred, y_true = batch["values"].flatten().cpu().numpy(), returns.flatten().cpu().numpy()
     var_y = np.var(y_true)
-    stats.update(value_loss=v_loss.item(), policy_loss=pg_loss.item(), entropy=entropy_loss.item(),
-                 old_approx_kl=old_approx_kl.item(), approx_kl=approx_kl.item(), clipfrac=float(np.mean(clipfracs)),
-                 explained_variance=float("nan") if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y),
-                 slot_loss=slot_loss.item(), **{name: value.item() for name, value in values.items()})
+    stats.update(
+        value_loss=v_loss.item(),
+        policy_loss=pg_loss.item(),
+        entropy=entropy_loss.item(),
+        old_approx_kl=old_approx_kl.item(),
+        approx_kl=approx_kl.item(),
+        clipfrac=float(np.mean(clipfracs)),
+        explained_variance=float("nan") if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y),
+        slot_loss=slot_loss.item(),
+        **{name: value.item() for name, value in values.items()},
+    )
     return stats
 
 
 # EVALUATION
 def agent_from_args(args, num_modes):
-    return Agent(2 if args.hide_velocity else 4, 2, num_modes, args.hidden_size, args.memory, args.oracle, args.num_abstractions,
-                 args.slot_dim, args.tau, args.bottleneck, args.slot_init == "orthonormal", args.gumbel_tau if args.hard_gate else None)
+    return Agent(
+        2 if args.hide_velocity else 4,
+        2,
+        num_modes,
+        args.hidden_size,
+        args.memory,
+        args.oracle,
+        args.num_abstractions,
+        args.slot_dim,
+        args.tau,
+        args.bottleneck,
+        args.slot_init == "orthonormal",
+        args.gumbel_tau if args.hard_gate else None,
+    )
 
 
 def evaluate(model_path, episodes_per_mode=10, modes=None, deterministic=True, seed=0, video_dir=None, device="cpu"):
@@ -597,18 +720,30 @@ def evaluate(model_path, episodes_per_mode=10, modes=None, deterministic=True, s
         returns[k] = np.array([ret for ret, _, _ in episodes])
         steps.append(columns)
         if video_dir is not None:
-            record_video(agent, NonStationaryCartPole(1, modes, train_args.hide_velocity, fixed_mode=k), seed, video_dir, f"mode{k}")
+            record_video(
+                agent, NonStationaryCartPole(1, modes, train_args.hide_velocity, fixed_mode=k), seed, video_dir, f"mode{k}"
+            )
     weights = [c["weights"][c["ages"] >= 0].cpu().numpy() for c in steps]
     slot_counts = np.stack([np.bincount(w.argmax(-1), minlength=train_args.num_abstractions) for w in weights])
     # the trained modes' episodes side by side in one (T, N) batch, padded at the end with uncounted steps (age -1)
-    batch = {key: nn.utils.rnn.pad_sequence([c[key] for k, c in enumerate(steps) if k not in held_out],
-                                            padding_value=-1 if key == "ages" else 0).flatten(1, 2) for key in steps[0]}
+    batch = {
+        key: nn.utils.rnn.pad_sequence(
+            [c[key] for k, c in enumerate(steps) if k not in held_out], padding_value=-1 if key == "ages" else 0
+        ).flatten(1, 2)
+        for key in steps[0]
+    }
     metrics = episode_slot_metrics(batch["weights"], batch["modes"], batch["starts"], batch["ages"], len(modes))
     _, episode, keep = episode_means(batch["weights"], batch["starts"], batch["ages"])
     for name, key in (("w", "weights"), ("h", "hidden")):
-        metrics[f"probe_acc_{name}"] = linear_probe_accuracy(batch[key].flatten(0, 1)[keep].cpu().numpy(),
-                                                             batch["modes"].flatten()[keep].cpu().numpy(), episode.cpu().numpy())
-    return {"returns": returns, "slot_weights": np.stack([w.mean(0) for w in weights]), "slot_counts": slot_counts, "slots": metrics}
+        metrics[f"probe_acc_{name}"] = linear_probe_accuracy(
+            batch[key].flatten(0, 1)[keep].cpu().numpy(), batch["modes"].flatten()[keep].cpu().numpy(), episode.cpu().numpy()
+        )
+    return {
+        "returns": returns,
+        "slot_weights": np.stack([w.mean(0) for w in weights]),
+        "slot_counts": slot_counts,
+        "slots": metrics,
+    }
 
 
 def first_episodes(agent, envs, seed, deterministic):
@@ -667,43 +802,101 @@ def claim_run_dir(runs_dir, run_name):
 def validate(args):
     """Refuses, in one line (ValueError), the settings that would crash late or train wrong in silence."""
     value, flag = lambda name: getattr(args, name), lambda name: "--" + name.replace("_", "-")
-    problems = [f"{flag(f.name)} {value(f.name)} must be a finite number" for f in dataclasses.fields(args)  # NaN passes any <, >
-                if isinstance(value(f.name), float) and not math.isfinite(value(f.name))]
-    problems += [f"{flag(n)} {value(n)} must be positive" for n in ("learning_rate", "clip_coef", "max_grad_norm", "target_kl", "tau", "gumbel_tau")
-                 if value(n) is not None and value(n) <= 0]
-    problems += [f"{flag(n)} {value(n)} must be non-negative" for n in ("ent_coef", "vf_coef", *(flag for flag, _ in SLOT_TERMS.values())) if value(n) < 0]
-    problems += [f"{flag(n)} must be at least 1" for n in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "hidden_size",
-                                                           "eval_episodes", "num_abstractions", "slot_dim") if value(n) < 1]
+    problems = [
+        f"{flag(f.name)} {value(f.name)} must be a finite number"
+        for f in dataclasses.fields(args)  # NaN passes any <, >
+        if isinstance(value(f.name), float) and not math.isfinite(value(f.name))
+    ]
+    problems += [
+        f"{flag(n)} {value(n)} must be positive"
+        for n in ("learning_rate", "clip_coef", "max_grad_norm", "target_kl", "tau", "gumbel_tau")
+        if value(n) is not None and value(n) <= 0
+    ]
+    problems += [
+        f"{flag(n)} {value(n)} must be non-negative"
+        for n in ("ent_coef", "vf_coef", *(flag for flag, _ in SLOT_TERMS.values()))
+        if value(n) < 0
+    ]
+    problems += [
+        f"{flag(n)} must be at least 1"
+        for n in (
+            "num_envs",
+            "num_steps",
+            "num_minibatches",
+            "update_epochs",
+            "hidden_size",
+            "eval_episodes",
+            "num_abstractions",
+            "slot_dim",
+        )
+        if value(n) < 1
+    ]
 
     num_modes, envs_per_minibatch = len(MODE_PRESETS[args.modes_preset]), args.num_envs // max(1, args.num_minibatches)
     held_out, num_train = HELD_OUT_MODES[args.modes_preset], num_modes - len(HELD_OUT_MODES[args.modes_preset])
-    problems += [message for wrong, message in (
-        (not 0 <= args.seed < 2**32, f"--seed {args.seed} must be in [0, 2**32 - 1] (the range numpy and gymnasium accept)"),
-        # the name becomes part of a directory name and of the model file's name: a '/' would fail the save after training
-        (not args.exp_name.strip() or "/" in args.exp_name, f"--exp-name {args.exp_name!r} must be a non-empty name without '/'"),
-        (not (0.0 < args.gamma <= 1.0 and 0.0 <= args.gae_lambda <= 1.0),
-         f"--gamma {args.gamma} must be in (0, 1] and --gae-lambda {args.gae_lambda} in [0, 1]"),
-        (not 0.0 <= args.switch_prob <= 1.0, f"--switch-prob {args.switch_prob} must be in [0, 1]"),
-        (args.fixed_mode is not None and not 0 <= args.fixed_mode < num_modes,
-         f"--fixed-mode {args.fixed_mode} is out of range; there are {num_modes} modes (0..{num_modes - 1})"),
-        (args.fixed_mode in held_out, f"--fixed-mode {args.fixed_mode} is held out of training in {args.modes_preset} (evaluation only)"),
-        (args.mode_share == "balanced" and args.num_envs % num_train != 0, f"--mode-share balanced needs --num-envs "
-         f"{args.num_envs} to be a multiple of the {num_train} training modes, so each gets the same share"),
-        (args.mode_share == "balanced" and (args.fixed_mode is not None or args.switch_prob > 0),
-         "--mode-share balanced pins every env's mode; it cannot be combined with --fixed-mode or --switch-prob"),
-        (args.num_minibatches >= 1 and args.num_envs % args.num_minibatches != 0,
-         f"--num-envs {args.num_envs} is not divisible by --num-minibatches {args.num_minibatches}; minibatches hold whole "
-         "environments' sequences"),
-        (args.norm_adv and envs_per_minibatch * args.num_steps < 2, "a minibatch of one step cannot normalise its advantages "
-         "(their std is undefined); raise --num-steps or --num-envs, or lower --num-minibatches"),
-        (args.total_timesteps < args.num_envs * args.num_steps, f"--total-timesteps {args.total_timesteps} is less than one "
-         f"rollout (--num-envs x --num-steps = {args.num_envs * args.num_steps})"),
-        (args.capture_video and not args.save_model, "--capture-video records evaluation episodes; add --save-model"),
-        (args.slot_init == "orthonormal" and args.num_abstractions > args.slot_dim, f"--slot-init orthonormal needs "
-         f"--num-abstractions {args.num_abstractions} <= --slot-dim {args.slot_dim} (at most d orthogonal directions)"),
-        (args.lambda_supervised > 0 and args.num_abstractions < num_train, f"--lambda-supervised needs --num-abstractions "
-         f"{args.num_abstractions} >= the {num_train} training modes (slot k is trained to mean mode k)"),
-    ) if wrong]
+    problems += [
+        message
+        for wrong, message in (
+            (
+                not 0 <= args.seed < 2**32,
+                f"--seed {args.seed} must be in [0, 2**32 - 1] (the range numpy and gymnasium accept)",
+            ),
+            # the name becomes part of a directory name and of the model file's name: a '/' would fail the save after training
+            (
+                not args.exp_name.strip() or "/" in args.exp_name,
+                f"--exp-name {args.exp_name!r} must be a non-empty name without '/'",
+            ),
+            (
+                not (0.0 < args.gamma <= 1.0 and 0.0 <= args.gae_lambda <= 1.0),
+                f"--gamma {args.gamma} must be in (0, 1] and --gae-lambda {args.gae_lambda} in [0, 1]",
+            ),
+            (not 0.0 <= args.switch_prob <= 1.0, f"--switch-prob {args.switch_prob} must be in [0, 1]"),
+            (
+                args.fixed_mode is not None and not 0 <= args.fixed_mode < num_modes,
+                f"--fixed-mode {args.fixed_mode} is out of range; there are {num_modes} modes (0..{num_modes - 1})",
+            ),
+            (
+                args.fixed_mode in held_out,
+                f"--fixed-mode {args.fixed_mode} is held out of training in {args.modes_preset} (evaluation only)",
+            ),
+            (
+                args.mode_share == "balanced" and args.num_envs % num_train != 0,
+                f"--mode-share balanced needs --num-envs "
+                f"{args.num_envs} to be a multiple of the {num_train} training modes, so each gets the same share",
+            ),
+            (
+                args.mode_share == "balanced" and (args.fixed_mode is not None or args.switch_prob > 0),
+                "--mode-share balanced pins every env's mode; it cannot be combined with --fixed-mode or --switch-prob",
+            ),
+            (
+                args.num_minibatches >= 1 and args.num_envs % args.num_minibatches != 0,
+                f"--num-envs {args.num_envs} is not divisible by --num-minibatches {args.num_minibatches}; "
+                "minibatches hold whole environments' sequences",
+            ),
+            (
+                args.norm_adv and envs_per_minibatch * args.num_steps < 2,
+                "a minibatch of one step cannot normalise its advantages "
+                "(their std is undefined); raise --num-steps or --num-envs, or lower --num-minibatches",
+            ),
+            (
+                args.total_timesteps < args.num_envs * args.num_steps,
+                f"--total-timesteps {args.total_timesteps} is less than one "
+                f"rollout (--num-envs x --num-steps = {args.num_envs * args.num_steps})",
+            ),
+            (args.capture_video and not args.save_model, "--capture-video records evaluation episodes; add --save-model"),
+            (
+                args.slot_init == "orthonormal" and args.num_abstractions > args.slot_dim,
+                f"--slot-init orthonormal needs "
+                f"--num-abstractions {args.num_abstractions} <= --slot-dim {args.slot_dim} (at most d orthogonal directions)",
+            ),
+            (
+                args.lambda_supervised > 0 and args.num_abstractions < num_train,
+                f"--lambda-supervised needs --num-abstractions "
+                f"{args.num_abstractions} >= the {num_train} training modes (slot k is trained to mean mode k)",
+            ),
+        )
+        if wrong
+    ]
     if problems:
         raise ValueError(problems[0])
 
@@ -723,10 +916,19 @@ if __name__ == "__main__":
     if args.track:
         import wandb
 
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True, config=vars(args), name=run_name,
-                   dir=run_dir, save_code=True)
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=vars(args),
+            name=run_name,
+            dir=run_dir,
+            save_code=True,
+        )
     writer = SummaryWriter(run_dir)
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])))
+    writer.add_text(
+        "hyperparameters", "|param|value|\n|-|-|\n" + "\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])
+    )
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -735,8 +937,15 @@ if __name__ == "__main__":
     torch.set_num_threads(1)  # fastest for this small network
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
-    envs = NonStationaryCartPole(args.num_envs, modes, args.hide_velocity, args.fixed_mode, args.switch_prob,
-                                 held_out=held_out, mode_share=args.mode_share)
+    envs = NonStationaryCartPole(
+        args.num_envs,
+        modes,
+        args.hide_velocity,
+        args.fixed_mode,
+        args.switch_prob,
+        held_out=held_out,
+        mode_share=args.mode_share,
+    )
     agent = agent_from_args(args, len(modes)).to(device)
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
     reward_scaler = RewardScaler(args.num_envs, args.gamma) if args.norm_reward else None
@@ -763,8 +972,9 @@ if __name__ == "__main__":
         with torch.no_grad():
             next_start = torch.as_tensor(carry["start"], dtype=torch.float32, device=device)
             next_value = agent.get_value(carry_input(agent, carry)[None], carry["state"], next_start[None])[0]
-            advantages, returns = compute_gae(batch["rewards"], batch["values"], batch["starts"], next_value, next_start,
-                                              args.gamma, args.gae_lambda)
+            advantages, returns = compute_gae(
+                batch["rewards"], batch["values"], batch["starts"], next_value, next_start, args.gamma, args.gae_lambda
+            )
 
         # UPDATE
         stats = ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args)
@@ -778,52 +988,111 @@ if __name__ == "__main__":
         slots.update({f"usage_w{k}": w for k, w in enumerate(weights.mean(0).tolist())})
         for mode in step_modes.unique().tolist():
             slots.update({f"mode{mode}_w{k}": w for k, w in enumerate(weights[step_modes == mode].mean(0).tolist())})
-        slots["mode_slot_mi"], slots["mode_slot_nmi"] = mutual_information(np.histogram2d(  # (true mode, argmax slot) counts
-            step_modes.cpu().numpy(), weights.argmax(-1).cpu().numpy(), (len(modes), args.num_abstractions),
-            ((0, len(modes)), (0, args.num_abstractions)))[0])
-        losses = ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "explained_variance", "grad_norm_ppo")
-        for key, value in {**stats, **slots}.items():  # the replay checks under debug/, the slot terms and metrics under slots/
+        slots["mode_slot_mi"], slots["mode_slot_nmi"] = mutual_information(
+            np.histogram2d(  # (true mode, argmax slot) counts
+                step_modes.cpu().numpy(),
+                weights.argmax(-1).cpu().numpy(),
+                (len(modes), args.num_abstractions),
+                ((0, len(modes)), (0, args.num_abstractions)),
+            )[0]
+        )
+        losses = (
+            "value_loss",
+            "policy_loss",
+            "entropy",
+            "old_approx_kl",
+            "approx_kl",
+            "clipfrac",
+            "explained_variance",
+            "grad_norm_ppo",
+        )
+        for key, value in {
+            **stats,
+            **slots,
+        }.items():  # the replay checks under debug/, the slot terms and metrics under slots/
             group = "losses" if key in losses else "debug" if key.startswith("first_minibatch") else "slots"
             writer.add_scalar(f"{group}/{key}", value, global_step)
         writer.add_scalar("charts/SPS", sps, global_step)
         if iteration % max(1, args.num_iterations // 50) == 0 or iteration == args.num_iterations:
             by_mode = " ".join(f"m{k} {np.mean(v):.0f}" if v else f"m{k} -" for k, v in recent_by_mode.items())
-            print(f"iter {iteration}/{args.num_iterations} step {global_step} SPS {sps} return {np.mean(recent or [np.nan]):.1f} | {by_mode} | "
-                  f"slot NMI {slots['mode_slot_nmi']:.2f}, episode NMI {slots['episode_nmi']:.2f}", flush=True)
+            print(
+                f"iter {iteration}/{args.num_iterations} step {global_step} SPS {sps} "
+                f"return {np.mean(recent or [np.nan]):.1f} | {by_mode} | "
+                f"slot NMI {slots['mode_slot_nmi']:.2f}, episode NMI {slots['episode_nmi']:.2f}",
+                flush=True,
+            )
 
     if args.save_model:
         model_path = os.path.join(run_dir, f"{args.exp_name}.cleanrl_model")
         # with the reward normaliser's state: the value head is in its units (tta_gating --online bootstraps with it)
-        torch.save({"script": SCRIPT, "format": CHECKPOINT_FORMAT, "args": dataclasses.asdict(args), "modes": modes,
-                    "run_name": run_name, "state_dict": agent.state_dict(),
-                    "reward_scaler": None if reward_scaler is None else
-                    {key: float(getattr(reward_scaler.return_rms, key)) for key in ("mean", "var", "count")}}, model_path + ".tmp")
+        torch.save(
+            {
+                "script": SCRIPT,
+                "format": CHECKPOINT_FORMAT,
+                "args": dataclasses.asdict(args),
+                "modes": modes,
+                "run_name": run_name,
+                "state_dict": agent.state_dict(),
+                "reward_scaler": None
+                if reward_scaler is None
+                else {key: float(getattr(reward_scaler.return_rms, key)) for key in ("mean", "var", "count")},
+            },
+            model_path + ".tmp",
+        )
         os.replace(model_path + ".tmp", model_path)  # written atomically: a killed run leaves no half-written model
         print(f"model saved to {model_path}")
-        report = {"script": SCRIPT, "checkpoint": model_path, "episodes_per_mode": args.eval_episodes, "held_out_modes": held_out,
-                  "modes": [{"gravity": g, "half_length": l, "force_sign": s} for g, l, s in modes], "per_mode": {}}
+        report = {
+            "script": SCRIPT,
+            "checkpoint": model_path,
+            "episodes_per_mode": args.eval_episodes,
+            "held_out_modes": held_out,
+            "modes": [{"gravity": g, "half_length": length, "force_sign": s} for g, length, s in modes],
+            "per_mode": {},
+        }
         for kind, det in (("deterministic", True), ("sampled", False)):
-            evaluation = evaluate(model_path, args.eval_episodes, deterministic=det, seed=args.seed + 100_000,
-                                  video_dir=os.path.join(run_dir, "videos") if det and args.capture_video else None, device=device)
+            evaluation = evaluate(
+                model_path,
+                args.eval_episodes,
+                deterministic=det,
+                seed=args.seed + 100_000,
+                video_dir=os.path.join(run_dir, "videos") if det and args.capture_video else None,
+                device=device,
+            )
             results = evaluation["returns"]
             for k, rets in results.items():
-                report["per_mode"].setdefault(str(k), {})[kind] = {"mean": float(np.mean(rets)), "std": float(np.std(rets)), "returns": rets.tolist()}
+                report["per_mode"].setdefault(str(k), {})[kind] = {
+                    "mean": float(np.mean(rets)),
+                    "std": float(np.std(rets)),
+                    "returns": rets.tolist(),
+                }
                 writer.add_scalar(f"eval/episodic_return_mode{k}_{kind}", np.mean(rets), global_step)
             for name, subset in (("mean", [k for k in results if k not in held_out]), ("held_out_mean", held_out)):
                 if subset:  # training modes and held-out modes are reported apart
                     report[f"{kind}_{name}"] = float(np.mean([np.mean(results[k]) for k in subset]))
             report[f"slot_weights_{kind}"] = evaluation["slot_weights"].tolist()
-            report[f"mode_slot_mi_{kind}"], report[f"mode_slot_nmi_{kind}"] = mutual_information(np.delete(evaluation["slot_counts"], held_out, 0))
+            report[f"mode_slot_mi_{kind}"], report[f"mode_slot_nmi_{kind}"] = mutual_information(
+                np.delete(evaluation["slot_counts"], held_out, 0)
+            )
             report[f"slots_{kind}"] = evaluation["slots"]
             for key, value in evaluation["slots"].items():
                 writer.add_scalar(f"slots/eval_{key}_{kind}", value, global_step)
         for k, per_kind in report["per_mode"].items():
-            print(f"eval mode {k} ({args.eval_episodes} episodes): " + ", ".join(f"{kind} {r['mean']:.1f} ± {r['std']:.1f}" for kind, r in per_kind.items()))
+            print(
+                f"eval mode {k} ({args.eval_episodes} episodes): "
+                + ", ".join(f"{kind} {r['mean']:.1f} ± {r['std']:.1f}" for kind, r in per_kind.items())
+            )
         report["slot_heatmap"] = os.path.join(run_dir, "slot_heatmap.png")
-        plot_slot_heatmap(np.array(report["slot_weights_deterministic"]), report["slot_heatmap"],
-                          f"{run_name}\nmean gate weight per mode (deterministic evaluation)")
-        print(f"deterministic evaluation: mean gate weights per mode {np.round(report['slot_weights_deterministic'], 2).tolist()}, "
-              f"step NMI {report['mode_slot_nmi_deterministic']:.3f}, " + ", ".join(f"{key} {value:.3f}" for key, value in report["slots_deterministic"].items()))
+        plot_slot_heatmap(
+            np.array(report["slot_weights_deterministic"]),
+            report["slot_heatmap"],
+            f"{run_name}\nmean gate weight per mode (deterministic evaluation)",
+        )
+        print(
+            "deterministic evaluation: mean gate weights per mode "
+            f"{np.round(report['slot_weights_deterministic'], 2).tolist()}, "
+            f"step NMI {report['mode_slot_nmi_deterministic']:.3f}, "
+            + ", ".join(f"{key} {value:.3f}" for key, value in report["slots_deterministic"].items())
+        )
 
         with open(os.path.join(run_dir, "eval.json.tmp"), "w") as f:
             json.dump(report, f, indent=1)

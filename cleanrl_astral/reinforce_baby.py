@@ -25,7 +25,7 @@ import sqlite3
 import sys
 import time
 from dataclasses import dataclass
-from typing import List, Literal, Optional, Tuple
+from typing import Literal
 
 import numpy as np
 import torch
@@ -52,7 +52,7 @@ class Args:
     """if toggled, this experiment will be tracked with Weights and Biases"""
     wandb_project_name: str = "cleanrl_astral"
     """the wandb's project name"""
-    wandb_entity: Optional[str] = None
+    wandb_entity: str | None = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
     """the environment is symbolic: writes text transcripts of evaluation episodes to {run_dir}/videos/"""
@@ -80,7 +80,7 @@ class Args:
     """with --curriculum: probability that an episode replays a random already-mastered level (against forgetting)"""
     parent: Literal["deterministic", "llm"] = "deterministic"
     """who judges the actions: the deterministic rule or an LLM behind an OpenAI-compatible endpoint"""
-    llm_base_url: Optional[str] = None
+    llm_base_url: str | None = None
     """base URL of an OpenAI-compatible API, e.g. http://127.0.0.1:8000/v1 (required with --parent llm)"""
     llm_model: str = "gpt-4o-mini"
     """model name sent to the chat-completions endpoint"""
@@ -158,7 +158,7 @@ class Args:
     # Evaluation
     eval_episodes: int = 200
     """evaluation episodes per (task, level)"""
-    baselines: Tuple[Literal["random", "rl-only", "kl-distill"], ...] = ("random",)
+    baselines: tuple[Literal["random", "rl-only", "kl-distill"], ...] = ("random",)
     """baselines evaluated in the same table: random, rl-only, kl-distill (the last two are trained here)"""
     kl_distill_coef: float = 1.0
     """kl_coef used by the kl-distill baseline"""
@@ -178,42 +178,61 @@ class Args:
 TASKS = ["pattern-echo", "sequence-next", "conditional"]
 # every level names the number of symbols it uses: --num-actions must cover the levels a run visits
 DIFFICULTY_CONFIGS = {
-    "pattern-echo": [{"target_range": 2, "num_symbols": 2}, {"target_range": 4, "num_symbols": 4},
-                     {"target_range": 8, "num_symbols": 8}],
-    "sequence-next": [{"steps": [1], "lengths": [2], "num_symbols": 8},
-                      {"steps": [1, 2], "lengths": [3], "num_symbols": 8},
-                      {"steps": [-2, -1, 1, 2], "lengths": [2, 3], "num_symbols": 8}],
-    "conditional": [{"conditions": 1, "form": "if", "num_symbols": 8},
-                    {"conditions": 2, "form": "elif", "num_symbols": 8},
-                    {"conditions": 3, "form": "nested", "num_symbols": 8}],
+    "pattern-echo": [
+        {"target_range": 2, "num_symbols": 2},
+        {"target_range": 4, "num_symbols": 4},
+        {"target_range": 8, "num_symbols": 8},
+    ],
+    "sequence-next": [
+        {"steps": [1], "lengths": [2], "num_symbols": 8},
+        {"steps": [1, 2], "lengths": [3], "num_symbols": 8},
+        {"steps": [-2, -1, 1, 2], "lengths": [2, 3], "num_symbols": 8},
+    ],
+    "conditional": [
+        {"conditions": 1, "form": "if", "num_symbols": 8},
+        {"conditions": 2, "form": "elif", "num_symbols": 8},
+        {"conditions": 3, "form": "nested", "num_symbols": 8},
+    ],
 }
 NUM_LEVELS = 3
 ATTRIBUTES = ["task", "level", "v0", "v1", "v2", "f0", "f1", "f2", "last_action", "last_correct", "step"]
 STATE_DIM = len(ATTRIBUTES)
 FLAG_PAD = 2  # flags and last_correct: 0, 1, or 2 = absent
 # What a small model needs to judge an answer: the rule in plain words and only the attributes the rule reads.
-LLM_RULES = {"pattern-echo": "the answer must equal the cue.",
-             "sequence-next": "the answer must be the next number of the sequence (add the step between its numbers).",
-             "if": "if f0 is 1 the answer must be v0, otherwise v1.",
-             "elif": "if f0 is 1 the answer must be v0, else if f1 is 1 it must be v1, otherwise v2.",
-             "nested": "if f0 is 1 the answer must be v0 when f1 is 1, else v1; if f0 is 0 it must be v2 when f2 is 1, "
-                       "else 7 minus v0."}
+LLM_RULES = {
+    "pattern-echo": "the answer must equal the cue.",
+    "sequence-next": "the answer must be the next number of the sequence (add the step between its numbers).",
+    "if": "if f0 is 1 the answer must be v0, otherwise v1.",
+    "elif": "if f0 is 1 the answer must be v0, else if f1 is 1 it must be v1, otherwise v2.",
+    "nested": "if f0 is 1 the answer must be v0 when f1 is 1, else v1; if f0 is 0 it must be v2 when f2 is 1, "
+    "else 7 minus v0.",
+}
 
 
-def task_list(task: str) -> List[str]:
+def task_list(task: str) -> list[str]:
     return TASKS if task == "all" else [task]
 
 
-def playable(tasks: List[str], num_actions: int) -> List[Tuple[str, int]]:
+def playable(tasks: list[str], num_actions: int) -> list[tuple[str, int]]:
     """The (task, level) pairs whose symbols fit in the action space."""
-    return [(t, lv) for t in tasks for lv in range(NUM_LEVELS)
-            if DIFFICULTY_CONFIGS[t][lv]["num_symbols"] <= num_actions]
+    return [(t, lv) for t in tasks for lv in range(NUM_LEVELS) if DIFFICULTY_CONFIGS[t][lv]["num_symbols"] <= num_actions]
 
 
-def attribute_vocab(num_actions: int, max_episode_steps: int) -> List[int]:
+def attribute_vocab(num_actions: int, max_episode_steps: int) -> list[int]:
     """Number of categories of each attribute; values and last_action use num_actions as padding."""
-    return [len(TASKS), NUM_LEVELS, num_actions + 1, num_actions + 1, num_actions + 1, 3, 3, 3,
-            num_actions + 1, 3, max_episode_steps + 1]
+    return [
+        len(TASKS),
+        NUM_LEVELS,
+        num_actions + 1,
+        num_actions + 1,
+        num_actions + 1,
+        3,
+        3,
+        3,
+        num_actions + 1,
+        3,
+        max_episode_steps + 1,
+    ]
 
 
 @dataclass(frozen=True)
@@ -222,23 +241,31 @@ class State:
 
     task: int
     level: int
-    values: Tuple[int, int, int]
-    flags: Tuple[int, int, int]
+    values: tuple[int, int, int]
+    flags: tuple[int, int, int]
     last_action: int
     last_correct: int
     step: int
     num_actions: int
 
-    def as_list(self) -> List[int]:
+    def as_list(self) -> list[int]:
         return [self.task, self.level, *self.values, *self.flags, self.last_action, self.last_correct, self.step]
 
     def as_dict(self) -> dict:
         return dict(zip(ATTRIBUTES, self.as_list()))
 
     @staticmethod
-    def from_list(v: List[int], num_actions: int) -> "State":
-        return State(int(v[0]), int(v[1]), tuple(int(x) for x in v[2:5]), tuple(int(x) for x in v[5:8]),
-                     int(v[8]), int(v[9]), int(v[10]), num_actions)
+    def from_list(v: list[int], num_actions: int) -> "State":
+        return State(
+            int(v[0]),
+            int(v[1]),
+            tuple(int(x) for x in v[2:5]),
+            tuple(int(x) for x in v[5:8]),
+            int(v[8]),
+            int(v[9]),
+            int(v[10]),
+            num_actions,
+        )
 
     def to_prompt(self) -> str:
         """The task's rule in plain words and only the attributes it reads (the LLM parent's prompt, transcripts)."""
@@ -297,13 +324,15 @@ class DeterministicParent:
         # the task instance stays fixed for the whole episode: the child sees its last answer and the verdict
         return dataclasses.replace(s, last_action=int(action), last_correct=int(reward >= 0.5), step=s.step + 1)
 
-    def respond(self, states: List[State], actions: List[int]) -> List[Tuple[float, State]]:
+    def respond(self, states: list[State], actions: list[int]) -> list[tuple[float, State]]:
         """(reward, next state) of each (state, action)."""
         return [(r, self.transition(s, a, r)) for s, a in zip(states, actions) for r in [self.judge(s, a)]]
 
 
-LLM_SYSTEM_PROMPT = ("You check a child's answer against a rule. Reply with JSON only: {\"reward\": 1} if the answer "
-                     "follows the rule, {\"reward\": 0} if it does not.")
+LLM_SYSTEM_PROMPT = (
+    'You check a child\'s answer against a rule. Reply with JSON only: {"reward": 1} if the answer '
+    'follows the rule, {"reward": 0} if it does not.'
+)
 
 
 class LLMParent(DeterministicParent):
@@ -317,8 +346,12 @@ class LLMParent(DeterministicParent):
         self.base_url, self.model, self.timeout = args.llm_base_url.rstrip("/"), args.llm_model, args.llm_timeout
         self.args, self.next_state = args, args.llm_next_state
         # the retries are ours (an invalid answer is retried as well), so the client's own are off
-        self.client = openai.OpenAI(base_url=self.base_url, api_key=os.environ.get(args.llm_api_key_env) or "unused",
-                                    timeout=args.llm_timeout, max_retries=0)
+        self.client = openai.OpenAI(
+            base_url=self.base_url,
+            api_key=os.environ.get(args.llm_api_key_env) or "unused",
+            timeout=args.llm_timeout,
+            max_retries=0,
+        )
         cache = args.llm_cache or os.path.join(args.runs_dir, "llm_cache.sqlite")
         os.makedirs(os.path.dirname(os.path.abspath(cache)), exist_ok=True)
         self.db = sqlite3.connect(cache)
@@ -327,8 +360,14 @@ class LLMParent(DeterministicParent):
         self.stats, self.latencies = collections.Counter(), []
 
     def user_message(self, s: State, action: int) -> str:
-        ask_state = (f"\nstate = {json.dumps(s.as_dict())}\nAlso give next_state: this state with step + 1, "
-                     "last_action = the answer and last_correct = your reward.") if self.next_state else ""
+        ask_state = (
+            (
+                f"\nstate = {json.dumps(s.as_dict())}\nAlso give next_state: this state with step + 1, "
+                "last_action = the answer and last_correct = your reward."
+            )
+            if self.next_state
+            else ""
+        )
         return f"{s.to_prompt()}\nanswer = {int(action)}{ask_state}"
 
     def body(self, s: State, action: int) -> dict:
@@ -339,21 +378,35 @@ class LLMParent(DeterministicParent):
             a = self.oracle_action(e) if i % 2 == 0 else (self.oracle_action(e) + 1 + i) % self.num_actions
             r = self.judge(e, a)
             nxt = {"next_state": self.transition(e, a, r).as_dict()} if self.next_state else {}
-            shots += [{"role": "user", "content": self.user_message(e, a)},
-                      {"role": "assistant", "content": json.dumps({"reward": int(r), **nxt})}]
+            shots += [
+                {"role": "user", "content": self.user_message(e, a)},
+                {"role": "assistant", "content": json.dumps({"reward": int(r), **nxt})},
+            ]
         props = {"reward": {"type": "integer", "enum": [0, 1]}}
         if self.next_state:
-            props["next_state"] = {"type": "object", "required": ATTRIBUTES, "properties": {
-                a: {"type": "integer", "minimum": 0, "maximum": k - 1} for a, k in zip(ATTRIBUTES, self.vocab)}}
+            props["next_state"] = {
+                "type": "object",
+                "required": ATTRIBUTES,
+                "properties": {a: {"type": "integer", "minimum": 0, "maximum": k - 1} for a, k in zip(ATTRIBUTES, self.vocab)},
+            }
         schema = {"type": "object", "properties": props, "required": list(props)}
-        fmt = {"json-object": {"type": "json_object", "schema": schema},  # llama.cpp's server
-               "json-schema": {"type": "json_schema", "json_schema": {"name": "verdict", "schema": schema}},
-               "none": None}[self.args.llm_response_format]
+        fmt = {
+            "json-object": {"type": "json_object", "schema": schema},  # llama.cpp's server
+            "json-schema": {"type": "json_schema", "json_schema": {"name": "verdict", "schema": schema}},
+            "none": None,
+        }[self.args.llm_response_format]
         # max_tokens bounds a model that does not stop: the answer is about 6 tokens, 90 with the next state
-        return {"model": self.model, "temperature": 0, "max_tokens": 200 if self.next_state else 20,
-                **({"response_format": fmt} if fmt else {}),
-                "messages": [{"role": "system", "content": LLM_SYSTEM_PROMPT}, *shots,
-                             {"role": "user", "content": self.user_message(s, action)}]}
+        return {
+            "model": self.model,
+            "temperature": 0,
+            "max_tokens": 200 if self.next_state else 20,
+            **({"response_format": fmt} if fmt else {}),
+            "messages": [
+                {"role": "system", "content": LLM_SYSTEM_PROMPT},
+                *shots,
+                {"role": "user", "content": self.user_message(s, action)},
+            ],
+        }
 
     def cache_key(self, s: State, action: int) -> str:
         # all that decides an answer (request, endpoint) or its validity (attribute ranges): no wrong reuse
@@ -370,7 +423,7 @@ class LLMParent(DeterministicParent):
                     raise TimeoutError(f"no complete reply within --llm-timeout {self.timeout} s")
         return json.loads(b"".join(chunks))["choices"][0]["message"]["content"]  # as leniently as the client reads
 
-    def validate(self, text, s: State, action: int) -> Optional[Tuple[float, Optional[State]]]:
+    def validate(self, text, s: State, action: int) -> tuple[float, State | None] | None:
         """The parsed (reward, next_state) if the answer is strict, well-formed JSON; None otherwise."""
         if not isinstance(text, str):  # endpoints answer null for a refusal or a tool call
             return None
@@ -383,15 +436,18 @@ class LLMParent(DeterministicParent):
         if not self.next_state:
             return float(obj["reward"]), None
         ns = obj.get("next_state")
-        if not (isinstance(ns, dict) and set(ns) == set(ATTRIBUTES)
-                and all(isinstance(ns[a], int) and 0 <= ns[a] < k for a, k in zip(ATTRIBUTES, self.vocab))):
+        if not (
+            isinstance(ns, dict)
+            and set(ns) == set(ATTRIBUTES)
+            and all(isinstance(ns[a], int) and 0 <= ns[a] < k for a, k in zip(ATTRIBUTES, self.vocab))
+        ):
             return None
         nxt = State.from_list([ns[a] for a in ATTRIBUTES], self.num_actions)
         # the LLM may set the verdict (last_correct), never a new task instance: that would move the goalposts
         ok = nxt == dataclasses.replace(s, last_action=int(action), step=s.step + 1, last_correct=nxt.last_correct)
         return (float(obj["reward"]), nxt) if ok else None
 
-    def ask(self, s: State, action: int) -> Optional[Tuple[str, float]]:
+    def ask(self, s: State, action: int) -> tuple[str, float] | None:
         """The first valid answer text within 1 + retries attempts, with its latency (ms); None if all failed."""
         import openai
 
@@ -405,10 +461,13 @@ class LLMParent(DeterministicParent):
                 return text, 1000.0 * (time.perf_counter() - t0)
         return None
 
-    def respond(self, states: List[State], actions: List[int]) -> List[Tuple[float, State]]:
+    def respond(self, states: list[State], actions: list[int]) -> list[tuple[float, State]]:
         keys = [self.cache_key(s, a) for s, a in zip(states, actions)]
-        answers = {k: row[0] for k in set(keys)
-                   if (row := self.db.execute("SELECT answer FROM answers WHERE key = ?", (k,)).fetchone())}
+        answers = {
+            k: row[0]
+            for k in set(keys)
+            if (row := self.db.execute("SELECT answer FROM answers WHERE key = ?", (k,)).fetchone())
+        }
         self.stats["cache_hits"] += sum(k in answers for k in keys)
         # one request per distinct (state, action): a non-deterministic judge gives each pair one reward per batch
         first = list({k: i for i, k in reversed(list(enumerate(keys))) if k not in answers}.values())
@@ -437,12 +496,18 @@ class LLMParent(DeterministicParent):
         out = {k: st[k] for k in ("queries", "judged", "fallbacks", "cache_hits")}
         out.update(agreement=st["agreements"] / max(1, st["judged"]), latency_ms=float(np.mean(lat)) if lat else 0.0)
         levels = sorted({k.rsplit("/", 1)[0] for k in st if k.count("/") == 2})
-        out["per_level"] = {w: {"agreement": st[f"{w}/agreements"] / max(1, st[f"{w}/judged"]),
-                                "judged": st[f"{w}/judged"], "fallbacks": st[f"{w}/fallbacks"],
-                                "rewarded": st[f"{w}/rewarded"] / max(1, st[f"{w}/judged"])} for w in levels}
+        out["per_level"] = {
+            w: {
+                "agreement": st[f"{w}/agreements"] / max(1, st[f"{w}/judged"]),
+                "judged": st[f"{w}/judged"],
+                "fallbacks": st[f"{w}/fallbacks"],
+                "rewarded": st[f"{w}/rewarded"] / max(1, st[f"{w}/judged"]),
+            }
+            for w in levels
+        }
         return out
 
-    def probe(self) -> Optional[str]:
+    def probe(self) -> str | None:
         """What is wrong with the endpoint, or None: one listing and one judgement, asked before any training."""
         where = f"--llm-base-url {self.base_url}"
 
@@ -461,15 +526,20 @@ class LLMParent(DeterministicParent):
             return failed("a chat completion", e)
         return None if isinstance(text, str) else f"{where}: a chat completion had no text"
 
-    def check_agreement(self, tasks: List[str], pairs: int, seed: int = 0) -> dict:
+    def check_agreement(self, tasks: list[str], pairs: int, seed: int = 0) -> dict:
         """summary() over `pairs` seeded (state, action) per task and level, half right; running totals are kept."""
         stats, latencies, rng = self.stats.copy(), list(self.latencies), np.random.default_rng(seed)
         self.stats, self.latencies = collections.Counter(), []
         for task, level in playable(tasks, self.num_actions):
             states = [self.new_instance(task, level, rng) for _ in range(pairs)]
             wrong = [int(x) for x in rng.integers(1, self.num_actions, pairs)]
-            self.respond(states, [(self.oracle_action(s) + (0 if i % 2 == 0 else w)) % self.num_actions
-                                  for i, (s, w) in enumerate(zip(states, wrong))])
+            self.respond(
+                states,
+                [
+                    (self.oracle_action(s) + (0 if i % 2 == 0 else w)) % self.num_actions
+                    for i, (s, w) in enumerate(zip(states, wrong))
+                ],
+            )
         result = self.summary()
         self.stats, self.latencies = stats, latencies
         return result
@@ -482,11 +552,11 @@ class BabyEnv:
         self.parent, self.num_envs, self.max_episode_steps = parent, num_envs, max_episode_steps
         self.rng, self.states, self.t = np.random.default_rng(seed), [], 0
 
-    def reset(self, tasks: List[str], levels: List[int]) -> List[State]:
+    def reset(self, tasks: list[str], levels: list[int]) -> list[State]:
         self.states, self.t = [self.parent.new_instance(t, lv, self.rng) for t, lv in zip(tasks, levels)], 0
         return self.states
 
-    def step(self, actions: List[int]):
+    def step(self, actions: list[int]):
         """Returns next states, the parent's goal rewards, terminated, truncated, and per-episode infos."""
         self.t += 1
         replies = self.parent.respond(self.states, actions)
@@ -500,11 +570,11 @@ class BabyEnv:
         return self.states, rewards, terminated, truncated, {"correct": correct, "success": correct & truncated}
 
 
-def states_to_tensor(states: List[State]) -> torch.Tensor:
+def states_to_tensor(states: list[State]) -> torch.Tensor:
     return torch.tensor([s.as_list() for s in states], dtype=torch.long)
 
 
-def consistency_reward(states: List[State], actions: List[int]) -> np.ndarray:
+def consistency_reward(states: list[State], actions: list[int]) -> np.ndarray:
     """+1 for keeping an approved answer or changing a rejected one, -1 otherwise, 0 at an episode's start."""
     last = np.array([s.last_correct for s in states])
     keep = np.array([a == s.last_action for s, a in zip(states, actions)])
@@ -521,7 +591,7 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
 class StateEncoder(nn.Module):
     """One token per attribute: the attribute's own value embedding plus an attribute-position embedding."""
 
-    def __init__(self, vocab: List[int], hidden_dim: int):
+    def __init__(self, vocab: list[int], hidden_dim: int):
         super().__init__()
         self.values = nn.ModuleList(nn.Embedding(k, hidden_dim) for k in vocab)
         self.position = nn.Parameter(torch.randn(len(vocab), hidden_dim) * 0.02)
@@ -536,8 +606,9 @@ class TransformerCore(nn.Module):
     def __init__(self, hidden_dim: int, num_layers: int, num_heads: int):
         super().__init__()
         self.summary = nn.Parameter(torch.randn(1, 1, hidden_dim) * 0.02)
-        layer = nn.TransformerEncoderLayer(hidden_dim, num_heads, 2 * hidden_dim, dropout=0.0, batch_first=True,
-                                           norm_first=True)
+        layer = nn.TransformerEncoderLayer(
+            hidden_dim, num_heads, 2 * hidden_dim, dropout=0.0, batch_first=True, norm_first=True
+        )
         self.layers = nn.TransformerEncoder(layer, num_layers, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(hidden_dim)
 
@@ -552,8 +623,11 @@ class WorldModelHead(nn.Module):
     def __init__(self, hidden_dim: int, num_actions: int):
         super().__init__()
         self.num_actions = num_actions
-        self.net = nn.Sequential(layer_init(nn.Linear(hidden_dim + num_actions, 2 * hidden_dim)), nn.ReLU(),
-                                 layer_init(nn.Linear(2 * hidden_dim, STATE_DIM), std=1.0))
+        self.net = nn.Sequential(
+            layer_init(nn.Linear(hidden_dim + num_actions, 2 * hidden_dim)),
+            nn.ReLU(),
+            layer_init(nn.Linear(2 * hidden_dim, STATE_DIM), std=1.0),
+        )
 
     def forward(self, h: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         return self.net(torch.cat([h, F.one_hot(action, self.num_actions).float()], dim=-1))
@@ -638,8 +712,9 @@ def kl_to_parent(logits: torch.Tensor, oracle: torch.Tensor, smoothing: float) -
 class CurriculumManager:
     """Per task, the level goes up once the success rate over the last `window` episodes at it reaches `threshold`."""
 
-    def __init__(self, tasks: List[str], enabled: bool, fixed_level: int, threshold: float, window: int,
-                 review_prob: float = 0.0):
+    def __init__(
+        self, tasks: list[str], enabled: bool, fixed_level: int, threshold: float, window: int, review_prob: float = 0.0
+    ):
         self.tasks, self.enabled, self.threshold, self.window = tasks, enabled, threshold, window
         self.review_prob = review_prob
         self.levels = {t: (0 if enabled else fixed_level) for t in tasks}
@@ -669,12 +744,12 @@ class CurriculumManager:
 class Evaluator:
     """Success rate, world-model MSE and policy entropy per (task, level); the rule judges, never an LLM."""
 
-    def __init__(self, tasks: List[str], num_actions: int, max_episode_steps: int, episodes: int, seed: int):
+    def __init__(self, tasks: list[str], num_actions: int, max_episode_steps: int, episodes: int, seed: int):
         self.tasks, self.num_actions, self.T = tasks, num_actions, max_episode_steps
         self.episodes, self.seed = episodes, seed
 
     @torch.no_grad()
-    def run(self, agent: Optional[Agent], eval_levels: dict, greedy: bool = True, transcript: Optional[list] = None):
+    def run(self, agent: Agent | None, eval_levels: dict, greedy: bool = True, transcript: list | None = None):
         """agent=None evaluates the uniform random policy."""
         parent, n, gen = DeterministicParent(self.num_actions), self.episodes, torch.Generator().manual_seed(self.seed)
         per_diff, mse_all, ent_all = {}, [], []
@@ -690,8 +765,9 @@ class Evaluator:
                     if not greedy:  # sampled from the evaluator's own generator: the same seed, the same episodes
                         action = torch.multinomial(torch.softmax(logits, -1), 1, generator=gen)[:, 0]
                 if transcript is not None and len(transcript) < 20:
-                    transcript.append(f"{states[0].to_prompt()}\n-> action {action[0].item()} "
-                                      f"(oracle {parent.oracle_action(states[0])})\n")
+                    transcript.append(
+                        f"{states[0].to_prompt()}\n-> action {action[0].item()} (oracle {parent.oracle_action(states[0])})\n"
+                    )
                 states, _, _, _, info = env.step(action.tolist())
                 success |= info["success"]
                 ent_all.append(ent.mean().item())
@@ -700,14 +776,18 @@ class Evaluator:
                     mse_all.append(F.mse_loss(agent.world_model(h, action), target).item())
             per_diff[f"{task}/level{level}"] = float(success.mean())
         final = [per_diff[f"{t}/level{eval_levels[t]}"] for t in self.tasks]
-        return {"success_rate": float(np.mean(final)),
-                "world_model_mse": float(np.mean(mse_all)) if mse_all else None,  # the random policy has none
-                "policy_entropy": float(np.mean(ent_all)), "per_difficulty_success": per_diff}
+        return {
+            "success_rate": float(np.mean(final)),
+            "world_model_mse": float(np.mean(mse_all)) if mse_all else None,  # the random policy has none
+            "policy_entropy": float(np.mean(ent_all)),
+            "per_difficulty_success": per_diff,
+        }
 
 
 @torch.no_grad()
-def representation_analysis(agent: Agent, tasks: List[str], levels: dict, num_actions: int, T: int,
-                            samples: int, seed: int, png_path: str) -> dict:
+def representation_analysis(
+    agent: Agent, tasks: list[str], levels: dict, num_actions: int, T: int, samples: int, seed: int, png_path: str
+) -> dict:
     """Linear-probe accuracy of each attribute from h, and a t-SNE PNG coloured by the oracle action."""
     import matplotlib
 
@@ -732,14 +812,20 @@ def representation_analysis(agent: Agent, tasks: List[str], levels: dict, num_ac
         counts = np.unique(y, return_counts=True)[1]
         if len(counts) < 2:
             continue
-        htr, hte, ytr, yte = train_test_split(h, y, test_size=0.3, random_state=seed,
-                                              stratify=y if counts.min() >= 2 else None)
-        if len(np.unique(ytr)) >= 2:
-            probes[name] = float(LogisticRegression(max_iter=1000).fit(htr, ytr).score(hte, yte))
+        h_train, h_test, y_train, y_test = train_test_split(
+            h, y, test_size=0.3, random_state=seed, stratify=y if counts.min() >= 2 else None
+        )
+        if len(np.unique(y_train)) >= 2:
+            probes[name] = float(LogisticRegression(max_iter=1000).fit(h_train, y_train).score(h_test, y_test))
     emb = TSNE(n_components=2, init="pca", perplexity=min(30, len(states) // 4), random_state=seed).fit_transform(h)
     fig, ax = plt.subplots(figsize=(5, 4.5))
-    sc = ax.scatter(emb[:, 0], emb[:, 1], c=np.array([parent.oracle_action(s) for s in states]),
-                    cmap="tab10" if num_actions <= 10 else "tab20", s=8)
+    sc = ax.scatter(
+        emb[:, 0],
+        emb[:, 1],
+        c=np.array([parent.oracle_action(s) for s in states]),
+        cmap="tab10" if num_actions <= 10 else "tab20",
+        s=8,
+    )
     fig.colorbar(sc, ax=ax, label="target (oracle action)")
     ax.set_title(f"t-SNE of state embeddings ({', '.join(tasks)})", fontsize=9)
     fig.tight_layout()
@@ -752,15 +838,19 @@ def build_agent(cfg: dict) -> Agent:
     return Agent(cfg["num_actions"], cfg["max_episode_steps"], cfg["hidden_dim"], cfg["num_layers"], cfg["num_heads"])
 
 
-def evaluate(model_path: str, episodes: Optional[int] = None, seed: Optional[int] = None, greedy: bool = True) -> dict:
+def evaluate(model_path: str, episodes: int | None = None, seed: int | None = None, greedy: bool = True) -> dict:
     """Evaluates a saved model; by default on the run's own episodes, so it reproduces the run's eval.json."""
     ckpt = torch.load(model_path, map_location="cpu", weights_only=False)
     cfg = ckpt["args"]
     agent = build_agent(cfg)
     agent.load_state_dict(ckpt["state_dict"])
-    evaluator = Evaluator(task_list(cfg["task"]), cfg["num_actions"], cfg["max_episode_steps"],
-                          cfg["eval_episodes"] if episodes is None else episodes,
-                          cfg["seed"] + EVAL_SEED_OFFSET if seed is None else seed)
+    evaluator = Evaluator(
+        task_list(cfg["task"]),
+        cfg["num_actions"],
+        cfg["max_episode_steps"],
+        cfg["eval_episodes"] if episodes is None else episodes,
+        cfg["seed"] + EVAL_SEED_OFFSET if seed is None else seed,
+    )
     return evaluator.run(agent.eval(), ckpt["eval_levels"], greedy)
 
 
@@ -789,8 +879,8 @@ class Rollout:
     oracle: torch.Tensor  # (T, N) the rule's answers (the KL-distill target)
     rewards: RewardVector  # (T, N) each
     success: np.ndarray  # (N,) the rule's verdict on each episode's final answer
-    tasks: List[str]
-    levels: List[int]
+    tasks: list[str]
+    levels: list[int]
 
 
 @torch.no_grad()
@@ -828,17 +918,18 @@ def advantages_and_returns(rewards: torch.Tensor, values: torch.Tensor, baseline
     return advantages, advantages + values[:-1], baseline
 
 
-def update(agent: Agent, optimizer, ro: Rollout, advantages: torch.Tensor, returns: torch.Tensor, args: Args,
-           device) -> dict:
+def update(agent: Agent, optimizer, ro: Rollout, advantages: torch.Tensor, returns: torch.Tensor, args: Args, device) -> dict:
     """REINFORCE: one gradient step on the whole batch. PPO: epochs x minibatches of the clipped surrogate."""
-    b_obs, b_next, b_actions, b_logprobs, b_adv, b_returns, b_oracle, b_values = (x.flatten(0, 1).to(device) for x in (
-        ro.obs[:-1], ro.obs[1:], ro.actions, ro.logprobs, advantages, returns, ro.oracle, ro.values[:-1]))
+    b_obs, b_next, b_actions, b_logprobs, b_adv, b_returns, b_oracle, b_values = (
+        x.flatten(0, 1).to(device)
+        for x in (ro.obs[:-1], ro.obs[1:], ro.actions, ro.logprobs, advantages, returns, ro.oracle, ro.values[:-1])
+    )
     epochs, n_mb = (1, 1) if args.algorithm == "reinforce" else (args.update_epochs, args.num_minibatches)
     mb_size, clipfracs, stats = args.batch_size // n_mb, [], {}
     for _ in range(epochs):
         perm = torch.randperm(args.batch_size)
         for start in range(0, args.batch_size, mb_size):
-            mb = perm[start:start + mb_size]
+            mb = perm[start : start + mb_size]
             _, newlogprob, entropy, newvalue, h, logits = agent.get_action_and_value(b_obs[mb], b_actions[mb])
             adv = b_adv[mb]
             if args.norm_adv and len(mb) > 1:
@@ -857,15 +948,25 @@ def update(agent: Agent, optimizer, ro: Rollout, advantages: torch.Tensor, retur
             # the world model is trained through the shared core: its loss shapes the representation h
             wm_loss = F.mse_loss(agent.world_model(h, b_actions[mb]), agent.world_model_target(b_next[mb]))
             kl = kl_to_parent(logits, b_oracle[mb], args.kl_smoothing) if args.kl_coef > 0 else torch.zeros(())
-            loss = (pg_loss - args.ent_coef * entropy.mean() + args.vf_coef * v_loss
-                    + args.world_model_coef * wm_loss + args.kl_coef * kl)
+            loss = (
+                pg_loss
+                - args.ent_coef * entropy.mean()
+                + args.vf_coef * v_loss
+                + args.world_model_coef * wm_loss
+                + args.kl_coef * kl
+            )
             optimizer.zero_grad()
             loss.backward()
             nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
             optimizer.step()
-            stats = {"losses/policy_loss": pg_loss.item(), "losses/value_loss": v_loss.item(),
-                     "losses/entropy": entropy.mean().item(), "losses/approx_kl": approx_kl.item(),
-                     "losses/world_model_mse": wm_loss.item(), "losses/kl_to_parent": kl.item()}
+            stats = {
+                "losses/policy_loss": pg_loss.item(),
+                "losses/value_loss": v_loss.item(),
+                "losses/entropy": entropy.mean().item(),
+                "losses/approx_kl": approx_kl.item(),
+                "losses/world_model_mse": wm_loss.item(),
+                "losses/kl_to_parent": kl.item(),
+            }
     if args.algorithm == "ppo":
         var_y = b_returns.var()
         stats["losses/clipfrac"] = float(np.mean(clipfracs))
@@ -873,7 +974,7 @@ def update(agent: Agent, optimizer, ro: Rollout, advantages: torch.Tensor, retur
     return stats
 
 
-def train(args: Args, writer, parent: Optional[DeterministicParent] = None, label: str = "") -> Tuple[Agent, dict]:
+def train(args: Args, writer, parent: DeterministicParent | None = None, label: str = "") -> tuple[Agent, dict]:
     """Trains one agent; returns it with the evaluation levels per task (the curriculum's final levels)."""
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     tasks = task_list(args.task)
@@ -881,8 +982,9 @@ def train(args: Args, writer, parent: Optional[DeterministicParent] = None, labe
     if not label:
         print(f"model parameters: {num_parameters(agent):,} (< 1M: {num_parameters(agent) < 1_000_000})")
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
-    curriculum = CurriculumManager(tasks, args.curriculum, args.level, args.mastery_threshold, args.mastery_window,
-                                   args.review_prob)
+    curriculum = CurriculumManager(
+        tasks, args.curriculum, args.level, args.mastery_threshold, args.mastery_window, args.review_prob
+    )
     parent = parent or (LLMParent(args) if args.parent == "llm" else DeterministicParent(args.num_actions))
     env = BabyEnv(parent, args.num_envs, args.max_episode_steps, args.seed)
     baseline, start_time = torch.zeros(args.max_episode_steps), time.time()
@@ -895,8 +997,7 @@ def train(args: Args, writer, parent: Optional[DeterministicParent] = None, labe
 
         # ROLLOUT: N whole episodes of exactly T steps (the time limit is the only episode end)
         ro = collect_rollout(agent, env, curriculum, args, device)
-        rewards = torch.as_tensor(ro.rewards.total(args.goal_reward_weight, args.pred_reward_weight,
-                                                   args.cons_reward_weight))
+        rewards = torch.as_tensor(ro.rewards.total(args.goal_reward_weight, args.pred_reward_weight, args.cons_reward_weight))
         for task, level, success in zip(ro.tasks, ro.levels, ro.success):
             recent_success.append(float(success))
             recent_level[(task, level)].append(float(success))
@@ -909,22 +1010,28 @@ def train(args: Args, writer, parent: Optional[DeterministicParent] = None, labe
 
         # LOGGING
         sps = int(global_step / max(time.time() - start_time, 1e-9))
-        scalars = {"charts/success_rate": float(np.mean(recent_success)),
-                   **{f"charts/success_rate_{t}_level{lv}": float(np.mean(d)) for (t, lv), d in recent_level.items()},
-                   "charts/episodic_return": rewards.sum(0).mean().item(),
-                   "charts/episodic_length": float(args.max_episode_steps), "charts/SPS": sps,
-                   "charts/learning_rate": optimizer.param_groups[0]["lr"], **stats,
-                   **{f"reward/{k}": float(getattr(ro.rewards, k).sum(0).mean()) for k in ("goal", "pred", "cons")},
-                   "reward/total": rewards.sum(0).mean().item(),
-                   **{f"curriculum/level_{t}": curriculum.levels[t] for t in tasks}}
+        scalars = {
+            "charts/success_rate": float(np.mean(recent_success)),
+            **{f"charts/success_rate_{t}_level{lv}": float(np.mean(d)) for (t, lv), d in recent_level.items()},
+            "charts/episodic_return": rewards.sum(0).mean().item(),
+            "charts/episodic_length": float(args.max_episode_steps),
+            "charts/SPS": sps,
+            "charts/learning_rate": optimizer.param_groups[0]["lr"],
+            **stats,
+            **{f"reward/{k}": float(getattr(ro.rewards, k).sum(0).mean()) for k in ("goal", "pred", "cons")},
+            "reward/total": rewards.sum(0).mean().item(),
+            **{f"curriculum/level_{t}": curriculum.levels[t] for t in tasks},
+        }
         if isinstance(parent, LLMParent):
             scalars.update({f"parent/{k}": v for k, v in parent.summary().items() if k != "per_level"})
         for k, v in scalars.items():
             writer.add_scalar(k, v, global_step)
         if iteration % 25 == 0 or iteration == args.num_iterations:
             lv = " ".join(f"{t}:L{curriculum.levels[t]}" for t in tasks)
-            print(f"{label}global_step={global_step} SPS={sps} success={scalars['charts/success_rate']:.3f} "
-                  f"entropy={stats['losses/entropy']:.3f} wm_mse={stats['losses/world_model_mse']:.3f} [{lv}]")
+            print(
+                f"{label}global_step={global_step} SPS={sps} success={scalars['charts/success_rate']:.3f} "
+                f"entropy={stats['losses/entropy']:.3f} wm_mse={stats['losses/world_model_mse']:.3f} [{lv}]"
+            )
     return agent, dict(curriculum.levels)
 
 
@@ -934,49 +1041,85 @@ def fail(message: str):
     sys.exit(2)
 
 
-def validate_args(args: Args) -> Optional[str]:
+def validate_args(args: Args) -> str | None:
     """The first problem with the arguments that would crash late or run wrong in silence, as one line; or None."""
+
     def flag(name: str) -> str:
         return "--" + name.replace("_", "-")
 
-    def must(name: str, ok: bool, need: str) -> Tuple[bool, str]:
+    def must(name: str, ok: bool, need: str) -> tuple[bool, str]:
         return not ok, f"{flag(name)} {getattr(args, name)} must be {need}"
 
     batch, llm = args.num_envs * args.max_episode_steps, args.parent == "llm"
     top = NUM_LEVELS - 1 if args.curriculum else args.level
     need = max(DIFFICULTY_CONFIGS[t][lv]["num_symbols"] for t in task_list(args.task) for lv in range(top + 1))
     # NaN and inf pass every range check
-    checks = [must(f.name, math.isfinite(getattr(args, f.name)), "a finite number")
-              for f in dataclasses.fields(Args) if f.type is float]
-    checks += [(not 0 <= args.seed < 2**32, f"--seed {args.seed} must be in [0, 2**32 - 1] (the range numpy accepts)"),
-               (not args.exp_name.strip() or "/" in args.exp_name,
-                f"--exp-name {args.exp_name!r} must be a non-empty name without '/'")]
-    checks += [(getattr(args, n) < 1, f"{flag(n)} must be >= 1") for n in (
-        "num_heads", "num_minibatches", "update_epochs", "llm_concurrency", "max_episode_steps", "num_envs",
-        "hidden_dim", "num_layers", "eval_episodes", "mastery_window")]
-    checks += [must(n, getattr(args, n) > 0, "positive")
-               for n in ("learning_rate", "llm_timeout", "clip_coef", "max_grad_norm")]
+    checks = [
+        must(f.name, math.isfinite(getattr(args, f.name)), "a finite number")
+        for f in dataclasses.fields(Args)
+        if f.type is float
+    ]
+    checks += [
+        (not 0 <= args.seed < 2**32, f"--seed {args.seed} must be in [0, 2**32 - 1] (the range numpy accepts)"),
+        (
+            not args.exp_name.strip() or "/" in args.exp_name,
+            f"--exp-name {args.exp_name!r} must be a non-empty name without '/'",
+        ),
+    ]
+    checks += [
+        (getattr(args, n) < 1, f"{flag(n)} must be >= 1")
+        for n in (
+            "num_heads",
+            "num_minibatches",
+            "update_epochs",
+            "llm_concurrency",
+            "max_episode_steps",
+            "num_envs",
+            "hidden_dim",
+            "num_layers",
+            "eval_episodes",
+            "mastery_window",
+        )
+    ]
+    checks += [
+        must(n, getattr(args, n) > 0, "positive") for n in ("learning_rate", "llm_timeout", "clip_coef", "max_grad_norm")
+    ]
     checks += [must(n, getattr(args, n) >= 0, ">= 0") for n in ("llm_retries", "llm_examples", "llm_check_pairs")]
     checks += [must(n, 0 <= getattr(args, n) <= 1, "in [0, 1]") for n in ("gae_lambda", "review_prob", "kl_smoothing")]
     checks += [
         must("gamma", 0 < args.gamma <= 1, "in (0, 1]"),
         must("baseline_decay", 0 <= args.baseline_decay < 1, "in [0, 1)"),
         must("mastery_threshold", 0 < args.mastery_threshold <= 1, "in (0, 1]"),
-        (args.total_timesteps < batch, f"--total-timesteps {args.total_timesteps} is less than one update "
-                                       f"(--num-envs x --max-episode-steps = {batch})"),
+        (
+            args.total_timesteps < batch,
+            f"--total-timesteps {args.total_timesteps} is less than one update (--num-envs x --max-episode-steps = {batch})",
+        ),
         (args.analysis and args.analysis_samples < 2, "--analysis-samples must be >= 2 (or --no-analysis)"),
-        (args.num_actions < need, f"--num-actions {args.num_actions} is smaller than the {need} symbols task "
-                                  f"{args.task!r} needs up to level {top}; use --num-actions >= {need}"),
-        (args.hidden_dim % max(args.num_heads, 1) != 0,
-         f"--hidden-dim {args.hidden_dim} must be divisible by --num-heads {args.num_heads}"),
-        (args.algorithm == "ppo" and batch % max(args.num_minibatches, 1) != 0,
-         "--num-envs * --max-episode-steps must be divisible by --num-minibatches"),
-        (llm and importlib.util.find_spec("openai") is None,
-         "--parent llm needs the openai client: pip install -r requirements-llm.txt"),
-        (llm and not args.llm_base_url,
-         "--parent llm needs --llm-base-url (an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1)"),
-        (llm and not str(args.llm_base_url).startswith(("http://", "https://")),
-         f"--llm-base-url {args.llm_base_url!r} must be an http:// or https:// URL (http://127.0.0.1:8000/v1)"),
+        (
+            args.num_actions < need,
+            f"--num-actions {args.num_actions} is smaller than the {need} symbols task "
+            f"{args.task!r} needs up to level {top}; use --num-actions >= {need}",
+        ),
+        (
+            args.hidden_dim % max(args.num_heads, 1) != 0,
+            f"--hidden-dim {args.hidden_dim} must be divisible by --num-heads {args.num_heads}",
+        ),
+        (
+            args.algorithm == "ppo" and batch % max(args.num_minibatches, 1) != 0,
+            "--num-envs * --max-episode-steps must be divisible by --num-minibatches",
+        ),
+        (
+            llm and importlib.util.find_spec("openai") is None,
+            "--parent llm needs the openai client: pip install -r requirements-llm.txt",
+        ),
+        (
+            llm and not args.llm_base_url,
+            "--parent llm needs --llm-base-url (an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1)",
+        ),
+        (
+            llm and not str(args.llm_base_url).startswith(("http://", "https://")),
+            f"--llm-base-url {args.llm_base_url!r} must be an http:// or https:// URL (http://127.0.0.1:8000/v1)",
+        ),
     ]
     if error := next((message for bad, message in checks if bad), None):
         return error
@@ -985,12 +1128,15 @@ def validate_args(args: Args) -> Optional[str]:
         return None
     # the state embedding has one row per value of every attribute, the step counter included
     embeddings = sum(attribute_vocab(args.num_actions, args.max_episode_steps)) * args.hidden_dim
-    fix = ("reduce --hidden-dim or --num-layers (e.g. --hidden-dim 128 --num-layers 4)" if embeddings < n_params / 2
-           else f"reduce --max-episode-steps or --num-actions ({embeddings:,} of them are in the state embedding)")
+    fix = (
+        "reduce --hidden-dim or --num-layers (e.g. --hidden-dim 128 --num-layers 4)"
+        if embeddings < n_params / 2
+        else f"reduce --max-episode-steps or --num-actions ({embeddings:,} of them are in the state embedding)"
+    )
     return f"the model would have {n_params:,} parameters; the baby model must stay under 1M: {fix}"
 
 
-def claim_run_dir(runs_dir: str, run_name: str) -> Tuple[str, str]:
+def claim_run_dir(runs_dir: str, run_name: str) -> tuple[str, str]:
     """(run_name, run_dir) of a new directory: runs started in the same second get __2, __3, ... (mkdir is atomic)."""
     try:
         os.makedirs(runs_dir, exist_ok=True)
@@ -1005,18 +1151,23 @@ def claim_run_dir(runs_dir: str, run_name: str) -> Tuple[str, str]:
 
 
 # Evaluation against the baselines, results ----------------------------------------------------------------------------
-def evaluate_with_baselines(args: Args, agent: Agent, eval_levels: dict, run_dir: str,
-                            transcript: Optional[list]) -> Tuple[dict, dict]:
+def evaluate_with_baselines(
+    args: Args, agent: Agent, eval_levels: dict, run_dir: str, transcript: list | None
+) -> tuple[dict, dict]:
     """The agent's evaluation and each --baselines row, on the same episodes (the rule judges, never an LLM)."""
-    evaluator = Evaluator(task_list(args.task), args.num_actions, args.max_episode_steps, args.eval_episodes,
-                          args.seed + EVAL_SEED_OFFSET)
+    evaluator = Evaluator(
+        task_list(args.task), args.num_actions, args.max_episode_steps, args.eval_episodes, args.seed + EVAL_SEED_OFFSET
+    )
     result, baselines = evaluator.run(agent, eval_levels, transcript=transcript), {}
     for name in args.baselines:
         if name == "random":
             baselines[name] = evaluator.run(None, eval_levels)
             continue
-        variant = (dataclasses.replace(args, world_model_coef=0.0, pred_reward_weight=0.0, kl_coef=0.0)
-                   if name == "rl-only" else dataclasses.replace(args, kl_coef=args.kl_distill_coef))
+        variant = (
+            dataclasses.replace(args, world_model_coef=0.0, pred_reward_weight=0.0, kl_coef=0.0)
+            if name == "rl-only"
+            else dataclasses.replace(args, kl_coef=args.kl_distill_coef)
+        )
         print(f"training baseline {name} with the same budget")
         seed_everything(args.seed)  # as its own run with these flags would be, whatever the agent's run consumed
         with contextlib.closing(SummaryWriter(os.path.join(run_dir, f"baseline_{name}"))) as sub:
@@ -1028,10 +1179,15 @@ def evaluate_with_baselines(args: Args, agent: Agent, eval_levels: dict, run_dir
         mse = "-" if r["world_model_mse"] is None else f"{r['world_model_mse']:.3f}"
         print(f"{name:<12} {r['success_rate']:>8.3f} {mse:>8} {r['policy_entropy']:>8.3f}  {diff}")
     # eval.json's rows: flat, and without a world-model MSE where there is none (random)
-    return result, {name: {"success_rate": r["success_rate"], "policy_entropy": r["policy_entropy"],
-                           **({} if r["world_model_mse"] is None else {"world_model_mse": r["world_model_mse"]}),
-                           **{f"success_{k}": v for k, v in r["per_difficulty_success"].items()}}
-                    for name, r in baselines.items()}
+    return result, {
+        name: {
+            "success_rate": r["success_rate"],
+            "policy_entropy": r["policy_entropy"],
+            **({} if r["world_model_mse"] is None else {"world_model_mse": r["world_model_mse"]}),
+            **{f"success_{k}": v for k, v in r["per_difficulty_success"].items()},
+        }
+        for name, r in baselines.items()
+    }
 
 
 if __name__ == "__main__":
@@ -1053,39 +1209,58 @@ if __name__ == "__main__":
     if args.track:
         import wandb
 
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                   config=vars(args), name=run_name, save_code=True)
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=vars(args),
+            name=run_name,
+            save_code=True,
+        )
     writer = SummaryWriter(run_dir)
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" +
-                    "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
     seed_everything(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     t0 = time.time()
     if parent is not None and args.llm_check_pairs:
         check = parent.check_agreement(tasks, args.llm_check_pairs, args.seed)
-        print(f"LLM agreement with the rule before training ({args.llm_check_pairs} pairs per task and level): " +
-              " ".join(f"{w}={v['agreement']:.2f}" for w, v in check["per_level"].items()))
+        print(
+            f"LLM agreement with the rule before training ({args.llm_check_pairs} pairs per task and level): "
+            + " ".join(f"{w}={v['agreement']:.2f}" for w, v in check["per_level"].items())
+        )
     agent, eval_levels = train(args, writer, parent)
     train_time = time.time() - t0
     agent.eval()
     if args.save_model:
         model_path = os.path.join(run_dir, f"{args.exp_name}.cleanrl_model")
-        saved = {"state_dict": agent.state_dict(), "args": dataclasses.asdict(args), "script": SCRIPT,
-                 "eval_levels": eval_levels}
+        saved = {
+            "state_dict": agent.state_dict(),
+            "args": dataclasses.asdict(args),
+            "script": SCRIPT,
+            "eval_levels": eval_levels,
+        }
         atomic_write(model_path, lambda tmp: torch.save(saved, tmp))
         print(f"model saved to {model_path}")
 
     # EVALUATION: the trained agent and the baselines in one table
     transcript = [] if args.capture_video else None
     result, baselines = evaluate_with_baselines(args, agent, eval_levels, run_dir, transcript)
-    out = {"script": SCRIPT, "task": args.task, **result, "baselines": baselines, "train_time_s": train_time,
-           "eval_levels": eval_levels, "num_parameters": num_parameters(agent)}
+    out = {
+        "script": SCRIPT,
+        "task": args.task,
+        **result,
+        "baselines": baselines,
+        "train_time_s": train_time,
+        "eval_levels": eval_levels,
+        "num_parameters": num_parameters(agent),
+    }
     if parent is not None:
         out.update(parent=parent.summary(), **({"llm_agreement_check": check} if check is not None else {}))
     if args.analysis:
         png = os.path.join(run_dir, "tsne.png")
-        out["probe_accuracy"] = representation_analysis(agent, tasks, eval_levels, args.num_actions,
-                                                        args.max_episode_steps, args.analysis_samples, args.seed, png)
+        out["probe_accuracy"] = representation_analysis(
+            agent, tasks, eval_levels, args.num_actions, args.max_episode_steps, args.analysis_samples, args.seed, png
+        )
         print("linear-probe accuracy: " + " ".join(f"{k}={v:.2f}" for k, v in out["probe_accuracy"].items()))
         print(f"t-SNE written to {png}")
     if transcript is not None:

@@ -1,5 +1,6 @@
 """Tests of benchmark/: the runner (expansion, dry run, failures, retries, resume, Ray backend), the report on a
 real tiny run, and the SB3 peers' copy of the NonStationaryCartPole environment."""
+
 import dataclasses
 import importlib.util
 import json
@@ -45,10 +46,12 @@ def bench():
 
 
 def write_script(path, body):
-    path.write_text("import argparse, os, sys\n"
-                    "p = argparse.ArgumentParser(); p.add_argument('--seed', type=int); p.add_argument('--runs-dir')\n"
-                    "p.add_argument('--tag', default='')\n"
-                    "a = p.parse_args()\n" + body)
+    path.write_text(
+        "import argparse, os, sys\n"
+        "p = argparse.ArgumentParser(); p.add_argument('--seed', type=int); p.add_argument('--runs-dir')\n"
+        "p.add_argument('--tag', default='')\n"
+        "a = p.parse_args()\n" + body
+    )
     return path
 
 
@@ -63,7 +66,10 @@ def test_expand_command_grid_seeds(bench, tmp_path):
     assert s.argv == ["python", "a.py", "--x", "1", "--lr", "2", "--hide", "--seed", "6", "--runs-dir", s.runs_dir]
     assert s.runs_dir == os.path.join(str(tmp_path), "runs", s.run_key)
     assert by_key[(1, ("--lr", "3"), 5)].argv[:4] == ["python", "b.py", "--lr", "3"]
-    assert bench.parse_grid_spec("--modes-preset seed3 inverted4") == [["--modes-preset", "seed3"], ["--modes-preset", "inverted4"]]
+    assert bench.parse_grid_spec("--modes-preset seed3 inverted4") == [
+        ["--modes-preset", "seed3"],
+        ["--modes-preset", "inverted4"],
+    ]
     with pytest.raises(ValueError):
         bench.parse_grid_spec("--hide-velocity")
     # a flag read as a value would silently launch a wrong command ("--modes-preset --hide-velocity")
@@ -73,8 +79,19 @@ def test_expand_command_grid_seeds(bench, tmp_path):
 
 def test_dry_run_prints_every_command_and_runs_nothing(tmp_path):
     out = tmp_path / "sweep"
-    r = run_benchmark("--command", "python x.py --total-timesteps 10", "--grid", "--modes-preset seed3 inverted4",
-                      "--num-seeds", "2", "--start-seed", "7", "--dry-run", "--output", str(out))
+    r = run_benchmark(
+        "--command",
+        "python x.py --total-timesteps 10",
+        "--grid",
+        "--modes-preset seed3 inverted4",
+        "--num-seeds",
+        "2",
+        "--start-seed",
+        "7",
+        "--dry-run",
+        "--output",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr
     lines = r.stdout.strip().splitlines()
     assert len(lines) == 4
@@ -95,8 +112,7 @@ def test_failing_command_exits_nonzero_and_is_named(tmp_path):
     ok = write_script(tmp_path / "ok.py", "os.makedirs(os.path.join(a.runs_dir, f'run_{a.seed}'))\n")
     bad = write_script(tmp_path / "bad.py", "print('boom on seed', a.seed); sys.exit(3)\n")
     out = tmp_path / "sweep"
-    r = run_benchmark("--command", f"python {ok}", f"python {bad}", "--num-seeds", "2", "--workers", "2",
-                      "--output", str(out))
+    r = run_benchmark("--command", f"python {ok}", f"python {bad}", "--num-seeds", "2", "--workers", "2", "--output", str(out))
     assert r.returncode == 1
     records = {rec["run_key"]: rec for rec in manifest(out)}
     failed = [rec for rec in records.values() if rec["exit_code"] != 0]
@@ -116,13 +132,16 @@ def test_failing_command_exits_nonzero_and_is_named(tmp_path):
 
 def test_retries_rerun_a_failed_run(tmp_path):
     # fails on its first attempt, succeeds once the marker from that attempt exists
-    flaky = write_script(tmp_path / "flaky.py",
-                         "m = os.path.join(os.path.dirname(os.path.abspath(__file__)), f'tried_{a.tag}')\n"
-                         "if not os.path.exists(m):\n    open(m, 'w').close(); sys.exit(1)\n")
+    flaky = write_script(
+        tmp_path / "flaky.py",
+        "m = os.path.join(os.path.dirname(os.path.abspath(__file__)), f'tried_{a.tag}')\n"
+        "if not os.path.exists(m):\n    open(m, 'w').close(); sys.exit(1)\n",
+    )
     r = run_benchmark("--command", f"python {flaky} --tag without", "--num-seeds", "1", "--output", str(tmp_path / "a"))
     assert r.returncode == 1
-    r = run_benchmark("--command", f"python {flaky} --tag with", "--num-seeds", "1", "--retries", "2",
-                      "--output", str(tmp_path / "b"))
+    r = run_benchmark(
+        "--command", f"python {flaky} --tag with", "--num-seeds", "1", "--retries", "2", "--output", str(tmp_path / "b")
+    )
     assert r.returncode == 0, r.stderr
     records = manifest(tmp_path / "b")
     assert [(rec["attempt"], rec["exit_code"]) for rec in records] == [(1, 1), (2, 0)]
@@ -132,10 +151,12 @@ def test_retries_rerun_a_failed_run(tmp_path):
 
 def test_resume_skips_completed_runs(tmp_path):
     # appends its seed to a ledger; seed 2 fails until the file `fixed` exists
-    script = write_script(tmp_path / "ledger.py",
-                          "d = os.path.dirname(os.path.abspath(__file__))\n"
-                          "open(os.path.join(d, 'ledger'), 'a').write(f'{a.seed}{a.tag}\\n')\n"
-                          "sys.exit(1 if a.seed == 2 and not os.path.exists(os.path.join(d, 'fixed')) else 0)\n")
+    script = write_script(
+        tmp_path / "ledger.py",
+        "d = os.path.dirname(os.path.abspath(__file__))\n"
+        "open(os.path.join(d, 'ledger'), 'a').write(f'{a.seed}{a.tag}\\n')\n"
+        "sys.exit(1 if a.seed == 2 and not os.path.exists(os.path.join(d, 'fixed')) else 0)\n",
+    )
     out = str(tmp_path / "sweep")
     ledger = tmp_path / "ledger"
     assert run_benchmark("--command", f"python {script}", "--num-seeds", "2", "--output", out).returncode == 1
@@ -161,16 +182,27 @@ def test_resume_skips_completed_runs(tmp_path):
 @pytest.mark.timeout(120)
 def test_killed_sweep_stops_its_runs_and_resume_reruns_them(tmp_path):
     # the run reports its pid through a FIFO (so the test knows it started, without polling), then blocks
-    script = write_script(tmp_path / "blocking.py",
-                          "d = os.path.dirname(os.path.abspath(__file__))\n"
-                          "if not os.path.exists(os.path.join(d, 'release')):\n"
-                          "    open(os.path.join(d, 'ready'), 'w').write(str(os.getpid()))\n"
-                          "    open(os.path.join(d, 'hold')).read()\n")
+    script = write_script(
+        tmp_path / "blocking.py",
+        "d = os.path.dirname(os.path.abspath(__file__))\n"
+        "if not os.path.exists(os.path.join(d, 'release')):\n"
+        "    open(os.path.join(d, 'ready'), 'w').write(str(os.getpid()))\n"
+        "    open(os.path.join(d, 'hold')).read()\n",
+    )
     os.mkfifo(tmp_path / "ready")
     os.mkfifo(tmp_path / "hold")
     out = tmp_path / "sweep"
-    args = [sys.executable, BENCHMARK, "--no-progress", "--command", f"python {script}", "--num-seeds", "1",
-            "--output", str(out)]
+    args = [
+        sys.executable,
+        BENCHMARK,
+        "--no-progress",
+        "--command",
+        f"python {script}",
+        "--num-seeds",
+        "1",
+        "--output",
+        str(out),
+    ]
     runner = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     with open(tmp_path / "ready") as f:
         pid = int(f.read())
@@ -192,8 +224,21 @@ def test_ray_backend_runs_commands_and_reports_failures(tmp_path):
     ok = write_script(tmp_path / "ok.py", "print('ran seed', a.seed, 'in', os.getcwd())\n")
     bad = write_script(tmp_path / "bad.py", "sys.exit(4)\n")
     out = tmp_path / "sweep"
-    r = run_benchmark("--backend", "ray", "--ray-num-cpus", "2", "--command", f"python {ok}", f"python {bad}",
-                      "--num-seeds", "1", "--output", str(out), "--cwd", str(tmp_path))
+    r = run_benchmark(
+        "--backend",
+        "ray",
+        "--ray-num-cpus",
+        "2",
+        "--command",
+        f"python {ok}",
+        f"python {bad}",
+        "--num-seeds",
+        "1",
+        "--output",
+        str(out),
+        "--cwd",
+        str(tmp_path),
+    )
     if r.returncode == 3 and "could not start a local Ray instance" in r.stderr:
         pytest.skip(f"Ray cannot start on this machine: {r.stderr.strip()[-300:]}")
     assert r.returncode == 1, r.stderr
@@ -212,17 +257,37 @@ def test_report_tables_ci_and_eval_flattening():
     # t(0.975, 2 degrees of freedom) = 4.302652729911275
     assert agg["ci95_high"] - agg["mean"] == pytest.approx(4.302652729911275 / np.sqrt(3))
     assert report.aggregate([5.0])["n"] == 1 and np.isnan(report.aggregate([5.0])["std"])
-    flat = report.flatten_eval({"task": "sine", "returns_after_steps": {"0": 1.5, "1": 2.5}, "ci95": {"0": 0.1},
-                                "num_tasks": 8, "success": True})
-    assert flat == {"eval_returns_after_steps.0": 1.5, "eval_returns_after_steps.1": 2.5, "eval_ci95.0": 0.1,
-                    "eval_num_tasks": 8.0, "eval_success": 1.0}
-    cartpole = {"per_mode": {"1": {"deterministic": {"mean": 3.0}, "sampled": {"mean": 1.0}},
-                             "0": {"deterministic": {"mean": 2.0}, "sampled": {"mean": 4.0}}},
-                "deterministic_mean": 2.5, "sampled_mean": 2.5, "episodes_per_mode": 10, "mode_slot_nmi_deterministic": 0.25}
+    flat = report.flatten_eval(
+        {"task": "sine", "returns_after_steps": {"0": 1.5, "1": 2.5}, "ci95": {"0": 0.1}, "num_tasks": 8, "success": True}
+    )
+    assert flat == {
+        "eval_returns_after_steps.0": 1.5,
+        "eval_returns_after_steps.1": 2.5,
+        "eval_ci95.0": 0.1,
+        "eval_num_tasks": 8.0,
+        "eval_success": 1.0,
+    }
+    cartpole = {
+        "per_mode": {
+            "1": {"deterministic": {"mean": 3.0}, "sampled": {"mean": 1.0}},
+            "0": {"deterministic": {"mean": 2.0}, "sampled": {"mean": 4.0}},
+        },
+        "deterministic_mean": 2.5,
+        "sampled_mean": 2.5,
+        "episodes_per_mode": 10,
+        "mode_slot_nmi_deterministic": 0.25,
+    }
     assert report.flatten_eval(cartpole) == {
-        "eval_deterministic_mode0": 2.0, "eval_sampled_mode0": 4.0, "eval_deterministic_mode1": 3.0,
-        "eval_sampled_mode1": 1.0, "eval_deterministic_mean": 2.5, "eval_sampled_mean": 2.5,
-        "eval_deterministic_worst_mode": 2.0, "eval_sampled_worst_mode": 1.0, "eval_mode_slot_nmi_deterministic": 0.25}
+        "eval_deterministic_mode0": 2.0,
+        "eval_sampled_mode0": 4.0,
+        "eval_deterministic_mode1": 3.0,
+        "eval_sampled_mode1": 1.0,
+        "eval_deterministic_mean": 2.5,
+        "eval_sampled_mean": 2.5,
+        "eval_deterministic_worst_mode": 2.0,
+        "eval_sampled_worst_mode": 1.0,
+        "eval_mode_slot_nmi_deterministic": 0.25,
+    }
 
 
 def raw_scalars(run_dir):
@@ -246,8 +311,12 @@ def test_report_on_real_sb3_runs(tmp_path):
     r = run_benchmark("--command", command, "--num-seeds", "2", "--workers", "2", "--output", str(out))
     assert r.returncode == 0, r.stderr + "".join(open(rec["log_path"]).read() for rec in manifest(out))
     rep = tmp_path / "report"
-    r = subprocess.run([sys.executable, REPORT, "--sweep", str(out), "--output", str(rep), "--labels", "0=sb3_ppo",
-                        "--title", "tiny"], cwd=REPO, capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, REPORT, "--sweep", str(out), "--output", str(rep), "--labels", "0=sb3_ppo", "--title", "tiny"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     text = (rep / "report.md").read_text()
     assert "| sb3_ppo | – | 2 |" in text and "## Per mode" in text and "![learning_curve.png](learning_curve.png)" in text
@@ -368,8 +437,11 @@ def test_peers_callback_logs_each_episode_under_its_mode(peers, normalize):
     model.set_logger(peers.configure(None, []))
     model.learn(args.total_timesteps, callback=peers.CleanRLLogger(writer, 10**9))
     logged_returns = [v for t, v in writer.calls if t == "charts/episodic_return"]
-    logged_modes = [(v, int(t[len("charts/episodic_return_mode"):])) for t, v in writer.calls
-                    if t.startswith("charts/episodic_return_mode")]
+    logged_modes = [
+        (v, int(t[len("charts/episodic_return_mode") :]))
+        for t, v in writer.calls
+        if t.startswith("charts/episodic_return_mode")
+    ]
     assert len(finished) > 5
     assert sorted(logged_returns) == sorted(r for r, _ in finished)
     assert sorted(logged_modes) == sorted(finished)
@@ -381,16 +453,19 @@ def test_peers_bad_flag_exits_2():
     assert r.returncode == 2 and r.stderr.startswith("sb3_peers.py: error: unknown --algo")
 
 
-@pytest.mark.parametrize("overrides,needle", [
-    ({"learning_rate": float("nan")}, "--learning-rate nan must be a finite number"),
-    ({"max_grad_norm": float("nan")}, "--max-grad-norm nan must be a finite number"),
-    ({"gamma": -1.0}, "--gamma -1.0 must be in (0, 1]"),
-    ({"clip_coef": 0.0}, "--clip-coef 0.0 must be positive"),
-    ({"ent_coef": -0.1}, "--ent-coef -0.1 must be non-negative"),
-    ({"seed": -1}, "--seed -1 must be in"),
-    ({"minibatch_size": 1}, "--minibatch-size must be at least 2"),
-    ({"modes_preset": "mirror4", "fixed_mode": 4}, "--fixed-mode 4 is held out of training in mirror4"),
-])
+@pytest.mark.parametrize(
+    "overrides,needle",
+    [
+        ({"learning_rate": float("nan")}, "--learning-rate nan must be a finite number"),
+        ({"max_grad_norm": float("nan")}, "--max-grad-norm nan must be a finite number"),
+        ({"gamma": -1.0}, "--gamma -1.0 must be in (0, 1]"),
+        ({"clip_coef": 0.0}, "--clip-coef 0.0 must be positive"),
+        ({"ent_coef": -0.1}, "--ent-coef -0.1 must be non-negative"),
+        ({"seed": -1}, "--seed -1 must be in"),
+        ({"minibatch_size": 1}, "--minibatch-size must be at least 2"),
+        ({"modes_preset": "mirror4", "fixed_mode": 4}, "--fixed-mode 4 is held out of training in mirror4"),
+    ],
+)
 def test_peers_refuse_meaningless_values_before_any_work(peers, overrides, needle):
     """Found by a CLI fuzz: these trained silently with the value, or failed inside SB3 after the run dir existed."""
     with pytest.raises(ValueError) as err:
@@ -400,10 +475,35 @@ def test_peers_refuse_meaningless_values_before_any_work(peers, overrides, needl
 
 
 def test_peers_recurrent_ppo_smoke(tmp_path):
-    subprocess.run([sys.executable, SB3_PEERS, "--algo", "recurrent_ppo", "--hide-velocity", "--total-timesteps", "256",
-                    "--num-envs", "2", "--num-steps", "64", "--minibatch-size", "64", "--update-epochs", "1",
-                    "--lstm-hidden-size", "16", "--save-model", "--eval-episodes", "2", "--runs-dir", str(tmp_path)],
-                   cwd=REPO, check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            SB3_PEERS,
+            "--algo",
+            "recurrent_ppo",
+            "--hide-velocity",
+            "--total-timesteps",
+            "256",
+            "--num-envs",
+            "2",
+            "--num-steps",
+            "64",
+            "--minibatch-size",
+            "64",
+            "--update-epochs",
+            "1",
+            "--lstm-hidden-size",
+            "16",
+            "--save-model",
+            "--eval-episodes",
+            "2",
+            "--runs-dir",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    )
     (run_dir,) = tmp_path.iterdir()
     with open(run_dir / "eval.json") as f:
         data = json.load(f)
@@ -420,16 +520,43 @@ def test_peers_recurrent_ppo_uses_the_zoo_policy_and_its_saved_obs_normalisation
     assert pol.lstm_actor.hidden_size == 64 and pol.lstm_critic is not None and not pol.ortho_init
     assert pol.activation_fn is torch.nn.ReLU and pol.net_arch == dict(pi=[64], vf=[64])
     assert peers.normalizes_obs("recurrent_ppo") and not peers.normalizes_obs("ppo")
-    subprocess.run([sys.executable, SB3_PEERS, "--algo", "recurrent_ppo", "--hide-velocity", "--total-timesteps", "256",
-                    "--num-envs", "2", "--num-steps", "64", "--minibatch-size", "64", "--update-epochs", "1",
-                    "--lstm-hidden-size", "8", "--save-model", "--eval-episodes", "1", "--runs-dir", str(tmp_path)],
-                   cwd=REPO, check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            SB3_PEERS,
+            "--algo",
+            "recurrent_ppo",
+            "--hide-velocity",
+            "--total-timesteps",
+            "256",
+            "--num-envs",
+            "2",
+            "--num-steps",
+            "64",
+            "--minibatch-size",
+            "64",
+            "--update-epochs",
+            "1",
+            "--lstm-hidden-size",
+            "8",
+            "--save-model",
+            "--eval-episodes",
+            "1",
+            "--runs-dir",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    )
     (path,) = tmp_path.glob("*/*.cleanrl_model")
     rms = torch.load(path, weights_only=True)["obs_rms"]
     assert rms["mean"].shape == (2,) and rms["mean"].abs().sum() > 0  # statistics of real observations were saved
     _, _, _, prep = peers.load_policy(str(path))
     obs = np.array([[0.1, -0.05]], dtype=np.float32)
-    expected = np.clip((obs - rms["mean"].numpy()) / np.sqrt(rms["var"].numpy() + rms["epsilon"]), -rms["clip_obs"], rms["clip_obs"])
+    expected = np.clip(
+        (obs - rms["mean"].numpy()) / np.sqrt(rms["var"].numpy() + rms["epsilon"]), -rms["clip_obs"], rms["clip_obs"]
+    )
     assert np.allclose(prep(obs), expected, atol=1e-6) and not np.allclose(prep(obs), obs)
 
 
@@ -442,7 +569,6 @@ def test_labels_by_index_or_command_text():
     assert report.label_for(labels, 5, "python other.py --x 1") == "other.py --x 1"
     with pytest.raises(ValueError):
         report.parse_labels(["=nothing"])
-
 
 
 def test_report_reads_a_resumed_run_as_tensorboard_shows_it(tmp_path):
@@ -476,8 +602,18 @@ def test_report_reads_a_resumed_run_as_tensorboard_shows_it(tmp_path):
     assert scalars["charts/SPS"][0].tolist() == [1, 2, 3, 4, 5]
     assert report.read_scalars(str(tmp_path / "no_such_run")) == {}
 
-    record = {"run_key": "c0__g0_base__s1", "command_index": 0, "command": "python x.py", "grid_index": 0, "grid": [],
-              "seed": 1, "exit_code": 0, "wall_time_s": 1.0, "runs_dir": str(run_dir.parent), "run_dirs": [str(run_dir)]}
+    record = {
+        "run_key": "c0__g0_base__s1",
+        "command_index": 0,
+        "command": "python x.py",
+        "grid_index": 0,
+        "grid": [],
+        "seed": 1,
+        "exit_code": 0,
+        "wall_time_s": 1.0,
+        "runs_dir": str(run_dir.parent),
+        "run_dirs": [str(run_dir)],
+    }
     (tmp_path / "sweep" / "manifest.jsonl").write_text(json.dumps(record) + "\n")
     out = tmp_path / "report"
     report.build_report([str(tmp_path / "sweep")], str(out), {0: "m"}, last_n=100)
@@ -496,8 +632,18 @@ def test_report_copies_the_runs_own_figures(tmp_path):
     run_dir.mkdir(parents=True)
     (run_dir / "slot_heatmap.png").write_bytes(b"\x89PNG\r\n\x1a\nfake")
     (run_dir / "eval.json").write_text(json.dumps({"per_mode": {"0": {"deterministic": {"mean": 9.0}}}}))
-    record = {"run_key": "c0__g0_base__s1", "command_index": 0, "command": "python x.py", "grid_index": 0, "grid": [],
-              "seed": 1, "exit_code": 0, "wall_time_s": 1.0, "runs_dir": str(run_dir.parent), "run_dirs": [str(run_dir)]}
+    record = {
+        "run_key": "c0__g0_base__s1",
+        "command_index": 0,
+        "command": "python x.py",
+        "grid_index": 0,
+        "grid": [],
+        "seed": 1,
+        "exit_code": 0,
+        "wall_time_s": 1.0,
+        "runs_dir": str(run_dir.parent),
+        "run_dirs": [str(run_dir)],
+    }
     (tmp_path / "sweep" / "manifest.jsonl").write_text(json.dumps(record) + "\n")
     out = tmp_path / "report"
     report.build_report([str(tmp_path / "sweep")], str(out), {0: "m"})
@@ -520,17 +666,34 @@ def test_tta_summary_pairs_gains_per_adaptation_seed_and_pools_over_training_see
         ckpt = f"out/runs/c1__g2_modes-preset_inverted4__s{seed}/run/ppo_gru_astral.cleanrl_model"
         # seed 1 has a ceiling 7 above its before (headroom 6 for a gain of 3), seed 2 none (a run without one)
         ceiling = {"ceiling": {"best": "slot0", "sampled": {"mean": 7.0}}} if seed == 1 else {}
-        (d / "tta.json").write_text(json.dumps({"checkpoint": ckpt, "targets": [target], "results": {"mode3": {
-            "before": {"sampled": {"mean": 1.0, "ci95": 0.0}}, "controls": {"none": control(none), "gate": control(gate)},
-            **ceiling}}}))
+        (d / "tta.json").write_text(
+            json.dumps(
+                {
+                    "checkpoint": ckpt,
+                    "targets": [target],
+                    "results": {
+                        "mode3": {
+                            "before": {"sampled": {"mean": 1.0, "ci95": 0.0}},
+                            "controls": {"none": control(none), "gate": control(gate)},
+                            **ceiling,
+                        }
+                    },
+                }
+            )
+        )
     out = tmp_path / "tables.md"
     assert summary.main(["--root", str(tmp_path), "--output", str(out)]) == 0
     text = out.read_text()
-    assert ("| inverted4 `--hide-velocity` | 1 | mode3 (g 9.8, l 0.5, inverted) | gate | 1.0 ± 0.0 | 18.0 ± 76.2 | 18.0 ± 76.2 "
-            "| 18.0 ± 76.2 | 3.0 ± 12.7 | 7.0 (slot0) | 0.50 |") in text
+    assert (
+        "| inverted4 `--hide-velocity` | 1 | mode3 (g 9.8, l 0.5, inverted) | gate | 1.0 ± 0.0 | 18.0 ± 76.2 | 18.0 ± 76.2 "
+        "| 18.0 ± 76.2 | 3.0 ± 12.7 | 7.0 (slot0) | 0.50 |"
+    ) in text
     assert "| gate | 1.0 ± 0.0 | 16.0 ± 12.7 | 16.0 ± 12.7 | 16.0 ± 12.7 | 1.0 ± 12.7 | — | — |" in text
     # pooled: per-seed mean gains 3 and 1 -> mean 2, t(1) CI 12.706 * 1.414 / 1.414 = 12.7; the fraction of seed 1 only
-    assert "| inverted4 `--hide-velocity` | mode3 (g 9.8, l 0.5, inverted) | gate | 2 | 2.0 ± 12.7 | 2/2 | 0.50 (1 seeds) |" in text
+    assert (
+        "| inverted4 `--hide-velocity` | mode3 (g 9.8, l 0.5, inverted) | gate | 2 | 2.0 ± 12.7 | 2/2 | 0.50 (1 seeds) |"
+        in text
+    )
     assert summary.main(["--root", str(tmp_path / "missing"), "--output", str(out)]) == 2
 
 
@@ -547,16 +710,44 @@ def test_tta_summary_one_seed_sweep_has_no_ci_and_every_clamp_sweep_gets_a_table
     def cell(v):
         return {"deterministic": {"mean": v}, "sampled": {"mean": v}}
 
-    (d / "tta.json").write_text(json.dumps({"checkpoint": ckpt, "targets": [target], "results": {"mode0": {
-        "before": {"sampled": {"mean": 1.0, "ci95": 0.0}}, "controls": {"none": ctl([10.0, 20.0]), "gate": ctl([13.0, 21.0])}}}}))
+    (d / "tta.json").write_text(
+        json.dumps(
+            {
+                "checkpoint": ckpt,
+                "targets": [target],
+                "results": {
+                    "mode0": {
+                        "before": {"sampled": {"mean": 1.0, "ci95": 0.0}},
+                        "controls": {"none": ctl([10.0, 20.0]), "gate": ctl([13.0, 21.0])},
+                    }
+                },
+            }
+        )
+    )
     for sweep, learned in (("clamp_all", 500.0), ("full", 250.0)):
         d = tmp_path / sweep / "runs" / "c1__g0_base__s3" / "run"
         d.mkdir(parents=True)
-        specificity = {"specificity": {"deterministic": {"score": 12.5}, "sampled": {"score": None}}} if sweep == "full" else {}
-        (d / "clamp.json").write_text(json.dumps({"checkpoint": ckpt, "targets": [target], "columns": ["slot0", "uniform", "learned"],
-                                                  "results": {"mode0": {"slot0": cell(300.0), "uniform": cell(learned),
-                                                                        "learned": cell(learned), "learned_slot_weights": [1.0]}},
-                                                  **specificity}))
+        specificity = (
+            {"specificity": {"deterministic": {"score": 12.5}, "sampled": {"score": None}}} if sweep == "full" else {}
+        )
+        (d / "clamp.json").write_text(
+            json.dumps(
+                {
+                    "checkpoint": ckpt,
+                    "targets": [target],
+                    "columns": ["slot0", "uniform", "learned"],
+                    "results": {
+                        "mode0": {
+                            "slot0": cell(300.0),
+                            "uniform": cell(learned),
+                            "learned": cell(learned),
+                            "learned_slot_weights": [1.0],
+                        }
+                    },
+                    **specificity,
+                }
+            )
+        )
     out = tmp_path / "tables.md"
     assert summary.main(["--root", str(tmp_path), "--output", str(out)]) == 0
     text = out.read_text()
@@ -564,8 +755,14 @@ def test_tta_summary_one_seed_sweep_has_no_ci_and_every_clamp_sweep_gets_a_table
     assert "| seed3 | mode0 (g 9.8, l 0.5) | gate | 1 | 2.0 (one seed: no CI) | 1/1 |" in text
     # a table per clamp sweep, each from its own clamp.json (max |Δ| vs learned 200 in one, 50 in the other)
     assert "### clamp (`clamp_all`)" in text and "### clamp (`full`)" in text and "### clamp (`clamp_b`)" not in text
-    assert "| seed3 | 3 | mode0 (g 9.8, l 0.5) | 300.0 / 500.0 / 500.0 | 300.0 / 500.0 / 500.0 | 200.0 / 200.0 | [1.00] | — / — |" in text
-    assert "| seed3 | 3 | mode0 (g 9.8, l 0.5) | 300.0 / 250.0 / 250.0 | 300.0 / 250.0 / 250.0 | 50.0 / 50.0 | [1.00] | 12.5 / — |" in text
+    assert (
+        "| seed3 | 3 | mode0 (g 9.8, l 0.5) | 300.0 / 500.0 / 500.0 | 300.0 / 500.0 / 500.0 | 200.0 / 200.0 | [1.00] | — / — |"
+        in text
+    )
+    assert (
+        "| seed3 | 3 | mode0 (g 9.8, l 0.5) | 300.0 / 250.0 / 250.0 | 300.0 / 250.0 / 250.0 "
+        "| 50.0 / 50.0 | [1.00] | 12.5 / — |" in text
+    )
 
 
 def test_tta_summary_reads_the_study_sweeps_and_labels_the_held_out_mode(tmp_path):
@@ -579,10 +776,21 @@ def test_tta_summary_reads_the_study_sweeps_and_labels_the_held_out_mode(tmp_pat
 
     d = tmp_path / "study_adapt_frozen" / "runs" / "c0__g0_base__s6" / "run"
     d.mkdir(parents=True)
-    (d / "tta.json").write_text(json.dumps({"checkpoint": "out/phase_C/runs/c0__g0_base__s6/run/frozen.cleanrl_model", "targets": [target],
-                                            "results": {"mode4": {"before": {"sampled": {"mean": 1.0, "ci95": 0.0}},
-                                                                  "ceiling": {"best": "slot0", "sampled": {"mean": 9.0}},
-                                                                  "controls": {"none": ctl([10.0, 20.0]), "gate": ctl([13.0, 21.0])}}}}))
+    (d / "tta.json").write_text(
+        json.dumps(
+            {
+                "checkpoint": "out/phase_C/runs/c0__g0_base__s6/run/frozen.cleanrl_model",
+                "targets": [target],
+                "results": {
+                    "mode4": {
+                        "before": {"sampled": {"mean": 1.0, "ci95": 0.0}},
+                        "ceiling": {"best": "slot0", "sampled": {"mean": 9.0}},
+                        "controls": {"none": ctl([10.0, 20.0]), "gate": ctl([13.0, 21.0])},
+                    }
+                },
+            }
+        )
+    )
     out = tmp_path / "tables.md"
     assert summary.main(["--root", str(tmp_path), "--output", str(out)]) == 0
     text = out.read_text()
@@ -607,22 +815,48 @@ def test_tta_summary_scores_the_study_criteria_3_and_4_as_the_protocol_fixes_the
             jitter = (s % 2) * 2.0  # gains differ by seed so the CI has a width
             results = {
                 # mode0: before 100, ceiling 200 (gap 100); gate gains 60 +- 1, context gains 40 +- 1 (below half the gap)
-                "mode0": {"before": {"sampled": {"mean": 100.0, "ci95": 0.0}}, "ceiling": {"best": "slot0", "sampled": {"mean": 200.0}},
-                          "controls": {"none": ctl([100.0, 100.0]), "gate": ctl([159.0 + jitter, 159.0 + jitter]),
-                                       "context": ctl([139.0 + jitter, 139.0 + jitter])}},
+                "mode0": {
+                    "before": {"sampled": {"mean": 100.0, "ci95": 0.0}},
+                    "ceiling": {"best": "slot0", "sampled": {"mean": 200.0}},
+                    "controls": {
+                        "none": ctl([100.0, 100.0]),
+                        "gate": ctl([159.0 + jitter, 159.0 + jitter]),
+                        "context": ctl([139.0 + jitter, 139.0 + jitter]),
+                    },
+                },
                 # mode4: ceiling below before (gap counted 0): any gain with a CI above 0 passes
-                "mode4": {"before": {"sampled": {"mean": 300.0, "ci95": 0.0}}, "ceiling": {"best": "slot1", "sampled": {"mean": 250.0}},
-                          "controls": {"none": ctl([300.0]), "gate": ctl([300.0 + gate_gain_mode4 + jitter]),
-                                       "context": ctl([301.0 + jitter])}}}
-            (d / "tta.json").write_text(json.dumps({"checkpoint": f"x/c0__g0_base__s{s}/run/frozen.cleanrl_model",
-                                                    "targets": targets, "results": results}))
+                "mode4": {
+                    "before": {"sampled": {"mean": 300.0, "ci95": 0.0}},
+                    "ceiling": {"best": "slot1", "sampled": {"mean": 250.0}},
+                    "controls": {
+                        "none": ctl([300.0]),
+                        "gate": ctl([300.0 + gate_gain_mode4 + jitter]),
+                        "context": ctl([301.0 + jitter]),
+                    },
+                },
+            }
+            (d / "tta.json").write_text(
+                json.dumps(
+                    {"checkpoint": f"x/c0__g0_base__s{s}/run/frozen.cleanrl_model", "targets": targets, "results": results}
+                )
+            )
             d = tmp_path / "study_clamp_frozen" / "runs" / f"c0__g0_base__s{s}" / "run"
             d.mkdir(parents=True, exist_ok=True)
             cell = {"deterministic": {"mean": 500.0}, "sampled": {"mean": 500.0}}
-            (d / "clamp.json").write_text(json.dumps({
-                "checkpoint": f"x/c0__g0_base__s{s}/run/frozen.cleanrl_model", "targets": targets[:1], "columns": ["slot0", "learned"],
-                "results": {"mode0": {"slot0": cell, "learned": cell, "learned_slot_weights": [1.0]}},
-                "specificity": {"deterministic": {"score": 250.0 if s < 13 else 200.0 if s == 13 else 150.0}, "sampled": {"score": 10.0}}}))
+            (d / "clamp.json").write_text(
+                json.dumps(
+                    {
+                        "checkpoint": f"x/c0__g0_base__s{s}/run/frozen.cleanrl_model",
+                        "targets": targets[:1],
+                        "columns": ["slot0", "learned"],
+                        "results": {"mode0": {"slot0": cell, "learned": cell, "learned_slot_weights": [1.0]}},
+                        "specificity": {
+                            "deterministic": {"score": 250.0 if s < 13 else 200.0 if s == 13 else 150.0},
+                            "sampled": {"score": 10.0},
+                        },
+                    }
+                )
+            )
 
     out = tmp_path / "tables.md"
     write(range(6, 15), 4.0)  # nine of the ten seeds
@@ -658,14 +892,26 @@ def _fake_maml_run(root, sweep, seed, args, returns, cis=(1.0, 1.0, 1.0, 1.0), s
     d = root / sweep / "runs" / f"c0__s{seed}" / f"run{seed}"
     d.mkdir(parents=True)
     maml = importlib.import_module("cleanrl_astral.maml_ssm")
-    ckpt = {"args": dict(args, seed=seed), "param_count": 13193, "train_wall_time": 950.0, "train_cpu_time": 900.0,
-            "task_version": maml.TASK_VERSIONS[args["task"]] if version is None else version}
+    ckpt = {
+        "args": dict(args, seed=seed),
+        "param_count": 13193,
+        "train_wall_time": 950.0,
+        "train_cpu_time": 900.0,
+        "task_version": maml.TASK_VERSIONS[args["task"]] if version is None else version,
+    }
     if steps_done is not None:
         ckpt["outer_steps_done"] = steps_done
     torch.save(ckpt, d / "maml_ssm.cleanrl_model")
-    (d / "eval.json").write_text(json.dumps({"task": args["task"], "num_tasks": 40,
-                                             "returns_after_steps": {str(k): v for k, v in enumerate(returns)},
-                                             "ci95": {str(k): v for k, v in enumerate(cis)}}))
+    (d / "eval.json").write_text(
+        json.dumps(
+            {
+                "task": args["task"],
+                "num_tasks": 40,
+                "returns_after_steps": {str(k): v for k, v in enumerate(returns)},
+                "ci95": {str(k): v for k, v in enumerate(cis)},
+            }
+        )
+    )
 
 
 def test_maml_ssm_report_keeps_the_goal_rules_apart_and_pools_seeds(tmp_path):
@@ -684,16 +930,37 @@ def test_maml_ssm_report_keeps_the_goal_rules_apart_and_pools_seeds(tmp_path):
     _fake_maml_run(out, "trpo", 2, dict(trpo, goal_box=True), [-42.0, -12.0, -6.0, -5.0], steps_done=97)
     _fake_maml_run(out, "trpo_euclidean", 1, old, [-30.0, -7.0, -5.0, -5.0], steps_done=120)
     _fake_maml_run(out, "trpo_euclidean", 2, dict(trpo, goal_box=False), [-32.0, -9.0, -7.0, -7.0], steps_done=120)
-    _fake_maml_run(out, "ssm", 3, dict(base, outer_optimizer="adam", outer_steps=150), [-200.0, -29.0, -20.5, -22.0],
-                   cis=(5.0, 2.0, 1.5, 1.25))
+    _fake_maml_run(
+        out,
+        "ssm",
+        3,
+        dict(base, outer_optimizer="adam", outer_steps=150),
+        [-200.0, -29.0, -20.5, -22.0],
+        cis=(5.0, 2.0, 1.5, 1.25),
+    )
     rep = tmp_path / "report"
     assert report.main(["--out", str(out), "--report", str(rep)]) == 0
-    rows = {line.split(" | ")[0][2:]: line for line in (rep / "point_nav_table.md").read_text().splitlines() if line.startswith("| MAML")}
+    rows = {
+        line.split(" | ")[0][2:]: line
+        for line in (rep / "point_nav_table.md").read_text().splitlines()
+        if line.startswith("| MAML")
+    }
     square = "MAML MLP, TRPO 20 x 20, 900 CPU-s budget, goal square"
     disc = "MAML MLP, TRPO 20 x 20, 900 CPU-s budget, Euclidean goal"
-    assert rows[square] == f"| {square} | 13193 | 1,2 | 96–97 | -41.00 ± 1.41 | -11.00 ± 1.41 | -5.00 ± 1.41 | -4.00 ± 1.41 | 950 | 900 |"
-    assert rows[disc] == f"| {disc} | 13193 | 1,2 | 120 | -31.00 ± 1.41 | -8.00 ± 1.41 | -6.00 ± 1.41 | -6.00 ± 1.41 | 950 | 900 |"
-    assert rows["MAML SSM, 150 outer steps"].split(" | ")[4:8] == ["-200.00 ± 5.00", "-29.00 ± 2.00", "-20.50 ± 1.50", "-22.00 ± 1.25"]
+    assert (
+        rows[square]
+        == f"| {square} | 13193 | 1,2 | 96–97 | -41.00 ± 1.41 | -11.00 ± 1.41 | -5.00 ± 1.41 | -4.00 ± 1.41 | 950 | 900 |"
+    )
+    assert (
+        rows[disc]
+        == f"| {disc} | 13193 | 1,2 | 120 | -31.00 ± 1.41 | -8.00 ± 1.41 | -6.00 ± 1.41 | -6.00 ± 1.41 | 950 | 900 |"
+    )
+    assert rows["MAML SSM, 150 outer steps"].split(" | ")[4:8] == [
+        "-200.00 ± 5.00",
+        "-29.00 ± 2.00",
+        "-20.50 ± 1.50",
+        "-22.00 ± 1.25",
+    ]
     assert "| -40.41 | -11.68 | -3.33 | -3.23 |" in rows["MAML paper, Table 4 (MLP, TRPO)"]
     runs = json.loads((rep / "point_nav_runs.json").read_text())
     assert sorted(r["seed"] for r in runs[square]) == [1, 2] and sorted(r["seed"] for r in runs[disc]) == [1, 2]
@@ -709,8 +976,9 @@ def test_maml_ssm_report_keeps_the_goal_rules_apart_and_pools_seeds(tmp_path):
             w.add_scalar("meta/post_adapt_return", v / 10, i)
         w.close()
     drawn = report.training_curves(report.load_runs(str(out)), str(rep))
-    assert drawn == {"mlp TRPO square s1": {"meta/pre_adapt_return": [-70.0, -55.0, -45.0],
-                                            "meta/post_adapt_return": [-7.0, -5.5, -4.5]}}
+    assert drawn == {
+        "mlp TRPO square s1": {"meta/pre_adapt_return": [-70.0, -55.0, -45.0], "meta/post_adapt_return": [-7.0, -5.5, -4.5]}
+    }
 
 
 def test_maml_ssm_report_tables_the_protocol_per_task_and_policy_with_t_intervals(tmp_path):
@@ -724,13 +992,22 @@ def test_maml_ssm_report_tables_the_protocol_per_task_and_policy_with_t_interval
     out = tmp_path / "out"
     for seed, (ret, steps) in enumerate([(-4.0, 90), (-5.0, 95), (-6.0, 100)], start=1):
         _fake_maml_run(out, "protocol_point_nav", seed, dict(paper, policy="mlp"), [-40.0, -10.0, ret, ret], steps_done=steps)
-    _fake_maml_run(out, "protocol_cartpole", 1, dict(paper, task="cartpole-physics", goal_box=False, policy="ssm"),
-                   [150.0, 180.0, 190.0, 195.0], steps_done=30)
+    _fake_maml_run(
+        out,
+        "protocol_cartpole",
+        1,
+        dict(paper, task="cartpole-physics", goal_box=False, policy="ssm"),
+        [150.0, 180.0, 190.0, 195.0],
+        steps_done=30,
+    )
     _fake_maml_run(out, "trpo", 9, dict(paper, policy="mlp"), [-1.0] * 4, steps_done=1)
     assert report.main(["--out", str(out), "--report", str(tmp_path / "rep")]) == 0
     table = (tmp_path / "rep" / "protocol_table.md").read_text()
-    half = 4.302653 * 1.0 / 3 ** 0.5  # t(0.975, 2 dof) x sd 1 / sqrt(3)
-    assert f"| point-nav-2d | mlp | 3 | 95 (90–100) | -40.00 ± 0.00 | -10.00 ± 0.00 | -5.00 ± {half:.2f} | -5.00 ± {half:.2f} |" in table
+    half = 4.302653 * 1.0 / 3**0.5  # t(0.975, 2 dof) x sd 1 / sqrt(3)
+    assert (
+        f"| point-nav-2d | mlp | 3 | 95 (90–100) | -40.00 ± 0.00 | -10.00 ± 0.00 | -5.00 ± {half:.2f} | -5.00 ± {half:.2f} |"
+        in table
+    )
     assert "| cartpole-physics | ssm | 1 | 30 (30–30) | 150.00 ± 0.00 |" in table and "-1.00" not in table
     assert (tmp_path / "rep" / "protocol.png").stat().st_size > 0
 
@@ -774,15 +1051,22 @@ def test_reinforce_baby_report_checks_the_mvp_criteria_per_seed_and_compares_met
     rep_mod = load(os.path.join(REPO, "benchmark", "reinforce_baby_report.py"))
     out = tmp_path / "out"
     steps = list(range(1000, 10001, 1000))
-    good = {"charts/success_rate": [(s, 0.2 if s < 3000 else 0.95) for s in steps],
-            "losses/entropy": [(s, 2.0 - s / 10000) for s in steps],
-            "losses/world_model_mse": [(s, 1.0 - s / 20000) for s in steps]}
+    good = {
+        "charts/success_rate": [(s, 0.2 if s < 3000 else 0.95) for s in steps],
+        "losses/entropy": [(s, 2.0 - s / 10000) for s in steps],
+        "losses/world_model_mse": [(s, 1.0 - s / 20000) for s in steps],
+    }
     ev = {"success_rate": 0.99, "train_time_s": 3.0}
     for seed in (1, 2, 3, 4):
         _fake_baby_run(out / "mvp", f"c0__g0_base__s{seed}", good, ev, wall=75.0 if seed == 3 else 8.0)
     # seed 5: 0.95 logged at step 5,001 only, so 0.6 at 5,000 (> 50%, not > 90%); its entropy rises
-    slow = dict(good, **{"charts/success_rate": [(1000, 0.1), (5000, 0.6), (5001, 0.95), (10000, 0.97)],
-                         "losses/entropy": [(s, 1.0 + s / 10000) for s in steps]})
+    slow = dict(
+        good,
+        **{
+            "charts/success_rate": [(1000, 0.1), (5000, 0.6), (5001, 0.95), (10000, 0.97)],
+            "losses/entropy": [(s, 1.0 + s / 10000) for s in steps],
+        },
+    )
     _fake_baby_run(out / "mvp", "c0__g0_base__s5", slow, ev, wall=9.0)
 
     TASKS = ["pattern-echo", "sequence-next", "conditional"]
@@ -793,8 +1077,12 @@ def test_reinforce_baby_report_checks_the_mvp_criteria_per_seed_and_compares_met
         return c
 
     def final(success):
-        return {"success_rate": success, "eval_levels": {t: 2 for t in TASKS}, "world_model_mse": 0.5,
-                "per_difficulty_success": {f"{t}/level{lvl}": success for t in TASKS for lvl in range(3)}}
+        return {
+            "success_rate": success,
+            "eval_levels": {t: 2 for t in TASKS},
+            "world_model_mse": 0.5,
+            "per_difficulty_success": {f"{t}/level{lvl}": success for t in TASKS for lvl in range(3)},
+        }
 
     _fake_baby_run(out / "curriculum", "c0__g0_algorithm_reinforce__s1", curriculum(80000, 0.8, 2), final(0.9), 60.0)
     _fake_baby_run(out / "curriculum", "c0__g1_algorithm_ppo__s1", curriculum(80000, 0.4, 1), final(0.5), 50.0)
@@ -834,11 +1122,13 @@ def test_reinforce_baby_report_checks_the_mvp_criteria_per_seed_and_compares_met
 def test_a_rerun_that_fails_loses_its_old_marker_so_resume_runs_it_again(tmp_path):
     """A run re-made without --resume starts from an emptied directory; if it then fails, the marker of its earlier
     success must not make the next --resume skip it (the report would read the emptied directory)."""
-    script = write_script(tmp_path / "flip.py",
-                          "d = os.path.dirname(os.path.abspath(__file__))\n"
-                          "open(os.path.join(d, 'ledger'), 'a').write(f'{a.seed}\\n')\n"
-                          "os.makedirs(os.path.join(a.runs_dir, 'run'))\n"
-                          "sys.exit(3 if os.path.exists(os.path.join(d, 'broken')) else 0)\n")
+    script = write_script(
+        tmp_path / "flip.py",
+        "d = os.path.dirname(os.path.abspath(__file__))\n"
+        "open(os.path.join(d, 'ledger'), 'a').write(f'{a.seed}\\n')\n"
+        "os.makedirs(os.path.join(a.runs_dir, 'run'))\n"
+        "sys.exit(3 if os.path.exists(os.path.join(d, 'broken')) else 0)\n",
+    )
     out = str(tmp_path / "sweep")
     assert run_benchmark("--command", f"python {script}", "--num-seeds", "1", "--output", out).returncode == 0
     (tmp_path / "broken").touch()
@@ -881,9 +1171,17 @@ def test_bad_runner_flags_are_one_line_errors_before_any_run(tmp_path):
 def test_a_corrupt_or_empty_manifest_is_a_one_line_error_before_the_report_is_written(tmp_path):
     """Each used to be a traceback (JSONDecodeError, KeyError, IsADirectoryError) or, for an empty manifest, an
     empty report with exit 0."""
-    report = load(REPORT)
-    good = {"run_key": "c0__g0_base__s1", "command_index": 0, "command": "python x.py", "grid_index": 0, "grid": "",
-            "seed": 1, "exit_code": 0, "runs_dir": "r", "wall_time_s": 1.0}
+    good = {
+        "run_key": "c0__g0_base__s1",
+        "command_index": 0,
+        "command": "python x.py",
+        "grid_index": 0,
+        "grid": "",
+        "seed": 1,
+        "exit_code": 0,
+        "runs_dir": "r",
+        "wall_time_s": 1.0,
+    }
     cases = {
         json.dumps(good) + "\n{truncated": "line 2 is not a JSON object",
         json.dumps({k: v for k, v in good.items() if k != "seed"}): "line 1 lacks seed",
@@ -898,8 +1196,12 @@ def test_a_corrupt_or_empty_manifest_is_a_one_line_error_before_the_report_is_wr
         else:
             sweep.mkdir()
             (sweep / "manifest.jsonl").write_text(text)
-        r = subprocess.run([sys.executable, REPORT, "--sweep", str(sweep), "--output", str(tmp_path / "rep")],
-                           cwd=REPO, capture_output=True, text=True)
+        r = subprocess.run(
+            [sys.executable, REPORT, "--sweep", str(sweep), "--output", str(tmp_path / "rep")],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        )
         assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, (text, r.stderr)
     assert not (tmp_path / "rep").exists()
 
@@ -919,9 +1221,21 @@ def test_labels_follow_the_command_index_and_a_missing_eval_json_is_a_warning(tm
         w.close()
         if seed != 2:
             (run_dir / "eval.json").write_text(json.dumps({"deterministic_mean": 4.0 + seed}))
-        records.append({"run_key": f"c1__g0_base__s{seed}", "command_index": 1, "num_commands": 2,
-                        "command": "python fast.py", "grid_index": 0, "grid": "", "seed": seed, "exit_code": 0,
-                        "wall_time_s": 1.0, "runs_dir": str(run_dir.parent), "run_dirs": [str(run_dir)]})
+        records.append(
+            {
+                "run_key": f"c1__g0_base__s{seed}",
+                "command_index": 1,
+                "num_commands": 2,
+                "command": "python fast.py",
+                "grid_index": 0,
+                "grid": "",
+                "seed": seed,
+                "exit_code": 0,
+                "wall_time_s": 1.0,
+                "runs_dir": str(run_dir.parent),
+                "run_dirs": [str(run_dir)],
+            }
+        )
     (sweep / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     result = report.build_report([str(sweep)], str(tmp_path / "report"), {0: "slow_method", 1: "fast_method"})
     text = (tmp_path / "report" / "report.md").read_text()
@@ -932,8 +1246,10 @@ def test_labels_follow_the_command_index_and_a_missing_eval_json_is_a_warning(tm
     assert any(p.startswith("label 0=slow_method matches no command") for p in result["problems"])
     result = report.build_report([str(sweep)], str(tmp_path / "report2"), {"fats.py": "fast_method"})
     assert any(p.startswith("label fats.py=fast_method matches no command") for p in result["problems"])
-    assert not any(p.startswith("label") for p in
-                   report.build_report([str(sweep)], str(tmp_path / "report3"), {"fast.py": "f"})["problems"])
+    assert not any(
+        p.startswith("label")
+        for p in report.build_report([str(sweep)], str(tmp_path / "report3"), {"fast.py": "f"})["problems"]
+    )
     # the same sweep given twice (here once through a trailing slash) would double its seeds: refused
     assert report.main(["--sweep", str(sweep), str(sweep) + "/", "--output", str(tmp_path / "twice")]) == 2
     assert not (tmp_path / "twice").exists()
@@ -945,13 +1261,16 @@ def test_retries_means_that_many_more_attempts_and_no_more(tmp_path):
     """--retries 1 must give a run that fails once exactly one more attempt (which succeeds), and a run that always
     fails exactly two attempts in all; an off-by-one in the retry count gives the flaky run no second chance or the
     broken one a third."""
-    flaky = write_script(tmp_path / "flaky.py",
-                         "m = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'tried')\n"
-                         "if not os.path.exists(m):\n    open(m, 'w').close(); sys.exit(1)\n")
+    flaky = write_script(
+        tmp_path / "flaky.py",
+        "m = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'tried')\n"
+        "if not os.path.exists(m):\n    open(m, 'w').close(); sys.exit(1)\n",
+    )
     bad = write_script(tmp_path / "bad.py", "sys.exit(5)\n")
     out = tmp_path / "sweep"
-    r = run_benchmark("--command", f"python {flaky}", f"python {bad}", "--num-seeds", "1", "--retries", "1",
-                      "--output", str(out))
+    r = run_benchmark(
+        "--command", f"python {flaky}", f"python {bad}", "--num-seeds", "1", "--retries", "1", "--output", str(out)
+    )
     assert r.returncode == 1, r.stderr
     attempts = {}
     for rec in manifest(out):
@@ -962,8 +1281,20 @@ def test_retries_means_that_many_more_attempts_and_no_more(tmp_path):
 
 def test_env_ids_add_a_grid_dimension_beside_the_grid(tmp_path):
     """--env-ids is one more grid dimension: with --grid it must form the Cartesian product, not replace it."""
-    r = run_benchmark("--command", "python x.py", "--env-ids", "EnvA", "EnvB", "--grid", "--lr 1 2", "--num-seeds", "1",
-                      "--output", str(tmp_path / "sweep"), "--dry-run")
+    r = run_benchmark(
+        "--command",
+        "python x.py",
+        "--env-ids",
+        "EnvA",
+        "EnvB",
+        "--grid",
+        "--lr 1 2",
+        "--num-seeds",
+        "1",
+        "--output",
+        str(tmp_path / "sweep"),
+        "--dry-run",
+    )
     assert r.returncode == 0, r.stderr
     lines = r.stdout.strip().splitlines()
     assert len(lines) == 4
@@ -977,9 +1308,8 @@ def test_report_groups_seeds_per_method_and_grid_point_and_keeps_each_runs_last_
     its directory holds events; a retried run counts by its last attempt; the final return is the mean of the last
     N logged episodes. Pooled grid points or methods, a failed run in the tables, the first attempt kept, or all
     (or the first N) episodes averaged would each change a number checked here."""
-    from torch.utils.tensorboard import SummaryWriter
-
     import pandas as pd
+    from torch.utils.tensorboard import SummaryWriter
 
     report = load(REPORT)
     sweep = tmp_path / "sweep"
@@ -992,10 +1322,22 @@ def test_report_groups_seeds_per_method_and_grid_point_and_keeps_each_runs_last_
         for step, value in enumerate([-500.0] * 5 + [final - 1, final, final + 1], 1):  # last 3 average to `final`
             w.add_scalar("charts/episodic_return", value, step)
         w.close()
-        records.append({"run_key": key, "command_index": ci, "num_commands": 2, "command": f"python m{ci}.py",
-                        "grid_index": gi, "grid": f"--lr {gi + 1}", "seed": seed, "exit_code": exit_code,
-                        "attempt": attempt, "wall_time_s": 1.0, "runs_dir": str(run_dir.parent),
-                        "run_dirs": [str(run_dir)]})
+        records.append(
+            {
+                "run_key": key,
+                "command_index": ci,
+                "num_commands": 2,
+                "command": f"python m{ci}.py",
+                "grid_index": gi,
+                "grid": f"--lr {gi + 1}",
+                "seed": seed,
+                "exit_code": exit_code,
+                "attempt": attempt,
+                "wall_time_s": 1.0,
+                "runs_dir": str(run_dir.parent),
+                "run_dirs": [str(run_dir)],
+            }
+        )
 
     for ci in (0, 1):
         for gi in (0, 1):
@@ -1010,10 +1352,10 @@ def test_report_groups_seeds_per_method_and_grid_point_and_keeps_each_runs_last_
     result = report.build_report([str(sweep)], str(tmp_path / "report"), {0: "m0", 1: "m1"}, last_n=3)
     assert [r["run_key"] for r in result["failed"]] == ["c0__g0_lr_1__s3"]
     summary = pd.read_csv(tmp_path / "report" / "summary.csv")
-    got = {(row.method, row.grid): (row.n_seeds, str(row.seeds), row.final_return__mean)
-           for row in summary.itertuples()}
-    assert got == {(f"m{ci}", f"--lr {gi + 1}"): (2, "1 2", pytest.approx(100 * ci + 10 * gi + 1.5))
-                   for ci in (0, 1) for gi in (0, 1)}
+    got = {(row.method, row.grid): (row.n_seeds, str(row.seeds), row.final_return__mean) for row in summary.itertuples()}
+    assert got == {
+        (f"m{ci}", f"--lr {gi + 1}"): (2, "1 2", pytest.approx(100 * ci + 10 * gi + 1.5)) for ci in (0, 1) for gi in (0, 1)
+    }
     assert summary["final_return__std"].tolist() == pytest.approx([np.sqrt(0.5)] * 4)
 
 
@@ -1024,8 +1366,7 @@ def test_learning_curves_are_smoothed_over_the_given_window_and_stop_at_the_shor
     report = load(REPORT)
     steps = np.arange(10, dtype=float)
     alternating = np.array([0.0, 10.0] * 5)
-    grid, mean, std = report.mean_std_curve([(steps, alternating), (steps[:7], alternating[:7] + 2.0)], smooth=2,
-                                            points=7)
+    grid, mean, std = report.mean_std_curve([(steps, alternating), (steps[:7], alternating[:7] + 2.0)], smooth=2, points=7)
     assert grid.tolist() == [0, 1, 2, 3, 4, 5, 6]
     # seed 1 smoothed: 0, 5, 5, ...; seed 2 (shifted by 2): 2, 7, 7, ...
     assert mean.tolist() == pytest.approx([1.0] + [6.0] * 6)
@@ -1041,14 +1382,19 @@ def test_the_next_attempt_follows_the_highest_earlier_attempt_of_that_run_only(t
     out = tmp_path / "sweep"
     logs = out / "logs"
     logs.mkdir(parents=True)
-    earlier = {"c0__g0_base__s1.attempt2.log": "c0 attempt 2",
-               "c1__g0_base__s1.attempt1.log": "c1 attempt 1", "c1__g0_base__s1.attempt3.log": "c1 attempt 3",
-               "c11__g0_base__s1.attempt7.log": "another sweep's c11", "c1__g0_base__s1.attempt9.log.bak": "renamed",
-               "xc1__g0_base__s1.attempt8.log": "not a run of this sweep"}
+    earlier = {
+        "c0__g0_base__s1.attempt2.log": "c0 attempt 2",
+        "c1__g0_base__s1.attempt1.log": "c1 attempt 1",
+        "c1__g0_base__s1.attempt3.log": "c1 attempt 3",
+        "c11__g0_base__s1.attempt7.log": "another sweep's c11",
+        "c1__g0_base__s1.attempt9.log.bak": "renamed",
+        "xc1__g0_base__s1.attempt8.log": "not a run of this sweep",
+    }
     for name, text in earlier.items():
         (logs / name).write_text(text)
-    r = run_benchmark("--command", f"python {ok} --tag zero", f"python {ok} --tag one", "--num-seeds", "1",
-                      "--output", str(out))
+    r = run_benchmark(
+        "--command", f"python {ok} --tag zero", f"python {ok} --tag one", "--num-seeds", "1", "--output", str(out)
+    )
     assert r.returncode == 0, r.stderr
     attempts = {rec["run_key"]: rec["attempt"] for rec in manifest(out)}
     assert attempts == {"c0__g0_base__s1": 3, "c1__g0_base__s1": 4}
@@ -1062,11 +1408,13 @@ def test_resume_continues_the_numbering_and_gives_each_invocation_its_own_retrie
     """--retries N is N more attempts per invocation: a run that failed attempts 1 and 2 in a first invocation and
     is resumed with --retries 1 gets attempt 3 and, when that fails, attempt 4 (which succeeds here). A budget
     read from the attempt number would give the resumed run no retry at all."""
-    script = write_script(tmp_path / "fails_thrice.py",
-                          "c = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'count')\n"
-                          "n = int(open(c).read()) + 1 if os.path.exists(c) else 1\n"
-                          "open(c, 'w').write(str(n))\n"
-                          "sys.exit(1 if n <= 3 else 0)\n")
+    script = write_script(
+        tmp_path / "fails_thrice.py",
+        "c = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'count')\n"
+        "n = int(open(c).read()) + 1 if os.path.exists(c) else 1\n"
+        "open(c, 'w').write(str(n))\n"
+        "sys.exit(1 if n <= 3 else 0)\n",
+    )
     out = tmp_path / "sweep"
     args = ["--command", f"python {script}", "--num-seeds", "1", "--retries", "1", "--output", str(out)]
     r = run_benchmark(*args)
@@ -1082,7 +1430,10 @@ def test_resume_continues_the_numbering_and_gives_each_invocation_its_own_retrie
 # LEARNING-CURVE PLOTS
 SMOOTH = 3
 SERIES = {  # (command index, grid index) -> method label, grid
-    (0, 0): ("m0", "--lr 1"), (0, 1): ("m0", "--lr 2"), (1, 0): ("m1", "--lr 1")}
+    (0, 0): ("m0", "--lr 1"),
+    (0, 1): ("m0", "--lr 2"),
+    (1, 0): ("m1", "--lr 1"),
+}
 STEPS = {1: np.arange(10, 210, dtype=float), 2: np.arange(0, 251, dtype=float)}  # seed -> steps of its episodes
 
 
@@ -1099,7 +1450,7 @@ def episode_values(tag, ci, gi, seed):
 
 def running_mean(values, window):
     """Mean of the episode and the window - 1 before it (fewer at the start), by its definition."""
-    return np.array([np.mean(values[max(0, k - window + 1): k + 1]) for k in range(len(values))])
+    return np.array([np.mean(values[max(0, k - window + 1) : k + 1]) for k in range(len(values))])
 
 
 @pytest.fixture(scope="module")
@@ -1123,9 +1474,22 @@ def curve_sweep(tmp_path_factory):
                 for step, value in zip(STEPS[seed], episode_values(tag, ci, gi, seed)):
                     w.add_scalar(tag, float(value), int(step))
             w.close()
-            records.append({"run_key": key, "command_index": ci, "num_commands": 2, "command": f"python m{ci}.py",
-                            "grid_index": gi, "grid": grid, "seed": seed, "exit_code": 0, "attempt": 1,
-                            "wall_time_s": 1.0, "runs_dir": str(run_dir.parent), "run_dirs": [str(run_dir)]})
+            records.append(
+                {
+                    "run_key": key,
+                    "command_index": ci,
+                    "num_commands": 2,
+                    "command": f"python m{ci}.py",
+                    "grid_index": gi,
+                    "grid": grid,
+                    "seed": seed,
+                    "exit_code": 0,
+                    "attempt": 1,
+                    "wall_time_s": 1.0,
+                    "runs_dir": str(run_dir.parent),
+                    "run_dirs": [str(run_dir)],
+                }
+            )
     (sweep / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     return sweep
 
@@ -1144,12 +1508,15 @@ def expected_series(tag):
             curves.append([smoothed[index[x]] for x in grid])
         if curves:
             curves = np.array(curves)
-            out[f"{method} {grid_flags} (n={len(curves)})"] = (grid, curves.mean(0), np.sqrt(((curves - curves.mean(0)) ** 2).mean(0)))
+            out[f"{method} {grid_flags} (n={len(curves)})"] = (
+                grid,
+                curves.mean(0),
+                np.sqrt(((curves - curves.mean(0)) ** 2).mean(0)),
+            )
     return out
 
 
-def test_learning_curves_plot_each_method_and_grid_point_smoothed_against_the_global_step(curve_sweep, tmp_path,
-                                                                                         monkeypatch):
+def test_learning_curves_plot_each_method_and_grid_point_smoothed_against_the_global_step(curve_sweep, tmp_path, monkeypatch):
     """The data in every learning-curve figure: one line per method x grid point (named with the runs that logged the
     tag), x = the common step grid from the latest first step to the earliest last step, y = the mean over seeds of
     each seed's running mean of --smooth episodes, every point to the last, a band of mean +- 1 population std, the
@@ -1171,13 +1538,17 @@ def test_learning_curves_plot_each_method_and_grid_point_smoothed_against_the_gl
 
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
     monkeypatch.setattr(matplotlib.axes.Axes, "fill_between", fill_between)
-    result = report.build_report([str(curve_sweep)], str(tmp_path / "report"), {0: "m0", 1: "m1"}, last_n=5,
-                                 smooth=SMOOTH, title="T")
-    files = {"learning_curve.png": "charts/episodic_return", "learning_curve_mode0.png": "charts/episodic_return_mode0",
-             "learning_curve_mode1.png": "charts/episodic_return_mode1"}
+    result = report.build_report(
+        [str(curve_sweep)], str(tmp_path / "report"), {0: "m0", 1: "m1"}, last_n=5, smooth=SMOOTH, title="T"
+    )
+    files = {
+        "learning_curve.png": "charts/episodic_return",
+        "learning_curve_mode0.png": "charts/episodic_return_mode0",
+        "learning_curve_mode1.png": "charts/episodic_return_mode1",
+    }
     assert result["plots"] == list(files) and sorted(saved) == sorted(files)
     for name, tag in files.items():
-        ax, = saved[name].axes
+        (ax,) = saved[name].axes
         assert ax.get_title() == f"T: {tag}"
         assert ax.get_xlabel() == "global step"
         assert ax.get_ylabel() == f"episodic return (running mean of {SMOOTH} ep.)"
@@ -1188,7 +1559,8 @@ def test_learning_curves_plot_each_method_and_grid_point_smoothed_against_the_gl
         drawn_bands = bands[id(ax)]
         assert len(drawn_bands) == len(expected)
         for (label, (x, mean, std)), (bx, low, high) in zip(
-                [(line.get_label(), expected[line.get_label()]) for line in ax.get_lines()], drawn_bands):
+            [(line.get_label(), expected[line.get_label()]) for line in ax.get_lines()], drawn_bands
+        ):
             line = lines[label]
             np.testing.assert_allclose(line.get_xdata(), x, err_msg=f"{name} {label}: x")
             np.testing.assert_allclose(line.get_ydata(), mean, rtol=1e-9, err_msg=f"{name} {label}: y")

@@ -5,14 +5,13 @@ of Ray (ray.init's and ray.remote's arguments, every task's attempt number, the 
 synchronously in the runner's process. tests/test_benchmark.py has the one test against a real local Ray instance,
 which keeps this fake honest about Ray's API.
 """
+
 import importlib.util
 import json
 import os
 import subprocess
 import sys
-import textwrap
 
-import numpy as np
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,16 +31,19 @@ def load(path):
 
 
 def write_script(path, body):
-    path.write_text("import argparse, os, sys\n"
-                    "p = argparse.ArgumentParser(); p.add_argument('--seed', type=int); p.add_argument('--runs-dir')\n"
-                    "p.add_argument('--tag', default='')\n"
-                    "a = p.parse_args()\n" + body)
+    path.write_text(
+        "import argparse, os, sys\n"
+        "p = argparse.ArgumentParser(); p.add_argument('--seed', type=int); p.add_argument('--runs-dir')\n"
+        "p.add_argument('--tag', default='')\n"
+        "a = p.parse_args()\n" + body
+    )
     return path
 
 
 def run_benchmark(*args, env=None, cwd=REPO):
-    return subprocess.run([sys.executable, BENCHMARK, "--no-progress", *args], cwd=cwd, capture_output=True,
-                          text=True, env=env)
+    return subprocess.run(
+        [sys.executable, BENCHMARK, "--no-progress", *args], cwd=cwd, capture_output=True, text=True, env=env
+    )
 
 
 def manifest(out):
@@ -154,6 +156,7 @@ def fake_ray(tmp_path):
         r = run_benchmark("--backend", "ray", *args, env=env)
         calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
         return r, calls
+
     return run
 
 
@@ -164,21 +167,49 @@ def test_ray_tasks_reserve_cpus_per_run_the_local_instance_has_ray_num_cpus_and_
     once, after the last task."""
     ok = write_script(tmp_path / "ok.py", "os.makedirs(os.path.join(a.runs_dir, 'run'))\n")
     out = tmp_path / "sweep"
-    r, calls = fake_ray("--cpus-per-run", "0.5", "--ray-num-cpus", "3", "--workers", "7", "--command", f"python {ok}",
-                        "--num-seeds", "2", "--output", str(out), "--cwd", str(tmp_path))
+    r, calls = fake_ray(
+        "--cpus-per-run",
+        "0.5",
+        "--ray-num-cpus",
+        "3",
+        "--workers",
+        "7",
+        "--command",
+        f"python {ok}",
+        "--num-seeds",
+        "2",
+        "--output",
+        str(out),
+        "--cwd",
+        str(tmp_path),
+    )
     assert r.returncode == 0, r.stderr
     assert [c["event"] for c in calls] == ["init", "remote", "task", "task", "shutdown"]
     assert calls[0]["kwargs"] == {"num_cpus": 3, "include_dashboard": False, "log_to_driver": False}
     assert calls[1]["options"] == {"num_cpus": 0.5, "max_retries": 0}
     assert sorted((c["run_key"], c["attempt"]) for c in calls if c["event"] == "task") == [
-        ("c0__g0_base__s1", 1), ("c0__g0_base__s2", 1)]
+        ("c0__g0_base__s1", 1),
+        ("c0__g0_base__s2", 1),
+    ]
     assert sorted((rec["seed"], rec["exit_code"], rec["attempt"]) for rec in manifest(out)) == [(1, 0, 1), (2, 0, 1)]
 
 
 def test_ray_address_connects_to_that_cluster_instead_of_starting_one(fake_ray, tmp_path):
     ok = write_script(tmp_path / "ok.py", "")
-    r, calls = fake_ray("--ray-address", "10.1.2.3:6379", "--cpus-per-run", "2", "--command", f"python {ok}",
-                        "--num-seeds", "1", "--output", str(tmp_path / "sweep"), "--cwd", str(tmp_path))
+    r, calls = fake_ray(
+        "--ray-address",
+        "10.1.2.3:6379",
+        "--cpus-per-run",
+        "2",
+        "--command",
+        f"python {ok}",
+        "--num-seeds",
+        "1",
+        "--output",
+        str(tmp_path / "sweep"),
+        "--cwd",
+        str(tmp_path),
+    )
     assert r.returncode == 0, r.stderr
     (init,) = [c for c in calls if c["event"] == "init"]
     # no num_cpus: a cluster's size is not ours to set
@@ -189,13 +220,26 @@ def test_ray_address_connects_to_that_cluster_instead_of_starting_one(fake_ray, 
 def test_a_dead_ray_worker_is_a_numbered_failed_attempt_and_the_retry_gets_the_next_number(fake_ray, tmp_path):
     """Attempt 1 exits 1, attempt 2's Ray task raises (a dead worker: no log, no exit code), attempt 3 succeeds.
     Each Ray task must be told its own attempt number (its log name) and the manifest must record 1, 2, 3."""
-    flaky = write_script(tmp_path / "flaky.py",
-                         "m = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'tried')\n"
-                         "if not os.path.exists(m):\n    open(m, 'w').close(); sys.exit(1)\n"
-                         "os.makedirs(os.path.join(a.runs_dir, 'run'))\n")
+    flaky = write_script(
+        tmp_path / "flaky.py",
+        "m = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'tried')\n"
+        "if not os.path.exists(m):\n    open(m, 'w').close(); sys.exit(1)\n"
+        "os.makedirs(os.path.join(a.runs_dir, 'run'))\n",
+    )
     out = tmp_path / "sweep"
-    r, calls = fake_ray("--command", f"python {flaky}", "--num-seeds", "1", "--retries", "2", "--output", str(out),
-                        "--cwd", str(tmp_path), FAKE_RAY_TASK_RAISES="2")
+    r, calls = fake_ray(
+        "--command",
+        f"python {flaky}",
+        "--num-seeds",
+        "1",
+        "--retries",
+        "2",
+        "--output",
+        str(out),
+        "--cwd",
+        str(tmp_path),
+        FAKE_RAY_TASK_RAISES="2",
+    )
     assert r.returncode == 0, r.stderr
     assert [c["attempt"] for c in calls if c["event"] == "task"] == [1, 2, 3]
     records = manifest(out)
@@ -210,17 +254,31 @@ def test_a_dead_ray_worker_is_a_numbered_failed_attempt_and_the_retry_gets_the_n
     assert json.loads((out / "markers" / f"{key}.json").read_text())["attempt"] == 3
 
 
-@pytest.mark.parametrize("address,needle", [
-    (None, "could not start a local Ray instance: ConnectionError: fake: nothing listens there"),
-    ("10.1.2.3:6379", "could not connect to the Ray cluster at 10.1.2.3:6379: ConnectionError"),
-    ("broken import", "ray is not installed (fake: ray is broken here)"),
-])
+@pytest.mark.parametrize(
+    "address,needle",
+    [
+        (None, "could not start a local Ray instance: ConnectionError: fake: nothing listens there"),
+        ("10.1.2.3:6379", "could not connect to the Ray cluster at 10.1.2.3:6379: ConnectionError"),
+        ("broken import", "ray is not installed (fake: ray is broken here)"),
+    ],
+)
 def test_ray_that_cannot_start_is_exit_3_with_one_line_and_nothing_run(fake_ray, tmp_path, address, needle):
     ok = write_script(tmp_path / "ok.py", "open(os.path.join(os.path.dirname(__file__), 'ran'), 'w').close()\n")
     out = tmp_path / "sweep"
     flags = ["--ray-address", address] if address and address != "broken import" else []
-    r, calls = fake_ray(*flags, "--command", f"python {ok}", "--num-seeds", "1", "--output", str(out),
-                        "--cwd", str(tmp_path), broken_import=address == "broken import", FAKE_RAY_INIT_FAILS="1")
+    r, calls = fake_ray(
+        *flags,
+        "--command",
+        f"python {ok}",
+        "--num-seeds",
+        "1",
+        "--output",
+        str(out),
+        "--cwd",
+        str(tmp_path),
+        broken_import=address == "broken import",
+        FAKE_RAY_INIT_FAILS="1",
+    )
     assert r.returncode == 3, r.stderr
     assert r.stderr.startswith("benchmark.py: error: ") and needle in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
@@ -229,8 +287,7 @@ def test_ray_that_cannot_start_is_exit_3_with_one_line_and_nothing_run(fake_ray,
 
 
 def test_ray_address_needs_the_ray_backend(tmp_path):
-    r = run_benchmark("--command", "python x.py", "--ray-address", "auto", "--output", str(tmp_path / "sweep"),
-                      "--dry-run")
+    r = run_benchmark("--command", "python x.py", "--ray-address", "auto", "--output", str(tmp_path / "sweep"), "--dry-run")
     assert r.returncode == 2 and r.stderr.strip() == "benchmark.py: error: --ray-address needs --backend ray"
     assert not (tmp_path / "sweep").exists()
 
@@ -241,14 +298,27 @@ def test_an_unschedulable_cpu_reservation_is_refused_instead_of_hanging(fake_ray
     real Ray keeps every task pending forever without a word (ray 2.60). The runner refuses with a one-line error
     before anything runs; the fake exits 99 where Ray would hang, so a defect here does not hang the test."""
     ok = write_script(tmp_path / "ok.py", "")
-    r, calls = fake_ray(*flags, "--command", f"python {ok}", "--num-seeds", "1", "--output", str(tmp_path / "sweep"),
-                        "--cwd", str(tmp_path))
+    r, calls = fake_ray(
+        *flags, "--command", f"python {ok}", "--num-seeds", "1", "--output", str(tmp_path / "sweep"), "--cwd", str(tmp_path)
+    )
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert r.stderr.startswith("benchmark.py: error: ") and len(r.stderr.strip().splitlines()) == 1
     assert not [c for c in calls if c["event"] == "task"]
     # a reservation the instance can hold is accepted
-    r, calls = fake_ray("--ray-num-cpus", "2", "--cpus-per-run", "1.5", "--command", f"python {ok}", "--num-seeds",
-                        "1", "--output", str(tmp_path / "sweep_ok"), "--cwd", str(tmp_path))
+    r, calls = fake_ray(
+        "--ray-num-cpus",
+        "2",
+        "--cpus-per-run",
+        "1.5",
+        "--command",
+        f"python {ok}",
+        "--num-seeds",
+        "1",
+        "--output",
+        str(tmp_path / "sweep_ok"),
+        "--cwd",
+        str(tmp_path),
+    )
     assert r.returncode == 0, r.stderr
 
 

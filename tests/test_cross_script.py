@@ -4,6 +4,7 @@
 after training (or nest the run one directory down), and an empty one would write a hidden '.cleanrl_model'. A
 --runs-dir that is a file would fail when the run directory is made. Each is one line on stderr, exit code 2, and
 nothing written."""
+
 import os
 import subprocess
 import sys

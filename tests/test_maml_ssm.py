@@ -1,7 +1,6 @@
 """Tests of cleanrl_astral/maml_ssm.py: the LRU and the policies, the tasks, the training loop, checkpoints,
 `eval` and the command line. MAML/TRPO numerics are in test_maml_ssm_trpo.py, `adapt` in test_maml_ssm_adapt.py."""
 
-import copy
 import dataclasses
 import glob
 import hashlib
@@ -22,25 +21,63 @@ from cleanrl_astral import maml_ssm as m
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join("cleanrl_astral", "maml_ssm.py")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
-TINY = ["--outer-steps", "2", "--tasks-per-batch", "2", "--fast-batch-size", "3", "--max-episode-steps", "12",
-        "--hidden-size", "8", "--state-size", "4", "--cg-iters", "3", "--ls-max-steps", "3", "--eval-tasks", "3",
-        "--eval-steps", "2"]
-TINY_ARGS = dict(outer_steps=1, tasks_per_batch=2, fast_batch_size=3, max_episode_steps=12, hidden_size=8, state_size=4,
-                 cg_iters=3, ls_max_steps=3, eval_tasks=3, eval_steps=2)
+TINY = [
+    "--outer-steps",
+    "2",
+    "--tasks-per-batch",
+    "2",
+    "--fast-batch-size",
+    "3",
+    "--max-episode-steps",
+    "12",
+    "--hidden-size",
+    "8",
+    "--state-size",
+    "4",
+    "--cg-iters",
+    "3",
+    "--ls-max-steps",
+    "3",
+    "--eval-tasks",
+    "3",
+    "--eval-steps",
+    "2",
+]
+TINY_ARGS = dict(
+    outer_steps=1,
+    tasks_per_batch=2,
+    fast_batch_size=3,
+    max_episode_steps=12,
+    hidden_size=8,
+    state_size=4,
+    cg_iters=3,
+    ls_max_steps=3,
+    eval_tasks=3,
+    eval_steps=2,
+)
 
 
 def tiny_setup(policy="ssm", T=10, n_tasks=2, per=3, num_steps=1, inner_lr=0.5, dtype=torch.float64, seed=0):
     """A tiny point-nav problem: model (in `dtype`), args and per-task batches ({"train": [num_steps], "val"}) sampled
     by the script's own sampler with `inner_lr` at every step, as meta-training does."""
     torch.manual_seed(seed)
-    args = m.Args(policy=policy, hidden_size=6, state_size=3, max_episode_steps=T, fast_batch_size=per,
-                  tasks_per_batch=n_tasks, inner_lr=inner_lr, num_inner_steps=num_steps)
+    args = m.Args(
+        policy=policy,
+        hidden_size=6,
+        state_size=3,
+        max_episode_steps=T,
+        fast_batch_size=per,
+        tasks_per_batch=n_tasks,
+        inner_lr=inner_lr,
+        num_inner_steps=num_steps,
+    )
     model = m.build_agent(args, m.PointNav2D)
     rng, _ = m.task_streams(seed)
     tasks = m.sample_tasks(args.task, rng, n_tasks, "train")
     theta = {k: v.detach() for k, v in model.named_parameters()}
-    data, _ = m.sample_task_batches(model, theta, tasks, args, torch.Generator().manual_seed(seed), num_steps,
-                                    [inner_lr] * num_steps)
+    data, _ = m.sample_task_batches(
+        model, theta, tasks, args, torch.Generator().manual_seed(seed), num_steps, [inner_lr] * num_steps
+    )
     model = model.to(dtype)
     for td in data:
         for b in td["train"] + [td["val"]]:
@@ -51,8 +88,9 @@ def tiny_setup(policy="ssm", T=10, n_tasks=2, per=3, num_steps=1, inner_lr=0.5, 
 
 
 def run(args, check=True, cwd=REPO):
-    return subprocess.run([sys.executable, os.path.join(REPO, SCRIPT), *args], cwd=cwd, env=ENV, capture_output=True,
-                          text=True, check=check)
+    return subprocess.run(
+        [sys.executable, os.path.join(REPO, SCRIPT), *args], cwd=cwd, env=ENV, capture_output=True, text=True, check=check
+    )
 
 
 def sha(path):
@@ -127,8 +165,18 @@ def train_spied(tmp_path, monkeypatch, **kw):
     monkeypatch.setattr(m, "policy_out", spy_policy_out)
     monkeypatch.setattr(m, "trpo_step", spy_trpo)
     monkeypatch.setattr(SummaryWriter, "add_scalar", spy_add_scalar)
-    args = m.Args(runs_dir=str(tmp_path), exp_name="spied", outer_steps=1, fast_batch_size=3, hidden_size=6,
-                  state_size=3, cg_iters=2, ls_max_steps=2, buffer_size=1000, **kw)
+    args = m.Args(
+        runs_dir=str(tmp_path),
+        exp_name="spied",
+        outer_steps=1,
+        fast_batch_size=3,
+        hidden_size=6,
+        state_size=3,
+        cg_iters=2,
+        ls_max_steps=2,
+        buffer_size=1000,
+        **kw,
+    )
     m.main_train(args)
     return sampled, buffered, scalars, aux_outs
 
@@ -164,9 +212,10 @@ def test_lru_stable_for_all_reachable_parameters():
 
 
 def test_lru_matches_the_normalised_complex_recurrence():
-    """LRU.scan over a sequence and step by step equals the complex recurrence x_t = lambda x_{t-1} + gamma (B u_t), y_t = Re(C x_t) +
-    D u_t with gamma = sqrt(1 - |lambda|^2), computed here in complex128 from the parameters. Without the input
-    normalisation (gamma = 1) the state is 1/gamma times larger (gamma is well below 1 for every state dim here)."""
+    """LRU.scan over a sequence and step by step equals the complex recurrence x_t = lambda x_{t-1} + gamma (B u_t),
+    y_t = Re(C x_t) + D u_t with gamma = sqrt(1 - |lambda|^2), computed here in complex128 from the parameters.
+    Without the input normalisation (gamma = 1) the state is 1/gamma times larger (gamma is well below 1 for every
+    state dim here)."""
     torch.manual_seed(0)
     lru = m.LRU(4, 3).double()
     T, Bn = 7, 2
@@ -213,7 +262,9 @@ def test_step_by_step_equals_sequence_scan(kind):
     if kind != "mlp":
         # the two paths must not be trivially equal: the state has to matter
         c = agent(inp, starts, torch.zeros_like(state0))
-        assert not torch.allclose(a["pi"][: int(starts.long().argmax(0).min()) + 1], c["pi"][: int(starts.long().argmax(0).min()) + 1])
+        assert not torch.allclose(
+            a["pi"][: int(starts.long().argmax(0).min()) + 1], c["pi"][: int(starts.long().argmax(0).min()) + 1]
+        )
 
 
 @pytest.mark.parametrize("kind", ["ssm", "gru"])
@@ -279,7 +330,9 @@ def test_matched_parameter_counts(task):
         a = dataclasses.replace(args, policy=kind)
         model = m.build_agent(a, env_cls)
         w = m.policy_width(a, env_cls)
-        assert m.count_params(model) == m.agent_param_count(kind, env_cls.obs_dim, env_cls.act_dim, env_cls.discrete, w, args.state_size, True)
+        assert m.count_params(model) == m.agent_param_count(
+            kind, env_cls.obs_dim, env_cls.act_dim, env_cls.discrete, w, args.state_size, True
+        )
         counts[kind] = m.count_params(model)
     assert max(counts.values()) / min(counts.values()) < 1.03
 
@@ -403,8 +456,13 @@ def test_train_and_test_task_streams_are_disjoint(task):
         assert ((test[:, 0] >= tg0) & (test[:, 0] <= tg1) & (test[:, 1] >= tl0) & (test[:, 1] <= tl1)).all()
 
 
-@pytest.mark.parametrize("task", ["cartpole-physics", pytest.param("halfcheetah-vel", marks=pytest.mark.skipif(
-    not m.mujoco_available(), reason="mujoco not installed"))])
+@pytest.mark.parametrize(
+    "task",
+    [
+        "cartpole-physics",
+        pytest.param("halfcheetah-vel", marks=pytest.mark.skipif(not m.mujoco_available(), reason="mujoco not installed")),
+    ],
+)
 def test_each_batch_of_an_iteration_starts_from_fresh_states(task, tmp_path, monkeypatch):
     """One environment serves every batch of an iteration (the inner-step batch, then the post-adaptation batch):
     each reset must draw new start states, or the outer objective is measured on the starts theta' adapted on."""
@@ -431,9 +489,21 @@ def test_main_train_samples_with_inner_lr_at_every_inner_step(tmp_path, monkeypa
         return real(model, params, task_params, args_, gen, num_steps, inner_lrs)
 
     monkeypatch.setattr(m, "sample_task_batches", spy)
-    args = m.Args(runs_dir=str(tmp_path), exp_name="lrs", outer_steps=1, tasks_per_batch=2, fast_batch_size=2,
-                  max_episode_steps=3, policy="mlp", hidden_size=4, cg_iters=2, ls_max_steps=1, buffer_size=0,
-                  num_inner_steps=2, inner_lr=0.37)
+    args = m.Args(
+        runs_dir=str(tmp_path),
+        exp_name="lrs",
+        outer_steps=1,
+        tasks_per_batch=2,
+        fast_batch_size=2,
+        max_episode_steps=3,
+        policy="mlp",
+        hidden_size=4,
+        cg_iters=2,
+        ls_max_steps=1,
+        buffer_size=0,
+        num_inner_steps=2,
+        inner_lr=0.37,
+    )
     m.main_train(args)
     assert seen == [(2, [0.37, 0.37])]
 
@@ -460,8 +530,10 @@ def test_dynamics_coef_sets_the_trunks_step_under_adam(tmp_path, monkeypatch, la
     """The trunk's only gradient in the auxiliary step is the dynamics loss's. Adam's first step is lr * sign(g)
     whatever the scale of g, so scaling the loss would move the trunk alike for 0.01 and 1; the coefficient scales the
     trunk's step size. With 0 the trunk is not in the auxiliary step at all."""
-    models = {c: train_in_process(tmp_path, monkeypatch, outer_optimizer="adam", dynamics_coef=c, layer_norm=layer_norm)[0]
-              for c in (0.0, 0.01, 1.0)}
+    models = {
+        c: train_in_process(tmp_path, monkeypatch, outer_optimizer="adam", dynamics_coef=c, layer_norm=layer_norm)[0]
+        for c in (0.0, 0.01, 1.0)
+    }
     trunk = [n for n, _ in models[0.0].named_parameters() if n.startswith(("encoder", "core", "norm", "fc"))]
     assert any(n.startswith("norm.") for n in trunk) == layer_norm
 
@@ -494,8 +566,9 @@ def test_logged_aux_losses_average_over_valid_steps(tmp_path, monkeypatch):
     and losses/dynamics_loss are recomputed here from the aux step's own outputs. Cart-pole episodes end before the
     horizon, so the padding (where the cart keeps moving) is non-empty. Catches: a forward cumulative sum as the
     value target, and a dynamics loss averaged over padded steps too."""
-    _, _, scalars, aux_outs = train_spied(tmp_path, monkeypatch, task="cartpole-physics", tasks_per_batch=2,
-                                          max_episode_steps=60)
+    _, _, scalars, aux_outs = train_spied(
+        tmp_path, monkeypatch, task="cartpole-physics", tasks_per_batch=2, max_episode_steps=60
+    )
     assert len(aux_outs) == 2
     v_exp, d_exp, padded = [], [], 0
     for b, out, dyn in aux_outs:
@@ -535,8 +608,19 @@ def test_cpu_budget_counts_process_time_not_wall_time(tmp_path, monkeypatch, cap
         jump["t"] += 1e6
         return jump["t"]
 
-    args = m.Args(runs_dir=str(tmp_path), outer_steps=2, tasks_per_batch=2, fast_batch_size=2, max_episode_steps=4,
-                  policy="mlp", hidden_size=4, cg_iters=2, ls_max_steps=2, buffer_size=0, cpu_budget=1000.0)
+    args = m.Args(
+        runs_dir=str(tmp_path),
+        outer_steps=2,
+        tasks_per_batch=2,
+        fast_batch_size=2,
+        max_episode_steps=4,
+        policy="mlp",
+        hidden_size=4,
+        cg_iters=2,
+        ls_max_steps=2,
+        buffer_size=0,
+        cpu_budget=1000.0,
+    )
     clocks = {"time": jumping, "perf_counter": jumping, "monotonic": jumping, "process_time": real}
     monkeypatch.setattr(m, "time", types.SimpleNamespace(**clocks))
     m.main_train(dataclasses.replace(args, exp_name="wall"))
@@ -603,8 +687,10 @@ def test_eval_leaves_checkpoint_bit_identical_and_writes_eval_json(trained_ckpt)
     # evaluation starts every task from the checkpoint's theta: the same seed gives the same numbers
     assert m.evaluate(trained_ckpt, 3, 3, write=False) == res
     # NaN passed eval's `<= 0` checks and crashed inside the first adaptation step; a bad seed failed in numpy
-    for flags, needle in ((["--inner-lr", "nan"], "--inner-lr nan must be a finite number"),
-                          (["--eval-seed", "-1"], "--eval-seed -1 must be in [0, 2**32 - 1]")):
+    for flags, needle in (
+        (["--inner-lr", "nan"], "--inner-lr nan must be a finite number"),
+        (["--eval-seed", "-1"], "--eval-seed -1 must be in [0, 2**32 - 1]"),
+    ):
         bad = run(["eval", "--checkpoint", trained_ckpt, *flags], check=False)
         lines = bad.stderr.strip().splitlines()
         assert bad.returncode == 2 and len(lines) == 1 and needle in lines[0], bad.stderr
@@ -619,7 +705,10 @@ def test_eval_defaults_are_the_checkpoints_own_evaluation(tmp_path):
     default = m.evaluate(ckpt, write=False)
     assert default == trained and default["num_tasks"] == 3 and list(default["returns_after_steps"]) == ["0", "1", "2"]
     assert default == m.evaluate(ckpt, 3, 2, later_lr_scale=0.25, write=False)
-    assert default["returns_after_steps"]["2"] != m.evaluate(ckpt, 3, 2, later_lr_scale=0.5, write=False)["returns_after_steps"]["2"]
+    assert (
+        default["returns_after_steps"]["2"]
+        != m.evaluate(ckpt, 3, 2, later_lr_scale=0.5, write=False)["returns_after_steps"]["2"]
+    )
     out = run(["eval", "--checkpoint", ckpt])
     assert json.loads(out.stdout.strip().splitlines()[-1]) == trained
     res = run(["eval", "--checkpoint", ckpt, "--num-tasks", "1"], check=False)
@@ -684,7 +773,11 @@ def test_a_cartpole_checkpoint_with_other_physics_ranges_is_refused(cartpole_ckp
 def test_eval_episodes_sets_the_evaluation_batch(trained_ckpt, monkeypatch, tmp_path):
     seen = []
     real = m.sample_task_batches
-    monkeypatch.setattr(m, "sample_task_batches", lambda model, p, tasks, args, *a: seen.append(args.fast_batch_size) or real(model, p, tasks, args, *a))
+    monkeypatch.setattr(
+        m,
+        "sample_task_batches",
+        lambda model, p, tasks, args, *a: seen.append(args.fast_batch_size) or real(model, p, tasks, args, *a),
+    )
     ckpt = torch.load(trained_ckpt, weights_only=False)
     m.evaluate(trained_ckpt, 2, 1, write=False)
     m.evaluate(trained_ckpt, 2, 1, fast_batch_size=3, write=False)
@@ -732,16 +825,19 @@ def test_evaluate_reports_ci95_of_the_per_task_returns(tmp_path, monkeypatch):
 # ------------------------------------------------------------------------------------------------ COMMAND LINE
 
 
-@pytest.mark.parametrize("flags,needle", [
-    (["--task", "mountain-nav"], "unknown --task"),
-    (["--inner-lr", "0"], "--inner-lr must be positive"),
-    (["--cpu-budget", "-1"], "--cpu-budget must be >= 0"),
-    (["--eval-episodes", "0"], "--eval-episodes must be >= 1"),
-    (["--task", "cartpole-physics", "--goal-box"], "--goal-box only applies to --task point-nav-2d"),
-    (["--cpu-budget", "nan"], "--cpu-budget nan must be a finite number"),
-    (["--seed", "-1"], "--seed -1 must be in [0, 2**32 - 1]"),
-    (["--cg-subsample", "1.5"], "--cg-subsample must be in (0, 1], got 1.5"),
-])
+@pytest.mark.parametrize(
+    "flags,needle",
+    [
+        (["--task", "mountain-nav"], "unknown --task"),
+        (["--inner-lr", "0"], "--inner-lr must be positive"),
+        (["--cpu-budget", "-1"], "--cpu-budget must be >= 0"),
+        (["--eval-episodes", "0"], "--eval-episodes must be >= 1"),
+        (["--task", "cartpole-physics", "--goal-box"], "--goal-box only applies to --task point-nav-2d"),
+        (["--cpu-budget", "nan"], "--cpu-budget nan must be a finite number"),
+        (["--seed", "-1"], "--seed -1 must be in [0, 2**32 - 1]"),
+        (["--cg-subsample", "1.5"], "--cg-subsample must be in (0, 1], got 1.5"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(flags, needle, tmp_path):
     res = run(["train", "--runs-dir", str(tmp_path), *flags], check=False)
     lines = res.stderr.strip().splitlines()
@@ -754,11 +850,13 @@ def test_validate_args_rejects_bad_values(monkeypatch):
     assert "unknown --policy" in m.validate_args(m.Args(policy="lstm"))
     assert "--fast-batch-size must be >= 1" in m.validate_args(m.Args(fast_batch_size=0))
     # NaN passes every `<= 0` check and would train (or crash after the run directory exists)
-    for kwargs, needle in (({"dynamics_coef": float("nan")}, "--dynamics-coef nan must be a finite"),
-                           ({"max_kl": float("inf")}, "--max-kl inf must be a finite"),
-                           ({"cg_damping": -1.0}, "--cg-damping must be >= 0, got -1.0"),
-                           ({"eval_later_lr_scale": 0.0}, "--eval-later-lr-scale must be positive, got 0.0"),
-                           ({"eval_tasks": 1, "save_model": True}, "needs >= 2 tasks for its 95% CI")):
+    for kwargs, needle in (
+        ({"dynamics_coef": float("nan")}, "--dynamics-coef nan must be a finite"),
+        ({"max_kl": float("inf")}, "--max-kl inf must be a finite"),
+        ({"cg_damping": -1.0}, "--cg-damping must be >= 0, got -1.0"),
+        ({"eval_later_lr_scale": 0.0}, "--eval-later-lr-scale must be positive, got 0.0"),
+        ({"eval_tasks": 1, "save_model": True}, "needs >= 2 tasks for its 95% CI"),
+    ):
         assert needle in m.validate_args(m.Args(**kwargs)), kwargs
     assert m.validate_args(m.Args(eval_tasks=1)) is None  # no evaluation without --save-model
     assert m.validate_args(m.Args()) is None
@@ -773,12 +871,18 @@ def test_config_preset_is_overridable_flag_by_flag():
     assert m.parse_cli(["train"]).seed == 1
 
 
-@pytest.mark.parametrize("task,extra", [
-    ("cartpole-physics", ["--outer-optimizer", "adam", "--policy", "gru"]),
-    ("point-nav-2d", ["--policy", "mlp", "--num-inner-steps", "2", "--first-order"]),
-    pytest.param("halfcheetah-vel", ["--max-episode-steps", "5"], marks=pytest.mark.skipif(
-        not m.mujoco_available(), reason="mujoco not installed")),
-])
+@pytest.mark.parametrize(
+    "task,extra",
+    [
+        ("cartpole-physics", ["--outer-optimizer", "adam", "--policy", "gru"]),
+        ("point-nav-2d", ["--policy", "mlp", "--num-inner-steps", "2", "--first-order"]),
+        pytest.param(
+            "halfcheetah-vel",
+            ["--max-episode-steps", "5"],
+            marks=pytest.mark.skipif(not m.mujoco_available(), reason="mujoco not installed"),
+        ),
+    ],
+)
 def test_smoke_train_and_eval(task, extra, tmp_path):
     # cwd = tmp_path: MuJoCo writes its warnings to MUJOCO_LOG.TXT in the working directory
     out = run(["train", "--task", task, "--runs-dir", str(tmp_path), "--save-model", *TINY, *extra], cwd=tmp_path)
@@ -793,8 +897,21 @@ def test_runs_started_in_the_same_second_get_directories_of_their_own(tmp_path, 
     """Runs of one command and seed started in the same second (a shell loop over flags) get directories of their
     own: sharing runs/{run_name} would mix their TensorBoard events and replace the earlier run's files."""
     check = occupied_run_names(str(tmp_path), "point-nav-2d__collide__7__")
-    run(["train", "--task", "point-nav-2d", "--runs-dir", str(tmp_path), "--save-model", *TINY, "--exp-name", "collide",
-         "--seed", "7"])
+    run(
+        [
+            "train",
+            "--task",
+            "point-nav-2d",
+            "--runs-dir",
+            str(tmp_path),
+            "--save-model",
+            *TINY,
+            "--exp-name",
+            "collide",
+            "--seed",
+            "7",
+        ]
+    )
     run_dir = check()
     assert glob.glob(os.path.join(run_dir, "*.cleanrl_model")) and os.path.isfile(os.path.join(run_dir, "eval.json"))
 
@@ -803,6 +920,11 @@ def test_a_runs_dir_that_is_a_file_is_a_one_line_error(tmp_path):
     (tmp_path / "runs").write_text("")
     result = run(["train", "--runs-dir", str(tmp_path / "runs"), *TINY], check=False)
     lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("maml_ssm.py: error: ") and \
-        "--runs-dir" in lines[0] and "not a directory" in lines[0], result.stderr
+    assert (
+        result.returncode == 2
+        and len(lines) == 1
+        and lines[0].startswith("maml_ssm.py: error: ")
+        and "--runs-dir" in lines[0]
+        and "not a directory" in lines[0]
+    ), result.stderr
     assert result.stdout == ""

@@ -1,7 +1,6 @@
 """Tests of maml_ssm.py's `adapt` subcommand: the ExperienceBuffer, the standard and hybrid adapters, their
 objectives, strategies and guards, importance weights, monitoring, online adaptation and the no-adaptation level."""
 
-import copy
 import dataclasses
 import glob
 import hashlib
@@ -9,38 +8,73 @@ import json
 import os
 import subprocess
 import sys
-import time
-import types
 
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from cleanrl_astral import maml_ssm as m
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join("cleanrl_astral", "maml_ssm.py")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
-TINY = ["--outer-steps", "2", "--tasks-per-batch", "2", "--fast-batch-size", "3", "--max-episode-steps", "12",
-        "--hidden-size", "8", "--state-size", "4", "--cg-iters", "3", "--ls-max-steps", "3", "--eval-tasks", "3",
-        "--eval-steps", "2"]
-TINY_ARGS = dict(outer_steps=1, tasks_per_batch=2, fast_batch_size=3, max_episode_steps=12, hidden_size=8, state_size=4,
-                 cg_iters=3, ls_max_steps=3, eval_tasks=3, eval_steps=2)
+TINY = [
+    "--outer-steps",
+    "2",
+    "--tasks-per-batch",
+    "2",
+    "--fast-batch-size",
+    "3",
+    "--max-episode-steps",
+    "12",
+    "--hidden-size",
+    "8",
+    "--state-size",
+    "4",
+    "--cg-iters",
+    "3",
+    "--ls-max-steps",
+    "3",
+    "--eval-tasks",
+    "3",
+    "--eval-steps",
+    "2",
+]
+TINY_ARGS = dict(
+    outer_steps=1,
+    tasks_per_batch=2,
+    fast_batch_size=3,
+    max_episode_steps=12,
+    hidden_size=8,
+    state_size=4,
+    cg_iters=3,
+    ls_max_steps=3,
+    eval_tasks=3,
+    eval_steps=2,
+)
 
 
 def tiny_setup(policy="ssm", T=10, n_tasks=2, per=3, num_steps=1, inner_lr=0.5, dtype=torch.float64, seed=0):
     """A tiny point-nav problem: model (in `dtype`), args and per-task batches ({"train": [num_steps], "val"}) sampled
     by the script's own sampler with `inner_lr` at every step, as meta-training does."""
     torch.manual_seed(seed)
-    args = m.Args(policy=policy, hidden_size=6, state_size=3, max_episode_steps=T, fast_batch_size=per,
-                  tasks_per_batch=n_tasks, inner_lr=inner_lr, num_inner_steps=num_steps)
+    args = m.Args(
+        policy=policy,
+        hidden_size=6,
+        state_size=3,
+        max_episode_steps=T,
+        fast_batch_size=per,
+        tasks_per_batch=n_tasks,
+        inner_lr=inner_lr,
+        num_inner_steps=num_steps,
+    )
     model = m.build_agent(args, m.PointNav2D)
     rng, _ = m.task_streams(seed)
     tasks = m.sample_tasks(args.task, rng, n_tasks, "train")
     theta = {k: v.detach() for k, v in model.named_parameters()}
-    data, _ = m.sample_task_batches(model, theta, tasks, args, torch.Generator().manual_seed(seed), num_steps,
-                                    [inner_lr] * num_steps)
+    data, _ = m.sample_task_batches(
+        model, theta, tasks, args, torch.Generator().manual_seed(seed), num_steps, [inner_lr] * num_steps
+    )
     model = model.to(dtype)
     for td in data:
         for b in td["train"] + [td["val"]]:
@@ -51,8 +85,9 @@ def tiny_setup(policy="ssm", T=10, n_tasks=2, per=3, num_steps=1, inner_lr=0.5, 
 
 
 def run(args, check=True, cwd=REPO):
-    return subprocess.run([sys.executable, os.path.join(REPO, SCRIPT), *args], cwd=cwd, env=ENV, capture_output=True,
-                          text=True, check=check)
+    return subprocess.run(
+        [sys.executable, os.path.join(REPO, SCRIPT), *args], cwd=cwd, env=ENV, capture_output=True, text=True, check=check
+    )
 
 
 def sha(path):
@@ -119,8 +154,17 @@ def test_buffer_ring_eviction_sampling_and_round_trip():
 
     def items(vals):
         v = torch.tensor(vals, dtype=torch.float32)
-        return dict(obs=v[:, None], inputs=v[:, None], actions=v[:, None], rewards=v, next_obs=v[:, None],
-                    dones=torch.zeros(len(v), dtype=torch.bool), advantages=v, task_ids=v.long(), states=v[:, None])
+        return dict(
+            obs=v[:, None],
+            inputs=v[:, None],
+            actions=v[:, None],
+            rewards=v,
+            next_obs=v[:, None],
+            dones=torch.zeros(len(v), dtype=torch.bool),
+            advantages=v,
+            task_ids=v.long(),
+            states=v[:, None],
+        )
 
     buf.add(**items([0, 1, 2]))
     buf.add(**items([3, 4, 5, 6]))
@@ -147,10 +191,20 @@ def test_buffer_ring_eviction_sampling_and_round_trip():
 def test_buffer_samples_uniformly_over_the_stored_transitions():
     """ExperienceBuffer.sample draws indices uniformly over what is stored (after wrap-around, and when only
     partly filled): over many draws every stored transition shows up about equally often, nothing else does."""
+
     def items(vals):
         v = torch.tensor(vals, dtype=torch.float32)
-        return dict(obs=v[:, None], inputs=v[:, None], actions=v[:, None], rewards=v, next_obs=v[:, None],
-                    dones=torch.zeros(len(v), dtype=torch.bool), advantages=v, task_ids=v.long(), states=v[:, None])
+        return dict(
+            obs=v[:, None],
+            inputs=v[:, None],
+            actions=v[:, None],
+            rewards=v,
+            next_obs=v[:, None],
+            dones=torch.zeros(len(v), dtype=torch.bool),
+            advantages=v,
+            task_ids=v.long(),
+            states=v[:, None],
+        )
 
     full = m.ExperienceBuffer(50, 1, 1, 1, 1)
     full.add(**items(list(range(80))))  # wraps: 30..79 remain
@@ -166,10 +220,20 @@ def test_buffer_samples_uniformly_over_the_stored_transitions():
 def test_a_batch_larger_than_the_buffer_keeps_its_last_rows_in_ring_order():
     """Each row is written once (repeated indices in an indexed assignment have no defined winner): the batch's last
     `capacity` rows stay, and the next add overwrites the oldest of them."""
+
     def items(vals):
         v = torch.tensor(vals, dtype=torch.float32)
-        return dict(obs=v[:, None], inputs=v[:, None], actions=v[:, None], rewards=v, next_obs=v[:, None],
-                    dones=torch.zeros(len(v), dtype=torch.bool), advantages=v, task_ids=v.long(), states=v[:, None])
+        return dict(
+            obs=v[:, None],
+            inputs=v[:, None],
+            actions=v[:, None],
+            rewards=v,
+            next_obs=v[:, None],
+            dones=torch.zeros(len(v), dtype=torch.bool),
+            advantages=v,
+            task_ids=v.long(),
+            states=v[:, None],
+        )
 
     buf = m.ExperienceBuffer(5, 1, 1, 1, 1)
     buf.add(**items([0, 1, 2]))
@@ -187,9 +251,16 @@ def test_buffer_marks_each_episodes_last_valid_step_done():
     for j, length in enumerate(lengths):
         masks[:length, j] = 1
     ids = torch.arange(T * 3, dtype=torch.float32).reshape(T, 3)  # step id t * 3 + episode
-    batch = {"masks": masks, "obs": ids[..., None].expand(T, 3, 2), "inputs": ids[..., None].expand(T, 3, 5),
-             "actions": ids[..., None].expand(T, 3, 2), "rewards": ids, "next_obs": ids[..., None].expand(T, 3, 2),
-             "advantages": ids, "states": ids[..., None].expand(T, 3, 4)}
+    batch = {
+        "masks": masks,
+        "obs": ids[..., None].expand(T, 3, 2),
+        "inputs": ids[..., None].expand(T, 3, 5),
+        "actions": ids[..., None].expand(T, 3, 2),
+        "rewards": ids,
+        "next_obs": ids[..., None].expand(T, 3, 2),
+        "advantages": ids,
+        "states": ids[..., None].expand(T, 3, 4),
+    }
     buf = m.ExperienceBuffer(100, 2, 5, 2, 4)
     m.add_batch_to_buffer(buf, batch, 7)
     n = len(buf)
@@ -216,11 +287,21 @@ def test_replayed_transition_continues_from_its_stored_recurrent_state(policy):
     n = len(buf)
     rows = {k: v[:n] for k, v in buf.data.items()}
     with torch.no_grad():
-        seq = m.functional_call(model, theta, (batch["inputs"], batch["starts"], model.initial_state(4)), {"actions": batch["actions"]})
-        one = m.functional_call(model, theta, (rows["inputs"][None], torch.zeros(1, n, dtype=torch.bool), rows["states"]),
-                                {"actions": rows["actions"][None]})
-        fresh = m.functional_call(model, theta, (rows["inputs"][None], torch.ones(1, n, dtype=torch.bool), rows["states"]),
-                                  {"actions": rows["actions"][None]})
+        seq = m.functional_call(
+            model, theta, (batch["inputs"], batch["starts"], model.initial_state(4)), {"actions": batch["actions"]}
+        )
+        one = m.functional_call(
+            model,
+            theta,
+            (rows["inputs"][None], torch.zeros(1, n, dtype=torch.bool), rows["states"]),
+            {"actions": rows["actions"][None]},
+        )
+        fresh = m.functional_call(
+            model,
+            theta,
+            (rows["inputs"][None], torch.ones(1, n, dtype=torch.bool), rows["states"]),
+            {"actions": rows["actions"][None]},
+        )
     mask = batch["masks"] > 0
     assert torch.allclose(one["pi"][0], seq["pi"][mask], atol=1e-5)
     assert torch.allclose(one["next_obs"][0], seq["next_obs"][mask], atol=1e-5)
@@ -242,8 +323,24 @@ def test_buffer_holds_only_training_task_transitions_and_adapt_leaves_checkpoint
     # point-nav reward is -||next_obs - goal||: every stored transition matches the goal of its training task
     assert torch.allclose(d["rewards"], -torch.linalg.vector_norm(d["next_obs"] - train[d["task_ids"]], dim=1), atol=1e-5)
     digest = sha(trained_ckpt)
-    run(["adapt", "--checkpoint", trained_ckpt, "--num-tasks", "2", "--adapt-steps", "1", "--adaptation-mode",
-         "standard", "hybrid", "--adapt-objective", "pg", "dynamics", "entropy"])
+    run(
+        [
+            "adapt",
+            "--checkpoint",
+            trained_ckpt,
+            "--num-tasks",
+            "2",
+            "--adapt-steps",
+            "1",
+            "--adaptation-mode",
+            "standard",
+            "hybrid",
+            "--adapt-objective",
+            "pg",
+            "dynamics",
+            "entropy",
+        ]
+    )
     assert sha(trained_ckpt) == digest
     res = json.load(open(os.path.join(os.path.dirname(trained_ckpt), "adapt.json")))
     assert set(res["results"]) == {f"{a}/{o}" for a in ("standard", "hybrid") for o in ("pg", "dynamics", "entropy")}
@@ -331,8 +428,9 @@ def test_norm_selection_adapts_only_the_layernorm():
     assert m.count_params(model) == m.agent_param_count("ssm", 2, 2, False, 6, 3, True, True)
     theta = {k: v.detach() for k, v in model.named_parameters()}
     rng, _ = m.task_streams(0)
-    data, _ = m.sample_task_batches(model, theta, m.sample_tasks(args.task, rng, 2, "train"), args,
-                                    torch.Generator().manual_seed(0), 1, [0.5])
+    data, _ = m.sample_task_batches(
+        model, theta, m.sample_tasks(args.task, rng, 2, "train"), args, torch.Generator().manual_seed(0), 1, [0.5]
+    )
     ad, theta0 = adapter(model, data, adapt_params="norm", adapt_lr=0.5, objective="dynamics")
     assert set(ad.names) == {"norm.weight", "norm.bias"}
     for _ in range(2):
@@ -364,8 +462,7 @@ def test_hybrid_step_descends_the_current_plus_replayed_loss():
     buf = m.ExperienceBuffer(500, 2, 5, 2, model.initial_state(1).shape[1])
     for i, td in enumerate(data):
         m.add_batch_to_buffer(buf, td["val"], i)
-    cfg = m.AdaptArgs("", grad_clip=1e9, max_step_norm=1e9, trust_region=1e9, experience_weight=0.5,
-                      experience_batch_size=16)
+    cfg = m.AdaptArgs("", grad_clip=1e9, max_step_norm=1e9, trust_region=1e9, experience_weight=0.5, experience_batch_size=16)
     theta0 = {k: v.detach() for k, v in model.named_parameters()}
     std = m.StandardAdapter(model, theta0, cfg, "pg", 0.2, buf, torch.Generator().manual_seed(0))
     hyb = m.HybridAdapter(model, theta0, cfg, "pg", 0.2, buf, torch.Generator().manual_seed(0))
@@ -375,8 +472,9 @@ def test_hybrid_step_descends_the_current_plus_replayed_loss():
     leaves = {k: v.clone().requires_grad_(True) for k, v in theta0.items()}
     loss, _ = m.objective_loss(model, leaves, replay, "pg")
     grads = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
-    expected = torch.cat([(-0.2 * 0.5 * g if g is not None else torch.zeros_like(p)).reshape(-1)
-                          for g, p in zip(grads, leaves.values())])
+    expected = torch.cat(
+        [(-0.2 * 0.5 * g if g is not None else torch.zeros_like(p)).reshape(-1) for g, p in zip(grads, leaves.values())]
+    )
     diff = torch.cat([(hyb.params[k] - std.params[k]).detach().reshape(-1) for k in theta0])
     assert expected.norm() > 1e-3
     assert torch.allclose(diff, expected, atol=1e-5), (diff - expected).abs().max()
@@ -441,8 +539,9 @@ def test_pg_weights_steps_acted_by_other_parameters():
     # truncated at the cap: the weight of every step is min(rho, cap)
     capped = m.StandardAdapter(model, theta0, dataclasses.replace(cfg, max_importance_weight=1.0), "pg", 0.3)
     capped.params = ad.params
-    want = torch.autograd.grad(-(rho.clamp(max=1.0).detach() * logp * batch["advantages"] * mask).sum() / mask.sum(),
-                               leaves, retain_graph=True)
+    want = torch.autograd.grad(
+        -(rho.clamp(max=1.0).detach() * logp * batch["advantages"] * mask).sum() / mask.sum(), leaves, retain_graph=True
+    )
     got = torch.autograd.grad(capped.loss(behaved), leaves)
     assert all(torch.allclose(g, w, atol=1e-6, rtol=1e-4) for g, w in zip(got, want))
     # on-policy batches (no behaviour log-probs) keep the plain rule, bit for bit
@@ -486,8 +585,16 @@ def test_adapt_draws_test_tasks_and_gives_every_task_its_own_adapter(tmp_path, m
 
     monkeypatch.setattr(m, "make_env", spy_make_env)
     monkeypatch.setitem(m.ADAPTERS, "standard", Recording)
-    aargs = m.AdaptArgs(path, num_tasks=3, adapt_steps=2, adapt_lr=0.5, adaptation_mode=("standard",),
-                        adapt_objective=("pg",), max_step_norm=100.0, trust_region=100.0)
+    aargs = m.AdaptArgs(
+        path,
+        num_tasks=3,
+        adapt_steps=2,
+        adapt_lr=0.5,
+        adaptation_mode=("standard",),
+        adapt_objective=("pg",),
+        max_step_norm=100.0,
+        trust_region=100.0,
+    )
     res = m.run_adaptation(path, aargs)
     assert list(res["results"]["standard/pg"]["returns_after_steps"]) == ["0", "1", "2"]
     train_rng, test_rng = m.task_streams(4)
@@ -533,7 +640,9 @@ def test_no_adaptation_level_is_theta0_offline_and_online(trained_ckpt, cartpole
     for path in (ckpt, cartpole_ckpt):
         offline = adapt(path, adapt_objective=("pg", "dynamics"), adaptation_mode=("standard", "hybrid"))
         level = offline["no_adaptation"]["return"]
-        assert len(offline["results"]) == 4 and all(r["returns_after_steps"]["0"] == level for r in offline["results"].values())
+        assert len(offline["results"]) == 4 and all(
+            r["returns_after_steps"]["0"] == level for r in offline["results"].values()
+        )
     offline = adapt(ckpt)
     online = adapt(ckpt, adapt_steps=0, online=True, online_every=2, adapt_lr=0.5)
     assert online["no_adaptation"] == offline["no_adaptation"]
@@ -583,8 +692,26 @@ def test_adapt_passes_behaviour_log_probs_with_ema_and_online(trained_ckpt, monk
 
 
 def test_adapt_online_and_bad_input(trained_ckpt):
-    out = run(["adapt", "--checkpoint", trained_ckpt, "--num-tasks", "2", "--adapt-steps", "1", "--online",
-               "--online-every", "4", "--adaptation-mode", "hybrid", "--adapt-objective", "dynamics", "--ema-decay", "0.5"])
+    run(
+        [
+            "adapt",
+            "--checkpoint",
+            trained_ckpt,
+            "--num-tasks",
+            "2",
+            "--adapt-steps",
+            "1",
+            "--online",
+            "--online-every",
+            "4",
+            "--adaptation-mode",
+            "hybrid",
+            "--adapt-objective",
+            "dynamics",
+            "--ema-decay",
+            "0.5",
+        ]
+    )
     res = json.load(open(os.path.join(os.path.dirname(trained_ckpt), "adapt_online.json")))
     assert res["online"] and res["results"]["hybrid/dynamics"]["final_drift"] > 0
     res = run(["adapt", "--checkpoint", trained_ckpt, "--adaptation-mode", "replay"], check=False)
@@ -593,11 +720,11 @@ def test_adapt_online_and_bad_input(trained_ckpt):
     # the same validator, in process (the subprocess above proves it is wired to one line + exit 2)
     assert "--adapt-lr must be positive" in m.validate_args(m.AdaptArgs(trained_ckpt, adapt_lr=0.0))
     # entropy on a Gaussian policy has a gradient for the log-std only: with the core's parameters it was a traceback
-    res = run(["adapt", "--checkpoint", trained_ckpt, "--adapt-objective", "entropy", "--adapt-params", "ssm"],
-              check=False)
+    res = run(["adapt", "--checkpoint", trained_ckpt, "--adapt-objective", "entropy", "--adapt-params", "ssm"], check=False)
     assert res.returncode == 2 and res.stderr.strip().splitlines() == [
         "maml_ssm.py: error: --adapt-objective entropy on this Gaussian policy reaches only its log-std, which "
-        "--adapt-params ssm does not adapt; use --adapt-params all or heads, or another objective"], res.stderr
+        "--adapt-params ssm does not adapt; use --adapt-params all or heads, or another objective"
+    ], res.stderr
     res = run(["adapt", "--checkpoint", trained_ckpt, "--adapt-params", "norm"], check=False)
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1 and "train it with --layer-norm" in lines[0], res.stderr

@@ -1,5 +1,6 @@
 """Tests for cleanrl_astral/ppo_gru_astral.py: the ASTRAL module, its regularisers and metrics, and the recurrent
 PPO around it; each would fail if the mechanism it names were wrong."""
+
 import copy
 import glob
 import json
@@ -20,7 +21,20 @@ from cleanrl_astral import ppo_gru_baseline as baseline
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "cleanrl_astral", "ppo_gru_astral.py")
-TINY = ["--num-envs", "4", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "2", "--hidden-size", "16", "--slot-dim", "8"]
+TINY = [
+    "--num-envs",
+    "4",
+    "--num-steps",
+    "16",
+    "--num-minibatches",
+    "2",
+    "--update-epochs",
+    "2",
+    "--hidden-size",
+    "16",
+    "--slot-dim",
+    "8",
+]
 
 
 def run(args, **kwargs):
@@ -66,12 +80,20 @@ def counts(modes, slots, num_modes, num_slots):
 
 def test_shapes_and_gradient_reaches_every_parameter():
     agent, batch, initial_state, _ = rollout()
-    _, logprob, entropy, value, state, weights, probs, noise = agent.get_action_and_value(batch["inputs"], initial_state, batch["starts"], batch["actions"])
+    _, logprob, entropy, value, state, weights, probs, noise = agent.get_action_and_value(
+        batch["inputs"], initial_state, batch["starts"], batch["actions"]
+    )
     assert torch.equal(weights, probs) and noise is None  # the soft gate acts with its probabilities
     assert logprob.shape == value.shape == (64, 8) and state.shape == (8, 32) and weights.shape == (64, 8, 3)
     assert torch.allclose(weights.sum(-1), torch.ones(64, 8))
     assert agent.bank.slots.shape == (3, 8)
-    loss = -logprob.mean() + value.pow(2).mean() + m.weight_entropy(weights) - m.load_balance_entropy(weights) + m.orthogonality_penalty(agent.bank.slots)
+    loss = (
+        -logprob.mean()
+        + value.pow(2).mean()
+        + m.weight_entropy(weights)
+        - m.load_balance_entropy(weights)
+        + m.orthogonality_penalty(agent.bank.slots)
+    )
     loss.backward()
     for name, param in agent.named_parameters():
         assert param.grad is not None and param.grad.abs().sum() > 0, name
@@ -157,8 +179,10 @@ def test_mutual_information_metric():
 # --- recurrent PPO with the gate --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("memory,oracle,gumbel_tau", [("gru", False, None), ("none", False, None), ("gru", True, None),
-                                                      ("gru", False, 1.0), ("none", False, 0.5)])
+@pytest.mark.parametrize(
+    "memory,oracle,gumbel_tau",
+    [("gru", False, None), ("none", False, None), ("gru", True, None), ("gru", False, 1.0), ("none", False, 0.5)],
+)
 def test_first_minibatch_ratio_and_gate_are_reproduced(memory, oracle, gumbel_tau):
     """Also for the hard gate, whose replay reuses the acted Gumbel noise: a fresh draw would pick other slots."""
     agent, batch, initial_state, _ = rollout(memory, oracle, gumbel_tau=gumbel_tau)
@@ -176,9 +200,15 @@ def test_replay_from_a_zero_state_or_without_resets_would_differ():
     zeroes it at episode starts."""
     agent, batch, initial_state, _ = rollout()
     with torch.no_grad():
-        _, right_logp, *_, right, _, _ = agent.get_action_and_value(batch["inputs"], initial_state, batch["starts"], batch["actions"])
-        _, zero_logp, *_, wrong, _, _ = agent.get_action_and_value(batch["inputs"], torch.zeros_like(initial_state), batch["starts"], batch["actions"])
-        _, no_reset_logp, *_ = agent.get_action_and_value(batch["inputs"], initial_state, torch.zeros_like(batch["starts"]), batch["actions"])
+        _, right_logp, *_, right, _, _ = agent.get_action_and_value(
+            batch["inputs"], initial_state, batch["starts"], batch["actions"]
+        )
+        _, zero_logp, *_, wrong, _, _ = agent.get_action_and_value(
+            batch["inputs"], torch.zeros_like(initial_state), batch["starts"], batch["actions"]
+        )
+        _, no_reset_logp, *_ = agent.get_action_and_value(
+            batch["inputs"], initial_state, torch.zeros_like(batch["starts"]), batch["actions"]
+        )
     assert (right - batch["weights"]).abs().max() < 1e-5 and (wrong - batch["weights"]).abs().max() > 1e-3
     assert (right_logp - batch["logprobs"]).abs().max() < 1e-5
     assert (zero_logp - batch["logprobs"]).abs().max() > 1e-4 and (no_reset_logp - batch["logprobs"]).abs().max() > 1e-4
@@ -220,16 +250,21 @@ def test_unroll_equals_stepping_the_gru_module_with_resets():
 
 def env_section(module):
     source = open(module.__file__).read()
-    return source[source.index("# ENVIRONMENT"):source.index("# MODEL")]
+    return source[source.index("# ENVIRONMENT") : source.index("# MODEL")]
 
 
 def test_environment_is_the_baselines():
     """The env is copied from ppo_gru_baseline.py (single-file rule): the code is the same text, and identical seeds
     and actions give identical trajectories, so the two scripts are compared on the same task."""
     assert env_section(m) == env_section(baseline)
-    presets = [("inverted4", {}), ("inverted4", {"hide_velocity": True}), ("inverted4", {"switch_prob": 0.3}),
-               ("inverted4", {"fixed_mode": 3}), ("mirror4", {"held_out": [4], "switch_prob": 0.3}),
-               ("mirror4", {"held_out": [4], "mode_share": "balanced"})]
+    presets = [
+        ("inverted4", {}),
+        ("inverted4", {"hide_velocity": True}),
+        ("inverted4", {"switch_prob": 0.3}),
+        ("inverted4", {"fixed_mode": 3}),
+        ("mirror4", {"held_out": [4], "switch_prob": 0.3}),
+        ("mirror4", {"held_out": [4], "mode_share": "balanced"}),
+    ]
     for preset, kwargs in presets:
         envs = [mod.NonStationaryCartPole(6, mod.MODE_PRESETS[preset], **kwargs) for mod in (m, baseline)]
         outs = [env.reset(seed=5) for env in envs]
@@ -280,17 +315,28 @@ def test_presets_parse_in_both_scripts():
         assert set(mod.HELD_OUT_MODES) == set(mod.MODE_PRESETS)
         modes = mod.MODE_PRESETS["mirror4"]
         assert len(modes) == 5 and mod.HELD_OUT_MODES["mirror4"] == [4]
-        assert {(g, l) for g, l, _ in modes[:4]} == {modes[0][:2], modes[2][:2]} and [s for *_, s in modes[:4]] == [1, -1, 1, -1]
+        assert {(g, length) for g, length, _ in modes[:4]} == {modes[0][:2], modes[2][:2]} and [s for *_, s in modes[:4]] == [
+            1,
+            -1,
+            1,
+            -1,
+        ]
         assert modes[4] not in modes[:4]
 
 
-@pytest.mark.parametrize("flags,message", [
-    (["--fixed-mode", "5"], "--fixed-mode 5 is out of range; there are 5 modes"),
-    (["--fixed-mode", "4"], "--fixed-mode 4 is held out of training in mirror4"),
-    (["--mode-share", "balanced", "--num-envs", "2", "--num-minibatches", "1"], "multiple of the 4 training modes"),
-    (["--mode-share", "balanced", "--num-envs", "8", "--fixed-mode", "0"], "cannot be combined with --fixed-mode"),
-    (["--mode-share", "balanced", "--num-envs", "8", "--switch-prob", "0.1"], "cannot be combined with --fixed-mode or --switch-prob"),
-])
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--fixed-mode", "5"], "--fixed-mode 5 is out of range; there are 5 modes"),
+        (["--fixed-mode", "4"], "--fixed-mode 4 is held out of training in mirror4"),
+        (["--mode-share", "balanced", "--num-envs", "2", "--num-minibatches", "1"], "multiple of the 4 training modes"),
+        (["--mode-share", "balanced", "--num-envs", "8", "--fixed-mode", "0"], "cannot be combined with --fixed-mode"),
+        (
+            ["--mode-share", "balanced", "--num-envs", "8", "--switch-prob", "0.1"],
+            "cannot be combined with --fixed-mode or --switch-prob",
+        ),
+    ],
+)
 def test_environment_flags_are_refused_the_same_way_in_both_scripts(flags, message):
     for mod in (m, baseline):
         with pytest.raises(ValueError, match=re.escape(message)):
@@ -388,9 +434,15 @@ def scripted_update(advantages, returns, old_values, new_values=None, **override
     returns (agent, spy, stats)."""
     T, N = advantages.shape
     env_index = torch.arange(N, dtype=torch.float32)
-    batch = {"inputs": env_index.expand(T, N)[..., None].clone(), "starts": torch.zeros(T, N),
-             "actions": torch.zeros(T, N, dtype=torch.long), "logprobs": torch.full((T, N), -0.7), "values": old_values,
-             "weights": torch.full((T, N, 3), 1.0 / 3), "ages": torch.zeros(T, N)}
+    batch = {
+        "inputs": env_index.expand(T, N)[..., None].clone(),
+        "starts": torch.zeros(T, N),
+        "actions": torch.zeros(T, N, dtype=torch.long),
+        "logprobs": torch.full((T, N), -0.7),
+        "values": old_values,
+        "weights": torch.full((T, N, 3), 1.0 / 3),
+        "ages": torch.zeros(T, N),
+    }
     new_values = old_values if new_values is None else new_values
     agent = ScriptedAgent(batch["logprobs"], new_values, torch.full((T, N), 0.6))
     spy = GradSpy(agent)
@@ -419,8 +471,9 @@ def test_value_loss_takes_the_larger_of_the_clipped_and_unclipped_errors():
     new = torch.tensor([[0.5, 1.0], [0.1, 0.5]])
     ret = torch.tensor([[1.0, -1.0], [1.0, 0.0]])
     # per sample: (0.5-1)^2=0.25 vs (0.2-1)^2=0.64 | (1+1)^2=4 vs (0.2+1)^2=1.44 | 0.81 both | 0.25 vs (0.8-0)^2=0.64
-    _, spy, stats = scripted_update(torch.ones(2, 2), ret, old, new, num_minibatches=1, update_epochs=1,
-                                    clip_coef=0.2, vf_coef=0.5, clip_vloss=True)
+    _, spy, stats = scripted_update(
+        torch.ones(2, 2), ret, old, new, num_minibatches=1, update_epochs=1, clip_coef=0.2, vf_coef=0.5, clip_vloss=True
+    )
     assert stats["value_loss"] == pytest.approx(0.5 * (0.64 + 4.0 + 0.81 + 0.64) / 4)
     # d/dV of vf_coef * v_loss: zero where the clipped error wins (its clip is saturated), 2 (V - R) / 4 / 2 otherwise
     torch.testing.assert_close(spy.grads[0]["value"], 0.5 * torch.tensor([[0.0, 0.5], [-0.225, 0.0]]))
@@ -435,8 +488,9 @@ def test_advantages_are_normalised_within_each_minibatch(norm_adv):
     gen = torch.Generator().manual_seed(0)
     T, N = 3, 4
     adv = torch.randn(T, N, generator=gen) * torch.tensor([1.0, 1.0, 20.0, 20.0]) + torch.tensor([5.0, 5.0, -40.0, 9.0])
-    agent, spy, _ = scripted_update(adv, torch.zeros(T, N), torch.zeros(T, N), num_minibatches=2, update_epochs=1,
-                                    norm_adv=norm_adv)
+    agent, spy, _ = scripted_update(
+        adv, torch.zeros(T, N), torch.zeros(T, N), num_minibatches=2, update_epochs=1, norm_adv=norm_adv
+    )
     assert len(spy.grads) == len(agent.minibatches) == 2
     for mb, grads in zip(agent.minibatches, spy.grads):
         a = adv[:, mb]
@@ -454,8 +508,7 @@ def test_each_epoch_visits_every_env_exactly_once():
     permutation cut into consecutive slices). Taking the same first slice each time would train on a quarter of
     the rollout, several times over."""
     T, N = 2, 8
-    agent, spy, _ = scripted_update(torch.ones(T, N), torch.zeros(T, N), torch.zeros(T, N), num_minibatches=4,
-                                    update_epochs=3)
+    agent, spy, _ = scripted_update(torch.ones(T, N), torch.zeros(T, N), torch.zeros(T, N), num_minibatches=4, update_epochs=3)
     assert len(agent.minibatches) == len(spy.grads) == 12
     for epoch in range(3):
         minibatches = agent.minibatches[4 * epoch : 4 * epoch + 4]
@@ -478,8 +531,16 @@ def synthetic_batch(agent, T=6, N=4, seed=0):
     for t in range(T):
         ages[t] = 0 if t == 0 else (ages[t - 1] + 1) * (1 - starts[t])
     ages[:, ~starts[T // 2].bool()] += m.BURN_IN
-    batch = {"inputs": inputs, "starts": starts, "actions": actions, "logprobs": logprobs, "values": values,
-             "weights": weights, "ages": ages, "modes": torch.arange(N).expand(T, N) % 2}
+    batch = {
+        "inputs": inputs,
+        "starts": starts,
+        "actions": actions,
+        "logprobs": logprobs,
+        "values": values,
+        "weights": weights,
+        "ages": ages,
+        "modes": torch.arange(N).expand(T, N) % 2,
+    }
     if noise is not None:
         batch["gate_noise"] = noise
     return batch, initial_state, torch.randn(T, N, generator=gen), torch.randn(T, N, generator=gen)
@@ -505,9 +566,16 @@ def test_target_kl_stops_the_update_after_the_epoch_that_exceeds_it():
 
 
 @pytest.mark.parametrize("hard_gate", [False, True])
-@pytest.mark.parametrize("term,flag,sign", [("weight_entropy", "lambda_w_ent", 1.0), ("load_balance_entropy", "lambda_lb", -1.0),
-                                           ("orthogonality", "lambda_orth", 1.0), ("episode_consistency", "lambda_consistency", -1.0),
-                                           ("supervised_ce", "lambda_supervised", 1.0)])
+@pytest.mark.parametrize(
+    "term,flag,sign",
+    [
+        ("weight_entropy", "lambda_w_ent", 1.0),
+        ("load_balance_entropy", "lambda_lb", -1.0),
+        ("orthogonality", "lambda_orth", 1.0),
+        ("episode_consistency", "lambda_consistency", -1.0),
+        ("supervised_ce", "lambda_supervised", 1.0),
+    ],
+)
 def test_slot_regularisers_enter_the_loss_with_their_sign_and_lambda(term, flag, sign, hard_gate):
     """The update minimises ... + lambda_w_ent * H(p) - lambda_lb * H(mean p) + lambda_orth * ||AA^T - I||^2
     - lambda_consistency * I(episode; slot) + lambda_supervised * CE(p, mode) (docs/ppo_gru_astral.md), p the gate
@@ -533,11 +601,16 @@ def test_slot_regularisers_enter_the_loss_with_their_sign_and_lambda(term, flag,
         return grads, stats
 
     (without, _), (with_term, stats) = gradients(0.0), gradients(0.5)
-    probs = agent.get_action_and_value(batch["inputs"], initial_state, batch["starts"], batch["actions"], noise=batch.get("gate_noise"))[6]
-    value = {"weight_entropy": lambda: m.weight_entropy(probs), "load_balance_entropy": lambda: m.load_balance_entropy(probs),
-             "orthogonality": lambda: m.orthogonality_penalty(agent.bank.slots),
-             "episode_consistency": lambda: m.episode_consistency(probs, batch["starts"], batch["ages"]),
-             "supervised_ce": lambda: m.supervised_gate_loss(probs, batch["modes"], batch["ages"])}[term]()
+    probs = agent.get_action_and_value(
+        batch["inputs"], initial_state, batch["starts"], batch["actions"], noise=batch.get("gate_noise")
+    )[6]
+    value = {
+        "weight_entropy": lambda: m.weight_entropy(probs),
+        "load_balance_entropy": lambda: m.load_balance_entropy(probs),
+        "orthogonality": lambda: m.orthogonality_penalty(agent.bank.slots),
+        "episode_consistency": lambda: m.episode_consistency(probs, batch["starts"], batch["ages"]),
+        "supervised_ce": lambda: m.supervised_gate_loss(probs, batch["modes"], batch["ages"]),
+    }[term]()
     names, params = zip(*agent.named_parameters())
     expected = torch.autograd.grad(value, params, allow_unused=True)
     expected = {n: torch.zeros_like(p) if g is None else g for n, p, g in zip(names, params, expected)}
@@ -545,7 +618,7 @@ def test_slot_regularisers_enter_the_loss_with_their_sign_and_lambda(term, flag,
     assert expected[gate].abs().max() > 1e-4  # the term has a gradient where it should act
     for name in names:
         torch.testing.assert_close(with_term[name] - without[name], 0.5 * sign * expected[name], atol=2e-6, rtol=1e-3)
-    norm = torch.sqrt(sum((g ** 2).sum() for g in expected.values())).item()
+    norm = torch.sqrt(sum((g**2).sum() for g in expected.values())).item()
     assert stats[f"grad_norm_{term}"] == pytest.approx(0.5 * norm, rel=1e-4)
     assert stats["grad_norm_ppo"] > 0
 
@@ -554,8 +627,22 @@ def test_slot_regularisers_enter_the_loss_with_their_sign_and_lambda(term, flag,
 
 
 def test_smoke_save_evaluate_json_and_heatmap(tmp_path):
-    result = run([*TINY, "--total-timesteps", "256", "--runs-dir", str(tmp_path), "--save-model", "--eval-episodes", "2",
-                  "--modes-preset", "inverted4", "--num-abstractions", "5"])
+    result = run(
+        [
+            *TINY,
+            "--total-timesteps",
+            "256",
+            "--runs-dir",
+            str(tmp_path),
+            "--save-model",
+            "--eval-episodes",
+            "2",
+            "--modes-preset",
+            "inverted4",
+            "--num-abstractions",
+            "5",
+        ]
+    )
     assert result.returncode == 0, result.stderr
     (run_dir,) = glob.glob(str(tmp_path / "*"))
     report = json.load(open(os.path.join(run_dir, "eval.json")))
@@ -563,8 +650,16 @@ def test_smoke_save_evaluate_json_and_heatmap(tmp_path):
     assert weights.shape == (4, 5) and np.allclose(weights.sum(1), 1.0, atol=1e-5)
     assert 0.0 <= report["mode_slot_nmi_deterministic"] <= 1.0
     assert open(os.path.join(run_dir, "slot_heatmap.png"), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
-    for tag in ("slots/mode_slot_nmi", "slots/mode_slot_mi", "slots/usage_w0", "slots/weight_entropy",
-                "slots/load_balance_entropy", "slots/orthogonality", "slots/slot_loss", "charts/episodic_return"):
+    for tag in (
+        "slots/mode_slot_nmi",
+        "slots/mode_slot_mi",
+        "slots/usage_w0",
+        "slots/weight_entropy",
+        "slots/load_balance_entropy",
+        "slots/orthogonality",
+        "slots/slot_loss",
+        "charts/episodic_return",
+    ):
         assert scalars(run_dir, tag), tag
     assert any(scalars(run_dir, f"slots/mode{k}_w4") for k in range(4))
     assert any(scalars(run_dir, f"charts/episodic_return_mode{k}") for k in range(4))
@@ -574,8 +669,12 @@ def test_smoke_save_evaluate_json_and_heatmap(tmp_path):
     # what tta_gating reads from a saved model
     ckpt = torch.load(model, weights_only=True)
     assert ckpt["script"] == "ppo_gru_astral" and ckpt["format"] == 1 and ckpt["state_dict"]["bank.slots"].shape == (5, 8)
-    assert {"hide_velocity", "hidden_size", "memory", "oracle", "num_abstractions", "slot_dim", "tau", "norm_reward",
-            "gamma"} <= set(ckpt["args"]) and ckpt["reward_scaler"]["var"] > 0 and ckpt["run_name"] == os.path.basename(run_dir)
+    assert (
+        {"hide_velocity", "hidden_size", "memory", "oracle", "num_abstractions", "slot_dim", "tau", "norm_reward", "gamma"}
+        <= set(ckpt["args"])
+        and ckpt["reward_scaler"]["var"] > 0
+        and ckpt["run_name"] == os.path.basename(run_dir)
+    )
     out = m.evaluate(model, episodes_per_mode=2, modes=[(5.0, 0.9, 1.0)])
     assert out["slot_weights"].shape == (1, 5) and out["slot_counts"].sum() == sum(out["returns"][0])
     with pytest.raises(ValueError, match="not written by ppo_gru_baseline"):
@@ -584,11 +683,27 @@ def test_smoke_save_evaluate_json_and_heatmap(tmp_path):
 
 def test_runs_started_in_the_same_second_get_directories_of_their_own(tmp_path, occupied_run_names):
     check = occupied_run_names(str(tmp_path), "NonStationaryCartPole__collide__7__")
-    result = run([*TINY, "--total-timesteps", "64", "--exp-name", "collide", "--seed", "7", "--runs-dir", str(tmp_path),
-                  "--save-model", "--eval-episodes", "1"])
+    result = run(
+        [
+            *TINY,
+            "--total-timesteps",
+            "64",
+            "--exp-name",
+            "collide",
+            "--seed",
+            "7",
+            "--runs-dir",
+            str(tmp_path),
+            "--save-model",
+            "--eval-episodes",
+            "1",
+        ]
+    )
     assert result.returncode == 0, result.stderr
     run_dir = check()
-    assert os.path.isfile(os.path.join(run_dir, "collide.cleanrl_model")) and os.path.isfile(os.path.join(run_dir, "eval.json"))
+    assert os.path.isfile(os.path.join(run_dir, "collide.cleanrl_model")) and os.path.isfile(
+        os.path.join(run_dir, "eval.json")
+    )
 
 
 BAD_INPUTS = [
@@ -610,12 +725,21 @@ BAD_INPUTS = [
     (["--total-timesteps", "10"], "less than one rollout"),
     (["--capture-video"], "add --save-model"),
     (["--modes-preset", "mirror4", "--fixed-mode", "4"], "--fixed-mode 4 is held out of training in mirror4"),
-    (["--modes-preset", "mirror4", "--mode-share", "balanced", "--num-envs", "2", "--num-minibatches", "1"], "multiple of the 4 training modes"),
+    (
+        ["--modes-preset", "mirror4", "--mode-share", "balanced", "--num-envs", "2", "--num-minibatches", "1"],
+        "multiple of the 4 training modes",
+    ),
     (["--modes-preset", "mirror4", "--fixed-mode", "7"], "--fixed-mode 7 is out of range"),
     (["--hard-gate", "--gumbel-tau", "0"], "--gumbel-tau 0.0 must be positive"),
     (["--gumbel-tau", "-0.5"], "--gumbel-tau -0.5 must be positive"),
-    (["--slot-init", "orthonormal", "--num-abstractions", "9", "--slot-dim", "8"], "--slot-init orthonormal needs --num-abstractions 9 <= --slot-dim 8"),
-    (["--modes-preset", "mirror4", "--lambda-supervised", "1", "--num-abstractions", "3"], "--lambda-supervised needs --num-abstractions 3 >= the 4"),
+    (
+        ["--slot-init", "orthonormal", "--num-abstractions", "9", "--slot-dim", "8"],
+        "--slot-init orthonormal needs --num-abstractions 9 <= --slot-dim 8",
+    ),
+    (
+        ["--modes-preset", "mirror4", "--lambda-supervised", "1", "--num-abstractions", "3"],
+        "--lambda-supervised needs --num-abstractions 3 >= the 4",
+    ),
     (["--lambda-consistency", "-1"], "--lambda-consistency -1.0 must be non-negative"),
 ]
 
@@ -631,7 +755,9 @@ def test_bad_input_fails_fast_with_one_line(tmp_path, flags, message):
 
 def test_learning_happens(tmp_path):
     """Catches a broken learner (FiLM or gate wiring that blocks the policy): random play averages ~22."""
-    result = run(["--total-timesteps", "32768", "--num-envs", "16", "--num-steps", "128", "--runs-dir", str(tmp_path), "--seed", "1"])
+    result = run(
+        ["--total-timesteps", "32768", "--num-envs", "16", "--num-steps", "128", "--runs-dir", str(tmp_path), "--seed", "1"]
+    )
     assert result.returncode == 0, result.stderr
     (run_dir,) = glob.glob(str(tmp_path / "*"))
     returns = [v for _, v in scalars(run_dir, "charts/episodic_return")]
@@ -640,9 +766,28 @@ def test_learning_happens(tmp_path):
 
 
 def test_learning_rate_anneals_linearly_to_zero(tmp_path):
-    result = run(["--num-envs", "2", "--num-steps", "8", "--num-minibatches", "1", "--update-epochs", "1",
-                  "--hidden-size", "8", "--slot-dim", "4", "--total-timesteps", "48", "--learning-rate", "0.003",
-                  "--runs-dir", str(tmp_path)])
+    result = run(
+        [
+            "--num-envs",
+            "2",
+            "--num-steps",
+            "8",
+            "--num-minibatches",
+            "1",
+            "--update-epochs",
+            "1",
+            "--hidden-size",
+            "8",
+            "--slot-dim",
+            "4",
+            "--total-timesteps",
+            "48",
+            "--learning-rate",
+            "0.003",
+            "--runs-dir",
+            str(tmp_path),
+        ]
+    )
     assert result.returncode == 0, result.stderr
     (run_dir,) = glob.glob(str(tmp_path / "*"))
     logged = scalars(run_dir, "charts/learning_rate")

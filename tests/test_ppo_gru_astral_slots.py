@@ -1,5 +1,6 @@
 """Tests for the slot-specialisation options of cleanrl_astral/ppo_gru_astral.py (bottleneck, orthonormal slots,
 hard gate, episode consistency, supervised gate) and its episode-level slot metrics; each fails if its mechanism is wrong."""
+
 import glob
 import json
 import math
@@ -90,15 +91,23 @@ def test_hard_gate_is_torchs_straight_through_gumbel_softmax():
 def test_hard_gate_is_one_hot_and_only_the_chosen_slot_gets_gradient():
     torch.manual_seed(0)
     bank = m.AbstractionBank(16, 4, 8, 1.0, gumbel_tau=1.0)
-    for i in range(8):
+    for _ in range(8):
         z, weights, _, _ = bank(torch.randn(1, 16))
         chosen = weights.argmax(-1).item()
-        assert torch.equal(weights.detach().round(), torch.eye(4)[[chosen]]) and (weights - torch.eye(4)[chosen]).abs().max() < 1e-6
+        assert (
+            torch.equal(weights.detach().round(), torch.eye(4)[[chosen]])
+            and (weights - torch.eye(4)[chosen]).abs().max() < 1e-6
+        )
         (grad,) = torch.autograd.grad((z * torch.randn_like(z)).sum(), bank.slots)
         others = [k for k in range(4) if k != chosen]
         assert grad[chosen].abs().max() > 0 and torch.all(grad[others] == 0)
         # while the gate itself still learns through the straight-through estimator
-        assert torch.autograd.grad((bank(torch.randn(1, 16), noise=torch.zeros(1, 4))[0] ** 2).sum(), bank.gate[-1].weight)[0].abs().max() > 0
+        assert (
+            torch.autograd.grad((bank(torch.randn(1, 16), noise=torch.zeros(1, 4))[0] ** 2).sum(), bank.gate[-1].weight)[0]
+            .abs()
+            .max()
+            > 0
+        )
 
 
 def test_deterministic_acting_uses_the_noiseless_hard_gate():
@@ -130,9 +139,12 @@ def test_episode_consistency_on_hand_made_gates():
     # the uniform burn-in steps are skipped: counting them would lower the value
     assert m.episode_consistency(probs, starts, ages + B).item() < distinct.item() - 0.1
     # episodes of different columns are different episodes, even without a start between them
-    (probs0, starts0, ages0), probs1 = episodes_batch([0]), episodes_batch([1])[0]
+    probs0, _, ages0 = episodes_batch([0])
+    probs1 = episodes_batch([1])[0]
     no_starts = torch.zeros(len(probs0), 2)
-    assert m.episode_consistency(torch.cat([probs0, probs1], 1), no_starts, torch.cat([ages0] * 2, 1)).item() == pytest.approx(math.log(2), abs=1e-5)
+    assert m.episode_consistency(torch.cat([probs0, probs1], 1), no_starts, torch.cat([ages0] * 2, 1)).item() == pytest.approx(
+        math.log(2), abs=1e-5
+    )
 
 
 def test_supervised_gate_loss_is_the_cross_entropy_to_the_true_mode_past_burn_in():
@@ -180,20 +192,64 @@ def test_linear_probe_accuracy():
 
 
 def test_smoke_all_mechanisms_on_mirror4_log_and_report(tmp_path):
-    result = subprocess.run([sys.executable, "cleanrl_astral/ppo_gru_astral.py", "--num-envs", "8", "--num-steps", "32",
-                             "--num-minibatches", "2", "--update-epochs", "2", "--hidden-size", "16", "--slot-dim", "8",
-                             "--total-timesteps", "512", "--modes-preset", "mirror4", "--mode-share", "balanced",
-                             "--num-abstractions", "4", "--bottleneck", "--slot-init", "orthonormal", "--hard-gate",
-                             "--lambda-consistency", "0.1", "--lambda-supervised", "0.1", "--save-model", "--eval-episodes", "2",
-                             "--runs-dir", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "cleanrl_astral/ppo_gru_astral.py",
+            "--num-envs",
+            "8",
+            "--num-steps",
+            "32",
+            "--num-minibatches",
+            "2",
+            "--update-epochs",
+            "2",
+            "--hidden-size",
+            "16",
+            "--slot-dim",
+            "8",
+            "--total-timesteps",
+            "512",
+            "--modes-preset",
+            "mirror4",
+            "--mode-share",
+            "balanced",
+            "--num-abstractions",
+            "4",
+            "--bottleneck",
+            "--slot-init",
+            "orthonormal",
+            "--hard-gate",
+            "--lambda-consistency",
+            "0.1",
+            "--lambda-supervised",
+            "0.1",
+            "--save-model",
+            "--eval-episodes",
+            "2",
+            "--runs-dir",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     (run_dir,) = glob.glob(str(tmp_path / "*"))
     acc = EventAccumulator(run_dir, size_guidance={"scalars": 0})
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
-    expected = {"losses/grad_norm_ppo", "slots/episode_nmi", "slots/gate_stability", "slots/episode_consistency",
-                "slots/supervised_ce", "slots/eval_episode_nmi_deterministic", "slots/eval_probe_acc_w_deterministic",
-                "slots/eval_probe_acc_h_sampled"} | {f"slots/grad_norm_{term}" for term in m.SLOT_TERMS}
+    expected = {
+        "losses/grad_norm_ppo",
+        "slots/episode_nmi",
+        "slots/gate_stability",
+        "slots/episode_consistency",
+        "slots/supervised_ce",
+        "slots/eval_episode_nmi_deterministic",
+        "slots/eval_probe_acc_w_deterministic",
+        "slots/eval_probe_acc_h_sampled",
+    } | {f"slots/grad_norm_{term}" for term in m.SLOT_TERMS}
     assert expected <= tags, expected - tags
     assert max(e.value for e in acc.Scalars("debug/first_minibatch_ratio_error")) < 1e-5
     assert max(e.value for e in acc.Scalars("debug/first_minibatch_gate_error")) < 1e-5

@@ -1,5 +1,6 @@
 """Tests for benchmark/astral_study.sh (which runs each phase expands to, refused phases) and its criterion report
 benchmark/astral_study_report.py (on a hand-made sweep whose verdicts are known)."""
+
 import json
 import os
 import re
@@ -15,8 +16,14 @@ import astral_study_report as report  # noqa: E402
 
 
 def study(*args, **env):
-    return subprocess.run(["bash", "benchmark/astral_study.sh", *args, "--dry-run"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, env={**os.environ, **env})
+    return subprocess.run(
+        ["bash", "benchmark/astral_study.sh", *args, "--dry-run"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
+    )
 
 
 def commands(result):
@@ -62,8 +69,10 @@ def write_run(sweep, key, exp_name, seed, returns, nmi=None, wall=100.0, hide=Tr
     json.dump(body, open(os.path.join(run_dir, "eval.json"), "w"))
     argv = ["python", "x.py", "--modes-preset", "mirror4", *(["--hide-velocity"] if hide else []), "--exp-name", exp_name]
     os.makedirs(os.path.join(sweep, "markers"), exist_ok=True)
-    json.dump({"argv": argv, "run_dirs": [run_dir], "seed": seed, "wall_time_s": wall, "command": "x"},
-              open(os.path.join(sweep, "markers", f"{key}.json"), "w"))
+    json.dump(
+        {"argv": argv, "run_dirs": [run_dir], "seed": seed, "wall_time_s": wall, "command": "x"},
+        open(os.path.join(sweep, "markers", f"{key}.json"), "w"),
+    )
 
 
 def test_phase_c_criteria(tmp_path):
@@ -71,14 +80,25 @@ def test_phase_c_criteria(tmp_path):
     for seed in range(10):
         write_run(sweep, f"b{seed}", "baseline", seed, [500, 500, 490, 500, 100], wall=100)
         # frozen: mode 1 misses 475 in 3 seeds (7/10 < 8/10); NMI >= 0.5 in 8 seeds
-        write_run(sweep, f"f{seed}", "frozen", seed, [500, 400 if seed < 3 else 480, 480, 500, 300],
-                  nmi=0.9 if seed < 8 else 0.1, wall=120)
+        write_run(
+            sweep,
+            f"f{seed}",
+            "frozen",
+            seed,
+            [500, 400 if seed < 3 else 480, 480, 500, 300],
+            nmi=0.9 if seed < 8 else 0.1,
+            wall=120,
+        )
         write_run(sweep, f"c{seed}", "ceiling", seed, [500, 500, 500, 500, 450], nmi=1.0, wall=130)
     groups = report.load_runs(sweep)
     assert set(groups) == {"baseline (hidden velocity)", "frozen (hidden velocity)", "ceiling (hidden velocity)"}
-    assert groups["frozen (hidden velocity)"][0]["held_out"] == [300] and len(groups["frozen (hidden velocity)"][0]["train"]) == 4
+    assert (
+        groups["frozen (hidden velocity)"][0]["held_out"] == [300] and len(groups["frozen (hidden velocity)"][0]["train"]) == 4
+    )
     lines = report.criteria("C", groups)
-    verdict = {re.search(r"^\w+ (\w+) .*criterion (\d)", line).groups(): line.split()[0] for line in lines if " criterion " in line}
+    verdict = {
+        re.search(r"^\w+ (\w+) .*criterion (\d)", line).groups(): line.split()[0] for line in lines if " criterion " in line
+    }
     assert verdict == {("frozen", "1"): "FAIL", ("frozen", "2"): "PASS", ("ceiling", "1"): "PASS", ("ceiling", "2"): "PASS"}
     assert any("seeds per training mode >= 475: [10, 7, 10, 10]" in line for line in lines)
     # mean of mode 1 is 456: more than 25 below the baseline's 500
@@ -87,7 +107,9 @@ def test_phase_c_criteria(tmp_path):
     assert "FAIL ceiling (hidden velocity) wall time 1.30x" in "\n".join(lines)
     assert "| frozen (hidden velocity) | 1 | 500 / 400 / 480 / 500 | 300 | 0.90 |" in report.seed_rows(groups)
     table = "\n".join(report.table(groups))
-    assert "| frozen (hidden velocity) | 10 | m0 500 (10), m1 456 (7), m2 480 (10), m3 500 (10) | 300 | 0.74 (8) | 120 |" in table
+    assert (
+        "| frozen (hidden velocity) | 10 | m0 500 (10), m1 456 (7), m2 480 (10), m3 500 (10) | 300 | 0.74 (8) | 120 |" in table
+    )
 
 
 def test_phase_a_and_b_verdicts(tmp_path):

@@ -1,4 +1,5 @@
 """Tests for cleanrl_astral/ppo_gru_baseline.py: each would fail if the mechanism it names were wrong."""
+
 import copy
 import glob
 import json
@@ -83,8 +84,11 @@ def test_env_gives_gymnasiums_cartpole_trajectories(preset, mode_of_env):
     rng, truncations, ends = np.random.default_rng(1), 0, 0
     for _ in range(2000):
         # mostly the action that holds the pole up, so some episodes reach the time limit
-        action = np.where(rng.random(n) < 0.8, (envs.state[:, 2] + 0.3 * envs.state[:, 3] > 0) == (envs.force_sign[envs.mode] > 0),
-                          rng.integers(2, size=n)).astype(int)
+        action = np.where(
+            rng.random(n) < 0.8,
+            (envs.state[:, 2] + 0.3 * envs.state[:, 3] > 0) == (envs.force_sign[envs.mode] > 0),
+            rng.integers(2, size=n),
+        ).astype(int)
         _, reward, terminated, truncated, info = envs.step(action)
         for i in range(n):
             obs, r, term, trunc, _ = reference[i].step(int(action[i]))
@@ -175,8 +179,20 @@ def test_held_out_mode_is_never_drawn_in_training_and_is_evaluated(tmp_path):
         _, _, _, _, info = envs.step(rng.integers(2, size=16))
         seen.append(info["mode"])
     assert set(np.concatenate(seen)) == {0, 1, 3}
-    result = run([*TINY, "--total-timesteps", "128", "--modes-preset", "mirror4", "--save-model",
-                  "--eval-episodes", "1", "--runs-dir", str(tmp_path)])
+    result = run(
+        [
+            *TINY,
+            "--total-timesteps",
+            "128",
+            "--modes-preset",
+            "mirror4",
+            "--save-model",
+            "--eval-episodes",
+            "1",
+            "--runs-dir",
+            str(tmp_path),
+        ]
+    )
     assert result.returncode == 0, result.stderr
     (run_dir,) = glob.glob(str(tmp_path / "*"))
     report = json.load(open(os.path.join(run_dir, "eval.json")))
@@ -208,8 +224,12 @@ def test_replayed_log_probs_equal_the_acted_ones_and_wrong_state_handling_breaks
     agent, batch, initial_state, _ = rollout("gru")
     with torch.no_grad():
         _, right, _, _, _ = agent.get_action_and_value(batch["inputs"], initial_state, batch["starts"], batch["actions"])
-        _, zero_state, _, _, _ = agent.get_action_and_value(batch["inputs"], torch.zeros_like(initial_state), batch["starts"], batch["actions"])
-        _, no_reset, _, _, _ = agent.get_action_and_value(batch["inputs"], initial_state, torch.zeros_like(batch["starts"]), batch["actions"])
+        _, zero_state, _, _, _ = agent.get_action_and_value(
+            batch["inputs"], torch.zeros_like(initial_state), batch["starts"], batch["actions"]
+        )
+        _, no_reset, _, _, _ = agent.get_action_and_value(
+            batch["inputs"], initial_state, torch.zeros_like(batch["starts"]), batch["actions"]
+        )
     assert (right - batch["logprobs"]).abs().max() < 1e-5
     assert (zero_state - batch["logprobs"]).abs().max() > 1e-4
     assert (no_reset - batch["logprobs"]).abs().max() > 1e-4
@@ -334,8 +354,7 @@ def test_gae_matches_its_definition_with_discounting_and_bootstrapping(forward_g
     adv, ret = m.compute_gae(rewards, values, starts, next_value, next_start_t, gamma, lam)
     for n in range(2):
         continues = [1.0 - starts[t + 1, n].item() for t in range(4)] + [1.0 - next_start_t[n].item()]
-        expected = forward_gae(rewards[:, n].tolist(), values[:, n].tolist() + [next_value[n].item()], continues,
-                               gamma, lam)
+        expected = forward_gae(rewards[:, n].tolist(), values[:, n].tolist() + [next_value[n].item()], continues, gamma, lam)
         assert adv[:, n].tolist() == pytest.approx(expected, rel=1e-6)
     assert torch.allclose(ret, adv + values)
 
@@ -346,7 +365,7 @@ def test_reward_scaler_divides_by_running_std_of_discounted_return():
     rng = np.random.default_rng(0)
     scaler = m.RewardScaler(3, gamma=0.9)
     returns, history = np.zeros(3), []
-    for t in range(40):
+    for _ in range(40):
         rewards, dones = rng.normal(5.0, 2.0, 3), rng.random(3) < 0.2
         returns = returns * 0.9 + rewards
         history.extend(returns)
@@ -399,12 +418,19 @@ def scripted_update(advantages, returns, old_values, new_values=None, **override
     returns (agent, spy, stats)."""
     T, N = advantages.shape
     env_index = torch.arange(N, dtype=torch.float32)
-    batch = {"inputs": env_index.expand(T, N)[..., None].clone(), "starts": torch.zeros(T, N),
-             "actions": torch.zeros(T, N, dtype=torch.long), "logprobs": torch.full((T, N), -0.7), "values": old_values}
+    batch = {
+        "inputs": env_index.expand(T, N)[..., None].clone(),
+        "starts": torch.zeros(T, N),
+        "actions": torch.zeros(T, N, dtype=torch.long),
+        "logprobs": torch.full((T, N), -0.7),
+        "values": old_values,
+    }
     new_values = old_values if new_values is None else new_values
     agent = ScriptedAgent(batch["logprobs"], new_values, torch.full((T, N), 0.6))
     spy = GradSpy(agent)
-    stats = m.ppo_update(agent, spy, batch, env_index[:, None], advantages, returns, update_args(max_grad_norm=1e9, **overrides))
+    stats = m.ppo_update(
+        agent, spy, batch, env_index[:, None], advantages, returns, update_args(max_grad_norm=1e9, **overrides)
+    )
     return agent, spy, stats
 
 
@@ -428,8 +454,9 @@ def test_value_loss_takes_the_larger_of_the_clipped_and_unclipped_errors():
     new = torch.tensor([[0.5, 1.0], [0.1, 0.5]])
     ret = torch.tensor([[1.0, -1.0], [1.0, 0.0]])
     # per sample: (0.5-1)^2=0.25 vs (0.2-1)^2=0.64 | (1+1)^2=4 vs (0.2+1)^2=1.44 | 0.81 both | 0.25 vs (0.8-0)^2=0.64
-    _, spy, stats = scripted_update(torch.ones(2, 2), ret, old, new, num_minibatches=1, update_epochs=1,
-                                    clip_coef=0.2, vf_coef=0.5, clip_vloss=True)
+    _, spy, stats = scripted_update(
+        torch.ones(2, 2), ret, old, new, num_minibatches=1, update_epochs=1, clip_coef=0.2, vf_coef=0.5, clip_vloss=True
+    )
     assert stats["value_loss"] == pytest.approx(0.5 * (0.64 + 4.0 + 0.81 + 0.64) / 4)
     # d/dV of vf_coef * v_loss: zero where the clipped error wins (its clip is saturated), 2 (V - R) / 4 / 2 otherwise
     torch.testing.assert_close(spy.grads[0]["value"], 0.5 * torch.tensor([[0.0, 0.5], [-0.225, 0.0]]))
@@ -444,8 +471,9 @@ def test_advantages_are_normalised_within_each_minibatch(norm_adv):
     gen = torch.Generator().manual_seed(0)
     T, N = 3, 4
     adv = torch.randn(T, N, generator=gen) * torch.tensor([1.0, 1.0, 20.0, 20.0]) + torch.tensor([5.0, 5.0, -40.0, 9.0])
-    agent, spy, _ = scripted_update(adv, torch.zeros(T, N), torch.zeros(T, N), num_minibatches=2, update_epochs=1,
-                                    norm_adv=norm_adv)
+    agent, spy, _ = scripted_update(
+        adv, torch.zeros(T, N), torch.zeros(T, N), num_minibatches=2, update_epochs=1, norm_adv=norm_adv
+    )
     assert len(spy.grads) == len(agent.minibatches) == 2
     for mb, grads in zip(agent.minibatches, spy.grads):
         a = adv[:, mb]
@@ -463,8 +491,7 @@ def test_each_epoch_visits_every_env_exactly_once():
     permutation cut into consecutive slices). Taking the same first slice each time would train on a quarter of
     the rollout, several times over."""
     T, N = 2, 8
-    agent, spy, _ = scripted_update(torch.ones(T, N), torch.zeros(T, N), torch.zeros(T, N), num_minibatches=4,
-                                    update_epochs=3)
+    agent, spy, _ = scripted_update(torch.ones(T, N), torch.zeros(T, N), torch.zeros(T, N), num_minibatches=4, update_epochs=3)
     assert len(agent.minibatches) == len(spy.grads) == 12
     for epoch in range(3):
         minibatches = agent.minibatches[4 * epoch : 4 * epoch + 4]
@@ -491,7 +518,9 @@ def test_target_kl_stops_the_update_after_the_epoch_that_exceeds_it():
     for target_kl in (None, 1e-8, 1e3):
         trained = copy.deepcopy(agent)
         optimizer = torch.optim.Adam(trained.parameters(), lr=1e-2)
-        stats = m.ppo_update(trained, optimizer, batch, initial_state, adv, ret, update_args(update_epochs=4, target_kl=target_kl))
+        stats = m.ppo_update(
+            trained, optimizer, batch, initial_state, adv, ret, update_args(update_epochs=4, target_kl=target_kl)
+        )
         steps[target_kl] = int(optimizer.state[trained.actor[-1].weight]["step"])
         if target_kl == 1e-8:
             assert stats["approx_kl"] > target_kl
@@ -502,7 +531,19 @@ def test_target_kl_stops_the_update_after_the_epoch_that_exceeds_it():
 
 
 def test_smoke_save_evaluate_round_trip(tmp_path):
-    result = run([*TINY, "--total-timesteps", "256", "--runs-dir", str(tmp_path), "--save-model", "--eval-episodes", "2", "--hide-velocity"])
+    result = run(
+        [
+            *TINY,
+            "--total-timesteps",
+            "256",
+            "--runs-dir",
+            str(tmp_path),
+            "--save-model",
+            "--eval-episodes",
+            "2",
+            "--hide-velocity",
+        ]
+    )
     assert result.returncode == 0, result.stderr
     (run_dir,) = glob.glob(str(tmp_path / "*"))
     model = os.path.join(run_dir, "ppo_gru_baseline.cleanrl_model")
@@ -511,7 +552,8 @@ def test_smoke_save_evaluate_round_trip(tmp_path):
     assert all(len(report["per_mode"][k][kind]["returns"]) == 2 for k in "012" for kind in ("deterministic", "sampled"))
     for k in "012":
         assert [v for _, v in scalars(run_dir, f"eval/episodic_return_mode{k}_deterministic")] == pytest.approx(
-            [report["per_mode"][k]["deterministic"]["mean"]])
+            [report["per_mode"][k]["deterministic"]["mean"]]
+        )
     # training logged what the benchmark reads, and the replay check held on every update
     assert scalars(run_dir, "charts/episodic_return") and scalars(run_dir, "charts/episodic_return_mode0")
     errors = [v for _, v in scalars(run_dir, "debug/first_minibatch_ratio_error")]
@@ -546,7 +588,19 @@ def test_controls_and_tracking_run(tmp_path):
 
 
 def test_capture_video_writes_one_video_per_mode(tmp_path):
-    result = run([*TINY, "--total-timesteps", "64", "--runs-dir", str(tmp_path), "--save-model", "--capture-video", "--eval-episodes", "1"])
+    result = run(
+        [
+            *TINY,
+            "--total-timesteps",
+            "64",
+            "--runs-dir",
+            str(tmp_path),
+            "--save-model",
+            "--capture-video",
+            "--eval-episodes",
+            "1",
+        ]
+    )
     assert result.returncode == 0, result.stderr
     videos = sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / "*" / "videos" / "*.mp4")))
     assert videos == ["mode0-episode-0.mp4", "mode1-episode-0.mp4", "mode2-episode-0.mp4"]
@@ -556,11 +610,27 @@ def test_runs_started_in_the_same_second_get_directories_of_their_own(tmp_path, 
     """Runs of one command and seed started in the same second (a shell loop over flags) would otherwise share
     runs/{run_name}: their TensorBoard events would mix, and the later run's files would replace the earlier run's."""
     check = occupied_run_names(str(tmp_path), "NonStationaryCartPole__collide__7__")
-    result = run([*TINY, "--total-timesteps", "64", "--exp-name", "collide", "--seed", "7", "--runs-dir", str(tmp_path),
-                  "--save-model", "--eval-episodes", "1"])
+    result = run(
+        [
+            *TINY,
+            "--total-timesteps",
+            "64",
+            "--exp-name",
+            "collide",
+            "--seed",
+            "7",
+            "--runs-dir",
+            str(tmp_path),
+            "--save-model",
+            "--eval-episodes",
+            "1",
+        ]
+    )
     assert result.returncode == 0, result.stderr
     run_dir = check()
-    assert os.path.isfile(os.path.join(run_dir, "collide.cleanrl_model")) and os.path.isfile(os.path.join(run_dir, "eval.json"))
+    assert os.path.isfile(os.path.join(run_dir, "collide.cleanrl_model")) and os.path.isfile(
+        os.path.join(run_dir, "eval.json")
+    )
 
 
 BAD_INPUTS = [
@@ -582,12 +652,18 @@ BAD_INPUTS = [
     (["--capture-video"], "add --save-model"),
     (["--exp-name", "a/b"], "--exp-name 'a/b' must be a non-empty name without '/'"),
     (["--modes-preset", "mirror4", "--fixed-mode", "4"], "--fixed-mode 4 is held out of training in mirror4"),
-    (["--mode-share", "balanced", "--num-envs", "6", "--num-minibatches", "2", "--fixed-mode", "1"],
-     "--mode-share balanced pins every env's mode"),
-    (["--mode-share", "balanced", "--num-envs", "4", "--num-minibatches", "2"],
-     "--mode-share balanced needs --num-envs 4 to be a multiple of the 3 training modes"),
-    (["--mode-share", "balanced", "--num-envs", "6", "--num-minibatches", "2", "--modes-preset", "mirror4"],
-     "--mode-share balanced needs --num-envs 6 to be a multiple of the 4 training modes"),
+    (
+        ["--mode-share", "balanced", "--num-envs", "6", "--num-minibatches", "2", "--fixed-mode", "1"],
+        "--mode-share balanced pins every env's mode",
+    ),
+    (
+        ["--mode-share", "balanced", "--num-envs", "4", "--num-minibatches", "2"],
+        "--mode-share balanced needs --num-envs 4 to be a multiple of the 3 training modes",
+    ),
+    (
+        ["--mode-share", "balanced", "--num-envs", "6", "--num-minibatches", "2", "--modes-preset", "mirror4"],
+        "--mode-share balanced needs --num-envs 6 to be a multiple of the 4 training modes",
+    ),
 ]
 
 
@@ -626,7 +702,9 @@ def test_another_scripts_model_is_refused(tmp_path):
 def test_learning_happens(tmp_path):
     """Catches a broken learner: a random CartPole policy averages ~22; 30k steps of this PPO (with the default
     reward scaling) must do far better."""
-    result = run(["--total-timesteps", "32768", "--num-envs", "16", "--num-steps", "128", "--runs-dir", str(tmp_path), "--seed", "1"])
+    result = run(
+        ["--total-timesteps", "32768", "--num-envs", "16", "--num-steps", "128", "--runs-dir", str(tmp_path), "--seed", "1"]
+    )
     assert result.returncode == 0, result.stderr
     (run_dir,) = glob.glob(str(tmp_path / "*"))
     returns = [v for _, v in scalars(run_dir, "charts/episodic_return")]
@@ -637,8 +715,26 @@ def test_learning_happens(tmp_path):
 def test_learning_rate_anneals_linearly_to_zero(tmp_path):
     """With --anneal-lr (the default) update k of n uses lr * (1 - (k - 1) / n): 3e-3, 2e-3, 1e-3 for n = 3, as
     logged in charts/learning_rate (the optimizer's lr). A constant lr would not decay."""
-    result = run(["--num-envs", "2", "--num-steps", "8", "--num-minibatches", "1", "--update-epochs", "1",
-                  "--hidden-size", "8", "--total-timesteps", "48", "--learning-rate", "0.003", "--runs-dir", str(tmp_path)])
+    result = run(
+        [
+            "--num-envs",
+            "2",
+            "--num-steps",
+            "8",
+            "--num-minibatches",
+            "1",
+            "--update-epochs",
+            "1",
+            "--hidden-size",
+            "8",
+            "--total-timesteps",
+            "48",
+            "--learning-rate",
+            "0.003",
+            "--runs-dir",
+            str(tmp_path),
+        ]
+    )
     assert result.returncode == 0, result.stderr
     (run_dir,) = glob.glob(str(tmp_path / "*"))
     logged = scalars(run_dir, "charts/learning_rate")

@@ -15,13 +15,32 @@ from cleanrl_astral import reinforce_baby as rb
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = "cleanrl_astral/reinforce_baby.py"
-TINY = ["--num-actions", "8", "--hidden-dim", "32", "--num-layers", "1", "--num-envs", "16",
-        "--total-timesteps", "64", "--eval-episodes", "8", "--no-analysis"]
+TINY = [
+    "--num-actions",
+    "8",
+    "--hidden-dim",
+    "32",
+    "--num-layers",
+    "1",
+    "--num-envs",
+    "16",
+    "--total-timesteps",
+    "64",
+    "--eval-episodes",
+    "8",
+    "--no-analysis",
+]
 
 
 def run_script(*flags, check=True):
-    return subprocess.run([sys.executable, SCRIPT, *flags], cwd=REPO, capture_output=True, text=True, check=check,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return subprocess.run(
+        [sys.executable, SCRIPT, *flags],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=check,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
 
 
 def only_run_dir(runs_dir):
@@ -59,8 +78,7 @@ class RecordingWriter:
 def train_tiny(parent=None, **overrides):
     """rb.train in-process on a tiny pattern-echo setting (16 envs, a 1-layer width-32 core); returns (agent, levels,
     the logged scalars)."""
-    settings = dict(task="pattern-echo", num_actions=8, hidden_dim=32, num_layers=1, num_envs=16, total_timesteps=32,
-                    seed=1)
+    settings = dict(task="pattern-echo", num_actions=8, hidden_dim=32, num_layers=1, num_envs=16, total_timesteps=32, seed=1)
     args = rb.Args(**{**settings, **overrides})
     args.batch_size = args.num_envs * args.max_episode_steps
     args.num_iterations = max(1, args.total_timesteps // args.batch_size)
@@ -264,8 +282,23 @@ def test_reinforce_advantages_are_scaled_only_when_the_returns_differ():
 def test_reinforce_with_0_1_returns_keeps_its_policy_loss_bounded(tmp_path):
     """Without the prediction reward, pattern-echo's returns are 0 or 1, and once the task is learnt whole batches
     succeed: the policy loss must stay of order one, not jump to ~1e5 with the entropy collapsing."""
-    run_script("--task", "pattern-echo", "--num-actions", "8", "--world-model-coef", "0", "--pred-reward-weight", "0",
-               "--total-timesteps", "6400", "--eval-episodes", "8", "--no-analysis", "--runs-dir", str(tmp_path))
+    run_script(
+        "--task",
+        "pattern-echo",
+        "--num-actions",
+        "8",
+        "--world-model-coef",
+        "0",
+        "--pred-reward-weight",
+        "0",
+        "--total-timesteps",
+        "6400",
+        "--eval-episodes",
+        "8",
+        "--no-analysis",
+        "--runs-dir",
+        str(tmp_path),
+    )
     scalars = logged_values(only_run_dir(tmp_path))
     losses = [abs(v) for _, v in scalars["losses/policy_loss"]]
     assert len(losses) == 200 and max(losses) < 50, max(losses)
@@ -419,7 +452,7 @@ def test_consistency_reward_judges_each_action_against_the_verdict_it_was_taken_
     acted.clear()
     _, _, two_steps = train_tiny(max_episode_steps=2, total_timesteps=64)
     assert len(acted) == 4
-    expected = [float(sum(rb.consistency_reward(s, a) for s, a in acted[u: u + 2]).mean()) for u in (0, 2)]
+    expected = [float(sum(rb.consistency_reward(s, a) for s, a in acted[u : u + 2]).mean()) for u in (0, 2)]
     assert two_steps["reward/cons"] == pytest.approx(expected, abs=1e-6)
     assert any(v != 0.0 for v in expected)  # the second step's answers do count
 
@@ -428,8 +461,14 @@ def test_entropy_term_is_a_bonus_that_keeps_an_untrained_policy_near_uniform():
     """The loss subtracts ent_coef * entropy: with no reward and no world-model term, the updates can only keep the
     (initially near-uniform) policy's entropy at its maximum log(num_actions). If this failed, the entropy term were a
     penalty and the updates would collapse the policy onto arbitrary symbols."""
-    _, _, scalars = train_tiny(goal_reward_weight=0.0, pred_reward_weight=0.0, cons_reward_weight=0.0,
-                               world_model_coef=0.0, ent_coef=0.5, total_timesteps=16 * 20)
+    _, _, scalars = train_tiny(
+        goal_reward_weight=0.0,
+        pred_reward_weight=0.0,
+        cons_reward_weight=0.0,
+        world_model_coef=0.0,
+        ent_coef=0.5,
+        total_timesteps=16 * 20,
+    )
     entropy = scalars["losses/entropy"]
     assert len(entropy) == 20 and entropy[0] > np.log(8) - 0.01
     assert min(entropy) > np.log(8) - 0.01
@@ -587,12 +626,15 @@ def test_sampled_evaluation_is_reproducible_from_its_seed():
 # ---------------------------------------------------------------------------------------------- runs and outputs
 
 
-@pytest.mark.parametrize("task,algorithm,extra", [
-    ("pattern-echo", "reinforce", []),
-    ("sequence-next", "ppo", []),
-    ("conditional", "reinforce", ["--max-episode-steps", "3"]),
-    ("all", "ppo", ["--max-episode-steps", "2", "--curriculum"]),
-])
+@pytest.mark.parametrize(
+    "task,algorithm,extra",
+    [
+        ("pattern-echo", "reinforce", []),
+        ("sequence-next", "ppo", []),
+        ("conditional", "reinforce", ["--max-episode-steps", "3"]),
+        ("all", "ppo", ["--max-episode-steps", "2", "--curriculum"]),
+    ],
+)
 def test_smoke_per_task_and_algorithm(tmp_path, task, algorithm, extra):
     run_script("--task", task, "--algorithm", algorithm, *TINY, *extra, "--runs-dir", str(tmp_path))
     run_dir = only_run_dir(tmp_path)
@@ -604,8 +646,15 @@ def test_smoke_per_task_and_algorithm(tmp_path, task, algorithm, extra):
     assert {k.split("/")[0] for k in ev["per_difficulty_success"]} == set(tasks)
     sc = logged_values(run_dir)
     tags = set(sc)
-    assert {"charts/success_rate", "losses/entropy", "losses/world_model_mse", "reward/goal", "reward/pred",
-            "reward/cons", "charts/SPS"} <= tags
+    assert {
+        "charts/success_rate",
+        "losses/entropy",
+        "losses/world_model_mse",
+        "reward/goal",
+        "reward/pred",
+        "reward/cons",
+        "charts/SPS",
+    } <= tags
     steps = [step for step, _ in sc["charts/success_rate"]]
     T = int(extra[extra.index("--max-episode-steps") + 1]) if "--max-episode-steps" in extra else 1
     batch = 16 * T
@@ -616,8 +665,9 @@ def test_runs_started_in_the_same_second_get_directories_of_their_own(tmp_path, 
     """Runs of one command and seed started in the same second (a shell loop over flags) each get a directory: sharing
     runs/{run_name} would mix their TensorBoard events, and the later run's files would replace the earlier run's."""
     check = occupied_run_names(str(tmp_path), "pattern-echo__collide__7__")
-    run_script("--task", "pattern-echo", *TINY, "--exp-name", "collide", "--seed", "7", "--runs-dir", str(tmp_path),
-               "--save-model")
+    run_script(
+        "--task", "pattern-echo", *TINY, "--exp-name", "collide", "--seed", "7", "--runs-dir", str(tmp_path), "--save-model"
+    )
     run_dir = check()
     assert os.path.isfile(os.path.join(run_dir, "collide.cleanrl_model"))
     assert os.path.isfile(os.path.join(run_dir, "eval.json"))
@@ -626,9 +676,24 @@ def test_runs_started_in_the_same_second_get_directories_of_their_own(tmp_path, 
 def test_full_run_saves_evaluates_baselines_and_analysis(tmp_path):
     runs = tmp_path / "runs"
     flags = [f for f in TINY if f != "--no-analysis"] + ["--analysis-samples", "120"]
-    run_script("--task", "all", "--curriculum", *flags, "--save-model", "--capture-video",
-               "--baselines", "random", "rl-only", "kl-distill", "--runs-dir", str(runs), "--seed", "4")
+    run_script(
+        "--task",
+        "all",
+        "--curriculum",
+        *flags,
+        "--save-model",
+        "--capture-video",
+        "--baselines",
+        "random",
+        "rl-only",
+        "kl-distill",
+        "--runs-dir",
+        str(runs),
+        "--seed",
+        "4",
+    )
     run_dir = only_run_dir(runs)
+
     def strict(name):
         raise AssertionError(f"eval.json holds {name}, which is not JSON")
 
@@ -668,8 +733,9 @@ def test_in_process_baseline_is_the_run_its_own_flags_would_make(tmp_path):
     with open(os.path.join(only_run_dir(tmp_path / "alone"), "eval.json")) as f:
         alone_eval = json.load(f)
     assert in_eval["success_rate"] == alone_eval["success_rate"]
-    assert {k: v for k, v in in_eval.items() if k.startswith("success_") and k != "success_rate"} == \
-        {f"success_{k}": v for k, v in alone_eval["per_difficulty_success"].items()}
+    assert {k: v for k, v in in_eval.items() if k.startswith("success_") and k != "success_rate"} == {
+        f"success_{k}": v for k, v in alone_eval["per_difficulty_success"].items()
+    }
 
 
 # ----------------------------------------------------------------------------------------------------- bad input
@@ -682,40 +748,46 @@ def test_a_runs_dir_that_is_a_file_is_a_one_line_error(tmp_path):
     assert "not a directory" in result.stderr
 
 
-@pytest.mark.parametrize("flags,needle", [
-    (["--task", "pattern-echo", "--num-actions", "4"], "--num-actions 4"),
-    (["--task", "conditional", "--curriculum", "--num-actions", "6"], "--num-actions 6"),
-    (["--parent", "llm"], "--llm-base-url"),
-    (["--learning-rate", "nan"], "--learning-rate nan must be a finite number"),
-])
+@pytest.mark.parametrize(
+    "flags,needle",
+    [
+        (["--task", "pattern-echo", "--num-actions", "4"], "--num-actions 4"),
+        (["--task", "conditional", "--curriculum", "--num-actions", "6"], "--num-actions 6"),
+        (["--parent", "llm"], "--llm-base-url"),
+        (["--learning-rate", "nan"], "--learning-rate nan must be a finite number"),
+    ],
+)
 def test_bad_input_fails_with_one_line_before_any_work(tmp_path, flags, needle):
     assert_one_line_error(run_script(*flags, "--runs-dir", str(tmp_path / "runs"), check=False), needle)
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.parametrize("kwargs,needle", [
-    ({"learning_rate": float("nan")}, "--learning-rate nan must be a finite number"),
-    ({"baseline_decay": float("inf")}, "--baseline-decay inf must be a finite number"),
-    ({"seed": -1}, "--seed -1 must be in [0, 2**32 - 1]"),
-    ({"num_heads": 0}, "--num-heads must be >= 1"),  # checked before the divisibility: no ZeroDivisionError
-    ({"algorithm": "ppo", "update_epochs": 0}, "--update-epochs must be >= 1"),
-    ({"total_timesteps": 0}, "--total-timesteps 0 is less than one update"),
-    ({"gamma": -1.0}, "--gamma -1.0 must be in (0, 1]"),
-    ({"algorithm": "ppo", "gae_lambda": 2.0}, "--gae-lambda 2.0 must be in [0, 1]"),
-    ({"baseline_decay": 2.0}, "--baseline-decay 2.0 must be in [0, 1)"),
-    ({"mastery_threshold": 0.0}, "--mastery-threshold 0.0 must be in (0, 1]"),
-    ({"clip_coef": 0.0}, "--clip-coef 0.0 must be positive"),
-    ({"llm_retries": -1}, "--llm-retries -1 must be >= 0"),
-    ({"llm_timeout": 0.0}, "--llm-timeout 0.0 must be positive"),
-    ({"llm_concurrency": 0}, "--llm-concurrency must be >= 1"),
-    ({"algorithm": "ppo", "num_minibatches": 0}, "--num-minibatches must be >= 1"),
-    ({"analysis_samples": 0}, "--analysis-samples must be >= 2"),
-    ({"llm_examples": -1}, "--llm-examples -1 must be >= 0"),
-    ({"llm_check_pairs": -1}, "--llm-check-pairs -1 must be >= 0"),
-    ({"review_prob": 1.5}, "--review-prob 1.5 must be in [0, 1]"),
-    ({"hidden_dim": 30, "num_heads": 4}, "--hidden-dim 30 must be divisible by --num-heads 4"),
-    ({"parent": "llm", "llm_base_url": "notaurl"}, "must be an http:// or https:// URL"),
-])
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [
+        ({"learning_rate": float("nan")}, "--learning-rate nan must be a finite number"),
+        ({"baseline_decay": float("inf")}, "--baseline-decay inf must be a finite number"),
+        ({"seed": -1}, "--seed -1 must be in [0, 2**32 - 1]"),
+        ({"num_heads": 0}, "--num-heads must be >= 1"),  # checked before the divisibility: no ZeroDivisionError
+        ({"algorithm": "ppo", "update_epochs": 0}, "--update-epochs must be >= 1"),
+        ({"total_timesteps": 0}, "--total-timesteps 0 is less than one update"),
+        ({"gamma": -1.0}, "--gamma -1.0 must be in (0, 1]"),
+        ({"algorithm": "ppo", "gae_lambda": 2.0}, "--gae-lambda 2.0 must be in [0, 1]"),
+        ({"baseline_decay": 2.0}, "--baseline-decay 2.0 must be in [0, 1)"),
+        ({"mastery_threshold": 0.0}, "--mastery-threshold 0.0 must be in (0, 1]"),
+        ({"clip_coef": 0.0}, "--clip-coef 0.0 must be positive"),
+        ({"llm_retries": -1}, "--llm-retries -1 must be >= 0"),
+        ({"llm_timeout": 0.0}, "--llm-timeout 0.0 must be positive"),
+        ({"llm_concurrency": 0}, "--llm-concurrency must be >= 1"),
+        ({"algorithm": "ppo", "num_minibatches": 0}, "--num-minibatches must be >= 1"),
+        ({"analysis_samples": 0}, "--analysis-samples must be >= 2"),
+        ({"llm_examples": -1}, "--llm-examples -1 must be >= 0"),
+        ({"llm_check_pairs": -1}, "--llm-check-pairs -1 must be >= 0"),
+        ({"review_prob": 1.5}, "--review-prob 1.5 must be in [0, 1]"),
+        ({"hidden_dim": 30, "num_heads": 4}, "--hidden-dim 30 must be divisible by --num-heads 4"),
+        ({"parent": "llm", "llm_base_url": "notaurl"}, "must be an http:// or https:// URL"),
+    ],
+)
 def test_meaningless_values_are_refused_by_validate_args(kwargs, needle):
     """Values that would train a meaningless run in silence (NaN, a budget of 0, a decay of 2, an LLM URL that every
     request fails on, so that the whole run falls back to the rule) or crash after the run directory exists."""

