@@ -114,9 +114,9 @@ def test_labels_follow_the_command_index_and_a_missing_eval_json_is_a_warning(tm
     assert "| fast_method | – | 3 | 20.0 ± 10.0 [-4.84, 44.8] | 6 ± 1.41 [-6.71, 18.7] (2 seeds) |" in text
 
 
-def test_a_corrupt_or_empty_manifest_is_a_one_line_error_before_the_report_is_written(tmp_path):
+def test_a_corrupt_or_empty_manifest_is_a_one_line_error_before_the_report_is_written(tmp_path, capsys):
     """Each would otherwise be a traceback (JSONDecodeError, KeyError, IsADirectoryError) or, for an empty manifest, an
-    empty report with exit 0."""
+    empty report with exit 0. The first case runs report.py as a process, the others call its main()."""
     good = {
         "run_key": "c0__g0_base__s1",
         "command_index": 0,
@@ -142,8 +142,13 @@ def test_a_corrupt_or_empty_manifest_is_a_one_line_error_before_the_report_is_wr
         else:
             sweep.mkdir()
             (sweep / "manifest.jsonl").write_text(text)
-        r = run_benchmark_script("report", "--sweep", sweep, "--output", tmp_path / "rep")
-        assert_one_line_error(r, message)
+        if i == 0:
+            r = run_benchmark_script("report", "--sweep", sweep, "--output", tmp_path / "rep")
+            assert_one_line_error(r, message)
+        else:
+            assert report.main(["--sweep", str(sweep), "--output", str(tmp_path / "rep")]) == 2
+            lines = capsys.readouterr().err.strip().splitlines()
+            assert len(lines) == 1 and message in lines[0], lines
     assert not (tmp_path / "rep").exists()
 
 

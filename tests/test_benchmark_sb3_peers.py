@@ -18,6 +18,10 @@ import cleanrl_astral.ppo_gru_baseline as ppo_gru_baseline
 sb3_peers = load_benchmark_script("sb3_peers")
 
 
+# random actions end an episode in about 20 steps: 100 episodes are about 2,000 steps of each mode
+EPISODES_PER_MODE = 100
+
+
 @pytest.mark.parametrize("preset,hide_velocity", [("seed3", False), ("inverted4", True)])
 def test_peers_env_gives_the_baselines_trajectories(preset, hide_velocity):
     """The peers' gymnasium env (one CartPole-v1 per env, as SB3 steps it) and ppo_gru_baseline's vectorised env,
@@ -30,7 +34,7 @@ def test_peers_env_gives_the_baselines_trajectories(preset, hide_velocity):
         ours = ppo_gru_baseline.NonStationaryCartPole(1, modes, hide_velocity, fixed_mode=k)
         theirs = sb3_peers.make_env(modes, hide_velocity, fixed_mode=k)()
         obs_a, info_a = ours.reset(seed=k)
-        for _ in range(400):
+        for _ in range(EPISODES_PER_MODE):
             obs_b, info_b = theirs.reset(seed=k)
             theirs.unwrapped.state = ours.state[0].copy()
             np.testing.assert_array_equal(obs_a[0], ours.state[0, [0, 2] if hide_velocity else slice(None)].astype(np.float32))
@@ -44,7 +48,7 @@ def test_peers_env_gives_the_baselines_trajectories(preset, hide_velocity):
                 assert (rew_a[0], term_a[0], trunc_a[0]) == (rew_b, term_b, trunc_b) and info_b["mode"] == k
                 done = term_b or trunc_b
             episodes += 1
-    assert episodes == 400 * len(modes) and obs_b.shape == ((2,) if hide_velocity else (4,))
+    assert episodes == EPISODES_PER_MODE * len(modes) and obs_b.shape == ((2,) if hide_velocity else (4,))
 
 
 def test_peers_use_the_baselines_mode_presets_and_never_train_on_a_held_out_mode():
