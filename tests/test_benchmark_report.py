@@ -390,8 +390,10 @@ def test_learning_curves_plot_each_method_and_grid_point_smoothed_against_the_gl
     import matplotlib.axes
     import matplotlib.figure
 
-    saved, bands = {}, {}
-    real_savefig, real_fill_between = matplotlib.figure.Figure.savefig, matplotlib.axes.Axes.fill_between
+    saved = {}  # file name -> the figure saved there
+    bands = {}  # id of an axes -> the (x, low, high) of every band drawn on it
+    real_savefig = matplotlib.figure.Figure.savefig
+    real_fill_between = matplotlib.axes.Axes.fill_between
 
     def savefig(self, path, *args, **kwargs):
         saved[os.path.basename(path)] = self

@@ -29,7 +29,8 @@ def test_peers_env_gives_the_baselines_trajectories(preset, hide_velocity):
     terminations and modes, over episodes in every mode."""
     modes = ppo_gru_baseline.MODE_PRESETS[preset]
     assert sb3_peers.resolve_modes(preset, None) == modes
-    rng, episodes = np.random.default_rng(0), 0
+    rng = np.random.default_rng(0)
+    episodes = 0
     for k in range(len(modes)):
         ours = ppo_gru_baseline.NonStationaryCartPole(1, modes, hide_velocity, fixed_mode=k)
         theirs = sb3_peers.make_env(modes, hide_velocity, fixed_mode=k)()
@@ -74,7 +75,8 @@ def test_peers_callback_logs_each_episode_under_its_mode(normalize):
 
         def reset(self, **kwargs):
             obs, info = self.env.reset(**kwargs)
-            self.ret, self.mode = 0.0, info["mode"]
+            self.ret = 0.0
+            self.mode = info["mode"]
             return obs, info
 
         def step(self, action):
@@ -91,7 +93,8 @@ def test_peers_callback_logs_each_episode_under_its_mode(normalize):
         def add_scalar(self, tag, value, step):
             self.calls.append((tag, value))
 
-    finished, writer = [], Writer()
+    finished = []
+    writer = Writer()
     modes = sb3_peers.MODE_PRESETS["inverted4"]
     envs = sb3_peers.DummyVecEnv([lambda: Spy(sb3_peers.make_env(modes)()) for _ in range(3)])
     if normalize:  # as for recurrent_ppo: the wrapper has reset_infos of its own, which hold no mode
