@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from benchmark_helpers import benchmark_path, load_benchmark_script, manifest, run_benchmark, run_benchmark_script
-from helpers import assert_one_line_error
+from helpers import assert_one_line_error, load_json
 from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
 from torch.utils.tensorboard import SummaryWriter
 
@@ -292,6 +292,7 @@ def test_learning_curves_are_smoothed_over_the_given_window_and_stop_at_the_shor
     assert std.tolist() == pytest.approx([1.0] * 7)
 
 
+# LEARNING-CURVE FIGURES
 SMOOTH = 3
 
 
@@ -441,6 +442,7 @@ def test_learning_curves_plot_each_method_and_grid_point_smoothed_against_the_gl
     assert all(f"![{name}]({name})" in text for name in files)
 
 
+# A REAL SWEEP
 def raw_scalars(run_dir):
     """tag -> values of every scalar record in the run's own event files, in file order, decoded record by record:
     an independent check of the report's reader (for a run that was never resumed, where no purge applies)."""
@@ -481,8 +483,8 @@ def test_report_on_real_sb3_runs(tmp_path):
         assert row["final_return"] == pytest.approx(np.mean(returns[-100:]), rel=1e-5)
         assert row["sps"] == pytest.approx(raw["charts/SPS"][-1])
         assert row["wall_time_s"] == pytest.approx(rec["wall_time_s"])
-        with open(os.path.join(run_dir, "eval.json")) as f:
-            assert row["eval_deterministic_mean"] == pytest.approx(json.load(f)["deterministic_mean"])
+        evaluation = load_json(os.path.join(run_dir, "eval.json"))
+        assert row["eval_deterministic_mean"] == pytest.approx(evaluation["deterministic_mean"])
         finals.append(row["final_return"])
     assert summary["final_return__mean"][0] == pytest.approx(np.mean(finals))
     assert summary["final_return__std"][0] == pytest.approx(np.std(finals, ddof=1))
