@@ -20,10 +20,16 @@ for arg in "$@"; do
 done
 
 if [ "$quick" = 1 ]; then
-    steps=8192 seeds=1 out=benchmark/out/astral_pipeline_quick report=benchmark/out/astral_pipeline_quick/report
+    steps=8192
+    seeds=1
+    out=benchmark/out/astral_pipeline_quick
+    report=benchmark/out/astral_pipeline_quick/report
     tta_flags=(--quick)
 else
-    steps=500000 seeds=5 out=benchmark/out/astral_pipeline report=docs/results/astral_pipeline
+    steps=500000
+    seeds=5
+    out=benchmark/out/astral_pipeline
+    report=docs/results/astral_pipeline
     tta_flags=()
 fi
 status=0

@@ -19,8 +19,14 @@ OBS="${ASTRAL_OBS-unset}"          # after Phase A: "--hide-velocity" or "" (ful
 COMBO="${ASTRAL_COMBO---bottleneck --slot-init orthonormal --hard-gate --lambda-consistency 0.1}"  # after round 1
 FROZEN="${ASTRAL_FROZEN-unset}"    # after Phase B: the one configuration Phase C confirms (e.g. "$COMBO --num-abstractions 4")
 
-steps=2000000 out=benchmark/out/astral_study eval_episodes=20 quick=0
-phase="" sub="" one_seed="" extra=()
+steps=2000000
+out=benchmark/out/astral_study
+eval_episodes=20
+quick=0
+phase=""
+sub=""
+one_seed=""
+extra=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --quick) quick=1 ;;
@@ -31,7 +37,9 @@ while [ $# -gt 0 ]; do
     shift
 done
 if [ "$quick" = 1 ]; then
-    steps=8192 out=benchmark/out/astral_study_quick eval_episodes=2
+    steps=8192
+    out=benchmark/out/astral_study_quick
+    eval_episodes=2
     [ "$OBS" = unset ] && OBS="--hide-velocity"
     [ "$FROZEN" = unset ] && FROZEN="$COMBO --num-abstractions 4"
 fi
@@ -46,9 +54,14 @@ need() {  # refuse a phase whose inputs from an earlier phase are not filled in
     if [ "$2" = unset ]; then echo "astral_study.sh: error: set $1 (from the earlier phase's results) before this phase" >&2; exit 2; fi
 }
 sweep() {  # sweep <output> <seeds: first count> <grid or ""> <command>...
-    local dir="$1" first="$2" count="$3" grid="$4"; shift 4
+    local dir="$1"
+    local first="$2"
+    local count="$3"
+    local grid="$4"
+    shift 4
     [ "$quick" = 1 ] && count=1
-    local grid_args=(); [ -n "$grid" ] && grid_args=("--grid=$grid")
+    local grid_args=()
+    [ -n "$grid" ] && grid_args=("--grid=$grid")
     python benchmark/benchmark.py --command "$@" "${grid_args[@]}" --start-seed "$first" --num-seeds "$count" \
         --workers 1 --resume --output "$dir" "${extra[@]}"
 }
@@ -58,8 +71,13 @@ report() {  # report <phase>
 }
 
 phase_a() {
-    local grid="--hide-velocity | " obs=""  # both observations; the quick flavour only the hidden velocity
-    [ "$quick" = 1 ] && grid="" obs="--hide-velocity"
+    # both observations; the quick flavour only the hidden velocity
+    local grid="--hide-velocity | "
+    local obs=""
+    if [ "$quick" = 1 ]; then
+        grid=""
+        obs="--hide-velocity"
+    fi
     sweep "$out/phase_A" 1 5 "$grid" "$BASELINE $obs --oracle --exp-name oracle" "$BASELINE $obs --memory none --exp-name memoryless" \
         "$BASELINE $obs --exp-name gru"
 }

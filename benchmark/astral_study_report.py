@@ -21,8 +21,16 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from cleanrl_astral.ppo_gru_baseline import HELD_OUT_MODES  # noqa: E402  (the baseline's eval.json does not name them)
 
-SOLVED, MARGIN, SHARE = 475.0, 25.0, 0.8  # criterion 1: a solved mode, the allowed loss to the baseline, 8/10 seeds
-NMI_SCREEN, NMI_PASS = 0.3, 0.5  # stopping rule (Phase B, 2/3 seeds) and criterion 2 (Phase C, 8/10 seeds)
+SOLVED = 475.0  # criterion 1: the return of a solved mode
+MARGIN = 25.0  # criterion 1: the loss to the baseline allowed in any training mode
+SHARE = 0.8  # criteria 1 and 2: the share of seeds that must pass (8/10)
+NMI_SCREEN = 0.3  # Phase B's stopping rule: episode-level NMI in 2/3 seeds
+NMI_PASS = 0.5  # criterion 2 (Phase C): episode-level NMI in 8/10 seeds
+
+
+def read_json(path):
+    with open(path) as f:
+        return json.load(f)
 
 
 def load_runs(*sweeps):
@@ -30,15 +38,22 @@ def load_runs(*sweeps):
     baseline), "wall_time"}; label = the run's --exp-name, plus " (hidden velocity)" where it had --hide-velocity."""
     groups = {}
     for marker in sorted(m for sweep in sweeps for m in glob.glob(os.path.join(sweep, "markers", "*.json"))):
-        record = json.load(open(marker))
-        report = eval_path(os.path.dirname(os.path.dirname(marker)), marker, record)
-        if report is None:
+        record = read_json(marker)
+        path = eval_path(os.path.dirname(os.path.dirname(marker)), marker, record)
+        if path is None:
             continue
-        argv, report = record["argv"], json.load(open(report))
-        held_out = HELD_OUT_MODES[argv[argv.index("--modes-preset") + 1] if "--modes-preset" in argv else "seed3"]
+        argv = record["argv"]
+        report = read_json(path)
+        preset = "seed3"
+        if "--modes-preset" in argv:
+            preset = argv[argv.index("--modes-preset") + 1]
+        held_out = HELD_OUT_MODES[preset]
         returns = {int(k): v["deterministic"]["mean"] for k, v in report["per_mode"].items()}
-        label = argv[argv.index("--exp-name") + 1] if "--exp-name" in argv else record["command"]
-        label += " (hidden velocity)" if "--hide-velocity" in argv else ""
+        label = record["command"]
+        if "--exp-name" in argv:
+            label = argv[argv.index("--exp-name") + 1]
+        if "--hide-velocity" in argv:
+            label += " (hidden velocity)"
         groups.setdefault(label, []).append(
             {
                 "seed": record["seed"],
@@ -64,7 +79,7 @@ def archive(sweeps, dest):
     runs = {}
     for sweep in sweeps:
         for marker in sorted(glob.glob(os.path.join(sweep, "markers", "*.json"))):
-            report = eval_path(sweep, marker, json.load(open(marker)))
+            report = eval_path(sweep, marker, read_json(marker))
             if report is not None:
                 name = os.path.basename(marker)
                 if name in runs:
@@ -88,12 +103,16 @@ def table(groups):
         modes = ", ".join(
             f"m{k} {train[:, k].mean():.0f} ({int((train[:, k] >= SOLVED).sum())})" for k in range(train.shape[1])
         )
-        held, nmi = [v for r in runs for v in r["held_out"]], [r["nmi"] for r in runs if r["nmi"] is not None]
-        nmi_text = f"{np.mean(nmi):.2f} ({sum(v >= NMI_PASS for v in nmi)})" if nmi else "-"
-        lines.append(
-            f"| {label} | {len(runs)} | {modes} | {np.mean(held) if held else float('nan'):.0f} | {nmi_text} | "
-            f"{np.mean([r['wall_time'] for r in runs]):.0f} |"
-        )
+        held = [v for r in runs for v in r["held_out"]]
+        held_mean = float("nan")
+        if held:
+            held_mean = np.mean(held)
+        nmi = [r["nmi"] for r in runs if r["nmi"] is not None]
+        nmi_text = "-"
+        if nmi:
+            nmi_text = f"{np.mean(nmi):.2f} ({sum(v >= NMI_PASS for v in nmi)})"
+        wall_time = np.mean([r["wall_time"] for r in runs])
+        lines.append(f"| {label} | {len(runs)} | {modes} | {held_mean:.0f} | {nmi_text} | {wall_time:.0f} |")
     return lines
 
 
@@ -120,11 +139,15 @@ def choose_observation(groups):
     solves more training modes (ties: hidden velocity)."""
     scores = {}
     for obs, name in (("", "full observation"), (" (hidden velocity)", "hidden velocity")):
-        oracle, memoryless = groups.get("oracle" + obs), groups.get("memoryless" + obs)
+        oracle = groups.get("oracle" + obs)
+        memoryless = groups.get("memoryless" + obs)
         if not oracle or not memoryless:
             return f"undecided (no oracle or no memoryless runs with {name})"
-        o, n = mean_train(oracle), mean_train(memoryless)
-        scores[name] = (bool(o.min() >= SOLVED and np.all(n < 0.5 * o)), int((o >= SOLVED).sum()), name == "hidden velocity")
+        oracle_means = mean_train(oracle)
+        memoryless_means = mean_train(memoryless)
+        both_pass = bool(oracle_means.min() >= SOLVED and np.all(memoryless_means < 0.5 * oracle_means))
+        # ranked by: both controls pass, then training modes the oracle solves, then hidden velocity
+        scores[name] = (both_pass, int((oracle_means >= SOLVED).sum()), name == "hidden velocity")
     return max(scores, key=scores.get)
 
 
@@ -134,63 +157,85 @@ def freeze_key(runs):
     return int((np.array([r["train"] for r in runs]) >= SOLVED).sum()), float(np.mean([r["nmi"] for r in runs]))
 
 
+def phase_a_criteria(groups):
+    """Phase A: the oracle solves every training mode, the memoryless control does not, and the observation chosen."""
+    lines = []
+    for obs in ("", " (hidden velocity)"):
+        oracle = groups.get("oracle" + obs)
+        memoryless = groups.get("memoryless" + obs)
+        if not oracle:
+            continue
+        means = mean_train(oracle)
+        lines.append(
+            f"{'PASS' if means.min() >= SOLVED else 'FAIL'} oracle{obs}: every training mode >= {SOLVED:.0f} "
+            f"(per-mode means {np.round(means).tolist()})"
+        )
+        if memoryless:
+            below = [k for k, (n, o) in enumerate(zip(mean_train(memoryless), means)) if n < 0.5 * o]
+            lines.append(
+                f"memoryless{obs} is below half the oracle's return on training modes {below} "
+                f"(means {np.round(mean_train(memoryless)).tolist()})"
+            )
+    lines.append(f"observation for phases B and C: {choose_observation(groups)}")
+    return lines
+
+
+def phase_b_criteria(groups):
+    """Phase B: the stopping rule, and the configuration to freeze."""
+    lines = []
+    # the supervised gate is the diagnostic ceiling, not a candidate: it neither passes the screen nor is frozen
+    screened = [
+        label
+        for label, runs in groups.items()
+        if not label.startswith("ceiling")
+        and sum(r["nmi"] is not None and r["nmi"] >= NMI_SCREEN for r in runs) >= 2 * len(runs) / 3
+    ]
+    lines.append(
+        f"{'PASS' if screened else 'FAIL (stop: report the negative result)'} stopping rule: configurations "
+        f"with episode-level NMI >= {NMI_SCREEN} in 2/3 of their seeds: {screened or 'none'}"
+    )
+    if screened:
+        lines.append(f"configuration to freeze for phase C: {max(screened, key=lambda label: freeze_key(groups[label]))}")
+    return lines
+
+
+def phase_c_criteria(groups):
+    """Phase C: criteria 1 and 2 and the wall time of the frozen configuration and of the ceiling."""
+    lines = []
+    for label in [g for g in groups if g.split(" (")[0] in ("frozen", "ceiling")]:
+        runs = groups[label]
+        baseline = groups.get(label.replace("frozen", "baseline").replace("ceiling", "baseline"))
+        train = np.array([r["train"] for r in runs])
+        need = SHARE * len(runs)
+        solved = (train >= SOLVED).sum(0)
+        close = baseline is None or bool(np.all(train.mean(0) >= mean_train(baseline) - MARGIN))
+        lines.append(
+            f"{'PASS' if solved.min() >= need and close else 'FAIL'} {label} criterion 1: seeds per training mode "
+            f">= {SOLVED:.0f}: {solved.tolist()} of {len(runs)}; no mode below the baseline - {MARGIN:.0f}: {close}"
+        )
+        nmi = sum(r["nmi"] is not None and r["nmi"] >= NMI_PASS for r in runs)
+        lines.append(
+            f"{'PASS' if nmi >= need else 'FAIL'} {label} criterion 2: "
+            f"episode-level NMI >= {NMI_PASS} in {nmi} of {len(runs)} seeds"
+        )
+        lines.append(
+            f"{label} criteria 3 and 4 (adaptation gain, clamp specificity) are measured by tta_gating.py on these checkpoints"
+        )
+        if baseline:
+            ratio = np.mean([r["wall_time"] for r in runs]) / np.mean([r["wall_time"] for r in baseline])
+            lines.append(f"{'PASS' if ratio <= 1.25 else 'FAIL'} {label} wall time {ratio:.2f}x the baseline's (<= 1.25x)")
+    return lines
+
+
 def criteria(phase, groups):
     """The phase's verdict lines, each starting PASS, FAIL or a plain statement."""
-    lines = []
     if phase == "A":
-        for obs in ("", " (hidden velocity)"):
-            oracle, memoryless = groups.get("oracle" + obs), groups.get("memoryless" + obs)
-            if not oracle:
-                continue
-            means = mean_train(oracle)
-            lines.append(
-                f"{'PASS' if means.min() >= SOLVED else 'FAIL'} oracle{obs}: every training mode >= {SOLVED:.0f} "
-                f"(per-mode means {np.round(means).tolist()})"
-            )
-            if memoryless:
-                below = [k for k, (n, o) in enumerate(zip(mean_train(memoryless), means)) if n < 0.5 * o]
-                lines.append(
-                    f"memoryless{obs} is below half the oracle's return on training modes {below} "
-                    f"(means {np.round(mean_train(memoryless)).tolist()})"
-                )
-        lines.append(f"observation for phases B and C: {choose_observation(groups)}")
-    elif phase == "B":
-        # the supervised gate is the diagnostic ceiling, not a candidate: it neither passes the screen nor is frozen
-        screened = [
-            label
-            for label, runs in groups.items()
-            if not label.startswith("ceiling")
-            and sum(r["nmi"] is not None and r["nmi"] >= NMI_SCREEN for r in runs) >= 2 * len(runs) / 3
-        ]
-        lines.append(
-            f"{'PASS' if screened else 'FAIL (stop: report the negative result)'} stopping rule: configurations "
-            f"with episode-level NMI >= {NMI_SCREEN} in 2/3 of their seeds: {screened or 'none'}"
-        )
-        if screened:
-            lines.append(f"configuration to freeze for phase C: {max(screened, key=lambda label: freeze_key(groups[label]))}")
-    elif phase == "C":
-        for label in [g for g in groups if g.split(" (")[0] in ("frozen", "ceiling")]:
-            runs, baseline = groups[label], groups.get(label.replace("frozen", "baseline").replace("ceiling", "baseline"))
-            train, need = np.array([r["train"] for r in runs]), SHARE * len(runs)
-            solved = (train >= SOLVED).sum(0)
-            close = baseline is None or bool(np.all(train.mean(0) >= mean_train(baseline) - MARGIN))
-            lines.append(
-                f"{'PASS' if solved.min() >= need and close else 'FAIL'} {label} criterion 1: seeds per training mode "
-                f">= {SOLVED:.0f}: {solved.tolist()} of {len(runs)}; no mode below the baseline - {MARGIN:.0f}: {close}"
-            )
-            nmi = sum(r["nmi"] is not None and r["nmi"] >= NMI_PASS for r in runs)
-            lines.append(
-                f"{'PASS' if nmi >= need else 'FAIL'} {label} criterion 2: "
-                f"episode-level NMI >= {NMI_PASS} in {nmi} of {len(runs)} seeds"
-            )
-            lines.append(
-                f"{label} criteria 3 and 4 (adaptation gain, clamp specificity) "
-                "are measured by tta_gating.py on these checkpoints"
-            )
-            if baseline:
-                ratio = np.mean([r["wall_time"] for r in runs]) / np.mean([r["wall_time"] for r in baseline])
-                lines.append(f"{'PASS' if ratio <= 1.25 else 'FAIL'} {label} wall time {ratio:.2f}x the baseline's (<= 1.25x)")
-    return lines
+        return phase_a_criteria(groups)
+    if phase == "B":
+        return phase_b_criteria(groups)
+    if phase == "C":
+        return phase_c_criteria(groups)
+    return []
 
 
 def main(argv=None):

@@ -127,7 +127,7 @@ def execute(spec: RunSpec, attempt: int) -> dict:
     shutil.rmtree(spec.runs_dir, ignore_errors=True)
     os.makedirs(spec.runs_dir, exist_ok=True)
     os.makedirs(spec.log_dir, exist_ok=True)
-    log_path = os.path.join(spec.log_dir, f"{spec.run_key}.attempt{attempt}.log")
+    log_path = log_path_of(spec, attempt)
     env = dict(os.environ, OMP_NUM_THREADS=str(spec.threads), MKL_NUM_THREADS=str(spec.threads))
     started = time.time()
     with open(log_path, "w") as log:
@@ -147,6 +147,23 @@ def execute(spec: RunSpec, attempt: int) -> dict:
             exit_code = 127
     wall_time = time.time() - started
     run_subdirs = sorted(d for d in os.listdir(spec.runs_dir) if os.path.isdir(os.path.join(spec.runs_dir, d)))
+    return attempt_record(
+        spec,
+        attempt,
+        run_dirs=[os.path.join(spec.runs_dir, d) for d in run_subdirs],
+        exit_code=exit_code,
+        wall_time_s=round(wall_time, 3),
+        started_at=started,
+        host=socket.gethostname(),
+    )
+
+
+def log_path_of(spec: RunSpec, attempt: int) -> str:
+    return os.path.join(spec.log_dir, f"{spec.run_key}.attempt{attempt}.log")
+
+
+def attempt_record(spec: RunSpec, attempt: int, run_dirs: list, exit_code: int, wall_time_s, started_at, host) -> dict:
+    """The manifest record of one attempt of `spec`."""
     return {
         "run_key": spec.run_key,
         "command_index": spec.command_index,
@@ -160,40 +177,21 @@ def execute(spec: RunSpec, attempt: int) -> dict:
         "command_hash": command_hash(spec),
         "cwd": spec.cwd,
         "runs_dir": spec.runs_dir,
-        "run_dirs": [os.path.join(spec.runs_dir, d) for d in run_subdirs],
-        "log_path": log_path,
+        "run_dirs": run_dirs,
+        "log_path": log_path_of(spec, attempt),
         "attempt": attempt,
         "exit_code": exit_code,
-        "wall_time_s": round(wall_time, 3),
-        "started_at": started,
-        "host": socket.gethostname(),
+        "wall_time_s": wall_time_s,
+        "started_at": started_at,
+        "host": host,
     }
 
 
 def failed_record(spec: RunSpec, attempt: int, error: str) -> dict:
     """Manifest record of an attempt whose task raised instead of returning (no exit code, no wall time)."""
-    return {
-        "run_key": spec.run_key,
-        "command_index": spec.command_index,
-        "num_commands": spec.num_commands,
-        "command": spec.command,
-        "grid_index": spec.grid_index,
-        "grid": shlex.join(spec.grid),
-        "seed": spec.seed,
-        "argv": spec.argv,
-        "full_command": shlex.join(spec.argv),
-        "command_hash": command_hash(spec),
-        "cwd": spec.cwd,
-        "runs_dir": spec.runs_dir,
-        "run_dirs": [],
-        "log_path": os.path.join(spec.log_dir, f"{spec.run_key}.attempt{attempt}.log"),
-        "attempt": attempt,
-        "exit_code": -1,
-        "wall_time_s": None,
-        "started_at": None,
-        "host": None,
-        "error": error,
-    }
+    record = attempt_record(spec, attempt, run_dirs=[], exit_code=-1, wall_time_s=None, started_at=None, host=None)
+    record["error"] = error
+    return record
 
 
 def marker_path(output: str, run_key: str) -> str:
@@ -277,7 +275,8 @@ def recorded_attempts(manifest: str) -> dict:
             for line in f:
                 try:
                     record = json.loads(line)
-                    key, attempt = record["run_key"], int(record["attempt"])
+                    key = record["run_key"]
+                    attempt = int(record["attempt"])
                 except (ValueError, KeyError, TypeError):
                     continue
                 highest[key] = max(highest.get(key, 0), attempt)
@@ -288,8 +287,12 @@ def previous_attempts(spec: RunSpec, recorded: dict) -> int:
     """Attempts an earlier invocation made, so numbering continues after them: the highest of the run's attempt logs
     (killed attempts leave one too) and of its manifest records (a Ray task that died wrote no log)."""
     pattern = re.compile(re.escape(spec.run_key) + r"\.attempt(\d+)\.log$")
-    logged = os.listdir(spec.log_dir) if os.path.isdir(spec.log_dir) else []
-    from_logs = max((int(m.group(1)) for m in map(pattern.match, logged) if m), default=0)
+    from_logs = 0
+    if os.path.isdir(spec.log_dir):
+        for name in os.listdir(spec.log_dir):
+            match = pattern.match(name)
+            if match:
+                from_logs = max(from_logs, int(match.group(1)))
     return max(from_logs, recorded.get(spec.run_key, 0))
 
 
@@ -297,7 +300,9 @@ def run_sweep(specs: list[RunSpec], backend, output: str, retries: int, show_pro
     """Run all specs, re-submitting failures up to `retries` times; returns the final record of every run."""
     manifest = os.path.join(output, "manifest.jsonl")
     final = {}
-    pending, attempt_of, tries = {}, {}, {}
+    pending = {}  # future -> its spec
+    attempt_of = {}  # future -> its attempt number
+    tries = {}  # run key -> attempts submitted by this invocation
 
     def submit(spec, attempt):
         # the attempt empties the run's directory, so a marker left by an earlier success must go with it: if this
@@ -307,7 +312,8 @@ def run_sweep(specs: list[RunSpec], backend, output: str, retries: int, show_pro
         except FileNotFoundError:
             pass
         future = backend.submit(spec, attempt)
-        pending[future], attempt_of[future] = spec, attempt
+        pending[future] = spec
+        attempt_of[future] = attempt
         tries[spec.run_key] = tries.get(spec.run_key, 0) + 1
 
     recorded = recorded_attempts(manifest)
@@ -318,7 +324,8 @@ def run_sweep(specs: list[RunSpec], backend, output: str, retries: int, show_pro
         while pending:
             done, _ = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
             for future in done:
-                spec, attempt = pending.pop(future), attempt_of.pop(future)
+                spec = pending.pop(future)
+                attempt = attempt_of.pop(future)
                 try:
                     record = future.result()
                 except Exception as e:
@@ -394,51 +401,76 @@ def parse_args(argv=None):
     )
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     args = p.parse_args(argv)
-    errors = []
+    if args.env_ids:
+        args.grid = ["--env-id " + " ".join(shlex.quote(e) for e in args.env_ids)] + args.grid
+    try:
+        validate(args)
+    except ValueError as e:
+        print(f"benchmark.py: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    return args
+
+
+def validate(args):
+    """Every check of the flags that can fail before any run starts."""
     if args.num_seeds < 1:
-        errors.append("--num-seeds must be >= 1")
+        raise ValueError("--num-seeds must be >= 1")
     if args.workers < 1:
-        errors.append("--workers must be >= 1")
+        raise ValueError("--workers must be >= 1")
     if args.retries < 0:
-        errors.append("--retries must be >= 0")
+        raise ValueError("--retries must be >= 0")
     if args.threads_per_run < 1:
-        errors.append("--threads-per-run must be >= 1")
+        raise ValueError("--threads-per-run must be >= 1")
     if args.start_seed < 0:
-        errors.append(f"--start-seed must be >= 0, got {args.start_seed}")
+        raise ValueError(f"--start-seed must be >= 0, got {args.start_seed}")
     if not math.isfinite(args.cpus_per_run) or args.cpus_per_run <= 0:
-        errors.append(f"--cpus-per-run must be a finite number > 0, got {args.cpus_per_run}")
-    elif args.ray_num_cpus is not None and args.ray_num_cpus < 1:
-        errors.append(f"--ray-num-cpus must be >= 1, got {args.ray_num_cpus}")
-    elif args.backend == "ray" and not args.ray_address and args.cpus_per_run > (args.ray_num_cpus or os.cpu_count()):
-        # Ray would keep every run pending forever, silently; a cluster's size is not known here
-        errors.append(
-            f"--cpus-per-run {args.cpus_per_run} is more than the {args.ray_num_cpus or os.cpu_count()} CPUs of "
+        raise ValueError(f"--cpus-per-run must be a finite number > 0, got {args.cpus_per_run}")
+    if args.ray_num_cpus is not None and args.ray_num_cpus < 1:
+        raise ValueError(f"--ray-num-cpus must be >= 1, got {args.ray_num_cpus}")
+    local_cpus = args.ray_num_cpus or os.cpu_count()
+    # Ray would keep every run pending forever, silently; a cluster's size is not known here
+    if args.backend == "ray" and not args.ray_address and args.cpus_per_run > local_cpus:
+        raise ValueError(
+            f"--cpus-per-run {args.cpus_per_run} is more than the {local_cpus} CPUs of "
             "the local Ray instance (--ray-num-cpus, default all of this machine's): no run could start"
         )
     if os.path.exists(args.output) and not os.path.isdir(args.output):
-        errors.append(f"--output {args.output} is a file; give a directory (it is created if missing)")
+        raise ValueError(f"--output {args.output} is a file; give a directory (it is created if missing)")
     # a missing working directory would make every run fail with exit code 127; a Ray cluster's nodes are not ours
     if not args.ray_address and not os.path.isdir(args.cwd):
-        errors.append(f"--cwd {args.cwd} is not a directory")
+        raise ValueError(f"--cwd {args.cwd} is not a directory")
     if args.ray_address and args.backend != "ray":
-        errors.append("--ray-address needs --backend ray")
+        raise ValueError("--ray-address needs --backend ray")
     for command in args.command:
         try:
-            if not shlex.split(command):
-                errors.append("--command must not be empty")
+            tokens = shlex.split(command)
         except ValueError as e:  # shlex: "No closing quotation" and the like
-            errors.append(f"--command {command!r} cannot be split into arguments ({e}); check its quotes")
-    if args.env_ids:
-        args.grid = ["--env-id " + " ".join(shlex.quote(e) for e in args.env_ids)] + args.grid
+            raise ValueError(f"--command {command!r} cannot be split into arguments ({e}); check its quotes") from e
+        if not tokens:
+            raise ValueError("--command must not be empty")
     for spec in args.grid:
-        try:
-            parse_grid_spec(spec)
-        except ValueError as e:
-            errors.append(str(e))
-    if errors:
-        print(f"benchmark.py: error: {errors[0]}", file=sys.stderr)
-        sys.exit(2)
-    return args
+        parse_grid_spec(spec)
+
+
+def print_dry_run(specs: list[RunSpec], output: str, resume: bool, num_commands: int, num_seeds: int) -> None:
+    """Every expanded command line on stdout (marking the runs --resume would skip), a count on stderr."""
+    complete = 0
+    for spec in specs:
+        note = ""
+        if resume and is_complete(output, spec):
+            complete += 1
+            note = " (complete: --resume skips it)"
+        print(f"{shlex.join(spec.argv)}  # {spec.run_key}{note}")
+    grid_points = len(specs) // num_commands // num_seeds
+    summary = f"{len(specs)} runs ({num_commands} commands x {grid_points} grid points x {num_seeds} seeds)"
+    if resume:
+        summary += f", {complete} already complete"
+    print(summary, file=sys.stderr)
+
+
+def exit_on_sigterm(signum, frame):
+    """A killed runner (SIGTERM) unwinds like Ctrl-C: running commands are stopped and get no completion marker."""
+    sys.exit(128 + signum)
 
 
 def main(argv=None) -> int:
@@ -456,16 +488,7 @@ def main(argv=None) -> int:
         return 2
 
     if args.dry_run:
-        done = 0
-        for spec in specs:
-            skip = args.resume and is_complete(output, spec)
-            done += skip
-            print(f"{shlex.join(spec.argv)}  # {spec.run_key}{' (complete: --resume skips it)' if skip else ''}")
-        print(
-            f"{len(specs)} runs ({len(args.command)} commands x {len(specs) // len(args.command) // len(seeds)} "
-            f"grid points x {len(seeds)} seeds)" + (f", {done} already complete" if args.resume else ""),
-            file=sys.stderr,
-        )
+        print_dry_run(specs, output, args.resume, len(args.command), len(seeds))
         return 0
 
     os.makedirs(output, exist_ok=True)
@@ -484,8 +507,7 @@ def main(argv=None) -> int:
             return 3
     else:
         backend = LocalBackend(args.workers)
-    # a killed runner (SIGTERM) unwinds like Ctrl-C: running commands are stopped and get no completion marker
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
     try:
         records = run_sweep(todo, backend, output, args.retries, show_progress=not args.no_progress)
     finally:
@@ -498,11 +520,13 @@ def main(argv=None) -> int:
         file=sys.stderr,
     )
     for r in failed:
-        print(
-            f"benchmark.py: FAILED {r['run_key']} (exit code {r['exit_code']}, attempt {r['attempt']}): "
-            f"{r['full_command']}\n    log: {r['log_path']}" + (f"\n    error: {r['error']}" if r.get("error") else ""),
-            file=sys.stderr,
+        message = (
+            f"benchmark.py: FAILED {r['run_key']} (exit code {r['exit_code']}, attempt {r['attempt']}): {r['full_command']}"
         )
+        message += f"\n    log: {r['log_path']}"
+        if r.get("error"):
+            message += f"\n    error: {r['error']}"
+        print(message, file=sys.stderr)
     return 1 if failed else 0
 
 

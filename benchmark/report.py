@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import sys
+from typing import NamedTuple
 
 import matplotlib
 
@@ -149,13 +150,19 @@ def flatten_eval(data: dict) -> dict[str, float]:
     return out
 
 
-def read_run(record: dict, last_n: int) -> tuple[dict, dict, list[str]]:
-    """One run -> (metrics, learning curves {tag: (steps, values)}, warnings)."""
+class RunData(NamedTuple):
+    metrics: dict  # column -> value: final returns, SPS, wall time and the flattened eval.json
+    curves: dict  # return tag -> (steps, values)
+    problems: list  # warnings about the run
+
+
+def read_run(record: dict, last_n: int) -> RunData:
+    """One run's metrics, learning curves and warnings."""
     problems = []
     metrics = {"wall_time_s": float(record["wall_time_s"])}
     run_dirs = record.get("run_dirs") or []
     if not run_dirs:
-        return metrics, {}, [f"{record['run_key']}: no run directory under {record['runs_dir']}"]
+        return RunData(metrics, {}, [f"{record['run_key']}: no run directory under {record['runs_dir']}"])
     if len(run_dirs) > 1:
         problems.append(f"{record['run_key']}: {len(run_dirs)} run directories, using {run_dirs[-1]}")
     run_dir = run_dirs[-1]
@@ -165,7 +172,10 @@ def read_run(record: dict, last_n: int) -> tuple[dict, dict, list[str]]:
         problems.append(f"{record['run_key']}: no {RETURN_TAG} events in {run_dir}")
     for tag, (_, values) in curves.items():
         m = MODE_TAG.match(tag)
-        name = f"final_return_mode{m.group(1)}" if m else "final_return"
+        if m:
+            name = f"final_return_mode{m.group(1)}"
+        else:
+            name = "final_return"
         metrics[name] = float(np.mean(values[-last_n:]))
     if SPS_TAG in scalars:
         metrics["sps"] = float(scalars[SPS_TAG][1][-1])
@@ -175,7 +185,7 @@ def read_run(record: dict, last_n: int) -> tuple[dict, dict, list[str]]:
             metrics.update(flatten_eval(json.load(f)))
     else:  # its eval cells then average fewer seeds than the Seeds column says
         problems.append(f"{record['run_key']}: no eval.json in {run_dir}")
-    return metrics, curves, problems
+    return RunData(metrics, curves, problems)
 
 
 def mode_key(name: str) -> tuple:
@@ -211,7 +221,9 @@ def cell(agg: dict, seeds: int) -> str:
     if agg["n"] == 1:
         return f"{fmt(agg['mean'])} (1 seed)"
     text = f"{fmt(agg['mean'])} ± {fmt(agg['std'])} [{fmt(agg['ci95_low'])}, {fmt(agg['ci95_high'])}]"
-    return text if agg["n"] == seeds else f"{text} ({agg['n']} seeds)"
+    if agg["n"] != seeds:
+        text += f" ({agg['n']} seeds)"
+    return text
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
@@ -220,7 +232,13 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def mean_std_curve(runs: list[tuple[np.ndarray, np.ndarray]], smooth: int, points: int = 200):
+class MeanCurve(NamedTuple):
+    grid: np.ndarray  # the common steps
+    mean: np.ndarray  # mean over seeds
+    std: np.ndarray  # population std over seeds
+
+
+def mean_std_curve(runs: list[tuple[np.ndarray, np.ndarray]], smooth: int, points: int = 200) -> MeanCurve | None:
     """Smooth each seed's episodes with a running mean, interpolate onto a common step grid, then mean and std.
 
     The grid stops at the earliest last step over seeds so that no seed's curve is extrapolated.
@@ -238,20 +256,19 @@ def mean_std_curve(runs: list[tuple[np.ndarray, np.ndarray]], smooth: int, point
         smoothed = pd.Series(values).rolling(smooth, min_periods=1).mean().to_numpy()
         curves.append(np.interp(grid, steps, smoothed))
     curves = np.stack(curves)
-    return grid, curves.mean(0), curves.std(0)
+    return MeanCurve(grid, curves.mean(0), curves.std(0))
 
 
 def plot_curves(groups: dict, tag: str, path: str, title: str, smooth: int) -> bool:
     fig, ax = plt.subplots(figsize=(7, 4.2))
     drawn = False
     for name, group in groups.items():
-        result = mean_std_curve([g["curves"][tag] for g in group if tag in g["curves"]], smooth)
-        if result is None:
+        curve = mean_std_curve([g["curves"][tag] for g in group if tag in g["curves"]], smooth)
+        if curve is None:
             continue
-        grid, mean, std = result
         n = sum(tag in g["curves"] for g in group)
-        line = ax.plot(grid, mean, label=f"{name} (n={n})")[0]
-        ax.fill_between(grid, mean - std, mean + std, color=line.get_color(), alpha=0.2)
+        line = ax.plot(curve.grid, curve.mean, label=f"{name} (n={n})")[0]
+        ax.fill_between(curve.grid, curve.mean - curve.std, curve.mean + curve.std, color=line.get_color(), alpha=0.2)
         drawn = True
     if drawn:
         ax.set_xlabel("global step")
@@ -288,54 +305,97 @@ def label_for(labels: dict, command_id: int, command: str) -> str:
     return default_label(command)
 
 
-def build_report(
-    sweeps: list[str], output: str, labels: dict, last_n: int = 100, smooth: int = 20, title: str = "Benchmark"
-) -> dict:
-    """Write report.md, summary.csv, runs.csv and learning-curve PNGs to `output`; return what was written."""
-    os.makedirs(output, exist_ok=True)
-    # commands are numbered across sweeps in the order given (a sweep's commands take the numbers after the previous
-    # sweep's), by their index in their own sweep, so a label names the same command whichever have records yet
-    records, offsets, offset = [], {}, 0
+class SweepRecords(NamedTuple):
+    records: list  # (sweep, manifest record) of every run's last attempt
+    offsets: dict  # sweep -> the number of its command 0 across the sweeps
+
+
+def read_sweeps(sweeps: list[str]) -> SweepRecords:
+    """Every run of the sweeps. Commands are numbered across sweeps in the order given (a sweep's commands take the
+    numbers after the previous sweep's) by their index in their own sweep, so a label names the same command whichever
+    have records yet."""
+    records = []
+    offsets = {}
+    offset = 0
     for sweep in sweeps:
         offsets[sweep] = offset
         manifest = load_manifest(sweep)
         records += [(sweep, record) for record in manifest]
         offset += max((record.get("num_commands", record["command_index"] + 1) for record in manifest), default=0)
+    return SweepRecords(records, offsets)
 
-    rows, problems, failed = [], [], []
-    command_ids = {offsets[sweep] + record["command_index"] for sweep, record in records}
+
+def unmatched_labels(labels: dict, sweep_records: SweepRecords) -> list[str]:
+    """A warning for every label that names no command of the sweeps (most likely a typo)."""
+    command_ids = {sweep_records.offsets[sweep] + record["command_index"] for sweep, record in sweep_records.records}
+    problems = []
     for key, name in labels.items():
-        if key not in command_ids if isinstance(key, int) else not any(key in r["command"] for _, r in records):
+        if isinstance(key, int):
+            matched = key in command_ids
+        else:
+            matched = any(key in record["command"] for _, record in sweep_records.records)
+        if not matched:
             problems.append(f"label {key}={name} matches no command of these sweeps (a typo, or its runs are missing)")
-    groups: dict[str, list] = {}
-    for sweep, record in sorted(
-        records, key=lambda sr: (sweeps.index(sr[0]), sr[1]["command_index"], sr[1]["grid_index"], sr[1]["seed"])
-    ):
-        cid = offsets[sweep] + record["command_index"]
-        method = label_for(labels, cid, record["command"])
+    return problems
+
+
+def grid_text(grid) -> str:
+    """The grid point's flags, a list or one string, as one string ('–' for none)."""
+    if isinstance(grid, list):
+        text = " ".join(grid)
+    else:
+        text = str(grid)
+    return text or "–"
+
+
+class RunTable(NamedTuple):
+    rows: list  # one dict per successful run: method, grid, seed, run_key, run_dir and its metrics
+    groups: dict  # (method, grid) -> [{"row", "curves", "run_dir"}] over its seeds
+    failed: list  # manifest records of the runs whose last attempt failed
+    problems: list  # warnings about the runs read
+
+
+def read_runs(sweeps: list[str], sweep_records: SweepRecords, labels: dict, last_n: int) -> RunTable:
+    """Reads every successful run, in the order sweep, command, grid point, seed, and groups the seeds of each method
+    and grid point."""
+
+    def order(sweep_record):
+        sweep, record = sweep_record
+        return (sweeps.index(sweep), record["command_index"], record["grid_index"], record["seed"])
+
+    rows = []
+    groups = {}
+    failed = []
+    problems = []
+    for sweep, record in sorted(sweep_records.records, key=order):
+        command_id = sweep_records.offsets[sweep] + record["command_index"]
+        method = label_for(labels, command_id, record["command"])
         if record["exit_code"] != 0:
             failed.append(record)
             continue
-        metrics, curves, issues = read_run(record, last_n)
-        problems += issues
-        grid = (" ".join(record["grid"]) if isinstance(record["grid"], list) else str(record["grid"])) or "–"
-        rows.append(
-            {
-                "method": method,
-                "grid": grid,
-                "seed": record["seed"],
-                "run_key": record["run_key"],
-                "run_dir": (record.get("run_dirs") or [""])[-1],
-                **metrics,
-            }
-        )
+        run = read_run(record, last_n)
+        problems += run.problems
+        grid = grid_text(record["grid"])
+        run_dirs = record.get("run_dirs") or []
+        row = {
+            "method": method,
+            "grid": grid,
+            "seed": record["seed"],
+            "run_key": record["run_key"],
+            "run_dir": run_dirs[-1] if run_dirs else "",
+            **run.metrics,
+        }
+        rows.append(row)
         groups.setdefault((method, grid), []).append(
-            {"row": rows[-1], "curves": curves, "run_dir": (record.get("run_dirs") or [None])[-1]}
+            {"row": row, "curves": run.curves, "run_dir": run_dirs[-1] if run_dirs else None}
         )
+    return RunTable(rows, groups, failed, problems)
 
-    runs_df = pd.DataFrame(rows)
-    metric_cols = [c for c in runs_df.columns if c not in ("method", "grid", "seed", "run_key", "run_dir")]
-    summary_rows, aggregates = [], {}
+
+def summarize(groups: dict, metric_cols: list[str]) -> tuple[list[dict], dict]:
+    """summary.csv's rows (one per method and grid point) and {(method, grid, metric): aggregate}."""
+    summary_rows = []
+    aggregates = {}
     for (method, grid), group in groups.items():
         seeds = [g["row"]["seed"] for g in group]
         summary = {"method": method, "grid": grid, "n_seeds": len(seeds), "seeds": " ".join(map(str, seeds))}
@@ -345,29 +405,22 @@ def build_report(
             for key in ("mean", "std", "ci95_low", "ci95_high"):
                 summary[f"{col}__{key}"] = agg[key]
         summary_rows.append(summary)
-    runs_path, summary_path = os.path.join(output, "runs.csv"), os.path.join(output, "summary.csv")
-    runs_df.to_csv(runs_path, index=False)
-    pd.DataFrame(summary_rows).to_csv(summary_path, index=False)
+    return summary_rows, aggregates
+
+
+def table_sections(groups: dict, aggregates: dict, metric_cols: list[str], last_n: int) -> list[str]:
+    """The markdown tables: the main metrics, per mode, and every other eval metric."""
 
     def agg_cell(method, grid, col):
         agg = aggregates.get((method, grid, col))
-        return cell(agg, len(groups[(method, grid)])) if agg else "–"
+        if not agg:
+            return "–"
+        return cell(agg, len(groups[(method, grid)]))
 
-    lines = [
-        f"# {title}",
-        "",
-        f"Each cell: mean ± std [95% CI of the mean, Student t] over seeds. Final return = mean of the last {last_n} "
-        "logged episodic returns of a run; eval returns from its eval.json; wall time from the sweep manifest; "
-        "SPS = last logged charts/SPS.",
-        "",
-    ]
     main_cols = [c for c in MAIN_METRICS if c in metric_cols]
     header = ["Method", "Grid", "Seeds"] + [MAIN_METRICS[c].format(n=last_n) for c in main_cols]
-    lines.append(
-        markdown_table(
-            header, [[m, g, str(len(grp))] + [agg_cell(m, g, c) for c in main_cols] for (m, g), grp in groups.items()]
-        )
-    )
+    main_rows = [[m, g, str(len(grp))] + [agg_cell(m, g, c) for c in main_cols] for (m, g), grp in groups.items()]
+    lines = [markdown_table(header, main_rows)]
 
     mode_cols = sorted({c for c in metric_cols if re.search(r"_mode\d+$", c)}, key=mode_key)
     modes = sorted({mode_key(c)[1] for c in mode_cols})
@@ -388,48 +441,96 @@ def build_report(
 
     other_cols = [c for c in sorted(metric_cols) if c not in main_cols and c not in mode_cols]
     if other_cols:
-        lines += [
-            "",
-            "## Other evaluation metrics",
-            "",
-            markdown_table(
-                ["Method", "Grid"] + other_cols, [[m, g] + [agg_cell(m, g, c) for c in other_cols] for (m, g) in groups]
-            ),
-        ]
+        other_rows = [[m, g] + [agg_cell(m, g, c) for c in other_cols] for (m, g) in groups]
+        lines += ["", "## Other evaluation metrics", "", markdown_table(["Method", "Grid"] + other_cols, other_rows)]
+    return lines
 
+
+def curve_order(tag: str) -> tuple:
+    """The overall return first, then the modes in order."""
+    m = MODE_TAG.match(tag)
+    if m:
+        return (True, int(m.group(1)))
+    return (tag != RETURN_TAG, -1)
+
+
+def draw_learning_curves(groups: dict, output: str, title: str, smooth: int) -> list[str]:
+    """One PNG per return tag (overall and per mode), one line per method and grid point; returns the files drawn."""
+    curve_tags = sorted({tag for grp in groups.values() for g in grp for tag in g["curves"]}, key=curve_order)
+    named = {}
+    for (m, g), grp in groups.items():
+        if g == "–":
+            named[m] = grp
+        else:
+            named[f"{m} {g}"] = grp
     plots = []
-    curve_tags = sorted(
-        {tag for grp in groups.values() for g in grp for tag in g["curves"]},
-        key=lambda t: (t != RETURN_TAG, int(MODE_TAG.match(t).group(1)) if MODE_TAG.match(t) else -1),
-    )
-    named = {(m if g == "–" else f"{m} {g}"): grp for (m, g), grp in groups.items()}
     for tag in curve_tags:
         m = MODE_TAG.match(tag)
-        name = f"learning_curve_mode{m.group(1)}.png" if m else "learning_curve.png"
+        if m:
+            name = f"learning_curve_mode{m.group(1)}.png"
+        else:
+            name = "learning_curve.png"
         if plot_curves(named, tag, os.path.join(output, name), f"{title}: {tag}", smooth):
             plots.append(name)
-    if plots:
-        lines += ["", "## Learning curves", "", f"Mean ± std over seeds of the running mean of {smooth} episodes.", ""]
-        lines += [f"![{name}]({name})" for name in plots]
+    return plots
 
-    # figures the runs drew themselves (heatmaps, adaptation curves) are linked, not redrawn; they are copied
-    # beside the report so that a report committed under docs/ does not point into an ignored sweep directory
+
+def copy_run_figures(groups: dict, output: str) -> list[str]:
+    """Copies the PNGs the runs drew themselves (heatmaps, adaptation curves) to output/figures, so that a report
+    committed under docs/ does not point into an ignored sweep directory; returns their markdown links."""
     linked = []
     for (m, g), grp in groups.items():
         for entry in grp:
-            if entry["run_dir"]:
-                for png in sorted(glob.glob(os.path.join(entry["run_dir"], "*.png"))):
-                    copy = os.path.join("figures", f"{entry['row']['run_key']}__{os.path.basename(png)}")
-                    os.makedirs(os.path.join(output, "figures"), exist_ok=True)
-                    shutil.copyfile(png, os.path.join(output, copy))
-                    linked.append(f"- {m} {g} seed {entry['row']['seed']}: [{os.path.basename(png)}]({copy})")
+            if not entry["run_dir"]:
+                continue
+            for png in sorted(glob.glob(os.path.join(entry["run_dir"], "*.png"))):
+                copy = os.path.join("figures", f"{entry['row']['run_key']}__{os.path.basename(png)}")
+                os.makedirs(os.path.join(output, "figures"), exist_ok=True)
+                shutil.copyfile(png, os.path.join(output, copy))
+                linked.append(f"- {m} {g} seed {entry['row']['seed']}: [{os.path.basename(png)}]({copy})")
+    return linked
+
+
+def build_report(
+    sweeps: list[str], output: str, labels: dict, last_n: int = 100, smooth: int = 20, title: str = "Benchmark"
+) -> dict:
+    """Write report.md, summary.csv, runs.csv and learning-curve PNGs to `output`; return what was written."""
+    os.makedirs(output, exist_ok=True)
+    sweep_records = read_sweeps(sweeps)
+    label_problems = unmatched_labels(labels, sweep_records)
+    runs = read_runs(sweeps, sweep_records, labels, last_n)
+    problems = label_problems + runs.problems
+    groups = runs.groups
+
+    runs_df = pd.DataFrame(runs.rows)
+    metric_cols = [c for c in runs_df.columns if c not in ("method", "grid", "seed", "run_key", "run_dir")]
+    summary_rows, aggregates = summarize(groups, metric_cols)
+    runs_path = os.path.join(output, "runs.csv")
+    summary_path = os.path.join(output, "summary.csv")
+    runs_df.to_csv(runs_path, index=False)
+    pd.DataFrame(summary_rows).to_csv(summary_path, index=False)
+
+    lines = [
+        f"# {title}",
+        "",
+        f"Each cell: mean ± std [95% CI of the mean, Student t] over seeds. Final return = mean of the last {last_n} "
+        "logged episodic returns of a run; eval returns from its eval.json; wall time from the sweep manifest; "
+        "SPS = last logged charts/SPS.",
+        "",
+    ]
+    lines += table_sections(groups, aggregates, metric_cols, last_n)
+    plots = draw_learning_curves(groups, output, title, smooth)
+    if plots:
+        lines += ["", "## Learning curves", "", f"Mean ± std over seeds of the running mean of {smooth} episodes.", ""]
+        lines += [f"![{name}]({name})" for name in plots]
+    # figures the runs drew themselves are linked, not redrawn
+    linked = copy_run_figures(groups, output)
     if linked:
         lines += ["", "## Figures written by the runs", ""] + linked
-    if failed:
+    if runs.failed:
         lines += ["", "## Failed runs", ""]
-        lines += [
-            f"- `{r['run_key']}` exit code {r['exit_code']}: `{r['command']}` (log: {r.get('log_path', '?')})" for r in failed
-        ]
+        for r in runs.failed:
+            lines.append(f"- `{r['run_key']}` exit code {r['exit_code']}: `{r['command']}` (log: {r.get('log_path', '?')})")
     if problems:
         lines += ["", "## Warnings", ""] + [f"- {p}" for p in problems]
     report_path = os.path.join(output, "report.md")
@@ -441,7 +542,7 @@ def build_report(
         "runs": runs_path,
         "plots": plots,
         "problems": problems,
-        "failed": failed,
+        "failed": runs.failed,
     }
 
 

@@ -7,14 +7,13 @@ GAE lambda 0.8, no entropy bonus, learning rate and clip range decayed linearly 
 entry adds its policy (ReLU, no orthogonal init, LSTM 64 wide with a separate critic LSTM, one 64-unit layer per
 head) and observation normalisation (VecNormalize, observations only); the running statistics are saved with the
 model and applied, frozen, at evaluation. The environment section below is ppo_gru_baseline.py's NonStationaryCartPole
-in gymnasium form, one CartPole-v1 per env as SB3's DummyVecEnv steps them; tests/test_benchmark.py checks that both
+in gymnasium form, one CartPole-v1 per env as SB3's DummyVecEnv steps them; tests/test_benchmark_sb3_peers.py checks that both
 give the same trajectories from the same states and actions.
 
 Usage: python benchmark/sb3_peers.py --algo recurrent_ppo --modes-preset seed3 --hide-velocity --save-model
 """
 
 import dataclasses
-import json
 import math
 import os
 import random
@@ -134,7 +133,11 @@ def parse_modes(spec: str) -> list:
             raise ValueError(
                 f"malformed mode {item!r} in --modes; write gravity,half_length[,force_sign] e.g. '9.8,0.5 7.5,0.7,-1'"
             )
-        gravity, half_length, sign = values[0], values[1], (values[2] if len(values) == 3 else 1.0)
+        gravity = values[0]
+        half_length = values[1]
+        sign = 1.0
+        if len(values) == 3:
+            sign = values[2]
         if not np.isfinite(gravity) or gravity <= 0 or not np.isfinite(half_length) or half_length <= 0:
             raise ValueError(f"mode {item!r} in --modes needs a positive gravity and a positive half-length")
         if sign not in (1.0, -1.0):
@@ -221,8 +224,14 @@ def build_model(args, env, device="cpu"):
     algo_class, policy = ALGOS[args.algo]
 
     def schedule(initial):
-        # SB3 passes progress_remaining, which goes from 1 to 0 over training
-        return (lambda progress_remaining: progress_remaining * initial) if args.anneal_lr else initial
+        """The zoo's lin_ schedule (a function of SB3's progress_remaining, 1 -> 0 over training), or a constant."""
+        if not args.anneal_lr:
+            return initial
+
+        def linear(progress_remaining):
+            return progress_remaining * initial
+
+        return linear
 
     kwargs = dict(
         n_steps=args.num_steps,
@@ -259,10 +268,20 @@ def normalizes_obs(algo):
 def obs_normalizer(stats):
     """VecNormalize's frozen observation transform from saved statistics (identity when there are none)."""
     if stats is None:
-        return lambda obs: obs
-    mean, var = stats["mean"].numpy(), stats["var"].numpy()
-    clip, eps = float(stats["clip_obs"]), float(stats["epsilon"])
-    return lambda obs: np.clip((obs - mean) / np.sqrt(var + eps), -clip, clip).astype(np.float32)
+        return identity
+    mean = stats["mean"].numpy()
+    var = stats["var"].numpy()
+    clip = float(stats["clip_obs"])
+    eps = float(stats["epsilon"])
+
+    def normalize(obs):
+        return np.clip((obs - mean) / np.sqrt(var + eps), -clip, clip).astype(np.float32)
+
+    return normalize
+
+
+def identity(obs):
+    return obs
 
 
 def make_sb3_env(num_envs, modes, hide_velocity=False, fixed_mode=None, switch_prob=0.0, held_out=()):
@@ -289,29 +308,34 @@ class CleanRLLogger(BaseCallback):
         super().__init__()
         self.writer = writer
         self.print_every_steps = print_every_steps
-        self.recent, self.recent_by_mode = [], {}
+        self.recent = []  # returns of the last 100 episodes
+        self.recent_by_mode = {}  # mode -> returns of its last 100 episodes
 
     def _on_training_start(self):
         n = self.training_env.num_envs
         self.base_env = self.training_env
         while hasattr(self.base_env, "venv"):  # VecNormalize keeps reset_infos of its own, empty: read the inner env's
             self.base_env = self.base_env.venv
-        self.episode_return, self.episode_length = np.zeros(n), np.zeros(n, dtype=int)
+        self.episode_return = np.zeros(n)
+        self.episode_length = np.zeros(n, dtype=int)
         self.episode_mode = np.array([info["mode"] for info in self.base_env.reset_infos])
-        self.start_time, self.start_step, self.last_print = time.time(), self.num_timesteps, self.num_timesteps
+        self.start_time = time.time()
+        self.start_step = self.num_timesteps
+        self.last_print = self.num_timesteps
 
     def _on_step(self):
-        rewards, dones = self.locals["rewards"], self.locals["dones"]
-        self.episode_return += rewards
+        self.episode_return += self.locals["rewards"]
         self.episode_length += 1
-        for i in np.flatnonzero(dones):
-            ret, mode = float(self.episode_return[i]), int(self.episode_mode[i])
+        for i in np.flatnonzero(self.locals["dones"]):
+            ret = float(self.episode_return[i])
+            mode = int(self.episode_mode[i])
             self.writer.add_scalar("charts/episodic_return", ret, self.num_timesteps)
             self.writer.add_scalar("charts/episodic_length", int(self.episode_length[i]), self.num_timesteps)
             self.writer.add_scalar(f"charts/episodic_return_mode{mode}", ret, self.num_timesteps)
             self.recent = (self.recent + [ret])[-100:]
             self.recent_by_mode[mode] = (self.recent_by_mode.get(mode, []) + [ret])[-100:]
-            self.episode_return[i], self.episode_length[i] = 0.0, 0
+            self.episode_return[i] = 0.0
+            self.episode_length[i] = 0
             self.episode_mode[i] = self.base_env.reset_infos[i]["mode"]
         return True
 
@@ -340,13 +364,6 @@ class CleanRLLogger(BaseCallback):
 
 
 # CHECKPOINTS / EVALUATION
-def atomic_save(obj, path):
-    """torch.save to a temporary file, then rename: a killed run never leaves a half-written file."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
 def load_policy(model_path, device="cpu"):
     """Rebuilds the SB3 model saved by this script; returns (model, training Args, training modes, observation
     transform applied before the policy)."""
@@ -373,8 +390,10 @@ def evaluate(model_path, episodes_per_mode=10, modes=None, deterministic=True, s
         envs = make_sb3_env(episodes_per_mode, modes, train_args.hide_velocity, fixed_mode=k)
         envs.seed(seed + 1000 * k)
         obs = envs.reset()
-        state, starts = None, np.ones(episodes_per_mode, dtype=bool)
-        returns, finished = np.zeros(episodes_per_mode), np.zeros(episodes_per_mode, dtype=bool)
+        state = None
+        starts = np.ones(episodes_per_mode, dtype=bool)
+        returns = np.zeros(episodes_per_mode)
+        finished = np.zeros(episodes_per_mode, dtype=bool)
         while not finished.all():
             action, state = model.predict(prep(obs), state=state, episode_start=starts, deterministic=deterministic)
             obs, reward, done, _ = envs.step(action)
@@ -391,14 +410,67 @@ def evaluate(model_path, episodes_per_mode=10, modes=None, deterministic=True, s
 def record_episode(model, prep, modes, hide_velocity, k, video_dir, seed):
     """One deterministic episode of mode k, saved as video_dir/mode{k}-episode-0.mp4."""
     env = make_env(modes, hide_velocity, fixed_mode=k, render_mode="rgb_array")()
-    env = gym.wrappers.RecordVideo(env, video_dir, name_prefix=f"mode{k}", episode_trigger=lambda e: True)
+    env = gym.wrappers.RecordVideo(env, video_dir, name_prefix=f"mode{k}", episode_trigger=every_episode)
     obs, _ = env.reset(seed=seed)
-    state, start, done = None, np.ones(1, dtype=bool), False
+    state = None
+    start = np.ones(1, dtype=bool)
+    done = False
     while not done:
         action, state = model.predict(prep(obs[None]), state=state, episode_start=start, deterministic=True)
         obs, _, terminated, truncated, _ = env.step(int(action[0]))
-        start, done = np.zeros(1, dtype=bool), terminated or truncated
+        start = np.zeros(1, dtype=bool)
+        done = terminated or truncated
     env.close()
+
+
+def evaluation_report(model_path, args, modes, video_dir, device, writer, global_step):
+    """eval.json's content: per mode, the returns of --eval-episodes episodes with deterministic and with sampled
+    actions (each also logged as eval/episodic_return_mode{k}_{kind}), and their means over modes."""
+    report = {
+        "script": SCRIPT,
+        "checkpoint": model_path,
+        "episodes_per_mode": args.eval_episodes,
+        "modes": [{"gravity": g, "half_length": length, "force_sign": s} for g, length, s in modes],
+        "per_mode": {},
+    }
+    for kind, deterministic in (("deterministic", True), ("sampled", False)):
+        # the video shows the deterministic episodes
+        kind_video_dir = None
+        if deterministic:
+            kind_video_dir = video_dir
+        results = evaluate(
+            model_path,
+            args.eval_episodes,
+            deterministic=deterministic,
+            seed=args.seed + 100_000,
+            video_dir=kind_video_dir,
+            device=device,
+        )
+        for k, rets in results.items():
+            report["per_mode"].setdefault(str(k), {})[kind] = {
+                "mean": float(np.mean(rets)),
+                "std": float(np.std(rets)),
+                "returns": rets.tolist(),
+            }
+            writer.add_scalar(f"eval/episodic_return_mode{k}_{kind}", float(np.mean(rets)), global_step)
+        report[f"{kind}_mean"] = float(np.mean([np.mean(r) for r in results.values()]))
+    return report
+
+
+def print_evaluation(report, modes):
+    print(f"evaluation over {report['episodes_per_mode']} episodes per mode (mean ± std):")
+    print("mode  gravity  half_len  sign  deterministic    sampled")
+    for k, (g, length, s) in enumerate(modes):
+        det = report["per_mode"][str(k)]["deterministic"]
+        sampled = report["per_mode"][str(k)]["sampled"]
+        print(
+            f"{k:>4}  {g:7.2f}  {length:8.2f}  {s:+4.0f}  "
+            f"{det['mean']:6.1f} ± {det['std']:5.1f}  {sampled['mean']:6.1f} ± {sampled['std']:5.1f}"
+        )
+
+
+def every_episode(episode_id):
+    return True
 
 
 def fail(message):
@@ -524,8 +596,10 @@ if __name__ == "__main__":
     envs.close()
 
     if args.save_model:
+        from cleanrl_astral_utils.files import atomic_torch_save, atomic_write_json
+
         model_path = os.path.join(run_dir, f"{exp_name}.cleanrl_model")
-        atomic_save(
+        atomic_torch_save(
             {
                 "script": SCRIPT,
                 "args": dataclasses.asdict(args),
@@ -537,41 +611,11 @@ if __name__ == "__main__":
             model_path,
         )
         print(f"model saved to {model_path}")
-        video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
-        report = {
-            "script": SCRIPT,
-            "checkpoint": model_path,
-            "episodes_per_mode": args.eval_episodes,
-            "modes": [{"gravity": g, "half_length": length, "force_sign": s} for g, length, s in modes],
-            "per_mode": {},
-        }
-        for kind, det in (("deterministic", True), ("sampled", False)):
-            results = evaluate(
-                model_path,
-                args.eval_episodes,
-                deterministic=det,
-                seed=args.seed + 100_000,
-                video_dir=video_dir if det else None,
-                device=device,
-            )
-            for k, rets in results.items():
-                report["per_mode"].setdefault(str(k), {})[kind] = {
-                    "mean": float(np.mean(rets)),
-                    "std": float(np.std(rets)),
-                    "returns": rets.tolist(),
-                }
-                writer.add_scalar(f"eval/episodic_return_mode{k}_{kind}", float(np.mean(rets)), model.num_timesteps)
-            report[f"{kind}_mean"] = float(np.mean([np.mean(r) for r in results.values()]))
-        print(f"evaluation over {args.eval_episodes} episodes per mode (mean ± std):")
-        print("mode  gravity  half_len  sign  deterministic    sampled")
-        for k, (g, length, s) in enumerate(modes):
-            d, s_ = report["per_mode"][str(k)]["deterministic"], report["per_mode"][str(k)]["sampled"]
-            print(
-                f"{k:>4}  {g:7.2f}  {length:8.2f}  {s:+4.0f}  "
-                f"{d['mean']:6.1f} ± {d['std']:5.1f}  {s_['mean']:6.1f} ± {s_['std']:5.1f}"
-            )
-        with open(os.path.join(run_dir, "eval.json.tmp"), "w") as f:
-            json.dump(report, f, indent=1)
-        os.replace(os.path.join(run_dir, "eval.json.tmp"), os.path.join(run_dir, "eval.json"))
+        video_dir = None
+        if args.capture_video:
+            video_dir = os.path.join(run_dir, "videos")
+        report = evaluation_report(model_path, args, modes, video_dir, device, writer, model.num_timesteps)
+        print_evaluation(report, modes)
+        atomic_write_json(report, os.path.join(run_dir, "eval.json"), indent=1)
 
     writer.close()

@@ -1,0 +1,101 @@
+"""Tests of benchmark/reinforce_baby_report.py on hand-made reinforce_baby runs (TensorBoard events, eval.json and
+manifest records)."""
+
+import json
+
+import pytest
+from benchmark_helpers import load_benchmark_script
+from torch.utils.tensorboard import SummaryWriter
+
+reinforce_baby_report = load_benchmark_script("reinforce_baby_report")
+
+
+def _fake_baby_run(sweep, key, curves, ev=None, wall=None, exit_code=0):
+    """A reinforce_baby run as benchmark.py leaves it: sweep/runs/<key>/<run_name>/ with TensorBoard events
+    ({tag: [(step, value)]}), eval.json when the run finished, and a manifest record when it exited."""
+    run_dir = sweep / "runs" / key / "run"
+    w = SummaryWriter(str(run_dir))
+    for tag, points in curves.items():
+        for step, value in points:
+            w.add_scalar(tag, value, step)
+    w.close()
+    if ev is not None:
+        (run_dir / "eval.json").write_text(json.dumps(ev))
+    if wall is not None:
+        with open(sweep / "manifest.jsonl", "a") as f:
+            f.write(json.dumps({"runs_dir": str(run_dir.parent), "exit_code": exit_code, "wall_time_s": wall}) + "\n")
+
+
+def test_reinforce_baby_report_checks_the_mvp_criteria_per_seed_and_compares_methods_at_matched_steps(tmp_path):
+    """The MVP table reads the success rate at step 5,000 as the last value logged at or before it, compares the
+    first and last 10% of the entropy and world-model curves, and counts the target (> 90% by step 5,000 on >= 4 of
+    5 seeds). The curriculum tables pool every curriculum* sweep; a run counts at the matched steps it reached and in
+    the final evaluation only if it finished."""
+    out = tmp_path / "out"
+    steps = list(range(1000, 10001, 1000))
+    good = {
+        "charts/success_rate": [(s, 0.2 if s < 3000 else 0.95) for s in steps],
+        "losses/entropy": [(s, 2.0 - s / 10000) for s in steps],
+        "losses/world_model_mse": [(s, 1.0 - s / 20000) for s in steps],
+    }
+    ev = {"success_rate": 0.99, "train_time_s": 3.0}
+    for seed in (1, 2, 3, 4):
+        _fake_baby_run(out / "mvp", f"c0__g0_base__s{seed}", good, ev, wall=75.0 if seed == 3 else 8.0)
+    # seed 5: 0.95 logged at step 5,001 only, so 0.6 at 5,000 (> 50%, not > 90%); its entropy rises
+    slow = dict(
+        good,
+        **{
+            "charts/success_rate": [(1000, 0.1), (5000, 0.6), (5001, 0.95), (10000, 0.97)],
+            "losses/entropy": [(s, 1.0 + s / 10000) for s in steps],
+        },
+    )
+    _fake_baby_run(out / "mvp", "c0__g0_base__s5", slow, ev, wall=9.0)
+
+    TASKS = ["pattern-echo", "sequence-next", "conditional"]
+
+    def curriculum(end, success, level):
+        c = {"charts/success_rate": [(s, success) for s in range(10000, end + 1, 10000)]}
+        c.update({f"curriculum/level_{t}": [(s, level) for s in range(10000, end + 1, 10000)] for t in TASKS})
+        return c
+
+    def final(success):
+        return {
+            "success_rate": success,
+            "eval_levels": {t: 2 for t in TASKS},
+            "world_model_mse": 0.5,
+            "per_difficulty_success": {f"{t}/level{lvl}": success for t in TASKS for lvl in range(3)},
+        }
+
+    _fake_baby_run(out / "curriculum", "c0__g0_algorithm_reinforce__s1", curriculum(80000, 0.8, 2), final(0.9), 60.0)
+    _fake_baby_run(out / "curriculum", "c0__g1_algorithm_ppo__s1", curriculum(80000, 0.4, 1), final(0.5), 50.0)
+    # a second sweep: a killed REINFORCE run that reached 20k (no eval.json) and a KL-distill run still at 10k
+    _fake_baby_run(out / "curriculum_more", "c0__g0_algorithm_reinforce__s2", curriculum(20000, 0.6, 1))
+    _fake_baby_run(out / "curriculum_more", "c0__g3_kl-coef_1.0__s1", curriculum(10000, 0.3, 0))
+
+    rep = tmp_path / "report"
+    assert reinforce_baby_report.main(["--out", str(out), "--report", str(rep)]) == 0
+    rows = {r["seed"]: r for r in json.loads((rep / "mvp_criteria.json").read_text())}
+    assert rows[1]["success@5k"] == pytest.approx(0.95) and rows[1]["first_step_gt_90%"] == 3000
+    assert rows[5]["success@5k"] == pytest.approx(0.6) and rows[5]["first_step_gt_90%"] == 5001
+    assert rows[5]["c2_gt_50%@5k"] and not rows[5]["target_gt_90%@5k"] and not rows[5]["c3_entropy_down"]
+    assert rows[1]["entropy_first"] == pytest.approx(1.9) and rows[1]["entropy_last"] == pytest.approx(1.0)
+    assert all(rows[s]["c3_entropy_down"] and rows[s]["c4_wm_mse_down"] for s in (1, 2, 3, 4))
+    assert [rows[s]["under_60s"] for s in range(1, 6)] == [True, True, False, True, True]
+    md = (rep / "mvp_criteria.md").read_text()
+    assert "Target > 90% by step 5,000: 4/5 seeds (met for >= 4/5). All four MVP criteria on every seed: False." in md
+    table = (rep / "curriculum_table.md").read_text().splitlines()
+    methods = [line.split(" | ")[0][2:] for line in table if line.startswith("| ") and not line.startswith("| method")]
+    assert methods == ["REINFORCE", "PPO", "KL-distill"] * 2  # matched-step rows, then final-eval rows; no RL-only
+    # REINFORCE: both runs at 10k and 20k, only the one that reached 80k from 40k on
+    reinforce = [line for line in table if line.startswith("| REINFORCE |")]
+    assert reinforce[0].split(" | ")[1:3] == ["0.70 ± 0.10 / 4.50 ± 1.50 (2)", "0.70 ± 0.10 / 4.50 ± 1.50 (2)"]
+    assert reinforce[0].split(" | ")[3] == "0.80 ± 0.00 / 6.00 ± 0.00 (1)"
+    kl = [line for line in table if line.startswith("| KL-distill |")]
+    assert kl[0].split(" | ")[2] == "–"  # never reached 20k
+    assert kl[1].startswith("| KL-distill | 0 | – |")  # no finished run
+    assert reinforce[1].startswith("| REINFORCE | 1 | 0.90 ± 0.00 | 2/2/2 |") and reinforce[1].endswith("| 60.00 ± 0.00 |")
+    for png in ("mvp_curves.png", "curriculum_curves.png"):
+        assert (rep / png).stat().st_size > 0
+    # no MVP runs: one line, exit 2, nothing written
+    assert reinforce_baby_report.main(["--out", str(tmp_path / "empty"), "--report", str(tmp_path / "rep2")]) == 2
+    assert not (tmp_path / "rep2").exists()
