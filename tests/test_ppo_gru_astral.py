@@ -731,6 +731,11 @@ def test_runs_started_in_the_same_second_get_directories_of_their_own(tmp_path, 
     assert os.path.isfile(os.path.join(run_dir, "collide.cleanrl_model")) and os.path.isfile(
         os.path.join(run_dir, "eval.json")
     )
+    # seed3 (the default preset) has no action latent: the report says so instead of scoring a sign it does not have
+    report = load_json(os.path.join(run_dir, "eval.json"))
+    assert report["action_latent"] is None and report["held_out_routing_deterministic"] == []
+    assert not any("force_sign" in key for key in report["slots_deterministic"])
+    assert "no action latent" in result.stdout.splitlines()[-1]
 
 
 BAD_INPUTS = [
