@@ -815,7 +815,9 @@ def batch_slot_metrics(batch, num_modes, num_slots, latent, latent_of_mode):
     counts = np.histogram2d(  # (true mode, argmax slot) counts
         step_modes.cpu().numpy(), weights.argmax(-1).cpu().numpy(), (num_modes, num_slots), ((0, num_modes), (0, num_slots))
     )[0]
-    slots["mode_slot_mi"], slots["mode_slot_nmi"] = mutual_information(counts)
+    mode_slot_mi, mode_slot_nmi = mutual_information(counts)
+    slots["mode_slot_mi"] = mode_slot_mi
+    slots["mode_slot_nmi"] = mode_slot_nmi
     return slots
 
 
