@@ -8,10 +8,9 @@ specialise; a gate supervised by the true mode is the diagnostic ceiling. Enviro
 Usage: python cleanrl_astral/ppo_gru_astral.py --modes-preset mirror4 --mode-share balanced --hide-velocity --save-model
 """
 
-import contextlib
 import dataclasses
+import functools
 import itertools
-import json
 import math
 import os
 import random
@@ -19,15 +18,13 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
-import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.optim as optim
 import tyro
-from gymnasium.utils.save_video import save_video
 from gymnasium.wrappers.utils import RunningMeanStd
 from torch.distributions.categorical import Categorical
 from torch.utils.tensorboard import SummaryWriter
@@ -143,6 +140,9 @@ class Args:
     """weight of the episode-consistency bonus I(episode; slot) of the episode-mean gates past their first 10 steps"""
     lambda_supervised: float = 0.0
     """diagnostic ceiling, not the method: weight of a cross-entropy from the gate to the true mode (K >= training modes)"""
+    diagnostics_every: int = 10
+    """log each loss term's gradient norm (slots/grad_norm_*, losses/grad_norm_ppo) every N updates, 0 never: it costs
+    one extra backward pass per term"""
 
     batch_size: int = 0
     """the batch size (computed at runtime)"""
@@ -161,6 +161,15 @@ MODE_PRESETS = {  # a mode is (gravity, pole half-length, force sign)
     "mirror4": [(9.8, 0.5, 1.0), (9.8, 0.5, -1.0), (7.5, 0.7, 1.0), (7.5, 0.7, -1.0), (8.65, 0.6, -1.0)],
 }
 HELD_OUT_MODES = {"seed3": [], "inverted4": [], "mirror4": [4]}  # evaluated (and adapted to) only, never trained on
+# the part of the mode that changes which action is right: only the force sign does (seed3's modes all push alike)
+ACTION_LATENT = {"seed3": None, "inverted4": "force_sign", "mirror4": "force_sign"}
+
+
+def latent_labels(modes, latent):
+    """The action latent's label of each mode: for "force_sign", 1 where the force pushes as in CartPole-v1, else 0."""
+    if latent != "force_sign":
+        raise ValueError(f"unknown action latent {latent!r}")
+    return np.array([int(sign > 0) for _, _, sign in modes])
 
 
 class NonStationaryCartPole:
@@ -183,13 +192,20 @@ class NonStationaryCartPole:
         held_out=(),
         mode_share="uniform",
     ):
-        self.num_envs, self.switch_prob, self.max_episode_steps = num_envs, switch_prob, max_episode_steps
+        self.num_envs = num_envs
+        self.switch_prob = switch_prob
+        self.max_episode_steps = max_episode_steps
         self.gravity, self.half_length, self.force_sign = np.array(modes, dtype=np.float64).T
         self.train_modes = np.array([k for k in range(len(modes)) if k not in held_out])
-        self.pinned, self.rng = np.full(num_envs, -1 if fixed_mode is None else fixed_mode), np.random.default_rng()
+        self.pinned = np.full(num_envs, -1)
+        if fixed_mode is not None:
+            self.pinned = np.full(num_envs, fixed_mode)
         if mode_share == "balanced":
             self.pinned = self.train_modes[np.arange(num_envs) % len(self.train_modes)]
-        self.observed = [0, 2] if hide_velocity else [0, 1, 2, 3]  # hidden velocity: cart position and pole angle only
+        self.rng = np.random.default_rng()
+        self.observed = [0, 1, 2, 3]
+        if hide_velocity:  # cart position and pole angle only
+            self.observed = [0, 2]
 
     def draw_modes(self, envs):
         """New modes for the envs of the boolean mask `envs` (pinned envs keep theirs)."""
@@ -198,24 +214,27 @@ class NonStationaryCartPole:
         self.mode = np.where(envs, drawn, self.mode)
 
     def restart(self, envs):
-        self.state[envs], self.elapsed[envs] = self.rng.uniform(-0.05, 0.05, (int(envs.sum()), 4)), 0
+        self.state[envs] = self.rng.uniform(-0.05, 0.05, (int(envs.sum()), 4))
+        self.elapsed[envs] = 0
         self.draw_modes(envs)
 
     def reset(self, seed=None):
         self.rng = np.random.default_rng(seed)
-        self.state, self.elapsed, self.mode = (
-            np.zeros((self.num_envs, 4)),
-            np.zeros(self.num_envs, dtype=int),
-            np.zeros(self.num_envs, dtype=int),
-        )
+        self.state = np.zeros((self.num_envs, 4))
+        self.elapsed = np.zeros(self.num_envs, dtype=int)
+        self.mode = np.zeros(self.num_envs, dtype=int)
         self.restart(np.ones(self.num_envs, dtype=bool))
         return self.state[:, self.observed].astype(np.float32), {"mode": self.mode.copy()}
 
     def step(self, action):
         x, x_dot, theta, theta_dot = self.state.T
-        gravity, length, masspole, total_mass = self.gravity[self.mode], self.half_length[self.mode], 0.1, 0.1 + 1.0
+        gravity = self.gravity[self.mode]
+        length = self.half_length[self.mode]
+        masspole = 0.1
+        total_mass = 0.1 + 1.0
         force = self.force_sign[self.mode] * 10.0 * np.where(action == 1, 1.0, -1.0)
-        costheta, sintheta = np.cos(theta), np.sin(theta)
+        costheta = np.cos(theta)
+        sintheta = np.sin(theta)
         temp = (force + masspole * length * np.square(theta_dot) * sintheta) / total_mass
         thetaacc = (gravity * sintheta - costheta * temp) / (
             length * (4.0 / 3.0 - masspole * np.square(costheta) / total_mass)
@@ -224,7 +243,8 @@ class NonStationaryCartPole:
         self.state = np.stack(
             [x + 0.02 * x_dot, x_dot + 0.02 * xacc, theta + 0.02 * theta_dot, theta_dot + 0.02 * thetaacc], 1
         )
-        self.last_state, self.elapsed = self.state.copy(), self.elapsed + 1  # last_state: what a renderer draws
+        self.last_state = self.state.copy()  # what a renderer draws
+        self.elapsed = self.elapsed + 1
         terminated = (np.abs(self.state[:, 0]) > 2.4) | (np.abs(self.state[:, 2]) > 12 * 2 * math.pi / 360)
         truncated = self.elapsed >= self.max_episode_steps
         if self.switch_prob > 0:
@@ -235,7 +255,23 @@ class NonStationaryCartPole:
         return self.state[:, self.observed].astype(np.float32), np.ones(self.num_envs), terminated, truncated, info
 
 
-# MODEL
+class RewardScaler:
+    """Divides rewards by the running std of each env's discounted return (gymnasium's NormalizeReward): O(1) value
+    targets, so the value loss of the shared trunk cannot swamp the gradient clip."""
+
+    def __init__(self, num_envs, gamma):
+        self.gamma = gamma
+        self.returns = np.zeros(num_envs)
+        self.return_rms = RunningMeanStd(shape=())
+
+    def __call__(self, rewards, dones):
+        self.returns = self.returns * self.gamma + rewards
+        self.return_rms.update(self.returns)
+        self.returns[dones] = 0.0
+        return rewards / np.sqrt(self.return_rms.var + 1e-8)
+
+
+# AGENT
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
@@ -248,7 +284,9 @@ class AbstractionBank(nn.Module):
 
     def __init__(self, hidden_size, num_abstractions, slot_dim, tau, orthonormal=False, gumbel_tau=None):
         super().__init__()
-        self.slots, self.tau, self.gumbel_tau = nn.Parameter(torch.randn(num_abstractions, slot_dim) * 0.02), tau, gumbel_tau
+        self.slots = nn.Parameter(torch.randn(num_abstractions, slot_dim) * 0.02)
+        self.tau = tau
+        self.gumbel_tau = gumbel_tau
         if orthonormal:  # unit-norm, mutually orthogonal rows: no two slots start alike (needs K <= d)
             nn.init.orthogonal_(self.slots)
         # small final layer: the gate starts near uniform, so no slot wins by initialisation
@@ -261,10 +299,13 @@ class AbstractionBank(nn.Module):
         logits = self.gate(h) / self.tau
         probs = torch.softmax(logits, dim=-1)
         if weights is None and self.gumbel_tau is not None:
-            noise = -torch.empty_like(logits).exponential_().log() if noise is None else noise  # as F.gumbel_softmax
+            if noise is None:
+                noise = -torch.empty_like(logits).exponential_().log()  # as F.gumbel_softmax draws it
             soft = torch.softmax((logits + noise) / self.gumbel_tau, dim=-1)
-            weights = torch.zeros_like(soft).scatter_(-1, soft.argmax(-1, keepdim=True), 1.0) - soft.detach() + soft
-        weights = probs if weights is None else weights
+            hard = torch.zeros_like(soft).scatter_(-1, soft.argmax(-1, keepdim=True), 1.0)
+            weights = hard - soft.detach() + soft
+        if weights is None:
+            weights = probs
         return weights @ self.slots, weights, probs, noise
 
 
@@ -278,6 +319,30 @@ class FiLM(nn.Module):
     def forward(self, h, z):
         gamma_delta, beta = self.net(z).chunk(2, dim=-1)
         return (1.0 + gamma_delta) * h + beta
+
+
+class Modulated(NamedTuple):
+    """Agent.forward: the FiLM-modulated state the heads read, the GRU state after the last step, and the gate."""
+
+    hidden: torch.Tensor
+    state: torch.Tensor
+    weights: torch.Tensor
+    probs: torch.Tensor
+    noise: torch.Tensor | None
+
+
+class ActionAndValue(NamedTuple):
+    action: torch.Tensor
+    logprob: torch.Tensor
+    entropy: torch.Tensor
+    value: torch.Tensor
+    state: torch.Tensor
+    weights: torch.Tensor
+    """the gate weights w that made z (the hard gate's one-hot)"""
+    probs: torch.Tensor
+    """the gate probabilities p"""
+    noise: torch.Tensor | None
+    """the hard gate's Gumbel noise (zero when deterministic), None for the soft gate"""
 
 
 class Agent(nn.Module):
@@ -297,18 +362,23 @@ class Agent(nn.Module):
         gumbel_tau=None,
     ):
         super().__init__()
-        self.obs_dim, self.num_actions, self.num_modes, self.memory, self.oracle = (
-            obs_dim,
-            num_actions,
-            num_modes,
-            memory,
-            oracle,
-        )
-        self.input_dim, self.bottleneck = obs_dim + num_actions + 1 + (num_modes if oracle else 0), bottleneck
+        self.obs_dim = obs_dim
+        self.num_actions = num_actions
+        self.num_modes = num_modes
+        self.memory = memory
+        self.oracle = oracle
+        self.bottleneck = bottleneck
+        self.input_dim = obs_dim + num_actions + 1
+        if oracle:
+            self.input_dim += num_modes
         self.encoder = nn.Sequential(layer_init(nn.Linear(self.input_dim, hidden_size)), nn.Tanh())
-        self.hidden_size, self.gru = hidden_size, nn.GRUCell(hidden_size, hidden_size)
+        self.hidden_size = hidden_size
+        self.gru = nn.GRUCell(hidden_size, hidden_size)
         for name, param in self.gru.named_parameters():
-            nn.init.constant_(param, 0) if "bias" in name else nn.init.orthogonal_(param, 1.0)
+            if "bias" in name:
+                nn.init.constant_(param, 0)
+            else:
+                nn.init.orthogonal_(param, 1.0)
         self.bank = AbstractionBank(hidden_size, num_abstractions, slot_dim, tau, orthonormal, gumbel_tau)
         self.film = FiLM(slot_dim, hidden_size)
         self.actor = nn.Sequential(
@@ -328,7 +398,9 @@ class Agent(nn.Module):
         """x (T, B, input_dim), state (B, H) before x[0], starts (T, B) = 1 where x[t] opens an episode.
         Returns the input features (T, B, H), the GRU states h (T, B, H) and the state after x[T-1]."""
         features = self.encoder(x)
-        keep = torch.zeros_like(starts) if self.memory == "none" else 1.0 - starts
+        keep = 1.0 - starts
+        if self.memory == "none":
+            keep = torch.zeros_like(starts)
         hidden = []
         # the GRUCell's own op without the module-call overhead (same numbers, ~4% off a training run)
         gru_weights = (self.gru.weight_ih, self.gru.weight_hh, self.gru.bias_ih, self.gru.bias_hh)
@@ -340,33 +412,54 @@ class Agent(nn.Module):
         return features, torch.stack(hidden), state
 
     def forward(self, x, state, starts, weights=None, noise=None):
-        """(h', final state, w, p, noise): the gate reads h; h' = FiLM(h; z), or FiLM(x_t's features; z) with bottleneck."""
+        """The gate reads h; h' = FiLM(h; z), or FiLM(x_t's features; z) with the bottleneck."""
         features, hidden, state = self.unroll(x, state, starts)
         z, weights, probs, noise = self.bank(hidden, weights, noise)
-        return self.film(features if self.bottleneck else hidden, z), state, weights, probs, noise
+        film_input = hidden
+        if self.bottleneck:  # memory reaches the heads only through the gate
+            film_input = features
+        return Modulated(self.film(film_input, z), state, weights, probs, noise)
 
     def get_value(self, x, state, starts):
-        return self.critic(self(x, state, starts)[0]).squeeze(-1)
+        return self.critic(self(x, state, starts).hidden).squeeze(-1)
 
     def get_action_and_value(self, x, state, starts, action=None, deterministic=False, weights=None, noise=None):
-        """action, log-prob, entropy, value, final state and the gate's w, p and hard-gate noise (zero when deterministic)."""
         if deterministic and noise is None and self.bank.gumbel_tau is not None:
             noise = torch.zeros(*x.shape[:-1], len(self.bank.slots), device=x.device)
-        modulated, state, weights, probs, noise = self(x, state, starts, weights, noise)
-        logits = self.actor(modulated)
-        probs_a = Categorical(logits=logits)
-        if action is None:
-            action = logits.argmax(-1) if deterministic else probs_a.sample()
-        return (
-            action,
-            probs_a.log_prob(action),
-            probs_a.entropy(),
-            self.critic(modulated).squeeze(-1),
-            state,
-            weights,
-            probs,
-            noise,
+        out = self(x, state, starts, weights, noise)
+        logits = self.actor(out.hidden)
+        probs = Categorical(logits=logits)
+        if action is None and deterministic:
+            action = logits.argmax(-1)
+        elif action is None:
+            action = probs.sample()
+        value = self.critic(out.hidden).squeeze(-1)
+        return ActionAndValue(
+            action, probs.log_prob(action), probs.entropy(), value, out.state, out.weights, out.probs, out.noise
         )
+
+
+def agent_from_args(args, num_modes):
+    obs_dim = 4
+    if args.hide_velocity:
+        obs_dim = 2
+    gumbel_tau = None
+    if args.hard_gate:
+        gumbel_tau = args.gumbel_tau
+    return Agent(
+        obs_dim,
+        2,
+        num_modes,
+        args.hidden_size,
+        args.memory,
+        args.oracle,
+        args.num_abstractions,
+        args.slot_dim,
+        args.tau,
+        args.bottleneck,
+        args.slot_init == "orthonormal",
+        gumbel_tau,
+    )
 
 
 # SLOT REGULARISERS
@@ -396,7 +489,10 @@ def episode_means(values, starts, ages):
     ids = (starts.cumsum(0) + torch.arange(B, device=starts.device) * (T + 1)).long().flatten()
     keep = ages.flatten() >= BURN_IN
     _, episode = torch.unique(ids[keep], return_inverse=True)
-    sums = torch.zeros(int(episode.max()) + 1 if keep.any() else 0, values.shape[-1], device=values.device)
+    num_episodes = 0
+    if keep.any():
+        num_episodes = int(episode.max()) + 1
+    sums = torch.zeros(num_episodes, values.shape[-1], device=values.device)
     sums = sums.index_add(0, episode, values.reshape(T * B, -1)[keep])
     return sums / torch.bincount(episode, minlength=len(sums)).unsqueeze(-1), episode, keep
 
@@ -405,7 +501,9 @@ def episode_consistency(probs, starts, ages):
     """I(episode; slot) = H(mean of the episode-mean gates) - mean H(episode-mean gate), rewarded: log K when every
     episode keeps one slot and episodes spread evenly over the slots, 0 when all have the same mean gate."""
     means = episode_means(probs, starts, ages)[0]
-    return weight_entropy(means.mean(0)) - weight_entropy(means) if len(means) else probs.sum() * 0.0
+    if not len(means):  # no step past burn-in: zero, with the graph's gradient (zero), not NaN
+        return probs.sum() * 0.0
+    return weight_entropy(means.mean(0)) - weight_entropy(means)
 
 
 def supervised_gate_loss(probs, modes, ages):
@@ -429,7 +527,8 @@ SLOT_TERMS = {
 
 def slot_terms(probs, slots, batch, mb, args):
     """The slot terms of minibatch `mb` from its replayed gate probabilities: (values, {name: sign · λ · value})."""
-    starts, ages = batch["starts"][:, mb], batch["ages"][:, mb]
+    starts = batch["starts"][:, mb]
+    ages = batch["ages"][:, mb]
     values = {
         "weight_entropy": weight_entropy(probs),
         "load_balance_entropy": load_balance_entropy(probs),
@@ -438,65 +537,14 @@ def slot_terms(probs, slots, batch, mb, args):
     }
     if args.lambda_supervised > 0:
         values["supervised_ce"] = supervised_gate_loss(probs, batch["modes"][:, mb], ages)
-    return values, {
-        name: sign * getattr(args, flag) * values[name] for name, (flag, sign) in SLOT_TERMS.items() if name in values
-    }
+    weighted = {}
+    for name, (flag, sign) in SLOT_TERMS.items():
+        if name in values:
+            weighted[name] = sign * getattr(args, flag) * values[name]
+    return values, weighted
 
 
-# SLOT METRICS: the acted gate against the true mode, which the agent never sees
-def mutual_information(counts):
-    """I(mode; slot) in nats from a joint count matrix, and the same divided by H(mode) (0 if H(mode) = 0)."""
-    joint = counts / counts.sum()
-    p_mode, p_slot = joint.sum(1, keepdims=True), joint.sum(0, keepdims=True)
-    nz = joint > 0
-    mi = float((joint[nz] * np.log(joint[nz] / (p_mode @ p_slot)[nz])).sum())
-    h_mode = float(-(p_mode[p_mode > 0] * np.log(p_mode[p_mode > 0])).sum())
-    return mi, (mi / h_mode if h_mode > 0 else 0.0)
-
-
-def episode_slot_metrics(weights, modes, starts, ages, num_modes):
-    """Episode-level NMI (one sample per episode: its majority true mode against the argmax of its mean gate past
-    burn-in) and gate stability (the share of those steps whose argmax slot is the episode's)."""
-    means, episode, keep = episode_means(weights, starts, ages)
-    if not len(means):
-        return {"episode_nmi": float("nan"), "gate_stability": float("nan")}
-    episode_mode = episode_means(nn.functional.one_hot(modes.long(), num_modes).float(), starts, ages)[0].argmax(-1)
-    slot, num_slots = means.argmax(-1), weights.shape[-1]
-    stable = (weights.reshape(-1, num_slots)[keep].argmax(-1) == slot[episode]).float()
-    counts = np.histogram2d(
-        episode_mode.cpu().numpy(), slot.cpu().numpy(), (num_modes, num_slots), ((0, num_modes), (0, num_slots))
-    )[0]
-    return {"episode_nmi": mutual_information(counts)[1], "gate_stability": (stable.sum() / keep.sum()).item()}
-
-
-def linear_probe_accuracy(features, labels, episode):
-    """Held-out accuracy of a logistic regression predicting the mode from per-step features: fitted on the steps of
-    even-numbered episodes, scored on the odd ones' (at most ~10k steps each; nan without two modes to tell apart)."""
-    from sklearn.linear_model import LogisticRegression  # only the evaluation probes
-
-    fit = episode % 2 == 0
-    if len(np.unique(labels[fit])) < 2 or fit.all():
-        return float("nan")
-    stride = max(1, len(labels) // 20000)
-    train, test = np.flatnonzero(fit)[::stride], np.flatnonzero(~fit)[::stride]
-    return float(LogisticRegression(max_iter=1000).fit(features[train], labels[train]).score(features[test], labels[test]))
-
-
-class RewardScaler:
-    """Divides rewards by the running std of each environment's discounted return (as gymnasium's NormalizeReward),
-    keeping the value targets O(1) for the shared trunk."""
-
-    def __init__(self, num_envs, gamma):
-        self.gamma, self.returns, self.return_rms = gamma, np.zeros(num_envs), RunningMeanStd(shape=())
-
-    def __call__(self, rewards, dones):
-        self.returns = self.returns * self.gamma + rewards
-        self.return_rms.update(self.returns)
-        self.returns[dones] = 0.0
-        return rewards / np.sqrt(self.return_rms.var + 1e-8)
-
-
-# ROLLOUT / GAE / UPDATE
+# ROLLOUT
 def new_carry(envs, agent, seed, device):
     """What one step hands to the next: the agent's next input, its GRU state and the running episode totals."""
     obs, info = envs.reset(seed=seed)
@@ -516,8 +564,12 @@ def new_carry(envs, agent, seed, device):
 
 def carry_input(agent, carry):
     """The agent's input for the carried observation, previous action/reward and mode."""
+    device = carry["state"].device
     return agent.build_input(
-        *(torch.as_tensor(carry[key], device=carry["state"].device) for key in ("obs", "prev_action", "prev_reward", "mode"))
+        torch.as_tensor(carry["obs"], device=device),
+        torch.as_tensor(carry["prev_action"], device=device),
+        torch.as_tensor(carry["prev_reward"], device=device),
+        torch.as_tensor(carry["mode"], device=device),
     )
 
 
@@ -527,100 +579,117 @@ def env_step(agent, envs, carry, deterministic=False):
     x = carry_input(agent, carry)
     start = torch.as_tensor(carry["start"], dtype=torch.float32, device=x.device)
     with torch.no_grad():
-        action, logprob, _, value, carry["state"], weights, _, noise = agent.get_action_and_value(
-            x[None], carry["state"], start[None], deterministic=deterministic
-        )
+        out = agent.get_action_and_value(x[None], carry["state"], start[None], deterministic=deterministic)
+    carry["state"] = out.state
     step = {
         "inputs": x,
         "starts": start,
-        "actions": action[0],
-        "logprobs": logprob[0],
-        "values": value[0],
+        "actions": out.action[0],
+        "logprobs": out.logprob[0],
+        "values": out.value[0],
         "modes": torch.as_tensor(carry["mode"], device=x.device),
         "ages": torch.as_tensor(carry["episode_length"], device=x.device),
-        "weights": weights[0],
-        "hidden": carry["state"],
+        "weights": out.weights[0],
+        "hidden": out.state,
     }
-    if noise is not None:
-        step["gate_noise"] = noise[0]
-    obs, reward, terminated, truncated, info = outcome = envs.step(action[0].cpu().numpy())
+    if out.noise is not None:
+        step["gate_noise"] = out.noise[0]
+    acted = out.action[0].cpu().numpy()
+    outcome = envs.step(acted)
+    obs, reward, terminated, truncated, info = outcome
     done = terminated | truncated
-    carry["episode_return"], carry["episode_length"] = carry["episode_return"] + reward, carry["episode_length"] + 1
-    episodes = [
-        (float(carry["episode_return"][i]), int(carry["episode_length"][i]), int(carry["episode_mode"][i]))
-        for i in np.flatnonzero(done)
-    ]
-    carry["episode_return"][done], carry["episode_length"][done], carry["episode_mode"][done] = 0.0, 0, info["mode"][done]
+    carry["episode_return"] = carry["episode_return"] + reward
+    carry["episode_length"] = carry["episode_length"] + 1
+    episodes = []
+    for i in np.flatnonzero(done):
+        episodes.append((float(carry["episode_return"][i]), int(carry["episode_length"][i]), int(carry["episode_mode"][i])))
+    carry["episode_return"][done] = 0.0
+    carry["episode_length"][done] = 0
+    carry["episode_mode"][done] = info["mode"][done]
     # same-step autoreset: where done, obs opens the next episode: no previous action / reward, and a zeroed GRU state
-    carry.update(
-        obs=obs,
-        start=done,
-        mode=info["mode"],
-        prev_action=np.where(done, -1, step["actions"].cpu().numpy()),
-        prev_reward=np.where(done, 0.0, reward),
-    )
+    carry["obs"] = obs
+    carry["start"] = done
+    carry["mode"] = info["mode"]
+    carry["prev_action"] = np.where(done, -1, acted)
+    carry["prev_reward"] = np.where(done, 0.0, reward)
     return step, outcome, episodes
 
 
 def collect_rollout(agent, envs, carry, num_steps, gamma, reward_scaler):
     """Runs `num_steps` steps in every env. Returns the batch (tensors shaped (T, N, ...)), the GRU state it started
     from, and the finished episodes as (return, length, mode, index of the rollout step it ended in)."""
-    initial_state, columns, episodes, device = carry["state"].clone(), {}, [], carry["state"].device
+    initial_state = carry["state"].clone()
+    device = carry["state"].device
+    columns = {}
+    episodes = []
     for t in range(num_steps):
         step, (_, reward, terminated, truncated, info), ended = env_step(agent, envs, carry)
-        episodes += [(*episode, t) for episode in ended]
-        scaled = reward_scaler(reward, terminated | truncated) if reward_scaler is not None else reward.copy()
+        for episode in ended:
+            episodes.append((*episode, t))
+        if reward_scaler is not None:
+            scaled = reward_scaler(reward, terminated | truncated)
+        else:
+            scaled = reward.copy()
         # a time-limit truncation is not a failure: bootstrap from the value of the true final observation
         cut = np.flatnonzero(truncated & ~terminated)
         if len(cut):
             final_x = agent.build_input(
-                *(
-                    torch.as_tensor(a, device=device)
-                    for a in (info["final_obs"][cut], step["actions"].cpu().numpy()[cut], reward[cut], info["final_mode"][cut])
-                )
+                torch.as_tensor(info["final_obs"][cut], device=device),
+                torch.as_tensor(step["actions"].cpu().numpy()[cut], device=device),
+                torch.as_tensor(reward[cut], device=device),
+                torch.as_tensor(info["final_mode"][cut], device=device),
             )
             with torch.no_grad():
                 final_value = agent.get_value(final_x[None], carry["state"][cut], torch.zeros(1, len(cut), device=device))[0]
             scaled[cut] += gamma * final_value.cpu().numpy()
-        step["rewards"], step["raw_rewards"] = (
-            torch.as_tensor(r, dtype=torch.float32, device=device) for r in (scaled, reward)
-        )
+        step["rewards"] = torch.as_tensor(scaled, dtype=torch.float32, device=device)
+        step["raw_rewards"] = torch.as_tensor(reward, dtype=torch.float32, device=device)
         for key, value in step.items():
             columns.setdefault(key, []).append(value)
-    return {key: torch.stack(column) for key, column in columns.items()}, initial_state, episodes
+    batch = {key: torch.stack(column) for key, column in columns.items()}
+    return batch, initial_state, episodes
 
 
+# ADVANTAGES (GAE)
 def compute_gae(rewards, values, starts, next_value, next_start, gamma, gae_lambda):
     """GAE over (T, N) tensors. starts[t] = 1 where step t opens an episode, so step t-1 ended one and must
     not bootstrap from step t (truncations were already bootstrapped into their reward)."""
     nextnonterminal = 1.0 - torch.cat([starts[1:], next_start[None]])
     deltas = rewards + gamma * torch.cat([values[1:], next_value[None]]) * nextnonterminal - values
-    advantages, lastgaelam = torch.zeros_like(rewards), torch.zeros_like(next_value)
+    advantages = torch.zeros_like(rewards)
+    lastgaelam = torch.zeros_like(next_value)
     for t in reversed(range(len(rewards))):
-        advantages[t] = lastgaelam = deltas[t] + gamma * gae_lambda * nextnonterminal[t] * lastgaelam
+        lastgaelam = deltas[t] + gamma * gae_lambda * nextnonterminal[t] * lastgaelam
+        advantages[t] = lastgaelam
     return advantages, advantages + values
 
 
-def ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args):
+# UPDATE
+def ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args, diagnostics=True):
     """PPO epochs over minibatches of whole environments, replayed from the state saved at the start of the rollout (the
-    hard gate with its acted noise): log-probs and gate are as acted, and the slot terms get the gate's gradient."""
+    hard gate with its acted noise): log-probs and gate are as acted, and the slot terms get the gate's gradient. With
+    `diagnostics`, the first minibatch also measures each loss term's gradient norm (one backward pass per term)."""
     num_envs = batch["inputs"].shape[1]
-    envs_per_minibatch, env_indices = num_envs // args.num_minibatches, np.arange(num_envs)
-    clipfracs, stats = [], {}
+    envs_per_minibatch = num_envs // args.num_minibatches
+    env_indices = np.arange(num_envs)
+    clipfracs = []
+    stats = {}
     for epoch in range(args.update_epochs):
         np.random.shuffle(env_indices)
         for start in range(0, num_envs, envs_per_minibatch):
             mb = env_indices[start : start + envs_per_minibatch]
-            noise = batch["gate_noise"][:, mb] if "gate_noise" in batch else None
-            _, newlogprob, entropy, newvalue, _, weights, probs, _ = agent.get_action_and_value(
+            noise = None
+            if "gate_noise" in batch:
+                noise = batch["gate_noise"][:, mb]
+            out = agent.get_action_and_value(
                 batch["inputs"][:, mb], initial_state[mb], batch["starts"][:, mb], batch["actions"][:, mb], noise=noise
             )
-            logratio = newlogprob - batch["logprobs"][:, mb]
+            logratio = out.logprob - batch["logprobs"][:, mb]
             ratio = logratio.exp()
             if epoch == 0 and start == 0:
                 # exactly 1 (and the acted gate weights) unless the recurrent replay differs from what was acted
                 stats["first_minibatch_ratio_error"] = (ratio - 1).abs().max().item()
-                stats["first_minibatch_gate_error"] = (weights - batch["weights"][:, mb]).abs().max().item()
+                stats["first_minibatch_gate_error"] = (out.weights - batch["weights"][:, mb]).abs().max().item()
             with torch.no_grad():
                 old_approx_kl = (-logratio).mean()
                 approx_kl = ((ratio - 1) - logratio).mean()
@@ -633,32 +702,24 @@ def ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args
             pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
             pg_loss = torch.max(pg_loss1, pg_loss2).mean()
 
+            newvalue = out.value
             if args.clip_vloss:
                 v_loss_unclipped = (newvalue - returns[:, mb]) ** 2
                 v_clipped = batch["values"][:, mb] + torch.clamp(
                     newvalue - batch["values"][:, mb], -args.clip_coef, args.clip_coef
                 )
-                v_loss = 0.5 * torch.max(v_loss_unclipped, (v_clipped - returns[:, mb]) ** 2).mean()
+                v_loss_clipped = (v_clipped - returns[:, mb]) ** 2
+                v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
             else:
                 v_loss = 0.5 * ((newvalue - returns[:, mb]) ** 2).mean()
 
-            entropy_loss = entropy.mean()
+            entropy_loss = out.entropy.mean()
             ppo_loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-            values, terms = slot_terms(probs, agent.bank.slots, batch, mb, args)
+            values, terms = slot_terms(out.probs, agent.bank.slots, batch, mb, args)
             slot_loss = sum(terms.values())
             loss = ppo_loss + slot_loss
-            if epoch == 0 and start == 0:  # what each term adds to the gradient, beside the PPO loss's, before the clip
-                for name, term in {"ppo": ppo_loss, **terms}.items():
-                    grads = (
-                        [
-                            g
-                            for g in torch.autograd.grad(term, list(agent.parameters()), retain_graph=True, allow_unused=True)
-                            if g is not None
-                        ]
-                        if term.requires_grad and (name == "ppo" or getattr(args, SLOT_TERMS[name][0]))
-                        else []
-                    )
-                    stats[f"grad_norm_{name}"] = float(torch.sqrt(sum((g**2).sum() for g in grads))) if grads else 0.0
+            if diagnostics and epoch == 0 and start == 0:
+                stats.update(term_gradient_norms(agent, ppo_loss, terms, args))
             optimizer.zero_grad()
             loss.backward()
             nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
@@ -667,89 +728,248 @@ def ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args
         if args.target_kl is not None and approx_kl > args.target_kl:
             break
 
-    y_pred, y_true = batch["values"].flatten().cpu().numpy(), returns.flatten().cpu().numpy()
+    y_pred = batch["values"].flatten().cpu().numpy()
+    y_true = returns.flatten().cpu().numpy()
     var_y = np.var(y_true)
-    stats.update(
-        value_loss=v_loss.item(),
-        policy_loss=pg_loss.item(),
-        entropy=entropy_loss.item(),
-        old_approx_kl=old_approx_kl.item(),
-        approx_kl=approx_kl.item(),
-        clipfrac=float(np.mean(clipfracs)),
-        explained_variance=float("nan") if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y),
-        slot_loss=slot_loss.item(),
-        **{name: value.item() for name, value in values.items()},
-    )
+    explained_var = float("nan")
+    if var_y != 0:
+        explained_var = float(1 - np.var(y_true - y_pred) / var_y)
+    stats["value_loss"] = v_loss.item()
+    stats["policy_loss"] = pg_loss.item()
+    stats["entropy"] = entropy_loss.item()
+    stats["old_approx_kl"] = old_approx_kl.item()
+    stats["approx_kl"] = approx_kl.item()
+    stats["clipfrac"] = float(np.mean(clipfracs))
+    stats["explained_variance"] = explained_var
+    stats["slot_loss"] = slot_loss.item()
+    for name, value in values.items():
+        stats[name] = value.item()
     return stats
 
 
+def term_gradient_norms(agent, ppo_loss, terms, args):
+    """What each term adds to the gradient, beside the PPO loss's, before the clip: {grad_norm_{term}: norm}, 0 for a term
+    whose lambda is 0. A diagnostic: one extra backward pass per term."""
+    norms = {}
+    parameters = list(agent.parameters())
+    for name, term in {"ppo": ppo_loss, **terms}.items():
+        active = name == "ppo" or getattr(args, SLOT_TERMS[name][0]) != 0
+        grads = []
+        if term.requires_grad and active:
+            for grad in torch.autograd.grad(term, parameters, retain_graph=True, allow_unused=True):
+                if grad is not None:
+                    grads.append(grad)
+        norms[f"grad_norm_{name}"] = 0.0
+        if grads:
+            norms[f"grad_norm_{name}"] = float(torch.sqrt(sum((grad**2).sum() for grad in grads)))
+    return norms
+
+
+# SLOT METRICS: the acted gate against the true mode and the action latent, which the agent never sees
+def mutual_information(counts):
+    """I(mode; slot) in nats from a joint count matrix, and the same divided by H(mode) (0 if H(mode) = 0)."""
+    joint = counts / counts.sum()
+    p_mode = joint.sum(1, keepdims=True)
+    p_slot = joint.sum(0, keepdims=True)
+    nz = joint > 0
+    mi = float((joint[nz] * np.log(joint[nz] / (p_mode @ p_slot)[nz])).sum())
+    h_mode = float(-(p_mode[p_mode > 0] * np.log(p_mode[p_mode > 0])).sum())
+    if h_mode == 0:
+        return mi, 0.0
+    return mi, mi / h_mode
+
+
+def episode_slot_metrics(weights, labels, starts, ages, num_labels):
+    """Episode-level NMI (one sample per episode: its majority label, the true mode or the action latent, against the
+    argmax of its mean gate past burn-in) and gate stability (the share of those steps whose argmax slot is the
+    episode's)."""
+    means, episode, keep = episode_means(weights, starts, ages)
+    if not len(means):
+        return {"episode_nmi": float("nan"), "gate_stability": float("nan")}
+    one_hot = nn.functional.one_hot(labels.long(), num_labels).float()
+    episode_label = episode_means(one_hot, starts, ages)[0].argmax(-1)
+    slot = means.argmax(-1)
+    num_slots = weights.shape[-1]
+    stable = (weights.reshape(-1, num_slots)[keep].argmax(-1) == slot[episode]).float()
+    counts = np.histogram2d(
+        episode_label.cpu().numpy(), slot.cpu().numpy(), (num_labels, num_slots), ((0, num_labels), (0, num_slots))
+    )[0]
+    return {"episode_nmi": mutual_information(counts)[1], "gate_stability": (stable.sum() / keep.sum()).item()}
+
+
+def batch_slot_metrics(batch, num_modes, num_slots, latent, latent_of_mode):
+    """What the slots/ scalars of one update report about the acted gate: usage overall (usage_w{k}) and per true mode
+    (mode{m}_w{k}), step-level MI and NMI with the mode, and episode-level NMI with the mode and with the action latent."""
+    weights = batch["weights"].flatten(0, 1)
+    step_modes = batch["modes"].flatten()
+    slots = episode_slot_metrics(batch["weights"], batch["modes"], batch["starts"], batch["ages"], num_modes)
+    if latent is not None:
+        labels = latent_of_mode[batch["modes"].long()]
+        by_latent = episode_slot_metrics(batch["weights"], labels, batch["starts"], batch["ages"], 2)
+        slots[f"episode_nmi_{latent}"] = by_latent["episode_nmi"]
+    for k, w in enumerate(weights.mean(0).tolist()):
+        slots[f"usage_w{k}"] = w
+    for mode in step_modes.unique().tolist():
+        for k, w in enumerate(weights[step_modes == mode].mean(0).tolist()):
+            slots[f"mode{mode}_w{k}"] = w
+    counts = np.histogram2d(  # (true mode, argmax slot) counts
+        step_modes.cpu().numpy(), weights.argmax(-1).cpu().numpy(), (num_modes, num_slots), ((0, num_modes), (0, num_slots))
+    )[0]
+    mode_slot_mi, mode_slot_nmi = mutual_information(counts)
+    slots["mode_slot_mi"] = mode_slot_mi
+    slots["mode_slot_nmi"] = mode_slot_nmi
+    return slots
+
+
+def held_out_routing(slot_weights, labels, held_out):
+    """Where each held-out mode's gate goes (the argmax of its mean gate weights) beside the slots the training modes of
+    its action-latent label (its force sign) go to and those of the other label: [{"mode", "slot", "sign_slots",
+    "other_sign_slots", "verdict"}]."""
+    slot_of_mode = slot_weights.argmax(-1)
+    training = [k for k in range(len(slot_weights)) if k not in held_out]
+    routing = []
+    for k in held_out:
+        slot = int(slot_of_mode[k])
+        own = sorted({int(slot_of_mode[j]) for j in training if labels[j] == labels[k]})
+        other = sorted({int(slot_of_mode[j]) for j in training if labels[j] != labels[k]})
+        if slot in own and slot not in other:
+            verdict = "its sign's slot"
+        elif slot in own:
+            verdict = "a slot both signs use"
+        elif slot in other:
+            verdict = "the other sign's slot"
+        else:
+            verdict = "a slot no training mode uses"
+        routing.append({"mode": k, "slot": slot, "sign_slots": own, "other_sign_slots": other, "verdict": verdict})
+    return routing
+
+
+# LOGGING
+LOSS_TAGS = ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "explained_variance")
+
+
+def log_episodes(writer, episodes, global_step, num_envs, recent, recent_by_mode):
+    """charts/episodic_return, _length and _mode{k} of each finished episode, at the global step where it ended."""
+    for ep_return, ep_length, ep_mode, ep_end in episodes:
+        recent.append(ep_return)
+        recent_by_mode[ep_mode].append(ep_return)
+        end_step = global_step + (ep_end + 1) * num_envs
+        writer.add_scalar("charts/episodic_return", ep_return, end_step)
+        writer.add_scalar("charts/episodic_length", ep_length, end_step)
+        writer.add_scalar(f"charts/episodic_return_mode{ep_mode}", ep_return, end_step)
+
+
+def log_update(writer, stats, slots, learning_rate, sps, global_step):
+    """The learning rate, the losses (and losses/grad_norm_ppo), the replay checks under debug/, the slot terms, their
+    gradient norms and the slot metrics under slots/, and SPS."""
+    writer.add_scalar("charts/learning_rate", learning_rate, global_step)
+    for key, value in stats.items():
+        group = "slots"
+        if key in LOSS_TAGS or key == "grad_norm_ppo":
+            group = "losses"
+        elif key.startswith("first_minibatch"):
+            group = "debug"
+        writer.add_scalar(f"{group}/{key}", value, global_step)
+    for key, value in slots.items():
+        writer.add_scalar(f"slots/{key}", value, global_step)
+    writer.add_scalar("charts/SPS", sps, global_step)
+
+
+def print_progress(iteration, num_iterations, global_step, sps, recent, recent_by_mode, slots, latent):
+    by_mode = []
+    for k, returns in recent_by_mode.items():
+        if returns:
+            by_mode.append(f"m{k} {np.mean(returns):.0f}")
+        else:
+            by_mode.append(f"m{k} -")
+    mean_return = np.mean(recent or [np.nan])
+    nmi = f"slot NMI {slots['mode_slot_nmi']:.2f}, episode NMI {slots['episode_nmi']:.2f}"
+    if latent is not None:
+        nmi += f" (vs {latent.replace('_', ' ')} {slots[f'episode_nmi_{latent}']:.2f})"
+    print(f"iter {iteration}/{num_iterations} step {global_step} SPS {sps} return {mean_return:.1f}", end=" ")
+    print(f"| {' '.join(by_mode)} | {nmi}", flush=True)
+
+
 # EVALUATION
-def agent_from_args(args, num_modes):
-    return Agent(
-        2 if args.hide_velocity else 4,
-        2,
-        num_modes,
-        args.hidden_size,
-        args.memory,
-        args.oracle,
-        args.num_abstractions,
-        args.slot_dim,
-        args.tau,
-        args.bottleneck,
-        args.slot_init == "orthonormal",
-        args.gumbel_tau if args.hard_gate else None,
-    )
-
-
 def evaluate(model_path, episodes_per_mode=10, modes=None, deterministic=True, seed=0, video_dir=None, device="cpu"):
     """Plays `episodes_per_mode` episodes in each mode of `modes` (default: the checkpoint's, held-out ones included; any
-    physics works): {"returns": {mode: returns}, "slot_weights", "slot_counts": mode × slot mean gate and argmax counts,
-    "slots": episode-level metrics and probe accuracies over the trained modes (all of `modes` when given)}."""
-    ckpt = torch.load(model_path, map_location="cpu", weights_only=True)
-    if not isinstance(ckpt, dict) or ckpt.get("script") != SCRIPT or ckpt.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"{model_path!r} was not written by {SCRIPT}.py (format {CHECKPOINT_FORMAT})")
-    train_args, train_modes = Args(**ckpt["args"]), [tuple(m) for m in ckpt["modes"]]
-    held_out = HELD_OUT_MODES[train_args.modes_preset] if modes is None else []
-    modes = train_modes if modes is None else [tuple(float(v) for v in m) for m in modes]
+    physics works). Returns {"returns": {mode: returns}, "slot_weights", "slot_counts": mode × slot mean gate and argmax
+    counts, "mode_slot_mi", "mode_slot_nmi": step-level, "slots": episode-level metrics and probe accuracies against the
+    mode and the preset's action latent, "held_out_routing", "action_latent"}; the metrics over the trained modes (all of
+    `modes` when given)."""
+    from cleanrl_astral_utils import cartpole
+
+    checkpoint = cartpole.load_checkpoint(model_path, SCRIPT, CHECKPOINT_FORMAT)
+    train_args = Args(**checkpoint["args"])
+    train_modes = [tuple(mode) for mode in checkpoint["modes"]]
+    held_out = []
+    if modes is None:
+        held_out = HELD_OUT_MODES[train_args.modes_preset]
+        modes = train_modes
+    else:
+        modes = [tuple(float(v) for v in mode) for mode in modes]
     agent = agent_from_args(train_args, len(train_modes)).to(device)
-    agent.load_state_dict(ckpt["state_dict"])
-    returns, steps = {}, []
+    agent.load_state_dict(checkpoint["state_dict"])
+    returns = {}
+    steps = []
     for k in range(len(modes)):
         envs = NonStationaryCartPole(episodes_per_mode, modes, train_args.hide_velocity, fixed_mode=k)
         episodes, columns = first_episodes(agent, envs, seed + 1000 * k, deterministic)
-        returns[k] = np.array([ret for ret, _, _ in episodes])
+        returns[k] = np.array([episode_return for episode_return, _, _ in episodes])
         steps.append(columns)
         if video_dir is not None:
-            record_video(
-                agent, NonStationaryCartPole(1, modes, train_args.hide_velocity, fixed_mode=k), seed, video_dir, f"mode{k}"
-            )
+            env = NonStationaryCartPole(1, modes, train_args.hide_velocity, fixed_mode=k)
+            carry = new_carry(env, agent, seed, device)
+            cartpole.record_video(env, functools.partial(video_step, agent, env, carry), video_dir, f"mode{k}")
     weights = [c["weights"][c["ages"] >= 0].cpu().numpy() for c in steps]
+    slot_weights = np.stack([w.mean(0) for w in weights])
     slot_counts = np.stack([np.bincount(w.argmax(-1), minlength=train_args.num_abstractions) for w in weights])
+    mode_slot_mi, mode_slot_nmi = mutual_information(np.delete(slot_counts, held_out, 0))
     # the trained modes' episodes side by side in one (T, N) batch, padded at the end with uncounted steps (age -1)
-    batch = {
-        key: nn.utils.rnn.pad_sequence(
-            [c[key] for k, c in enumerate(steps) if k not in held_out], padding_value=-1 if key == "ages" else 0
-        ).flatten(1, 2)
-        for key in steps[0]
-    }
+    batch = {}
+    for key in steps[0]:
+        padding_value = 0
+        if key == "ages":
+            padding_value = -1
+        trained = [c[key] for k, c in enumerate(steps) if k not in held_out]
+        batch[key] = nn.utils.rnn.pad_sequence(trained, padding_value=padding_value).flatten(1, 2)
     metrics = episode_slot_metrics(batch["weights"], batch["modes"], batch["starts"], batch["ages"], len(modes))
     _, episode, keep = episode_means(batch["weights"], batch["starts"], batch["ages"])
-    for name, key in (("w", "weights"), ("h", "hidden")):
-        metrics[f"probe_acc_{name}"] = linear_probe_accuracy(
-            batch[key].flatten(0, 1)[keep].cpu().numpy(), batch["modes"].flatten()[keep].cpu().numpy(), episode.cpu().numpy()
-        )
+    episode = episode.cpu().numpy()
+    features = {
+        "w": batch["weights"].flatten(0, 1)[keep].cpu().numpy(),
+        "h": batch["hidden"].flatten(0, 1)[keep].cpu().numpy(),
+    }
+    step_modes = batch["modes"].flatten()[keep].cpu().numpy()
+    for name, x in features.items():
+        metrics[f"probe_acc_{name}"] = cartpole.linear_probe_accuracy(x, step_modes, episode)
+    latent = ACTION_LATENT[train_args.modes_preset]
+    routing = []
+    if latent is not None:
+        labels = latent_labels(modes, latent)
+        step_labels = torch.as_tensor(labels, device=batch["modes"].device)[batch["modes"].long()]
+        by_latent = episode_slot_metrics(batch["weights"], step_labels, batch["starts"], batch["ages"], 2)
+        metrics[f"episode_nmi_{latent}"] = by_latent["episode_nmi"]
+        for name, x in features.items():
+            metrics[f"probe_acc_{name}_{latent}"] = cartpole.linear_probe_accuracy(x, labels[step_modes], episode)
+        routing = held_out_routing(slot_weights, labels, held_out)
     return {
         "returns": returns,
-        "slot_weights": np.stack([w.mean(0) for w in weights]),
+        "slot_weights": slot_weights,
         "slot_counts": slot_counts,
+        "mode_slot_mi": mode_slot_mi,
+        "mode_slot_nmi": mode_slot_nmi,
         "slots": metrics,
+        "held_out_routing": routing,
+        "action_latent": latent,
     }
 
 
 def first_episodes(agent, envs, seed, deterministic):
     """Each env's first episode as (return, length, mode), and the slot metrics' columns (T, N, ...), age -1 after it."""
     carry = new_carry(envs, agent, seed, next(agent.parameters()).device)
-    first, columns = [None] * envs.num_envs, {}
+    first = [None] * envs.num_envs
+    columns = {}
     while any(episode is None for episode in first):
         running = torch.tensor([episode is None for episode in first])
         step, (_, _, terminated, truncated, _), ended = env_step(agent, envs, carry, deterministic)
@@ -757,148 +977,111 @@ def first_episodes(agent, envs, seed, deterministic):
         for key in ("weights", "hidden", "modes", "starts", "ages"):
             columns.setdefault(key, []).append(step[key])
         for i, episode in zip(np.flatnonzero(terminated | truncated), ended):
-            first[i] = first[i] or episode
+            if first[i] is None:
+                first[i] = episode
     return first, {key: torch.stack(column) for key, column in columns.items()}
 
 
-def record_video(agent, env, seed, video_dir, name):
-    """One deterministic episode of the single env `env`, drawn by gymnasium's renderer: video_dir/{name}-episode-0.mp4."""
-    renderer = gym.make("CartPole-v1", render_mode="rgb_array").unwrapped
-    carry, frames, ended = new_carry(env, agent, seed, next(agent.parameters()).device), [], []
-    renderer.length, renderer.state = env.half_length[env.mode[0]], env.state[0]
-    while not ended:
-        frames.append(renderer.render())
-        *_, ended = env_step(agent, env, carry, deterministic=True)
-        renderer.state = env.last_state[0]
-    save_video(frames + [renderer.render()], video_dir, fps=50, name_prefix=name)
+def video_step(agent, env, carry):
+    """One deterministic step of the agent in `env`; the episodes that ended."""
+    _, _, ended = env_step(agent, env, carry, deterministic=True)
+    return ended
 
 
-def plot_slot_heatmap(slot_weights, path, title):
-    """Annotated mode × slot heatmap of mean gate weights, saved as PNG."""
-    import matplotlib.pyplot as plt  # only a --save-model run draws
+# PLUMBING: VALIDATION AND THE RUN DIRECTORY
+def validate(args):
+    """Refuses, in one line (ValueError), the settings that would crash late or train wrong in silence."""
+    for field in dataclasses.fields(args):
+        value = getattr(args, field.name)
+        if isinstance(value, float) and not math.isfinite(value):  # NaN passes any <, >
+            raise ValueError(f"--{field.name.replace('_', '-')} {value} must be a finite number")
+    for name in ("learning_rate", "clip_coef", "max_grad_norm", "target_kl", "tau", "gumbel_tau"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            raise ValueError(f"--{name.replace('_', '-')} {value} must be positive")
+    for name in ("ent_coef", "vf_coef", *(flag for flag, _ in SLOT_TERMS.values())):
+        value = getattr(args, name)
+        if value < 0:
+            raise ValueError(f"--{name.replace('_', '-')} {value} must be non-negative")
+    for name in (
+        "num_envs",
+        "num_steps",
+        "num_minibatches",
+        "update_epochs",
+        "hidden_size",
+        "eval_episodes",
+        "num_abstractions",
+        "slot_dim",
+    ):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+    num_modes = len(MODE_PRESETS[args.modes_preset])
+    held_out = HELD_OUT_MODES[args.modes_preset]
+    num_train = num_modes - len(held_out)
+    if not 0 <= args.seed < 2**32:
+        raise ValueError(f"--seed {args.seed} must be in [0, 2**32 - 1] (the range numpy and gymnasium accept)")
+    # the name becomes part of a directory name and of the model file's name: a '/' would fail the save after training
+    if not args.exp_name.strip() or "/" in args.exp_name:
+        raise ValueError(f"--exp-name {args.exp_name!r} must be a non-empty name without '/'")
+    if not (0.0 < args.gamma <= 1.0 and 0.0 <= args.gae_lambda <= 1.0):
+        raise ValueError(f"--gamma {args.gamma} must be in (0, 1] and --gae-lambda {args.gae_lambda} in [0, 1]")
+    if not 0.0 <= args.switch_prob <= 1.0:
+        raise ValueError(f"--switch-prob {args.switch_prob} must be in [0, 1]")
+    if args.fixed_mode is not None and not 0 <= args.fixed_mode < num_modes:
+        raise ValueError(f"--fixed-mode {args.fixed_mode} is out of range; there are {num_modes} modes (0..{num_modes - 1})")
+    if args.fixed_mode in held_out:
+        raise ValueError(f"--fixed-mode {args.fixed_mode} is held out of training in {args.modes_preset} (evaluation only)")
+    if args.mode_share == "balanced" and args.num_envs % num_train != 0:
+        raise ValueError(
+            f"--mode-share balanced needs --num-envs {args.num_envs} to be a multiple of the {num_train} training modes, "
+            "so each gets the same share"
+        )
+    if args.mode_share == "balanced" and (args.fixed_mode is not None or args.switch_prob > 0):
+        raise ValueError(
+            "--mode-share balanced pins every env's mode; it cannot be combined with --fixed-mode or --switch-prob"
+        )
+    if args.num_envs % args.num_minibatches != 0:
+        raise ValueError(
+            f"--num-envs {args.num_envs} is not divisible by --num-minibatches {args.num_minibatches}; "
+            "minibatches hold whole environments' sequences"
+        )
+    if args.norm_adv and args.num_envs // args.num_minibatches * args.num_steps < 2:
+        raise ValueError(
+            "a minibatch of one step cannot normalise its advantages (their std is undefined); "
+            "raise --num-steps or --num-envs, or lower --num-minibatches"
+        )
+    if args.total_timesteps < args.num_envs * args.num_steps:
+        raise ValueError(
+            f"--total-timesteps {args.total_timesteps} is less than one rollout "
+            f"(--num-envs x --num-steps = {args.num_envs * args.num_steps})"
+        )
+    if args.capture_video and not args.save_model:
+        raise ValueError("--capture-video records evaluation episodes; add --save-model")
+    if args.slot_init == "orthonormal" and args.num_abstractions > args.slot_dim:
+        raise ValueError(
+            f"--slot-init orthonormal needs --num-abstractions {args.num_abstractions} <= --slot-dim {args.slot_dim} "
+            "(at most d orthogonal directions)"
+        )
+    if args.lambda_supervised > 0 and args.num_abstractions < num_train:
+        raise ValueError(
+            f"--lambda-supervised needs --num-abstractions {args.num_abstractions} >= the {num_train} training modes "
+            "(slot k is trained to mean mode k)"
+        )
+    if args.diagnostics_every < 0:
+        raise ValueError(f"--diagnostics-every {args.diagnostics_every} must be non-negative (0: never)")
 
-    num_modes, num_slots = slot_weights.shape
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.2 + 0.9 * num_slots), 1.4 + 0.6 * num_modes), layout="tight")
-    fig.colorbar(ax.imshow(slot_weights, cmap="viridis", vmin=0.0, vmax=1.0), ax=ax, fraction=0.046, pad=0.04)
-    for (i, j), v in np.ndenumerate(slot_weights):
-        ax.text(j, i, f"{v:.2f}", ha="center", va="center", color="white" if v < 0.6 else "black", fontsize=9)
-    ax.set(xlabel="slot", ylabel="mode", xticks=range(num_slots), yticks=range(num_modes))
-    ax.set_title(title, fontsize=7)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
-
-# RUN DIRECTORY / VALIDATION
 def claim_run_dir(runs_dir, run_name):
     """Creates runs_dir/run_name (run_name__2, __3, ... if a run started in the same second took it): (name, dir)."""
     if os.path.exists(runs_dir) and not os.path.isdir(runs_dir):
         raise ValueError(f"cannot create a run directory in --runs-dir {runs_dir!r} (not a directory); pass a directory")
-    for name in (run_name if n == 1 else f"{run_name}__{n}" for n in itertools.count(1)):
-        with contextlib.suppress(FileExistsError):
+    name = run_name
+    for n in itertools.count(2):
+        try:
             os.makedirs(os.path.join(runs_dir, name))
             return name, os.path.join(runs_dir, name)
-
-
-def validate(args):
-    """Refuses, in one line (ValueError), the settings that would crash late or train wrong in silence."""
-    value, flag = lambda name: getattr(args, name), lambda name: "--" + name.replace("_", "-")
-    problems = [
-        f"{flag(f.name)} {value(f.name)} must be a finite number"
-        for f in dataclasses.fields(args)  # NaN passes any <, >
-        if isinstance(value(f.name), float) and not math.isfinite(value(f.name))
-    ]
-    problems += [
-        f"{flag(n)} {value(n)} must be positive"
-        for n in ("learning_rate", "clip_coef", "max_grad_norm", "target_kl", "tau", "gumbel_tau")
-        if value(n) is not None and value(n) <= 0
-    ]
-    problems += [
-        f"{flag(n)} {value(n)} must be non-negative"
-        for n in ("ent_coef", "vf_coef", *(flag for flag, _ in SLOT_TERMS.values()))
-        if value(n) < 0
-    ]
-    problems += [
-        f"{flag(n)} must be at least 1"
-        for n in (
-            "num_envs",
-            "num_steps",
-            "num_minibatches",
-            "update_epochs",
-            "hidden_size",
-            "eval_episodes",
-            "num_abstractions",
-            "slot_dim",
-        )
-        if value(n) < 1
-    ]
-
-    num_modes, envs_per_minibatch = len(MODE_PRESETS[args.modes_preset]), args.num_envs // max(1, args.num_minibatches)
-    held_out, num_train = HELD_OUT_MODES[args.modes_preset], num_modes - len(HELD_OUT_MODES[args.modes_preset])
-    problems += [
-        message
-        for wrong, message in (
-            (
-                not 0 <= args.seed < 2**32,
-                f"--seed {args.seed} must be in [0, 2**32 - 1] (the range numpy and gymnasium accept)",
-            ),
-            # the name becomes part of a directory name and of the model file's name: a '/' would fail the save after training
-            (
-                not args.exp_name.strip() or "/" in args.exp_name,
-                f"--exp-name {args.exp_name!r} must be a non-empty name without '/'",
-            ),
-            (
-                not (0.0 < args.gamma <= 1.0 and 0.0 <= args.gae_lambda <= 1.0),
-                f"--gamma {args.gamma} must be in (0, 1] and --gae-lambda {args.gae_lambda} in [0, 1]",
-            ),
-            (not 0.0 <= args.switch_prob <= 1.0, f"--switch-prob {args.switch_prob} must be in [0, 1]"),
-            (
-                args.fixed_mode is not None and not 0 <= args.fixed_mode < num_modes,
-                f"--fixed-mode {args.fixed_mode} is out of range; there are {num_modes} modes (0..{num_modes - 1})",
-            ),
-            (
-                args.fixed_mode in held_out,
-                f"--fixed-mode {args.fixed_mode} is held out of training in {args.modes_preset} (evaluation only)",
-            ),
-            (
-                args.mode_share == "balanced" and args.num_envs % num_train != 0,
-                f"--mode-share balanced needs --num-envs "
-                f"{args.num_envs} to be a multiple of the {num_train} training modes, so each gets the same share",
-            ),
-            (
-                args.mode_share == "balanced" and (args.fixed_mode is not None or args.switch_prob > 0),
-                "--mode-share balanced pins every env's mode; it cannot be combined with --fixed-mode or --switch-prob",
-            ),
-            (
-                args.num_minibatches >= 1 and args.num_envs % args.num_minibatches != 0,
-                f"--num-envs {args.num_envs} is not divisible by --num-minibatches {args.num_minibatches}; "
-                "minibatches hold whole environments' sequences",
-            ),
-            (
-                args.norm_adv and envs_per_minibatch * args.num_steps < 2,
-                "a minibatch of one step cannot normalise its advantages "
-                "(their std is undefined); raise --num-steps or --num-envs, or lower --num-minibatches",
-            ),
-            (
-                args.total_timesteps < args.num_envs * args.num_steps,
-                f"--total-timesteps {args.total_timesteps} is less than one "
-                f"rollout (--num-envs x --num-steps = {args.num_envs * args.num_steps})",
-            ),
-            (args.capture_video and not args.save_model, "--capture-video records evaluation episodes; add --save-model"),
-            (
-                args.slot_init == "orthonormal" and args.num_abstractions > args.slot_dim,
-                f"--slot-init orthonormal needs "
-                f"--num-abstractions {args.num_abstractions} <= --slot-dim {args.slot_dim} (at most d orthogonal directions)",
-            ),
-            (
-                args.lambda_supervised > 0 and args.num_abstractions < num_train,
-                f"--lambda-supervised needs --num-abstractions "
-                f"{args.num_abstractions} >= the {num_train} training modes (slot k is trained to mean mode k)",
-            ),
-        )
-        if wrong
-    ]
-    if problems:
-        raise ValueError(problems[0])
+        except FileExistsError:
+            name = f"{run_name}__{n}"
 
 
 if __name__ == "__main__":
@@ -909,7 +1092,8 @@ if __name__ == "__main__":
     except ValueError as e:
         print(f"{SCRIPT}.py: error: {e}", file=sys.stderr)
         sys.exit(2)
-    modes, held_out = MODE_PRESETS[args.modes_preset], HELD_OUT_MODES[args.modes_preset]
+    modes = MODE_PRESETS[args.modes_preset]
+    held_out = HELD_OUT_MODES[args.modes_preset]
     args.batch_size = int(args.num_envs * args.num_steps)
     args.minibatch_size = int(args.batch_size // args.num_minibatches)
     args.num_iterations = args.total_timesteps // args.batch_size
@@ -948,10 +1132,18 @@ if __name__ == "__main__":
     )
     agent = agent_from_args(args, len(modes)).to(device)
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
-    reward_scaler = RewardScaler(args.num_envs, args.gamma) if args.norm_reward else None
+    reward_scaler = None
+    if args.norm_reward:
+        reward_scaler = RewardScaler(args.num_envs, args.gamma)
     carry = new_carry(envs, agent, args.seed, device)
-    recent, recent_by_mode = deque(maxlen=100), {k: deque(maxlen=100) for k in envs.train_modes.tolist()}
-    global_step, start_time = 0, time.time()
+    recent = deque(maxlen=100)
+    recent_by_mode = {k: deque(maxlen=100) for k in envs.train_modes.tolist()}
+    latent = ACTION_LATENT[args.modes_preset]
+    latent_of_mode = None
+    if latent is not None:
+        latent_of_mode = torch.as_tensor(latent_labels(modes, latent), device=device)
+    global_step = 0
+    start_time = time.time()
     for iteration in range(1, args.num_iterations + 1):
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / args.num_iterations
@@ -959,13 +1151,7 @@ if __name__ == "__main__":
 
         # ROLLOUT
         batch, initial_state, episodes = collect_rollout(agent, envs, carry, args.num_steps, args.gamma, reward_scaler)
-        for ep_return, ep_length, ep_mode, ep_end in episodes:
-            recent.append(ep_return)
-            recent_by_mode[ep_mode].append(ep_return)
-            end_step = global_step + (ep_end + 1) * args.num_envs  # the global step where the episode ended
-            writer.add_scalar("charts/episodic_return", ep_return, end_step)
-            writer.add_scalar("charts/episodic_length", ep_length, end_step)
-            writer.add_scalar(f"charts/episodic_return_mode{ep_mode}", ep_return, end_step)
+        log_episodes(writer, episodes, global_step, args.num_envs, recent, recent_by_mode)
         global_step += args.batch_size
 
         # ADVANTAGES (GAE)
@@ -977,125 +1163,49 @@ if __name__ == "__main__":
             )
 
         # UPDATE
-        stats = ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args)
+        diagnostics = args.diagnostics_every > 0 and (iteration - 1) % args.diagnostics_every == 0
+        stats = ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args, diagnostics)
 
         # LOGGING
         sps = int(global_step / (time.time() - start_time))
-        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-        # slot usage as the agent acted, overall and per (hidden) true mode
-        weights, step_modes = batch["weights"].flatten(0, 1), batch["modes"].flatten()
-        slots = episode_slot_metrics(batch["weights"], batch["modes"], batch["starts"], batch["ages"], len(modes))
-        slots.update({f"usage_w{k}": w for k, w in enumerate(weights.mean(0).tolist())})
-        for mode in step_modes.unique().tolist():
-            slots.update({f"mode{mode}_w{k}": w for k, w in enumerate(weights[step_modes == mode].mean(0).tolist())})
-        slots["mode_slot_mi"], slots["mode_slot_nmi"] = mutual_information(
-            np.histogram2d(  # (true mode, argmax slot) counts
-                step_modes.cpu().numpy(),
-                weights.argmax(-1).cpu().numpy(),
-                (len(modes), args.num_abstractions),
-                ((0, len(modes)), (0, args.num_abstractions)),
-            )[0]
-        )
-        losses = (
-            "value_loss",
-            "policy_loss",
-            "entropy",
-            "old_approx_kl",
-            "approx_kl",
-            "clipfrac",
-            "explained_variance",
-            "grad_norm_ppo",
-        )
-        for key, value in {
-            **stats,
-            **slots,
-        }.items():  # the replay checks under debug/, the slot terms and metrics under slots/
-            group = "losses" if key in losses else "debug" if key.startswith("first_minibatch") else "slots"
-            writer.add_scalar(f"{group}/{key}", value, global_step)
-        writer.add_scalar("charts/SPS", sps, global_step)
+        slots = batch_slot_metrics(batch, len(modes), args.num_abstractions, latent, latent_of_mode)
+        log_update(writer, stats, slots, optimizer.param_groups[0]["lr"], sps, global_step)
         if iteration % max(1, args.num_iterations // 50) == 0 or iteration == args.num_iterations:
-            by_mode = " ".join(f"m{k} {np.mean(v):.0f}" if v else f"m{k} -" for k, v in recent_by_mode.items())
-            print(
-                f"iter {iteration}/{args.num_iterations} step {global_step} SPS {sps} "
-                f"return {np.mean(recent or [np.nan]):.1f} | {by_mode} | "
-                f"slot NMI {slots['mode_slot_nmi']:.2f}, episode NMI {slots['episode_nmi']:.2f}",
-                flush=True,
-            )
+            print_progress(iteration, args.num_iterations, global_step, sps, recent, recent_by_mode, slots, latent)
 
     if args.save_model:
+        from cleanrl_astral_utils import cartpole
+
         model_path = os.path.join(run_dir, f"{args.exp_name}.cleanrl_model")
-        # with the reward normaliser's state: the value head is in its units (tta_gating --online bootstraps with it)
-        torch.save(
-            {
-                "script": SCRIPT,
-                "format": CHECKPOINT_FORMAT,
-                "args": dataclasses.asdict(args),
-                "modes": modes,
-                "run_name": run_name,
-                "state_dict": agent.state_dict(),
-                "reward_scaler": None
-                if reward_scaler is None
-                else {key: float(getattr(reward_scaler.return_rms, key)) for key in ("mean", "var", "count")},
-            },
-            model_path + ".tmp",
-        )
-        os.replace(model_path + ".tmp", model_path)  # written atomically: a killed run leaves no half-written model
+        cartpole.save_checkpoint(model_path, SCRIPT, CHECKPOINT_FORMAT, args, modes, run_name, agent, reward_scaler)
         print(f"model saved to {model_path}")
-        report = {
-            "script": SCRIPT,
-            "checkpoint": model_path,
-            "episodes_per_mode": args.eval_episodes,
-            "held_out_modes": held_out,
-            "modes": [{"gravity": g, "half_length": length, "force_sign": s} for g, length, s in modes],
-            "per_mode": {},
-        }
-        for kind, det in (("deterministic", True), ("sampled", False)):
-            evaluation = evaluate(
+        evaluations = {}
+        for kind in cartpole.KINDS:
+            video_dir = None
+            if kind == "deterministic" and args.capture_video:
+                video_dir = os.path.join(run_dir, "videos")
+            evaluations[kind] = evaluate(
                 model_path,
                 args.eval_episodes,
-                deterministic=det,
+                deterministic=kind == "deterministic",
                 seed=args.seed + 100_000,
-                video_dir=os.path.join(run_dir, "videos") if det and args.capture_video else None,
+                video_dir=video_dir,
                 device=device,
             )
-            results = evaluation["returns"]
-            for k, rets in results.items():
-                report["per_mode"].setdefault(str(k), {})[kind] = {
-                    "mean": float(np.mean(rets)),
-                    "std": float(np.std(rets)),
-                    "returns": rets.tolist(),
-                }
-                writer.add_scalar(f"eval/episodic_return_mode{k}_{kind}", np.mean(rets), global_step)
-            for name, subset in (("mean", [k for k in results if k not in held_out]), ("held_out_mean", held_out)):
-                if subset:  # training modes and held-out modes are reported apart
-                    report[f"{kind}_{name}"] = float(np.mean([np.mean(results[k]) for k in subset]))
-            report[f"slot_weights_{kind}"] = evaluation["slot_weights"].tolist()
-            report[f"mode_slot_mi_{kind}"], report[f"mode_slot_nmi_{kind}"] = mutual_information(
-                np.delete(evaluation["slot_counts"], held_out, 0)
-            )
-            report[f"slots_{kind}"] = evaluation["slots"]
-            for key, value in evaluation["slots"].items():
-                writer.add_scalar(f"slots/eval_{key}_{kind}", value, global_step)
-        for k, per_kind in report["per_mode"].items():
-            print(
-                f"eval mode {k} ({args.eval_episodes} episodes): "
-                + ", ".join(f"{kind} {r['mean']:.1f} ± {r['std']:.1f}" for kind, r in per_kind.items())
-            )
+        returns_by_kind = {kind: evaluation["returns"] for kind, evaluation in evaluations.items()}
+        report = cartpole.returns_report(SCRIPT, model_path, args.eval_episodes, modes, held_out, returns_by_kind)
+        cartpole.add_slot_report(report, evaluations)
         report["slot_heatmap"] = os.path.join(run_dir, "slot_heatmap.png")
-        plot_slot_heatmap(
+        cartpole.plot_slot_heatmap(
             np.array(report["slot_weights_deterministic"]),
             report["slot_heatmap"],
-            f"{run_name}\nmean gate weight per mode (deterministic evaluation)",
+            cartpole.heatmap_title(run_name, report),
+            modes,
+            held_out,
         )
-        print(
-            "deterministic evaluation: mean gate weights per mode "
-            f"{np.round(report['slot_weights_deterministic'], 2).tolist()}, "
-            f"step NMI {report['mode_slot_nmi_deterministic']:.3f}, "
-            + ", ".join(f"{key} {value:.3f}" for key, value in report["slots_deterministic"].items())
-        )
-
-        with open(os.path.join(run_dir, "eval.json.tmp"), "w") as f:
-            json.dump(report, f, indent=1)
-        os.replace(os.path.join(run_dir, "eval.json.tmp"), os.path.join(run_dir, "eval.json"))
+        cartpole.log_report(writer, report, global_step)
+        cartpole.print_returns(report)
+        cartpole.print_slot_summary(report)
+        cartpole.write_eval_json(report, run_dir)
 
     writer.close()

@@ -4,14 +4,14 @@ One file holds the environment (CartPole whose hidden physics mode is resampled 
 RL²-style GRU agent that sees (observation, previous action, previous reward), and PPO with the recurrent-PPO
 details: orthogonal GRU init, zero initial state, state reset exactly where an episode restarts, minibatches of
 whole environment sequences, and the state replayed during the update from the one saved at the rollout's start.
+It follows CleanRL's ppo_atari_lstm.py.
 
 Usage: python cleanrl_astral/ppo_gru_baseline.py --modes-preset seed3 --hide-velocity --save-model
 """
 
-import contextlib
 import dataclasses
+import functools
 import itertools
-import json
 import math
 import os
 import random
@@ -21,13 +21,11 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Literal
 
-import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.optim as optim
 import tyro
-from gymnasium.utils.save_video import save_video
 from gymnasium.wrappers.utils import RunningMeanStd
 from torch.distributions.categorical import Categorical
 from torch.utils.tensorboard import SummaryWriter
@@ -135,6 +133,15 @@ MODE_PRESETS = {  # a mode is (gravity, pole half-length, force sign)
     "mirror4": [(9.8, 0.5, 1.0), (9.8, 0.5, -1.0), (7.5, 0.7, 1.0), (7.5, 0.7, -1.0), (8.65, 0.6, -1.0)],
 }
 HELD_OUT_MODES = {"seed3": [], "inverted4": [], "mirror4": [4]}  # evaluated (and adapted to) only, never trained on
+# the part of the mode that changes which action is right: only the force sign does (seed3's modes all push alike)
+ACTION_LATENT = {"seed3": None, "inverted4": "force_sign", "mirror4": "force_sign"}
+
+
+def latent_labels(modes, latent):
+    """The action latent's label of each mode: for "force_sign", 1 where the force pushes as in CartPole-v1, else 0."""
+    if latent != "force_sign":
+        raise ValueError(f"unknown action latent {latent!r}")
+    return np.array([int(sign > 0) for _, _, sign in modes])
 
 
 class NonStationaryCartPole:
@@ -157,13 +164,20 @@ class NonStationaryCartPole:
         held_out=(),
         mode_share="uniform",
     ):
-        self.num_envs, self.switch_prob, self.max_episode_steps = num_envs, switch_prob, max_episode_steps
+        self.num_envs = num_envs
+        self.switch_prob = switch_prob
+        self.max_episode_steps = max_episode_steps
         self.gravity, self.half_length, self.force_sign = np.array(modes, dtype=np.float64).T
         self.train_modes = np.array([k for k in range(len(modes)) if k not in held_out])
-        self.pinned, self.rng = np.full(num_envs, -1 if fixed_mode is None else fixed_mode), np.random.default_rng()
+        self.pinned = np.full(num_envs, -1)
+        if fixed_mode is not None:
+            self.pinned = np.full(num_envs, fixed_mode)
         if mode_share == "balanced":
             self.pinned = self.train_modes[np.arange(num_envs) % len(self.train_modes)]
-        self.observed = [0, 2] if hide_velocity else [0, 1, 2, 3]  # hidden velocity: cart position and pole angle only
+        self.rng = np.random.default_rng()
+        self.observed = [0, 1, 2, 3]
+        if hide_velocity:  # cart position and pole angle only
+            self.observed = [0, 2]
 
     def draw_modes(self, envs):
         """New modes for the envs of the boolean mask `envs` (pinned envs keep theirs)."""
@@ -172,24 +186,27 @@ class NonStationaryCartPole:
         self.mode = np.where(envs, drawn, self.mode)
 
     def restart(self, envs):
-        self.state[envs], self.elapsed[envs] = self.rng.uniform(-0.05, 0.05, (int(envs.sum()), 4)), 0
+        self.state[envs] = self.rng.uniform(-0.05, 0.05, (int(envs.sum()), 4))
+        self.elapsed[envs] = 0
         self.draw_modes(envs)
 
     def reset(self, seed=None):
         self.rng = np.random.default_rng(seed)
-        self.state, self.elapsed, self.mode = (
-            np.zeros((self.num_envs, 4)),
-            np.zeros(self.num_envs, dtype=int),
-            np.zeros(self.num_envs, dtype=int),
-        )
+        self.state = np.zeros((self.num_envs, 4))
+        self.elapsed = np.zeros(self.num_envs, dtype=int)
+        self.mode = np.zeros(self.num_envs, dtype=int)
         self.restart(np.ones(self.num_envs, dtype=bool))
         return self.state[:, self.observed].astype(np.float32), {"mode": self.mode.copy()}
 
     def step(self, action):
         x, x_dot, theta, theta_dot = self.state.T
-        gravity, length, masspole, total_mass = self.gravity[self.mode], self.half_length[self.mode], 0.1, 0.1 + 1.0
+        gravity = self.gravity[self.mode]
+        length = self.half_length[self.mode]
+        masspole = 0.1
+        total_mass = 0.1 + 1.0
         force = self.force_sign[self.mode] * 10.0 * np.where(action == 1, 1.0, -1.0)
-        costheta, sintheta = np.cos(theta), np.sin(theta)
+        costheta = np.cos(theta)
+        sintheta = np.sin(theta)
         temp = (force + masspole * length * np.square(theta_dot) * sintheta) / total_mass
         thetaacc = (gravity * sintheta - costheta * temp) / (
             length * (4.0 / 3.0 - masspole * np.square(costheta) / total_mass)
@@ -198,7 +215,8 @@ class NonStationaryCartPole:
         self.state = np.stack(
             [x + 0.02 * x_dot, x_dot + 0.02 * xacc, theta + 0.02 * theta_dot, theta_dot + 0.02 * thetaacc], 1
         )
-        self.last_state, self.elapsed = self.state.copy(), self.elapsed + 1  # last_state: what a renderer draws
+        self.last_state = self.state.copy()  # what a renderer draws
+        self.elapsed = self.elapsed + 1
         terminated = (np.abs(self.state[:, 0]) > 2.4) | (np.abs(self.state[:, 2]) > 12 * 2 * math.pi / 360)
         truncated = self.elapsed >= self.max_episode_steps
         if self.switch_prob > 0:
@@ -209,7 +227,23 @@ class NonStationaryCartPole:
         return self.state[:, self.observed].astype(np.float32), np.ones(self.num_envs), terminated, truncated, info
 
 
-# MODEL
+class RewardScaler:
+    """Divides rewards by the running std of each env's discounted return (gymnasium's NormalizeReward): O(1) value
+    targets, so the value loss of the shared trunk cannot swamp the gradient clip."""
+
+    def __init__(self, num_envs, gamma):
+        self.gamma = gamma
+        self.returns = np.zeros(num_envs)
+        self.return_rms = RunningMeanStd(shape=())
+
+    def __call__(self, rewards, dones):
+        self.returns = self.returns * self.gamma + rewards
+        self.return_rms.update(self.returns)
+        self.returns[dones] = 0.0
+        return rewards / np.sqrt(self.return_rms.var + 1e-8)
+
+
+# AGENT
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
@@ -219,18 +253,22 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
 class Agent(nn.Module):
     def __init__(self, obs_dim, num_actions, num_modes, hidden_size=128, memory="gru", oracle=False):
         super().__init__()
-        self.obs_dim, self.num_actions, self.num_modes, self.memory, self.oracle = (
-            obs_dim,
-            num_actions,
-            num_modes,
-            memory,
-            oracle,
-        )
-        self.input_dim = obs_dim + num_actions + 1 + (num_modes if oracle else 0)
+        self.obs_dim = obs_dim
+        self.num_actions = num_actions
+        self.num_modes = num_modes
+        self.memory = memory
+        self.oracle = oracle
+        self.input_dim = obs_dim + num_actions + 1
+        if oracle:
+            self.input_dim += num_modes
         self.encoder = nn.Sequential(layer_init(nn.Linear(self.input_dim, hidden_size)), nn.Tanh())
-        self.hidden_size, self.gru = hidden_size, nn.GRUCell(hidden_size, hidden_size)
+        self.hidden_size = hidden_size
+        self.gru = nn.GRUCell(hidden_size, hidden_size)
         for name, param in self.gru.named_parameters():
-            nn.init.constant_(param, 0) if "bias" in name else nn.init.orthogonal_(param, 1.0)
+            if "bias" in name:
+                nn.init.constant_(param, 0)
+            else:
+                nn.init.orthogonal_(param, 1.0)
         self.actor = nn.Sequential(
             layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, num_actions), std=0.01)
         )
@@ -239,14 +277,18 @@ class Agent(nn.Module):
     def build_input(self, obs, prev_action, prev_reward, mode):
         """obs (..., obs_dim), prev_action (...) with -1 for "none", prev_reward (...), mode (...) -> input."""
         prev_onehot = torch.nn.functional.one_hot((prev_action + 1).long(), self.num_actions + 1)[..., 1:].float()
-        oracle = [torch.nn.functional.one_hot(mode.long(), self.num_modes).float()] if self.oracle else []
-        return torch.cat([obs.float(), prev_onehot, prev_reward.float().unsqueeze(-1), *oracle], dim=-1)
+        parts = [obs.float(), prev_onehot, prev_reward.float().unsqueeze(-1)]
+        if self.oracle:
+            parts.append(torch.nn.functional.one_hot(mode.long(), self.num_modes).float())
+        return torch.cat(parts, dim=-1)
 
     def unroll(self, x, state, starts):
         """x (T, B, input_dim), state (B, H) before x[0], starts (T, B) = 1 where x[t] opens an episode.
         Returns the hidden states (T, B, H) the heads read and the state after x[T-1]."""
         features = self.encoder(x)
-        keep = torch.zeros_like(starts) if self.memory == "none" else 1.0 - starts
+        keep = 1.0 - starts
+        if self.memory == "none":
+            keep = torch.zeros_like(starts)
         hidden = []
         # the GRUCell's own op without the module-call overhead (same numbers, ~4% off a training run)
         gru_weights = (self.gru.weight_ih, self.gru.weight_hh, self.gru.bias_ih, self.gru.bias_hh)
@@ -258,34 +300,32 @@ class Agent(nn.Module):
         return torch.stack(hidden), state
 
     def get_value(self, x, state, starts):
-        return self.critic(self.unroll(x, state, starts)[0]).squeeze(-1)
+        hidden, _ = self.unroll(x, state, starts)
+        return self.critic(hidden).squeeze(-1)
 
     def get_action_and_value(self, x, state, starts, action=None, deterministic=False):
         hidden, state = self.unroll(x, state, starts)
         logits = self.actor(hidden)
         probs = Categorical(logits=logits)
-        if action is None:
-            action = logits.argmax(-1) if deterministic else probs.sample()
+        if action is None and deterministic:
+            action = logits.argmax(-1)
+        elif action is None:
+            action = probs.sample()
         return action, probs.log_prob(action), probs.entropy(), self.critic(hidden).squeeze(-1), state
 
 
-class RewardScaler:
-    """Divides rewards by the running std of each env's discounted return (gymnasium's NormalizeReward): O(1) value targets."""
-
-    def __init__(self, num_envs, gamma):
-        self.gamma, self.returns, self.return_rms = gamma, np.zeros(num_envs), RunningMeanStd(shape=())
-
-    def __call__(self, rewards, dones):
-        self.returns = self.returns * self.gamma + rewards
-        self.return_rms.update(self.returns)
-        self.returns[dones] = 0.0
-        return rewards / np.sqrt(self.return_rms.var + 1e-8)
+def agent_from_args(args, num_modes):
+    obs_dim = 4
+    if args.hide_velocity:
+        obs_dim = 2
+    return Agent(obs_dim, 2, num_modes, args.hidden_size, args.memory, args.oracle)
 
 
-# ROLLOUT / GAE / UPDATE
+# ROLLOUT
 def new_carry(envs, agent, seed, device):
     """What one step hands to the next: the agent's next input, its GRU state and the running episode totals."""
-    (obs, info), n = envs.reset(seed=seed), envs.num_envs
+    obs, info = envs.reset(seed=seed)
+    n = envs.num_envs
     return {
         "obs": obs,
         "start": np.ones(n, dtype=bool),
@@ -301,8 +341,12 @@ def new_carry(envs, agent, seed, device):
 
 def carry_input(agent, carry):
     """The agent's input for the carried observation, previous action/reward and mode."""
+    device = carry["state"].device
     return agent.build_input(
-        *(torch.as_tensor(carry[key], device=carry["state"].device) for key in ("obs", "prev_action", "prev_reward", "mode"))
+        torch.as_tensor(carry["obs"], device=device),
+        torch.as_tensor(carry["prev_action"], device=device),
+        torch.as_tensor(carry["prev_reward"], device=device),
+        torch.as_tensor(carry["mode"], device=device),
     )
 
 
@@ -325,62 +369,83 @@ def env_step(agent, envs, carry, deterministic=False):
         "modes": torch.as_tensor(carry["mode"], device=x.device),
     }
     acted = action[0].cpu().numpy()
-    obs, reward, terminated, truncated, info = outcome = envs.step(acted)
+    outcome = envs.step(acted)
+    obs, reward, terminated, truncated, info = outcome
     done = terminated | truncated
-    carry["episode_return"], carry["episode_length"] = carry["episode_return"] + reward, carry["episode_length"] + 1
-    episodes = [
-        (float(carry["episode_return"][i]), int(carry["episode_length"][i]), int(carry["episode_mode"][i]))
-        for i in np.flatnonzero(done)
-    ]
-    carry["episode_return"][done], carry["episode_length"][done], carry["episode_mode"][done] = 0.0, 0, info["mode"][done]
+    carry["episode_return"] = carry["episode_return"] + reward
+    carry["episode_length"] = carry["episode_length"] + 1
+    episodes = []
+    for i in np.flatnonzero(done):
+        episodes.append((float(carry["episode_return"][i]), int(carry["episode_length"][i]), int(carry["episode_mode"][i])))
+    carry["episode_return"][done] = 0.0
+    carry["episode_length"][done] = 0
+    carry["episode_mode"][done] = info["mode"][done]
     # same-step autoreset: where done, obs opens the next episode: no previous action / reward, and the state is zeroed
-    carry.update(obs=obs, start=done, mode=info["mode"], prev_action=np.where(done, -1, acted), prev_reward=reward * ~done)
+    carry["obs"] = obs
+    carry["start"] = done
+    carry["mode"] = info["mode"]
+    carry["prev_action"] = np.where(done, -1, acted)
+    carry["prev_reward"] = reward * ~done
     return step, outcome, episodes
 
 
 def collect_rollout(agent, envs, carry, num_steps, gamma, reward_scaler):
     """Runs `num_steps` steps in every env. Returns the batch (tensors shaped (T, N, ...)), the GRU state it started
     from, and the finished episodes as (return, length, mode, index of the rollout step it ended in)."""
-    initial_state, columns, episodes, device = carry["state"].clone(), {}, [], carry["state"].device
+    initial_state = carry["state"].clone()
+    device = carry["state"].device
+    columns = {}
+    episodes = []
     for t in range(num_steps):
         step, (_, reward, terminated, truncated, info), ended = env_step(agent, envs, carry)
-        episodes += [(*episode, t) for episode in ended]
-        scaled = reward_scaler(reward, terminated | truncated) if reward_scaler is not None else reward.copy()
+        for episode in ended:
+            episodes.append((*episode, t))
+        if reward_scaler is not None:
+            scaled = reward_scaler(reward, terminated | truncated)
+        else:
+            scaled = reward.copy()
         cut = np.flatnonzero(truncated & ~terminated)  # a time limit is no failure: bootstrap from the final observation
         if len(cut):
             final_x = agent.build_input(
-                *(
-                    torch.as_tensor(a, device=device)
-                    for a in (info["final_obs"][cut], step["actions"].cpu().numpy()[cut], reward[cut], info["final_mode"][cut])
-                )
+                torch.as_tensor(info["final_obs"][cut], device=device),
+                torch.as_tensor(step["actions"].cpu().numpy()[cut], device=device),
+                torch.as_tensor(reward[cut], device=device),
+                torch.as_tensor(info["final_mode"][cut], device=device),
             )
             with torch.no_grad():
                 final_value = agent.get_value(final_x[None], carry["state"][cut], torch.zeros(1, len(cut), device=device))[0]
             scaled[cut] += gamma * final_value.cpu().numpy()
-        step["rewards"], step["raw_rewards"] = (
-            torch.as_tensor(r, dtype=torch.float32, device=device) for r in (scaled, reward)
-        )
+        step["rewards"] = torch.as_tensor(scaled, dtype=torch.float32, device=device)
+        step["raw_rewards"] = torch.as_tensor(reward, dtype=torch.float32, device=device)
         for key, value in step.items():
             columns.setdefault(key, []).append(value)
-    return {key: torch.stack(column) for key, column in columns.items()}, initial_state, episodes
+    batch = {key: torch.stack(column) for key, column in columns.items()}
+    return batch, initial_state, episodes
 
 
+# ADVANTAGES (GAE)
 def compute_gae(rewards, values, starts, next_value, next_start, gamma, gae_lambda):
     """GAE over (T, N) tensors. starts[t] = 1 where step t opens an episode, so step t-1 ended one and must not bootstrap
     from step t (truncations were already bootstrapped into their reward)."""
     nextnonterminal = 1.0 - torch.cat([starts[1:], next_start[None]])
     deltas = rewards + gamma * torch.cat([values[1:], next_value[None]]) * nextnonterminal - values
-    advantages, lastgaelam = torch.zeros_like(rewards), torch.zeros_like(next_value)
+    advantages = torch.zeros_like(rewards)
+    lastgaelam = torch.zeros_like(next_value)
     for t in reversed(range(len(rewards))):
-        advantages[t] = lastgaelam = deltas[t] + gamma * gae_lambda * nextnonterminal[t] * lastgaelam
+        lastgaelam = deltas[t] + gamma * gae_lambda * nextnonterminal[t] * lastgaelam
+        advantages[t] = lastgaelam
     return advantages, advantages + values
 
 
+# UPDATE
 def ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args):
     """PPO epochs over minibatches of whole environments. Each minibatch replays its sequences from the
     state saved at the start of the rollout, so log-probs are re-computed exactly as they were acted."""
-    num_envs, clipfracs, stats = batch["inputs"].shape[1], [], {}
-    envs_per_minibatch, env_indices = num_envs // args.num_minibatches, np.arange(num_envs)
+    num_envs = batch["inputs"].shape[1]
+    envs_per_minibatch = num_envs // args.num_minibatches
+    env_indices = np.arange(num_envs)
+    clipfracs = []
+    stats = {}
     for epoch in range(args.update_epochs):
         np.random.shuffle(env_indices)
         for start in range(0, num_envs, envs_per_minibatch):
@@ -409,7 +474,8 @@ def ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args
                 v_clipped = batch["values"][:, mb] + torch.clamp(
                     newvalue - batch["values"][:, mb], -args.clip_coef, args.clip_coef
                 )
-                v_loss = 0.5 * torch.max(v_loss_unclipped, (v_clipped - returns[:, mb]) ** 2).mean()
+                v_loss_clipped = (v_clipped - returns[:, mb]) ** 2
+                v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
             else:
                 v_loss = 0.5 * ((newvalue - returns[:, mb]) ** 2).mean()
 
@@ -423,154 +489,207 @@ def ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args
         if args.target_kl is not None and approx_kl > args.target_kl:
             break
 
-    y_pred, y_true = batch["values"].flatten().cpu().numpy(), returns.flatten().cpu().numpy()
+    y_pred = batch["values"].flatten().cpu().numpy()
+    y_true = returns.flatten().cpu().numpy()
     var_y = np.var(y_true)
-    stats.update(
-        value_loss=v_loss.item(),
-        policy_loss=pg_loss.item(),
-        entropy=entropy_loss.item(),
-        old_approx_kl=old_approx_kl.item(),
-        approx_kl=approx_kl.item(),
-        clipfrac=float(np.mean(clipfracs)),
-        explained_variance=float("nan") if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y),
-    )
+    explained_var = float("nan")
+    if var_y != 0:
+        explained_var = float(1 - np.var(y_true - y_pred) / var_y)
+    stats["value_loss"] = v_loss.item()
+    stats["policy_loss"] = pg_loss.item()
+    stats["entropy"] = entropy_loss.item()
+    stats["old_approx_kl"] = old_approx_kl.item()
+    stats["approx_kl"] = approx_kl.item()
+    stats["clipfrac"] = float(np.mean(clipfracs))
+    stats["explained_variance"] = explained_var
     return stats
 
 
+# LOGGING
+def log_episodes(writer, episodes, global_step, num_envs, recent, recent_by_mode):
+    """charts/episodic_return, _length and _mode{k} of each finished episode, at the global step where it ended."""
+    for ep_return, ep_length, ep_mode, ep_end in episodes:
+        recent.append(ep_return)
+        recent_by_mode[ep_mode].append(ep_return)
+        end_step = global_step + (ep_end + 1) * num_envs
+        writer.add_scalar("charts/episodic_return", ep_return, end_step)
+        writer.add_scalar("charts/episodic_length", ep_length, end_step)
+        writer.add_scalar(f"charts/episodic_return_mode{ep_mode}", ep_return, end_step)
+
+
+def log_update(writer, stats, learning_rate, sps, global_step):
+    """The learning rate, the losses, SPS and the replay check (debug/first_minibatch_ratio_error)."""
+    writer.add_scalar("charts/learning_rate", learning_rate, global_step)
+    for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "explained_variance"):
+        writer.add_scalar(f"losses/{key}", stats[key], global_step)
+    writer.add_scalar("debug/first_minibatch_ratio_error", stats["first_minibatch_ratio_error"], global_step)
+    writer.add_scalar("charts/SPS", sps, global_step)
+
+
+def print_progress(iteration, num_iterations, global_step, sps, recent, recent_by_mode):
+    by_mode = []
+    for k, returns in recent_by_mode.items():
+        if returns:
+            by_mode.append(f"m{k} {np.mean(returns):.0f}")
+        else:
+            by_mode.append(f"m{k} -")
+    mean_return = np.mean(recent or [np.nan])
+    print(
+        f"iter {iteration}/{num_iterations} step {global_step} SPS {sps} return {mean_return:.1f} | {' '.join(by_mode)}",
+        flush=True,
+    )
+
+
 # EVALUATION
-def agent_from_args(args, num_modes):
-    return Agent(2 if args.hide_velocity else 4, 2, num_modes, args.hidden_size, args.memory, args.oracle)
+PROBE_BURN_IN = 10  # the steps an episode's memory may take to infer the mode: the probe skips them, as ASTRAL's does
 
 
 def evaluate(model_path, episodes_per_mode=10, modes=None, deterministic=True, seed=0, video_dir=None, device="cpu"):
-    """Runs `episodes_per_mode` episodes in each mode of `modes` (default: the training modes; any physics
-    works, unseen ones included) with the saved agent. Returns {mode index: array of returns}."""
-    ckpt = torch.load(model_path, map_location="cpu", weights_only=True)
-    if not isinstance(ckpt, dict) or ckpt.get("script") != SCRIPT or ckpt.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"{model_path!r} was not written by {SCRIPT}.py (format {CHECKPOINT_FORMAT})")
-    train_args, train_modes = Args(**ckpt["args"]), [tuple(m) for m in ckpt["modes"]]
-    modes = train_modes if modes is None else [tuple(float(v) for v in m) for m in modes]
-    agent, results = agent_from_args(train_args, len(train_modes)).to(device), {}
-    agent.load_state_dict(ckpt["state_dict"])
+    """Plays `episodes_per_mode` episodes in each mode of `modes` (default: the checkpoint's, held-out ones included; any
+    physics works, unseen ones included) with the saved agent. Returns {"returns": {mode index: array of returns},
+    "probes": {"probe_acc_h_{latent}": held-out accuracy of a linear probe reading the preset's action latent from h}},
+    the probe over the training modes (all of `modes` when given), absent when the preset has no action latent."""
+    from cleanrl_astral_utils import cartpole
+
+    checkpoint = cartpole.load_checkpoint(model_path, SCRIPT, CHECKPOINT_FORMAT)
+    train_args = Args(**checkpoint["args"])
+    train_modes = [tuple(mode) for mode in checkpoint["modes"]]
+    held_out = []
+    if modes is None:
+        held_out = HELD_OUT_MODES[train_args.modes_preset]
+        modes = train_modes
+    else:
+        modes = [tuple(float(v) for v in mode) for mode in modes]
+    agent = agent_from_args(train_args, len(train_modes)).to(device)
+    agent.load_state_dict(checkpoint["state_dict"])
+    returns = {}
+    hidden = {}
     for k in range(len(modes)):
         envs = NonStationaryCartPole(episodes_per_mode, modes, train_args.hide_velocity, fixed_mode=k)
-        results[k] = np.array([ret for ret, _, _ in first_episodes(agent, envs, seed + 1000 * k, deterministic)])
+        episodes, hidden[k] = first_episodes(agent, envs, seed + 1000 * k, deterministic)
+        returns[k] = np.array([episode_return for episode_return, _, _ in episodes])
         if video_dir is not None:
-            record_video(
-                agent, NonStationaryCartPole(1, modes, train_args.hide_velocity, fixed_mode=k), seed, video_dir, f"mode{k}"
-            )
-    return results
+            env = NonStationaryCartPole(1, modes, train_args.hide_velocity, fixed_mode=k)
+            carry = new_carry(env, agent, seed, device)
+            cartpole.record_video(env, functools.partial(video_step, agent, env, carry), video_dir, f"mode{k}")
+    probes = {}
+    latent = ACTION_LATENT[train_args.modes_preset]
+    if latent is not None:
+        labels = latent_labels(modes, latent)
+        features = []
+        targets = []
+        episode = []
+        for k in hidden:
+            if k in held_out:
+                continue
+            # the first episode of env i of mode k is episode k * episodes_per_mode + i: even ones fit, odd ones score
+            steps, env_index = np.nonzero(hidden[k]["ages"] >= PROBE_BURN_IN)
+            features.append(hidden[k]["hidden"][steps, env_index])
+            targets.append(np.full(len(steps), labels[k]))
+            episode.append(k * episodes_per_mode + env_index)
+        probes[f"probe_acc_h_{latent}"] = cartpole.linear_probe_accuracy(
+            np.concatenate(features), np.concatenate(targets), np.concatenate(episode)
+        )
+    return {"returns": returns, "probes": probes}
 
 
 def first_episodes(agent, envs, seed, deterministic):
-    """The first episode of every environment of `envs`, as (return, length, mode)."""
-    carry, first = new_carry(envs, agent, seed, next(agent.parameters()).device), [None] * envs.num_envs
+    """The first episode of every environment of `envs`, as (return, length, mode), and the GRU state after each of its
+    steps with the step's age in its episode ({"hidden": (T, N, H), "ages": (T, N), -1 once the first episode ended})."""
+    carry = new_carry(envs, agent, seed, next(agent.parameters()).device)
+    first = [None] * envs.num_envs
+    hidden = []
+    ages = []
     while any(episode is None for episode in first):
+        running = np.array([episode is None for episode in first])
+        ages.append(np.where(running, carry["episode_length"], -1))
         _, (_, _, terminated, truncated, _), ended = env_step(agent, envs, carry, deterministic)
+        hidden.append(carry["state"].cpu().numpy())
         for i, episode in zip(np.flatnonzero(terminated | truncated), ended):
-            first[i] = first[i] or episode
-    return first
+            if first[i] is None:
+                first[i] = episode
+    return first, {"hidden": np.stack(hidden), "ages": np.stack(ages)}
 
 
-def record_video(agent, env, seed, video_dir, name):
-    """One deterministic episode of the single env `env`, drawn by gymnasium's renderer: video_dir/{name}-episode-0.mp4."""
-    renderer = gym.make("CartPole-v1", render_mode="rgb_array").unwrapped
-    carry, frames, ended = new_carry(env, agent, seed, next(agent.parameters()).device), [], []
-    renderer.length, renderer.state = env.half_length[env.mode[0]], env.state[0]
-    while not ended:
-        frames.append(renderer.render())
-        *_, ended = env_step(agent, env, carry, deterministic=True)
-        renderer.state = env.last_state[0]
-    save_video(frames + [renderer.render()], video_dir, fps=50, name_prefix=name)
+def video_step(agent, env, carry):
+    """One deterministic step of the agent in `env`; the episodes that ended."""
+    _, _, ended = env_step(agent, env, carry, deterministic=True)
+    return ended
 
 
-# RUN DIRECTORY / VALIDATION
+# PLUMBING: VALIDATION AND THE RUN DIRECTORY
+def validate(args):
+    """Refuses, in one line (ValueError), the settings that would crash late or train wrong in silence."""
+    for field in dataclasses.fields(args):
+        value = getattr(args, field.name)
+        if isinstance(value, float) and not math.isfinite(value):  # NaN passes any <, >
+            raise ValueError(f"--{field.name.replace('_', '-')} {value} must be a finite number")
+    for name in ("learning_rate", "clip_coef", "max_grad_norm", "target_kl"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            raise ValueError(f"--{name.replace('_', '-')} {value} must be positive")
+    for name in ("ent_coef", "vf_coef"):
+        value = getattr(args, name)
+        if value < 0:
+            raise ValueError(f"--{name.replace('_', '-')} {value} must be non-negative")
+    for name in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "hidden_size", "eval_episodes"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+    num_modes = len(MODE_PRESETS[args.modes_preset])
+    held_out = HELD_OUT_MODES[args.modes_preset]
+    num_train = num_modes - len(held_out)
+    if not 0 <= args.seed < 2**32:
+        raise ValueError(f"--seed {args.seed} must be in [0, 2**32 - 1] (the range numpy and gymnasium accept)")
+    # the name becomes part of a directory name and of the model file's name: a '/' would fail the save after training
+    if not args.exp_name.strip() or "/" in args.exp_name:
+        raise ValueError(f"--exp-name {args.exp_name!r} must be a non-empty name without '/'")
+    if not (0.0 < args.gamma <= 1.0 and 0.0 <= args.gae_lambda <= 1.0):
+        raise ValueError(f"--gamma {args.gamma} must be in (0, 1] and --gae-lambda {args.gae_lambda} in [0, 1]")
+    if not 0.0 <= args.switch_prob <= 1.0:
+        raise ValueError(f"--switch-prob {args.switch_prob} must be in [0, 1]")
+    if args.fixed_mode is not None and not 0 <= args.fixed_mode < num_modes:
+        raise ValueError(f"--fixed-mode {args.fixed_mode} is out of range; there are {num_modes} modes (0..{num_modes - 1})")
+    if args.fixed_mode in held_out:
+        raise ValueError(f"--fixed-mode {args.fixed_mode} is held out of training in {args.modes_preset} (evaluation only)")
+    if args.mode_share == "balanced" and args.num_envs % num_train != 0:
+        raise ValueError(
+            f"--mode-share balanced needs --num-envs {args.num_envs} to be a multiple of the {num_train} training modes, "
+            "so each gets the same share"
+        )
+    if args.mode_share == "balanced" and (args.fixed_mode is not None or args.switch_prob > 0):
+        raise ValueError(
+            "--mode-share balanced pins every env's mode; it cannot be combined with --fixed-mode or --switch-prob"
+        )
+    if args.num_envs % args.num_minibatches != 0:
+        raise ValueError(
+            f"--num-envs {args.num_envs} is not divisible by --num-minibatches {args.num_minibatches}; "
+            "minibatches hold whole environments' sequences"
+        )
+    if args.norm_adv and args.num_envs // args.num_minibatches * args.num_steps < 2:
+        raise ValueError(
+            "a minibatch of one step cannot normalise its advantages (their std is undefined); "
+            "raise --num-steps or --num-envs, or lower --num-minibatches"
+        )
+    if args.total_timesteps < args.num_envs * args.num_steps:
+        raise ValueError(
+            f"--total-timesteps {args.total_timesteps} is less than one rollout "
+            f"(--num-envs x --num-steps = {args.num_envs * args.num_steps})"
+        )
+    if args.capture_video and not args.save_model:
+        raise ValueError("--capture-video records evaluation episodes; add --save-model")
+
+
 def claim_run_dir(runs_dir, run_name):
     """Creates runs_dir/run_name (run_name__2, __3, ... if a run started in the same second took it): (name, dir)."""
     if os.path.exists(runs_dir) and not os.path.isdir(runs_dir):
         raise ValueError(f"cannot create a run directory in --runs-dir {runs_dir!r} (not a directory); pass a directory")
-    for name in (run_name if n == 1 else f"{run_name}__{n}" for n in itertools.count(1)):
-        with contextlib.suppress(FileExistsError):
+    name = run_name
+    for n in itertools.count(2):
+        try:
             os.makedirs(os.path.join(runs_dir, name))
             return name, os.path.join(runs_dir, name)
-
-
-def validate(args):
-    """Refuses, in one line (ValueError), the settings that would crash late or train wrong in silence."""
-    value, flag = lambda name: getattr(args, name), lambda name: "--" + name.replace("_", "-")
-    problems = [
-        f"{flag(f.name)} {value(f.name)} must be a finite number"
-        for f in dataclasses.fields(args)  # NaN passes any <, >
-        if isinstance(value(f.name), float) and not math.isfinite(value(f.name))
-    ]
-    problems += [
-        f"{flag(n)} {value(n)} must be positive"
-        for n in ("learning_rate", "clip_coef", "max_grad_norm", "target_kl")
-        if value(n) is not None and value(n) <= 0
-    ]
-    problems += [f"{flag(n)} {value(n)} must be non-negative" for n in ("ent_coef", "vf_coef") if value(n) < 0]
-    problems += [
-        f"{flag(n)} must be at least 1"
-        for n in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "hidden_size", "eval_episodes")
-        if value(n) < 1
-    ]
-    num_modes, envs_per_minibatch = len(MODE_PRESETS[args.modes_preset]), args.num_envs // max(1, args.num_minibatches)
-    held_out, num_train = HELD_OUT_MODES[args.modes_preset], num_modes - len(HELD_OUT_MODES[args.modes_preset])
-    problems += [
-        message
-        for wrong, message in (
-            (
-                not 0 <= args.seed < 2**32,
-                f"--seed {args.seed} must be in [0, 2**32 - 1] (the range numpy and gymnasium accept)",
-            ),
-            # the name becomes part of a directory name and of the model file's name: a '/' would fail the save after training
-            (
-                not args.exp_name.strip() or "/" in args.exp_name,
-                f"--exp-name {args.exp_name!r} must be a non-empty name without '/'",
-            ),
-            (
-                not (0.0 < args.gamma <= 1.0 and 0.0 <= args.gae_lambda <= 1.0),
-                f"--gamma {args.gamma} must be in (0, 1] and --gae-lambda {args.gae_lambda} in [0, 1]",
-            ),
-            (not 0.0 <= args.switch_prob <= 1.0, f"--switch-prob {args.switch_prob} must be in [0, 1]"),
-            (
-                args.fixed_mode is not None and not 0 <= args.fixed_mode < num_modes,
-                f"--fixed-mode {args.fixed_mode} is out of range; there are {num_modes} modes (0..{num_modes - 1})",
-            ),
-            (
-                args.fixed_mode in held_out,
-                f"--fixed-mode {args.fixed_mode} is held out of training in {args.modes_preset} (evaluation only)",
-            ),
-            (
-                args.mode_share == "balanced" and args.num_envs % num_train != 0,
-                f"--mode-share balanced needs --num-envs "
-                f"{args.num_envs} to be a multiple of the {num_train} training modes, so each gets the same share",
-            ),
-            (
-                args.mode_share == "balanced" and (args.fixed_mode is not None or args.switch_prob > 0),
-                "--mode-share balanced pins every env's mode; it cannot be combined with --fixed-mode or --switch-prob",
-            ),
-            (
-                args.num_minibatches >= 1 and args.num_envs % args.num_minibatches != 0,
-                f"--num-envs {args.num_envs} is not divisible "
-                f"by --num-minibatches {args.num_minibatches}; minibatches hold whole environments' sequences",
-            ),
-            (
-                args.norm_adv and envs_per_minibatch * args.num_steps < 2,
-                "a minibatch of one step cannot normalise its advantages "
-                "(their std is undefined); raise --num-steps or --num-envs, or lower --num-minibatches",
-            ),
-            (
-                args.total_timesteps < args.num_envs * args.num_steps,
-                f"--total-timesteps {args.total_timesteps} is less than one "
-                f"rollout (--num-envs x --num-steps = {args.num_envs * args.num_steps})",
-            ),
-            (args.capture_video and not args.save_model, "--capture-video records evaluation episodes; add --save-model"),
-        )
-        if wrong
-    ]
-    if problems:
-        raise ValueError(problems[0])
+        except FileExistsError:
+            name = f"{run_name}__{n}"
 
 
 if __name__ == "__main__":
@@ -582,6 +701,7 @@ if __name__ == "__main__":
         print(f"{SCRIPT}.py: error: {e}", file=sys.stderr)
         sys.exit(2)
     modes = MODE_PRESETS[args.modes_preset]
+    held_out = HELD_OUT_MODES[args.modes_preset]
     args.batch_size = int(args.num_envs * args.num_steps)
     args.minibatch_size = int(args.batch_size // args.num_minibatches)
     args.num_iterations = args.total_timesteps // args.batch_size
@@ -615,15 +735,19 @@ if __name__ == "__main__":
         args.hide_velocity,
         args.fixed_mode,
         args.switch_prob,
-        held_out=HELD_OUT_MODES[args.modes_preset],
+        held_out=held_out,
         mode_share=args.mode_share,
     )
     agent = agent_from_args(args, len(modes)).to(device)
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
-    reward_scaler = RewardScaler(args.num_envs, args.gamma) if args.norm_reward else None
+    reward_scaler = None
+    if args.norm_reward:
+        reward_scaler = RewardScaler(args.num_envs, args.gamma)
     carry = new_carry(envs, agent, args.seed, device)
-    recent, recent_by_mode = deque(maxlen=100), {k: deque(maxlen=100) for k in range(len(modes))}
-    global_step, start_time = 0, time.time()
+    recent = deque(maxlen=100)
+    recent_by_mode = {k: deque(maxlen=100) for k in range(len(modes))}
+    global_step = 0
+    start_time = time.time()
     for iteration in range(1, args.num_iterations + 1):
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / args.num_iterations
@@ -631,13 +755,7 @@ if __name__ == "__main__":
 
         # ROLLOUT
         batch, initial_state, episodes = collect_rollout(agent, envs, carry, args.num_steps, args.gamma, reward_scaler)
-        for ep_return, ep_length, ep_mode, ep_end in episodes:
-            recent.append(ep_return)
-            recent_by_mode[ep_mode].append(ep_return)
-            end_step = global_step + (ep_end + 1) * args.num_envs  # the global step where the episode ended
-            writer.add_scalar("charts/episodic_return", ep_return, end_step)
-            writer.add_scalar("charts/episodic_length", ep_length, end_step)
-            writer.add_scalar(f"charts/episodic_return_mode{ep_mode}", ep_return, end_step)
+        log_episodes(writer, episodes, global_step, args.num_envs, recent, recent_by_mode)
         global_step += args.batch_size
 
         # ADVANTAGES (GAE)
@@ -653,76 +771,37 @@ if __name__ == "__main__":
 
         # LOGGING
         sps = int(global_step / (time.time() - start_time))
-        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-        for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "explained_variance"):
-            writer.add_scalar(f"losses/{key}", stats[key], global_step)
-        writer.add_scalar("debug/first_minibatch_ratio_error", stats["first_minibatch_ratio_error"], global_step)
-        writer.add_scalar("charts/SPS", sps, global_step)
+        log_update(writer, stats, optimizer.param_groups[0]["lr"], sps, global_step)
         if iteration % max(1, args.num_iterations // 50) == 0 or iteration == args.num_iterations:
-            by_mode = " ".join(f"m{k} {np.mean(v):.0f}" if v else f"m{k} -" for k, v in recent_by_mode.items())
-            print(
-                f"iter {iteration}/{args.num_iterations} step {global_step} SPS {sps} "
-                f"return {np.mean(recent or [np.nan]):.1f} | {by_mode}",
-                flush=True,
-            )
+            print_progress(iteration, args.num_iterations, global_step, sps, recent, recent_by_mode)
 
     if args.save_model:
+        from cleanrl_astral_utils import cartpole
+
         model_path = os.path.join(run_dir, f"{args.exp_name}.cleanrl_model")
-        # with the reward normaliser's state: the value head is in its units (tta_gating --online bootstraps with it)
-        torch.save(
-            {
-                "script": SCRIPT,
-                "format": CHECKPOINT_FORMAT,
-                "args": dataclasses.asdict(args),
-                "modes": modes,
-                "run_name": run_name,
-                "state_dict": agent.state_dict(),
-                "reward_scaler": None
-                if reward_scaler is None
-                else {key: float(getattr(reward_scaler.return_rms, key)) for key in ("mean", "var", "count")},
-            },
-            model_path + ".tmp",
-        )
-        os.replace(model_path + ".tmp", model_path)  # written atomically: a killed run leaves no half-written model
+        cartpole.save_checkpoint(model_path, SCRIPT, CHECKPOINT_FORMAT, args, modes, run_name, agent, reward_scaler)
         print(f"model saved to {model_path}")
-        video_dir, held_out = (
-            os.path.join(run_dir, "videos") if args.capture_video else None,
-            HELD_OUT_MODES[args.modes_preset],
-        )
-        report = {
-            "script": SCRIPT,
-            "checkpoint": model_path,
-            "episodes_per_mode": args.eval_episodes,
-            "held_out_modes": held_out,
-            "modes": [{"gravity": g, "half_length": length, "force_sign": s} for g, length, s in modes],
-            "per_mode": {},
-        }
-        for kind, det in (("deterministic", True), ("sampled", False)):
-            results = evaluate(
+        evaluations = {}
+        for kind in cartpole.KINDS:
+            video_dir = None
+            if kind == "deterministic" and args.capture_video:
+                video_dir = os.path.join(run_dir, "videos")
+            evaluations[kind] = evaluate(
                 model_path,
                 args.eval_episodes,
-                deterministic=det,
+                deterministic=kind == "deterministic",
                 seed=args.seed + 100_000,
-                video_dir=video_dir if det else None,
+                video_dir=video_dir,
                 device=device,
             )
-            for k, rets in results.items():
-                report["per_mode"].setdefault(str(k), {})[kind] = {
-                    "mean": float(np.mean(rets)),
-                    "std": float(np.std(rets)),
-                    "returns": rets.tolist(),
-                }
-                writer.add_scalar(f"eval/episodic_return_mode{k}_{kind}", np.mean(rets), global_step)
-            for name, subset in (("mean", [k for k in results if k not in held_out]), ("held_out_mean", held_out)):
-                if subset:  # training modes and held-out modes are reported apart
-                    report[f"{kind}_{name}"] = float(np.mean([np.mean(results[k]) for k in subset]))
-        for k, per_kind in report["per_mode"].items():
-            print(
-                f"eval mode {k} ({args.eval_episodes} episodes): "
-                + ", ".join(f"{kind} {r['mean']:.1f} ± {r['std']:.1f}" for kind, r in per_kind.items())
-            )
-        with open(os.path.join(run_dir, "eval.json.tmp"), "w") as f:
-            json.dump(report, f, indent=1)
-        os.replace(os.path.join(run_dir, "eval.json.tmp"), os.path.join(run_dir, "eval.json"))
+        returns_by_kind = {kind: evaluation["returns"] for kind, evaluation in evaluations.items()}
+        report = cartpole.returns_report(SCRIPT, model_path, args.eval_episodes, modes, held_out, returns_by_kind)
+        report["action_latent"] = ACTION_LATENT[args.modes_preset]
+        for kind, evaluation in evaluations.items():
+            report[f"probes_{kind}"] = evaluation["probes"]
+        cartpole.log_report(writer, report, global_step)
+        cartpole.print_returns(report)
+        cartpole.print_probes(report)
+        cartpole.write_eval_json(report, run_dir)
 
     writer.close()

@@ -2,25 +2,19 @@
 PPO around it; each would fail if the mechanism it names were wrong."""
 
 import copy
-import glob
-import json
 import math
 import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 import tyro
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from helpers import assert_one_line_error, load_json, logged_scalars, only_run_dir, run_script
 
-from cleanrl_astral import ppo_gru_astral as m
-from cleanrl_astral import ppo_gru_baseline as baseline
+import cleanrl_astral.ppo_gru_astral as ppo_gru_astral
+import cleanrl_astral.ppo_gru_baseline as ppo_gru_baseline
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "cleanrl_astral", "ppo_gru_astral.py")
 TINY = [
     "--num-envs",
     "4",
@@ -37,33 +31,23 @@ TINY = [
 ]
 
 
-def run(args, **kwargs):
-    return subprocess.run([sys.executable, SCRIPT, *args], cwd=ROOT, capture_output=True, text=True, timeout=300, **kwargs)
-
-
-def scalars(run_dir, tag):
-    acc = EventAccumulator(run_dir, size_guidance={"scalars": 0})
-    acc.Reload()
-    return [(e.step, e.value) for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
-
-
 def rollout(memory="gru", oracle=False, num_envs=8, num_steps=64, seed=0, K=3, gumbel_tau=None):
     """Two real rollouts with an untrained agent whose gate is sharpened, so slot weights differ clearly between states;
     the second starts from a non-zero GRU state and crosses several episode boundaries."""
     torch.manual_seed(seed)
-    modes = m.MODE_PRESETS["seed3"]
-    envs = m.NonStationaryCartPole(num_envs, modes)
-    agent = m.Agent(4, 2, len(modes), 32, memory, oracle, num_abstractions=K, slot_dim=8, gumbel_tau=gumbel_tau)
+    modes = ppo_gru_astral.MODE_PRESETS["seed3"]
+    envs = ppo_gru_astral.NonStationaryCartPole(num_envs, modes)
+    agent = ppo_gru_astral.Agent(4, 2, len(modes), 32, memory, oracle, num_abstractions=K, slot_dim=8, gumbel_tau=gumbel_tau)
     with torch.no_grad():
         agent.bank.gate[-1].weight.mul_(300.0)
-    carry = m.new_carry(envs, agent, seed, "cpu")
+    carry = ppo_gru_astral.new_carry(envs, agent, seed, "cpu")
     for _ in range(2):
-        batch, initial_state, episodes = m.collect_rollout(agent, envs, carry, num_steps, 0.99, None)
+        batch, initial_state, episodes = ppo_gru_astral.collect_rollout(agent, envs, carry, num_steps, 0.99, None)
     return agent, batch, initial_state, episodes
 
 
 def update_args(**overrides):
-    args = m.Args(num_minibatches=2, update_epochs=2)
+    args = ppo_gru_astral.Args(num_minibatches=2, update_epochs=2)
     for k, v in overrides.items():
         setattr(args, k, v)
     return args
@@ -90,9 +74,9 @@ def test_shapes_and_gradient_reaches_every_parameter():
     loss = (
         -logprob.mean()
         + value.pow(2).mean()
-        + m.weight_entropy(weights)
-        - m.load_balance_entropy(weights)
-        + m.orthogonality_penalty(agent.bank.slots)
+        + ppo_gru_astral.weight_entropy(weights)
+        - ppo_gru_astral.load_balance_entropy(weights)
+        + ppo_gru_astral.orthogonality_penalty(agent.bank.slots)
     )
     loss.backward()
     for name, param in agent.named_parameters():
@@ -103,7 +87,7 @@ def test_shapes_and_gradient_reaches_every_parameter():
 
 def test_slot_init_scale_and_uniform_initial_gate():
     torch.manual_seed(0)
-    agent = m.Agent(4, 2, 3, 128, num_abstractions=64, slot_dim=64)
+    agent = ppo_gru_astral.Agent(4, 2, 3, 128, num_abstractions=64, slot_dim=64)
     assert agent.bank.slots.std().item() == pytest.approx(0.02, rel=0.1)
     _, weights, *_ = agent.bank(torch.randn(10, 128))
     assert torch.allclose(weights, torch.full_like(weights, 1 / 64), atol=2e-3)
@@ -111,7 +95,7 @@ def test_slot_init_scale_and_uniform_initial_gate():
 
 def test_heads_see_only_the_film_modulated_state():
     torch.manual_seed(0)
-    agent = m.Agent(4, 2, 3, 16, num_abstractions=3, slot_dim=8)
+    agent = ppo_gru_astral.Agent(4, 2, 3, 16, num_abstractions=3, slot_dim=8)
     with torch.no_grad():
         agent.bank.slots.normal_()
     hidden = torch.randn(5, 16)
@@ -134,7 +118,7 @@ def test_heads_see_only_the_film_modulated_state():
 
 def test_clamped_weights_give_exactly_one_slot():
     torch.manual_seed(0)
-    bank = m.AbstractionBank(16, 4, 8, 1.0)
+    bank = ppo_gru_astral.AbstractionBank(16, 4, 8, 1.0)
     for k in range(4):
         z, *_ = bank(torch.randn(3, 16), torch.eye(4)[[k] * 3])
         assert torch.equal(z, bank.slots[k].expand(3, 8))
@@ -143,36 +127,36 @@ def test_clamped_weights_give_exactly_one_slot():
 def test_regularisers_on_hand_made_inputs():
     uniform = torch.full((10, 4), 0.25)
     onehot = torch.eye(4)[[0, 1, 2, 3, 0, 1, 2, 3]]
-    assert m.weight_entropy(uniform).item() == pytest.approx(math.log(4), abs=1e-6)
-    assert m.weight_entropy(onehot).item() == pytest.approx(0.0, abs=1e-6)
+    assert ppo_gru_astral.weight_entropy(uniform).item() == pytest.approx(math.log(4), abs=1e-6)
+    assert ppo_gru_astral.weight_entropy(onehot).item() == pytest.approx(0.0, abs=1e-6)
     # one-hot per sample but balanced over the batch: maximal load-balance entropy
-    assert m.load_balance_entropy(onehot).item() == pytest.approx(math.log(4), abs=1e-6)
-    assert m.load_balance_entropy(torch.eye(4)[[2] * 8]).item() == pytest.approx(0.0, abs=1e-6)
+    assert ppo_gru_astral.load_balance_entropy(onehot).item() == pytest.approx(math.log(4), abs=1e-6)
+    assert ppo_gru_astral.load_balance_entropy(torch.eye(4)[[2] * 8]).item() == pytest.approx(0.0, abs=1e-6)
     identical = torch.ones(3, 5)
-    assert m.orthogonality_penalty(identical).item() == pytest.approx(6.0, abs=1e-5)  # 6 off-diagonal ones
+    assert ppo_gru_astral.orthogonality_penalty(identical).item() == pytest.approx(6.0, abs=1e-5)  # 6 off-diagonal ones
     orthonormal = torch.linalg.qr(torch.randn(5, 5))[0][:3] * 7.0  # scale does not matter: rows are normalised
-    assert m.orthogonality_penalty(orthonormal).item() == pytest.approx(0.0, abs=1e-6)
+    assert ppo_gru_astral.orthogonality_penalty(orthonormal).item() == pytest.approx(0.0, abs=1e-6)
 
 
 def test_temperature_sharpens_the_gate():
     torch.manual_seed(0)
-    bank = m.AbstractionBank(16, 3, 8, 1.0)
+    bank = ppo_gru_astral.AbstractionBank(16, 3, 8, 1.0)
     h = torch.randn(4, 16)
     _, w1, *_ = bank(h)
     bank.tau = 0.001
     _, w2, *_ = bank(h)
-    assert m.weight_entropy(w2) < m.weight_entropy(w1)
+    assert ppo_gru_astral.weight_entropy(w2) < ppo_gru_astral.weight_entropy(w1)
 
 
 def test_mutual_information_metric():
     modes = np.repeat([0, 1, 2], 99)
-    mi, nmi = m.mutual_information(counts(modes, (modes + 1) % 3, 3, 3))
+    mi, nmi = ppo_gru_astral.mutual_information(counts(modes, (modes + 1) % 3, 3, 3))
     assert mi == pytest.approx(math.log(3)) and nmi == pytest.approx(1.0)
     # slot independent of mode: every slot equally often in every mode
-    mi, nmi = m.mutual_information(counts(modes, np.tile([0, 1, 2], 99), 3, 3))
+    mi, nmi = ppo_gru_astral.mutual_information(counts(modes, np.tile([0, 1, 2], 99), 3, 3))
     assert mi == pytest.approx(0.0, abs=1e-12) and nmi == pytest.approx(0.0, abs=1e-12)
     # two modes sharing a slot: I = H(mode) - H(mode | slot) = log 3 - (2/3) log 2
-    mi, _ = m.mutual_information(counts(modes, np.minimum(modes, 1), 3, 3))
+    mi, _ = ppo_gru_astral.mutual_information(counts(modes, np.minimum(modes, 1), 3, 3))
     assert mi == pytest.approx(math.log(3) - 2 / 3 * math.log(2))
 
 
@@ -188,8 +172,12 @@ def test_first_minibatch_ratio_and_gate_are_reproduced(memory, oracle, gumbel_ta
     agent, batch, initial_state, _ = rollout(memory, oracle, gumbel_tau=gumbel_tau)
     assert ("gate_noise" in batch) == (gumbel_tau is not None)
     assert initial_state.abs().sum() > 0 and batch["starts"][1:].sum() > 0
-    adv, ret = m.compute_gae(batch["rewards"], batch["values"], batch["starts"], torch.zeros(8), torch.zeros(8), 0.99, 0.95)
-    stats = m.ppo_update(agent, torch.optim.Adam(agent.parameters(), lr=1e-3), batch, initial_state, adv, ret, update_args())
+    adv, ret = ppo_gru_astral.compute_gae(
+        batch["rewards"], batch["values"], batch["starts"], torch.zeros(8), torch.zeros(8), 0.99, 0.95
+    )
+    stats = ppo_gru_astral.ppo_update(
+        agent, torch.optim.Adam(agent.parameters(), lr=1e-3), batch, initial_state, adv, ret, update_args()
+    )
     assert stats["first_minibatch_ratio_error"] < 1e-5 and stats["first_minibatch_gate_error"] < 1e-5
     # the gate really varies along the batch, so reproducing it is not trivial
     assert batch["weights"].std(dim=(0, 1)).max() > 0.05
@@ -231,7 +219,7 @@ def test_unroll_equals_stepping_the_gru_module_with_resets():
     """unroll calls torch.gru_cell on the module's weights directly; it must equal nn.GRUCell step by step, with the
     state zeroed exactly where starts = 1 (random biases, so swapped ih/hh weights or biases would show)."""
     torch.manual_seed(0)
-    agent = m.Agent(4, 2, 3, 16)
+    agent = ppo_gru_astral.Agent(4, 2, 3, 16)
     with torch.no_grad():
         for p in agent.gru.parameters():
             p.normal_()
@@ -248,15 +236,11 @@ def test_unroll_equals_stepping_the_gru_module_with_resets():
     torch.testing.assert_close(last, expected[-1], rtol=1e-5, atol=1e-6)
 
 
-def env_section(module):
-    source = open(module.__file__).read()
-    return source[source.index("# ENVIRONMENT") : source.index("# MODEL")]
-
-
 def test_environment_is_the_baselines():
-    """The env is copied from ppo_gru_baseline.py (single-file rule): the code is the same text, and identical seeds
-    and actions give identical trajectories, so the two scripts are compared on the same task."""
-    assert env_section(m) == env_section(baseline)
+    """The env is copied from ppo_gru_baseline.py (single-file rule): the same presets, held-out modes and action latents,
+    and identical seeds and actions give identical trajectories, so the two scripts are compared on the same task."""
+    for name in ("MODE_PRESETS", "HELD_OUT_MODES", "ACTION_LATENT"):
+        assert getattr(ppo_gru_astral, name) == getattr(ppo_gru_baseline, name), name
     presets = [
         ("inverted4", {}),
         ("inverted4", {"hide_velocity": True}),
@@ -266,7 +250,7 @@ def test_environment_is_the_baselines():
         ("mirror4", {"held_out": [4], "mode_share": "balanced"}),
     ]
     for preset, kwargs in presets:
-        envs = [mod.NonStationaryCartPole(6, mod.MODE_PRESETS[preset], **kwargs) for mod in (m, baseline)]
+        envs = [mod.NonStationaryCartPole(6, mod.MODE_PRESETS[preset], **kwargs) for mod in (ppo_gru_astral, ppo_gru_baseline)]
         outs = [env.reset(seed=5) for env in envs]
         rng = np.random.default_rng(0)
         for _ in range(300):
@@ -289,26 +273,41 @@ def mode_steps(envs, steps=3000, seed=0):
 def test_balanced_share_gives_every_training_mode_exactly_its_share():
     """Uniform draws per episode give the long-lived modes most steps (mode 1 of mirror4, inverted, ends fast);
     balanced pinning gives each of the M training modes exactly 1/M, and the held-out mode none."""
-    modes = m.MODE_PRESETS["mirror4"]
-    balanced = mode_steps(m.NonStationaryCartPole(8, modes, held_out=[4], mode_share="balanced"))
+    modes = ppo_gru_astral.MODE_PRESETS["mirror4"]
+    balanced = mode_steps(ppo_gru_astral.NonStationaryCartPole(8, modes, held_out=[4], mode_share="balanced"))
     assert balanced.tolist() == [6000, 6000, 6000, 6000, 0]
-    uniform = mode_steps(m.NonStationaryCartPole(8, modes, held_out=[4]))
+    uniform = mode_steps(ppo_gru_astral.NonStationaryCartPole(8, modes, held_out=[4]))
     assert uniform.sum() == 24000 and uniform[4] == 0 and uniform[:4].min() > 0 and uniform[:4].max() != uniform[:4].min()
-    assert m.NonStationaryCartPole(6, modes, held_out=[4], mode_share="balanced").pinned.tolist() == [0, 1, 2, 3, 0, 1]
+    assert ppo_gru_astral.NonStationaryCartPole(6, modes, held_out=[4], mode_share="balanced").pinned.tolist() == [
+        0,
+        1,
+        2,
+        3,
+        0,
+        1,
+    ]
 
 
 def test_held_out_mode_is_never_drawn_in_training_but_can_be_evaluated():
-    modes = m.MODE_PRESETS["mirror4"]
+    modes = ppo_gru_astral.MODE_PRESETS["mirror4"]
     # per-step switches draw modes about 3,000 times per env here; none of them is the held-out mode
-    counts = mode_steps(m.NonStationaryCartPole(16, modes, held_out=[4], switch_prob=0.2))
+    counts = mode_steps(ppo_gru_astral.NonStationaryCartPole(16, modes, held_out=[4], switch_prob=0.2))
     assert counts[4] == 0 and counts[:4].min() > 0
-    assert mode_steps(m.NonStationaryCartPole(16, modes), steps=300)[4] > 0  # the draw does reach index 4 otherwise
-    assert mode_steps(m.NonStationaryCartPole(4, modes, held_out=[4], fixed_mode=4), steps=50).tolist() == [0, 0, 0, 0, 200]
+    assert (
+        mode_steps(ppo_gru_astral.NonStationaryCartPole(16, modes), steps=300)[4] > 0
+    )  # the draw does reach index 4 otherwise
+    assert mode_steps(ppo_gru_astral.NonStationaryCartPole(4, modes, held_out=[4], fixed_mode=4), steps=50).tolist() == [
+        0,
+        0,
+        0,
+        0,
+        200,
+    ]
 
 
 def test_presets_parse_in_both_scripts():
     """mirror4 is two physics x force sign ±1 (training modes 0-3) plus a held-out mode, in both scripts."""
-    for mod in (m, baseline):
+    for mod in (ppo_gru_astral, ppo_gru_baseline):
         args = tyro.cli(mod.Args, args=["--modes-preset", "mirror4", "--mode-share", "balanced", "--num-envs", "8"])
         assert (args.modes_preset, args.mode_share) == ("mirror4", "balanced") and mod.Args().mode_share == "uniform"
         mod.validate(args)
@@ -338,7 +337,7 @@ def test_presets_parse_in_both_scripts():
     ],
 )
 def test_environment_flags_are_refused_the_same_way_in_both_scripts(flags, message):
-    for mod in (m, baseline):
+    for mod in (ppo_gru_astral, ppo_gru_baseline):
         with pytest.raises(ValueError, match=re.escape(message)):
             mod.validate(tyro.cli(mod.Args, args=["--modes-preset", "mirror4", *flags]))
 
@@ -346,11 +345,11 @@ def test_environment_flags_are_refused_the_same_way_in_both_scripts(flags, messa
 def test_truncated_episodes_are_bootstrapped_and_logged():
     """With a 5-step limit no CartPole episode can fail, so every episode is a truncation: 2 envs x 12 steps finish 4
     episodes of return 5, at steps 4 and 9, whose last rewards are bootstrapped and whose envs restart right after."""
-    envs = m.NonStationaryCartPole(2, [(9.8, 0.5, 1.0)], max_episode_steps=5)
+    envs = ppo_gru_astral.NonStationaryCartPole(2, [(9.8, 0.5, 1.0)], max_episode_steps=5)
     torch.manual_seed(0)
-    agent = m.Agent(4, 2, 1, 16, num_abstractions=3, slot_dim=8)
-    carry = m.new_carry(envs, agent, 0, "cpu")
-    batch, _, episodes = m.collect_rollout(agent, envs, carry, 12, 0.99, None)
+    agent = ppo_gru_astral.Agent(4, 2, 1, 16, num_abstractions=3, slot_dim=8)
+    carry = ppo_gru_astral.new_carry(envs, agent, 0, "cpu")
+    batch, _, episodes = ppo_gru_astral.collect_rollout(agent, envs, carry, 12, 0.99, None)
     assert torch.all(batch["rewards"][[4, 9]] != 1.0) and torch.all(batch["starts"][[5, 10]] == 1.0)
     assert sorted(episodes) == [(5.0, 5, 0, 4)] * 2 + [(5.0, 5, 0, 9)] * 2
 
@@ -362,7 +361,7 @@ def test_gae_matches_its_definition_with_discounting_and_bootstrapping(forward_g
     values = torch.tensor([[10.0, 1.0], [20.0, -2.0], [30.0, 3.0], [40.0, 0.0], [5.0, 6.0]])
     starts = torch.tensor([[1.0, 1.0], [0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 0.0]])
     next_value, next_start_t = torch.tensor([50.0, -7.0]), torch.tensor([next_start, 0.0])
-    adv, ret = m.compute_gae(rewards, values, starts, next_value, next_start_t, gamma, lam)
+    adv, ret = ppo_gru_astral.compute_gae(rewards, values, starts, next_value, next_start_t, gamma, lam)
     for n in range(2):
         continues = [1.0 - starts[t + 1, n].item() for t in range(4)] + [1.0 - next_start_t[n].item()]
         expected = forward_gae(rewards[:, n].tolist(), values[:, n].tolist() + [next_value[n].item()], continues, gamma, lam)
@@ -372,7 +371,7 @@ def test_gae_matches_its_definition_with_discounting_and_bootstrapping(forward_g
 
 def test_reward_scaler_is_the_baselines():
     rng = np.random.default_rng(1)
-    ours, theirs = m.RewardScaler(4, 0.99), baseline.RewardScaler(4, 0.99)
+    ours, theirs = ppo_gru_astral.RewardScaler(4, 0.99), ppo_gru_baseline.RewardScaler(4, 0.99)
     for _ in range(20):
         rewards, dones = rng.normal(1.0, 1.0, 4), rng.random(4) < 0.1
         assert np.array_equal(ours(rewards, dones.copy()), theirs(rewards, dones.copy()))
@@ -382,7 +381,7 @@ def test_defaults_are_the_baselines_but_the_rollout_shape():
     """Every flag the two scripts share has the same default (PPO, network, environment) except the rollout shape:
     ASTRAL keeps 32 envs x 128 steps, where it learns `seed3 --hide-velocity` in 10/10 seeds against 7/10 with the
     baseline's 128 x 32 (docs/ppo_gru_astral.md). The batch is the same 4096 samples."""
-    ours, theirs = vars(m.Args()), vars(baseline.Args())
+    ours, theirs = vars(ppo_gru_astral.Args()), vars(ppo_gru_baseline.Args())
     shared = sorted(set(ours) & set(theirs) - {"exp_name", "num_envs", "num_steps"})
     assert {"num_minibatches", "update_epochs", "learning_rate", "hidden_size", "ent_coef"} <= set(shared)
     assert {name: ours[name] for name in shared} == {name: theirs[name] for name in shared}
@@ -410,7 +409,9 @@ class ScriptedAgent(torch.nn.Module):
         assert torch.all(x[..., 0] == x[:1, :, 0]) and torch.equal(state[:, 0].long(), mb)  # inputs and state agree
         self.minibatches.append(mb.tolist())
         weights = torch.full((*x.shape[:2], len(self.bank.slots)), 1.0 / len(self.bank.slots))
-        return action, self.logprob[:, mb], self.entropy[:, mb], self.value[:, mb], state, weights, weights, None
+        return ppo_gru_astral.ActionAndValue(
+            action, self.logprob[:, mb], self.entropy[:, mb], self.value[:, mb], state, weights, weights, None
+        )
 
 
 class GradSpy:
@@ -447,7 +448,7 @@ def scripted_update(advantages, returns, old_values, new_values=None, **override
     agent = ScriptedAgent(batch["logprobs"], new_values, torch.full((T, N), 0.6))
     spy = GradSpy(agent)
     args = update_args(max_grad_norm=1e9, **overrides)
-    stats = m.ppo_update(agent, spy, batch, env_index[:, None], advantages, returns, args)
+    stats = ppo_gru_astral.ppo_update(agent, spy, batch, env_index[:, None], advantages, returns, args)
     return agent, spy, stats
 
 
@@ -530,7 +531,7 @@ def synthetic_batch(agent, T=6, N=4, seed=0):
     ages = torch.zeros(T, N)  # steps since the episode's start: the first episode is BURN_IN old when the batch opens
     for t in range(T):
         ages[t] = 0 if t == 0 else (ages[t - 1] + 1) * (1 - starts[t])
-    ages[:, ~starts[T // 2].bool()] += m.BURN_IN
+    ages[:, ~starts[T // 2].bool()] += ppo_gru_astral.BURN_IN
     batch = {
         "inputs": inputs,
         "starts": starts,
@@ -551,18 +552,41 @@ def test_target_kl_stops_the_update_after_the_epoch_that_exceeds_it():
     target, the first epoch's second minibatch already sees a moved policy, so only that epoch's 2 Adam steps are
     taken (of 2 minibatches x 4 epochs = 8); without a target, or with a huge one, all 8 are."""
     torch.manual_seed(0)
-    agent = m.Agent(4, 2, 3, 16, num_abstractions=3, slot_dim=8)
+    agent = ppo_gru_astral.Agent(4, 2, 3, 16, num_abstractions=3, slot_dim=8)
     batch, initial_state, adv, ret = synthetic_batch(agent)
     steps = {}
     for target_kl in (None, 1e-8, 1e3):
         trained = copy.deepcopy(agent)
         optimizer = torch.optim.Adam(trained.parameters(), lr=1e-2)
         args = update_args(num_minibatches=2, update_epochs=4, target_kl=target_kl)
-        stats = m.ppo_update(trained, optimizer, batch, initial_state, adv, ret, args)
+        stats = ppo_gru_astral.ppo_update(trained, optimizer, batch, initial_state, adv, ret, args)
         steps[target_kl] = int(optimizer.state[trained.actor[-1].weight]["step"])
         if target_kl == 1e-8:
             assert stats["approx_kl"] > target_kl
     assert steps == {None: 8, 1e-8: 2, 1e3: 8}
+
+
+def test_the_gradient_norm_diagnostic_changes_nothing_but_what_is_logged():
+    """--diagnostics-every skips the per-term gradient norms (one extra backward pass per term) on most updates: with or
+    without them, the update takes the same steps to the same parameters and reports the same losses."""
+    torch.manual_seed(0)
+    agent = ppo_gru_astral.Agent(4, 2, 3, 16, num_abstractions=3, slot_dim=8)
+    batch, initial_state, adv, ret = synthetic_batch(agent)
+    trained = {}
+    stats = {}
+    for diagnostics in (True, False):
+        trained[diagnostics] = copy.deepcopy(agent)
+        optimizer = torch.optim.Adam(trained[diagnostics].parameters(), lr=1e-2)
+        np.random.seed(0)
+        args = update_args(lambda_consistency=0.1, lambda_supervised=0.1)
+        stats[diagnostics] = ppo_gru_astral.ppo_update(
+            trained[diagnostics], optimizer, batch, initial_state, adv, ret, args, diagnostics
+        )
+    norms = {key for key in stats[True] if key.startswith("grad_norm_")}
+    assert norms == {"grad_norm_ppo", *(f"grad_norm_{term}" for term in ppo_gru_astral.SLOT_TERMS)}
+    assert {key: v for key, v in stats[True].items() if key not in norms} == stats[False]
+    for (name, p), q in zip(trained[True].named_parameters(), trained[False].parameters()):
+        assert torch.equal(p, q), name
 
 
 @pytest.mark.parametrize("hard_gate", [False, True])
@@ -585,7 +609,7 @@ def test_slot_regularisers_enter_the_loss_with_their_sign_and_lambda(term, flag,
     or the acted (detached) weights batch["weights"] would each change that difference; and the logged grad norm of
     the term is the norm of exactly that difference."""
     torch.manual_seed(0)
-    agent = m.Agent(4, 2, 3, 16, num_abstractions=3, slot_dim=8, gumbel_tau=0.5 if hard_gate else None)
+    agent = ppo_gru_astral.Agent(4, 2, 3, 16, num_abstractions=3, slot_dim=8, gumbel_tau=0.5 if hard_gate else None)
     with torch.no_grad():
         agent.bank.gate[-1].weight.mul_(30.0)  # a gate far from uniform, where the entropies have a gradient
         agent.bank.slots.normal_()  # slots far from orthogonal
@@ -594,9 +618,11 @@ def test_slot_regularisers_enter_the_loss_with_their_sign_and_lambda(term, flag,
     def gradients(lam):
         np.random.seed(0)  # the same shuffle in both runs
         spy = GradSpy(agent)
-        args = update_args(num_minibatches=1, update_epochs=1, max_grad_norm=1e9, **{f: 0.0 for f, _ in m.SLOT_TERMS.values()})
+        args = update_args(
+            num_minibatches=1, update_epochs=1, max_grad_norm=1e9, **{f: 0.0 for f, _ in ppo_gru_astral.SLOT_TERMS.values()}
+        )
         setattr(args, flag, lam)
-        stats = m.ppo_update(agent, spy, batch, initial_state, adv, ret, args)
+        stats = ppo_gru_astral.ppo_update(agent, spy, batch, initial_state, adv, ret, args)
         (grads,) = spy.grads
         return grads, stats
 
@@ -605,11 +631,11 @@ def test_slot_regularisers_enter_the_loss_with_their_sign_and_lambda(term, flag,
         batch["inputs"], initial_state, batch["starts"], batch["actions"], noise=batch.get("gate_noise")
     )[6]
     value = {
-        "weight_entropy": lambda: m.weight_entropy(probs),
-        "load_balance_entropy": lambda: m.load_balance_entropy(probs),
-        "orthogonality": lambda: m.orthogonality_penalty(agent.bank.slots),
-        "episode_consistency": lambda: m.episode_consistency(probs, batch["starts"], batch["ages"]),
-        "supervised_ce": lambda: m.supervised_gate_loss(probs, batch["modes"], batch["ages"]),
+        "weight_entropy": lambda: ppo_gru_astral.weight_entropy(probs),
+        "load_balance_entropy": lambda: ppo_gru_astral.load_balance_entropy(probs),
+        "orthogonality": lambda: ppo_gru_astral.orthogonality_penalty(agent.bank.slots),
+        "episode_consistency": lambda: ppo_gru_astral.episode_consistency(probs, batch["starts"], batch["ages"]),
+        "supervised_ce": lambda: ppo_gru_astral.supervised_gate_loss(probs, batch["modes"], batch["ages"]),
     }[term]()
     names, params = zip(*agent.named_parameters())
     expected = torch.autograd.grad(value, params, allow_unused=True)
@@ -627,25 +653,24 @@ def test_slot_regularisers_enter_the_loss_with_their_sign_and_lambda(term, flag,
 
 
 def test_smoke_save_evaluate_json_and_heatmap(tmp_path):
-    result = run(
-        [
-            *TINY,
-            "--total-timesteps",
-            "256",
-            "--runs-dir",
-            str(tmp_path),
-            "--save-model",
-            "--eval-episodes",
-            "2",
-            "--modes-preset",
-            "inverted4",
-            "--num-abstractions",
-            "5",
-        ]
+    result = run_script(
+        "ppo_gru_astral",
+        *TINY,
+        "--total-timesteps",
+        "256",
+        "--runs-dir",
+        str(tmp_path),
+        "--save-model",
+        "--eval-episodes",
+        "2",
+        "--modes-preset",
+        "inverted4",
+        "--num-abstractions",
+        "5",
     )
     assert result.returncode == 0, result.stderr
-    (run_dir,) = glob.glob(str(tmp_path / "*"))
-    report = json.load(open(os.path.join(run_dir, "eval.json")))
+    run_dir = only_run_dir(tmp_path)
+    report = load_json(os.path.join(run_dir, "eval.json"))
     weights = np.array(report["slot_weights_deterministic"])
     assert weights.shape == (4, 5) and np.allclose(weights.sum(1), 1.0, atol=1e-5)
     assert 0.0 <= report["mode_slot_nmi_deterministic"] <= 1.0
@@ -660,11 +685,11 @@ def test_smoke_save_evaluate_json_and_heatmap(tmp_path):
         "slots/slot_loss",
         "charts/episodic_return",
     ):
-        assert scalars(run_dir, tag), tag
-    assert any(scalars(run_dir, f"slots/mode{k}_w4") for k in range(4))
-    assert any(scalars(run_dir, f"charts/episodic_return_mode{k}") for k in range(4))
-    assert max(v for _, v in scalars(run_dir, "debug/first_minibatch_ratio_error")) < 1e-5
-    assert max(v for _, v in scalars(run_dir, "debug/first_minibatch_gate_error")) < 1e-5
+        assert logged_scalars(run_dir).get(tag, []), tag
+    assert any(logged_scalars(run_dir).get(f"slots/mode{k}_w4", []) for k in range(4))
+    assert any(logged_scalars(run_dir).get(f"charts/episodic_return_mode{k}", []) for k in range(4))
+    assert max(v for _, v in logged_scalars(run_dir).get("debug/first_minibatch_ratio_error", [])) < 1e-5
+    assert max(v for _, v in logged_scalars(run_dir).get("debug/first_minibatch_gate_error", [])) < 1e-5
     model = os.path.join(run_dir, "ppo_gru_astral.cleanrl_model")
     # what tta_gating reads from a saved model
     ckpt = torch.load(model, weights_only=True)
@@ -675,35 +700,42 @@ def test_smoke_save_evaluate_json_and_heatmap(tmp_path):
         and ckpt["reward_scaler"]["var"] > 0
         and ckpt["run_name"] == os.path.basename(run_dir)
     )
-    out = m.evaluate(model, episodes_per_mode=2, modes=[(5.0, 0.9, 1.0)])
+    # inverted4's action latent is the force sign; it has no held-out mode to route
+    assert report["action_latent"] == "force_sign" and report["held_out_routing_deterministic"] == []
+    assert "episode_nmi_force_sign" in report["slots_sampled"]
+    out = ppo_gru_astral.evaluate(model, episodes_per_mode=2, modes=[(5.0, 0.9, 1.0)])
     assert out["slot_weights"].shape == (1, 5) and out["slot_counts"].sum() == sum(out["returns"][0])
     with pytest.raises(ValueError, match="not written by ppo_gru_baseline"):
-        baseline.evaluate(model)
+        ppo_gru_baseline.evaluate(model)
 
 
 def test_runs_started_in_the_same_second_get_directories_of_their_own(tmp_path, occupied_run_names):
     check = occupied_run_names(str(tmp_path), "NonStationaryCartPole__collide__7__")
-    result = run(
-        [
-            *TINY,
-            "--total-timesteps",
-            "64",
-            "--exp-name",
-            "collide",
-            "--seed",
-            "7",
-            "--runs-dir",
-            str(tmp_path),
-            "--save-model",
-            "--eval-episodes",
-            "1",
-        ]
+    result = run_script(
+        "ppo_gru_astral",
+        *TINY,
+        "--total-timesteps",
+        "64",
+        "--exp-name",
+        "collide",
+        "--seed",
+        "7",
+        "--runs-dir",
+        str(tmp_path),
+        "--save-model",
+        "--eval-episodes",
+        "1",
     )
     assert result.returncode == 0, result.stderr
     run_dir = check()
     assert os.path.isfile(os.path.join(run_dir, "collide.cleanrl_model")) and os.path.isfile(
         os.path.join(run_dir, "eval.json")
     )
+    # seed3 (the default preset) has no action latent: the report says so instead of scoring a sign it does not have
+    report = load_json(os.path.join(run_dir, "eval.json"))
+    assert report["action_latent"] is None and report["held_out_routing_deterministic"] == []
+    assert not any("force_sign" in key for key in report["slots_deterministic"])
+    assert "no action latent" in result.stdout.splitlines()[-1]
 
 
 BAD_INPUTS = [
@@ -746,50 +778,58 @@ BAD_INPUTS = [
 
 @pytest.mark.parametrize("flags,message", BAD_INPUTS)
 def test_bad_input_fails_fast_with_one_line(tmp_path, flags, message):
-    result = run([*flags, "--runs-dir", str(tmp_path / "runs")])
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0] and lines[0].startswith("ppo_gru_astral.py: error:"), result.stderr
+    result = run_script("ppo_gru_astral", *flags, "--runs-dir", str(tmp_path / "runs"))
+    assert_one_line_error(result, message)
+    assert result.stderr.startswith("ppo_gru_astral.py: error:"), result.stderr
     assert not (tmp_path / "runs").exists()
 
 
 def test_learning_happens(tmp_path):
     """Catches a broken learner (FiLM or gate wiring that blocks the policy): random play averages ~22."""
-    result = run(
-        ["--total-timesteps", "32768", "--num-envs", "16", "--num-steps", "128", "--runs-dir", str(tmp_path), "--seed", "1"]
+    result = run_script(
+        "ppo_gru_astral",
+        "--total-timesteps",
+        "32768",
+        "--num-envs",
+        "16",
+        "--num-steps",
+        "128",
+        "--runs-dir",
+        str(tmp_path),
+        "--seed",
+        "1",
     )
     assert result.returncode == 0, result.stderr
-    (run_dir,) = glob.glob(str(tmp_path / "*"))
-    returns = [v for _, v in scalars(run_dir, "charts/episodic_return")]
+    run_dir = only_run_dir(tmp_path)
+    returns = [v for _, v in logged_scalars(run_dir).get("charts/episodic_return", [])]
     assert np.mean(returns[:50]) < 40
     assert np.mean(returns[-50:]) > 100
 
 
 def test_learning_rate_anneals_linearly_to_zero(tmp_path):
-    result = run(
-        [
-            "--num-envs",
-            "2",
-            "--num-steps",
-            "8",
-            "--num-minibatches",
-            "1",
-            "--update-epochs",
-            "1",
-            "--hidden-size",
-            "8",
-            "--slot-dim",
-            "4",
-            "--total-timesteps",
-            "48",
-            "--learning-rate",
-            "0.003",
-            "--runs-dir",
-            str(tmp_path),
-        ]
+    result = run_script(
+        "ppo_gru_astral",
+        "--num-envs",
+        "2",
+        "--num-steps",
+        "8",
+        "--num-minibatches",
+        "1",
+        "--update-epochs",
+        "1",
+        "--hidden-size",
+        "8",
+        "--slot-dim",
+        "4",
+        "--total-timesteps",
+        "48",
+        "--learning-rate",
+        "0.003",
+        "--runs-dir",
+        str(tmp_path),
     )
     assert result.returncode == 0, result.stderr
-    (run_dir,) = glob.glob(str(tmp_path / "*"))
-    logged = scalars(run_dir, "charts/learning_rate")
+    run_dir = only_run_dir(tmp_path)
+    logged = logged_scalars(run_dir).get("charts/learning_rate", [])
     assert [step for step, _ in logged] == [16, 32, 48]
     assert [lr for _, lr in logged] == pytest.approx([3e-3, 2e-3, 1e-3], rel=1e-6)

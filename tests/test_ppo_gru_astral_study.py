@@ -9,16 +9,16 @@ import subprocess
 import sys
 
 import pytest
+from helpers import REPO
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "benchmark"))
+sys.path.insert(0, os.path.join(REPO, "benchmark"))
 import astral_study_report as report  # noqa: E402
 
 
 def study(*args, **env):
     return subprocess.run(
         ["bash", "benchmark/astral_study.sh", *args, "--dry-run"],
-        cwd=ROOT,
+        cwd=REPO,
         capture_output=True,
         text=True,
         timeout=120,

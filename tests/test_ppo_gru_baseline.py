@@ -2,44 +2,29 @@
 
 import copy
 import glob
-import json
 import os
-import subprocess
-import sys
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from helpers import SCRIPT_ENV, assert_one_line_error, load_json, logged_scalars, only_run_dir, run_script
 
-from cleanrl_astral import ppo_gru_baseline as m
+import cleanrl_astral.ppo_gru_baseline as ppo_gru_baseline
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "cleanrl_astral", "ppo_gru_baseline.py")
 TINY = ["--num-envs", "4", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "2", "--hidden-size", "16"]
-
-
-def run(args, **kwargs):
-    return subprocess.run([sys.executable, SCRIPT, *args], cwd=ROOT, capture_output=True, text=True, timeout=300, **kwargs)
-
-
-def scalars(run_dir, tag):
-    acc = EventAccumulator(run_dir, size_guidance={"scalars": 0})
-    acc.Reload()
-    return [(e.step, e.value) for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
 
 
 def rollout(memory="gru", oracle=False, hide_velocity=False, num_envs=8, num_steps=64, seed=0, envs=None):
     """Two real rollouts with an untrained agent; the second starts from a non-zero GRU state and crosses several
     episode boundaries (random CartPole episodes last ~20 steps)."""
     torch.manual_seed(seed)
-    modes = m.MODE_PRESETS["seed3"]
-    envs = envs or m.NonStationaryCartPole(num_envs, modes, hide_velocity)
-    agent = m.Agent(2 if hide_velocity else 4, 2, len(modes), 32, memory, oracle)
-    carry = m.new_carry(envs, agent, seed, "cpu")
+    modes = ppo_gru_baseline.MODE_PRESETS["seed3"]
+    envs = envs or ppo_gru_baseline.NonStationaryCartPole(num_envs, modes, hide_velocity)
+    agent = ppo_gru_baseline.Agent(2 if hide_velocity else 4, 2, len(modes), 32, memory, oracle)
+    carry = ppo_gru_baseline.new_carry(envs, agent, seed, "cpu")
     for _ in range(2):
-        batch, initial_state, episodes = m.collect_rollout(agent, envs, carry, num_steps, 0.99, None)
+        batch, initial_state, episodes = ppo_gru_baseline.collect_rollout(agent, envs, carry, num_steps, 0.99, None)
     return agent, batch, initial_state, episodes
 
 
@@ -51,7 +36,7 @@ def zero_state_step(agent, inputs):
 
 
 def update_args(**overrides):
-    args = m.Args(num_minibatches=2, update_epochs=2)
+    args = ppo_gru_baseline.Args(num_minibatches=2, update_epochs=2)
     for k, v in overrides.items():
         setattr(args, k, v)
     return args
@@ -65,8 +50,8 @@ def test_env_gives_gymnasiums_cartpole_trajectories(preset, mode_of_env):
     """Started from the same states, with the same actions and each env's physics set on gymnasium's CartPole-v1 (as
     the script's modes define it), the vectorised env returns the same observations, rewards, terminations and
     time-limit truncations, bit for bit, over many episodes."""
-    modes, n = m.MODE_PRESETS[preset], len(mode_of_env)
-    envs = m.NonStationaryCartPole(n, modes, max_episode_steps=40)
+    modes, n = ppo_gru_baseline.MODE_PRESETS[preset], len(mode_of_env)
+    envs = ppo_gru_baseline.NonStationaryCartPole(n, modes, max_episode_steps=40)
     envs.pinned[:] = mode_of_env
     envs.reset(seed=0)
     reference = [gym.make("CartPole-v1", max_episode_steps=40) for _ in range(n)]
@@ -100,7 +85,7 @@ def test_env_gives_gymnasiums_cartpole_trajectories(preset, mode_of_env):
 
 
 def test_autoreset_is_same_step_with_fresh_first_observations():
-    envs = m.NonStationaryCartPole(16, m.MODE_PRESETS["seed3"], max_episode_steps=30)
+    envs = ppo_gru_baseline.NonStationaryCartPole(16, ppo_gru_baseline.MODE_PRESETS["seed3"], max_episode_steps=30)
     obs, info = envs.reset(seed=0)
     rng, ended = np.random.default_rng(0), 0
     for _ in range(300):
@@ -116,7 +101,7 @@ def test_autoreset_is_same_step_with_fresh_first_observations():
 
 
 def test_inverted_mode_pushes_the_other_way():
-    envs = m.NonStationaryCartPole(2, m.MODE_PRESETS["inverted4"])
+    envs = ppo_gru_baseline.NonStationaryCartPole(2, ppo_gru_baseline.MODE_PRESETS["inverted4"])
     envs.pinned[:] = [0, 3]
     obs, _ = envs.reset(seed=0)
     envs.state[1] = envs.state[0]
@@ -126,7 +111,9 @@ def test_inverted_mode_pushes_the_other_way():
 
 
 def test_hide_velocity_observes_position_and_angle():
-    full, hidden = (m.NonStationaryCartPole(4, m.MODE_PRESETS["seed3"], hide) for hide in (False, True))
+    full, hidden = (
+        ppo_gru_baseline.NonStationaryCartPole(4, ppo_gru_baseline.MODE_PRESETS["seed3"], hide) for hide in (False, True)
+    )
     obs_full, _ = full.reset(seed=3)
     obs_hidden, _ = hidden.reset(seed=3)
     for _ in range(50):
@@ -137,7 +124,9 @@ def test_hide_velocity_observes_position_and_angle():
 
 def test_modes_are_drawn_per_episode_switched_by_switch_prob_and_pinned_by_fixed_mode():
     def modes_seen(switch_prob=0.0, fixed_mode=None, steps=200):
-        envs = m.NonStationaryCartPole(8, m.MODE_PRESETS["seed3"], fixed_mode=fixed_mode, switch_prob=switch_prob)
+        envs = ppo_gru_baseline.NonStationaryCartPole(
+            8, ppo_gru_baseline.MODE_PRESETS["seed3"], fixed_mode=fixed_mode, switch_prob=switch_prob
+        )
         _, info = envs.reset(seed=0)
         rng, changes, episode_modes, mode = np.random.default_rng(0), 0, [info["mode"]], info["mode"]
         for _ in range(steps):
@@ -161,48 +150,53 @@ def test_modes_are_drawn_per_episode_switched_by_switch_prob_and_pinned_by_fixed
 def test_balanced_share_gives_every_training_mode_the_same_share_of_steps():
     """--mode-share balanced pins env i to training mode i mod M, whatever the episode lengths: the inverted mode's
     ~20-step episodes get as many steps as the upright modes' 500-step ones; a held-out mode none."""
-    agent = m.Agent(4, 2, 4, 16)
+    agent = ppo_gru_baseline.Agent(4, 2, 4, 16)
     for held_out, training in (((), [0, 1, 2, 3]), ((1,), [0, 2, 3])):
-        envs = m.NonStationaryCartPole(12, m.MODE_PRESETS["inverted4"], held_out=held_out, mode_share="balanced")
-        carry = m.new_carry(envs, agent, 0, "cpu")
-        batch, _, episodes = m.collect_rollout(agent, envs, carry, 64, 0.99, None)
+        envs = ppo_gru_baseline.NonStationaryCartPole(
+            12, ppo_gru_baseline.MODE_PRESETS["inverted4"], held_out=held_out, mode_share="balanced"
+        )
+        carry = ppo_gru_baseline.new_carry(envs, agent, 0, "cpu")
+        batch, _, episodes = ppo_gru_baseline.collect_rollout(agent, envs, carry, 64, 0.99, None)
         counts = np.bincount(batch["modes"].flatten().numpy(), minlength=4)
         assert [k for k in range(4) if counts[k]] == training and len(set(counts[training])) == 1, counts
         assert counts.sum() == 12 * 64 and {mode for _, _, mode, _ in episodes} == set(training)
 
 
 def test_held_out_mode_is_never_drawn_in_training_and_is_evaluated(tmp_path):
-    envs = m.NonStationaryCartPole(16, m.MODE_PRESETS["inverted4"], switch_prob=0.3, held_out=(2,), max_episode_steps=20)
+    envs = ppo_gru_baseline.NonStationaryCartPole(
+        16, ppo_gru_baseline.MODE_PRESETS["inverted4"], switch_prob=0.3, held_out=(2,), max_episode_steps=20
+    )
     _, info = envs.reset(seed=0)
     seen, rng = [info["mode"]], np.random.default_rng(0)
     for _ in range(300):
         _, _, _, _, info = envs.step(rng.integers(2, size=16))
         seen.append(info["mode"])
     assert set(np.concatenate(seen)) == {0, 1, 3}
-    result = run(
-        [
-            *TINY,
-            "--total-timesteps",
-            "128",
-            "--modes-preset",
-            "mirror4",
-            "--save-model",
-            "--eval-episodes",
-            "1",
-            "--runs-dir",
-            str(tmp_path),
-        ]
+    result = run_script(
+        "ppo_gru_baseline",
+        *TINY,
+        "--total-timesteps",
+        "128",
+        "--modes-preset",
+        "mirror4",
+        "--save-model",
+        "--eval-episodes",
+        "1",
+        "--runs-dir",
+        str(tmp_path),
     )
     assert result.returncode == 0, result.stderr
-    (run_dir,) = glob.glob(str(tmp_path / "*"))
-    report = json.load(open(os.path.join(run_dir, "eval.json")))
+    run_dir = only_run_dir(tmp_path)
+    report = load_json(os.path.join(run_dir, "eval.json"))
     assert report["held_out_modes"] == [4] and set(report["per_mode"]) == {"0", "1", "2", "3", "4"}
     training = [report["per_mode"][str(k)]["deterministic"]["mean"] for k in range(4)]
     assert report["deterministic_mean"] == pytest.approx(np.mean(training))
     assert report["deterministic_held_out_mean"] == report["per_mode"]["4"]["deterministic"]["mean"]
     # the force-inverted training modes end their episodes within the budget; the held-out mode is never logged
-    assert not scalars(run_dir, "charts/episodic_return_mode4")
-    assert scalars(run_dir, "charts/episodic_return_mode1") or scalars(run_dir, "charts/episodic_return_mode3")
+    assert not logged_scalars(run_dir).get("charts/episodic_return_mode4", [])
+    assert logged_scalars(run_dir).get("charts/episodic_return_mode1", []) or logged_scalars(run_dir).get(
+        "charts/episodic_return_mode3", []
+    )
 
 
 # --- recurrent PPO mechanics -------------------------------------------------------------------------
@@ -212,9 +206,11 @@ def test_held_out_mode_is_never_drawn_in_training_and_is_evaluated(tmp_path):
 def test_first_minibatch_ratio_is_one(memory, oracle):
     agent, batch, initial_state, _ = rollout(memory, oracle)
     assert initial_state.abs().sum() > 0 and batch["starts"][1:].sum() > 0
-    adv, ret = m.compute_gae(batch["rewards"], batch["values"], batch["starts"], torch.zeros(8), torch.zeros(8), 0.99, 0.95)
+    adv, ret = ppo_gru_baseline.compute_gae(
+        batch["rewards"], batch["values"], batch["starts"], torch.zeros(8), torch.zeros(8), 0.99, 0.95
+    )
     optimizer = torch.optim.Adam(agent.parameters(), lr=1e-3)
-    stats = m.ppo_update(agent, optimizer, batch, initial_state, adv, ret, update_args())
+    stats = ppo_gru_baseline.ppo_update(agent, optimizer, batch, initial_state, adv, ret, update_args())
     assert stats["first_minibatch_ratio_error"] < 1e-5
 
 
@@ -267,7 +263,7 @@ def test_unroll_equals_stepping_the_gru_module_with_resets():
     """unroll calls torch.gru_cell on the module's weights directly; it must equal nn.GRUCell step by step, with the
     state zeroed exactly where starts = 1 (random biases, so swapped ih/hh weights or biases would show)."""
     torch.manual_seed(0)
-    agent = m.Agent(4, 2, 3, 16)
+    agent = ppo_gru_baseline.Agent(4, 2, 3, 16)
     with torch.no_grad():
         for p in agent.gru.parameters():
             p.normal_()
@@ -309,12 +305,12 @@ def test_truncation_bootstraps_from_the_final_observation_and_is_logged():
     """An episode cut by the time limit is not a failure: its last reward is 1 + gamma V(final observation), with the
     final observation recomputed independently on gymnasium's CartPole, and it reaches the episode log. With a 5-step
     limit, 2 envs x 12 steps finish 4 episodes of return 5, at steps 4 and 9."""
-    envs = m.NonStationaryCartPole(2, [(9.8, 0.5, 1.0)], max_episode_steps=5)
+    envs = ppo_gru_baseline.NonStationaryCartPole(2, [(9.8, 0.5, 1.0)], max_episode_steps=5)
     torch.manual_seed(0)
-    agent = m.Agent(4, 2, 1, 16)
-    carry = m.new_carry(envs, agent, 3, "cpu")
+    agent = ppo_gru_baseline.Agent(4, 2, 1, 16)
+    carry = ppo_gru_baseline.new_carry(envs, agent, 3, "cpu")
     start_state = envs.state[0].copy()
-    batch, initial_state, episodes = m.collect_rollout(agent, envs, carry, 12, 0.99, None)
+    batch, initial_state, episodes = ppo_gru_baseline.collect_rollout(agent, envs, carry, 12, 0.99, None)
     assert sorted(episodes) == [(5.0, 5, 0, 4)] * 2 + [(5.0, 5, 0, 9)] * 2
     assert torch.all(batch["rewards"][[0, 1, 2, 3, 5, 6, 7, 8]] == 1.0) and torch.all(batch["starts"][[5, 10]] == 1.0)
     reference = gym.make("CartPole-v1").unwrapped
@@ -333,7 +329,7 @@ def test_gae_does_not_bootstrap_across_episode_boundaries():
     rewards = torch.tensor([[1.0], [2.0], [3.0], [4.0]])
     values = torch.tensor([[10.0], [20.0], [30.0], [40.0]])
     starts = torch.tensor([[0.0], [0.0], [1.0], [0.0]])
-    adv, ret = m.compute_gae(rewards, values, starts, torch.tensor([50.0]), torch.tensor([1.0]), 0.5, 1.0)
+    adv, ret = ppo_gru_baseline.compute_gae(rewards, values, starts, torch.tensor([50.0]), torch.tensor([1.0]), 0.5, 1.0)
     # step 3 and step 1 end episodes: their deltas are r - V, with nothing from the next step
     assert adv[3, 0] == pytest.approx(4.0 - 40.0)
     assert adv[1, 0] == pytest.approx(2.0 - 20.0)
@@ -351,7 +347,7 @@ def test_gae_matches_its_definition_with_discounting_and_bootstrapping(forward_g
     values = torch.tensor([[10.0, 1.0], [20.0, -2.0], [30.0, 3.0], [40.0, 0.0], [5.0, 6.0]])
     starts = torch.tensor([[1.0, 1.0], [0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 0.0]])
     next_value, next_start_t = torch.tensor([50.0, -7.0]), torch.tensor([next_start, 0.0])
-    adv, ret = m.compute_gae(rewards, values, starts, next_value, next_start_t, gamma, lam)
+    adv, ret = ppo_gru_baseline.compute_gae(rewards, values, starts, next_value, next_start_t, gamma, lam)
     for n in range(2):
         continues = [1.0 - starts[t + 1, n].item() for t in range(4)] + [1.0 - next_start_t[n].item()]
         expected = forward_gae(rewards[:, n].tolist(), values[:, n].tolist() + [next_value[n].item()], continues, gamma, lam)
@@ -363,7 +359,7 @@ def test_reward_scaler_divides_by_running_std_of_discounted_return():
     """Checked against a direct computation: the running variance over all discounted returns seen so far,
     with each environment's return restarting after its episode ends."""
     rng = np.random.default_rng(0)
-    scaler = m.RewardScaler(3, gamma=0.9)
+    scaler = ppo_gru_baseline.RewardScaler(3, gamma=0.9)
     returns, history = np.zeros(3), []
     for _ in range(40):
         rewards, dones = rng.normal(5.0, 2.0, 3), rng.random(3) < 0.2
@@ -428,7 +424,7 @@ def scripted_update(advantages, returns, old_values, new_values=None, **override
     new_values = old_values if new_values is None else new_values
     agent = ScriptedAgent(batch["logprobs"], new_values, torch.full((T, N), 0.6))
     spy = GradSpy(agent)
-    stats = m.ppo_update(
+    stats = ppo_gru_baseline.ppo_update(
         agent, spy, batch, env_index[:, None], advantages, returns, update_args(max_grad_norm=1e9, **overrides)
     )
     return agent, spy, stats
@@ -504,7 +500,7 @@ def test_target_kl_stops_the_update_after_the_epoch_that_exceeds_it():
     target, the first epoch's second minibatch already sees a moved policy, so only that epoch's 2 Adam steps are
     taken (of 2 minibatches x 4 epochs = 8); without a target, or with a huge one, all 8 are."""
     torch.manual_seed(0)
-    agent = m.Agent(4, 2, 3, 16)
+    agent = ppo_gru_baseline.Agent(4, 2, 3, 16)
     gen = torch.Generator().manual_seed(0)
     T, N = 6, 4
     inputs, starts = torch.randn(T, N, agent.input_dim, generator=gen), torch.zeros(T, N)
@@ -518,7 +514,7 @@ def test_target_kl_stops_the_update_after_the_epoch_that_exceeds_it():
     for target_kl in (None, 1e-8, 1e3):
         trained = copy.deepcopy(agent)
         optimizer = torch.optim.Adam(trained.parameters(), lr=1e-2)
-        stats = m.ppo_update(
+        stats = ppo_gru_baseline.ppo_update(
             trained, optimizer, batch, initial_state, adv, ret, update_args(update_epochs=4, target_kl=target_kl)
         )
         steps[target_kl] = int(optimizer.state[trained.actor[-1].weight]["step"])
@@ -531,75 +527,128 @@ def test_target_kl_stops_the_update_after_the_epoch_that_exceeds_it():
 
 
 def test_smoke_save_evaluate_round_trip(tmp_path):
-    result = run(
-        [
-            *TINY,
-            "--total-timesteps",
-            "256",
-            "--runs-dir",
-            str(tmp_path),
-            "--save-model",
-            "--eval-episodes",
-            "2",
-            "--hide-velocity",
-        ]
+    result = run_script(
+        "ppo_gru_baseline",
+        *TINY,
+        "--total-timesteps",
+        "256",
+        "--runs-dir",
+        str(tmp_path),
+        "--save-model",
+        "--eval-episodes",
+        "2",
+        "--hide-velocity",
     )
     assert result.returncode == 0, result.stderr
-    (run_dir,) = glob.glob(str(tmp_path / "*"))
+    run_dir = only_run_dir(tmp_path)
     model = os.path.join(run_dir, "ppo_gru_baseline.cleanrl_model")
-    report = json.load(open(os.path.join(run_dir, "eval.json")))
+    report = load_json(os.path.join(run_dir, "eval.json"))
     assert set(report["per_mode"]) == {"0", "1", "2"}
     assert all(len(report["per_mode"][k][kind]["returns"]) == 2 for k in "012" for kind in ("deterministic", "sampled"))
     for k in "012":
-        assert [v for _, v in scalars(run_dir, f"eval/episodic_return_mode{k}_deterministic")] == pytest.approx(
+        assert [v for _, v in logged_scalars(run_dir).get(f"eval/episodic_return_mode{k}_deterministic", [])] == pytest.approx(
             [report["per_mode"][k]["deterministic"]["mean"]]
         )
     # training logged what the benchmark reads, and the replay check held on every update
-    assert scalars(run_dir, "charts/episodic_return") and scalars(run_dir, "charts/episodic_return_mode0")
-    errors = [v for _, v in scalars(run_dir, "debug/first_minibatch_ratio_error")]
+    assert logged_scalars(run_dir).get("charts/episodic_return", []) and logged_scalars(run_dir).get(
+        "charts/episodic_return_mode0", []
+    )
+    errors = [v for _, v in logged_scalars(run_dir).get("debug/first_minibatch_ratio_error", [])]
     assert len(errors) == 4 and max(errors) < 1e-5
     # what tta_gating reads from a saved model
     ckpt = torch.load(model, weights_only=True)
     assert ckpt["args"]["hide_velocity"] and ckpt["reward_scaler"]["var"] > 0 and len(ckpt["modes"]) == 3
     # evaluate() works on a saved file with unseen physics, and never writes to it
     before = open(model, "rb").read()
-    results = m.evaluate(model, episodes_per_mode=3, modes=[(5.0, 0.9, 1.0), (15.0, 0.3, -1.0)])
+    results = ppo_gru_baseline.evaluate(model, episodes_per_mode=3, modes=[(5.0, 0.9, 1.0), (15.0, 0.3, -1.0)])["returns"]
     assert set(results) == {0, 1} and all(len(r) == 3 and np.all(r >= 1) for r in results.values())
     assert open(model, "rb").read() == before
+    # seed3 has no action latent: no probe, and the report says so
+    assert report["action_latent"] is None and report["probes_deterministic"] == {}
+    assert "none (no mode of this preset changes which action is right)" in result.stdout
 
 
 def test_evaluation_returns_the_first_episode_of_each_env():
     """evaluate's episodes are the first episode of each env: an env that finishes early and restarts must not add its
     second episode's rewards."""
-    agent = m.Agent(4, 2, 3, 16)
-    envs = m.NonStationaryCartPole(6, m.MODE_PRESETS["seed3"], fixed_mode=1, max_episode_steps=7)
-    first = m.first_episodes(agent, envs, seed=0, deterministic=True)
+    agent = ppo_gru_baseline.Agent(4, 2, 3, 16)
+    envs = ppo_gru_baseline.NonStationaryCartPole(6, ppo_gru_baseline.MODE_PRESETS["seed3"], fixed_mode=1, max_episode_steps=7)
+    first, steps = ppo_gru_baseline.first_episodes(agent, envs, seed=0, deterministic=True)
     assert all(ret <= 7 and ret == length and mode == 1 for ret, length, mode in first)
+    # the probe's columns: one age per step of each first episode (0, 1, ...), -1 after it; h of the same shape
+    for i, (_, length, _) in enumerate(first):
+        ages = steps["ages"][:, i]
+        assert ages[:length].tolist() == list(range(length)) and np.all(ages[length:] == -1)
+    assert steps["hidden"].shape == (*steps["ages"].shape, 16)
+
+
+def test_sign_probe_reads_the_force_sign_from_h_and_skips_held_out_modes(tmp_path, monkeypatch):
+    """evaluate's probe_acc_h_force_sign fits a logistic regression from h to the force sign of the step's mode, on the
+    even episodes of the training modes past burn-in, and scores the odd ones. With an agent whose h carries the sign
+    (the oracle's mode one-hot reaches h) it is near 1; with the labels shuffled across modes it could not be."""
+    result = run_script(
+        "ppo_gru_baseline",
+        *TINY,
+        "--total-timesteps",
+        "64",
+        "--modes-preset",
+        "mirror4",
+        "--oracle",
+        "--runs-dir",
+        tmp_path,
+        "--save-model",
+        "--eval-episodes",
+        "2",
+    )
+    assert result.returncode == 0, result.stderr
+    model = os.path.join(only_run_dir(tmp_path), "ppo_gru_baseline.cleanrl_model")
+    seen = {}
+    real = ppo_gru_baseline.first_episodes
+
+    def long_episodes(agent, envs, seed, deterministic):
+        envs.max_episode_steps = 40  # every episode past burn-in whatever the untrained agent does
+        return real(agent, envs, seed, deterministic)
+
+    def spy(features, labels, episode):
+        seen.update(features=features, labels=labels, episode=episode)
+        return 0.5
+
+    monkeypatch.setattr(ppo_gru_baseline, "first_episodes", long_episodes)
+    from cleanrl_astral_utils import cartpole
+
+    monkeypatch.setattr(cartpole, "linear_probe_accuracy", spy)
+    out = ppo_gru_baseline.evaluate(model, episodes_per_mode=4)
+    assert out["probes"] == {"probe_acc_h_force_sign": 0.5}
+    # the held-out mode 4 is not probed: 4 training modes x 4 episodes, labels the modes' signs [1, 0, 1, 0]
+    assert set(seen["episode"].tolist()) <= set(range(16)) and seen["features"].shape[1] == 16
+    by_episode = {int(e): int(label) for e, label in zip(seen["episode"], seen["labels"])}
+    assert by_episode == {e: [1, 0, 1, 0][e // 4] for e in by_episode} and len(set(by_episode.values())) == 2
 
 
 def test_controls_and_tracking_run(tmp_path):
-    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    env = {**SCRIPT_ENV, "WANDB_SILENT": "true"}
     for extra in (["--memory", "none"], ["--oracle", "--track"], ["--modes-preset", "inverted4", "--switch-prob", "0.05"]):
-        result = run([*TINY, "--total-timesteps", "128", "--runs-dir", str(tmp_path / extra[-1])] + extra, env=env)
+        result = run_script(
+            "ppo_gru_baseline", *TINY, "--total-timesteps", "128", "--runs-dir", tmp_path / extra[-1], *extra, env=env
+        )
         assert result.returncode == 0, result.stderr
-        (run_dir,) = glob.glob(str(tmp_path / extra[-1] / "*"))
-        assert max(v for _, v in scalars(run_dir, "debug/first_minibatch_ratio_error")) < 1e-5
+        run_dir = only_run_dir(tmp_path / extra[-1])
+        assert max(v for _, v in logged_scalars(run_dir).get("debug/first_minibatch_ratio_error", [])) < 1e-5
     assert glob.glob(str(tmp_path / "--track" / "*" / "wandb" / "offline-run-*"))
 
 
 def test_capture_video_writes_one_video_per_mode(tmp_path):
-    result = run(
-        [
-            *TINY,
-            "--total-timesteps",
-            "64",
-            "--runs-dir",
-            str(tmp_path),
-            "--save-model",
-            "--capture-video",
-            "--eval-episodes",
-            "1",
-        ]
+    result = run_script(
+        "ppo_gru_baseline",
+        *TINY,
+        "--total-timesteps",
+        "64",
+        "--runs-dir",
+        str(tmp_path),
+        "--save-model",
+        "--capture-video",
+        "--eval-episodes",
+        "1",
     )
     assert result.returncode == 0, result.stderr
     videos = sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / "*" / "videos" / "*.mp4")))
@@ -610,21 +659,20 @@ def test_runs_started_in_the_same_second_get_directories_of_their_own(tmp_path, 
     """Runs of one command and seed started in the same second (a shell loop over flags) would otherwise share
     runs/{run_name}: their TensorBoard events would mix, and the later run's files would replace the earlier run's."""
     check = occupied_run_names(str(tmp_path), "NonStationaryCartPole__collide__7__")
-    result = run(
-        [
-            *TINY,
-            "--total-timesteps",
-            "64",
-            "--exp-name",
-            "collide",
-            "--seed",
-            "7",
-            "--runs-dir",
-            str(tmp_path),
-            "--save-model",
-            "--eval-episodes",
-            "1",
-        ]
+    result = run_script(
+        "ppo_gru_baseline",
+        *TINY,
+        "--total-timesteps",
+        "64",
+        "--exp-name",
+        "collide",
+        "--seed",
+        "7",
+        "--runs-dir",
+        str(tmp_path),
+        "--save-model",
+        "--eval-episodes",
+        "1",
     )
     assert result.returncode == 0, result.stderr
     run_dir = check()
@@ -669,22 +717,21 @@ BAD_INPUTS = [
 
 @pytest.mark.parametrize("flags,message", BAD_INPUTS)
 def test_bad_input_fails_fast_with_one_line(tmp_path, flags, message):
-    result = run([*flags, "--runs-dir", str(tmp_path / "runs")])
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0] and lines[0].startswith("ppo_gru_baseline.py: error:"), result.stderr
+    result = run_script("ppo_gru_baseline", *flags, "--runs-dir", str(tmp_path / "runs"))
+    assert_one_line_error(result, message)
+    assert result.stderr.startswith("ppo_gru_baseline.py: error:"), result.stderr
     assert not (tmp_path / "runs").exists()  # no run directory: nothing started
 
 
 @pytest.mark.parametrize("flags", [["--memory", "lstm"], ["--modes-preset", "seed7"]])
 def test_choices_are_checked_by_the_parser(tmp_path, flags):
-    result = run([*flags, "--runs-dir", str(tmp_path / "runs")])
+    result = run_script("ppo_gru_baseline", *flags, "--runs-dir", str(tmp_path / "runs"))
     assert result.returncode != 0 and "invalid choice" in result.stderr.lower() and not (tmp_path / "runs").exists()
 
 
 def test_a_runs_dir_that_is_a_file_is_a_one_line_error(tmp_path):
     (tmp_path / "runs").write_text("")
-    result = run([*TINY, "--total-timesteps", "64", "--runs-dir", str(tmp_path / "runs")])
+    result = run_script("ppo_gru_baseline", *TINY, "--total-timesteps", "64", "--runs-dir", str(tmp_path / "runs"))
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and "--runs-dir" in lines[0] and "not a directory" in lines[0]
     assert result.stdout == "" and (tmp_path / "runs").read_text() == ""
@@ -696,18 +743,28 @@ def test_another_scripts_model_is_refused(tmp_path):
     torch.save([1, 2], junk)
     for path in (other, junk):
         with pytest.raises(ValueError, match="not written by ppo_gru_baseline.py"):
-            m.evaluate(str(path))
+            ppo_gru_baseline.evaluate(str(path))
 
 
 def test_learning_happens(tmp_path):
     """Catches a broken learner: a random CartPole policy averages ~22; 30k steps of this PPO (with the default
     reward scaling) must do far better."""
-    result = run(
-        ["--total-timesteps", "32768", "--num-envs", "16", "--num-steps", "128", "--runs-dir", str(tmp_path), "--seed", "1"]
+    result = run_script(
+        "ppo_gru_baseline",
+        "--total-timesteps",
+        "32768",
+        "--num-envs",
+        "16",
+        "--num-steps",
+        "128",
+        "--runs-dir",
+        str(tmp_path),
+        "--seed",
+        "1",
     )
     assert result.returncode == 0, result.stderr
-    (run_dir,) = glob.glob(str(tmp_path / "*"))
-    returns = [v for _, v in scalars(run_dir, "charts/episodic_return")]
+    run_dir = only_run_dir(tmp_path)
+    returns = [v for _, v in logged_scalars(run_dir).get("charts/episodic_return", [])]
     assert np.mean(returns[:50]) < 40
     assert np.mean(returns[-50:]) > 100
 
@@ -715,28 +772,27 @@ def test_learning_happens(tmp_path):
 def test_learning_rate_anneals_linearly_to_zero(tmp_path):
     """With --anneal-lr (the default) update k of n uses lr * (1 - (k - 1) / n): 3e-3, 2e-3, 1e-3 for n = 3, as
     logged in charts/learning_rate (the optimizer's lr). A constant lr would not decay."""
-    result = run(
-        [
-            "--num-envs",
-            "2",
-            "--num-steps",
-            "8",
-            "--num-minibatches",
-            "1",
-            "--update-epochs",
-            "1",
-            "--hidden-size",
-            "8",
-            "--total-timesteps",
-            "48",
-            "--learning-rate",
-            "0.003",
-            "--runs-dir",
-            str(tmp_path),
-        ]
+    result = run_script(
+        "ppo_gru_baseline",
+        "--num-envs",
+        "2",
+        "--num-steps",
+        "8",
+        "--num-minibatches",
+        "1",
+        "--update-epochs",
+        "1",
+        "--hidden-size",
+        "8",
+        "--total-timesteps",
+        "48",
+        "--learning-rate",
+        "0.003",
+        "--runs-dir",
+        str(tmp_path),
     )
     assert result.returncode == 0, result.stderr
-    (run_dir,) = glob.glob(str(tmp_path / "*"))
-    logged = scalars(run_dir, "charts/learning_rate")
+    run_dir = only_run_dir(tmp_path)
+    logged = logged_scalars(run_dir).get("charts/learning_rate", [])
     assert [step for step, _ in logged] == [16, 32, 48]
     assert [lr for _, lr in logged] == pytest.approx([3e-3, 2e-3, 1e-3], rel=1e-6)

@@ -1,0 +1,227 @@
+"""What the CartPole scripts (ppo_gru_baseline.py, ppo_gru_astral.py) do around their method: checkpoints written
+atomically and refused when another program wrote them, the evaluation report (eval.json, its TensorBoard scalars and
+printed lines), the linear probe of the evaluation, the slot heatmap and the evaluation videos.
+
+The scripts import it only where a run needs it (a --save-model run, or evaluate()), as CleanRL imports cleanrl_utils."""
+
+import dataclasses
+import os
+
+import numpy as np
+import torch
+
+from cleanrl_astral_utils.files import atomic_torch_save, atomic_write_json
+
+KINDS = ("deterministic", "sampled")
+
+
+# CHECKPOINTS
+def save_checkpoint(path, script, checkpoint_format, args, modes, run_name, agent, reward_scaler):
+    """Writes `{"script", "format", "args", "modes", "run_name", "state_dict", "reward_scaler"}` to path, atomically (a
+    killed run leaves no half-written model). The reward normaliser's state is kept because the value head is in its
+    units (tta_gating --online bootstraps with it)."""
+    scaler = None
+    if reward_scaler is not None:
+        scaler = {key: float(getattr(reward_scaler.return_rms, key)) for key in ("mean", "var", "count")}
+    checkpoint = {
+        "script": script,
+        "format": checkpoint_format,
+        "args": dataclasses.asdict(args),
+        "modes": modes,
+        "run_name": run_name,
+        "state_dict": agent.state_dict(),
+        "reward_scaler": scaler,
+    }
+    atomic_torch_save(checkpoint, path)
+
+
+def load_checkpoint(path, script, checkpoint_format):
+    """The checkpoint dict at path, or ValueError when `script`.py (format `checkpoint_format`) did not write it."""
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(checkpoint, dict):
+        raise ValueError(f"{path!r} was not written by {script}.py (format {checkpoint_format})")
+    if checkpoint.get("script") != script or checkpoint.get("format") != checkpoint_format:
+        raise ValueError(f"{path!r} was not written by {script}.py (format {checkpoint_format})")
+    return checkpoint
+
+
+# EVALUATION REPORT
+def returns_report(script, model_path, episodes_per_mode, modes, held_out, returns_by_kind):
+    """eval.json's returns: per mode and kind (deterministic, sampled) the mean, std and every return; per kind the mean
+    over the training modes (`{kind}_mean`) and, apart, over the held-out modes (`{kind}_held_out_mean`)."""
+    report = {
+        "script": script,
+        "checkpoint": model_path,
+        "episodes_per_mode": episodes_per_mode,
+        "held_out_modes": held_out,
+        "modes": [{"gravity": gravity, "half_length": length, "force_sign": sign} for gravity, length, sign in modes],
+        "per_mode": {},
+    }
+    for kind, returns in returns_by_kind.items():
+        for k, mode_returns in returns.items():
+            entry = {
+                "mean": float(np.mean(mode_returns)),
+                "std": float(np.std(mode_returns)),
+                "returns": mode_returns.tolist(),
+            }
+            report["per_mode"].setdefault(str(k), {})[kind] = entry
+        training = [k for k in returns if k not in held_out]
+        report[f"{kind}_mean"] = float(np.mean([np.mean(returns[k]) for k in training]))
+        if held_out:
+            report[f"{kind}_held_out_mean"] = float(np.mean([np.mean(returns[k]) for k in held_out]))
+    return report
+
+
+def log_report(writer, report, global_step):
+    """TensorBoard eval/episodic_return_mode{k}_{kind}, and slots/eval_{metric}_{kind} for each slot or probe metric."""
+    for k, per_kind in report["per_mode"].items():
+        for kind, entry in per_kind.items():
+            writer.add_scalar(f"eval/episodic_return_mode{k}_{kind}", entry["mean"], global_step)
+    for kind in KINDS:
+        for key, value in report.get(f"slots_{kind}", {}).items():
+            writer.add_scalar(f"slots/eval_{key}_{kind}", value, global_step)
+    for kind in KINDS:
+        for key, value in report.get(f"probes_{kind}", {}).items():
+            writer.add_scalar(f"eval/{key}_{kind}", value, global_step)
+
+
+def print_returns(report):
+    """One line per mode: `eval mode k (n episodes): deterministic mean ± std, sampled mean ± std`."""
+    for k, per_kind in report["per_mode"].items():
+        parts = [f"{kind} {entry['mean']:.1f} ± {entry['std']:.1f}" for kind, entry in per_kind.items()]
+        print(f"eval mode {k} ({report['episodes_per_mode']} episodes): " + ", ".join(parts))
+
+
+def print_probes(report):
+    """The GRU baseline's probe line: how well a linear probe reads the preset's action latent from h, per kind."""
+    latent = report["action_latent"]
+    if latent is None:
+        print("linear probe of the action latent from h: none (no mode of this preset changes which action is right)")
+        return
+    parts = [f"{kind} {report[f'probes_{kind}'][f'probe_acc_h_{latent}']:.3f}" for kind in KINDS]
+    print(f"linear probe of the {latent.replace('_', ' ')} from h (held-out episodes' accuracy): " + ", ".join(parts))
+
+
+def add_slot_report(report, evaluations):
+    """ASTRAL's slot figures per kind into eval.json: the mode x slot mean gate weights, the step-level MI and NMI, the
+    episode-level metrics and probes, and the held-out modes' routing; and the preset's action latent."""
+    for kind, evaluation in evaluations.items():
+        report[f"slot_weights_{kind}"] = evaluation["slot_weights"].tolist()
+        report[f"mode_slot_mi_{kind}"] = evaluation["mode_slot_mi"]
+        report[f"mode_slot_nmi_{kind}"] = evaluation["mode_slot_nmi"]
+        report[f"slots_{kind}"] = evaluation["slots"]
+        report[f"held_out_routing_{kind}"] = evaluation["held_out_routing"]
+        report["action_latent"] = evaluation["action_latent"]
+
+
+def slot_summary_parts(report, kind="deterministic"):
+    """The slot figures of one evaluation kind: episode-level NMI and linear probes against the mode and the action
+    latent, and each held-out mode's slot (see slot_summary)."""
+    slots = report[f"slots_{kind}"]
+    latent = report["action_latent"]
+    nmi = f"episode NMI vs mode {slots['episode_nmi']:.3f}"
+    probe_h = f"probe from h vs mode {slots['probe_acc_h']:.3f}"
+    probe_w = f"probe from w vs mode {slots['probe_acc_w']:.3f}"
+    if latent is None:
+        return [nmi, probe_h, probe_w, "no action latent: every mode of this preset pushes alike"]
+    name = latent.replace("_", " ")
+    nmi += f", vs {name} {slots[f'episode_nmi_{latent}']:.3f}"
+    probe_h += f", vs {name} {slots[f'probe_acc_h_{latent}']:.3f}"
+    probe_w += f", vs {name} {slots[f'probe_acc_w_{latent}']:.3f}"
+    parts = [nmi, probe_h, probe_w]
+    for route in report[f"held_out_routing_{kind}"]:
+        parts.append(f"held-out mode {route['mode']} -> slot {route['slot']} ({route['verdict']})")
+    return parts
+
+
+def slot_summary(report, kind="deterministic"):
+    """`episode NMI vs mode 0.500, vs force sign 1.000; probe from h vs mode ..., vs force sign ...; ...; held-out mode
+    4 -> slot 2 (its sign's slot)`."""
+    return "; ".join(slot_summary_parts(report, kind))
+
+
+def heatmap_title(run_name, report):
+    lines = [run_name, "mean gate weight per mode (deterministic evaluation)", *slot_summary_parts(report)]
+    return "\n".join(lines)
+
+
+def print_slot_summary(report):
+    """The mean gate weights per mode, then (last line of the run) the slot figures of the deterministic evaluation."""
+    weights = np.round(report["slot_weights_deterministic"], 2).tolist()
+    print(
+        f"deterministic evaluation: mean gate weights per mode {weights}, step NMI {report['mode_slot_nmi_deterministic']:.3f}"
+    )
+    print(f"deterministic evaluation: {slot_summary(report)}")
+
+
+def write_eval_json(report, run_dir):
+    """run_dir/eval.json, atomically."""
+    atomic_write_json(report, os.path.join(run_dir, "eval.json"), indent=1)
+
+
+# LINEAR PROBE
+def linear_probe_accuracy(features, labels, episode):
+    """Held-out accuracy of a logistic regression predicting `labels` from per-step features: fitted on the steps of
+    even-numbered episodes, scored on the odd ones' (at most ~10k steps each; nan without two labels to tell apart)."""
+    from sklearn.linear_model import LogisticRegression
+
+    fit = episode % 2 == 0
+    if len(np.unique(labels[fit])) < 2 or fit.all():
+        return float("nan")
+    stride = max(1, len(labels) // 20000)
+    train = np.flatnonzero(fit)[::stride]
+    test = np.flatnonzero(~fit)[::stride]
+    probe = LogisticRegression(max_iter=1000).fit(features[train], labels[train])
+    return float(probe.score(features[test], labels[test]))
+
+
+# PLOTS AND VIDEO
+def mode_label(k, mode, held_out):
+    """A heatmap row's label: the mode's index, physics and force sign, and whether training never saw it."""
+    gravity, half_length, sign = mode
+    label = f"{k}: g {gravity:g}, l {half_length:g}, force {'+' if sign > 0 else '-'}1"
+    if k in held_out:
+        label += " (held out)"
+    return label
+
+
+def plot_slot_heatmap(slot_weights, path, title, modes, held_out):
+    """Annotated mode x slot heatmap of mean gate weights, saved as PNG; each row labelled with its physics and force
+    sign, held-out rows marked."""
+    import matplotlib.pyplot as plt
+
+    num_modes, num_slots = slot_weights.shape
+    fig, ax = plt.subplots(figsize=(max(5.0, 3.4 + 0.9 * num_slots), 1.4 + 0.6 * num_modes), layout="tight")
+    fig.colorbar(ax.imshow(slot_weights, cmap="viridis", vmin=0.0, vmax=1.0), ax=ax, fraction=0.046, pad=0.04)
+    for (i, j), v in np.ndenumerate(slot_weights):
+        color = "black"
+        if v < 0.6:
+            color = "white"
+        ax.text(j, i, f"{v:.2f}", ha="center", va="center", color=color, fontsize=9)
+    labels = [mode_label(k, mode, held_out) for k, mode in enumerate(modes)]
+    ax.set(xlabel="slot", ylabel="mode", xticks=range(num_slots), yticks=range(num_modes))
+    ax.set_yticklabels(labels, fontsize=8)
+    for k in held_out:
+        ax.get_yticklabels()[k].set_fontweight("bold")
+    ax.set_title(title, fontsize=7)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def record_video(env, step, video_dir, name):
+    """One episode of the single, freshly reset env `env`, drawn by gymnasium's CartPole renderer into
+    video_dir/{name}-episode-0.mp4; `step()` advances the agent and env by one step and returns the ended episodes."""
+    import gymnasium as gym
+    from gymnasium.utils.save_video import save_video
+
+    renderer = gym.make("CartPole-v1", render_mode="rgb_array").unwrapped
+    renderer.length = env.half_length[env.mode[0]]
+    renderer.state = env.state[0]
+    frames = []
+    ended = []
+    while not ended:
+        frames.append(renderer.render())
+        ended = step()
+        renderer.state = env.last_state[0]
+    frames.append(renderer.render())
+    save_video(frames, video_dir, fps=50, name_prefix=name)
