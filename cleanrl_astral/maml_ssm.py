@@ -21,6 +21,7 @@ import random
 import sys
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -32,7 +33,8 @@ from torch.utils._pytree import tree_map
 
 TASKS = ("point-nav-2d", "cartpole-physics", "halfcheetah-vel")
 POLICIES = ("ssm", "gru", "mlp")
-OUTER_OPTIMIZERS = ("trpo", "adam")
+OUTER_OPTIMIZERS = ("trpo", "adam", "promp")
+INNER_ESTIMATORS = ("reinforce", "lvc")
 # cartpole-physics: (gravity, pole half-length) ranges; train and test boxes are disjoint in both coordinates
 CARTPOLE_TRAIN_RANGES = ((7.0, 11.0), (0.3, 0.6))
 CARTPOLE_TEST_RANGES = ((11.5, 14.0), (0.65, 0.9))
@@ -62,7 +64,7 @@ class Args:
     runs_dir: str = "runs"
     """directory holding {run_name}/ with TensorBoard logs, checkpoint and eval.json"""
     config: str = "none"
-    """named preset applied before the other flags: none | basic | paper (see PRESETS and docs/maml_ssm.md)"""
+    """named preset applied before the other flags: none | basic | paper | promp (see PRESETS and docs/maml_ssm.md)"""
 
     # Task
     task: str = "point-nav-2d"
@@ -111,10 +113,18 @@ class Args:
     """discount factor"""
     gae_lambda: float = 1.0
     """lambda of generalised advantage estimation"""
+    inner_estimator: str = "reinforce"
+    """inner objective: reinforce (-E[log pi A], the MAML paper's) | lvc (ProMP's low-variance curvature estimator)"""
     outer_optimizer: str = "trpo"
-    """outer update: trpo (KL trust region, as in the paper) | adam"""
+    """outer update: trpo (KL trust region, as in the paper) | adam (one step) | promp (ProMP's clipped surrogate)"""
     outer_lr: float = 1e-3
-    """Adam learning rate of the outer update (only with --outer-optimizer adam)"""
+    """Adam learning rate of the outer update (--outer-optimizer adam and promp)"""
+    promp_steps: int = 5
+    """ProMP: Adam steps on each meta-batch, without re-sampling"""
+    clip_coef: float = 0.3
+    """ProMP: clip range epsilon of the likelihood ratio of the adapted policy"""
+    inner_kl_coef: float = 5e-4
+    """ProMP: weight of KL(policy that sampled the pre-update episodes || pre-update policy), a fixed penalty"""
     max_kl: float = 0.01
     """TRPO trust-region size"""
     cg_iters: int = 10
@@ -173,6 +183,22 @@ PRESETS = {
         eval_episodes=40,
         goal_box=True,
         fill_steps=True,
+    ),
+    # ProMP's reference point-mass configuration (Rothfuss et al. 2019), on the paper preset's task and evaluation
+    "promp": dict(
+        outer_optimizer="promp",
+        inner_estimator="lvc",
+        promp_steps=5,
+        clip_coef=0.3,
+        outer_lr=1e-3,
+        inner_lr=0.1,
+        inner_kl_coef=5e-4,
+        tasks_per_batch=40,
+        fast_batch_size=20,
+        max_episode_steps=100,
+        num_inner_steps=1,
+        eval_episodes=40,
+        goal_box=True,
     ),
 }
 
@@ -546,7 +572,7 @@ def train(args: Args):
     print_param_counts(model, args, env_cls)
     aux_opt = make_aux_optimizer(model, args)
     outer_opt = None
-    if args.outer_optimizer == "adam":
+    if args.outer_optimizer in ("adam", "promp"):
         outer_opt = torch.optim.Adam(model.parameters(), lr=args.outer_lr)
     buffer = None
     if args.buffer_size > 0:
@@ -637,6 +663,9 @@ def meta_iteration(model, args, task_params, gen, buffer, first_task_id, aux_opt
     )
     if outer_opt is not None:
         scalars["charts/learning_rate"] = args.outer_lr
+    if args.outer_optimizer == "promp":
+        scalars["losses/inner_kl"] = stats["inner_kl"]
+        scalars["losses/clipfrac"] = stats["clipfrac"]
     return int(steps), scalars
 
 
@@ -663,7 +692,8 @@ def sample_task_batches(model, params, task_params, args, gen, num_steps, inner_
         adapted = []
         for i, b in enumerate(parts):
             train_batches[i].append(b)
-            adapted.append(clone_params(inner_update(model, take(task_p, i), b, inner_lrs[j], False)))
+            theta_prime = inner_update(model, take(task_p, i), b, inner_lrs[j], False, args.inner_estimator)
+            adapted.append(clone_params(theta_prime))
         task_p = stack_params(adapted)
 
 
@@ -852,18 +882,18 @@ def linear_baseline(batch, gamma, reg=1e-5):
 
 
 # ------------------------------------------------------------------------------------------------ INNER STEP
-def inner_loop(model, params, train_batches, lr, first_order, create_graph=True):
+def inner_loop(model, params, train_batches, lr, first_order, create_graph=True, estimator="reinforce"):
     """theta' after one inner step on each of a task's fast batches."""
     for b in train_batches:
-        params = inner_update(model, params, b, lr, create_graph and not first_order)
+        params = inner_update(model, params, b, lr, create_graph and not first_order, estimator)
     return params
 
 
-def inner_update(model, params, batch, lr, create_graph):
+def inner_update(model, params, batch, lr, create_graph, estimator="reinforce"):
     """theta' = theta - lr * grad inner_loss(theta); differentiable in theta unless create_graph is False."""
 
     def loss_of(p):
-        return inner_loss(model, p, batch)
+        return inner_loss(model, p, batch, estimator)
 
     g = grad(loss_of)(params)
     if create_graph:
@@ -871,10 +901,18 @@ def inner_update(model, params, batch, lr, create_graph):
     return {k: params[k] - lr * g[k].detach() for k in params}
 
 
-def inner_loss(model, params, batch):
-    """REINFORCE with GAE advantages (from rewards through the linear baseline): -E[log pi(a|s) A]."""
+def inner_loss(model, params, batch, estimator="reinforce"):
+    """The inner objective on GAE advantages (from rewards through the linear baseline). reinforce: -E[log pi(a|s) A].
+    lvc (ProMP's low-variance curvature estimator): -E[pi(a|s) / pi_old(a|s) A], pi_old the policy that sampled the
+    batch, batch["old_logp"] if given, else pi with its gradient stopped. Both have the same gradient at pi = pi_old;
+    lvc's Hessian adds E[grad log pi grad log pi^T A], which reinforce drops."""
     logp = log_prob(make_dist(policy_out(model, params, batch), model.discrete), batch["actions"], model.discrete)
-    return -masked_mean(logp * batch["advantages"], batch["masks"])
+    if estimator == "reinforce":
+        return -masked_mean(logp * batch["advantages"], batch["masks"])
+    old_logp = logp.detach()
+    if "old_logp" in batch:
+        old_logp = batch["old_logp"]
+    return -masked_mean(torch.exp(logp - old_logp) * batch["advantages"], batch["masks"])
 
 
 def policy_out(model, params, batch):
@@ -894,9 +932,11 @@ def masked_mean(x, masks):
 
 # ------------------------------------------------------------------------------------------------ OUTER UPDATE
 def outer_update(model, tasks_data, args, outer_opt):
-    """UPDATE: the meta step, TRPO (as in the paper) or one Adam step on the same meta-objective."""
+    """UPDATE: the meta step, TRPO (as in the paper), ProMP, or one Adam step on TRPO's meta-objective."""
     if args.outer_optimizer == "trpo":
         return trpo_step(model, tasks_data, args)
+    if args.outer_optimizer == "promp":
+        return promp_step(model, tasks_data, args, outer_opt)
     loss, _, old_outs = meta_objective(model, dict(model.named_parameters()), tasks_data, args)
     outer_opt.zero_grad()
     loss.backward()
@@ -913,7 +953,7 @@ def meta_objective(model, params, tasks_data, args, old_outs=None, create_graph=
     with torch.set_grad_enabled(create_graph and torch.is_grad_enabled()):
         for i, td in enumerate(tasks_data):
             val = td["val"]
-            adapted = inner_loop(model, params, td["train"], args.inner_lr, args.first_order)
+            adapted = inner_loop(model, params, td["train"], args.inner_lr, args.first_order, True, args.inner_estimator)
             out = policy_out(model, adapted, val)
             if old_outs is None:
                 old = detached_dist_params(out)
@@ -1006,7 +1046,7 @@ def fisher_product(model, tasks_data, args):
         p = dict(model.named_parameters())
         for b in td["train"]:
             q = leaf_params(p)
-            p = inner_update(model, q, b, args.inner_lr, not args.first_order)
+            p = inner_update(model, q, b, args.inner_lr, not args.first_order, args.inner_estimator)
             chain.append((q, p))
         q = leaf_params(p)
         out = policy_out(model, q, td["val"])
@@ -1064,6 +1104,114 @@ def conjugate_gradient(Avp, b, iters, tol=1e-10):
 def kl_radius_step(step_dir, f_step_dir, max_kl):
     """The multiple s of step_dir with 0.5 s^T F s = max_kl; f_step_dir = F step_dir."""
     return step_dir * torch.sqrt(2 * max_kl / (step_dir @ f_step_dir + 1e-12))
+
+
+def promp_step(model, tasks_data, args, outer_opt):
+    """ProMP outer update (Rothfuss et al. 2019): --promp-steps Adam steps on one meta-batch, each on the clipped
+    surrogate of the adapted policy plus the inner KL penalty, with theta' recomputed from theta every step."""
+    olds = None
+    first_loss = None
+    for _ in range(args.promp_steps):
+        objective = promp_objective(model, dict(model.named_parameters()), tasks_data, args, olds)
+        if olds is None:  # the first step's policies are the ones that sampled the meta-batch
+            olds = objective.olds
+            first_loss = objective.loss.item()
+        outer_opt.zero_grad()
+        objective.loss.backward()
+        outer_opt.step()
+    after = promp_objective(model, dict(model.named_parameters()), tasks_data, args, olds, create_graph=False)
+    return {
+        "outer_loss": first_loss,
+        "approx_kl": after.outer_kl.item(),
+        "line_search_steps": 0,
+        "accepted": 1.0,
+        "inner_kl": after.inner_kl.item(),
+        "clipfrac": after.clipfrac.item(),
+    }
+
+
+class PrompObjective(NamedTuple):
+    loss: torch.Tensor
+    """surrogate + kl_penalty, what the Adam steps minimise"""
+    surrogate: torch.Tensor
+    """mean over tasks of the clipped surrogate of the adapted policy"""
+    kl_penalty: torch.Tensor
+    """--inner-kl-coef x inner_kl"""
+    inner_kl: torch.Tensor
+    """mean over tasks and inner steps of KL(policy that sampled the step's episodes || the policy before the step)"""
+    outer_kl: torch.Tensor
+    """mean over tasks of KL(policy that sampled the post-update episodes || adapted policy) on them"""
+    clipfrac: torch.Tensor
+    """fraction of valid post-update steps whose ratio is outside [1 - clip, 1 + clip]"""
+    ratios: list
+    """per task, the likelihood ratios pi_theta' / pi_old on its post-update episodes"""
+    olds: list
+    """per task, {"train": [sampling policy of each inner step's batch], "val": that of the post-update batch}"""
+
+
+def promp_objective(model, params, tasks_data, args, olds=None, create_graph=True):
+    """ProMP's meta-objective at params. `olds` holds the policies that sampled the meta-batch; None takes them
+    from this evaluation (at the parameters that sampled, each likelihood ratio is then exactly 1)."""
+    surrogates = []
+    inner_kls = []
+    outer_kls = []
+    ratios = []
+    clipped = []
+    new_olds = []
+    with torch.set_grad_enabled(create_graph and torch.is_grad_enabled()):
+        for i, td in enumerate(tasks_data):
+            task_olds = {"train": []}
+            p = params
+            for j, b in enumerate(td["train"]):
+                # KL(sampler || pre-update policy) on the episodes the inner step learns from
+                out = policy_out(model, p, b)
+                old = detached_dist_params(out)
+                if olds is not None:
+                    old = olds[i]["train"][j]
+                task_olds["train"].append(old)
+                inner_kls.append(masked_mean(kl_divergence(old, out, model.discrete), b["masks"]))
+                old_logp = log_prob(make_dist(old, model.discrete), b["actions"], model.discrete)
+                p = inner_update(
+                    model, p, {**b, "old_logp": old_logp}, args.inner_lr, not args.first_order, args.inner_estimator
+                )
+            val = td["val"]
+            out = policy_out(model, p, val)
+            old = detached_dist_params(out)
+            if olds is not None:
+                old = olds[i]["val"]
+            task_olds["val"] = old
+            new_olds.append(task_olds)
+            new_logp = log_prob(make_dist(out, model.discrete), val["actions"], model.discrete)
+            old_logp = log_prob(make_dist(old, model.discrete), val["actions"], model.discrete)
+            surrogate, ratio = clipped_surrogate(new_logp, old_logp, val["advantages"], val["masks"], args.clip_coef)
+            surrogates.append(surrogate)
+            ratios.append(ratio)
+            outer_kls.append(masked_mean(kl_divergence(old, out, model.discrete), val["masks"]))
+            clipped.append(masked_mean(((ratio - 1).abs() > args.clip_coef).float(), val["masks"]))
+    inner_kl = torch.zeros(())
+    if inner_kls:
+        inner_kl = torch.stack(inner_kls).mean()
+    surrogate = torch.stack(surrogates).mean()
+    kl_penalty = args.inner_kl_coef * inner_kl
+    return PrompObjective(
+        loss=surrogate + kl_penalty,
+        surrogate=surrogate,
+        kl_penalty=kl_penalty,
+        inner_kl=inner_kl,
+        outer_kl=torch.stack(outer_kls).mean(),
+        clipfrac=torch.stack(clipped).mean(),
+        ratios=ratios,
+        olds=new_olds,
+    )
+
+
+def clipped_surrogate(new_logp, old_logp, advantages, masks, clip_coef):
+    """PPO's clipped objective over valid steps, -E[min(r A, clip(r, 1 - eps, 1 + eps) A)] with r = pi_new / pi_old;
+    returns (loss, r). A ratio that left the clip range in the advantage's direction gets no gradient."""
+    ratio = torch.exp(new_logp - old_logp)
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef) * advantages
+    return -masked_mean(torch.min(unclipped, clipped), masks), ratio
 
 
 # ------------------------------------------------------------------------------------------------ AUXILIARY HEADS
@@ -1745,20 +1893,23 @@ def validate(args: Args):
         check_positive(args, name)
     for name in ("tasks_per_batch", "fast_batch_size", "max_episode_steps", "hidden_size", "state_size", "eval_tasks"):
         check_at_least(args, name, 1)
-    for name in ("cg_iters", "num_threads", "ls_max_steps", "log_every", "eval_episodes"):
+    for name in ("cg_iters", "num_threads", "ls_max_steps", "log_every", "eval_episodes", "promp_steps"):
         check_at_least(args, name, 1)
     for name in ("outer_steps", "num_inner_steps", "eval_steps", "adapt_steps", "buffer_size", "dynamics_coef"):
         check_at_least(args, name, 0)
-    for name in ("cg_damping", "cpu_budget"):
+    for name in ("cg_damping", "cpu_budget", "inner_kl_coef"):
         check_at_least(args, name, 0)
     check_choice(args, "task", TASKS)
     check_choice(args, "policy", POLICIES)
     check_choice(args, "outer_optimizer", OUTER_OPTIMIZERS)
+    check_choice(args, "inner_estimator", INNER_ESTIMATORS)
     check_choice(args, "config", PRESETS)
     if not args.exp_name.strip() or "/" in args.exp_name:
         raise ValueError(f"--exp-name {args.exp_name!r} must be a non-empty name without '/'")
     if not 0 < args.ls_backtrack_ratio < 1:
         raise ValueError(f"--ls-backtrack-ratio must be in (0, 1), got {args.ls_backtrack_ratio}")
+    if not 0 < args.clip_coef < 1:
+        raise ValueError(f"--clip-coef must be in (0, 1), got {args.clip_coef}")
     if not 0 < args.cg_subsample <= 1:
         raise ValueError(f"--cg-subsample must be in (0, 1], got {args.cg_subsample}")
     if not (0 < args.gamma <= 1 and 0 <= args.gae_lambda <= 1):
