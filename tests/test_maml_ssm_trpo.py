@@ -1,14 +1,18 @@
 """Tests of maml_ssm.py's MAML core: sampling, the linear baseline and GAE, the inner step, the meta-objective,
-its second-order gradient, and TRPO (conjugate gradient, Fisher-vector products, KL radius, line search)."""
+its second-order gradient, TRPO (conjugate gradient, Fisher-vector products, KL radius, line search), and ProMP
+(the clipped surrogate, the inner KL penalty, the LVC inner estimator)."""
 
 import copy
 import dataclasses
+import json
+import os
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from maml_fixtures import parsed_train_args, tiny_setup, validation_error
+from helpers import REPO, load_json, logged_scalars, only_run_dir
+from maml_fixtures import TINY, parsed_train_args, run_maml, tiny_setup, validation_error
 
 import cleanrl_astral.maml_ssm as maml_ssm
 
@@ -721,3 +725,219 @@ def test_cg_subsample_takes_the_fisher_of_a_subset_of_the_tasks(monkeypatch):
     assert any(torch.allclose(half, reference_fv([td]), rtol=1e-9, atol=1e-12) for td in data)
     assert not torch.allclose(half, full, rtol=1e-3)
     assert "--cg-subsample must be in (0, 1]" in validation_error(maml_ssm.validate, maml_ssm.Args(cg_subsample=0.0))
+
+
+# ------------------------------------------------------------------------------------------------ PROMP
+
+
+def promp_args(args, **kw):
+    return dataclasses.replace(args, outer_optimizer="promp", inner_estimator="lvc", **kw)
+
+
+@pytest.mark.parametrize("policy", ["mlp", "ssm", "gru"])
+def test_first_promp_step_likelihood_ratio_is_exactly_one_against_the_sampler(policy, monkeypatch):
+    """At the parameters that sampled the meta-batch, the ratio pi_theta' / pi_old of ProMP's surrogate is exactly 1
+    on every post-update step, and pi_old is the policy that acted (the rollout's log-probabilities, up to the float32
+    of acting). The sampling policies are then held fixed: after an Adam step the ratios move away from 1."""
+    model, args, data = tiny_setup(policy=policy, inner_lr=0.3)
+    args = promp_args(args, promp_steps=2)
+    first = maml_ssm.promp_objective(model, dict(model.named_parameters()), data, args)
+    for ratio, td in zip(first.ratios, data):
+        valid = td["val"]["masks"] > 0
+        assert torch.equal(ratio[valid], torch.ones_like(ratio[valid]))
+    for old, td in zip(first.olds, data):
+        acted = maml_ssm.log_prob(maml_ssm.make_dist(old["val"], False), td["val"]["actions"], False)
+        valid = td["val"]["masks"] > 0
+        assert torch.allclose(acted[valid], td["val"]["logp"][valid], atol=1e-4)
+    assert first.outer_kl.item() == 0 and first.inner_kl.item() == 0 and first.clipfrac.item() == 0
+
+    calls = []
+    real = maml_ssm.promp_objective
+
+    def spy(*a, **k):
+        calls.append(real(*a, **k))
+        return calls[-1]
+
+    monkeypatch.setattr(maml_ssm, "promp_objective", spy)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    stats = maml_ssm.promp_step(model, data, args, opt)
+    assert len(calls) == 3  # two Adam steps, then the statistics after them
+    assert all(torch.equal(r, torch.ones_like(r)) for r, td in zip(calls[0].ratios, data) for r in [r[td["val"]["masks"] > 0]])
+    assert not torch.allclose(calls[1].ratios[0], torch.ones_like(calls[1].ratios[0]), atol=1e-6)
+    assert stats["approx_kl"] > 0 and stats["inner_kl"] > 0 and stats["outer_loss"] == pytest.approx(calls[0].loss.item())
+
+
+def test_clipped_term_has_no_gradient_where_the_ratio_left_the_clip_range_in_the_advantages_direction():
+    """-E[min(r A, clip(r, 1 - eps, 1 + eps) A)] with eps = 0.3: d/d log pi_new is -r A / N where the unclipped term
+    is the minimum (inside the range, or outside against the advantage), and 0 where r > 1 + eps with A > 0 or
+    r < 1 - eps with A < 0."""
+    ratio = torch.tensor([1.5, 0.5, 1.5, 0.5, 1.1, 0.9], dtype=torch.float64)
+    adv = torch.tensor([1.0, -1.0, -1.0, 1.0, 1.0, -2.0], dtype=torch.float64)
+    old_logp = torch.tensor([-1.0, -0.5, -2.0, -1.5, -0.7, -1.2], dtype=torch.float64)
+    new_logp = (old_logp + torch.log(ratio)).requires_grad_()
+    masks = torch.ones(6, dtype=torch.float64)
+    loss, r = maml_ssm.clipped_surrogate(new_logp, old_logp, adv, masks, 0.3)
+    (g,) = torch.autograd.grad(loss, new_logp)
+    assert torch.allclose(r, ratio, rtol=1e-12)
+    expected = torch.tensor([0.0, 0.0, 1.5, -0.5, -1.1, 1.8], dtype=torch.float64) / 6
+    assert torch.allclose(g, expected, rtol=1e-12, atol=1e-15), g
+    clipped_value = torch.minimum(ratio * adv, ratio.clamp(0.7, 1.3) * adv).mean()
+    assert loss.item() == pytest.approx(-clipped_value.item(), rel=1e-12)
+
+
+def test_kl_penalty_gradient_has_the_right_sign_and_scale_against_a_finite_difference():
+    """The penalty is --inner-kl-coef x the mean over tasks of KL(sampler of the pre-update episodes || pre-update
+    policy) on those episodes: 0 at the sampler, positive away from it, its gradient points away from the sampler and
+    matches a central finite difference; it enters the loss with weight +1."""
+    model, args, data = tiny_setup(policy="ssm", inner_lr=0.3)
+    args = promp_args(args, inner_kl_coef=0.7)
+    theta0 = {k: v.detach().clone() for k, v in model.named_parameters()}
+    olds = maml_ssm.promp_objective(model, theta0, data, args).olds
+    gen = torch.Generator().manual_seed(1)
+    delta = {k: 0.05 * torch.randn(v.shape, dtype=v.dtype, generator=gen) for k, v in theta0.items()}
+    theta1 = {k: (theta0[k] + delta[k]).requires_grad_() for k in theta0}
+    objective = maml_ssm.promp_objective(model, theta1, data, args, olds)
+    # the KL of the pre-update policy against its sampler, computed here with torch.distributions
+    kls = []
+    for old, td in zip(olds, data):
+        b = td["train"][0]
+        out = maml_ssm.policy_out(model, theta1, b)
+        new = torch.distributions.Normal(out["pi"], torch.exp(out["log_std"]).expand_as(out["pi"]))
+        ref = torch.distributions.Normal(old["train"][0]["pi"], torch.exp(old["train"][0]["log_std"]).expand_as(out["pi"]))
+        kls.append(maml_ssm.masked_mean(torch.distributions.kl_divergence(ref, new).sum(-1), b["masks"]))
+    assert objective.inner_kl.item() == pytest.approx(torch.stack(kls).mean().item(), rel=1e-10)
+    assert objective.kl_penalty.item() == pytest.approx(0.7 * objective.inner_kl.item(), rel=1e-12)
+    assert objective.kl_penalty.item() > 0
+    names = list(theta1)
+    g_pen = torch.autograd.grad(objective.kl_penalty, [theta1[k] for k in names], retain_graph=True, allow_unused=True)
+    g_pen = {k: torch.zeros_like(theta1[k]) if g is None else g for k, g in zip(names, g_pen)}
+    g_loss = torch.autograd.grad(objective.loss, [theta1[k] for k in names], retain_graph=True, allow_unused=True)
+    g_sur = torch.autograd.grad(objective.surrogate, [theta1[k] for k in names], allow_unused=True)
+    for k, gl, gs in zip(names, g_loss, g_sur):
+        gl = torch.zeros_like(theta1[k]) if gl is None else gl
+        gs = torch.zeros_like(theta1[k]) if gs is None else gs
+        assert torch.allclose(gl, gs + g_pen[k], rtol=1e-9, atol=1e-12), k
+    # sign: moving away from the sampler raises the penalty
+    assert sum((g_pen[k] * delta[k]).sum() for k in names).item() > 0
+    # scale: the directional derivative equals a central finite difference of the penalty
+    v = {k: torch.randn(theta0[k].shape, dtype=theta0[k].dtype, generator=gen) for k in names}
+    h = 1e-5
+
+    def penalty_at(sign):
+        p = {k: (theta1[k].detach() + sign * h * v[k]) for k in names}
+        return maml_ssm.promp_objective(model, p, data, args, olds, create_graph=False).kl_penalty.item()
+
+    fd = (penalty_at(1) - penalty_at(-1)) / (2 * h)
+    analytic = sum((g_pen[k] * v[k]).sum() for k in names).item()
+    assert analytic == pytest.approx(fd, rel=1e-5), (analytic, fd)
+    assert abs(analytic) > 1e-6
+
+
+def test_lvc_gradient_is_the_score_function_gradient_in_expectation_and_its_curvature_is_exact():
+    """One step, categorical policy, every action weighted by its probability (the masks): the expectation over
+    a ~ pi is exact. The LVC objective E[pi / stop_grad(pi) R] has the score-function gradient E[grad log pi R] =
+    grad J, J = sum_a pi(a) R(a); its Hessian is J's (the LVC estimator is unbiased in one step), which REINFORCE's
+    E[log pi R] misses (it drops E[grad log pi grad log pi^T R])."""
+    torch.manual_seed(0)
+    model = maml_ssm.Agent("mlp", 4, 3, True, 5, 2, False).double()
+    params = {k: v.detach().clone().requires_grad_() for k, v in model.named_parameters()}
+    names = list(params)
+    obs = torch.tensor([0.3, -0.2, 0.5, 0.1], dtype=torch.float64)
+    reward = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
+    batch = {
+        "inputs": obs.expand(1, 3, 4).clone(),
+        "starts": torch.ones(1, 3, dtype=torch.bool),
+        "actions": torch.arange(3, dtype=torch.float64).reshape(1, 3, 1),
+        "advantages": reward.reshape(1, 3),
+    }
+
+    def probs(p):
+        return torch.softmax(maml_ssm.policy_out(model, p, {**batch, "masks": torch.ones(1, 3)})["pi"][0, 0], -1)
+
+    pi = probs(params)
+    batch["masks"] = pi.detach().reshape(1, 3)  # masked_mean = sum_a pi(a) x_a: the exact expectation
+    J = (probs(params) * reward).sum()
+    score = sum(pi[a].detach() * torch.log(pi[a]) * reward[a] for a in range(3))  # E[log pi R], pi(a) held fixed
+    lvc = -maml_ssm.inner_loss(model, params, batch, "lvc")
+    reinforce = -maml_ssm.inner_loss(model, params, batch, "reinforce")
+
+    def flat(grads):
+        return torch.cat([(torch.zeros_like(params[k]) if g is None else g).reshape(-1) for k, g in zip(names, grads)])
+
+    leaves = [params[k] for k in names]
+    g_J = flat(torch.autograd.grad(J, leaves, create_graph=True, allow_unused=True))
+    g_score = flat(torch.autograd.grad(score, leaves, create_graph=True, allow_unused=True))
+    g_lvc = flat(torch.autograd.grad(lvc, leaves, create_graph=True, allow_unused=True))
+    g_reinforce = flat(torch.autograd.grad(reinforce, leaves, create_graph=True, allow_unused=True))
+    assert g_J.abs().max() > 1e-3
+    assert torch.allclose(g_lvc, g_score, rtol=1e-10, atol=1e-14)
+    assert torch.allclose(g_lvc, g_J, rtol=1e-10, atol=1e-14)
+    assert torch.allclose(g_reinforce, g_J, rtol=1e-10, atol=1e-14)
+    v = torch.randn(g_J.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    h_J = flat(torch.autograd.grad(g_J @ v, leaves, retain_graph=True, allow_unused=True))
+    h_lvc = flat(torch.autograd.grad(g_lvc @ v, leaves, retain_graph=True, allow_unused=True))
+    h_reinforce = flat(torch.autograd.grad(g_reinforce @ v, leaves, allow_unused=True))
+    assert torch.allclose(h_lvc, h_J, rtol=1e-8, atol=1e-12)
+    assert not torch.allclose(h_reinforce, h_J, rtol=1e-2, atol=1e-6)
+
+
+def test_lvc_takes_the_samplers_log_probabilities_when_given():
+    """With batch["old_logp"] (ProMP's later steps), the LVC inner loss is -E[pi / pi_old A] against those, so its
+    gradient is the importance-weighted score-function gradient, not the one at the current policy."""
+    model, args, data = tiny_setup(policy="mlp", inner_lr=0.3)
+    params = {k: v.detach().clone().requires_grad_() for k, v in model.named_parameters()}
+    b = data[0]["train"][0]
+    out = maml_ssm.policy_out(model, params, b)
+    logp = maml_ssm.log_prob(maml_ssm.make_dist(out, False), b["actions"], False)
+    shifted = logp.detach() + 0.2
+    expected = -maml_ssm.masked_mean(torch.exp(logp - shifted) * b["advantages"], b["masks"])
+    assert maml_ssm.inner_loss(model, params, {**b, "old_logp": shifted}, "lvc").item() == pytest.approx(expected.item())
+    same = maml_ssm.inner_loss(model, params, {**b, "old_logp": logp.detach()}, "lvc")
+    assert same.item() == pytest.approx(maml_ssm.inner_loss(model, params, b, "lvc").item(), rel=1e-12)
+
+
+def test_promp_preset_is_promps_reference_configuration_and_every_value_is_a_flag():
+    a = parsed_train_args(["train", "--config", "promp"])
+    assert (a.outer_optimizer, a.inner_estimator, a.promp_steps, a.clip_coef, a.outer_lr) == ("promp", "lvc", 5, 0.3, 1e-3)
+    assert (a.inner_lr, a.inner_kl_coef, a.tasks_per_batch, a.fast_batch_size, a.max_episode_steps) == (0.1, 5e-4, 40, 20, 100)
+    b = parsed_train_args(["train", "--config", "promp", "--promp-steps", "2", "--clip-coef", "0.1", "--inner-kl-coef", "0"])
+    assert (b.promp_steps, b.clip_coef, b.inner_kl_coef) == (2, 0.1, 0.0)
+    for kwargs, needle in (
+        (dict(outer_optimizer="ppo"), "unknown --outer-optimizer"),
+        (dict(inner_estimator="dice"), "unknown --inner-estimator"),
+        (dict(promp_steps=0), "--promp-steps must be >= 1"),
+        (dict(clip_coef=1.0), "--clip-coef must be in (0, 1)"),
+        (dict(inner_kl_coef=-1.0), "--inner-kl-coef must be >= 0"),
+    ):
+        assert needle in validation_error(maml_ssm.validate, maml_ssm.Args(**kwargs)), kwargs
+
+
+@pytest.mark.parametrize("policy", ["mlp", "ssm"])
+def test_trpo_reproduces_the_recorded_tiny_run_bit_for_bit(policy, tmp_path):
+    """The default outer optimizer (TRPO) with the default inner estimator gives every logged scalar (but wall-clock
+    ones) and eval.json of the tiny run to the last bit, as recorded in tests/data/maml_ssm_trpo_tiny.json from the
+    TRPO-only script. Determinism is per machine kind: the recording is from x86-64 with the pinned torch."""
+    with open(os.path.join(REPO, "tests", "data", "maml_ssm_trpo_tiny.json")) as f:
+        reference = json.load(f)
+    runs = tmp_path / "runs"
+    run_maml(
+        ["train", "--task", "point-nav-2d", "--policy", policy, "--save-model", "--seed", "1", "--runs-dir", str(runs), *TINY]
+    )
+    run_dir = only_run_dir(runs)
+    scalars = logged_scalars(run_dir)
+    for tag, values in reference["untimed_scalars"][policy].items():
+        assert [list(x) for x in scalars[tag]] == values, tag
+    assert load_json(os.path.join(run_dir, "eval.json")) == reference["eval"][policy]
+
+
+@pytest.mark.parametrize("policy,task", [("mlp", "point-nav-2d"), ("ssm", "cartpole-physics"), ("gru", "point-nav-2d")])
+def test_promp_trains_and_evaluates_every_policy(policy, task, tmp_path):
+    flags = ["--config", "promp", "--tasks-per-batch", "2", "--fast-batch-size", "3", "--max-episode-steps", "12"]
+    if task != "point-nav-2d":
+        flags.append("--no-goal-box")
+    runs = tmp_path / "runs"
+    run_maml(["train", *flags, *TINY, "--task", task, "--policy", policy, "--save-model", "--runs-dir", str(runs)])
+    scalars = logged_scalars(only_run_dir(runs))
+    for tag in ("losses/inner_kl", "losses/clipfrac", "losses/approx_kl", "charts/learning_rate"):
+        assert len(scalars[tag]) == 2 and all(np.isfinite(v) for _, v in scalars[tag]), tag
+    assert scalars["losses/approx_kl"][0][1] > 0
