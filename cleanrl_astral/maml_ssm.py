@@ -184,7 +184,8 @@ PRESETS = {
         goal_box=True,
         fill_steps=True,
     ),
-    # ProMP's reference point-mass configuration (Rothfuss et al. 2019), on the paper preset's task and evaluation
+    # ProMP's reference point-mass configuration (Rothfuss et al. 2019) on the paper preset's task rules (goal box,
+    # step-counted batches) and evaluation, so that it compares with `paper` on the optimizer alone
     "promp": dict(
         outer_optimizer="promp",
         inner_estimator="lvc",
@@ -199,6 +200,7 @@ PRESETS = {
         num_inner_steps=1,
         eval_episodes=40,
         goal_box=True,
+        fill_steps=True,
     ),
 }
 

@@ -900,6 +900,7 @@ def test_promp_preset_is_promps_reference_configuration_and_every_value_is_a_fla
     a = parsed_train_args(["train", "--config", "promp"])
     assert (a.outer_optimizer, a.inner_estimator, a.promp_steps, a.clip_coef, a.outer_lr) == ("promp", "lvc", 5, 0.3, 1e-3)
     assert (a.inner_lr, a.inner_kl_coef, a.tasks_per_batch, a.fast_batch_size, a.max_episode_steps) == (0.1, 5e-4, 40, 20, 100)
+    assert a.goal_box and a.fill_steps and a.eval_episodes == 40  # the paper preset's task rules and evaluation
     b = parsed_train_args(["train", "--config", "promp", "--promp-steps", "2", "--clip-coef", "0.1", "--inner-kl-coef", "0"])
     assert (b.promp_steps, b.clip_coef, b.inner_kl_coef) == (2, 0.1, 0.0)
     for kwargs, needle in (
