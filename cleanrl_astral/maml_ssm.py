@@ -157,54 +157,6 @@ class Args:
     """torch CPU threads (the networks are tiny: extra threads mostly add contention)"""
 
 
-# `train --config NAME` makes these the defaults; every flag still overrides them
-PRESETS = {
-    "none": {},
-    "basic": dict(
-        seed=42,
-        fast_batch_size=8,
-        max_episode_steps=200,
-        outer_steps=50,
-        tasks_per_batch=8,
-        num_inner_steps=1,
-        inner_lr=1e-2,
-        adapt_steps=5,
-        adapt_lr=1e-2,
-    ),
-    # MAML paper, 2D navigation, with its code's goal box and step-counted batches; its test batch is 4,000 steps
-    "paper": dict(
-        fast_batch_size=20,
-        tasks_per_batch=20,
-        max_episode_steps=100,
-        num_inner_steps=1,
-        inner_lr=0.1,
-        outer_optimizer="trpo",
-        max_kl=0.01,
-        eval_episodes=40,
-        goal_box=True,
-        fill_steps=True,
-    ),
-    # ProMP's reference point-mass configuration (Rothfuss et al. 2019) on the paper preset's task rules (goal box,
-    # step-counted batches) and evaluation, so that it compares with `paper` on the optimizer alone
-    "promp": dict(
-        outer_optimizer="promp",
-        inner_estimator="lvc",
-        promp_steps=5,
-        clip_coef=0.3,
-        outer_lr=1e-3,
-        inner_lr=0.1,
-        inner_kl_coef=5e-4,
-        tasks_per_batch=40,
-        fast_batch_size=20,
-        max_episode_steps=100,
-        num_inner_steps=1,
-        eval_episodes=40,
-        goal_box=True,
-        fill_steps=True,
-    ),
-}
-
-
 # ------------------------------------------------------------------------------------------------ TASKS
 def sample_tasks(task: str, rng: np.random.Generator, n: int, split: str) -> np.ndarray:
     """Task parameters, one row per task: goal (x, y) | (gravity, half-length) | target velocity."""
@@ -2048,6 +2000,54 @@ def checked_checkpoint(args, validate_args):
 
 
 # ------------------------------------------------------------------------------------------------ COMMAND LINE
+# `train --config NAME` makes these the defaults; every flag still overrides them
+PRESETS = {
+    "none": {},
+    "basic": dict(
+        seed=42,
+        fast_batch_size=8,
+        max_episode_steps=200,
+        outer_steps=50,
+        tasks_per_batch=8,
+        num_inner_steps=1,
+        inner_lr=1e-2,
+        adapt_steps=5,
+        adapt_lr=1e-2,
+    ),
+    # MAML paper, 2D navigation, with its code's goal box and step-counted batches; its test batch is 4,000 steps
+    "paper": dict(
+        fast_batch_size=20,
+        tasks_per_batch=20,
+        max_episode_steps=100,
+        num_inner_steps=1,
+        inner_lr=0.1,
+        outer_optimizer="trpo",
+        max_kl=0.01,
+        eval_episodes=40,
+        goal_box=True,
+        fill_steps=True,
+    ),
+    # ProMP's reference point-mass configuration (Rothfuss et al. 2019) on the paper preset's task rules (goal box,
+    # step-counted batches) and evaluation, so that it compares with `paper` on the optimizer alone
+    "promp": dict(
+        outer_optimizer="promp",
+        inner_estimator="lvc",
+        promp_steps=5,
+        clip_coef=0.3,
+        outer_lr=1e-3,
+        inner_lr=0.1,
+        inner_kl_coef=5e-4,
+        tasks_per_batch=40,
+        fast_batch_size=20,
+        max_episode_steps=100,
+        num_inner_steps=1,
+        eval_episodes=40,
+        goal_box=True,
+        fill_steps=True,
+    ),
+}
+
+
 def train_defaults(argv) -> Args:
     """The Args defaults of `train`: the --config preset's values, which every flag still overrides."""
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
