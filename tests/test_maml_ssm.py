@@ -430,10 +430,10 @@ def test_logged_inner_loss_is_that_of_the_parameters_that_sampled_the_batch(tmp_
     seen = []
     real = maml_ssm.inner_loss
 
-    def spy(model, params, batch):
+    def spy(model, params, batch, estimator="reinforce"):
         if not torch.is_grad_enabled():  # the logging call (the inner step itself needs the graph)
             seen.append({k: v.detach().clone() for k, v in params.items()})
-        return real(model, params, batch)
+        return real(model, params, batch, estimator)
 
     monkeypatch.setattr(maml_ssm, "inner_loss", spy)
     model, before, _ = train_in_process(tmp_path, monkeypatch, outer_optimizer="adam", outer_lr=0.01)
