@@ -10,6 +10,7 @@ import sys
 import time
 import types
 
+import maml_fixtures
 import numpy as np
 import pytest
 import torch
@@ -28,8 +29,9 @@ from maml_fixtures import (
 import cleanrl_astral.maml_ssm as maml_ssm
 from cleanrl_astral_utils import files, maml
 
-# the shared fixtures (trained_ckpt, cartpole_ckpt) live in tests/maml_fixtures.py
-pytest_plugins = ("maml_fixtures",)
+# the checkpoints the tests share (module-scoped fixtures of tests/maml_fixtures.py)
+trained_ckpt = maml_fixtures.trained_ckpt
+cartpole_ckpt = maml_fixtures.cartpole_ckpt
 
 
 def train_in_process(tmp_path, monkeypatch, **kw):

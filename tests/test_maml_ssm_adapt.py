@@ -6,6 +6,7 @@ import glob
 import json
 import os
 
+import maml_fixtures
 import numpy as np
 import pytest
 import torch
@@ -15,8 +16,9 @@ from maml_fixtures import TINY, run_maml, tiny_setup, validation_error
 import cleanrl_astral.maml_ssm as maml_ssm
 from cleanrl_astral_utils import maml
 
-# the shared fixtures (trained_ckpt, cartpole_ckpt) live in tests/maml_fixtures.py
-pytest_plugins = ("maml_fixtures",)
+# the checkpoints the tests share (module-scoped fixtures of tests/maml_fixtures.py)
+trained_ckpt = maml_fixtures.trained_ckpt
+cartpole_ckpt = maml_fixtures.cartpole_ckpt
 
 
 def filled_buffer(data, state_dim, capacity=500):
