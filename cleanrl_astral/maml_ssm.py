@@ -528,13 +528,7 @@ def train(args: Args):
     outer_opt = None
     if args.outer_optimizer in ("adam", "promp"):
         outer_opt = torch.optim.Adam(model.parameters(), lr=args.outer_lr)
-    buffer = None
-    if args.buffer_size > 0:
-        act_width = model.act_dim
-        if model.discrete:
-            act_width = 1
-        state_width = model.initial_state(1).shape[1]
-        buffer = ExperienceBuffer(args.buffer_size, env_cls.obs_dim, model.encoder.in_features, act_width, state_width)
+    buffer = make_buffer(args, model, env_cls)
     monitor = FeatureMonitor(model.hidden)
     train_tasks = []
     global_step = 0
@@ -595,32 +589,7 @@ def meta_iteration(model, args, task_params, gen, buffer, first_task_id, aux_opt
     stats = outer_update(model, tasks_data, args, outer_opt)
     v_loss, d_loss = aux_update(model, tasks_data, args, aux_opt, monitor)
 
-    post = returns[-1].mean().item()
-    scalars = {
-        "meta/pre_adapt_return": returns[0].mean().item(),
-        "meta/post_adapt_return": post,
-    }
-    for j in range(1, len(returns) - 1):
-        scalars[f"meta/return_after_{j}_steps"] = returns[j].mean().item()
-    scalars.update(
-        {
-            "charts/episodic_return": post,
-            "charts/episodic_length": tasks_data[0]["val"]["masks"].sum(0).mean().item(),
-            "losses/inner_loss": inner_l,
-            "losses/outer_loss": stats["outer_loss"],
-            "losses/approx_kl": stats["approx_kl"],
-            "losses/value_loss": v_loss,
-            "losses/dynamics_loss": d_loss,
-            "meta/line_search_steps": stats["line_search_steps"],
-            "meta/step_accepted": stats["accepted"],
-        }
-    )
-    if outer_opt is not None:
-        scalars["charts/learning_rate"] = args.outer_lr
-    if args.outer_optimizer == "promp":
-        scalars["losses/inner_kl"] = stats["inner_kl"]
-        scalars["losses/clipfrac"] = stats["clipfrac"]
-    return int(steps), scalars
+    return int(steps), iteration_scalars(args, returns, tasks_data, inner_l, stats, v_loss, d_loss)
 
 
 # ------------------------------------------------------------------------------------------------ ROLLOUT
@@ -1284,6 +1253,17 @@ class ExperienceBuffer:
         return buf
 
 
+def make_buffer(args, model, env_cls):
+    """The ExperienceBuffer of this run's transitions (None with --buffer-size 0)."""
+    if args.buffer_size == 0:
+        return None
+    act_width = model.act_dim
+    if model.discrete:
+        act_width = 1
+    state_width = model.initial_state(1).shape[1]
+    return ExperienceBuffer(args.buffer_size, env_cls.obs_dim, model.encoder.in_features, act_width, state_width)
+
+
 def add_batch_to_buffer(buffer, batch, task_id):
     """Valid steps of one task's episodes; done marks an episode's last step."""
     m = batch["masks"] > 0
@@ -1361,6 +1341,36 @@ def print_progress(it, args, global_step, sps, scalars, dt, elapsed):
         f"elapsed {elapsed:.0f}s",
         flush=True,
     )
+
+
+def iteration_scalars(args, returns, tasks_data, inner_l, stats, v_loss, d_loss):
+    """What an iteration logs: returns before, during and after adaptation, the losses, the outer step's statistics."""
+    post = returns[-1].mean().item()
+    scalars = {
+        "meta/pre_adapt_return": returns[0].mean().item(),
+        "meta/post_adapt_return": post,
+    }
+    for j in range(1, len(returns) - 1):
+        scalars[f"meta/return_after_{j}_steps"] = returns[j].mean().item()
+    scalars.update(
+        {
+            "charts/episodic_return": post,
+            "charts/episodic_length": tasks_data[0]["val"]["masks"].sum(0).mean().item(),
+            "losses/inner_loss": inner_l,
+            "losses/outer_loss": stats["outer_loss"],
+            "losses/approx_kl": stats["approx_kl"],
+            "losses/value_loss": v_loss,
+            "losses/dynamics_loss": d_loss,
+            "meta/line_search_steps": stats["line_search_steps"],
+            "meta/step_accepted": stats["accepted"],
+        }
+    )
+    if args.outer_optimizer in ("adam", "promp"):
+        scalars["charts/learning_rate"] = args.outer_lr
+    if args.outer_optimizer == "promp":
+        scalars["losses/inner_kl"] = stats["inner_kl"]
+        scalars["losses/clipfrac"] = stats["clipfrac"]
+    return scalars
 
 
 def log_scalars(writer, scalars, step):
