@@ -422,12 +422,17 @@ def welch_ci95(a, b):
 
 def promp_study(runs, report):
     """The pre-registered ProMP comparison (docs/maml_ssm.md): per policy, the returns after 0..3 steps over seeds with
-    95% Student-t CIs, and the verdict of each criterion; promp_study_table.md, promp_study.json, promp_study.png."""
+    95% Student-t CIs, and the verdict of each criterion; promp_study_table.md, promp_study.json, promp_study.png, and a
+    copy of every run's eval.json (eval_{policy}_s{seed}.json)."""
     rows = {}
-    for _ckpt, c, ev in runs:
+    for ckpt, c, ev in runs:
         a = c["args"]
         if a["outer_optimizer"] != "promp" or a["task"] != "point-nav-2d":
             continue
+        # every run's eval.json beside the table, to be committed with it
+        shutil.copy(
+            os.path.join(os.path.dirname(ckpt), "eval.json"), os.path.join(report, f"eval_{a['policy']}_s{a['seed']}.json")
+        )
         returns = [ev["returns_after_steps"][k] for k in "0123"]
         rows.setdefault(a["policy"], []).append((a["seed"], returns, c.get("outer_steps_done", a["outer_steps"])))
     if set(rows) != {"mlp", "ssm"} or min(len(r) for r in rows.values()) < 2:

@@ -910,5 +910,8 @@ def test_promp_study_report_scores_the_preregistered_criteria(mlp_step1, ssm_off
     assert diff == pytest.approx(np.mean(mlp_step1) - np.mean(report.TRPO_MLP_STEP1))
     assert summary["criterion_1"]["pass"] == (verdicts[0] == "pass") == (diff + half >= 0)
     assert summary["criterion_2"]["pass"] == (verdicts[1] == "pass")
+    assert sorted(f.name for f in (tmp_path / "rep").glob("eval_*.json")) == [
+        f"eval_{p}_s{s}.json" for p in ("mlp", "ssm") for s in (1, 2, 3)
+    ]
     table = (tmp_path / "rep" / "promp_study_table.md").read_text()
     assert f"**{verdicts[0]}**" in table.split("Criterion 1")[1] and f"**{verdicts[1]}**" in table.split("Criterion 2")[1]
