@@ -22,6 +22,17 @@
 #                                      returns after 0-3 steps with 95% CIs over seeds and iterations done; protocol.png);
 #                                      30 runs, ~8 CPU-hours plus evaluation, ~4.5 h wall with 2 workers on an idle box
 #   benchmark/maml_ssm.sh --quick      smoke flavour of every code path (a few minutes) -> benchmark/out/maml_ssm_quick
+#   benchmark/maml_ssm.sh --speed      cost of a meta-iteration: --config paper point-nav-2d, seed 1, MLP and SSM, each
+#                                      with TRPO and with ProMP (--outer-optimizer promp --inner-estimator lvc, the same
+#                                      20 x 20 meta-batch), $SPEED_ROUNDS rounds (3) of $SPEED_STEPS iterations (3), the
+#                                      TRPO/ProMP pair of a policy run back to back (order alternating by round), one
+#                                      run at a time -> benchmark/out/maml_ssm_speed, docs/results/maml_ssm/speed
+#                                      (speed_table.md); ~12 min on an idle machine (12 runs, ~220 CPU-s per round)
+#   benchmark/maml_ssm.sh --promp-study  the pre-registered ProMP comparison (docs/maml_ssm.md): --config promp on
+#                                      point-nav-2d, MLP and SSM, seeds 1-3, each stopped by --cpu-budget 900, then
+#                                      evaluated on 40 test tasks -> benchmark/out/maml_ssm_promp_study,
+#                                      docs/results/maml_ssm/promp_study (promp_study_table.md with the verdicts);
+#                                      6 runs, 90 CPU-minutes plus evaluation, ~50 min wall with 2 workers on an idle box
 #   add --report-only to rebuild the tables/PNGs from finished runs without running anything (the report is
 #   benchmark/maml_ssm_report.py); other flags (e.g. --dry-run) go to benchmark/benchmark.py, and --dry-run also
 #   skips adapt and the report
@@ -46,6 +57,8 @@ for arg in "$@"; do
         --quick) mode=quick ;;
         --budget) mode=budget ;;
         --protocol) mode=protocol ;;
+        --speed) mode=speed ;;
+        --promp-study) mode=promp_study ;;
         --report-only) report_only=1 ;;
         --dry-run) dry=1; extra+=("$arg") ;;
         *) extra+=("$arg") ;;
@@ -61,6 +74,10 @@ case "$mode" in
             cp_seeds=1 cp_steps=20 hc_seeds=0 hc_steps=0 trpo_seeds=0 trpo_budget=0 workers=1 ;;
     protocol) out=benchmark/out/maml_ssm_protocol report=docs/results/maml_ssm/protocol steps=0 ssm_seeds=0 other_seeds=0
             cp_seeds=0 cp_steps=0 hc_seeds=0 hc_steps=0 trpo_seeds=5 trpo_budget=900 workers=2 ;;
+    speed)  out=benchmark/out/maml_ssm_speed report=docs/results/maml_ssm/speed steps=0 ssm_seeds=0 other_seeds=0
+            cp_seeds=0 cp_steps=0 hc_seeds=0 hc_steps=0 trpo_seeds=0 trpo_budget=0 workers=1 ;;
+    promp_study) out=benchmark/out/maml_ssm_promp_study report=docs/results/maml_ssm/promp_study steps=0 ssm_seeds=0
+            other_seeds=0 cp_seeds=0 cp_steps=0 hc_seeds=0 hc_steps=0 trpo_seeds=3 trpo_budget=900 workers=2 ;;
     quick)  out=benchmark/out/maml_ssm_quick report=benchmark/out/maml_ssm_quick/report steps=2 ssm_seeds=1 other_seeds=1
             cp_seeds=1 cp_steps=2 hc_seeds=1 hc_steps=1 trpo_seeds=1 trpo_budget=1 workers=1 ;;
 esac
@@ -85,6 +102,9 @@ TRPO="nice -n 15 python cleanrl_astral/maml_ssm.py train --task point-nav-2d --s
 # the protocol: --config paper on both tasks (cartpole without the point-nav goal square), every policy
 PROTO="nice -n 15 python cleanrl_astral/maml_ssm.py train --save-model --config paper --eval-tasks 40 --eval-steps 3 \
 --outer-steps 100000 --cpu-budget $trpo_budget"
+# ProMP's reference configuration on the paper preset's task rules and evaluation, stopped by --cpu-budget
+PROMP="nice -n 15 python cleanrl_astral/maml_ssm.py train --task point-nav-2d --save-model --config promp --eval-tasks 40 \
+--eval-steps 3 --outer-steps 100000 --cpu-budget $trpo_budget"
 ADAPT_EXTRA=""
 if [ "$mode" = quick ]; then
     TRPO="$TRPO --tasks-per-batch 2 --fast-batch-size 2 --eval-tasks 3 --eval-episodes 2"
@@ -116,6 +136,44 @@ adapt_sweep() {
     done
     for p in "${pids[@]}"; do wait "$p" || status=$?; done
 }
+# one cost run: policy, optimizer, round
+speed_run() {
+    local flags="" dir="$out/${1}_${2}/r$3"
+    [ "$2" = promp ] && flags="--outer-optimizer promp --inner-estimator lvc"
+    local cmd="nice -n 15 env OMP_NUM_THREADS=1 python cleanrl_astral/maml_ssm.py train --task point-nav-2d --config paper \
+--policy $1 $flags --seed 1 --outer-steps ${SPEED_STEPS:-3} --log-every 1 --runs-dir $dir"
+    if [ "$dry" = 1 ]; then
+        echo "$cmd"
+        return
+    fi
+    [ -d "$dir" ] && [ -n "$(ls -A "$dir")" ] && return  # a finished round is kept (rerun after a kill continues)
+    mkdir -p "$dir"
+    $cmd > "$dir.log" 2>&1 || status=$?
+}
+if [ "$mode" = speed ]; then
+    if [ "$report_only" = 0 ]; then
+        for round in $(seq 1 "${SPEED_ROUNDS:-3}"); do
+            for policy in mlp ssm; do
+                if [ $((round % 2)) = 1 ]; then
+                    speed_run "$policy" trpo "$round"
+                    speed_run "$policy" promp "$round"
+                else
+                    speed_run "$policy" promp "$round"
+                    speed_run "$policy" trpo "$round"
+                fi
+            done
+        done
+    fi
+    [ "$dry" = 1 ] && exit "$status"
+    python benchmark/maml_ssm_report.py --speed --out "$out" --report "$report" || status=$?
+    exit "$status"
+fi
+if [ "$mode" = promp_study ]; then
+    [ "$report_only" = 0 ] && sweep promp_study 3 "--policy mlp | --policy ssm" "$PROMP"
+    [ "$dry" = 1 ] && exit "$status"
+    python benchmark/maml_ssm_report.py --promp-study --out "$out" --report "$report" || status=$?
+    exit "$status"
+fi
 if [ "$report_only" = 0 ] && [ "$mode" = protocol ]; then
     sweep protocol_point_nav 5 "--policy ssm | --policy mlp | --policy gru" "$PROTO --task point-nav-2d"
     sweep protocol_cartpole 5 "--policy ssm | --policy mlp | --policy gru" "$PROTO --task cartpole-physics --no-goal-box"

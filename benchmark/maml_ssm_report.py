@@ -3,7 +3,13 @@
 point_nav_table.md (point-nav arms next to the MAML paper's Table 4, then cartpole-physics / halfcheetah-vel, then
 the `adapt` tables), the JSON behind them, point_nav_adaptation.png, point_nav_training.png and the adapt figures.
 
+With --speed it tables the cost of a meta-iteration instead (benchmark/maml_ssm.sh --speed), with --promp-study the
+pre-registered ProMP comparison and its verdicts (benchmark/maml_ssm.sh --promp-study).
+
 Usage: python benchmark/maml_ssm_report.py --out benchmark/out/maml_ssm_full --report docs/results/maml_ssm
+       python benchmark/maml_ssm_report.py --speed --out benchmark/out/maml_ssm_speed --report docs/results/maml_ssm/speed
+       python benchmark/maml_ssm_report.py --promp-study --out benchmark/out/maml_ssm_promp_study \
+           --report docs/results/maml_ssm/promp_study
 """
 
 import argparse
@@ -28,6 +34,9 @@ from maml_ssm import TASK_VERSIONS  # noqa: E402
 from report import read_scalars  # noqa: E402
 
 PAPER = [-40.41, -11.68, -3.33, -3.23]  # MAML paper, Table 4: 2D navigation after 0 / 1 / 2 / 3 steps
+# the documented TRPO MLP rows (docs/maml_ssm.md, --config paper, 900 CPU-s, seeds 1-5): return after one step per seed,
+# the comparator of the ProMP study's criterion 1, fixed before the study ran
+TRPO_MLP_STEP1 = [-6.49, -6.86, -7.04, -6.91, -6.58]
 
 
 def arm_of(a):
@@ -349,14 +358,166 @@ def adapt_tables(out, report):
     return summary, text
 
 
+def speed(out, report):
+    """Cost of a meta-iteration per arm ({mlp, ssm} x {trpo, promp}) from the runs of benchmark/maml_ssm.sh --speed
+    (<out>/<policy>_<optimizer>/r<round>/<run>): CPU-seconds per iteration (meta/train_cpu_time over
+    meta/outer_steps_done) and the ratios the pairs of one round give; speed_table.md and speed.json."""
+    arms = {}
+    for run_dir in sorted(glob.glob(os.path.join(out, "*_*", "r*", "*"))):
+        scalars = read_scalars(run_dir)
+        if "meta/train_cpu_time" not in scalars:
+            continue
+        arm = os.path.basename(os.path.dirname(os.path.dirname(run_dir)))
+        round_id = int(os.path.basename(os.path.dirname(run_dir))[1:])
+        cpu = float(scalars["meta/train_cpu_time"][1][-1])
+        steps = float(scalars["meta/outer_steps_done"][1][-1])
+        wall = float(np.median(scalars["meta/iteration_time"][1]))
+        arms.setdefault(arm, {})[round_id] = {"cpu_s_per_it": cpu / steps, "median_wall_s_per_it": wall, "iterations": steps}
+    if not arms:
+        raise ValueError(f"no finished --speed runs under {out!r}")
+    lines = ["| policy | outer optimizer | rounds | CPU s/it, mean (range) | median wall s/it |", "|---|---|---|---|---|"]
+    for arm in sorted(arms):
+        policy, optimizer = arm.split("_")
+        cpu = [r["cpu_s_per_it"] for r in arms[arm].values()]
+        wall = [r["median_wall_s_per_it"] for r in arms[arm].values()]
+        lines.append(
+            f"| {policy.upper()} | {optimizer.upper()} | {len(cpu)} | {np.mean(cpu):.2f} ({min(cpu):.2f}–{max(cpu):.2f}) | "
+            f"{np.median(wall):.2f} |"
+        )
+    ratios = {}
+    for name, num, den, aim in (
+        ("MLP: ProMP / TRPO", "mlp_promp", "mlp_trpo", None),
+        ("SSM: ProMP / TRPO", "ssm_promp", "ssm_trpo", 0.35),
+        ("ProMP: SSM / MLP", "ssm_promp", "mlp_promp", 1.5),
+        ("TRPO: SSM / MLP", "ssm_trpo", "mlp_trpo", None),
+    ):
+        rounds = sorted(set(arms.get(num, {})) & set(arms.get(den, {})))
+        r = [arms[num][k]["cpu_s_per_it"] / arms[den][k]["cpu_s_per_it"] for k in rounds]
+        if r:
+            ratios[name] = {"per_round": r, "aim": aim}
+    lines += ["", "| ratio of CPU s/it, paired by round | mean (range) | aim |", "|---|---|---|"]
+    for name, r in ratios.items():
+        aim = "" if r["aim"] is None else f"≤ {r['aim']}"
+        lines.append(
+            f"| {name} | {np.mean(r['per_round']):.2f} ({min(r['per_round']):.2f}–{max(r['per_round']):.2f}) | {aim} |"
+        )
+    text = "\n".join(lines) + "\n"
+    os.makedirs(report, exist_ok=True)
+    with open(os.path.join(report, "speed_table.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(report, "speed.json"), "w") as f:
+        json.dump({"arms": arms, "ratios": ratios}, f, indent=2)
+    return text
+
+
+def welch_ci95(a, b):
+    """(mean(a) - mean(b), half-width of its 95% Welch t-interval) over seeds."""
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    va = a.var(ddof=1) / len(a)
+    vb = b.var(ddof=1) / len(b)
+    dof = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    return float(a.mean() - b.mean()), float(stats.t.ppf(0.975, dof) * np.sqrt(va + vb))
+
+
+def promp_study(runs, report):
+    """The pre-registered ProMP comparison (docs/maml_ssm.md): per policy, the returns after 0..3 steps over seeds with
+    95% Student-t CIs, and the verdict of each criterion; promp_study_table.md, promp_study.json, promp_study.png, and a
+    copy of every run's eval.json (eval_{policy}_s{seed}.json)."""
+    rows = {}
+    for ckpt, c, ev in runs:
+        a = c["args"]
+        if a["outer_optimizer"] != "promp" or a["task"] != "point-nav-2d":
+            continue
+        # every run's eval.json beside the table, to be committed with it
+        shutil.copy(
+            os.path.join(os.path.dirname(ckpt), "eval.json"), os.path.join(report, f"eval_{a['policy']}_s{a['seed']}.json")
+        )
+        returns = [ev["returns_after_steps"][k] for k in "0123"]
+        rows.setdefault(a["policy"], []).append((a["seed"], returns, c.get("outer_steps_done", a["outer_steps"])))
+    if set(rows) != {"mlp", "ssm"} or min(len(r) for r in rows.values()) < 2:
+        raise ValueError(f"the ProMP study needs MLP and SSM runs of >= 2 seeds each; found {sorted(rows)}")
+    summary = {}
+    lines = [
+        "| policy, ProMP | seeds | iterations, mean (range) | 0 steps | 1 step | 2 steps | 3 steps |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    for policy in ("mlp", "ssm"):
+        rs = sorted(rows[policy])
+        R = np.array([r[1] for r in rs])
+        its = [r[2] for r in rs]
+        half = stats.t.ppf(0.975, len(rs) - 1) * R.std(0, ddof=1) / np.sqrt(len(rs))
+        summary[policy] = {
+            "seeds": [r[0] for r in rs],
+            "per_seed": R.tolist(),
+            "mean": R.mean(0).tolist(),
+            "ci95": half.tolist(),
+        }
+        summary[policy]["iterations"] = its
+        lines.append(
+            f"| {policy.upper()} | {len(rs)} | {np.mean(its):.0f} ({min(its)}–{max(its)}) | "
+            + " | ".join(f"{m:.2f} ± {h:.2f}" for m, h in zip(R.mean(0), half))
+            + " |"
+        )
+        ax.errorbar(range(4), R.mean(0), yerr=half, marker="o", capsize=3, label=f"{policy.upper()}, ProMP")
+    trpo = np.array(TRPO_MLP_STEP1)
+    trpo_half = stats.t.ppf(0.975, len(trpo) - 1) * trpo.std(ddof=1) / np.sqrt(len(trpo))
+    lines.append(f"| MLP, TRPO (documented rows) | {len(trpo)} | | | {trpo.mean():.2f} ± {trpo_half:.2f} | | |")
+    ax.errorbar([1], [trpo.mean()], yerr=[trpo_half], marker="s", capsize=3, color="grey", label="MLP, TRPO (documented)")
+    ax.set(xticks=range(4), xlabel="inner gradient steps on the test task", ylabel="return (95% CI over seeds)")
+    ax.set_title("point-nav-2d, 15 CPU-minutes per run")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(report, "promp_study.png"), dpi=110)
+    plt.close(fig)
+    diff, diff_half = welch_ci95([r[1] for r in summary["mlp"]["per_seed"]], trpo)
+    c1 = diff + diff_half >= 0
+    mlp = np.array(summary["mlp"]["mean"])
+    ssm = np.array(summary["ssm"]["mean"])
+    c2 = bool(all(ssm[k] >= mlp[k] for k in (1, 2, 3)))
+    summary["criterion_1"] = {"difference": diff, "ci95": diff_half, "pass": bool(c1)}
+    summary["criterion_2"] = {"ssm_minus_mlp": (ssm - mlp)[1:].tolist(), "pass": c2}
+    lines += [
+        "",
+        "± is the 95% Student-t CI over seeds of the per-seed mean over 40 test tasks.",
+        "",
+        f"- Criterion 1 (ProMP's MLP no worse than TRPO's MLP after one step, within the CI): ProMP − TRPO = "
+        f"{diff:.2f} ± {diff_half:.2f} (95% Welch t-interval): **{'pass' if c1 else 'fail'}**.",
+        "- Criterion 2 (the SSM's return after 1–3 steps at least the MLP's, ProMP, same budget): SSM − MLP = "
+        + " / ".join(f"{d:.2f}" for d in (ssm - mlp)[1:])
+        + f" after 1 / 2 / 3 steps: **{'pass' if c2 else 'fail'}**.",
+    ]
+    text = "\n".join(lines) + "\n"
+    with open(os.path.join(report, "promp_study_table.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(report, "promp_study.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    return text
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="the sweeps' output directory (benchmark/out/maml_ssm_full)")
     p.add_argument("--report", required=True, help="where the tables, JSON and PNGs go")
+    p.add_argument("--speed", action="store_true", help="table the cost runs of benchmark/maml_ssm.sh --speed")
+    p.add_argument("--promp-study", action="store_true", help="table the runs of benchmark/maml_ssm.sh --promp-study")
     args = p.parse_args(argv)
     if not os.path.isdir(args.out):
         print(f"maml_ssm_report: --out {args.out!r} is not a directory; run benchmark/maml_ssm.sh first", file=sys.stderr)
         return 2
+    if args.speed or args.promp_study:
+        try:
+            if args.speed:
+                text = speed(args.out, args.report)
+            else:
+                os.makedirs(args.report, exist_ok=True)
+                text = promp_study(load_runs(args.out), args.report)
+        except (ValueError, FileNotFoundError) as e:
+            print(f"maml_ssm_report: {e}", file=sys.stderr)
+            return 2
+        print(text)
+        return 0
     try:
         runs = load_runs(args.out)
     except (ValueError, FileNotFoundError) as e:

@@ -3,7 +3,6 @@
 
 import dataclasses
 import glob
-import hashlib
 import json
 import os
 import subprocess
@@ -11,115 +10,44 @@ import sys
 import time
 import types
 
+import maml_fixtures
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
-from cleanrl_astral import maml_ssm as m
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join("cleanrl_astral", "maml_ssm.py")
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
-TINY = [
-    "--outer-steps",
-    "2",
-    "--tasks-per-batch",
-    "2",
-    "--fast-batch-size",
-    "3",
-    "--max-episode-steps",
-    "12",
-    "--hidden-size",
-    "8",
-    "--state-size",
-    "4",
-    "--cg-iters",
-    "3",
-    "--ls-max-steps",
-    "3",
-    "--eval-tasks",
-    "3",
-    "--eval-steps",
-    "2",
-]
-TINY_ARGS = dict(
-    outer_steps=1,
-    tasks_per_batch=2,
-    fast_batch_size=3,
-    max_episode_steps=12,
-    hidden_size=8,
-    state_size=4,
-    cg_iters=3,
-    ls_max_steps=3,
-    eval_tasks=3,
-    eval_steps=2,
+from helpers import REPO, SCRIPT_ENV, sha256
+from maml_fixtures import (
+    TINY,
+    TINY_ARGS,
+    parsed_train_args,
+    run_maml,
+    tiny_setup,
+    train_tiny,
+    validation_error,
 )
 
+import cleanrl_astral.maml_ssm as maml_ssm
+from cleanrl_astral_utils import files, maml
 
-def tiny_setup(policy="ssm", T=10, n_tasks=2, per=3, num_steps=1, inner_lr=0.5, dtype=torch.float64, seed=0):
-    """A tiny point-nav problem: model (in `dtype`), args and per-task batches ({"train": [num_steps], "val"}) sampled
-    by the script's own sampler with `inner_lr` at every step, as meta-training does."""
-    torch.manual_seed(seed)
-    args = m.Args(
-        policy=policy,
-        hidden_size=6,
-        state_size=3,
-        max_episode_steps=T,
-        fast_batch_size=per,
-        tasks_per_batch=n_tasks,
-        inner_lr=inner_lr,
-        num_inner_steps=num_steps,
-    )
-    model = m.build_agent(args, m.PointNav2D)
-    rng, _ = m.task_streams(seed)
-    tasks = m.sample_tasks(args.task, rng, n_tasks, "train")
-    theta = {k: v.detach() for k, v in model.named_parameters()}
-    data, _ = m.sample_task_batches(
-        model, theta, tasks, args, torch.Generator().manual_seed(seed), num_steps, [inner_lr] * num_steps
-    )
-    model = model.to(dtype)
-    for td in data:
-        for b in td["train"] + [td["val"]]:
-            for k, v in b.items():
-                if v.is_floating_point():
-                    b[k] = v.to(dtype)
-    return model, args, data
-
-
-def run(args, check=True, cwd=REPO):
-    return subprocess.run(
-        [sys.executable, os.path.join(REPO, SCRIPT), *args], cwd=cwd, env=ENV, capture_output=True, text=True, check=check
-    )
-
-
-def sha(path):
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
-@pytest.fixture(scope="module")
-def trained_ckpt(tmp_path_factory):
-    runs = tmp_path_factory.mktemp("runs")
-    run(["train", "--task", "point-nav-2d", "--runs-dir", str(runs), "--save-model", *TINY])
-    (path,) = glob.glob(str(runs / "*" / "maml_ssm.cleanrl_model"))
-    return path
+# the checkpoints the tests share (module-scoped fixtures of tests/maml_fixtures.py)
+trained_ckpt = maml_fixtures.trained_ckpt
+cartpole_ckpt = maml_fixtures.cartpole_ckpt
 
 
 def train_in_process(tmp_path, monkeypatch, **kw):
     """Runs main_train in this process; returns (the trained model, its parameters before training, run dir)."""
     made = []
-    real_build = m.build_agent
+    real_build = maml_ssm.build_agent
 
     def spy_build(args, env_cls):
         model = real_build(args, env_cls)
         made.append((model, {k: v.detach().clone() for k, v in model.named_parameters()}))
         return model
 
-    monkeypatch.setattr(m, "build_agent", spy_build)
+    monkeypatch.setattr(maml_ssm, "build_agent", spy_build)
     runs = tmp_path / f"runs{len(list(tmp_path.iterdir()))}"
-    m.main_train(m.Args(runs_dir=str(runs), **{**TINY_ARGS, **kw}))
-    monkeypatch.setattr(m, "build_agent", real_build)
+    maml_ssm.train(maml_ssm.Args(runs_dir=str(runs), **{**TINY_ARGS, **kw}))
+    monkeypatch.setattr(maml_ssm, "build_agent", real_build)
     (run_dir,) = glob.glob(str(runs / "*"))
     return made[0][0], made[0][1], run_dir
 
@@ -128,8 +56,8 @@ def train_spied(tmp_path, monkeypatch, **kw):
     """main_train in this process on tiny settings; returns the tasks_data each iteration sampled, the batches
     handed to add_batch_to_buffer, every logged scalar and the policy outputs of the aux step's val batches."""
     sampled, buffered, scalars, aux_outs, outer_done = [], [], {}, [], []
-    real_sample, real_add, real_policy_out = m.sample_task_batches, m.add_batch_to_buffer, m.policy_out
-    real_trpo = m.trpo_step
+    real_sample, real_add, real_policy_out = maml_ssm.sample_task_batches, maml_ssm.add_batch_to_buffer, maml_ssm.policy_out
+    real_trpo = maml_ssm.trpo_step
 
     def spy_trpo(*a, **k):
         res = real_trpo(*a, **k)
@@ -160,12 +88,12 @@ def train_spied(tmp_path, monkeypatch, **kw):
         scalars.setdefault(tag, []).append(float(value))
         return real_add_scalar(self, tag, value, step, *a, **k)
 
-    monkeypatch.setattr(m, "sample_task_batches", spy_sample)
-    monkeypatch.setattr(m, "add_batch_to_buffer", spy_add)
-    monkeypatch.setattr(m, "policy_out", spy_policy_out)
-    monkeypatch.setattr(m, "trpo_step", spy_trpo)
+    monkeypatch.setattr(maml_ssm, "sample_task_batches", spy_sample)
+    monkeypatch.setattr(maml_ssm, "add_batch_to_buffer", spy_add)
+    monkeypatch.setattr(maml_ssm, "policy_out", spy_policy_out)
+    monkeypatch.setattr(maml_ssm, "trpo_step", spy_trpo)
     monkeypatch.setattr(SummaryWriter, "add_scalar", spy_add_scalar)
-    args = m.Args(
+    args = maml_ssm.Args(
         runs_dir=str(tmp_path),
         exp_name="spied",
         outer_steps=1,
@@ -177,27 +105,15 @@ def train_spied(tmp_path, monkeypatch, **kw):
         buffer_size=1000,
         **kw,
     )
-    m.main_train(args)
+    maml_ssm.train(args)
     return sampled, buffered, scalars, aux_outs
-
-
-def train_tiny(runs, *extra):
-    run(["train", "--runs-dir", str(runs), "--save-model", *TINY, *extra])
-    (path,) = glob.glob(str(runs / "*" / "maml_ssm.cleanrl_model"))
-    return path
-
-
-@pytest.fixture(scope="module")
-def cartpole_ckpt(tmp_path_factory):
-    """cartpole-physics draws random start states from the env's generator (point-nav starts at the origin)."""
-    return train_tiny(tmp_path_factory.mktemp("runs"), "--task=cartpole-physics", "--max-episode-steps=30")
 
 
 # ------------------------------------------------------------------------------------------------ SSM AND POLICIES
 
 
 def test_lru_stable_for_all_reachable_parameters():
-    lru = m.LRU(4, 64)
+    lru = maml_ssm.LRU(4, 64)
     with torch.no_grad():
         lru.nu_log.copy_(torch.linspace(-200.0, 80.0, 64))  # exp(nu) from 0 to overflow-size
         lru.theta_log.copy_(torch.linspace(-50.0, 50.0, 64))
@@ -217,7 +133,7 @@ def test_lru_matches_the_normalised_complex_recurrence():
     Without the input normalisation (gamma = 1) the state is 1/gamma times larger (gamma is well below 1 for every
     state dim here)."""
     torch.manual_seed(0)
-    lru = m.LRU(4, 3).double()
+    lru = maml_ssm.LRU(4, 3).double()
     T, Bn = 7, 2
     u = torch.randn(T, Bn, 4, dtype=torch.float64)
     r = torch.exp(-(torch.exp(lru.nu_log) + lru.DELTA_MIN)).detach()
@@ -247,7 +163,7 @@ def test_lru_matches_the_normalised_complex_recurrence():
 def test_step_by_step_equals_sequence_scan(kind):
     """Acting runs the policy one step at a time, carrying the state; training runs it over the whole sequence."""
     torch.manual_seed(1)
-    agent = m.Agent(kind, 3, 2, False, 8, 5, True).double()
+    agent = maml_ssm.Agent(kind, 3, 2, False, 8, 5, True).double()
     T, B = 17, 4
     inp = torch.randn(T, B, 6, dtype=torch.float64)
     starts = torch.rand(T, B) < 0.2
@@ -270,7 +186,7 @@ def test_step_by_step_equals_sequence_scan(kind):
 @pytest.mark.parametrize("kind", ["ssm", "gru"])
 def test_state_reset_at_episode_boundary(kind):
     torch.manual_seed(2)
-    agent = m.Agent(kind, 3, 2, False, 8, 5, True).double()
+    agent = maml_ssm.Agent(kind, 3, 2, False, 8, 5, True).double()
     T, B, k = 12, 3, 5
     inp = torch.randn(T, B, 6, dtype=torch.float64)
     starts = torch.zeros(T, B, dtype=torch.bool)
@@ -288,7 +204,7 @@ def test_ssm_block_is_gelu_of_the_lru_plus_its_input():
     feats = tanh(fc(z)) (docs: "then gelu(y) + u (residual)"), computed here from the modules. Catches: the residual
     dropped (z = gelu(y))."""
     torch.manual_seed(0)
-    model = m.Agent("ssm", 2, 2, False, 6, 3, True).double()
+    model = maml_ssm.Agent("ssm", 2, 2, False, 6, 3, True).double()
     inp = torch.randn(7, 3, 5, dtype=torch.float64)
     starts = torch.zeros(7, 3, dtype=torch.bool)
     starts[0] = True
@@ -307,7 +223,7 @@ def test_value_head_reads_detached_features():
     trunk or the policy head, only into value_head itself. Catches: value_head(feats) without .detach(), which lets
     the value loss move the trunk in the aux step whenever --dynamics-coef > 0."""
     torch.manual_seed(0)
-    model = m.Agent("ssm", 2, 2, False, 6, 3, True)
+    model = maml_ssm.Agent("ssm", 2, 2, False, 6, 3, True)
     inp = torch.randn(5, 3, 5)
     starts = torch.zeros(5, 3, dtype=torch.bool)
     starts[0] = True
@@ -321,33 +237,33 @@ def test_value_head_reads_detached_features():
             assert g is None or torch.all(g == 0), n
 
 
-@pytest.mark.parametrize("task", m.TASKS)
+@pytest.mark.parametrize("task", maml_ssm.TASKS)
 def test_matched_parameter_counts(task):
-    env_cls = m.ENV_CLASSES[task]
-    args = m.Args(task=task)
+    env_cls = maml_ssm.ENV_CLASSES[task]
+    args = maml_ssm.Args(task=task)
     counts = {}
-    for kind in m.POLICIES:
+    for kind in maml_ssm.POLICIES:
         a = dataclasses.replace(args, policy=kind)
-        model = m.build_agent(a, env_cls)
-        w = m.policy_width(a, env_cls)
-        assert m.count_params(model) == m.agent_param_count(
+        model = maml_ssm.build_agent(a, env_cls)
+        w = maml_ssm.policy_width(a, env_cls)
+        assert maml_ssm.count_params(model) == maml_ssm.agent_param_count(
             kind, env_cls.obs_dim, env_cls.act_dim, env_cls.discrete, w, args.state_size, True
         )
-        counts[kind] = m.count_params(model)
+        counts[kind] = maml_ssm.count_params(model)
     assert max(counts.values()) / min(counts.values()) < 1.03
 
 
 def test_matched_width_is_the_closest_at_any_size():
     """The width search has no upper bound: an SSM wider than about 2,900 must get a matched MLP baseline too
     without a word. The chosen width must beat its two neighbours, whatever the size."""
-    env_cls = m.ENV_CLASSES["point-nav-2d"]
+    env_cls = maml_ssm.ENV_CLASSES["point-nav-2d"]
     spec = (env_cls.obs_dim, env_cls.act_dim, env_cls.discrete)
     for hidden in (4, 64, 3000, 20000):
         for kind in ("gru", "mlp"):
-            a = m.Args(policy=kind, hidden_size=hidden)
-            target = m.agent_param_count("ssm", *spec, hidden, a.state_size, True)
-            w = m.policy_width(a, env_cls)
-            gap = [abs(m.agent_param_count(kind, *spec, v, a.state_size, True) - target) for v in (w - 1, w, w + 1)]
+            a = maml_ssm.Args(policy=kind, hidden_size=hidden)
+            target = maml_ssm.agent_param_count("ssm", *spec, hidden, a.state_size, True)
+            w = maml_ssm.policy_width(a, env_cls)
+            gap = [abs(maml_ssm.agent_param_count(kind, *spec, v, a.state_size, True) - target) for v in (w - 1, w, w + 1)]
             assert gap[1] <= gap[2] and (w == 4 or gap[1] <= gap[0]), (hidden, kind, w, gap)
             if hidden >= 64:
                 assert gap[1] / target < 0.03, (hidden, kind, w, gap)
@@ -358,7 +274,7 @@ def test_matched_width_is_the_closest_at_any_size():
 
 def test_point_nav_scales_and_clips_actions_and_ends_at_goal():
     # the policy acts in [-1, 1]: 0.5 is a step of 0.05, and 5 is clipped to a step of 0.1 (paper's normalize)
-    env = m.PointNav2D(torch.tensor([[0.05, 0.0], [0.4, 0.4]]), torch.Generator())
+    env = maml_ssm.PointNav2D(torch.tensor([[0.05, 0.0], [0.4, 0.4]]), torch.Generator())
     env.reset()
     obs, r, done = env.step(torch.tensor([[0.5, 0.0], [5.0, -5.0]]))
     assert torch.allclose(obs, torch.tensor([[0.05, 0.0], [0.1, -0.1]]))
@@ -374,7 +290,7 @@ def test_point_nav_goal_box_is_the_paper_codes_rule():
     step = torch.tensor([[0.41, 0.41], [0.39, 0.0], [0.5, 0.385]])  # offsets (-0.009, -0.009), (-0.011, 0), (0, -0.0115)
     results = {}
     for box in (False, True):
-        env = m.PointNav2D(goals, torch.Generator(), goal_box=box)
+        env = maml_ssm.PointNav2D(goals, torch.Generator(), goal_box=box)
         env.reset()
         results[box] = env.step(step)
     (_, r_l2, done_l2), (_, r_box, done_box) = results[False], results[True]
@@ -382,30 +298,30 @@ def test_point_nav_goal_box_is_the_paper_codes_rule():
     assert r_l2[0].item() == pytest.approx(-0.009 * np.sqrt(2), abs=1e-6)
     assert done_l2.tolist() == [False, False, False]  # 0.0127 away: outside the disc of radius 0.01
     assert done_box.tolist() == [True, False, False]  # |dx|, |dy| < 0.01: inside the paper code's square
-    assert m.PointNav2D(goals, torch.Generator()).goal_box is False
+    assert maml_ssm.PointNav2D(goals, torch.Generator()).goal_box is False
 
 
 def test_goal_box_follows_the_config_into_training_and_eval(trained_ckpt, monkeypatch, tmp_path):
-    assert m.parse_cli(["train", "--config", "paper"]).goal_box is True
-    assert m.parse_cli(["train", "--config", "paper", "--no-goal-box"]).goal_box is False
-    assert m.parse_cli(["train"]).goal_box is False
+    assert parsed_train_args(["train", "--config", "paper"]).goal_box is True
+    assert parsed_train_args(["train", "--config", "paper", "--no-goal-box"]).goal_box is False
+    assert parsed_train_args(["train"]).goal_box is False
     seen = []
 
-    class Spy(m.PointNav2D):
+    class Spy(maml_ssm.PointNav2D):
         def __init__(self, tasks, gen, goal_box=False):
             seen.append(goal_box)
             super().__init__(tasks, gen, goal_box)
 
-    monkeypatch.setattr(m, "PointNav2D", Spy)
+    monkeypatch.setattr(maml_ssm, "PointNav2D", Spy)
     ckpt = torch.load(trained_ckpt, weights_only=False)
     del ckpt["args"]["goal_box"]  # a checkpoint from before the flag existed was trained on the Euclidean rule
     old = str(tmp_path / "old.cleanrl_model")
     torch.save(ckpt, old)
-    m.evaluate(old, 2, 1, write=False)
+    maml_ssm.evaluate(old, 2, 1, write=False)
     ckpt["args"]["goal_box"] = True
     box = str(tmp_path / "box.cleanrl_model")
     torch.save(ckpt, box)
-    m.evaluate(box, 2, 1, write=False)
+    maml_ssm.evaluate(box, 2, 1, write=False)
     assert seen == [False, True]
 
 
@@ -414,7 +330,7 @@ def test_cartpole_physics_matches_gymnasium_at_default_physics():
 
     ref = gym.make("CartPole-v1").unwrapped
     ref.reset(seed=0)
-    env = m.CartPolePhysics(torch.tensor([[9.8, 0.5]]), torch.Generator().manual_seed(0))
+    env = maml_ssm.CartPolePhysics(torch.tensor([[9.8, 0.5]]), torch.Generator().manual_seed(0))
     env.reset()
     env.state = torch.tensor([list(ref.state)], dtype=torch.float64)
     for a in [1, 1, 0, 1, 0, 0, 1]:
@@ -428,7 +344,7 @@ def test_halfcheetah_vel_reward_is_minus_velocity_error_minus_control_cost(tmp_p
     ||a||^2, with v_x the finite-difference forward velocity of the root (qpos[0]) over the env's dt."""
     pytest.importorskip("mujoco")
     monkeypatch.chdir(tmp_path)  # MuJoCo writes MUJOCO_LOG.TXT into the working directory
-    env = m.HalfCheetahVel(torch.tensor([[1.5]]), torch.Generator().manual_seed(0))
+    env = maml_ssm.HalfCheetahVel(torch.tensor([[1.5]]), torch.Generator().manual_seed(0))
     env.reset()
     sim = env.envs[0].unwrapped
     x0 = float(sim.data.qpos[0])
@@ -440,17 +356,17 @@ def test_halfcheetah_vel_reward_is_minus_velocity_error_minus_control_cost(tmp_p
     assert abs(v) > 1e-3 and abs(v - 1.5) > 0.5  # the velocity term is not 0 and its sign matters
 
 
-@pytest.mark.parametrize("task", m.TASKS)
+@pytest.mark.parametrize("task", maml_ssm.TASKS)
 def test_train_and_test_task_streams_are_disjoint(task):
-    train_rng, test_rng = m.task_streams(3)
-    train = m.sample_tasks(task, train_rng, 2000, "train")
-    test = m.sample_tasks(task, test_rng, 500, "test")
+    train_rng, test_rng = maml_ssm.task_streams(3)
+    train = maml_ssm.sample_tasks(task, train_rng, 2000, "train")
+    test = maml_ssm.sample_tasks(task, test_rng, 500, "test")
     assert not (np.abs(train[None] - test[:, None]).max(-1) < 1e-9).any()
     # same seed, fresh generators: the streams are reproducible
-    assert np.array_equal(m.sample_tasks(task, m.task_streams(3)[1], 500, "test"), test)
+    assert np.array_equal(maml_ssm.sample_tasks(task, maml_ssm.task_streams(3)[1], 500, "test"), test)
     if task == "cartpole-physics":
-        (g0, g1), (l0, l1) = m.CARTPOLE_TRAIN_RANGES
-        (tg0, tg1), (tl0, tl1) = m.CARTPOLE_TEST_RANGES
+        (g0, g1), (l0, l1) = maml_ssm.CARTPOLE_TRAIN_RANGES
+        (tg0, tg1), (tl0, tl1) = maml_ssm.CARTPOLE_TEST_RANGES
         assert g1 < tg0 and l1 < tl0
         assert ((train[:, 0] >= g0) & (train[:, 0] <= g1) & (train[:, 1] >= l0) & (train[:, 1] <= l1)).all()
         assert ((test[:, 0] >= tg0) & (test[:, 0] <= tg1) & (test[:, 1] >= tl0) & (test[:, 1] <= tl1)).all()
@@ -460,16 +376,18 @@ def test_train_and_test_task_streams_are_disjoint(task):
     "task",
     [
         "cartpole-physics",
-        pytest.param("halfcheetah-vel", marks=pytest.mark.skipif(not m.mujoco_available(), reason="mujoco not installed")),
+        pytest.param(
+            "halfcheetah-vel", marks=pytest.mark.skipif(not maml_ssm.mujoco_available(), reason="mujoco not installed")
+        ),
     ],
 )
 def test_each_batch_of_an_iteration_starts_from_fresh_states(task, tmp_path, monkeypatch):
     """One environment serves every batch of an iteration (the inner-step batch, then the post-adaptation batch):
     each reset must draw new start states, or the outer objective is measured on the starts theta' adapted on."""
     monkeypatch.chdir(tmp_path)  # MuJoCo writes MUJOCO_LOG.TXT into the working directory
-    rng, _ = m.task_streams(0)
-    tasks = m.sample_tasks(task, rng, 2, "train")
-    env = m.make_env(m.Args(task=task), tasks, 3, torch.Generator().manual_seed(0))
+    rng, _ = maml_ssm.task_streams(0)
+    tasks = maml_ssm.sample_tasks(task, rng, 2, "train")
+    env = maml_ssm.make_env(maml_ssm.Args(task=task), tasks, 3, torch.Generator().manual_seed(0))
     first, second = env.reset(), env.reset()
     assert first.shape == second.shape and not torch.isclose(first, second).all(dim=1).any()
 
@@ -482,14 +400,14 @@ def test_main_train_samples_with_inner_lr_at_every_inner_step(tmp_path, monkeypa
     --num-inner-steps steps, the schedule the meta-objective re-adapts with; another list (a single entry, a smaller
     step later) would make the sampled actions' log-probabilities disagree with the TRPO step's old policy."""
     seen = []
-    real = m.sample_task_batches
+    real = maml_ssm.sample_task_batches
 
     def spy(model, params, task_params, args_, gen, num_steps, inner_lrs):
         seen.append((num_steps, list(inner_lrs)))
         return real(model, params, task_params, args_, gen, num_steps, inner_lrs)
 
-    monkeypatch.setattr(m, "sample_task_batches", spy)
-    args = m.Args(
+    monkeypatch.setattr(maml_ssm, "sample_task_batches", spy)
+    args = maml_ssm.Args(
         runs_dir=str(tmp_path),
         exp_name="lrs",
         outer_steps=1,
@@ -504,7 +422,7 @@ def test_main_train_samples_with_inner_lr_at_every_inner_step(tmp_path, monkeypa
         num_inner_steps=2,
         inner_lr=0.37,
     )
-    m.main_train(args)
+    maml_ssm.train(args)
     assert seen == [(2, [0.37, 0.37])]
 
 
@@ -512,14 +430,14 @@ def test_logged_inner_loss_is_that_of_the_parameters_that_sampled_the_batch(tmp_
     """theta = {k: p.detach()} shares storage with the parameters; Adam updates them in place, so an inner loss
     computed after the outer step would be the updated parameters' under Adam (and the old ones under TRPO)."""
     seen = []
-    real = m.inner_loss
+    real = maml_ssm.inner_loss
 
-    def spy(model, params, batch):
+    def spy(model, params, batch, estimator="reinforce"):
         if not torch.is_grad_enabled():  # the logging call (the inner step itself needs the graph)
             seen.append({k: v.detach().clone() for k, v in params.items()})
-        return real(model, params, batch)
+        return real(model, params, batch, estimator)
 
-    monkeypatch.setattr(m, "inner_loss", spy)
+    monkeypatch.setattr(maml_ssm, "inner_loss", spy)
     model, before, _ = train_in_process(tmp_path, monkeypatch, outer_optimizer="adam", outer_lr=0.01)
     assert seen and all(torch.equal(s["encoder.weight"], before["encoder.weight"]) for s in seen)
     assert not torch.equal(model.encoder.weight.detach(), before["encoder.weight"])  # the outer step did move it
@@ -589,12 +507,14 @@ def test_logged_aux_losses_average_over_valid_steps(tmp_path, monkeypatch):
 
 def test_cpu_budget_stops_training_and_records_the_steps_done(tmp_path):
     # a budget far below one iteration's CPU time: training stops after iteration 1 of 50, and the checkpoint says so
-    out = run(["train", "--runs-dir", str(tmp_path), "--save-model", *TINY, "--outer-steps", "50", "--cpu-budget", "1e-6"])
+    out = run_maml(
+        ["train", "--runs-dir", str(tmp_path), "--save-model", *TINY, "--outer-steps", "50", "--cpu-budget", "1e-6"]
+    )
     assert "--cpu-budget 1e-06s reached after 1 of 50 outer steps" in out.stdout and "iter 2/50" not in out.stdout
     (path,) = glob.glob(str(tmp_path / "*" / "maml_ssm.cleanrl_model"))
     ckpt = torch.load(path, map_location="cpu", weights_only=False)
     assert ckpt["outer_steps_done"] == 1 and ckpt["args"]["outer_steps"] == 50 and ckpt["train_cpu_time"] > 0
-    assert "--cpu-budget must be >= 0" in m.validate_args(m.Args(cpu_budget=-1))
+    assert "--cpu-budget must be >= 0" in validation_error(maml_ssm.validate, maml_ssm.Args(cpu_budget=-1))
 
 
 def test_cpu_budget_counts_process_time_not_wall_time(tmp_path, monkeypatch, capsys):
@@ -608,7 +528,7 @@ def test_cpu_budget_counts_process_time_not_wall_time(tmp_path, monkeypatch, cap
         jump["t"] += 1e6
         return jump["t"]
 
-    args = m.Args(
+    args = maml_ssm.Args(
         runs_dir=str(tmp_path),
         outer_steps=2,
         tasks_per_batch=2,
@@ -622,12 +542,12 @@ def test_cpu_budget_counts_process_time_not_wall_time(tmp_path, monkeypatch, cap
         cpu_budget=1000.0,
     )
     clocks = {"time": jumping, "perf_counter": jumping, "monotonic": jumping, "process_time": real}
-    monkeypatch.setattr(m, "time", types.SimpleNamespace(**clocks))
-    m.main_train(dataclasses.replace(args, exp_name="wall"))
+    monkeypatch.setattr(maml_ssm, "time", types.SimpleNamespace(**clocks))
+    maml_ssm.train(dataclasses.replace(args, exp_name="wall"))
     out = capsys.readouterr().out
     assert "iter 2/2" in out and "--cpu-budget" not in out
-    monkeypatch.setattr(m, "time", types.SimpleNamespace(**{**clocks, "process_time": jumping}))
-    m.main_train(dataclasses.replace(args, exp_name="cpu"))
+    monkeypatch.setattr(maml_ssm, "time", types.SimpleNamespace(**{**clocks, "process_time": jumping}))
+    maml_ssm.train(dataclasses.replace(args, exp_name="cpu"))
     out = capsys.readouterr().out
     assert "--cpu-budget 1000s reached after 1 of 2 outer steps" in out and "iter 2/2" not in out
 
@@ -638,45 +558,45 @@ def test_cpu_budget_counts_process_time_not_wall_time(tmp_path, monkeypatch, cap
 def test_atomic_save_keeps_old_file_when_writing_fails(tmp_path, monkeypatch):
     model, args, _ = tiny_setup(dtype=torch.float32)
     path = str(tmp_path / "x.cleanrl_model")
-    m.save_checkpoint(path, model, args, {"task": args.task, "train_tasks": []})
-    digest = sha(path)
+    maml.save_checkpoint(path, model, args, {"task": args.task, "train_tasks": []}, maml_ssm.TASK_VERSIONS[args.task])
+    digest = sha256(path)
 
     def boom(obj, f):
         with open(f, "wb") as fh:
             fh.write(b"partial")
         raise OSError("disk full")
 
-    monkeypatch.setattr(m.torch, "save", boom)
+    monkeypatch.setattr(maml_ssm.torch, "save", boom)
     with pytest.raises(OSError):
-        m.save_checkpoint(path, model, args, {"task": args.task, "train_tasks": []})
-    assert sha(path) == digest and os.listdir(tmp_path) == ["x.cleanrl_model"]
+        maml.save_checkpoint(path, model, args, {"task": args.task, "train_tasks": []}, maml_ssm.TASK_VERSIONS[args.task])
+    assert sha256(path) == digest and os.listdir(tmp_path) == ["x.cleanrl_model"]
 
 
 def test_save_checkpoint_writes_its_temp_file_beside_the_checkpoint(tmp_path, monkeypatch):
     """The temp file is created in the checkpoint's own directory, so the final os.replace is a rename on one
     filesystem (atomic); a temp file in /tmp or the working directory may cross filesystems. No temp file is left."""
     torch.manual_seed(0)
-    args = m.Args(policy="mlp", hidden_size=4)
-    model = m.build_agent(args, m.PointNav2D)
+    args = maml_ssm.Args(policy="mlp", hidden_size=4)
+    model = maml_ssm.build_agent(args, maml_ssm.PointNav2D)
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "cwd").mkdir()
     monkeypatch.chdir(tmp_path / "cwd")
     replaced = []
-    real_replace = m.os.replace
-    monkeypatch.setattr(m.os, "replace", lambda src, dst: (replaced.append((src, dst)), real_replace(src, dst))[1])
+    real_replace = files.os.replace
+    monkeypatch.setattr(files.os, "replace", lambda src, dst: (replaced.append((src, dst)), real_replace(src, dst))[1])
     path = str(tmp_path / "ckpt" / "a.cleanrl_model")
-    m.save_checkpoint(path, model, args, {"task": args.task, "train_tasks": []})
+    maml.save_checkpoint(path, model, args, {"task": args.task, "train_tasks": []}, maml_ssm.TASK_VERSIONS[args.task])
     assert len(replaced) == 1
     src, dst = replaced[0]
-    assert dst == path and m.os.path.dirname(m.os.path.abspath(src)) == str(tmp_path / "ckpt")
+    assert dst == path and os.path.dirname(os.path.abspath(src)) == str(tmp_path / "ckpt")
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["a.cleanrl_model"]
     assert list((tmp_path / "cwd").iterdir()) == []
 
 
 def test_eval_leaves_checkpoint_bit_identical_and_writes_eval_json(trained_ckpt):
-    digest = sha(trained_ckpt)
-    out = run(["eval", "--checkpoint", trained_ckpt, "--num-tasks", "3", "--num-steps", "3"])
-    assert sha(trained_ckpt) == digest
+    digest = sha256(trained_ckpt)
+    out = run_maml(["eval", "--checkpoint", trained_ckpt, "--num-tasks", "3", "--num-steps", "3"])
+    assert sha256(trained_ckpt) == digest
     res = json.loads(open(os.path.join(os.path.dirname(trained_ckpt), "eval.json")).read())
     assert set(res) == {"task", "returns_after_steps", "ci95", "num_tasks"}
     assert res["task"] == "point-nav-2d" and res["num_tasks"] == 3
@@ -685,16 +605,16 @@ def test_eval_leaves_checkpoint_bit_identical_and_writes_eval_json(trained_ckpt)
     assert os.path.isfile(os.path.join(os.path.dirname(trained_ckpt), "eval.png"))
     assert json.loads(out.stdout.strip().splitlines()[-1]) == res
     # evaluation starts every task from the checkpoint's theta: the same seed gives the same numbers
-    assert m.evaluate(trained_ckpt, 3, 3, write=False) == res
+    assert maml_ssm.evaluate(trained_ckpt, 3, 3, write=False) == res
     # NaN passed eval's `<= 0` checks and crashed inside the first adaptation step; a bad seed failed in numpy
     for flags, needle in (
         (["--inner-lr", "nan"], "--inner-lr nan must be a finite number"),
         (["--eval-seed", "-1"], "--eval-seed -1 must be in [0, 2**32 - 1]"),
     ):
-        bad = run(["eval", "--checkpoint", trained_ckpt, *flags], check=False)
+        bad = run_maml(["eval", "--checkpoint", trained_ckpt, *flags], check=False)
         lines = bad.stderr.strip().splitlines()
         assert bad.returncode == 2 and len(lines) == 1 and needle in lines[0], bad.stderr
-    assert sha(trained_ckpt) == digest
+    assert sha256(trained_ckpt) == digest
 
 
 def test_eval_defaults_are_the_checkpoints_own_evaluation(tmp_path):
@@ -702,16 +622,16 @@ def test_eval_defaults_are_the_checkpoints_own_evaluation(tmp_path):
     --eval-later-lr-scale, not fixed defaults (40 tasks, 3 steps, 0.5)."""
     ckpt = train_tiny(tmp_path, "--eval-later-lr-scale=0.25")
     trained = json.load(open(os.path.join(os.path.dirname(ckpt), "eval.json")))
-    default = m.evaluate(ckpt, write=False)
+    default = maml_ssm.evaluate(ckpt, write=False)
     assert default == trained and default["num_tasks"] == 3 and list(default["returns_after_steps"]) == ["0", "1", "2"]
-    assert default == m.evaluate(ckpt, 3, 2, later_lr_scale=0.25, write=False)
+    assert default == maml_ssm.evaluate(ckpt, 3, 2, later_lr_scale=0.25, write=False)
     assert (
         default["returns_after_steps"]["2"]
-        != m.evaluate(ckpt, 3, 2, later_lr_scale=0.5, write=False)["returns_after_steps"]["2"]
+        != maml_ssm.evaluate(ckpt, 3, 2, later_lr_scale=0.5, write=False)["returns_after_steps"]["2"]
     )
-    out = run(["eval", "--checkpoint", ckpt])
+    out = run_maml(["eval", "--checkpoint", ckpt])
     assert json.loads(out.stdout.strip().splitlines()[-1]) == trained
-    res = run(["eval", "--checkpoint", ckpt, "--num-tasks", "1"], check=False)
+    res = run_maml(["eval", "--checkpoint", ckpt, "--num-tasks", "1"], check=False)
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1 and "--num-tasks must be >= 2" in res.stderr
 
 
@@ -719,8 +639,8 @@ def test_eval_test_tasks_never_seen_in_training(trained_ckpt):
     ckpt = torch.load(trained_ckpt, weights_only=False)
     seen = np.asarray(ckpt["task_split"]["train_tasks"])
     assert seen.shape == (2 * 2, 2)  # outer_steps x tasks_per_batch training goals are recorded
-    _, test_rng = m.task_streams(ckpt["args"]["seed"])
-    test = m.sample_tasks("point-nav-2d", test_rng, 3, "test")
+    _, test_rng = maml_ssm.task_streams(ckpt["args"]["seed"])
+    test = maml_ssm.sample_tasks("point-nav-2d", test_rng, 3, "test")
     assert not (np.abs(seen[None] - test[:, None]).max(-1) < 1e-12).any()
 
 
@@ -729,65 +649,65 @@ def test_checkpoint_from_another_config_is_rejected(trained_ckpt, tmp_path):
     ckpt["args"]["policy"] = "gru"
     bad = str(tmp_path / "bad.cleanrl_model")
     torch.save(ckpt, bad)
-    res = run(["eval", "--checkpoint", bad], check=False)
+    res = run_maml(["eval", "--checkpoint", bad], check=False)
     assert res.returncode == 2
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("maml_ssm.py: error:") and "do not match" in lines[0]
     with pytest.raises(ValueError, match="does not exist"):
-        m.load_checkpoint(str(tmp_path / "missing.cleanrl_model"))
+        maml_ssm.load_checkpoint(str(tmp_path / "missing.cleanrl_model"))
     ckpt["script"] = "ppo_gru_baseline"
     torch.save(ckpt, bad)
     with pytest.raises(ValueError, match="not a maml_ssm checkpoint"):
-        m.load_checkpoint(bad)
+        maml_ssm.load_checkpoint(bad)
 
 
 def test_checkpoint_of_an_older_task_version_is_refused(trained_ckpt, tmp_path):
     ckpt = torch.load(trained_ckpt, weights_only=False)
-    assert ckpt["task_version"] == m.TASK_VERSIONS["point-nav-2d"] == 2
+    assert ckpt["task_version"] == maml_ssm.TASK_VERSIONS["point-nav-2d"] == 2
     del ckpt["task_version"]  # written before point-nav-2d scaled its actions: version 1
     old = str(tmp_path / "old.cleanrl_model")
     torch.save(ckpt, old)
-    res = run(["eval", "--checkpoint", old], check=False)
+    res = run_maml(["eval", "--checkpoint", old], check=False)
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1 and "trained on version 1 of point-nav-2d" in lines[0]
 
 
 def test_a_cartpole_checkpoint_with_other_physics_ranges_is_refused(cartpole_ckpt, tmp_path):
-    m.load_checkpoint(cartpole_ckpt)
+    maml_ssm.load_checkpoint(cartpole_ckpt)
     for key in ("train_ranges", "test_ranges"):
         ckpt = torch.load(cartpole_ckpt, weights_only=False)
         ckpt["task_split"][key] = [[1.0, 2.0], [0.1, 0.2]]
         other = str(tmp_path / f"{key}.cleanrl_model")
         torch.save(ckpt, other)
         with pytest.raises(ValueError, match=f"cartpole {key.replace('_', ' ')} .* are not this script's"):
-            m.load_checkpoint(other)
-    res = run(["eval", "--checkpoint", other], check=False)
+            maml_ssm.load_checkpoint(other)
+    res = run_maml(["eval", "--checkpoint", other], check=False)
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1 and "retrain it" in res.stderr
     for malformed in ({"gravity": 1}, [[1.0], [2.0, 3.0]], None):  # hand-edited or missing: the same one-line reason
         ckpt["task_split"]["test_ranges"] = malformed
         torch.save(ckpt, other)
         with pytest.raises(ValueError, match="are not this script's"):
-            m.load_checkpoint(other)
+            maml_ssm.load_checkpoint(other)
 
 
 def test_eval_episodes_sets_the_evaluation_batch(trained_ckpt, monkeypatch, tmp_path):
     seen = []
-    real = m.sample_task_batches
+    real = maml_ssm.sample_task_batches
     monkeypatch.setattr(
-        m,
+        maml_ssm,
         "sample_task_batches",
         lambda model, p, tasks, args, *a: seen.append(args.fast_batch_size) or real(model, p, tasks, args, *a),
     )
     ckpt = torch.load(trained_ckpt, weights_only=False)
-    m.evaluate(trained_ckpt, 2, 1, write=False)
-    m.evaluate(trained_ckpt, 2, 1, fast_batch_size=3, write=False)
+    maml_ssm.evaluate(trained_ckpt, 2, 1, write=False)
+    maml_ssm.evaluate(trained_ckpt, 2, 1, fast_batch_size=3, write=False)
     ckpt["args"]["eval_episodes"] = 5
     with_default = str(tmp_path / "eval5.cleanrl_model")
     torch.save(ckpt, with_default)
-    m.evaluate(with_default, 2, 1, write=False)
+    maml_ssm.evaluate(with_default, 2, 1, write=False)
     assert seen == [ckpt["args"]["fast_batch_size"], 3, 5]
-    assert m.parse_cli(["train", "--config", "paper"]).eval_episodes == 40
-    assert "--eval-episodes must be >= 1" in m.validate_args(m.Args(eval_episodes=0))
+    assert parsed_train_args(["train", "--config", "paper"]).eval_episodes == 40
+    assert "--eval-episodes must be >= 1" in validation_error(maml_ssm.validate, maml_ssm.Args(eval_episodes=0))
 
 
 def test_ci95_is_1_96_sample_sd_over_sqrt_n():
@@ -798,22 +718,22 @@ def test_ci95_is_1_96_sample_sd_over_sqrt_n():
     n, mean = len(x), sum(x) / len(x)
     s = (sum((v - mean) ** 2 for v in x) / (n - 1)) ** 0.5
     expected = 1.96 * s / n**0.5
-    assert m.ci95(x) == pytest.approx(expected, rel=1e-12)
-    assert m.ci95(np.array(x, dtype=np.float32)) == pytest.approx(expected, rel=1e-6)
-    assert m.ci95([4.0]) == 0.0 and expected > 1.0
+    assert maml.ci95(x) == pytest.approx(expected, rel=1e-12)
+    assert maml.ci95(np.array(x, dtype=np.float32)) == pytest.approx(expected, rel=1e-6)
+    assert maml.ci95([4.0]) == 0.0 and expected > 1.0
 
 
 def test_evaluate_reports_ci95_of_the_per_task_returns(tmp_path, monkeypatch):
     """evaluate's ci95 for each number of inner steps is 1.96 s / sqrt(num_tasks) of the per-task mean returns the
     sampler gave for that step (the sampler is replaced by one returning known returns)."""
     torch.manual_seed(0)
-    args = m.Args(policy="mlp", hidden_size=4, max_episode_steps=3, fast_batch_size=1)
-    model = m.build_agent(args, m.PointNav2D)
+    args = maml_ssm.Args(policy="mlp", hidden_size=4, max_episode_steps=3, fast_batch_size=1)
+    model = maml_ssm.build_agent(args, maml_ssm.PointNav2D)
     path = str(tmp_path / "tiny.cleanrl_model")
-    m.save_checkpoint(path, model, args, {"task": args.task, "train_tasks": []})
+    maml.save_checkpoint(path, model, args, {"task": args.task, "train_tasks": []}, maml_ssm.TASK_VERSIONS[args.task])
     known = [torch.tensor([1.0, 3.0, -2.0, 6.0]), torch.tensor([0.0, 0.0, 4.0, 10.0])]
-    monkeypatch.setattr(m, "sample_task_batches", lambda *a, **kw: (None, known))
-    res = m.evaluate(path, num_tasks=4, num_steps=1, write=False)
+    monkeypatch.setattr(maml_ssm, "sample_task_batches", lambda *a, **kw: (None, known))
+    res = maml_ssm.evaluate(path, num_tasks=4, num_steps=1, write=False)
     for k, r in enumerate(known):
         v = r.double().tolist()
         mean = sum(v) / 4
@@ -839,16 +759,16 @@ def test_evaluate_reports_ci95_of_the_per_task_returns(tmp_path, monkeypatch):
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(flags, needle, tmp_path):
-    res = run(["train", "--runs-dir", str(tmp_path), *flags], check=False)
+    res = run_maml(["train", "--runs-dir", str(tmp_path), *flags], check=False)
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1 and lines[0].startswith("maml_ssm.py: error:") and needle in lines[0]
     assert not os.listdir(tmp_path)  # validation happens before any work
 
 
 def test_validate_args_rejects_bad_values(monkeypatch):
-    assert "--outer-lr must be positive" in m.validate_args(m.Args(outer_lr=-1e-3))
-    assert "unknown --policy" in m.validate_args(m.Args(policy="lstm"))
-    assert "--fast-batch-size must be >= 1" in m.validate_args(m.Args(fast_batch_size=0))
+    assert "--outer-lr must be positive" in validation_error(maml_ssm.validate, maml_ssm.Args(outer_lr=-1e-3))
+    assert "unknown --policy" in validation_error(maml_ssm.validate, maml_ssm.Args(policy="lstm"))
+    assert "--fast-batch-size must be >= 1" in validation_error(maml_ssm.validate, maml_ssm.Args(fast_batch_size=0))
     # NaN passes every `<= 0` check and would train (or crash after the run directory exists)
     for kwargs, needle in (
         ({"dynamics_coef": float("nan")}, "--dynamics-coef nan must be a finite"),
@@ -857,18 +777,18 @@ def test_validate_args_rejects_bad_values(monkeypatch):
         ({"eval_later_lr_scale": 0.0}, "--eval-later-lr-scale must be positive, got 0.0"),
         ({"eval_tasks": 1, "save_model": True}, "needs >= 2 tasks for its 95% CI"),
     ):
-        assert needle in m.validate_args(m.Args(**kwargs)), kwargs
-    assert m.validate_args(m.Args(eval_tasks=1)) is None  # no evaluation without --save-model
-    assert m.validate_args(m.Args()) is None
-    monkeypatch.setattr(m, "mujoco_available", lambda: False)
-    assert "pip install mujoco" in m.validate_args(m.Args(task="halfcheetah-vel"))
+        assert needle in validation_error(maml_ssm.validate, maml_ssm.Args(**kwargs)), kwargs
+    assert validation_error(maml_ssm.validate, maml_ssm.Args(eval_tasks=1)) is None  # no evaluation without --save-model
+    assert validation_error(maml_ssm.validate, maml_ssm.Args()) is None
+    monkeypatch.setattr(maml_ssm, "mujoco_available", lambda: False)
+    assert "pip install mujoco" in validation_error(maml_ssm.validate, maml_ssm.Args(task="halfcheetah-vel"))
 
 
 def test_config_preset_is_overridable_flag_by_flag():
-    a = m.parse_cli(["train", "--config", "basic", "--inner-lr", "0.5"])
+    a = parsed_train_args(["train", "--config", "basic", "--inner-lr", "0.5"])
     assert (a.seed, a.fast_batch_size, a.max_episode_steps, a.outer_steps, a.tasks_per_batch) == (42, 8, 200, 50, 8)
     assert a.inner_lr == 0.5 and a.adapt_lr == 1e-2 and a.config == "basic"
-    assert m.parse_cli(["train"]).seed == 1
+    assert parsed_train_args(["train"]).seed == 1
 
 
 @pytest.mark.parametrize(
@@ -879,13 +799,13 @@ def test_config_preset_is_overridable_flag_by_flag():
         pytest.param(
             "halfcheetah-vel",
             ["--max-episode-steps", "5"],
-            marks=pytest.mark.skipif(not m.mujoco_available(), reason="mujoco not installed"),
+            marks=pytest.mark.skipif(not maml_ssm.mujoco_available(), reason="mujoco not installed"),
         ),
     ],
 )
 def test_smoke_train_and_eval(task, extra, tmp_path):
     # cwd = tmp_path: MuJoCo writes its warnings to MUJOCO_LOG.TXT in the working directory
-    out = run(["train", "--task", task, "--runs-dir", str(tmp_path), "--save-model", *TINY, *extra], cwd=tmp_path)
+    out = run_maml(["train", "--task", task, "--runs-dir", str(tmp_path), "--save-model", *TINY, *extra], cwd=tmp_path)
     assert "parameters; matched counts" in out.stdout and "iter 2/2" in out.stdout
     (path,) = glob.glob(str(tmp_path / "*" / "maml_ssm.cleanrl_model"))
     res = json.load(open(os.path.join(os.path.dirname(path), "eval.json")))
@@ -897,7 +817,7 @@ def test_runs_started_in_the_same_second_get_directories_of_their_own(tmp_path, 
     """Runs of one command and seed started in the same second (a shell loop over flags) get directories of their
     own: sharing runs/{run_name} would mix their TensorBoard events and replace the earlier run's files."""
     check = occupied_run_names(str(tmp_path), "point-nav-2d__collide__7__")
-    run(
+    run_maml(
         [
             "train",
             "--task",
@@ -918,7 +838,7 @@ def test_runs_started_in_the_same_second_get_directories_of_their_own(tmp_path, 
 
 def test_a_runs_dir_that_is_a_file_is_a_one_line_error(tmp_path):
     (tmp_path / "runs").write_text("")
-    result = run(["train", "--runs-dir", str(tmp_path / "runs"), *TINY], check=False)
+    result = run_maml(["train", "--runs-dir", str(tmp_path / "runs"), *TINY], check=False)
     lines = result.stderr.strip().splitlines()
     assert (
         result.returncode == 2
@@ -928,3 +848,70 @@ def test_a_runs_dir_that_is_a_file_is_a_one_line_error(tmp_path):
         and "not a directory" in lines[0]
     ), result.stderr
     assert result.stdout == ""
+
+
+def test_a_default_train_run_imports_nothing_from_the_helper_package(tmp_path):
+    """`train` without --save-model needs only its own file: cleanrl_astral_utils (checkpoints, reports, plots) is
+    imported by runs that save or evaluate a model, and then it is."""
+    code = (
+        "import runpy, sys\n"
+        "sys.argv = sys.argv[1:]\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+        "print('helper imported:', any(n.startswith('cleanrl_astral_utils') for n in sys.modules))\n"
+    )
+    script = os.path.join(REPO, "cleanrl_astral", "maml_ssm.py")
+    for extra, imported in (([], False), (["--save-model"], True)):
+        runs = tmp_path / f"runs{len(extra)}"
+        out = subprocess.run(
+            [sys.executable, "-c", code, script, "train", "--runs-dir", str(runs), *TINY, *extra],
+            cwd=REPO,
+            env=SCRIPT_ENV,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert f"helper imported: {imported}" in out.stdout, out.stdout[-2000:]
+
+
+def fake_promp_study_run(root, policy, seed, returns):
+    """A finished --promp-study run as benchmark/maml_ssm_report.py finds it: checkpoint dict and eval.json."""
+    d = root / "promp_study" / "runs" / f"c0__{policy}__s{seed}" / f"run{seed}"
+    d.mkdir(parents=True)
+    args = dict(dataclasses.asdict(parsed_train_args(["train", "--config", "promp"])), policy=policy, seed=seed)
+    ckpt = {"args": args, "task_version": maml_ssm.TASK_VERSIONS["point-nav-2d"], "outer_steps_done": 40 + seed}
+    torch.save(ckpt, d / "maml_ssm.cleanrl_model")
+    steps = {str(k): v for k, v in enumerate(returns)}
+    (d / "eval.json").write_text(json.dumps({"task": "point-nav-2d", "num_tasks": 40, "returns_after_steps": steps}))
+
+
+@pytest.mark.parametrize(
+    "mlp_step1,ssm_offset,verdicts",
+    [
+        ([-6.8, -6.9, -6.7], 0.5, ("pass", "pass")),  # level with TRPO's MLP; the SSM above it after 1-3 steps
+        ([-9.0, -9.1, -8.9], 0.5, ("fail", "pass")),  # ProMP's MLP 2.2 below TRPO's with a tight CI
+        ([-6.8, -6.9, -6.7], -0.5, ("pass", "fail")),  # the SSM below the MLP
+    ],
+)
+def test_promp_study_report_scores_the_preregistered_criteria(mlp_step1, ssm_offset, verdicts, tmp_path):
+    """Criterion 1: the 95% Welch interval of ProMP MLP - TRPO MLP (the documented seeds) after one step reaches 0.
+    Criterion 2: the SSM's mean after each of 1, 2, 3 steps is at least the MLP's."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("maml_ssm_report", os.path.join(REPO, "benchmark", "maml_ssm_report.py"))
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    for seed, step1 in enumerate(mlp_step1, 1):
+        mlp = [-40.0, step1, -4.0 - 0.1 * seed, -4.5]
+        fake_promp_study_run(tmp_path / "out", "mlp", seed, mlp)
+        fake_promp_study_run(tmp_path / "out", "ssm", seed, [mlp[0]] + [r + ssm_offset for r in mlp[1:]])
+    assert report.main(["--promp-study", "--out", str(tmp_path / "out"), "--report", str(tmp_path / "rep")]) == 0
+    summary = json.loads((tmp_path / "rep" / "promp_study.json").read_text())
+    diff, half = report.welch_ci95(mlp_step1, report.TRPO_MLP_STEP1)
+    assert diff == pytest.approx(np.mean(mlp_step1) - np.mean(report.TRPO_MLP_STEP1))
+    assert summary["criterion_1"]["pass"] == (verdicts[0] == "pass") == (diff + half >= 0)
+    assert summary["criterion_2"]["pass"] == (verdicts[1] == "pass")
+    assert sorted(f.name for f in (tmp_path / "rep").glob("eval_*.json")) == [
+        f"eval_{p}_s{s}.json" for p in ("mlp", "ssm") for s in (1, 2, 3)
+    ]
+    table = (tmp_path / "rep" / "promp_study_table.md").read_text()
+    assert f"**{verdicts[0]}**" in table.split("Criterion 1")[1] and f"**{verdicts[1]}**" in table.split("Criterion 2")[1]

@@ -3,122 +3,28 @@ objectives, strategies and guards, importance weights, monitoring, online adapta
 
 import dataclasses
 import glob
-import hashlib
 import json
 import os
-import subprocess
-import sys
 
+import maml_fixtures
 import numpy as np
 import pytest
 import torch
+from helpers import sha256
+from maml_fixtures import TINY, run_maml, tiny_setup, validation_error
 
-from cleanrl_astral import maml_ssm as m
+import cleanrl_astral.maml_ssm as maml_ssm
+from cleanrl_astral_utils import maml
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join("cleanrl_astral", "maml_ssm.py")
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
-TINY = [
-    "--outer-steps",
-    "2",
-    "--tasks-per-batch",
-    "2",
-    "--fast-batch-size",
-    "3",
-    "--max-episode-steps",
-    "12",
-    "--hidden-size",
-    "8",
-    "--state-size",
-    "4",
-    "--cg-iters",
-    "3",
-    "--ls-max-steps",
-    "3",
-    "--eval-tasks",
-    "3",
-    "--eval-steps",
-    "2",
-]
-TINY_ARGS = dict(
-    outer_steps=1,
-    tasks_per_batch=2,
-    fast_batch_size=3,
-    max_episode_steps=12,
-    hidden_size=8,
-    state_size=4,
-    cg_iters=3,
-    ls_max_steps=3,
-    eval_tasks=3,
-    eval_steps=2,
-)
-
-
-def tiny_setup(policy="ssm", T=10, n_tasks=2, per=3, num_steps=1, inner_lr=0.5, dtype=torch.float64, seed=0):
-    """A tiny point-nav problem: model (in `dtype`), args and per-task batches ({"train": [num_steps], "val"}) sampled
-    by the script's own sampler with `inner_lr` at every step, as meta-training does."""
-    torch.manual_seed(seed)
-    args = m.Args(
-        policy=policy,
-        hidden_size=6,
-        state_size=3,
-        max_episode_steps=T,
-        fast_batch_size=per,
-        tasks_per_batch=n_tasks,
-        inner_lr=inner_lr,
-        num_inner_steps=num_steps,
-    )
-    model = m.build_agent(args, m.PointNav2D)
-    rng, _ = m.task_streams(seed)
-    tasks = m.sample_tasks(args.task, rng, n_tasks, "train")
-    theta = {k: v.detach() for k, v in model.named_parameters()}
-    data, _ = m.sample_task_batches(
-        model, theta, tasks, args, torch.Generator().manual_seed(seed), num_steps, [inner_lr] * num_steps
-    )
-    model = model.to(dtype)
-    for td in data:
-        for b in td["train"] + [td["val"]]:
-            for k, v in b.items():
-                if v.is_floating_point():
-                    b[k] = v.to(dtype)
-    return model, args, data
-
-
-def run(args, check=True, cwd=REPO):
-    return subprocess.run(
-        [sys.executable, os.path.join(REPO, SCRIPT), *args], cwd=cwd, env=ENV, capture_output=True, text=True, check=check
-    )
-
-
-def sha(path):
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
-@pytest.fixture(scope="module")
-def trained_ckpt(tmp_path_factory):
-    runs = tmp_path_factory.mktemp("runs")
-    run(["train", "--task", "point-nav-2d", "--runs-dir", str(runs), "--save-model", *TINY])
-    (path,) = glob.glob(str(runs / "*" / "maml_ssm.cleanrl_model"))
-    return path
-
-
-@pytest.fixture(scope="module")
-def cartpole_ckpt(tmp_path_factory):
-    """cartpole-physics draws random start states from the env's generator (point-nav starts at the origin)."""
-    return train_tiny(tmp_path_factory.mktemp("runs"), "--task=cartpole-physics", "--max-episode-steps=30")
-
-
-def train_tiny(runs, *extra):
-    run(["train", "--runs-dir", str(runs), "--save-model", *TINY, *extra])
-    (path,) = glob.glob(str(runs / "*" / "maml_ssm.cleanrl_model"))
-    return path
+# the checkpoints the tests share (module-scoped fixtures of tests/maml_fixtures.py)
+trained_ckpt = maml_fixtures.trained_ckpt
+cartpole_ckpt = maml_fixtures.cartpole_ckpt
 
 
 def filled_buffer(data, state_dim, capacity=500):
-    buf = m.ExperienceBuffer(capacity, 2, 5, 2, state_dim)
+    buf = maml_ssm.ExperienceBuffer(capacity, 2, 5, 2, state_dim)
     for i, td in enumerate(data):
-        m.add_batch_to_buffer(buf, {k: (v.float() if v.is_floating_point() else v) for k, v in td["val"].items()}, i)
+        maml_ssm.add_batch_to_buffer(buf, {k: (v.float() if v.is_floating_point() else v) for k, v in td["val"].items()}, i)
     return buf
 
 
@@ -126,23 +32,27 @@ def adapter(model, data, mode="standard", objective="pg", **kw):
     lr = kw.pop("adapt_lr", 0.1)
     theta0 = {k: v.detach() for k, v in model.named_parameters()}
     buf = filled_buffer(data, model.initial_state(1).shape[1])
-    return m.ADAPTERS[mode](model, theta0, m.AdaptArgs("", **kw), objective, lr, buf, torch.Generator().manual_seed(0)), theta0
+    return maml_ssm.ADAPTERS[mode](
+        model, theta0, maml_ssm.AdaptArgs("", **kw), objective, lr, buf, torch.Generator().manual_seed(0)
+    ), theta0
 
 
 def adapt(ckpt, **kw):
     aargs = dict(num_tasks=2, adapt_steps=2, adapt_lr=0.1, adaptation_mode=("standard",), adapt_objective=("pg",))
-    return m.run_adaptation(ckpt, m.AdaptArgs(ckpt, **{**aargs, **kw}))
+    return maml_ssm.run_adaptation(ckpt, maml_ssm.AdaptArgs(ckpt, **{**aargs, **kw}))
 
 
 def gaussian_setup():
     torch.manual_seed(0)
-    args = m.Args(hidden_size=6, state_size=3, max_episode_steps=10, fast_batch_size=3, tasks_per_batch=1)
-    model = m.build_agent(args, m.PointNav2D)
-    rng, _ = m.task_streams(0)
-    tasks = m.sample_tasks(args.task, rng, 1, "train")
+    args = maml_ssm.Args(hidden_size=6, state_size=3, max_episode_steps=10, fast_batch_size=3, tasks_per_batch=1)
+    model = maml_ssm.build_agent(args, maml_ssm.PointNav2D)
+    rng, _ = maml_ssm.task_streams(0)
+    tasks = maml_ssm.sample_tasks(args.task, rng, 1, "train")
     theta0 = {k: v.detach().clone() for k, v in model.named_parameters()}
-    batch = m.rollout(model, m.per_task(theta0, 1), m.make_env(args, tasks, 3, torch.Generator().manual_seed(0)), 10)
-    batch["advantages"] = m.compute_advantages(batch, args.gamma, args.gae_lambda)
+    batch = maml_ssm.rollout(
+        model, maml_ssm.per_task(theta0, 1), maml_ssm.make_env(args, tasks, 3, torch.Generator().manual_seed(0)), 10
+    )
+    batch["advantages"] = maml_ssm.compute_advantages(batch, args.gamma, args.gae_lambda)
     return model, args, theta0, batch
 
 
@@ -150,7 +60,7 @@ def gaussian_setup():
 
 
 def test_buffer_ring_eviction_sampling_and_round_trip():
-    buf = m.ExperienceBuffer(5, 1, 1, 1, 1)
+    buf = maml_ssm.ExperienceBuffer(5, 1, 1, 1, 1)
 
     def items(vals):
         v = torch.tensor(vals, dtype=torch.float32)
@@ -174,18 +84,18 @@ def test_buffer_ring_eviction_sampling_and_round_trip():
     s = buf.sample(64, torch.Generator().manual_seed(0))
     assert s["obs"].shape == (64, 1) and s["task_ids"].dtype == torch.long
     assert set(s["obs"][:, 0].tolist()) <= {3.0, 4.0, 5.0, 6.0, 7.0}
-    half = m.ExperienceBuffer(10, 1, 1, 1, 1)
+    half = maml_ssm.ExperienceBuffer(10, 1, 1, 1, 1)
     half.add(**items([1, 2, 3]))
     assert set(half.sample(50, torch.Generator().manual_seed(1))["obs"][:, 0].tolist()) <= {1.0, 2.0, 3.0}
-    back = m.ExperienceBuffer.from_state_dict(buf.state_dict(), 1)
+    back = maml_ssm.ExperienceBuffer.from_state_dict(buf.state_dict(), 1)
     assert (back.pos, back.size) == (buf.pos, buf.size)
-    assert all(torch.equal(back.data[k], buf.data[k]) for k in m.ExperienceBuffer.FIELDS)
+    assert all(torch.equal(back.data[k], buf.data[k]) for k in maml_ssm.ExperienceBuffer.FIELDS)
     with pytest.raises(ValueError, match="recurrent states of the model's width 4"):
-        m.ExperienceBuffer.from_state_dict(buf.state_dict(), 4)
+        maml_ssm.ExperienceBuffer.from_state_dict(buf.state_dict(), 4)
     old = buf.state_dict()
     old["data"] = {k: v for k, v in old["data"].items() if k != "states"}
     with pytest.raises(ValueError, match="does not store recurrent states of the model's width 8"):
-        m.ExperienceBuffer.from_state_dict(old, 8)
+        maml_ssm.ExperienceBuffer.from_state_dict(old, 8)
 
 
 def test_buffer_samples_uniformly_over_the_stored_transitions():
@@ -206,9 +116,9 @@ def test_buffer_samples_uniformly_over_the_stored_transitions():
             states=v[:, None],
         )
 
-    full = m.ExperienceBuffer(50, 1, 1, 1, 1)
+    full = maml_ssm.ExperienceBuffer(50, 1, 1, 1, 1)
     full.add(**items(list(range(80))))  # wraps: 30..79 remain
-    part = m.ExperienceBuffer(50, 1, 1, 1, 1)
+    part = maml_ssm.ExperienceBuffer(50, 1, 1, 1, 1)
     part.add(**items(list(range(20))))
     for buf, stored in ((full, set(range(30, 80))), (part, set(range(20)))):
         drawn = buf.sample(100 * len(stored), torch.Generator().manual_seed(0))["obs"][:, 0].long().tolist()
@@ -235,7 +145,7 @@ def test_a_batch_larger_than_the_buffer_keeps_its_last_rows_in_ring_order():
             states=v[:, None],
         )
 
-    buf = m.ExperienceBuffer(5, 1, 1, 1, 1)
+    buf = maml_ssm.ExperienceBuffer(5, 1, 1, 1, 1)
     buf.add(**items([0, 1, 2]))
     buf.add(**items(list(range(10, 18))))
     assert len(buf) == 5 and buf.pos == 1 and buf.data["obs"][:, 0].tolist() == [17, 13, 14, 15, 16]
@@ -261,8 +171,8 @@ def test_buffer_marks_each_episodes_last_valid_step_done():
         "advantages": ids,
         "states": ids[..., None].expand(T, 3, 4),
     }
-    buf = m.ExperienceBuffer(100, 2, 5, 2, 4)
-    m.add_batch_to_buffer(buf, batch, 7)
+    buf = maml_ssm.ExperienceBuffer(100, 2, 5, 2, 4)
+    maml_ssm.add_batch_to_buffer(buf, batch, 7)
     n = len(buf)
     assert n == sum(lengths)
     stored = buf.data["rewards"][:n].long()
@@ -277,26 +187,26 @@ def test_replayed_transition_continues_from_its_stored_recurrent_state(policy):
     # a transition replayed alone must give the policy/dynamics outputs it had inside its episode; from a fresh
     # (zero) state it would not, which is what this test rules out
     model, args, _ = tiny_setup(policy=policy, dtype=torch.float32)
-    rng, _ = m.task_streams(3)
-    env = m.make_env(args, m.sample_tasks(args.task, rng, 1, "train"), 4, torch.Generator().manual_seed(3))
+    rng, _ = maml_ssm.task_streams(3)
+    env = maml_ssm.make_env(args, maml_ssm.sample_tasks(args.task, rng, 1, "train"), 4, torch.Generator().manual_seed(3))
     theta = {k: v.detach() for k, v in model.named_parameters()}
-    batch = m.rollout(model, m.per_task(theta, 1), env, args.max_episode_steps)
-    batch["advantages"] = m.compute_advantages(batch, args.gamma, args.gae_lambda)
-    buf = m.ExperienceBuffer(1000, 2, 5, 2, model.initial_state(1).shape[1])
-    m.add_batch_to_buffer(buf, batch, 0)
+    batch = maml_ssm.rollout(model, maml_ssm.per_task(theta, 1), env, args.max_episode_steps)
+    batch["advantages"] = maml_ssm.compute_advantages(batch, args.gamma, args.gae_lambda)
+    buf = maml_ssm.ExperienceBuffer(1000, 2, 5, 2, model.initial_state(1).shape[1])
+    maml_ssm.add_batch_to_buffer(buf, batch, 0)
     n = len(buf)
     rows = {k: v[:n] for k, v in buf.data.items()}
     with torch.no_grad():
-        seq = m.functional_call(
+        seq = maml_ssm.functional_call(
             model, theta, (batch["inputs"], batch["starts"], model.initial_state(4)), {"actions": batch["actions"]}
         )
-        one = m.functional_call(
+        one = maml_ssm.functional_call(
             model,
             theta,
             (rows["inputs"][None], torch.zeros(1, n, dtype=torch.bool), rows["states"]),
             {"actions": rows["actions"][None]},
         )
-        fresh = m.functional_call(
+        fresh = maml_ssm.functional_call(
             model,
             theta,
             (rows["inputs"][None], torch.ones(1, n, dtype=torch.bool), rows["states"]),
@@ -307,23 +217,23 @@ def test_replayed_transition_continues_from_its_stored_recurrent_state(policy):
     assert torch.allclose(one["next_obs"][0], seq["next_obs"][mask], atol=1e-5)
     assert not torch.allclose(fresh["pi"][0], seq["pi"][mask], atol=1e-3)
     # replay_as_batch feeds exactly these stored states: its pg loss equals the in-sequence one
-    rb = m.replay_as_batch(rows)
-    l_replay, _ = m.objective_loss(model, theta, rb, "pg")
+    rb = maml_ssm.replay_as_batch(rows)
+    l_replay, _ = maml_ssm.objective_loss(model, theta, rb, "pg")
     adv = batch["advantages"][mask]
-    logp = m.log_prob(m.make_dist(seq, model.discrete), batch["actions"], model.discrete)[mask]
+    logp = maml_ssm.log_prob(maml_ssm.make_dist(seq, model.discrete), batch["actions"], model.discrete)[mask]
     assert l_replay.item() == pytest.approx(-(logp * adv).mean().item(), rel=1e-4)
 
 
 def test_buffer_holds_only_training_task_transitions_and_adapt_leaves_checkpoint_intact(trained_ckpt):
     ckpt = torch.load(trained_ckpt, weights_only=False)
-    buf = m.ExperienceBuffer.from_state_dict(ckpt["buffer"], 2 * 4)  # TINY: SSM with --state-size 4
+    buf = maml_ssm.ExperienceBuffer.from_state_dict(ckpt["buffer"], 2 * 4)  # TINY: SSM with --state-size 4
     train = torch.tensor(ckpt["task_split"]["train_tasks"], dtype=torch.float32)
     d = {k: v[: len(buf)] for k, v in buf.data.items()}
     assert len(buf) > 0 and d["task_ids"].max() < len(train)
     # point-nav reward is -||next_obs - goal||: every stored transition matches the goal of its training task
     assert torch.allclose(d["rewards"], -torch.linalg.vector_norm(d["next_obs"] - train[d["task_ids"]], dim=1), atol=1e-5)
-    digest = sha(trained_ckpt)
-    run(
+    digest = sha256(trained_ckpt)
+    run_maml(
         [
             "adapt",
             "--checkpoint",
@@ -341,7 +251,7 @@ def test_buffer_holds_only_training_task_transitions_and_adapt_leaves_checkpoint
             "entropy",
         ]
     )
-    assert sha(trained_ckpt) == digest
+    assert sha256(trained_ckpt) == digest
     res = json.load(open(os.path.join(os.path.dirname(trained_ckpt), "adapt.json")))
     assert set(res["results"]) == {f"{a}/{o}" for a in ("standard", "hybrid") for o in ("pg", "dynamics", "entropy")}
     assert all(list(r["returns_after_steps"]) == ["0", "1"] for r in res["results"].values())
@@ -383,9 +293,9 @@ def test_adapter_max_step_guard_caps_the_parameter_change():
     model, _, data = tiny_setup(dtype=torch.float32)
     theta0 = {k: v.detach() for k, v in model.named_parameters()}
     batch = data[0]["train"][0]
-    cfg = m.AdaptArgs("", grad_clip=1e9, max_step_norm=0.05, trust_region=1e9)
-    free = m.StandardAdapter(model, theta0, dataclasses.replace(cfg, max_step_norm=1e9), "pg", 50.0)
-    capped = m.StandardAdapter(model, theta0, cfg, "pg", 50.0)
+    cfg = maml_ssm.AdaptArgs("", grad_clip=1e9, max_step_norm=0.05, trust_region=1e9)
+    free = maml_ssm.StandardAdapter(model, theta0, dataclasses.replace(cfg, max_step_norm=1e9), "pg", 50.0)
+    capped = maml_ssm.StandardAdapter(model, theta0, cfg, "pg", 50.0)
     assert not free.step(batch)["fired_max_step"]
     info = capped.step(batch)
     vec = lambda p: torch.cat([p[k].detach().reshape(-1) for k in free.names])  # noqa: E731
@@ -418,18 +328,20 @@ def test_parameter_selection_leaves_other_parameters_bit_identical():
         assert torch.equal(v, theta0[k]), k
     assert not torch.equal(ad.params["dyn_head.weight"], theta0["dyn_head.weight"])
     assert all(n.startswith(("pi.", "log_std", "value_head.", "dyn_head.")) for n in ad.names)
-    assert set(m.select_params(theta0, "ssm")) == {k for k in theta0 if k.startswith("core.")}
+    assert set(maml_ssm.select_params(theta0, "ssm")) == {k for k in theta0 if k.startswith("core.")}
 
 
 def test_norm_selection_adapts_only_the_layernorm():
     torch.manual_seed(0)
-    args = m.Args(hidden_size=6, state_size=3, max_episode_steps=10, fast_batch_size=3, tasks_per_batch=2, layer_norm=True)
-    model = m.build_agent(args, m.PointNav2D)
-    assert m.count_params(model) == m.agent_param_count("ssm", 2, 2, False, 6, 3, True, True)
+    args = maml_ssm.Args(
+        hidden_size=6, state_size=3, max_episode_steps=10, fast_batch_size=3, tasks_per_batch=2, layer_norm=True
+    )
+    model = maml_ssm.build_agent(args, maml_ssm.PointNav2D)
+    assert maml_ssm.count_params(model) == maml_ssm.agent_param_count("ssm", 2, 2, False, 6, 3, True, True)
     theta = {k: v.detach() for k, v in model.named_parameters()}
-    rng, _ = m.task_streams(0)
-    data, _ = m.sample_task_batches(
-        model, theta, m.sample_tasks(args.task, rng, 2, "train"), args, torch.Generator().manual_seed(0), 1, [0.5]
+    rng, _ = maml_ssm.task_streams(0)
+    data, _ = maml_ssm.sample_task_batches(
+        model, theta, maml_ssm.sample_tasks(args.task, rng, 2, "train"), args, torch.Generator().manual_seed(0), 1, [0.5]
     )
     ad, theta0 = adapter(model, data, adapt_params="norm", adapt_lr=0.5, objective="dynamics")
     assert set(ad.names) == {"norm.weight", "norm.bias"}
@@ -459,18 +371,20 @@ def test_hybrid_step_descends_the_current_plus_replayed_loss():
     its loss_after is the combined loss. A hybrid step that ignored the replay would equal the standard one."""
     model, _, data = tiny_setup(dtype=torch.float32)
     batch = data[0]["train"][0]
-    buf = m.ExperienceBuffer(500, 2, 5, 2, model.initial_state(1).shape[1])
+    buf = maml_ssm.ExperienceBuffer(500, 2, 5, 2, model.initial_state(1).shape[1])
     for i, td in enumerate(data):
-        m.add_batch_to_buffer(buf, td["val"], i)
-    cfg = m.AdaptArgs("", grad_clip=1e9, max_step_norm=1e9, trust_region=1e9, experience_weight=0.5, experience_batch_size=16)
+        maml_ssm.add_batch_to_buffer(buf, td["val"], i)
+    cfg = maml_ssm.AdaptArgs(
+        "", grad_clip=1e9, max_step_norm=1e9, trust_region=1e9, experience_weight=0.5, experience_batch_size=16
+    )
     theta0 = {k: v.detach() for k, v in model.named_parameters()}
-    std = m.StandardAdapter(model, theta0, cfg, "pg", 0.2, buf, torch.Generator().manual_seed(0))
-    hyb = m.HybridAdapter(model, theta0, cfg, "pg", 0.2, buf, torch.Generator().manual_seed(0))
-    replay = m.replay_as_batch(buf.sample(16, torch.Generator().manual_seed(0)))
+    std = maml_ssm.StandardAdapter(model, theta0, cfg, "pg", 0.2, buf, torch.Generator().manual_seed(0))
+    hyb = maml_ssm.HybridAdapter(model, theta0, cfg, "pg", 0.2, buf, torch.Generator().manual_seed(0))
+    replay = maml_ssm.replay_as_batch(buf.sample(16, torch.Generator().manual_seed(0)))
     std.step(batch)
     info = hyb.step(batch)
     leaves = {k: v.clone().requires_grad_(True) for k, v in theta0.items()}
-    loss, _ = m.objective_loss(model, leaves, replay, "pg")
+    loss, _ = maml_ssm.objective_loss(model, leaves, replay, "pg")
     grads = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
     expected = torch.cat(
         [(-0.2 * 0.5 * g if g is not None else torch.zeros_like(p)).reshape(-1) for g, p in zip(grads, leaves.values())]
@@ -480,7 +394,7 @@ def test_hybrid_step_descends_the_current_plus_replayed_loss():
     assert torch.allclose(diff, expected, atol=1e-5), (diff - expected).abs().max()
     combined = hyb.loss(batch, replay).item()
     assert info["loss_after"] == pytest.approx(combined, rel=1e-6)
-    assert abs(combined - m.StandardAdapter.loss(hyb, batch).item()) > 1e-4
+    assert abs(combined - maml_ssm.StandardAdapter.loss(hyb, batch).item()) > 1e-4
 
 
 def test_dynamics_objective_ignores_rewards_and_pg_does_not():
@@ -492,20 +406,20 @@ def test_dynamics_objective_ignores_rewards_and_pg_does_not():
     inputs = batch["inputs"].clone()
     inputs[1:, :, -1] = other["rewards"][:-1]  # the in-context reward channel changes too
     other["inputs"] = inputs
-    other["advantages"] = m.compute_advantages(other, args.gamma, args.gae_lambda)
-    d1, _ = m.objective_loss(model, params, batch, "dynamics")
-    d2, _ = m.objective_loss(model, params, other, "dynamics")
+    other["advantages"] = maml_ssm.compute_advantages(other, args.gamma, args.gae_lambda)
+    d1, _ = maml_ssm.objective_loss(model, params, batch, "dynamics")
+    d2, _ = maml_ssm.objective_loss(model, params, other, "dynamics")
     assert d1.item() == d2.item()
-    p1, _ = m.objective_loss(model, params, batch, "pg")
-    p2, _ = m.objective_loss(model, params, other, "pg")
+    p1, _ = maml_ssm.objective_loss(model, params, batch, "pg")
+    p2, _ = maml_ssm.objective_loss(model, params, other, "pg")
     assert abs(p1.item() - p2.item()) > 1e-4
 
 
 def test_strategy_registry_and_tent_adds_entropy():
     model, _, data = tiny_setup(dtype=torch.float32)
-    assert {"none", "tent"} <= set(m.STRATEGIES)
+    assert {"none", "tent"} <= set(maml_ssm.STRATEGIES)
 
-    @m.register_strategy("double_for_test")
+    @maml_ssm.register_strategy("double_for_test")
     def double(loss, out, masks, adapter):
         return 2 * loss
 
@@ -516,19 +430,19 @@ def test_strategy_registry_and_tent_adds_entropy():
     ent, _ = adapter(model, data, objective="entropy")
     assert tent.loss(batch).item() == pytest.approx(base.loss(batch).item() + 0.5 * ent.loss(batch).item(), rel=1e-5)
     assert dbl.loss(batch).item() == pytest.approx(2 * base.loss(batch).item(), rel=1e-6)
-    del m.STRATEGIES["double_for_test"]
+    del maml_ssm.STRATEGIES["double_for_test"]
 
 
 def test_pg_weights_steps_acted_by_other_parameters():
     """The gradient of pg on episodes drawn by behaviour parameters b is E_b[rho grad log pi A], rho = pi / pi_b:
     without the weight an EMA or online batch would be fitted as if the adapted policy had acted."""
     model, _, theta0, batch = gaussian_setup()
-    cfg = m.AdaptArgs("", ema_decay=0.9, max_step_norm=1e9, trust_region=1e9)
-    ad = m.StandardAdapter(model, theta0, cfg, "pg", 0.3)
+    cfg = maml_ssm.AdaptArgs("", ema_decay=0.9, max_step_norm=1e9, trust_region=1e9)
+    ad = maml_ssm.StandardAdapter(model, theta0, cfg, "pg", 0.3)
     ad.step(batch)  # params move, the acting EMA lags behind: the two policies differ
     behaved = dict(batch, behaviour_logp=batch["logp"])
-    out = m.policy_out(model, ad.params, batch)
-    logp = m.log_prob(m.make_dist(out, False), batch["actions"], False)
+    out = maml_ssm.policy_out(model, ad.params, batch)
+    logp = maml_ssm.log_prob(maml_ssm.make_dist(out, False), batch["actions"], False)
     mask = batch["masks"]
     rho = torch.where(mask > 0, logp - batch["logp"], torch.zeros_like(logp)).exp()
     assert (rho[mask > 0] - 1).abs().max() > 0.05 and 1 < rho[mask > 0].max() < cfg.max_importance_weight
@@ -537,7 +451,7 @@ def test_pg_weights_steps_acted_by_other_parameters():
     got = torch.autograd.grad(ad.loss(behaved), leaves)
     assert all(torch.allclose(g, w, atol=1e-6, rtol=1e-4) for g, w in zip(got, want))
     # truncated at the cap: the weight of every step is min(rho, cap)
-    capped = m.StandardAdapter(model, theta0, dataclasses.replace(cfg, max_importance_weight=1.0), "pg", 0.3)
+    capped = maml_ssm.StandardAdapter(model, theta0, dataclasses.replace(cfg, max_importance_weight=1.0), "pg", 0.3)
     capped.params = ad.params
     want = torch.autograd.grad(
         -(rho.clamp(max=1.0).detach() * logp * batch["advantages"] * mask).sum() / mask.sum(), leaves, retain_graph=True
@@ -563,18 +477,20 @@ def test_adapt_draws_test_tasks_and_gives_every_task_its_own_adapter(tmp_path, m
     test task: each takes adapt_steps steps on its own task's episodes, so their parameters differ. One adapter
     shared by all tasks would be stepped on every task's data in turn."""
     torch.manual_seed(0)
-    args = m.Args(policy="mlp", hidden_size=6, max_episode_steps=5, fast_batch_size=2, seed=4)
-    model = m.build_agent(args, m.PointNav2D)
+    args = maml_ssm.Args(policy="mlp", hidden_size=6, max_episode_steps=5, fast_batch_size=2, seed=4)
+    model = maml_ssm.build_agent(args, maml_ssm.PointNav2D)
     path = str(tmp_path / "tiny.cleanrl_model")
-    m.save_checkpoint(path, model, args, {"task": args.task, "train_tasks": []}, {"buffer": None})
+    maml.save_checkpoint(
+        path, model, args, {"task": args.task, "train_tasks": []}, maml_ssm.TASK_VERSIONS[args.task], {"buffer": None}
+    )
     env_tasks, made, steps = [], [], {}
-    real_make_env = m.make_env
+    real_make_env = maml_ssm.make_env
 
     def spy_make_env(args_, task_params, per, gen):
         env_tasks.append(np.array(task_params))
         return real_make_env(args_, task_params, per, gen)
 
-    class Recording(m.StandardAdapter):
+    class Recording(maml_ssm.StandardAdapter):
         def __init__(self, *a, **kw):
             super().__init__(*a, **kw)
             made.append(self)
@@ -583,9 +499,9 @@ def test_adapt_draws_test_tasks_and_gives_every_task_its_own_adapter(tmp_path, m
             steps[id(self)] = steps.get(id(self), 0) + 1
             return super().step(batch)
 
-    monkeypatch.setattr(m, "make_env", spy_make_env)
-    monkeypatch.setitem(m.ADAPTERS, "standard", Recording)
-    aargs = m.AdaptArgs(
+    monkeypatch.setattr(maml_ssm, "make_env", spy_make_env)
+    monkeypatch.setitem(maml_ssm.ADAPTERS, "standard", Recording)
+    aargs = maml_ssm.AdaptArgs(
         path,
         num_tasks=3,
         adapt_steps=2,
@@ -595,13 +511,13 @@ def test_adapt_draws_test_tasks_and_gives_every_task_its_own_adapter(tmp_path, m
         max_step_norm=100.0,
         trust_region=100.0,
     )
-    res = m.run_adaptation(path, aargs)
+    res = maml_ssm.run_adaptation(path, aargs)
     assert list(res["results"]["standard/pg"]["returns_after_steps"]) == ["0", "1", "2"]
-    train_rng, test_rng = m.task_streams(4)
+    train_rng, test_rng = maml_ssm.task_streams(4)
     # one env for the no-adaptation level, one for the run: both on the test tasks
-    test_tasks = m.sample_tasks(args.task, test_rng, 3, "test")
+    test_tasks = maml_ssm.sample_tasks(args.task, test_rng, 3, "test")
     assert len(env_tasks) == 2 and all(np.array_equal(t, test_tasks) for t in env_tasks)
-    assert not np.array_equal(env_tasks[0], m.sample_tasks(args.task, train_rng, 3, "train"))
+    assert not np.array_equal(env_tasks[0], maml_ssm.sample_tasks(args.task, train_rng, 3, "train"))
     assert len(made) == 3 and len({id(a) for a in made}) == 3
     assert sorted(steps.values()) == [2, 2, 2]
     vecs = [torch.cat([a.params[k].detach().reshape(-1) for k in a.names]) for a in made]
@@ -613,10 +529,10 @@ def test_adapt_draws_test_tasks_and_gives_every_task_its_own_adapter(tmp_path, m
 def test_feature_shift_needs_training_statistics(tmp_path):
     """--outer-steps 0 (the random-init baseline) saves feature statistics that never saw a batch (mean 0, var 1,
     count 0): adapt reports no feature shift against them rather than a meaningless number."""
-    run(["train", "--task", "point-nav-2d", "--runs-dir", str(tmp_path), "--save-model", *TINY, "--outer-steps", "0"])
+    run_maml(["train", "--task", "point-nav-2d", "--runs-dir", str(tmp_path), "--save-model", *TINY, "--outer-steps", "0"])
     (path,) = glob.glob(str(tmp_path / "*" / "maml_ssm.cleanrl_model"))
     assert torch.load(path, weights_only=False)["feature_stats"]["count"] == 0
-    run(["adapt", "--checkpoint", path, "--num-tasks", "2", "--adapt-steps", "1"])
+    run_maml(["adapt", "--checkpoint", path, "--num-tasks", "2", "--adapt-steps", "1"])
     res = json.load(open(os.path.join(os.path.dirname(path), "adapt.json")))
     monitors = [entry for r in res["results"].values() for entry in r["monitor"]]
     assert monitors and all("entropy" in e and "feature_shift" not in e for e in monitors)
@@ -652,7 +568,7 @@ def test_no_adaptation_level_is_theta0_offline_and_online(trained_ckpt, cartpole
 
     drawn = []
     monkeypatch.setattr(matplotlib.axes.Axes, "axhline", lambda self, y=0, *a, **kw: drawn.append(y))
-    m.main_adapt(m.AdaptArgs(ckpt, num_tasks=2, adapt_steps=0, adapt_lr=0.5, online=True, online_every=2))
+    maml_ssm.adapt_command(maml_ssm.AdaptArgs(ckpt, num_tasks=2, adapt_steps=0, adapt_lr=0.5, online=True, online_every=2))
     written = json.load(open(os.path.join(os.path.dirname(ckpt), "adapt_online.json")))
     assert written["no_adaptation"] == offline["no_adaptation"] and drawn == [written["no_adaptation"]["return"]]
 
@@ -660,30 +576,32 @@ def test_no_adaptation_level_is_theta0_offline_and_online(trained_ckpt, cartpole
 def test_adapt_passes_behaviour_log_probs_with_ema_and_online(trained_ckpt, monkeypatch):
     ckpt = trained_ckpt
     seen = []
-    real_step = m.StandardAdapter.step
+    real_step = maml_ssm.StandardAdapter.step
 
     def spy(self, batch):
         seen.append(({k: v.detach().clone() for k, v in self.params.items()}, {k: v.clone() for k, v in batch.items()}))
         return real_step(self, batch)
 
-    monkeypatch.setattr(m.StandardAdapter, "step", spy)
+    monkeypatch.setattr(maml_ssm.StandardAdapter, "step", spy)
     adapt(ckpt, adapt_steps=1)
     assert seen and all("behaviour_logp" not in b for _, b in seen)  # acted by the parameters it fits
     seen.clear()
     adapt(ckpt, adapt_steps=1, ema_decay=0.5)
     assert seen and all(b["behaviour_logp"] is not None and torch.equal(b["behaviour_logp"], b["logp"]) for _, b in seen)
-    assert "--max-importance-weight must be >= 1" in m.validate_args(m.AdaptArgs(ckpt, max_importance_weight=0.5))
+    assert "--max-importance-weight must be >= 1" in validation_error(
+        maml_ssm.validate_adapt, maml_ssm.AdaptArgs(ckpt, max_importance_weight=0.5)
+    )
     seen.clear()
     adapt(ckpt, adapt_steps=0, online=True, online_every=3, adapt_lr=0.5)
     assert len(seen) >= 4 and all("behaviour_logp" in b for _, b in seen)
     # the second online step of each task (seen[2:4]): the first 3 steps were acted by theta_0, and the parameters
     # being fitted (after one step) give them other log-probs, so their weights are not 1
-    model, _, _ = m.load_checkpoint(ckpt)
+    model, _, _ = maml_ssm.load_checkpoint(ckpt)
     theta0 = dict(model.named_parameters())
 
     def logp_under(params, b):
-        out = m.policy_out(model, params, b)
-        return m.log_prob(m.make_dist(out, model.discrete), b["actions"], model.discrete)[:3]
+        out = maml_ssm.policy_out(model, params, b)
+        return maml_ssm.log_prob(maml_ssm.make_dist(out, model.discrete), b["actions"], model.discrete)[:3]
 
     for params, b in seen[2:4]:
         assert b["masks"].shape[0] == 6 and (b["masks"][:3] > 0).all()
@@ -692,7 +610,7 @@ def test_adapt_passes_behaviour_log_probs_with_ema_and_online(trained_ckpt, monk
 
 
 def test_adapt_online_and_bad_input(trained_ckpt):
-    run(
+    run_maml(
         [
             "adapt",
             "--checkpoint",
@@ -714,27 +632,41 @@ def test_adapt_online_and_bad_input(trained_ckpt):
     )
     res = json.load(open(os.path.join(os.path.dirname(trained_ckpt), "adapt_online.json")))
     assert res["online"] and res["results"]["hybrid/dynamics"]["final_drift"] > 0
-    res = run(["adapt", "--checkpoint", trained_ckpt, "--adaptation-mode", "replay"], check=False)
+    res = run_maml(["adapt", "--checkpoint", trained_ckpt, "--adaptation-mode", "replay"], check=False)
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1 and "unknown --adaptation-mode" in lines[0], res.stderr
     # the same validator, in process (the subprocess above proves it is wired to one line + exit 2)
-    assert "--adapt-lr must be positive" in m.validate_args(m.AdaptArgs(trained_ckpt, adapt_lr=0.0))
+    assert "--adapt-lr must be positive" in validation_error(
+        maml_ssm.validate_adapt, maml_ssm.AdaptArgs(trained_ckpt, adapt_lr=0.0)
+    )
     # entropy on a Gaussian policy has a gradient for the log-std only: with the core's parameters it was a traceback
-    res = run(["adapt", "--checkpoint", trained_ckpt, "--adapt-objective", "entropy", "--adapt-params", "ssm"], check=False)
+    res = run_maml(
+        ["adapt", "--checkpoint", trained_ckpt, "--adapt-objective", "entropy", "--adapt-params", "ssm"], check=False
+    )
     assert res.returncode == 2 and res.stderr.strip().splitlines() == [
         "maml_ssm.py: error: --adapt-objective entropy on this Gaussian policy reaches only its log-std, which "
         "--adapt-params ssm does not adapt; use --adapt-params all or heads, or another objective"
     ], res.stderr
-    res = run(["adapt", "--checkpoint", trained_ckpt, "--adapt-params", "norm"], check=False)
+    res = run_maml(["adapt", "--checkpoint", trained_ckpt, "--adapt-params", "norm"], check=False)
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1 and "train it with --layer-norm" in lines[0], res.stderr
     horizon = torch.load(trained_ckpt, weights_only=False)["args"]["max_episode_steps"]
-    res = run(["adapt", "--checkpoint", trained_ckpt, "--online", "--online-every", str(horizon)], check=False)
+    res = run_maml(["adapt", "--checkpoint", trained_ckpt, "--online", "--online-every", str(horizon)], check=False)
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1 and "no step would adapt" in lines[0], res.stderr
-    assert "unknown --adapt-params" in m.validate_args(m.AdaptArgs(trained_ckpt, adapt_params="bias"))
-    assert "unknown --adapt-objective" in m.validate_args(m.AdaptArgs(trained_ckpt, adapt_objective=("reward",)))
-    assert "at least one value" in m.validate_args(m.AdaptArgs(trained_ckpt, adapt_objective=()))
-    assert "--trust-region nan must be a finite" in m.validate_args(m.AdaptArgs(trained_ckpt, trust_region=float("nan")))
-    assert "--eval-seed -1 must be in" in m.validate_args(m.AdaptArgs(trained_ckpt, eval_seed=-1))
-    assert m.validate_args(m.AdaptArgs(trained_ckpt)) is None
+    assert "unknown --adapt-params" in validation_error(
+        maml_ssm.validate_adapt, maml_ssm.AdaptArgs(trained_ckpt, adapt_params="bias")
+    )
+    assert "unknown --adapt-objective" in validation_error(
+        maml_ssm.validate_adapt, maml_ssm.AdaptArgs(trained_ckpt, adapt_objective=("reward",))
+    )
+    assert "at least one value" in validation_error(
+        maml_ssm.validate_adapt, maml_ssm.AdaptArgs(trained_ckpt, adapt_objective=())
+    )
+    assert "--trust-region nan must be a finite" in validation_error(
+        maml_ssm.validate_adapt, maml_ssm.AdaptArgs(trained_ckpt, trust_region=float("nan"))
+    )
+    assert "--eval-seed -1 must be in" in validation_error(
+        maml_ssm.validate_adapt, maml_ssm.AdaptArgs(trained_ckpt, eval_seed=-1)
+    )
+    assert validation_error(maml_ssm.validate_adapt, maml_ssm.AdaptArgs(trained_ckpt)) is None

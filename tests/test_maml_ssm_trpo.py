@@ -1,87 +1,20 @@
 """Tests of maml_ssm.py's MAML core: sampling, the linear baseline and GAE, the inner step, the meta-objective,
-its second-order gradient, and TRPO (conjugate gradient, Fisher-vector products, KL radius, line search)."""
+its second-order gradient, TRPO (conjugate gradient, Fisher-vector products, KL radius, line search), and ProMP
+(the clipped surrogate, the inner KL penalty, the LVC inner estimator)."""
 
 import copy
 import dataclasses
+import json
 import os
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import REPO, load_json, logged_scalars, only_run_dir
+from maml_fixtures import TINY, parsed_train_args, run_maml, tiny_setup, validation_error
 
-from cleanrl_astral import maml_ssm as m
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join("cleanrl_astral", "maml_ssm.py")
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
-TINY = [
-    "--outer-steps",
-    "2",
-    "--tasks-per-batch",
-    "2",
-    "--fast-batch-size",
-    "3",
-    "--max-episode-steps",
-    "12",
-    "--hidden-size",
-    "8",
-    "--state-size",
-    "4",
-    "--cg-iters",
-    "3",
-    "--ls-max-steps",
-    "3",
-    "--eval-tasks",
-    "3",
-    "--eval-steps",
-    "2",
-]
-TINY_ARGS = dict(
-    outer_steps=1,
-    tasks_per_batch=2,
-    fast_batch_size=3,
-    max_episode_steps=12,
-    hidden_size=8,
-    state_size=4,
-    cg_iters=3,
-    ls_max_steps=3,
-    eval_tasks=3,
-    eval_steps=2,
-)
-
-
-def tiny_setup(
-    policy="ssm", T=10, n_tasks=2, per=3, num_steps=1, inner_lr=0.5, dtype=torch.float64, seed=0, task="point-nav-2d"
-):
-    """A tiny problem (point-nav unless told): model (in `dtype`), args and per-task batches ({"train": [num_steps],
-    "val"}) sampled by the script's own sampler with `inner_lr` at every step, as meta-training does."""
-    torch.manual_seed(seed)
-    args = m.Args(
-        task=task,
-        policy=policy,
-        hidden_size=6,
-        state_size=3,
-        max_episode_steps=T,
-        fast_batch_size=per,
-        tasks_per_batch=n_tasks,
-        inner_lr=inner_lr,
-        num_inner_steps=num_steps,
-    )
-    model = m.build_agent(args, m.ENV_CLASSES[task])
-    rng, _ = m.task_streams(seed)
-    tasks = m.sample_tasks(args.task, rng, n_tasks, "train")
-    theta = {k: v.detach() for k, v in model.named_parameters()}
-    data, _ = m.sample_task_batches(
-        model, theta, tasks, args, torch.Generator().manual_seed(seed), num_steps, [inner_lr] * num_steps
-    )
-    model = model.to(dtype)
-    for td in data:
-        for b in td["train"] + [td["val"]]:
-            for k, v in b.items():
-                if v.is_floating_point():
-                    b[k] = v.to(dtype)
-    return model, args, data
+import cleanrl_astral.maml_ssm as maml_ssm
 
 
 def pad(batch, lengths):
@@ -139,13 +72,13 @@ def test_rollout_feeds_the_previous_action_and_reward_in_context(task):
     "Input: observation, previous action ... and previous reward"). Catches: prev_a never updated (stays 0), prev_r
     never updated, and the reward placed before the action (the dynamics objective zeroes the last channel)."""
     torch.manual_seed(0)
-    args = m.Args(task=task, policy="ssm", hidden_size=6, state_size=3, max_episode_steps=15)
-    env_cls = m.ENV_CLASSES[task]
-    model = m.build_agent(args, env_cls)
+    args = maml_ssm.Args(task=task, policy="ssm", hidden_size=6, state_size=3, max_episode_steps=15)
+    env_cls = maml_ssm.ENV_CLASSES[task]
+    model = maml_ssm.build_agent(args, env_cls)
     theta = {k: v.detach() for k, v in model.named_parameters()}
-    rng, _ = m.task_streams(0)
-    env = m.make_env(args, m.sample_tasks(task, rng, 2, "train"), 3, torch.Generator().manual_seed(0))
-    b = m.rollout(model, m.per_task(theta, 2), env, args.max_episode_steps)
+    rng, _ = maml_ssm.task_streams(0)
+    env = maml_ssm.make_env(args, maml_ssm.sample_tasks(task, rng, 2, "train"), 3, torch.Generator().manual_seed(0))
+    b = maml_ssm.rollout(model, maml_ssm.per_task(theta, 2), env, args.max_episode_steps)
     o, A = env_cls.obs_dim, model.act_dim
     inp = b["inputs"]
     assert inp.shape[-1] == o + A + 1
@@ -165,14 +98,14 @@ def test_rollout_rewards_and_masks_are_zero_after_the_episode_ends():
     step 1, while the other (goal behind) runs on. Every later step of the ended episode must have reward 0 and
     mask 0, although the environment keeps moving it (it would be rewarded -0.1, -0.2, ...)."""
     torch.manual_seed(0)
-    args = m.Args(policy="mlp", hidden_size=6, max_episode_steps=6)
-    model = m.build_agent(args, m.PointNav2D)
+    args = maml_ssm.Args(policy="mlp", hidden_size=6, max_episode_steps=6)
+    model = maml_ssm.build_agent(args, maml_ssm.PointNav2D)
     theta = {k: v.detach().clone() for k, v in model.named_parameters()}
     theta["pi.weight"] = torch.zeros_like(theta["pi.weight"])
     theta["pi.bias"] = torch.tensor([1.0, 0.0])
     theta["log_std"] = torch.full((2,), -20.0)
-    env = m.PointNav2D(torch.tensor([[0.1, 0.0], [-0.5, 0.0]]), torch.Generator().manual_seed(0))
-    batch = m.rollout(model, m.per_task(theta, 1), env, args.max_episode_steps)
+    env = maml_ssm.PointNav2D(torch.tensor([[0.1, 0.0], [-0.5, 0.0]]), torch.Generator().manual_seed(0))
+    batch = maml_ssm.rollout(model, maml_ssm.per_task(theta, 1), env, args.max_episode_steps)
     assert batch["masks"].shape == (6, 2)
     assert batch["masks"][:, 0].tolist() == [1, 0, 0, 0, 0, 0] and batch["masks"][:, 1].tolist() == [1] * 6
     assert batch["rewards"][0, 0].item() == pytest.approx(0.0, abs=1e-6)  # reached: distance 0
@@ -189,13 +122,13 @@ def test_fill_steps_samples_until_the_step_count_of_the_paper_sampler(fill, monk
         made.append(per)
         return FixedLengthEpisodes(torch.tensor(np.repeat(task_params, per, axis=0)))
 
-    monkeypatch.setattr(m, "make_env", make_env)
+    monkeypatch.setattr(maml_ssm, "make_env", make_env)
     torch.manual_seed(0)
-    args = m.Args(policy="mlp", hidden_size=6, max_episode_steps=10, fast_batch_size=2, fill_steps=fill)
-    model = m.build_agent(args, m.PointNav2D)
+    args = maml_ssm.Args(policy="mlp", hidden_size=6, max_episode_steps=10, fast_batch_size=2, fill_steps=fill)
+    model = maml_ssm.build_agent(args, maml_ssm.PointNav2D)
     theta = {k: v.detach() for k, v in model.named_parameters()}
     tasks = np.array([[3.0], [10.0], [7.0], [4.0]])  # budget 2 x 10 = 20 steps per task
-    data, returns = m.sample_task_batches(model, theta, tasks, args, torch.Generator(), 1, [0.1])
+    data, returns = maml_ssm.sample_task_batches(model, theta, tasks, args, torch.Generator(), 1, [0.1])
     for b in [data[0]["train"][0], data[0]["val"]]:
         lengths = b["masks"].sum(0).tolist()
         if fill:  # 2 episodes of 3 steps, then ceil(14 / 3) = 5 more of which all are needed: 7 episodes, 21 steps
@@ -213,26 +146,29 @@ def test_fill_steps_samples_until_the_step_count_of_the_paper_sampler(fill, monk
     # one env of 2 episodes per task for every step; with fill, one more wave per step for the short tasks, sized
     # by the neediest (task 0: 5 episodes)
     assert made == ([2, 5, 5] if fill else [2])
-    assert m.parse_cli(["train", "--config", "paper"]).fill_steps is True and m.Args().fill_steps is False
+    assert parsed_train_args(["train", "--config", "paper"]).fill_steps is True and maml_ssm.Args().fill_steps is False
 
 
 def test_fill_steps_waves_act_with_each_tasks_own_theta_prime(monkeypatch):
     # every kept episode of a post-adaptation batch, first wave or extra, was sampled by its own task's theta'
     monkeypatch.setattr(
-        m, "make_env", lambda args, tp, per, gen: FixedLengthEpisodes(torch.tensor(np.repeat(tp, per, axis=0)))
+        maml_ssm, "make_env", lambda args, tp, per, gen: FixedLengthEpisodes(torch.tensor(np.repeat(tp, per, axis=0)))
     )
     torch.manual_seed(0)
-    args = m.Args(policy="mlp", hidden_size=6, max_episode_steps=10, fast_batch_size=2, fill_steps=True)
-    model = m.build_agent(args, m.PointNav2D)
+    args = maml_ssm.Args(policy="mlp", hidden_size=6, max_episode_steps=10, fast_batch_size=2, fill_steps=True)
+    model = maml_ssm.build_agent(args, maml_ssm.PointNav2D)
     theta = {k: v.detach() for k, v in model.named_parameters()}
-    data, _ = m.sample_task_batches(model, theta, np.array([[3.0], [4.0], [10.0]]), args, torch.Generator(), 1, [0.5])
+    data, _ = maml_ssm.sample_task_batches(model, theta, np.array([[3.0], [4.0], [10.0]]), args, torch.Generator(), 1, [0.5])
     updated = [
-        m.inner_update(model, {k: v.clone().requires_grad_(True) for k, v in theta.items()}, td["train"][0], 0.5, False)
+        maml_ssm.inner_update(model, {k: v.clone().requires_grad_(True) for k, v in theta.items()}, td["train"][0], 0.5, False)
         for td in data
     ]
 
     def logp(params, val):
-        return m.log_prob(m.make_dist(m.policy_out(model, params, val), False), val["actions"], False) * val["masks"]
+        return (
+            maml_ssm.log_prob(maml_ssm.make_dist(maml_ssm.policy_out(model, params, val), False), val["actions"], False)
+            * val["masks"]
+        )
 
     for td, params in zip(data, updated):
         val = td["val"]
@@ -262,7 +198,7 @@ def test_linear_baseline_fits_discounted_returns():
             running = rewards[t, j].item() + gamma * running
             G[t, j] = running
     obs = torch.stack([G.float(), torch.randn(T, len(lengths), generator=gen)], -1) * masks[..., None]
-    pred = m.linear_baseline({"obs": obs, "masks": masks, "rewards": rewards}, gamma)
+    pred = maml_ssm.linear_baseline({"obs": obs, "masks": masks, "rewards": rewards}, gamma)
     valid = masks > 0
     assert torch.allclose(pred[valid], G[valid], atol=1e-4), (pred - G)[valid].abs().max()
     assert torch.all(pred[~valid] == 0)
@@ -283,8 +219,8 @@ def test_linear_baseline_ignores_what_padded_steps_hold():
     rewards = -torch.rand(T, len(lengths), generator=gen) * masks
     other = obs.clone()
     other[masks == 0] = torch.randn(int((masks == 0).sum()), 2, generator=gen) * 3 + 2
-    p1 = m.linear_baseline({"obs": obs, "masks": masks, "rewards": rewards}, 0.95)
-    p2 = m.linear_baseline({"obs": other, "masks": masks, "rewards": rewards}, 0.95)
+    p1 = maml_ssm.linear_baseline({"obs": obs, "masks": masks, "rewards": rewards}, 0.95)
+    p2 = maml_ssm.linear_baseline({"obs": other, "masks": masks, "rewards": rewards}, 0.95)
     valid = masks > 0
     assert torch.allclose(p1[valid], p2[valid], atol=1e-8), (p1 - p2)[valid].abs().max()
     assert torch.all(p1[~valid] == 0) and p1[valid].abs().max() > 0.1
@@ -302,9 +238,9 @@ def test_advantages_are_gae_on_the_linear_baseline_normalised_over_valid_steps(f
     values = torch.tensor(
         [[-3.0, -1.0, -2.5], [-2.0, -0.7, -1.2], [-1.5, -0.2, 5.0], [-0.9, 5.0, 5.0], [-0.3, 5.0, 5.0]], dtype=torch.float64
     )
-    monkeypatch.setattr(m, "linear_baseline", lambda batch, g: values * batch["masks"].double())
+    monkeypatch.setattr(maml_ssm, "linear_baseline", lambda batch, g: values * batch["masks"].double())
     batch = {"obs": torch.zeros(5, 3, 2), "masks": masks, "rewards": rewards}
-    adv = m.compute_advantages(batch, gamma, lam)
+    adv = maml_ssm.compute_advantages(batch, gamma, lam)
     raw = torch.zeros(5, 3, dtype=torch.float64)
     for n, length in enumerate([5, 3, 2]):
         raw[:length, n] = torch.tensor(
@@ -318,9 +254,9 @@ def test_advantages_are_gae_on_the_linear_baseline_normalised_over_valid_steps(f
     assert torch.all(adv[masks == 0] == 0)
     # a batch of one valid step (adapt --online --online-every 1 --fast-batch-size 1) has a NaN std, which would make
     # every parameter NaN after the step (no guard compares NaN); it is centred to 0 instead
-    monkeypatch.setattr(m, "linear_baseline", lambda batch, g: values[:, :1] * batch["masks"].double())
+    monkeypatch.setattr(maml_ssm, "linear_baseline", lambda batch, g: values[:, :1] * batch["masks"].double())
     one = {"obs": torch.zeros(5, 1, 2), "masks": torch.tensor([[1.0], [0.0], [0.0], [0.0], [0.0]]), "rewards": rewards[:, :1]}
-    assert m.compute_advantages(one, gamma, lam).tolist() == [[0.0]] * 5
+    assert maml_ssm.compute_advantages(one, gamma, lam).tolist() == [[0.0]] * 5
 
 
 # --- inner update and meta-objective ---------------------------------------------------------------------------
@@ -329,7 +265,7 @@ def test_advantages_are_gae_on_the_linear_baseline_normalised_over_valid_steps(f
 def test_functional_inner_update_equals_manual_sgd_on_copied_module():
     model, args, data = tiny_setup()
     batch = data[0]["train"][0]
-    new = m.inner_update(model, dict(model.named_parameters()), batch, 0.3, create_graph=False)
+    new = maml_ssm.inner_update(model, dict(model.named_parameters()), batch, 0.3, create_graph=False)
     clone = copy.deepcopy(model)
     opt = torch.optim.SGD(clone.parameters(), lr=0.3)
     out = clone(batch["inputs"], batch["starts"], clone.initial_state(batch["masks"].shape[1]))
@@ -350,11 +286,11 @@ def test_inner_loss_depends_on_rewards():
     model, args, data = tiny_setup()
     batch = data[0]["train"][0]
     params = dict(model.named_parameters())
-    g1 = torch.autograd.grad(m.inner_loss(model, params, batch), params["pi.weight"])[0]
+    g1 = torch.autograd.grad(maml_ssm.inner_loss(model, params, batch), params["pi.weight"])[0]
     altered = dict(batch)
     altered["rewards"] = batch["rewards"] * 0 + torch.randn_like(batch["rewards"]) * batch["masks"]
-    altered["advantages"] = m.compute_advantages(altered, args.gamma, args.gae_lambda).double()
-    g2 = torch.autograd.grad(m.inner_loss(model, params, altered), params["pi.weight"])[0]
+    altered["advantages"] = maml_ssm.compute_advantages(altered, args.gamma, args.gae_lambda).double()
+    g2 = torch.autograd.grad(maml_ssm.inner_loss(model, params, altered), params["pi.weight"])[0]
     assert not torch.allclose(g1, g2, atol=1e-6)
 
 
@@ -365,12 +301,12 @@ def test_inner_loss_averages_over_valid_steps_only():
     model, args, data = tiny_setup()
     batch = pad(dict(data[0]["train"][0]), [10, 4, 7])
     params = dict(model.named_parameters())
-    out = m.policy_out(model, params, batch)
+    out = maml_ssm.policy_out(model, params, batch)
     logp = gaussian(out).log_prob(batch["actions"]).sum(-1)
     valid = batch["masks"] > 0
     expected = -(logp * batch["advantages"])[valid].mean()
     assert valid.sum() < valid.numel()
-    assert m.inner_loss(model, params, batch).item() == pytest.approx(expected.item(), rel=1e-10, abs=1e-12)
+    assert maml_ssm.inner_loss(model, params, batch).item() == pytest.approx(expected.item(), rel=1e-10, abs=1e-12)
 
 
 def padded_meta_setup():
@@ -381,7 +317,7 @@ def padded_meta_setup():
         td["train"] = [pad(dict(b), [10, 3, 6]) for b in td["train"]]
         td["val"] = pad(dict(td["val"]), [5, 10, 2])
     theta0 = dict(model.named_parameters())
-    _, _, old = m.meta_objective(model, theta0, data, args)
+    _, _, old = maml_ssm.meta_objective(model, theta0, data, args)
     gen = torch.Generator().manual_seed(3)
     theta1 = {
         k: (v.detach() + 0.3 * torch.randn(v.shape, generator=gen, dtype=v.dtype)).requires_grad_(True)
@@ -398,13 +334,13 @@ def test_surrogate_is_the_exact_importance_weighted_mean_over_valid_steps():
     expected, log_ratios = [], []
     for td, o in zip(data, old):
         val = td["val"]
-        p = m.inner_loop(model, theta1, td["train"], args.inner_lr, args.first_order, create_graph=False)
-        out = m.policy_out(model, p, val)
+        p = maml_ssm.inner_loop(model, theta1, td["train"], args.inner_lr, args.first_order, create_graph=False)
+        out = maml_ssm.policy_out(model, p, val)
         log_ratio = gaussian(out).log_prob(val["actions"]).sum(-1) - gaussian(o).log_prob(val["actions"]).sum(-1)
         valid = val["masks"] > 0
         expected.append(-(torch.exp(log_ratio) * val["advantages"])[valid].mean())
         log_ratios.append(log_ratio[valid])
-    loss, _, _ = m.meta_objective(model, theta1, data, args, old, create_graph=False)
+    loss, _, _ = maml_ssm.meta_objective(model, theta1, data, args, old, create_graph=False)
     assert loss.item() == pytest.approx(torch.stack(expected).mean().item(), rel=1e-10, abs=1e-12)
     assert torch.cat(log_ratios).abs().mean() > 0.1  # the ratio really is away from 1
 
@@ -417,10 +353,10 @@ def test_mean_kl_averages_over_valid_steps_only():
     expected = []
     for td, o in zip(data, old):
         val = td["val"]
-        p = m.inner_loop(model, theta1, td["train"], args.inner_lr, args.first_order, create_graph=False)
-        kl = torch.distributions.kl_divergence(gaussian(o), gaussian(m.policy_out(model, p, val))).sum(-1)
+        p = maml_ssm.inner_loop(model, theta1, td["train"], args.inner_lr, args.first_order, create_graph=False)
+        kl = torch.distributions.kl_divergence(gaussian(o), gaussian(maml_ssm.policy_out(model, p, val))).sum(-1)
         expected.append(kl[val["masks"] > 0].mean())
-    _, kl, _ = m.meta_objective(model, theta1, data, args, old, create_graph=False)
+    _, kl, _ = maml_ssm.meta_objective(model, theta1, data, args, old, create_graph=False)
     assert kl.item() == pytest.approx(torch.stack(expected).mean().item(), rel=1e-10)
     assert kl.item() > 1e-3
 
@@ -431,14 +367,16 @@ def test_meta_objective_kl_is_the_mean_not_the_sum_over_tasks():
     it, which would shrink TRPO's trust region as the meta-batch grows."""
     model, args, data = tiny_setup(n_tasks=3, per=2)
     theta0 = dict(model.named_parameters())
-    _, _, old = m.meta_objective(model, theta0, data, args)
+    _, _, old = maml_ssm.meta_objective(model, theta0, data, args)
     gen = torch.Generator().manual_seed(5)
     theta1 = {
         k: (v.detach() + 0.3 * torch.randn(v.shape, generator=gen, dtype=v.dtype)).requires_grad_(True)
         for k, v in theta0.items()
     }
-    per_task = [m.meta_objective(model, theta1, [td], args, [o], create_graph=False)[1].item() for td, o in zip(data, old)]
-    _, kl, _ = m.meta_objective(model, theta1, data, args, old, create_graph=False)
+    per_task = [
+        maml_ssm.meta_objective(model, theta1, [td], args, [o], create_graph=False)[1].item() for td, o in zip(data, old)
+    ]
+    _, kl, _ = maml_ssm.meta_objective(model, theta1, data, args, old, create_graph=False)
     assert min(per_task) > 1e-3 and max(per_task) - min(per_task) > 1e-4 * max(per_task)
     assert kl.item() == pytest.approx(float(np.mean(per_task)), rel=1e-10)
     assert abs(kl.item() - sum(per_task)) > 0.5 * kl.item()
@@ -450,7 +388,7 @@ def test_meta_objective_updates_with_the_samplers_step_sizes():
     the recorded log-probabilities of the sampled actions. Another step size on either step would not."""
     model, args, data = tiny_setup(num_steps=2, dtype=torch.float32)
     params = dict(model.named_parameters())
-    _, _, outs = m.meta_objective(model, params, data, args)
+    _, _, outs = maml_ssm.meta_objective(model, params, data, args)
     theta0 = {k: v.detach() for k, v in params.items()}
     for td, out in zip(data, outs):
         val = td["val"]
@@ -459,18 +397,18 @@ def test_meta_objective_updates_with_the_samplers_step_sizes():
         logp = gaussian(out).log_prob(val["actions"]).sum(-1)
         assert torch.allclose(logp[valid], val["logp"][valid], atol=2e-5), (logp - val["logp"])[valid].abs().max()
         # non-vacuous: theta itself gives other log-probabilities
-        logp0 = gaussian(m.policy_out(model, theta0, val)).log_prob(val["actions"]).sum(-1)
+        logp0 = gaussian(maml_ssm.policy_out(model, theta0, val)).log_prob(val["actions"]).sum(-1)
         assert (logp0 - val["logp"])[valid].abs().max() > 1e-3
 
 
 def test_second_order_meta_gradient_matches_finite_differences():
     model, args, data = tiny_setup(T=8)
     params = dict(model.named_parameters())
-    _, _, old = m.meta_objective(model, params, data, args)
+    _, _, old = maml_ssm.meta_objective(model, params, data, args)
 
     def f(first_order):
         a = dataclasses.replace(args, first_order=first_order)
-        return m.meta_objective(model, dict(model.named_parameters()), data, a, old)[0]
+        return maml_ssm.meta_objective(model, dict(model.named_parameters()), data, a, old)[0]
 
     names = list(params)
     g2 = torch.autograd.grad(f(False), [params[k] for k in names], allow_unused=True)
@@ -505,7 +443,7 @@ def test_conjugate_gradient_solves_a_small_spd_system():
     b = torch.randn(6, generator=gen, dtype=torch.float64) * 3
     exact = torch.linalg.solve(A, b)
     for iters in (6, 20):
-        x = m.conjugate_gradient(lambda v: A @ v, b, iters)
+        x = maml_ssm.conjugate_gradient(lambda v: A @ v, b, iters)
         assert torch.allclose(x, exact, atol=1e-8, rtol=0), (iters, (x - exact).abs().max().item())
     assert exact.norm() > 0.1  # the zero vector is not an answer
 
@@ -518,9 +456,9 @@ def test_fisher_vector_product_adds_exactly_the_damping(monkeypatch):
     args = dataclasses.replace(args, cg_damping=0.5, cg_iters=2, ls_max_steps=1)
     theta0 = flat_params(model)
     v = torch.randn(theta0.shape, generator=torch.Generator().manual_seed(1), dtype=theta0.dtype)
-    _, _, old = m.meta_objective(model, dict(model.named_parameters()), data, args)
+    _, _, old = maml_ssm.meta_objective(model, dict(model.named_parameters()), data, args)
     _, fv = torch.autograd.functional.hvp(
-        lambda f: m.meta_objective(model, unflatten(model, f), data, args, old)[1], theta0, v
+        lambda f: maml_ssm.meta_objective(model, unflatten(model, f), data, args, old)[1], theta0, v
     )
     assert fv.norm() > 1e-3 * v.norm()  # F is not negligible next to the damping
 
@@ -533,9 +471,9 @@ def test_fisher_vector_product_adds_exactly_the_damping(monkeypatch):
         seen["avp"] = Avp(v).detach()
         raise Captured
 
-    monkeypatch.setattr(m, "conjugate_gradient", capture)
+    monkeypatch.setattr(maml_ssm, "conjugate_gradient", capture)
     with pytest.raises(Captured):
-        m.trpo_step(model, data, args)
+        maml_ssm.trpo_step(model, data, args)
     assert torch.allclose(seen["avp"] - fv, 0.5 * v, atol=1e-8, rtol=0), (seen["avp"] - fv - 0.5 * v).abs().max()
     assert torch.equal(flat_params(model), theta0)
 
@@ -548,7 +486,7 @@ def test_trpo_first_trial_step_has_the_kl_radius():
     fisher = a @ a.T + 0.1 * torch.eye(6, dtype=torch.float64)
     direction = torch.randn(6, generator=gen, dtype=torch.float64)
     for max_kl in (0.01, 0.003):
-        step = m.kl_radius_step(direction, fisher @ direction, max_kl)
+        step = maml_ssm.kl_radius_step(direction, fisher @ direction, max_kl)
         assert (0.5 * step @ fisher @ step).item() == pytest.approx(max_kl, rel=1e-9)
         assert torch.allclose(step / step.norm(), direction / direction.norm())
 
@@ -557,9 +495,9 @@ def test_trpo_step_respects_trust_region_and_improves():
     model, args, data = tiny_setup(dtype=torch.float32)
     args = dataclasses.replace(args, max_kl=0.005, cg_iters=5)
     params = dict(model.named_parameters())
-    before, _, old = m.meta_objective(model, params, data, args)
-    stats = m.trpo_step(model, data, args)
-    after, kl, _ = m.meta_objective(model, dict(model.named_parameters()), data, args, old)
+    before, _, old = maml_ssm.meta_objective(model, params, data, args)
+    stats = maml_ssm.trpo_step(model, data, args)
+    after, kl, _ = maml_ssm.meta_objective(model, dict(model.named_parameters()), data, args, old)
     assert stats["accepted"] == 1.0
     assert kl.item() <= args.max_kl + 1e-6 and kl.item() > 0
     assert after.item() < before.item()
@@ -570,7 +508,7 @@ def rigged_trpo(monkeypatch, trial):
     returns (stats, flat theta before, flat theta after, the flat parameters each trial was evaluated at, args)."""
     model, args, data = tiny_setup(T=6, per=2, dtype=torch.float32)
     args = dataclasses.replace(args, cg_iters=3, ls_max_steps=4, max_kl=0.01, ls_backtrack_ratio=0.5)
-    real = m.meta_objective
+    real = maml_ssm.meta_objective
     seen = {"first": None, "trials": []}
 
     def rigged(model_, params, tasks_data, args_, old_outs=None, create_graph=True):
@@ -582,9 +520,9 @@ def rigged_trpo(monkeypatch, trial):
         new_loss, new_kl = trial(len(seen["trials"]) - 1, seen["first"], args_)
         return new_loss, torch.tensor(new_kl, dtype=kl.dtype), outs
 
-    monkeypatch.setattr(m, "meta_objective", rigged)
+    monkeypatch.setattr(maml_ssm, "meta_objective", rigged)
     before = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
-    stats = m.trpo_step(model, data, args)
+    stats = maml_ssm.trpo_step(model, data, args)
     after = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
     return stats, before, after, seen["trials"], args
 
@@ -618,7 +556,7 @@ def line_search_with(monkeypatch, trial_loss_offset, trial_kl):
     (stats, parameters before, parameters after, number of trials evaluated)."""
     model, args, data = tiny_setup(T=6, per=2)
     args = dataclasses.replace(args, cg_iters=3, ls_max_steps=3, max_kl=0.01)
-    real = m.meta_objective
+    real = maml_ssm.meta_objective
     calls = {"first": None, "trials": 0}
 
     def rigged(model_, params, tasks_data, args_, old_outs=None, create_graph=True):
@@ -629,9 +567,9 @@ def line_search_with(monkeypatch, trial_loss_offset, trial_kl):
         calls["trials"] += 1
         return calls["first"] + trial_loss_offset, torch.tensor(trial_kl, dtype=kl.dtype), outs
 
-    monkeypatch.setattr(m, "meta_objective", rigged)
+    monkeypatch.setattr(maml_ssm, "meta_objective", rigged)
     before = [p.detach().clone() for p in model.parameters()]
-    stats = m.trpo_step(model, data, args)
+    stats = maml_ssm.trpo_step(model, data, args)
     after = [p.detach().clone() for p in model.parameters()]
     return stats, before, after, calls["trials"], args
 
@@ -664,9 +602,9 @@ def reference_meta_kl_and_loss(model, params, data, inner_lr):
     for td in data:
         p = params
         for b in td["train"]:
-            gs = torch.autograd.grad(m.inner_loss(model, p, b), list(p.values()), create_graph=True, allow_unused=True)
+            gs = torch.autograd.grad(maml_ssm.inner_loss(model, p, b), list(p.values()), create_graph=True, allow_unused=True)
             p = {k: p[k] - inner_lr * (g if g is not None else 0.0) for (k, g) in zip(p, gs)}
-        out, val = m.policy_out(model, p, td["val"]), td["val"]
+        out, val = maml_ssm.policy_out(model, p, td["val"]), td["val"]
         old = {k: out[k].detach() for k in ("pi", "log_std")}
         new_d, old_d = gaussian(out), gaussian(old)
         ratio = torch.exp(new_d.log_prob(val["actions"]).sum(-1) - old_d.log_prob(val["actions"]).sum(-1))
@@ -699,8 +637,8 @@ def test_meta_gradient_and_fisher_vector_product_equal_the_autograd_reference(po
         seen.append((v, fvp(v)))
         return b
 
-    monkeypatch.setattr(m, "conjugate_gradient", capture)
-    m.trpo_step(model, data, args)
+    monkeypatch.setattr(maml_ssm, "conjugate_gradient", capture)
+    maml_ssm.trpo_step(model, data, args)
     g, (v, fv) = seen
     ref_fv = flat(flat_kl @ v) + args.cg_damping * v
     assert ref_g.abs().max() > 1e-3 and (ref_fv - args.cg_damping * v).abs().max() > 1e-3
@@ -720,13 +658,15 @@ def test_fisher_product_through_the_inner_steps_equals_the_double_backward_of_th
     v = torch.randn(sum(p.numel() for p in plist), dtype=torch.float64, generator=torch.Generator().manual_seed(0))
 
     def double_backward(a):
-        flat_kl = m.flat_grad(m.meta_objective(model, dict(model.named_parameters()), data, a)[1], plist, create_graph=True)
-        return m.flat_grad(flat_kl @ v, plist) + a.cg_damping * v
+        flat_kl = maml_ssm.flat_grad(
+            maml_ssm.meta_objective(model, dict(model.named_parameters()), data, a)[1], plist, create_graph=True
+        )
+        return maml_ssm.flat_grad(flat_kl @ v, plist) + a.cg_damping * v
 
     products = {}
     for first_order in (False, True):
         a = dataclasses.replace(args, first_order=first_order)
-        ref, fv = double_backward(a), m.fisher_product(model, data, a)(v)
+        ref, fv = double_backward(a), maml_ssm.fisher_product(model, data, a)(v)
         assert (ref - a.cg_damping * v).abs().max() > 1e-3
         assert torch.allclose(fv, ref, rtol=1e-8, atol=1e-10), (first_order, (fv - ref).abs().max())
         products[first_order] = fv
@@ -740,12 +680,14 @@ def test_rollout_acts_with_each_tasks_stacked_parameters():
     model, args, _ = tiny_setup(dtype=torch.float32)
     theta = {k: v.detach() for k, v in model.named_parameters()}
     other = {k: v + 0.3 * torch.randn_like(v) for k, v in theta.items()}
-    tasks = m.sample_tasks(args.task, m.task_streams(3)[0], 2, "train")
-    batch = m.rollout(model, m.stack_params([theta, other]), m.make_env(args, tasks, 3, torch.Generator()), 10)
+    tasks = maml_ssm.sample_tasks(args.task, maml_ssm.task_streams(3)[0], 2, "train")
+    batch = maml_ssm.rollout(
+        model, maml_ssm.stack_params([theta, other]), maml_ssm.make_env(args, tasks, 3, torch.Generator()), 10
+    )
     for i, (params, wrong) in enumerate(((theta, other), (other, theta))):
-        part = m.split_batch(batch, 2)[i]
+        part = maml_ssm.split_batch(batch, 2)[i]
         for p, close in ((params, True), (wrong, False)):
-            logp = m.log_prob(m.make_dist(m.policy_out(model, p, part), False), part["actions"], False)
+            logp = maml_ssm.log_prob(maml_ssm.make_dist(maml_ssm.policy_out(model, p, part), False), part["actions"], False)
             assert torch.allclose(logp, part["logp"], atol=1e-5 if close else 1e-3) == close
 
 
@@ -772,9 +714,9 @@ def test_cg_subsample_takes_the_fisher_of_a_subset_of_the_tasks(monkeypatch):
 
     def products(fraction):
         seen = []
-        monkeypatch.setattr(m, "conjugate_gradient", lambda fvp, b, iters: seen.append(fvp(v)) or b)
+        monkeypatch.setattr(maml_ssm, "conjugate_gradient", lambda fvp, b, iters: seen.append(fvp(v)) or b)
         state = {k: p.detach().clone() for k, p in model.named_parameters()}
-        m.trpo_step(model, data, dataclasses.replace(args, cg_subsample=fraction, ls_max_steps=1))
+        maml_ssm.trpo_step(model, data, dataclasses.replace(args, cg_subsample=fraction, ls_max_steps=1))
         model.load_state_dict(state, strict=False)
         return seen[0]
 
@@ -782,4 +724,221 @@ def test_cg_subsample_takes_the_fisher_of_a_subset_of_the_tasks(monkeypatch):
     assert torch.allclose(full, reference_fv(data), rtol=1e-9, atol=1e-12)
     assert any(torch.allclose(half, reference_fv([td]), rtol=1e-9, atol=1e-12) for td in data)
     assert not torch.allclose(half, full, rtol=1e-3)
-    assert "--cg-subsample must be in (0, 1]" in m.validate_args(m.Args(cg_subsample=0.0))
+    assert "--cg-subsample must be in (0, 1]" in validation_error(maml_ssm.validate, maml_ssm.Args(cg_subsample=0.0))
+
+
+# ------------------------------------------------------------------------------------------------ PROMP
+
+
+def promp_args(args, **kw):
+    return dataclasses.replace(args, outer_optimizer="promp", inner_estimator="lvc", **kw)
+
+
+@pytest.mark.parametrize("policy", ["mlp", "ssm", "gru"])
+def test_first_promp_step_likelihood_ratio_is_exactly_one_against_the_sampler(policy, monkeypatch):
+    """At the parameters that sampled the meta-batch, the ratio pi_theta' / pi_old of ProMP's surrogate is exactly 1
+    on every post-update step, and pi_old is the policy that acted (the rollout's log-probabilities, up to the float32
+    of acting). The sampling policies are then held fixed: after an Adam step the ratios move away from 1."""
+    model, args, data = tiny_setup(policy=policy, inner_lr=0.3)
+    args = promp_args(args, promp_steps=2)
+    first = maml_ssm.promp_objective(model, dict(model.named_parameters()), data, args)
+    for ratio, td in zip(first.ratios, data):
+        valid = td["val"]["masks"] > 0
+        assert torch.equal(ratio[valid], torch.ones_like(ratio[valid]))
+    for old, td in zip(first.olds, data):
+        acted = maml_ssm.log_prob(maml_ssm.make_dist(old["val"], False), td["val"]["actions"], False)
+        valid = td["val"]["masks"] > 0
+        assert torch.allclose(acted[valid], td["val"]["logp"][valid], atol=1e-4)
+    assert first.outer_kl.item() == 0 and first.inner_kl.item() == 0 and first.clipfrac.item() == 0
+
+    calls = []
+    real = maml_ssm.promp_objective
+
+    def spy(*a, **k):
+        calls.append(real(*a, **k))
+        return calls[-1]
+
+    monkeypatch.setattr(maml_ssm, "promp_objective", spy)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    stats = maml_ssm.promp_step(model, data, args, opt)
+    assert len(calls) == 3  # two Adam steps, then the statistics after them
+    assert all(torch.equal(r, torch.ones_like(r)) for r, td in zip(calls[0].ratios, data) for r in [r[td["val"]["masks"] > 0]])
+    assert not torch.allclose(calls[1].ratios[0], torch.ones_like(calls[1].ratios[0]), atol=1e-6)
+    assert stats["approx_kl"] > 0 and stats["inner_kl"] > 0 and stats["outer_loss"] == pytest.approx(calls[0].loss.item())
+
+
+def test_clipped_term_has_no_gradient_where_the_ratio_left_the_clip_range_in_the_advantages_direction():
+    """-E[min(r A, clip(r, 1 - eps, 1 + eps) A)] with eps = 0.3: d/d log pi_new is -r A / N where the unclipped term
+    is the minimum (inside the range, or outside against the advantage), and 0 where r > 1 + eps with A > 0 or
+    r < 1 - eps with A < 0."""
+    ratio = torch.tensor([1.5, 0.5, 1.5, 0.5, 1.1, 0.9], dtype=torch.float64)
+    adv = torch.tensor([1.0, -1.0, -1.0, 1.0, 1.0, -2.0], dtype=torch.float64)
+    old_logp = torch.tensor([-1.0, -0.5, -2.0, -1.5, -0.7, -1.2], dtype=torch.float64)
+    new_logp = (old_logp + torch.log(ratio)).requires_grad_()
+    masks = torch.ones(6, dtype=torch.float64)
+    loss, r = maml_ssm.clipped_surrogate(new_logp, old_logp, adv, masks, 0.3)
+    (g,) = torch.autograd.grad(loss, new_logp)
+    assert torch.allclose(r, ratio, rtol=1e-12)
+    expected = torch.tensor([0.0, 0.0, 1.5, -0.5, -1.1, 1.8], dtype=torch.float64) / 6
+    assert torch.allclose(g, expected, rtol=1e-12, atol=1e-15), g
+    clipped_value = torch.minimum(ratio * adv, ratio.clamp(0.7, 1.3) * adv).mean()
+    assert loss.item() == pytest.approx(-clipped_value.item(), rel=1e-12)
+
+
+def test_kl_penalty_gradient_has_the_right_sign_and_scale_against_a_finite_difference():
+    """The penalty is --inner-kl-coef x the mean over tasks of KL(sampler of the pre-update episodes || pre-update
+    policy) on those episodes: 0 at the sampler, positive away from it, its gradient points away from the sampler and
+    matches a central finite difference; it enters the loss with weight +1."""
+    model, args, data = tiny_setup(policy="ssm", inner_lr=0.3)
+    args = promp_args(args, inner_kl_coef=0.7)
+    theta0 = {k: v.detach().clone() for k, v in model.named_parameters()}
+    olds = maml_ssm.promp_objective(model, theta0, data, args).olds
+    gen = torch.Generator().manual_seed(1)
+    delta = {k: 0.05 * torch.randn(v.shape, dtype=v.dtype, generator=gen) for k, v in theta0.items()}
+    theta1 = {k: (theta0[k] + delta[k]).requires_grad_() for k in theta0}
+    objective = maml_ssm.promp_objective(model, theta1, data, args, olds)
+    # the KL of the pre-update policy against its sampler, computed here with torch.distributions
+    kls = []
+    for old, td in zip(olds, data):
+        b = td["train"][0]
+        out = maml_ssm.policy_out(model, theta1, b)
+        new = torch.distributions.Normal(out["pi"], torch.exp(out["log_std"]).expand_as(out["pi"]))
+        ref = torch.distributions.Normal(old["train"][0]["pi"], torch.exp(old["train"][0]["log_std"]).expand_as(out["pi"]))
+        kls.append(maml_ssm.masked_mean(torch.distributions.kl_divergence(ref, new).sum(-1), b["masks"]))
+    assert objective.inner_kl.item() == pytest.approx(torch.stack(kls).mean().item(), rel=1e-10)
+    assert objective.kl_penalty.item() == pytest.approx(0.7 * objective.inner_kl.item(), rel=1e-12)
+    assert objective.kl_penalty.item() > 0
+    names = list(theta1)
+    g_pen = torch.autograd.grad(objective.kl_penalty, [theta1[k] for k in names], retain_graph=True, allow_unused=True)
+    g_pen = {k: torch.zeros_like(theta1[k]) if g is None else g for k, g in zip(names, g_pen)}
+    g_loss = torch.autograd.grad(objective.loss, [theta1[k] for k in names], retain_graph=True, allow_unused=True)
+    g_sur = torch.autograd.grad(objective.surrogate, [theta1[k] for k in names], allow_unused=True)
+    for k, gl, gs in zip(names, g_loss, g_sur):
+        gl = torch.zeros_like(theta1[k]) if gl is None else gl
+        gs = torch.zeros_like(theta1[k]) if gs is None else gs
+        assert torch.allclose(gl, gs + g_pen[k], rtol=1e-9, atol=1e-12), k
+    # sign: moving away from the sampler raises the penalty
+    assert sum((g_pen[k] * delta[k]).sum() for k in names).item() > 0
+    # scale: the directional derivative equals a central finite difference of the penalty
+    v = {k: torch.randn(theta0[k].shape, dtype=theta0[k].dtype, generator=gen) for k in names}
+    h = 1e-5
+
+    def penalty_at(sign):
+        p = {k: (theta1[k].detach() + sign * h * v[k]) for k in names}
+        return maml_ssm.promp_objective(model, p, data, args, olds, create_graph=False).kl_penalty.item()
+
+    fd = (penalty_at(1) - penalty_at(-1)) / (2 * h)
+    analytic = sum((g_pen[k] * v[k]).sum() for k in names).item()
+    assert analytic == pytest.approx(fd, rel=1e-5), (analytic, fd)
+    assert abs(analytic) > 1e-6
+
+
+def test_lvc_gradient_is_the_score_function_gradient_in_expectation_and_its_curvature_is_exact():
+    """One step, categorical policy, every action weighted by its probability (the masks): the expectation over
+    a ~ pi is exact. The LVC objective E[pi / stop_grad(pi) R] has the score-function gradient E[grad log pi R] =
+    grad J, J = sum_a pi(a) R(a); its Hessian is J's (the LVC estimator is unbiased in one step), which REINFORCE's
+    E[log pi R] misses (it drops E[grad log pi grad log pi^T R])."""
+    torch.manual_seed(0)
+    model = maml_ssm.Agent("mlp", 4, 3, True, 5, 2, False).double()
+    params = {k: v.detach().clone().requires_grad_() for k, v in model.named_parameters()}
+    names = list(params)
+    obs = torch.tensor([0.3, -0.2, 0.5, 0.1], dtype=torch.float64)
+    reward = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
+    batch = {
+        "inputs": obs.expand(1, 3, 4).clone(),
+        "starts": torch.ones(1, 3, dtype=torch.bool),
+        "actions": torch.arange(3, dtype=torch.float64).reshape(1, 3, 1),
+        "advantages": reward.reshape(1, 3),
+    }
+
+    def probs(p):
+        return torch.softmax(maml_ssm.policy_out(model, p, {**batch, "masks": torch.ones(1, 3)})["pi"][0, 0], -1)
+
+    pi = probs(params)
+    batch["masks"] = pi.detach().reshape(1, 3)  # masked_mean = sum_a pi(a) x_a: the exact expectation
+    J = (probs(params) * reward).sum()
+    score = sum(pi[a].detach() * torch.log(pi[a]) * reward[a] for a in range(3))  # E[log pi R], pi(a) held fixed
+    lvc = -maml_ssm.inner_loss(model, params, batch, "lvc")
+    reinforce = -maml_ssm.inner_loss(model, params, batch, "reinforce")
+
+    def flat(grads):
+        return torch.cat([(torch.zeros_like(params[k]) if g is None else g).reshape(-1) for k, g in zip(names, grads)])
+
+    leaves = [params[k] for k in names]
+    g_J = flat(torch.autograd.grad(J, leaves, create_graph=True, allow_unused=True))
+    g_score = flat(torch.autograd.grad(score, leaves, create_graph=True, allow_unused=True))
+    g_lvc = flat(torch.autograd.grad(lvc, leaves, create_graph=True, allow_unused=True))
+    g_reinforce = flat(torch.autograd.grad(reinforce, leaves, create_graph=True, allow_unused=True))
+    assert g_J.abs().max() > 1e-3
+    assert torch.allclose(g_lvc, g_score, rtol=1e-10, atol=1e-14)
+    assert torch.allclose(g_lvc, g_J, rtol=1e-10, atol=1e-14)
+    assert torch.allclose(g_reinforce, g_J, rtol=1e-10, atol=1e-14)
+    v = torch.randn(g_J.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    h_J = flat(torch.autograd.grad(g_J @ v, leaves, retain_graph=True, allow_unused=True))
+    h_lvc = flat(torch.autograd.grad(g_lvc @ v, leaves, retain_graph=True, allow_unused=True))
+    h_reinforce = flat(torch.autograd.grad(g_reinforce @ v, leaves, allow_unused=True))
+    assert torch.allclose(h_lvc, h_J, rtol=1e-8, atol=1e-12)
+    assert not torch.allclose(h_reinforce, h_J, rtol=1e-2, atol=1e-6)
+
+
+def test_lvc_takes_the_samplers_log_probabilities_when_given():
+    """With batch["old_logp"] (ProMP's later steps), the LVC inner loss is -E[pi / pi_old A] against those, so its
+    gradient is the importance-weighted score-function gradient, not the one at the current policy."""
+    model, args, data = tiny_setup(policy="mlp", inner_lr=0.3)
+    params = {k: v.detach().clone().requires_grad_() for k, v in model.named_parameters()}
+    b = data[0]["train"][0]
+    out = maml_ssm.policy_out(model, params, b)
+    logp = maml_ssm.log_prob(maml_ssm.make_dist(out, False), b["actions"], False)
+    shifted = logp.detach() + 0.2
+    expected = -maml_ssm.masked_mean(torch.exp(logp - shifted) * b["advantages"], b["masks"])
+    assert maml_ssm.inner_loss(model, params, {**b, "old_logp": shifted}, "lvc").item() == pytest.approx(expected.item())
+    same = maml_ssm.inner_loss(model, params, {**b, "old_logp": logp.detach()}, "lvc")
+    assert same.item() == pytest.approx(maml_ssm.inner_loss(model, params, b, "lvc").item(), rel=1e-12)
+
+
+def test_promp_preset_is_promps_reference_configuration_and_every_value_is_a_flag():
+    a = parsed_train_args(["train", "--config", "promp"])
+    assert (a.outer_optimizer, a.inner_estimator, a.promp_steps, a.clip_coef, a.outer_lr) == ("promp", "lvc", 5, 0.3, 1e-3)
+    assert (a.inner_lr, a.inner_kl_coef, a.tasks_per_batch, a.fast_batch_size, a.max_episode_steps) == (0.1, 5e-4, 40, 20, 100)
+    assert a.goal_box and a.fill_steps and a.eval_episodes == 40  # the paper preset's task rules and evaluation
+    b = parsed_train_args(["train", "--config", "promp", "--promp-steps", "2", "--clip-coef", "0.1", "--inner-kl-coef", "0"])
+    assert (b.promp_steps, b.clip_coef, b.inner_kl_coef) == (2, 0.1, 0.0)
+    for kwargs, needle in (
+        (dict(outer_optimizer="ppo"), "unknown --outer-optimizer"),
+        (dict(inner_estimator="dice"), "unknown --inner-estimator"),
+        (dict(promp_steps=0), "--promp-steps must be >= 1"),
+        (dict(clip_coef=1.0), "--clip-coef must be in (0, 1)"),
+        (dict(inner_kl_coef=-1.0), "--inner-kl-coef must be >= 0"),
+    ):
+        assert needle in validation_error(maml_ssm.validate, maml_ssm.Args(**kwargs)), kwargs
+
+
+@pytest.mark.parametrize("policy", ["mlp", "ssm"])
+def test_trpo_reproduces_the_recorded_tiny_run_bit_for_bit(policy, tmp_path):
+    """The default outer optimizer (TRPO) with the default inner estimator gives every logged scalar (but wall-clock
+    ones) and eval.json of the tiny run to the last bit, as recorded in tests/data/maml_ssm_trpo_tiny.json from the
+    TRPO-only script. Determinism is per machine kind: the recording is from x86-64 with the pinned torch."""
+    with open(os.path.join(REPO, "tests", "data", "maml_ssm_trpo_tiny.json")) as f:
+        reference = json.load(f)
+    runs = tmp_path / "runs"
+    run_maml(
+        ["train", "--task", "point-nav-2d", "--policy", policy, "--save-model", "--seed", "1", "--runs-dir", str(runs), *TINY]
+    )
+    run_dir = only_run_dir(runs)
+    scalars = logged_scalars(run_dir)
+    for tag, values in reference["untimed_scalars"][policy].items():
+        assert [list(x) for x in scalars[tag]] == values, tag
+    assert load_json(os.path.join(run_dir, "eval.json")) == reference["eval"][policy]
+
+
+@pytest.mark.parametrize("policy,task", [("mlp", "point-nav-2d"), ("ssm", "cartpole-physics"), ("gru", "point-nav-2d")])
+def test_promp_trains_and_evaluates_every_policy(policy, task, tmp_path):
+    flags = ["--config", "promp", "--tasks-per-batch", "2", "--fast-batch-size", "3", "--max-episode-steps", "12"]
+    if task != "point-nav-2d":
+        flags.append("--no-goal-box")
+    runs = tmp_path / "runs"
+    run_maml(["train", *flags, *TINY, "--task", task, "--policy", policy, "--save-model", "--runs-dir", str(runs)])
+    scalars = logged_scalars(only_run_dir(runs))
+    for tag in ("losses/inner_kl", "losses/clipfrac", "losses/approx_kl", "charts/learning_rate"):
+        assert len(scalars[tag]) == 2 and all(np.isfinite(v) for _, v in scalars[tag]), tag
+    assert scalars["losses/approx_kl"][0][1] > 0

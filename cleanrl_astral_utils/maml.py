@@ -1,0 +1,123 @@
+"""What maml_ssm.py needs besides the method: writing and refusing checkpoints, the evaluation and adaptation reports
+(eval.json, adapt.json, their 95% CIs and plots). maml_ssm.py imports it only where a run saves or evaluates a model."""
+
+import dataclasses
+import json
+import math
+import os
+
+import numpy as np
+import torch
+
+from cleanrl_astral_utils.files import atomic_torch_save, atomic_write_json
+
+
+# ------------------------------------------------------------------------------------------------ CHECKPOINTS
+def save_checkpoint(path, model, args, task_split, task_version, extra=None):
+    """The model's weights, its full config, the task split and version, and `extra`, written atomically."""
+    ckpt = {
+        "state_dict": model.state_dict(),
+        "args": dataclasses.asdict(args),
+        "script": "maml_ssm",
+        "task_split": task_split,
+        "param_count": sum(p.numel() for p in model.parameters()),
+        "task_version": task_version,
+    }
+    if extra:
+        ckpt.update(extra)
+    atomic_torch_save(ckpt, path)
+
+
+def read_checkpoint(path, script, config_fields):
+    """The checkpoint dict written by `script`, or a ValueError with a one-line reason."""
+    if not os.path.isfile(path):
+        raise ValueError(f"checkpoint {path!r} does not exist")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # corrupted or not a torch file
+        raise ValueError(f"cannot read checkpoint {path!r}: {type(e).__name__}") from e
+    if not isinstance(ckpt, dict) or ckpt.get("script") != script:
+        raise ValueError(f"{path!r} is not a {script} checkpoint")
+    missing = [k for k in ("state_dict", "args", "task_split") if k not in ckpt]
+    unknown = set(ckpt.get("args", {})) - set(config_fields)
+    if missing or unknown:
+        raise ValueError(f"checkpoint {path!r} lacks {missing} or has unknown config fields {sorted(unknown)}")
+    return ckpt
+
+
+def check_task_split(ckpt, task, task_version, check_ranges, ranges):
+    """A ValueError with a one-line reason when the checkpoint's tasks are not the ones this script runs: another task
+    in its split than in its config, other train/test ranges (`ranges`: {split key: ranges}), another task version."""
+    split = ckpt["task_split"]
+    version = ckpt.get("task_version", 1)
+    if split.get("task") != task:
+        raise ValueError(f"checkpoint task split is for {split.get('task')!r} but its config says {task!r}")
+    if check_ranges:
+        for key, expected in ranges.items():
+            if json.dumps(split.get(key)) != json.dumps(expected):
+                raise ValueError(
+                    f"the checkpoint's cartpole {key.replace('_', ' ')} {split.get(key)} are not this script's "
+                    f"{[list(r) for r in expected]} (gravity, pole length); retrain it with this script"
+                )
+    if version != task_version:
+        raise ValueError(
+            f"checkpoint was trained on version {version} of {task}, this script runs version {task_version} "
+            "(see TASK_VERSIONS); retrain it"
+        )
+
+
+# ------------------------------------------------------------------------------------------------ REPORTS
+def ci95(x):
+    """Half-width of the normal 95% confidence interval of the mean: 1.96 sample sd / sqrt(n) (0 for one value)."""
+    x = np.asarray(x, dtype=np.float64)
+    if len(x) < 2:
+        return 0.0
+    return float(1.96 * x.std(ddof=1) / math.sqrt(len(x)))
+
+
+def summarise(per_step):
+    """{"returns_after_steps": mean over tasks, "ci95": its 95% CI half-width}, keyed by the step as a string."""
+    return {
+        "returns_after_steps": {str(k): float(r.mean()) for k, r in enumerate(per_step)},
+        "ci95": {str(k): ci95(r) for k, r in enumerate(per_step)},
+    }
+
+
+def write_eval_report(result, checkpoint, policy):
+    """eval.json and eval.png beside the checkpoint."""
+    out_dir = os.path.dirname(os.path.abspath(checkpoint))
+    atomic_write_json(result, os.path.join(out_dir, "eval.json"))
+    plot_returns({policy: result}, os.path.join(out_dir, "eval.png"), f"{result['task']} / {policy}", "inner gradient steps")
+
+
+def write_adapt_report(result, stem):
+    """{stem}.json and {stem}.png: returns after 0..K adaptation steps per adapter/objective, with the no-adaptation
+    level."""
+    atomic_write_json(result, stem + ".json")
+    title = f"{result['task']}: test-time adaptation"
+    if result["online"]:
+        title += " (online)"
+    plot_returns(result["results"], stem + ".png", title, "adaptation steps", level=result["no_adaptation"]["return"])
+
+
+def plot_returns(curves, path, title, xlabel, level=None):
+    """Mean return (95% CI) after 0..K steps, one line per entry of `curves`; `level` draws the no-adaptation line."""
+    from matplotlib.figure import Figure  # no pyplot: no GUI backend and no global figure state
+
+    fig = Figure(figsize=(5.5, 3.6), layout="tight")
+    ax = fig.subplots()
+    for name, r in curves.items():
+        ks = sorted(r["returns_after_steps"], key=int)
+        ax.errorbar(
+            [int(k) for k in ks],
+            [r["returns_after_steps"][k] for k in ks],
+            yerr=[r["ci95"][k] for k in ks],
+            marker="o",
+            capsize=2,
+            label=name,
+        )
+    if level is not None:
+        ax.axhline(level, color="grey", ls=":", lw=1, label="no adaptation (theta_0)")
+    ax.set(xlabel=xlabel, ylabel="mean return (95% CI)", title=title)
+    ax.legend(fontsize=7)
+    fig.savefig(path, dpi=100)
