@@ -16,9 +16,10 @@ import time
 
 import numpy as np
 import pytest
-from test_reinforce_baby import TINY, assert_one_line_error, logged_values, only_run_dir, run_script, train_tiny
+from helpers import assert_one_line_error, logged_scalars, only_run_dir, run_script
+from test_reinforce_baby import TINY, train_tiny
 
-from cleanrl_astral import reinforce_baby as rb
+import cleanrl_astral.reinforce_baby as reinforce_baby
 
 
 class FakeLLM(http.server.BaseHTTPRequestHandler):
@@ -101,7 +102,7 @@ def llm_server():
 
 def make_llm_parent(srv, tmp_path, name="cache.sqlite", **kw):
     """An LLMParent of a pattern-echo setting with 8 actions and 3 steps, on the stand-in server."""
-    args = rb.Args(
+    args = reinforce_baby.Args(
         num_actions=8,
         max_episode_steps=3,
         parent="llm",
@@ -112,7 +113,7 @@ def make_llm_parent(srv, tmp_path, name="cache.sqlite", **kw):
         llm_concurrency=2,
         llm_cache=str(tmp_path / name),
     )
-    return rb.LLMParent(dataclasses.replace(args, **kw))
+    return reinforce_baby.make_parent(dataclasses.replace(args, **kw))
 
 
 def instance(parent, seed=0):
@@ -179,7 +180,7 @@ def test_llm_parent_next_state_is_validated(llm_server, tmp_path):
     proposed = dataclasses.replace(parent.transition(s, wrong, 1.0), last_correct=0)
     assert proposed != parent.transition(s, wrong, 1.0)
     llm_server.mode = "next_state"
-    llm_server.next_state = dict(zip(rb.ATTRIBUTES, proposed.as_list()))
+    llm_server.next_state = dict(zip(reinforce_baby.ATTRIBUTES, proposed.as_list()))
     ((r, nxt),) = parent.respond([s], [wrong])
     assert r == 1.0 and nxt == proposed and parent.stats["fallbacks"] == 0
     llm_server.next_state = {**llm_server.next_state, "v0": 99}  # out of the attribute's range
@@ -195,10 +196,10 @@ def test_llm_next_state_may_not_change_the_task_instance(llm_server, tmp_path, c
     success (v0 set to the child's answer) or make the instance unsolvable: such a state is an invalid answer."""
     parent = make_llm_parent(llm_server, tmp_path, llm_next_state=True)
     s, right, wrong = instance(parent)
-    proposed = dict(zip(rb.ATTRIBUTES, parent.transition(s, wrong, 1.0).as_list()))
+    proposed = dict(zip(reinforce_baby.ATTRIBUTES, parent.transition(s, wrong, 1.0).as_list()))
     for key, value in change.items():
         proposed[key] = {"answer": wrong, "other": right}.get(value, value)
-    assert proposed != dict(zip(rb.ATTRIBUTES, parent.transition(s, wrong, 1.0).as_list()))
+    assert proposed != dict(zip(reinforce_baby.ATTRIBUTES, parent.transition(s, wrong, 1.0).as_list()))
     llm_server.mode, llm_server.next_state = "next_state", proposed
     ((r, nxt),) = parent.respond([s], [wrong])
     assert (r, nxt) == (0.0, parent.transition(s, wrong, 0.0)) and parent.stats["fallbacks"] == 1
@@ -221,7 +222,10 @@ def test_llm_cache_key_holds_what_changes_an_answer_or_its_validity(llm_server, 
             llm_next_state=True,
             llm_examples=examples,
         )
-        s = dataclasses.replace(rb.State(2, 1, (1, 2, 3), (0, 1, rb.FLAG_PAD), 8, rb.FLAG_PAD, 1, 8), num_actions=num_actions)
+        s = dataclasses.replace(
+            reinforce_baby.State(2, 1, (1, 2, 3), (0, 1, reinforce_baby.FLAG_PAD), 8, reinforce_baby.FLAG_PAD, 1, 8),
+            num_actions=num_actions,
+        )
         return p.cache_key(s, 2)
 
     assert key() == key()
@@ -281,9 +285,9 @@ def test_a_request_asks_for_the_schema_and_shows_worked_examples(llm_server, tmp
     fmt = llm_server.last_body["response_format"]
     assert fmt["type"] == "json_schema" and fmt["json_schema"]["schema"]["required"] == ["reward", "next_state"]
     ranges = fmt["json_schema"]["schema"]["properties"]["next_state"]
-    assert ranges["required"] == rb.ATTRIBUTES and [
-        ranges["properties"][a]["maximum"] + 1 for a in rb.ATTRIBUTES
-    ] == rb.attribute_vocab(8, 3)
+    assert ranges["required"] == reinforce_baby.ATTRIBUTES and [
+        ranges["properties"][a]["maximum"] + 1 for a in reinforce_baby.ATTRIBUTES
+    ] == reinforce_baby.attribute_vocab(8, 3)
     make_llm_parent(llm_server, tmp_path, llm_response_format="none").respond([s], [(right + 3) % 8])
     assert "response_format" not in llm_server.last_body
 
@@ -297,7 +301,7 @@ def test_the_agreement_check_judges_a_fixed_balanced_set_and_leaves_the_running_
     parent.respond([s], [right])
     before = dict(parent.stats)
     asked = record_batches(parent)
-    check = parent.check_agreement(["pattern-echo", "conditional"], pairs=6, seed=3)
+    check = parent.check_agreement(reinforce_baby.playable(["pattern-echo", "conditional"], 8), pairs=6, seed=3)
     assert set(check["per_level"]) == {f"{t}/level{k}" for t in ("pattern-echo", "conditional") for k in range(3)}
     expected = {"agreement": 0.5, "judged": 6, "fallbacks": 0, "rewarded": 1.0}
     assert all(v == expected for v in check["per_level"].values())
@@ -306,13 +310,14 @@ def test_the_agreement_check_judges_a_fixed_balanced_set_and_leaves_the_running_
         assert [a == parent.oracle_action(s) for s, a in pairs] == [True, False] * 3
     again = make_llm_parent(llm_server, tmp_path, name="again.sqlite")
     again_asked = record_batches(again)
-    again.check_agreement(["pattern-echo", "conditional"], pairs=6, seed=3)
+    again.check_agreement(reinforce_baby.playable(["pattern-echo", "conditional"], 8), pairs=6, seed=3)
     assert again_asked == asked  # the same pairs from the same seed
 
 
 def test_training_with_llm_parent_logs_the_parents_statistics(llm_server, tmp_path):
     cache = tmp_path / "llm.sqlite"
     out = run_script(
+        "reinforce_baby",
         "--task",
         "pattern-echo",
         *TINY,
@@ -328,11 +333,12 @@ def test_training_with_llm_parent_logs_the_parents_statistics(llm_server, tmp_pa
         str(cache),
         "--runs-dir",
         str(tmp_path / "runs"),
+        check=True,
     )
     run_dir = only_run_dir(tmp_path / "runs")
     assert cache.exists() and llm_server.count > 0, out.stdout
     assert "LLM agreement with the rule before training" in out.stdout
-    logged = logged_values(run_dir)
+    logged = logged_scalars(run_dir)
     for tag in ("agreement", "judged", "fallbacks", "latency_ms", "cache_hits", "queries"):
         assert [step for step, _ in logged[f"parent/{tag}"]] == [16, 32, 48, 64], tag
     assert [v for _, v in logged["parent/queries"]] == [16, 32, 48, 64]
@@ -363,6 +369,7 @@ def test_an_unusable_endpoint_is_a_one_line_error_before_any_work(llm_server, tm
     llm_server.mode = "html" if case == "html" else "valid"
     model = "no-such-model" if case == "wrong-model" else "test-model"
     result = run_script(
+        "reinforce_baby",
         "--parent",
         "llm",
         "--llm-base-url",
@@ -373,7 +380,6 @@ def test_an_unusable_endpoint_is_a_one_line_error_before_any_work(llm_server, tm
         str(tmp_path / "c.sqlite"),
         "--runs-dir",
         str(tmp_path / "runs"),
-        check=False,
     )
     assert_one_line_error(result, needle)
     assert url in result.stderr and not (tmp_path / "runs").exists()
@@ -387,6 +393,7 @@ def test_an_unusable_llm_cache_is_a_one_line_error_before_any_work(llm_server, t
     else:
         cache.write_text("not a database, but long enough for sqlite to read its header " * 4)
     result = run_script(
+        "reinforce_baby",
         "--parent",
         "llm",
         "--llm-base-url",
@@ -397,7 +404,6 @@ def test_an_unusable_llm_cache_is_a_one_line_error_before_any_work(llm_server, t
         str(cache),
         "--runs-dir",
         str(tmp_path / "runs"),
-        check=False,
     )
     assert_one_line_error(result, f"--llm-cache {str(cache)!r} cannot be used as an sqlite file")
     assert llm_server.count == 0 and not (tmp_path / "runs").exists()
@@ -479,7 +485,7 @@ def test_a_real_model_judges_and_a_dying_server_leaves_the_run_on_the_rule(real_
     and latency are filled in. Then the server is killed after the run's second batch: the run completes on the rule,
     and no step is lost."""
     url, proc = real_server
-    args = rb.Args(
+    args = reinforce_baby.Args(
         task="pattern-echo",
         num_actions=8,
         parent="llm",
@@ -490,9 +496,9 @@ def test_a_real_model_judges_and_a_dying_server_leaves_the_run_on_the_rule(real_
         llm_concurrency=2,
         llm_cache=str(tmp_path / "cache.sqlite"),
     )
-    parent = rb.LLMParent(args)
-    assert parent.probe() is None
-    check = parent.check_agreement(["pattern-echo"], pairs=4)
+    parent = reinforce_baby.make_parent(args)
+    parent.probe()  # raises ValueError naming what failed
+    check = parent.check_agreement(reinforce_baby.playable(["pattern-echo"], 8), pairs=4)
     assert check["queries"] == 12 and check["judged"] == 12 and check["fallbacks"] == 0
     assert 0.0 <= check["agreement"] <= 1.0 and check["latency_ms"] > 0
     assert all(v["judged"] == 4 for v in check["per_level"].values()) and len(check["per_level"]) == 3
