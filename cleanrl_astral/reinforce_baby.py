@@ -75,11 +75,14 @@ class Args:
     review_prob: float = 0.2
     """with --curriculum: probability that an episode replays a random already-mastered level (against forgetting)"""
     parent: Literal["deterministic", "llm"] = "deterministic"
-    """who judges the actions: the deterministic rule or an LLM behind an OpenAI-compatible endpoint"""
+    """who gives the goal reward: the deterministic rule or an LLM behind an OpenAI-compatible endpoint"""
+    llm_role: Literal["answer", "judge"] = "answer"
+    """answer: the LLM states the right action (completions endpoint) and the reward is 1 where the action equals it;
+    judge: the LLM judges each (state, action) with a JSON verdict (chat-completions endpoint)"""
     llm_base_url: str | None = None
     """base URL of an OpenAI-compatible API, e.g. http://127.0.0.1:8000/v1 (required with --parent llm)"""
     llm_model: str = "gpt-4o-mini"
-    """model name sent to the chat-completions endpoint"""
+    """model name sent to the endpoint"""
     llm_api_key_env: str = "OPENAI_API_KEY"
     """environment variable holding the API key (may be unset for local servers)"""
     llm_timeout: float = 10.0
@@ -87,17 +90,18 @@ class Args:
     llm_retries: int = 2
     """extra attempts after a failed or invalid LLM answer, before falling back to the rule"""
     llm_next_state: bool = False
-    """if toggled, the LLM also proposes the next state (validated; the rule is used when invalid)"""
+    """with --llm-role judge: the LLM also proposes the next state (validated; the rule is used when invalid)"""
     llm_cache: str = ""
     """sqlite file caching LLM answers by request; empty: {runs_dir}/llm_cache.sqlite"""
     llm_concurrency: int = 4
     """parallel LLM requests per batch of episodes"""
-    llm_examples: int = 0
-    """worked examples (fixed instances of the same task and level, answered right and wrong) before each query"""
+    llm_examples: int | None = None
+    """worked examples before each query, answered by the rule; default: 8 with --llm-role answer, 0 with judge"""
     llm_response_format: Literal["json-object", "json-schema", "none"] = "json-object"
-    """structured output: llama.cpp's {"type": "json_object", "schema": ...}, the OpenAI API's json_schema, or none"""
+    """judge's structured output: llama.cpp's {"type": "json_object", "schema": ...}, the OpenAI API's json_schema, or none"""
     llm_check_pairs: int = 0
-    """before training, the LLM judges this many seeded (state, action) pairs per task and level (agreement table)"""
+    """before training, the LLM rewards this many seeded (state, action) pairs per task and level, half answered right
+    (the agreement table)"""
 
     # Model
     hidden_dim: int = 64
@@ -907,9 +911,11 @@ def validate(args: Args):
     for name in ("learning_rate", "llm_timeout", "clip_coef", "max_grad_norm"):
         if not getattr(args, name) > 0:
             raise ValueError(f"{flag(name)} {getattr(args, name)} must be positive")
-    for name in ("llm_retries", "llm_examples", "llm_check_pairs"):
+    for name in ("llm_retries", "llm_check_pairs"):
         if not getattr(args, name) >= 0:
             raise ValueError(f"{flag(name)} {getattr(args, name)} must be >= 0")
+    if args.llm_examples is not None and args.llm_examples < 0:
+        raise ValueError(f"--llm-examples {args.llm_examples} must be >= 0")
     for name in ("gae_lambda", "review_prob", "kl_smoothing"):
         if not 0 <= getattr(args, name) <= 1:
             raise ValueError(f"{flag(name)} {getattr(args, name)} must be in [0, 1]")
@@ -941,6 +947,8 @@ def validate(args: Args):
         raise ValueError("--num-envs * --max-episode-steps must be divisible by --num-minibatches")
     if args.parent == "llm" and importlib.util.find_spec("openai") is None:
         raise ValueError("--parent llm needs the openai client: pip install -r requirements-llm.txt")
+    if args.parent == "llm" and args.llm_role == "answer" and args.llm_next_state:
+        raise ValueError("--llm-next-state needs --llm-role judge: SmolLM2-135M does not write a valid next state")
     if args.parent == "llm" and not args.llm_base_url:
         raise ValueError("--parent llm needs --llm-base-url (an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1)")
     if args.parent == "llm" and not args.llm_base_url.startswith(("http://", "https://")):
@@ -973,7 +981,8 @@ def make_parent(args: Args):
         return rule
     from cleanrl_astral_utils.llm import LLMParent
 
-    return LLMParent(rule, args, TASKS, ATTRIBUTES, attribute_vocab(args.num_actions, args.max_episode_steps))
+    vocab = attribute_vocab(args.num_actions, args.max_episode_steps)
+    return LLMParent(rule, args, TASKS, ATTRIBUTES, vocab, playable(TASKS, args.num_actions))
 
 
 def claim_run_dir(runs_dir: str, run_name: str) -> tuple[str, str]:
@@ -1025,7 +1034,8 @@ class TrainingLog:
             **{f"curriculum/level_{t}": curriculum.levels[t] for t in self.tasks},
         }
         if hasattr(parent, "summary"):  # an LLM parent: its running totals
-            scalars.update({f"parent/{k}": v for k, v in parent.summary().items() if k != "per_level"})
+            numbers = {k: v for k, v in parent.summary().items() if isinstance(v, int | float)}
+            scalars.update({f"parent/{k}": v for k, v in numbers.items()})
         for k, v in scalars.items():
             self.writer.add_scalar(k, v, global_step)
         if iteration % 25 == 0 or iteration == args.num_iterations:
@@ -1120,6 +1130,9 @@ if __name__ == "__main__":
         check = parent.check_agreement(playable(tasks, args.num_actions), args.llm_check_pairs, args.seed)
         shares = " ".join(f"{w}={v['agreement']:.2f}" for w, v in check["per_level"].items())
         print(f"LLM agreement with the rule before training ({args.llm_check_pairs} pairs per task and level): {shares}")
+        if args.llm_role == "answer":
+            shares = " ".join(f"{w}={v['accuracy']:.2f}" for w, v in check["per_level"].items())
+            print(f"LLM answers equal to the rule's before training: {shares}")
 
     agent, eval_levels = train(args, writer, parent)
 
