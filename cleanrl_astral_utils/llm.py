@@ -37,7 +37,7 @@ LLM_SYSTEM_PROMPT = (
 class Reply(NamedTuple):
     text: str | None  # the first valid reply; None when every attempt failed
     latency_ms: float  # of the valid reply's request
-    invalid: list  # the replies that came back but were not valid (unparseable, out of range, malformed)
+    invalid: list  # the replies that came back but were not valid (unparsable, out of range, malformed)
 
 
 def open_cache(path: str) -> sqlite3.Connection:

@@ -498,7 +498,7 @@ def test_training_with_llm_parent_logs_the_parents_statistics(llm_server, tmp_pa
     assert set(ev["llm_agreement_check"]["per_level"]) == {f"pattern-echo/level{k}" for k in range(3)}
 
 
-def test_unparseable_answers_fall_back_and_are_reported_by_a_run(llm_server, tmp_path):
+def test_unparsable_answers_fall_back_and_are_reported_by_a_run(llm_server, tmp_path):
     """A stand-in that never answers a number: every reward is the rule's, and the run logs and writes how many
     queries fell back and how many replies were invalid, with samples of them."""
     llm_server.mode = "malformed"
@@ -696,52 +696,50 @@ def fake_sweep_run(sweep, key, curves, ev, wall):
         f.write(json.dumps({"runs_dir": str(run_dir.parent), "exit_code": 0, "wall_time_s": wall}) + "\n")
 
 
-def test_the_llm_report_tables_the_agreement_check_and_each_runs_parent_statistics(tmp_path):
-    """benchmark/reinforce_baby_report.py --llm: the agreement before training per task and level and number of
-    worked examples, and one row per run with success at 5k and 10k steps (the last value logged at or before) and
-    the parent's statistics from eval.json."""
+def test_the_llm_report_tables_the_agreement_per_role_and_each_runs_parent_statistics(tmp_path):
+    """benchmark/reinforce_baby_report.py --llm: per task and level, the answer role's accuracy and each role's
+    agreement with the rule (from the agreement runs' eval.json), and one row per MVP and curriculum run with success at
+    the matched steps (the last value logged at or before), the parent's statistics from eval.json and the wall time."""
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmark", "reinforce_baby_report.py")
     spec = importlib.util.spec_from_file_location("reinforce_baby_report", path)
     report = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(report)
     out = tmp_path / "out"
-    level = {"agreement": 0.75, "judged": 4, "fallbacks": 0, "rewarded": 0.25}
-    check = {
-        "queries": 4,
-        "judged": 4,
-        "fallbacks": 0,
-        "cache_hits": 0,
-        "agreement": 0.75,
-        "latency_ms": 12.0,
-        "per_level": {f"pattern-echo/level{k}": level for k in range(3)},
-    }
-    for k in (0, 2):
-        run = out / "agreement" / f"all__agreement_examples{k}__1__7"
+
+    def check(role, agreement, accuracy=None):
+        level = {"agreement": agreement, "judged": 4, "fallbacks": 0, "rewarded": 0.25}
+        totals = {"queries": 12, "judged": 12, "fallbacks": 0, "invalid_answers": 1, "cache_hits": 0, "latency_ms": 12.0}
+        if accuracy is not None:
+            level["accuracy"] = accuracy
+            totals["accuracy"] = accuracy
+        per_level = {f"pattern-echo/level{k}": level for k in range(3)}
+        return {"role": role, **totals, "agreement": agreement, "per_level": per_level}
+
+    for role, c in (("answer", check("answer", 0.875, accuracy=0.75)), ("judge", check("judge", 0.5))):
+        run = out / "agreement" / f"all__agreement_smollm2-135m_{role}__1__7"
         run.mkdir(parents=True)
-        (run / "eval.json").write_text(json.dumps({"llm_agreement_check": dict(check, agreement=0.1 * (k + 1))}))
+        (run / "eval.json").write_text(json.dumps({"llm_agreement_check": c}))
     curve = {"charts/success_rate": [(4992, 0.4), (5024, 0.9), (10016, 1.0)]}
-    fake_sweep_run(out / "mvp", "c0__g0_parent_deterministic__s1", curve, {"success_rate": 1.0}, wall=8.0)
+    levels = {"pattern-echo": 2}
+    fake_sweep_run(out / "mvp", "c0__g0_parent_deterministic__s1", curve, {"success_rate": 1.0, "eval_levels": levels}, 8.0)
     parent = {
+        "role": "answer",
         "queries": 10016,
         "judged": 9000,
-        "agreement": 0.125,
+        "agreement": 0.9,
+        "accuracy": 0.875,
         "fallbacks": 1016,
+        "invalid_answers": 3,
         "latency_ms": 321.0,
         "cache_hits": 9900,
-        "per_level": {},
+        "per_level": {"pattern-echo/level2": {"accuracy": 0.875}},
     }
-    fake_sweep_run(
-        out / "mvp",
-        "c0__g1_parent_llm__s1",
-        curve,
-        {"success_rate": 0.5, "parent": parent, "llm_agreement_check": check},
-        wall=99.0,
-    )
+    ev = {"success_rate": 0.5, "eval_levels": levels, "parent": parent}
+    fake_sweep_run(out / "mvp", "c0__g1_parent_llm__s1", curve, ev, wall=99.0)
     assert report.llm_main(str(out), str(tmp_path / "rep")) == 0
     text = (tmp_path / "rep" / "llm_parent.md").read_text()
-    assert "| pattern-echo/level1 | 0.75 | 0.25 | 0.75 | 0.25 |" in text
-    assert "| all | 0.100 | –  | 0.300 | –  |" in text
-    assert "| deterministic | 1 | 10016 | 0.400 | 0.900 | 1.000 | – | – | – | – | – | – | – | 8.0 |" in text
-    llm_row = "| LLM | 1 | 10016 | 0.400 | 0.900 | 0.500 | 10016 | 9000 | 0.125 | 1016 | 321 | 9900 | 0.75/0.75/0.75 | 99.0 |"
-    assert llm_row in text
+    assert "| pattern-echo/level1 | 0.75 | 0.88 | 0.50 | 0.25 |" in text
+    assert "| all | 0.750 | 0.875 | 0.500 | – |" in text
+    assert "| deterministic | 1 | 10016 | 0.400 | 0.900 | 1.000 | 2 | – | – | – | – | – | – | 8.0 |" in text
+    assert "| LLM | 1 | 10016 | 0.400 | 0.900 | 0.500 | 2 | 10016 | 9900 | 1016 | 3 | 0.875 | 321 | 99.0 |" in text
     assert report.llm_main(str(tmp_path / "missing"), str(tmp_path / "rep2")) == 2
