@@ -279,7 +279,7 @@ def agreement_table(checks):
     reward on the same balanced pairs (half answered right: 0.5 is chance), with the share the judge rewarded."""
     if not checks:
         return ""
-    models = sorted({m for m, _ in checks})
+    models = sorted({m for m, _ in checks}, key=lambda m: (not m.startswith("smollm2"), m))  # SmolLM2, the parent, first
     head = ["task / level"]
     for m in models:
         head += [f"{m}: answer accuracy", f"{m}: answer agreement", f"{m}: judge agreement", f"{m}: judge rewarded"]
@@ -307,7 +307,7 @@ def agreement_table(checks):
     foot = []
     for (m, role), c in sorted(checks.items()):
         foot.append(
-            f"{m} {role}: {c['queries']} pairs, {c['judged']} rewarded by the LLM, {c['fallbacks']} fallbacks, "
+            f"{m} {role}: {c['queries']} pairs, {c['judged']} rewards from the LLM, {c['fallbacks']} fallbacks, "
             f"{c.get('invalid_answers', 0)} invalid replies, {c['latency_ms']:.0f} ms per request"
         )
     return "\n".join(lines) + "\n\n" + "; ".join(foot) + ".\n"

@@ -1,4 +1,5 @@
-"""WMIL "reinforce baby": a randomly initialised transformer learns goal-directed behaviour from a parent.
+"""WMIL (World-Model Interactive Learning) "reinforce baby": a randomly initialised transformer learns goal-directed
+behaviour from a parent.
 
 Follows the WMIL plan and its five critical fixes: episodes end only on the time limit; the world model predicts
 the raw next-state tensor; REINFORCE before PPO; reward components logged apart; the LLM parent is optional.
