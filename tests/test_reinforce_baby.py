@@ -789,6 +789,7 @@ def test_bad_input_fails_with_one_line_before_any_work(tmp_path, flags, needle):
         ({"review_prob": 1.5}, "--review-prob 1.5 must be in [0, 1]"),
         ({"hidden_dim": 30, "num_heads": 4}, "--hidden-dim 30 must be divisible by --num-heads 4"),
         ({"parent": "llm", "llm_base_url": "notaurl"}, "must be an http:// or https:// URL"),
+        ({"parent": "llm", "llm_base_url": "http://127.0.0.1:1/v1", "llm_next_state": True}, "needs --llm-role judge"),
     ],
 )
 def test_meaningless_values_are_refused_by_validate(kwargs, needle):
