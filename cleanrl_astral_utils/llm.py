@@ -336,14 +336,14 @@ class LLMParent:
 
     # what it reports
     def summary(self) -> dict:
-        """Totals, and per task and level: agreement with the rule's reward, the share rewarded (a judge's bias) and,
-        for the answer role, the share of answers equal to the rule's (accuracy)."""
+        """Totals, and per task and level: agreement of the LLM's rewards with the rule's, the share rewarded (a judge's
+        bias) and, for the answer role, the share of queries whose answer equals the rule's (accuracy)."""
         st = self.stats
         out = {"role": self.role}
         out.update({k: st[k] for k in ("queries", "judged", "fallbacks", "invalid_answers", "cache_hits")})
         out["agreement"] = st["agreements"] / max(1, st["judged"])
-        if self.role == "answer":
-            out["accuracy"] = st["right_answers"] / max(1, st["judged"])
+        if self.role == "answer":  # a query that fell back (an answer out of range, no number, no reply) is not right
+            out["accuracy"] = st["right_answers"] / max(1, st["queries"])
         out["latency_ms"] = 0.0
         if self.latencies:
             out["latency_ms"] = float(np.mean(self.latencies))
@@ -359,7 +359,7 @@ class LLMParent:
                 "rewarded": st[f"{w}/rewarded"] / judged,
             }
             if self.role == "answer":
-                row["accuracy"] = st[f"{w}/right_answers"] / judged
+                row["accuracy"] = st[f"{w}/right_answers"] / max(1, st[f"{w}/queries"])
             out["per_level"][w] = row
         return out
 

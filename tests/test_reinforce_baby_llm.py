@@ -314,6 +314,15 @@ def test_the_answer_role_rewards_agreement_with_the_parents_answer(llm_server, t
     replies = parent.respond([s2] * 8, list(range(8)))
     assert [r for r, _ in replies] == [float(a == parent.oracle_action(s2)) for a in range(8)]
     assert parent.summary()["per_level"]["pattern-echo/level2"]["accuracy"] == pytest.approx(8 / 11)
+    # an answer out of range falls back to the rule's reward and counts as a wrong answer
+    llm_server.mode = "bad_reward"
+    s3 = next(
+        t for t in (parent.new_instance("pattern-echo", 2, rng) for _ in range(100)) if t.values not in (s.values, s2.values)
+    )
+    assert parent.respond([s3], [parent.oracle_action(s3)])[0][0] == 1.0
+    stats = parent.summary()
+    assert stats["fallbacks"] == 1 and stats["accuracy"] == pytest.approx(8 / 12)
+    assert stats["per_level"]["pattern-echo/level2"]["accuracy"] == pytest.approx(8 / 12)
 
 
 def test_llm_parent_next_state_is_validated(llm_server, tmp_path):
