@@ -3,7 +3,8 @@ success curves come from the runs' TensorBoard logs (charts/success_rate against
 files; report.py's tables are about returns, not these criteria. Reads --out/mvp and every sweep directory named
 curriculum* under --out (runs that have not finished count by their curves only) and writes into --report:
 mvp_criteria.md / .json, mvp_curves.png, curriculum_table.md and curriculum_curves.png. With --llm it reads the
-LLM-parent experiment instead (agreement*/ , mvp/ and next_state/ under --out) and writes llm_parent.md / .json.
+LLM-parent experiment instead (agreement/, mvp/ and curriculum/ under --out, from benchmark/reinforce_baby_llm.sh) and
+writes llm_parent.md / .json.
 
 Usage: python benchmark/reinforce_baby_report.py --out benchmark/out/reinforce_baby --report docs/results/reinforce_baby
        python benchmark/reinforce_baby_report.py --llm --out benchmark/out/reinforce_baby_llm \
@@ -262,78 +263,92 @@ def exp_name_of(run_dir):
     return os.path.basename(run_dir).split("__")[1]  # runs are named {task}__{exp_name}__{seed}__{time}
 
 
-def agreement_table(out):
-    """The LLM's agreement with the rule before any training, per task and level, by number of worked examples."""
+def agreement_checks(out):
+    """{(model, role): llm_agreement_check} of the runs under out/agreement, named agreement_{model}_{role}."""
     checks = {}
     for path in sorted(glob.glob(os.path.join(out, "agreement", "*", "eval.json"))):
+        name = exp_name_of(os.path.dirname(path))
+        model, role = name[len("agreement_") :].rsplit("_", 1)
         with open(path) as f:
-            checks[int(exp_name_of(os.path.dirname(path)).rsplit("examples", 1)[1])] = json.load(f)["llm_agreement_check"]
+            checks[(model, role)] = json.load(f)["llm_agreement_check"]
+    return checks
+
+
+def agreement_table(checks):
+    """Per task and level: the answer role's accuracy against the rule, and each role's agreement with the rule's
+    reward on the same balanced pairs (half answered right: 0.5 is chance), with the share the judge rewarded."""
     if not checks:
-        return "", {}
-    ks = sorted(checks)
-    lines = [
-        "| task / level | " + " | ".join(f"agreement, {k} examples | rewarded, {k} examples" for k in ks) + " |",
-        "|" + "---|" * (1 + 2 * len(ks)),
-    ]
-    for where in checks[ks[0]]["per_level"]:
-        cells = [
-            f"{checks[k]['per_level'][where]['agreement']:.2f} | {checks[k]['per_level'][where]['rewarded']:.2f}" for k in ks
+        return ""
+    models = sorted({m for m, _ in checks}, key=lambda m: (not m.startswith("smollm2"), m))  # SmolLM2, the parent, first
+    head = ["task / level"]
+    for m in models:
+        head += [f"{m}: answer accuracy", f"{m}: answer agreement", f"{m}: judge agreement", f"{m}: judge rewarded"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    wheres = sorted({w for c in checks.values() for w in c["per_level"]})
+    for where in wheres:
+        cells = [where]
+        for m in models:
+            answer = checks.get((m, "answer"), {}).get("per_level", {}).get(where)
+            judge = checks.get((m, "judge"), {}).get("per_level", {}).get(where)
+            cells += [fmt(answer and answer["accuracy"], ".2f"), fmt(answer and answer["agreement"], ".2f")]
+            cells += [fmt(judge and judge["agreement"], ".2f"), fmt(judge and judge["rewarded"], ".2f")]
+        lines.append("| " + " | ".join(cells) + " |")
+    cells = ["all"]
+    for m in models:
+        answer = checks.get((m, "answer"), {})
+        judge = checks.get((m, "judge"), {})
+        cells += [
+            fmt(answer.get("accuracy"), ".3f"),
+            fmt(answer.get("agreement"), ".3f"),
+            fmt(judge.get("agreement"), ".3f"),
+            "–",
         ]
-        lines.append(f"| {where} | " + " | ".join(cells) + " |")
-    lines.append("| all | " + " | ".join(f"{checks[k]['agreement']:.3f} | – " for k in ks) + " |")
-    pairs = (
-        checks[ks[0]]["per_level"][next(iter(checks[ks[0]]["per_level"]))]["judged"]
-        + checks[ks[0]]["per_level"][next(iter(checks[ks[0]]["per_level"]))]["fallbacks"]
-    )
-    foot = "; ".join(
-        f"{k} examples: {checks[k]['judged']} judged, {checks[k]['fallbacks']} fallbacks, "
-        f"{checks[k]['latency_ms']:.0f} ms per query"
-        for k in ks
-    )
-    return (
-        (
-            f"{pairs} seeded (state, action) pairs per task and level, half answered right: agreement with the rule "
-            "(0.5 is chance on this set) and the share the LLM rewarded.\n\n" + "\n".join(lines) + f"\n\n{foot}.\n"
-        ),
-        checks,
-    )
+    lines.append("| " + " | ".join(cells) + " |")
+    foot = []
+    for (m, role), c in sorted(checks.items()):
+        foot.append(
+            f"{m} {role}: {c['queries']} pairs, {c['judged']} rewards from the LLM, {c['fallbacks']} fallbacks, "
+            f"{c.get('invalid_answers', 0)} invalid replies, {c['latency_ms']:.0f} ms per request"
+        )
+    return "\n".join(lines) + "\n\n" + "; ".join(foot) + ".\n"
 
 
-def llm_run_rows(out):
-    """One row per run of the MVP sweep and the next-state sweep: success, the parent's statistics, wall time."""
+def parent_of(key):
+    if "parent_llm" in key:
+        return "LLM"
+    return "deterministic"
+
+
+def llm_run_rows(out, sweep):
+    """One row per run of a sweep (mvp or curriculum): success, the parent's statistics and wall time."""
     rows = []
-    for sweep in ("mvp", "next_state"):
-        walls = wall_times(os.path.join(out, sweep))
-        for key_dir in sorted(glob.glob(os.path.join(out, sweep, "runs", "*"))):
-            key = os.path.basename(key_dir)
-            try:
-                series, ev = load(key_dir)
-            except (IndexError, KeyError):
-                continue  # a run that has not started
-            if "charts/success_rate" not in series:
-                continue  # nor logged yet
-            steps = series["charts/success_rate"][0]
-            row = {
-                "run": "LLM, --llm-next-state"
-                if sweep == "next_state"
-                else ("LLM" if "parent_llm" in key else "deterministic"),
-                "seed": int(key.rsplit("__s", 1)[1]),
-                "steps": int(steps[-1]),
-                "wall_s": walls.get(key, float("nan")),
-            }
-            for c in (5000, 10000):
-                # success by step c: none for a run that stopped more than one update before c
-                reached = steps[0] <= c < steps[-1] + (steps[1] - steps[0] if len(steps) > 1 else 1)
-                row[f"success@{c // 1000}k"] = at_step(series, "charts/success_rate", c) if reached else None
-            row["eval_success"] = ev["success_rate"] if ev else None
-            parent = (ev or {}).get("parent")
-            if parent:
-                row.update({k: parent[k] for k in ("queries", "judged", "agreement", "fallbacks", "latency_ms", "cache_hits")})
-                if not parent["judged"]:  # no answer was valid: there is no agreement nor latency to speak of
-                    row["agreement"] = row["latency_ms"] = None
-                check = ev.get("llm_agreement_check", {}).get("per_level", {})
-                row["check"] = {w: v["agreement"] for w, v in check.items()}
-            rows.append(row)
+    walls = wall_times(os.path.join(out, sweep))
+    for key_dir in sorted(glob.glob(os.path.join(out, sweep, "runs", "*"))):
+        key = os.path.basename(key_dir)
+        try:
+            series, ev = load(key_dir)
+        except (IndexError, KeyError):
+            continue  # a run that has not started
+        if "charts/success_rate" not in series:
+            continue  # nor logged yet
+        steps = series["charts/success_rate"][0]
+        row = {"parent": parent_of(key), "seed": int(key.rsplit("__s", 1)[1]), "steps": int(steps[-1])}
+        row["wall_s"] = walls.get(key, float("nan"))
+        for c in (5000, 10000, 40000, 80000):
+            # success by step c: none for a run that stopped more than one update before c
+            reached = steps[0] <= c < steps[-1] + (steps[1] - steps[0] if len(steps) > 1 else 1)
+            row[f"success@{c // 1000}k"] = at_step(series, "charts/success_rate", c) if reached else None
+        row["eval_success"] = ev["success_rate"] if ev else None
+        row["eval_levels"] = "/".join(str(ev["eval_levels"][t]) for t in TASKS if t in ev["eval_levels"]) if ev else None
+        parent = (ev or {}).get("parent")
+        if parent:
+            for k in ("queries", "judged", "fallbacks", "invalid_answers", "cache_hits", "latency_ms", "accuracy"):
+                row[k] = parent.get(k)
+            if not parent["judged"]:  # no answer was valid: there is no accuracy nor latency to speak of
+                row["accuracy"] = None
+                row["latency_ms"] = None
+            row["per_level_accuracy"] = {w: v.get("accuracy") for w, v in parent["per_level"].items()}
+        rows.append(row)
     return rows
 
 
@@ -341,46 +356,66 @@ def fmt(v, spec=".3f"):
     return "–" if v is None or (isinstance(v, float) and np.isnan(v)) else format(v, spec)
 
 
-def llm_runs_table(rows):
-    lines = [
-        "| parent | seed | steps | success@5k | success@10k | eval success | LLM queries | judged "
-        "| agreement (training) | fallbacks | latency ms/query | cache hits "
-        "| agreement before training (pattern-echo L0/L1/L2) | wall s |",
-        "|" + "---|" * 14,
-    ]
+def llm_runs_table(rows, successes):
+    head = ["parent", "seed", "steps", *[f"success@{c}" for c in successes], "eval success", "final levels (PE/SN/C)"]
+    head += ["LLM queries", "cache hits", "fallbacks", "invalid replies", "accuracy (training)", "latency ms/request"]
+    head += ["wall s"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        check = "/".join(f"{r['check'][f'pattern-echo/level{k}']:.2f}" for k in range(3)) if r.get("check") else "–"
-        lines.append(
-            f"| {r['run']} | {r['seed']} | {r['steps']} | {fmt(r['success@5k'])} | {fmt(r['success@10k'])} | "
-            f"{fmt(r['eval_success'])} | {fmt(r.get('queries'), 'd')} | {fmt(r.get('judged'), 'd')} | "
-            f"{fmt(r.get('agreement'))} | {fmt(r.get('fallbacks'), 'd')} | "
-            f"{fmt(r.get('latency_ms'), '.0f')} | "
-            f"{fmt(r.get('cache_hits'), 'd')} | {check} | {fmt(r['wall_s'], '.1f')} |"
-        )
+        cells = [r["parent"], str(r["seed"]), str(r["steps"]), *[fmt(r[f"success@{c}"]) for c in successes]]
+        cells += [fmt(r["eval_success"]), r["eval_levels"] or "–"]
+        cells += [fmt(r.get("queries"), "d"), fmt(r.get("cache_hits"), "d"), fmt(r.get("fallbacks"), "d")]
+        cells += [fmt(r.get("invalid_answers"), "d"), fmt(r.get("accuracy")), fmt(r.get("latency_ms"), ".0f")]
+        cells += [fmt(r["wall_s"], ".1f")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def training_accuracy_table(rows):
+    """The LLM parent's accuracy in training per task and level (mean over seeds): where its knowledge ends."""
+    per = {}
+    for r in rows:
+        for where, acc in (r.get("per_level_accuracy") or {}).items():
+            if acc is not None:
+                per.setdefault(where, []).append(acc)
+    if not per:
+        return ""
+    lines = ["| task / level | accuracy of the LLM's answers in training | runs |", "|---|---|---|"]
+    for where in sorted(per):
+        lines.append(f"| {where} | {ms(per[where])} | {len(per[where])} |")
     return "\n".join(lines) + "\n"
 
 
 def llm_main(out, report):
-    agreement, checks = agreement_table(out)
-    rows = llm_run_rows(out)
-    if not rows and not checks:
+    checks = agreement_checks(out)
+    mvp = llm_run_rows(out, "mvp")
+    curriculum = llm_run_rows(out, "curriculum")
+    if not (checks or mvp or curriculum):
         print(
             f"reinforce_baby_report: no LLM-parent runs under {out!r}; run benchmark/reinforce_baby_llm.sh first",
             file=sys.stderr,
         )
         return 2
     text = (
-        "# reinforce_baby with a real LLM parent (SmolLM2-135M behind llama.cpp's server)\n\n"
-        "## Agreement with the rule before training\n\n"
-        + agreement
-        + "\n## The MVP command with either parent\n\n"
-        + llm_runs_table(rows)
+        "# reinforce_baby with a real LLM parent (llama.cpp's server)\n\n"
+        "## Agreement with the rule, per role, task and level\n\n"
+        + agreement_table(checks)
+        + "\n## The MVP command, 10k steps\n\n"
+        + llm_runs_table(mvp, ["5k", "10k"])
+        + "\n## The curriculum on all three tasks, 80k steps\n\n"
+        + llm_runs_table(curriculum, ["10k", "40k", "80k"])
+        + "\n"
+        + training_accuracy_table([r for r in curriculum if r["parent"] == "LLM"])
     )
     os.makedirs(report, exist_ok=True)
     with open(os.path.join(report, "llm_parent.md"), "w") as f:
         f.write(text)
     with open(os.path.join(report, "llm_parent.json"), "w") as f:
-        json.dump({"agreement_check": checks, "runs": rows}, f, indent=2)
+        json.dump(
+            {"agreement_check": {f"{m}/{r}": c for (m, r), c in checks.items()}, "mvp": mvp, "curriculum": curriculum},
+            f,
+            indent=2,
+        )
     print(text)
     return 0
 

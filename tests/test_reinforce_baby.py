@@ -10,11 +10,10 @@ import sys
 import numpy as np
 import pytest
 import torch
+from helpers import SCRIPT_ENV, assert_one_line_error, logged_scalars, only_run_dir, run_script
 
-from cleanrl_astral import reinforce_baby as rb
+import cleanrl_astral.reinforce_baby as reinforce_baby
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = "cleanrl_astral/reinforce_baby.py"
 TINY = [
     "--num-actions",
     "8",
@@ -32,37 +31,19 @@ TINY = [
 ]
 
 
-def run_script(*flags, check=True):
-    return subprocess.run(
-        [sys.executable, SCRIPT, *flags],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=check,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+def assert_refused(result, needle):
+    """One line on stderr, `reinforce_baby.py: error: ...` with needle, exit code 2, and nothing on stdout."""
+    assert_one_line_error(result, needle)
+    assert result.stderr.startswith("reinforce_baby.py: error: ") and result.stdout == ""
 
 
-def only_run_dir(runs_dir):
-    dirs = [d for d in os.listdir(runs_dir) if os.path.isdir(os.path.join(runs_dir, d))]
-    assert len(dirs) == 1, dirs
-    return os.path.join(runs_dir, dirs[0])
-
-
-def logged_values(run_dir):
-    """{tag: [(step, value), ...]} of a run's scalars, read with TensorBoard's own reader (sub-directories not)."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(run_dir, size_guidance={"scalars": 0})
-    acc.Reload()
-    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
-
-
-def assert_one_line_error(result, needle):
-    lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2 and len(lines) == 1, result.stderr
-    assert lines[0].startswith("reinforce_baby.py: error: ") and needle in lines[0], lines[0]
-    assert result.stdout == ""
+def refusal(args):
+    """The one-line message validate(args) raises (fails if it accepts args)."""
+    with pytest.raises(ValueError) as refused:
+        reinforce_baby.validate(args)
+    message = str(refused.value)
+    assert "\n" not in message, message
+    return message
 
 
 class RecordingWriter:
@@ -76,15 +57,15 @@ class RecordingWriter:
 
 
 def train_tiny(parent=None, **overrides):
-    """rb.train in-process on a tiny pattern-echo setting (16 envs, a 1-layer width-32 core); returns (agent, levels,
-    the logged scalars)."""
+    """reinforce_baby.train in-process on a tiny pattern-echo setting (16 envs, a 1-layer width-32 core); returns (agent,
+    levels, the logged scalars)."""
     settings = dict(task="pattern-echo", num_actions=8, hidden_dim=32, num_layers=1, num_envs=16, total_timesteps=32, seed=1)
-    args = rb.Args(**{**settings, **overrides})
+    args = reinforce_baby.Args(**{**settings, **overrides})
     args.batch_size = args.num_envs * args.max_episode_steps
     args.num_iterations = max(1, args.total_timesteps // args.batch_size)
-    rb.seed_everything(args.seed)
+    reinforce_baby.seed_everything(args.seed)
     writer = RecordingWriter()
-    agent, levels = rb.train(args, writer, parent)
+    agent, levels = reinforce_baby.train(args, writer, parent)
     return agent, levels, writer.scalars
 
 
@@ -92,21 +73,21 @@ def train_tiny(parent=None, **overrides):
 
 
 def test_oracle_gets_reward_one_on_every_task_and_level():
-    parent = rb.DeterministicParent(8)
-    for task in rb.TASKS:
-        for level in range(rb.NUM_LEVELS):
-            env = rb.BabyEnv(parent, 300, 1, seed=level)
+    parent = reinforce_baby.DeterministicParent(8)
+    for task in reinforce_baby.TASKS:
+        for level in range(reinforce_baby.NUM_LEVELS):
+            env = reinforce_baby.BabyEnv(parent, 300, 1, seed=level)
             states = env.reset([task] * 300, [level] * 300)
             oracle = [parent.oracle_action(s) for s in states]
-            assert all(0 <= a < rb.DIFFICULTY_CONFIGS[task][level]["num_symbols"] for a in oracle)
+            assert all(0 <= a < reinforce_baby.DIFFICULTY_CONFIGS[task][level]["num_symbols"] for a in oracle)
             _, rewards, _, _, info = env.step(oracle)
             assert np.all(rewards == 1.0) and info["success"].all(), (task, level)
 
 
 def test_random_policy_gets_one_over_num_actions():
     for num_actions in (8, 16):
-        parent = rb.DeterministicParent(num_actions)
-        env = rb.BabyEnv(parent, 20000, 1, seed=3)
+        parent = reinforce_baby.DeterministicParent(num_actions)
+        env = reinforce_baby.BabyEnv(parent, 20000, 1, seed=3)
         env.reset(["pattern-echo"] * 20000, [2] * 20000)
         actions = np.random.default_rng(0).integers(0, num_actions, 20000).tolist()
         _, rewards, _, _, _ = env.step(actions)
@@ -115,8 +96,8 @@ def test_random_policy_gets_one_over_num_actions():
 
 
 def test_episode_ends_only_on_time_limit():
-    parent = rb.DeterministicParent(8)
-    env = rb.BabyEnv(parent, 64, 3, seed=0)
+    parent = reinforce_baby.DeterministicParent(8)
+    env = reinforce_baby.BabyEnv(parent, 64, 3, seed=0)
     states = env.reset(["conditional"] * 64, [1] * 64)
     for t in range(1, 4):
         # the oracle answers correctly from the first step: success must not end the episode
@@ -128,12 +109,12 @@ def test_episode_ends_only_on_time_limit():
 
 
 def test_success_is_tracked_apart_from_reward():
-    class GenerousParent(rb.DeterministicParent):
+    class GenerousParent(reinforce_baby.DeterministicParent):
         def judge(self, s, action):
             return 1.0
 
     parent = GenerousParent(8)
-    env = rb.BabyEnv(parent, 200, 2, seed=1)
+    env = reinforce_baby.BabyEnv(parent, 200, 2, seed=1)
     states = env.reset(["pattern-echo"] * 200, [2] * 200)
     wrong = [(parent.oracle_action(s) + 1) % 8 for s in states]
     states, rewards, _, _, info = env.step(wrong)
@@ -151,8 +132,8 @@ def test_a_correct_answer_before_the_time_limit_is_not_a_success():
     """Success is the answer at the episode's end (the time limit): an episode answered correctly at its first steps
     and wrongly at its last one failed. If this failed, `success` were set by any correct step, and training's
     `success |= info["success"]` would count such episodes (and the curriculum master levels) as successes."""
-    parent = rb.DeterministicParent(8)
-    env = rb.BabyEnv(parent, 50, 3, seed=0)
+    parent = reinforce_baby.DeterministicParent(8)
+    env = reinforce_baby.BabyEnv(parent, 50, 3, seed=0)
     states = env.reset(["pattern-echo"] * 50, [2] * 50)
     for t in range(3):
         right = [parent.oracle_action(s) for s in states]
@@ -162,32 +143,32 @@ def test_a_correct_answer_before_the_time_limit_is_not_a_success():
 
 
 def test_state_tensor_prompt_and_round_trip():
-    parent = rb.DeterministicParent(16)
+    parent = reinforce_baby.DeterministicParent(16)
     rng = np.random.default_rng(0)
-    vocab = rb.attribute_vocab(16, 1)
-    for task in rb.TASKS:
+    vocab = reinforce_baby.attribute_vocab(16, 1)
+    for task in reinforce_baby.TASKS:
         s = parent.new_instance(task, 2, rng)
-        x = rb.states_to_tensor([s])[0]
-        assert x.shape == (rb.STATE_DIM,) and x.dtype == torch.long
+        x = reinforce_baby.states_to_tensor([s])[0]
+        assert x.shape == (reinforce_baby.STATE_DIM,) and x.dtype == torch.long
         assert all(0 <= int(v) < k for v, k in zip(x, vocab))
-        assert rb.State.from_list(x.tolist(), 16) == s
+        assert reinforce_baby.State.from_list(x.tolist(), 16) == s
     # the prompt states the rule in plain words and only the attributes the rule reads
     echo = parent.new_instance("pattern-echo", 2, rng)
-    assert echo.to_prompt() == f"Rule: {rb.LLM_RULES['pattern-echo']}\ncue = {echo.values[0]}"
-    seq = rb.State(1, 0, (3, 4, 16), (2, 2, 2), 16, 2, 0, 16)
+    assert echo.to_prompt() == f"Rule: {reinforce_baby.LLM_RULES['pattern-echo']}\ncue = {echo.values[0]}"
+    seq = reinforce_baby.State(1, 0, (3, 4, 16), (2, 2, 2), 16, 2, 0, 16)
     assert seq.to_prompt().endswith("\nsequence = 3, 4")
-    cond = rb.State(2, 0, (5, 6, 16), (1, 2, 2), 16, 2, 0, 16)  # level 0: if f0 then v0 else v1
-    assert cond.to_prompt() == f"Rule: {rb.LLM_RULES['if']}\nf0 = 1, v0 = 5, v1 = 6"
+    cond = reinforce_baby.State(2, 0, (5, 6, 16), (1, 2, 2), 16, 2, 0, 16)  # level 0: if f0 then v0 else v1
+    assert cond.to_prompt() == f"Rule: {reinforce_baby.LLM_RULES['if']}\nf0 = 1, v0 = 5, v1 = 6"
 
 
 def test_reward_vector_and_consistency():
-    parent = rb.DeterministicParent(8)
+    parent = reinforce_baby.DeterministicParent(8)
     s0 = parent.new_instance("pattern-echo", 2, np.random.default_rng(0))
     right, wrong = parent.oracle_action(s0), (parent.oracle_action(s0) + 1) % 8
     approved, rejected = parent.transition(s0, right, 1.0), parent.transition(s0, wrong, 0.0)
-    cons = rb.consistency_reward([s0, approved, approved, rejected, rejected], [wrong, right, wrong, wrong, right])
+    cons = reinforce_baby.consistency_reward([s0, approved, approved, rejected, rejected], [wrong, right, wrong, wrong, right])
     assert cons.tolist() == [0.0, 1.0, -1.0, -1.0, 1.0]
-    rv = rb.RewardVector(np.array([1.0, 0.0]), np.array([0.5, 0.5]), np.array([1.0, -1.0]))
+    rv = reinforce_baby.RewardVector(np.array([1.0, 0.0]), np.array([0.5, 0.5]), np.array([1.0, -1.0]))
     assert np.allclose(rv.total(1.0, 0.1, 0.2), [1.25, -0.15])
 
 
@@ -196,32 +177,32 @@ def test_reward_vector_and_consistency():
 
 def make_agent():
     torch.manual_seed(0)
-    return rb.Agent(8, 3, 32, 2, 4)
+    return reinforce_baby.Agent(8, 3, 32, 2, 4)
 
 
 def test_world_model_target_is_the_raw_next_state_tensor():
     agent = make_agent()
-    parent = rb.DeterministicParent(8)
-    env = rb.BabyEnv(parent, 5, 3, seed=0)
+    parent = reinforce_baby.DeterministicParent(8)
+    env = reinforce_baby.BabyEnv(parent, 5, 3, seed=0)
     states = env.reset(["sequence-next"] * 5, [1] * 5)
     actions = [1, 2, 3, 4, 5]
     next_states, _, _, _, _ = env.step(actions)
-    nx = rb.states_to_tensor(next_states)
+    nx = reinforce_baby.states_to_tensor(next_states)
     target = agent.world_model_target(nx)
-    assert torch.equal(target, nx.float()) and target.shape == (5, rb.STATE_DIM)
-    assert nx[:, rb.ATTRIBUTES.index("last_action")].tolist() == actions
-    pred = agent.world_model(agent.embed(rb.states_to_tensor(states)), torch.tensor(actions))
+    assert torch.equal(target, nx.float()) and target.shape == (5, reinforce_baby.STATE_DIM)
+    assert nx[:, reinforce_baby.ATTRIBUTES.index("last_action")].tolist() == actions
+    pred = agent.world_model(agent.embed(reinforce_baby.states_to_tensor(states)), torch.tensor(actions))
     assert pred.shape == target.shape
 
 
 def test_gradients_reach_every_parameter():
     agent = make_agent()
-    parent = rb.DeterministicParent(8)
-    env = rb.BabyEnv(parent, 32, 3, seed=0)
+    parent = reinforce_baby.DeterministicParent(8)
+    env = reinforce_baby.BabyEnv(parent, 32, 3, seed=0)
     states = env.reset(["conditional"] * 32, [2] * 32)
-    x = rb.states_to_tensor(states)
+    x = reinforce_baby.states_to_tensor(states)
     action, logprob, entropy, value, h, logits = agent.get_action_and_value(x)
-    nx = rb.states_to_tensor(env.step(action.tolist())[0])
+    nx = reinforce_baby.states_to_tensor(env.step(action.tolist())[0])
     wm_loss = torch.nn.functional.mse_loss(agent.world_model(h, action), agent.world_model_target(nx))
     wm_loss.backward(retain_graph=True)
     # the world-model loss alone shapes the shared representation (encoder and core), not the policy head
@@ -230,19 +211,19 @@ def test_gradients_reach_every_parameter():
         assert touched == (not name.startswith(("action_head", "value_head"))), name
     agent.zero_grad()
     loss = -(logprob * torch.randn(32)).mean() - 0.01 * entropy.mean() + value.pow(2).mean() + wm_loss
-    loss = loss + rb.kl_to_parent(logits, torch.zeros(32, dtype=torch.long), 0.1)
+    loss = loss + reinforce_baby.kl_to_parent(logits, torch.zeros(32, dtype=torch.long), 0.1)
     loss.backward()
     for name, p in agent.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
 
 
 def test_model_size_is_capped_below_one_million_parameters_and_the_error_names_the_cause():
-    assert rb.num_parameters(rb.Agent(16, 1, 128, 4, 4)) < 1_000_000
-    assert rb.validate_args(rb.Args(hidden_dim=128, num_layers=4)) is None
+    assert reinforce_baby.num_parameters(reinforce_baby.Agent(16, 1, 128, 4, 4)) < 1_000_000
+    reinforce_baby.validate(reinforce_baby.Args(hidden_dim=128, num_layers=4))
     # a long horizon grows the step-counter embedding, not the transformer: the advice names the flag that matters
-    error = rb.validate_args(rb.Args(max_episode_steps=100_000, total_timesteps=10**9, num_envs=1))
+    error = refusal(reinforce_baby.Args(max_episode_steps=100_000, total_timesteps=10**9, num_envs=1))
     assert "under 1M" in error and "--max-episode-steps" in error and "--hidden-dim" not in error, error
-    error = rb.validate_args(rb.Args(hidden_dim=256, num_layers=4))
+    error = refusal(reinforce_baby.Args(hidden_dim=256, num_layers=4))
     assert "under 1M" in error and "--hidden-dim" in error and "--max-episode-steps" not in error, error
 
 
@@ -251,20 +232,20 @@ def test_model_size_is_capped_below_one_million_parameters_and_the_error_names_t
 
 def test_returns_gae_and_kl(forward_gae):
     r = torch.tensor([[1.0], [0.0], [1.0]])
-    assert torch.allclose(rb.reinforce_returns(r, 0.5), torch.tensor([[1.25], [0.5], [1.0]]))
+    assert torch.allclose(reinforce_baby.reinforce_returns(r, 0.5), torch.tensor([[1.25], [0.5], [1.0]]))
     values = torch.tensor([[0.5], [0.5], [0.5], [0.0]])
-    adv = rb.gae(r, values, 1.0, 1.0)
+    adv = reinforce_baby.gae(r, values, 1.0, 1.0)
     assert torch.allclose(adv + values[:3], torch.tensor([[2.0], [1.0], [1.0]]))
     # gamma and lambda below 1 each show, and values[T] enters the last step's delta as given (the script passes 0)
     values = torch.tensor([[0.5, -1.0], [0.2, 0.3], [0.8, 2.0], [0.4, -0.6]])
     r2 = torch.tensor([[1.0, 0.0], [0.0, 2.0], [1.0, -1.0]])
-    adv = rb.gae(r2, values, 0.9, 0.5)
+    adv = reinforce_baby.gae(r2, values, 0.9, 0.5)
     for n in range(2):
         expected = forward_gae(r2[:, n].tolist(), values[:, n].tolist(), [1.0, 1.0, 1.0], 0.9, 0.5)
         assert adv[:, n].tolist() == pytest.approx(expected, rel=1e-6)
     logits = torch.zeros(1, 4)
-    assert rb.kl_to_parent(logits, torch.tensor([2]), 1.0).abs() < 1e-6  # full smoothing = uniform = pi
-    assert rb.kl_to_parent(logits, torch.tensor([2]), 0.0) == pytest.approx(np.log(4), abs=1e-5)
+    assert reinforce_baby.kl_to_parent(logits, torch.tensor([2]), 1.0).abs() < 1e-6  # full smoothing = uniform = pi
+    assert reinforce_baby.kl_to_parent(logits, torch.tensor([2]), 0.0) == pytest.approx(np.log(4), abs=1e-5)
 
 
 def test_reinforce_advantages_are_scaled_only_when_the_returns_differ():
@@ -272,10 +253,10 @@ def test_reinforce_advantages_are_scaled_only_when_the_returns_differ():
     when every return in the batch is equal (all 0/1 episodes succeeded or all failed), where the std is 0 and the
     division would blow them up by 1e8. PPO's are centred and scaled as usual."""
     same = torch.full((32,), 0.7)
-    assert torch.equal(rb.scale_advantages(same, "reinforce"), same)
+    assert torch.equal(reinforce_baby.scale_advantages(same, "reinforce"), same)
     mixed = torch.tensor([0.5, -0.5, 0.5, 1.5])
-    assert torch.allclose(rb.scale_advantages(mixed, "reinforce"), mixed / mixed.std(), rtol=1e-6)
-    ppo = rb.scale_advantages(mixed, "ppo")
+    assert torch.allclose(reinforce_baby.scale_advantages(mixed, "reinforce"), mixed / mixed.std(), rtol=1e-6)
+    ppo = reinforce_baby.scale_advantages(mixed, "ppo")
     assert ppo.mean().abs() < 1e-6 and ppo.std() == pytest.approx(1.0, abs=1e-5)
 
 
@@ -283,6 +264,7 @@ def test_reinforce_with_0_1_returns_keeps_its_policy_loss_bounded(tmp_path):
     """Without the prediction reward, pattern-echo's returns are 0 or 1, and once the task is learnt whole batches
     succeed: the policy loss must stay of order one, not jump to ~1e5 with the entropy collapsing."""
     run_script(
+        "reinforce_baby",
         "--task",
         "pattern-echo",
         "--num-actions",
@@ -298,8 +280,9 @@ def test_reinforce_with_0_1_returns_keeps_its_policy_loss_bounded(tmp_path):
         "--no-analysis",
         "--runs-dir",
         str(tmp_path),
+        check=True,
     )
-    scalars = logged_values(only_run_dir(tmp_path))
+    scalars = logged_scalars(only_run_dir(tmp_path))
     losses = [abs(v) for _, v in scalars["losses/policy_loss"]]
     assert len(losses) == 200 and max(losses) < 50, max(losses)
     assert scalars["charts/success_rate"][-1][1] > 0.9
@@ -307,7 +290,7 @@ def test_reinforce_with_0_1_returns_keeps_its_policy_loss_bounded(tmp_path):
 
 def test_reinforce_learns_pattern_echo_quickly():
     agent, levels, scalars = train_tiny(hidden_dim=64, num_layers=2, num_envs=32, total_timesteps=3200)
-    result = rb.Evaluator(["pattern-echo"], 8, 1, 400, 5).run(agent.eval(), levels)
+    result = reinforce_baby.Evaluator(["pattern-echo"], 8, 1, 400, 5).run(agent.eval(), levels)
     assert result["success_rate"] > 0.6, result  # random is 0.125
     ent = scalars["losses/entropy"]
     assert np.mean(ent[-10:]) < np.mean(ent[:10])
@@ -318,7 +301,7 @@ def test_reinforce_advantage_is_the_return_minus_the_baseline_of_earlier_batches
     this batch's returns only afterwards. If this failed, either nothing were subtracted (a noisier gradient), or b
     were updated first, so that it holds this batch's own returns (which depend on its actions: a biased gradient)."""
     returns_seen, advantages_seen = [], []
-    real_returns, real_scale = rb.reinforce_returns, rb.scale_advantages
+    real_returns, real_scale = reinforce_baby.reinforce_returns, reinforce_baby.scale_advantages
 
     def reinforce_returns(rewards, gamma):
         returns_seen.append(real_returns(rewards, gamma))
@@ -328,8 +311,8 @@ def test_reinforce_advantage_is_the_return_minus_the_baseline_of_earlier_batches
         advantages_seen.append(adv.detach().clone())
         return real_scale(adv, algorithm)
 
-    monkeypatch.setattr(rb, "reinforce_returns", reinforce_returns)
-    monkeypatch.setattr(rb, "scale_advantages", scale_advantages)
+    monkeypatch.setattr(reinforce_baby, "reinforce_returns", reinforce_returns)
+    monkeypatch.setattr(reinforce_baby, "scale_advantages", scale_advantages)
     decay = 0.8
     train_tiny(max_episode_steps=2, total_timesteps=96, baseline_decay=decay)
     assert len(returns_seen) == len(advantages_seen) == 3
@@ -348,7 +331,7 @@ def test_world_model_loss_of_the_update_reaches_the_shared_representation(monkey
     If this failed, the world-model head were trained on a detached h and the representation learnt nothing from it."""
     agents, grads = [], []
 
-    class Agent(rb.Agent):
+    class Agent(reinforce_baby.Agent):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             agents.append(self)
@@ -359,7 +342,7 @@ def test_world_model_loss_of_the_update_reaches_the_shared_representation(monkey
         grads.append({n: None if p.grad is None else p.grad.clone() for n, p in agents[0].named_parameters()})
         return real_clip(parameters, max_norm)
 
-    monkeypatch.setattr(rb, "Agent", Agent)
+    monkeypatch.setattr(reinforce_baby, "Agent", Agent)
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip_grad_norm_)
     # no rewards (so zero advantages), no entropy or KL term: the loss is world_model_coef * wm_loss alone
     train_tiny(goal_reward_weight=0.0, pred_reward_weight=0.0, cons_reward_weight=0.0, ent_coef=0.0)
@@ -375,13 +358,17 @@ def test_world_model_loss_pairs_each_state_and_action_with_its_own_next_state(mo
     row of the shuffled batch. If this failed, the target were the current state s_t (a model that learns that nothing
     happens), or the rows of states, actions and next states were out of step."""
     taken, next_states, perms, targets, wm_actions = [], [], [], [], []
-    real_step, real_target, real_wm = rb.BabyEnv.step, rb.Agent.world_model_target, rb.WorldModelHead.forward
+    real_step, real_target, real_wm = (
+        reinforce_baby.BabyEnv.step,
+        reinforce_baby.Agent.world_model_target,
+        reinforce_baby.WorldModelHead.forward,
+    )
     real_randperm = torch.randperm
 
     def step(self, actions):
         out = real_step(self, actions)
         taken.append(torch.tensor(actions))
-        next_states.append(rb.states_to_tensor(out[0]))
+        next_states.append(reinforce_baby.states_to_tensor(out[0]))
         return out
 
     def randperm(n, *args, **kwargs):
@@ -396,10 +383,10 @@ def test_world_model_loss_pairs_each_state_and_action_with_its_own_next_state(mo
         wm_actions.append(action.clone())
         return real_wm(self, h, action)
 
-    monkeypatch.setattr(rb.BabyEnv, "step", step)
+    monkeypatch.setattr(reinforce_baby.BabyEnv, "step", step)
     monkeypatch.setattr(torch, "randperm", randperm)
-    monkeypatch.setattr(rb.Agent, "world_model_target", world_model_target)
-    monkeypatch.setattr(rb.WorldModelHead, "forward", world_model)
+    monkeypatch.setattr(reinforce_baby.Agent, "world_model_target", world_model_target)
+    monkeypatch.setattr(reinforce_baby.WorldModelHead, "forward", world_model)
     train_tiny(max_episode_steps=2, total_timesteps=32)  # one update of 16 episodes x 2 steps
     (perm,) = [p for p in perms if len(p) == 32]
     (target,) = [t for t in targets if len(t) == 32]  # the rollout's prediction-reward calls have 16 rows
@@ -407,7 +394,9 @@ def test_world_model_loss_pairs_each_state_and_action_with_its_own_next_state(mo
     assert torch.equal(target, torch.cat(next_states)[perm])
     assert torch.equal(action, torch.cat(taken)[perm])
     # s_{t+1} differs from s_t in every row (the step counter), so the current state cannot pass for the next
-    assert not torch.equal(torch.cat(next_states)[:, rb.ATTRIBUTES.index("step")], torch.zeros(32, dtype=torch.long))
+    assert not torch.equal(
+        torch.cat(next_states)[:, reinforce_baby.ATTRIBUTES.index("step")], torch.zeros(32, dtype=torch.long)
+    )
 
 
 def test_prediction_reward_scores_the_world_model_against_the_next_state(monkeypatch):
@@ -415,7 +404,7 @@ def test_prediction_reward_scores_the_world_model_against_the_next_state(monkeyp
     to (obs[t + 1]). If this failed, it were scored against the current state, rewarding a model that predicts that
     nothing happens."""
     targets, next_states = [], []
-    real_reward, real_step = rb.prediction_reward, rb.BabyEnv.step
+    real_reward, real_step = reinforce_baby.prediction_reward, reinforce_baby.BabyEnv.step
 
     def prediction_reward(pred, target):
         targets.append(target.clone())
@@ -423,11 +412,11 @@ def test_prediction_reward_scores_the_world_model_against_the_next_state(monkeyp
 
     def step(self, actions):
         out = real_step(self, actions)
-        next_states.append(rb.states_to_tensor(out[0]))
+        next_states.append(reinforce_baby.states_to_tensor(out[0]))
         return out
 
-    monkeypatch.setattr(rb, "prediction_reward", prediction_reward)
-    monkeypatch.setattr(rb.BabyEnv, "step", step)
+    monkeypatch.setattr(reinforce_baby, "prediction_reward", prediction_reward)
+    monkeypatch.setattr(reinforce_baby.BabyEnv, "step", step)
     train_tiny(max_episode_steps=2, total_timesteps=64)
     assert len(targets) == len(next_states) == 4
     for target, nxt in zip(targets, next_states):
@@ -440,19 +429,19 @@ def test_consistency_reward_judges_each_action_against_the_verdict_it_was_taken_
     action led to, whose last_action is the action itself: +1 for any correct answer and -1 for any wrong one, a second
     goal reward instead of a consistency reward."""
     acted = []
-    real_step = rb.BabyEnv.step
+    real_step = reinforce_baby.BabyEnv.step
 
     def step(self, actions):
         acted.append((list(self.states), list(actions)))
         return real_step(self, actions)
 
-    monkeypatch.setattr(rb.BabyEnv, "step", step)
+    monkeypatch.setattr(reinforce_baby.BabyEnv, "step", step)
     _, _, one_step = train_tiny(max_episode_steps=1, total_timesteps=32)
     assert one_step["reward/cons"] == [0.0, 0.0]
     acted.clear()
     _, _, two_steps = train_tiny(max_episode_steps=2, total_timesteps=64)
     assert len(acted) == 4
-    expected = [float(sum(rb.consistency_reward(s, a) for s, a in acted[u : u + 2]).mean()) for u in (0, 2)]
+    expected = [float(sum(reinforce_baby.consistency_reward(s, a) for s, a in acted[u : u + 2]).mean()) for u in (0, 2)]
     assert two_steps["reward/cons"] == pytest.approx(expected, abs=1e-6)
     assert any(v != 0.0 for v in expected)  # the second step's answers do count
 
@@ -480,13 +469,13 @@ def test_ppo_ratio_uses_the_stored_log_probs_and_the_value_target_is_advantage_p
     target is the GAE advantage plus the rollout's value. If this failed, the ratio were always 1 (no clipping: plain
     policy gradient over several epochs), or the value head regressed onto the advantages."""
     seen = []
-    real_gae = rb.gae
+    real_gae = reinforce_baby.gae
 
     def gae(rewards, values, gamma, lam):
         seen.append((values.clone(), real_gae(rewards, values, gamma, lam)))
         return seen[-1][1]
 
-    monkeypatch.setattr(rb, "gae", gae)
+    monkeypatch.setattr(reinforce_baby, "gae", gae)
     # one epoch of one minibatch: the logged approx_kl and value loss are those of the very first minibatch
     _, _, first = train_tiny(algorithm="ppo", max_episode_steps=2, update_epochs=1, num_minibatches=1)
     ((values, adv),) = seen
@@ -503,7 +492,7 @@ def test_ppo_ratio_uses_the_stored_log_probs_and_the_value_target_is_advantage_p
 
 
 def test_curriculum_advances_on_mastery_and_not_before():
-    cm = rb.CurriculumManager(["pattern-echo", "conditional"], True, 2, threshold=0.9, window=10)
+    cm = reinforce_baby.CurriculumManager(["pattern-echo", "conditional"], True, 2, threshold=0.9, window=10)
     assert cm.levels == {"pattern-echo": 0, "conditional": 0}
     for _ in range(9):
         assert not cm.record("pattern-echo", 0, True)  # perfect but the window is not full yet
@@ -524,12 +513,12 @@ def test_curriculum_advances_on_mastery_and_not_before():
         cm.record("pattern-echo", 2, True)
     assert cm.levels["pattern-echo"] == 2  # top level stays
     rng = np.random.default_rng(0)
-    replaying = rb.CurriculumManager(["pattern-echo"], True, 2, 0.9, 10, review_prob=0.25)
+    replaying = reinforce_baby.CurriculumManager(["pattern-echo"], True, 2, 0.9, 10, review_prob=0.25)
     replaying.levels["pattern-echo"] = 2
     drawn = np.array([replaying.sample_level("pattern-echo", rng) for _ in range(4000)])
     assert set(drawn.tolist()) == {0, 1, 2} and abs((drawn < 2).mean() - 0.25) < 0.03
     assert {cm.sample_level("conditional", rng) for _ in range(100)} == {0}  # nothing mastered yet
-    fixed = rb.CurriculumManager(["conditional"], False, 1, 0.9, 10, review_prob=0.5)
+    fixed = reinforce_baby.CurriculumManager(["conditional"], False, 1, 0.9, 10, review_prob=0.5)
     assert {fixed.sample_level("conditional", rng) for _ in range(100)} == {1}
     for _ in range(30):
         assert not fixed.record("conditional", 1, True)
@@ -539,12 +528,12 @@ def test_curriculum_advances_on_mastery_and_not_before():
 def test_curriculum_levels_up_when_the_success_rate_reaches_the_threshold_exactly():
     """Mastery is a success rate over the window of at least --mastery-threshold: 9 successes in a window of 10 reach
     0.9. If this failed, the rule were "above the threshold" and a threshold of 1.0 could never be met."""
-    cm = rb.CurriculumManager(["pattern-echo"], True, 2, threshold=0.9, window=10)
+    cm = reinforce_baby.CurriculumManager(["pattern-echo"], True, 2, threshold=0.9, window=10)
     assert not cm.record("pattern-echo", 0, False)
     for _ in range(8):
         assert not cm.record("pattern-echo", 0, True)
     assert cm.record("pattern-echo", 0, True) and cm.levels["pattern-echo"] == 1
-    perfect = rb.CurriculumManager(["pattern-echo"], True, 2, threshold=1.0, window=5)
+    perfect = reinforce_baby.CurriculumManager(["pattern-echo"], True, 2, threshold=1.0, window=5)
     assert [perfect.record("pattern-echo", 0, True) for _ in range(5)] == [False] * 4 + [True]
 
 
@@ -554,23 +543,23 @@ def test_curriculum_counts_an_episode_at_the_level_it_was_played(monkeypatch):
     review episodes would fill the current level's mastery window and level the task up unearned."""
     managers, played = [], []
 
-    class Mastered(rb.CurriculumManager):
+    class Mastered(reinforce_baby.CurriculumManager):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
-            self.levels = {t: rb.NUM_LEVELS - 1 for t in self.tasks}  # every lower level mastered: reviews happen
+            self.levels = {t: reinforce_baby.NUM_LEVELS - 1 for t in self.tasks}  # every lower level mastered: reviews happen
             managers.append(self)
 
-    real_reset = rb.BabyEnv.reset
+    real_reset = reinforce_baby.BabyEnv.reset
 
     def reset(self, tasks, levels):
         played.extend(levels)
         return real_reset(self, tasks, levels)
 
-    monkeypatch.setattr(rb, "CurriculumManager", Mastered)
-    monkeypatch.setattr(rb.BabyEnv, "reset", reset)
+    monkeypatch.setattr(reinforce_baby, "CurriculumManager", Mastered)
+    monkeypatch.setattr(reinforce_baby.BabyEnv, "reset", reset)
     train_tiny(curriculum=True, review_prob=0.5, mastery_window=1000, total_timesteps=64)
     (cm,) = managers
-    at_current = played.count(rb.NUM_LEVELS - 1)
+    at_current = played.count(reinforce_baby.NUM_LEVELS - 1)
     assert len(played) == 64 and 10 < at_current < 54  # about half were reviews
     assert len(cm.history["pattern-echo"]) == at_current
 
@@ -582,7 +571,7 @@ def test_evaluation_headline_is_the_success_at_each_tasks_evaluation_level():
     """Evaluator's success_rate is the mean over tasks of the success at that task's evaluation level (the level the
     run reached or was set to), not at any other. If this failed, the headline reported an easier level's success."""
     levels = {"pattern-echo": 2, "conditional": 1}
-    result = rb.Evaluator(list(levels), 8, 1, 100, 3).run(None, levels)
+    result = reinforce_baby.Evaluator(list(levels), 8, 1, 100, 3).run(None, levels)
     per = result["per_difficulty_success"]
     assert result["success_rate"] == pytest.approx((per["pattern-echo/level2"] + per["conditional/level1"]) / 2)
     # the levels' successes differ, so the headline of another level cannot match
@@ -594,8 +583,8 @@ def test_evaluation_is_greedy_by_default_and_reproducible():
     gives the same result whatever the global torch RNG holds. If this failed, the default were sampled actions and
     eval.json changed from one evaluation of the same model to the next."""
     torch.manual_seed(0)
-    agent = rb.Agent(8, 1, 32, 1, 4).eval()
-    evaluator = rb.Evaluator(["pattern-echo"], 8, 1, 100, 5)
+    agent = reinforce_baby.Agent(8, 1, 32, 1, 4).eval()
+    evaluator = reinforce_baby.Evaluator(["pattern-echo"], 8, 1, 100, 5)
     levels = {"pattern-echo": 2}
     results = []
     for seed in (1, 2):
@@ -612,8 +601,8 @@ def test_sampled_evaluation_is_reproducible_from_its_seed():
     the same episodes whatever the global torch RNG holds. If this failed, a sampled evaluation could not be
     repeated."""
     torch.manual_seed(0)
-    agent = rb.Agent(8, 6, 16, 1, 2)
-    ev = rb.Evaluator(["pattern-echo", "sequence-next"], 8, 6, 40, seed=5)
+    agent = reinforce_baby.Agent(8, 6, 16, 1, 2)
+    ev = reinforce_baby.Evaluator(["pattern-echo", "sequence-next"], 8, 6, 40, seed=5)
     levels = {"pattern-echo": 2, "sequence-next": 2}
     runs = []
     for k in range(3):
@@ -636,15 +625,17 @@ def test_sampled_evaluation_is_reproducible_from_its_seed():
     ],
 )
 def test_smoke_per_task_and_algorithm(tmp_path, task, algorithm, extra):
-    run_script("--task", task, "--algorithm", algorithm, *TINY, *extra, "--runs-dir", str(tmp_path))
+    run_script(
+        "reinforce_baby", "--task", task, "--algorithm", algorithm, *TINY, *extra, "--runs-dir", str(tmp_path), check=True
+    )
     run_dir = only_run_dir(tmp_path)
     with open(os.path.join(run_dir, "eval.json")) as f:
         ev = json.load(f)
     assert ev["script"] == "reinforce_baby" and ev["task"] == task
     assert 0.0 <= ev["success_rate"] <= 1.0 and ev["baselines"]["random"]["success_rate"] < 0.5
-    tasks = rb.TASKS if task == "all" else [task]
+    tasks = reinforce_baby.TASKS if task == "all" else [task]
     assert {k.split("/")[0] for k in ev["per_difficulty_success"]} == set(tasks)
-    sc = logged_values(run_dir)
+    sc = logged_scalars(run_dir)
     tags = set(sc)
     assert {
         "charts/success_rate",
@@ -661,13 +652,22 @@ def test_smoke_per_task_and_algorithm(tmp_path, task, algorithm, extra):
     assert steps == list(range(batch, 64 // batch * batch + 1, batch))  # logged against environment steps
 
 
+def test_a_default_run_needs_only_its_own_file(tmp_path):
+    """A run with the rule parent imports nothing from this repository: with the helper package and the script's own
+    package made unimportable, the script alone (run as a file) trains, evaluates and writes eval.json."""
+    blocked = "import runpy, sys; sys.modules['cleanrl_astral_utils'] = sys.modules['cleanrl_astral'] = None; "
+    argv = [reinforce_baby.__file__, "--task", "pattern-echo", *TINY, "--runs-dir", str(tmp_path)]
+    code = blocked + f"sys.argv = {argv!r}; runpy.run_path(sys.argv[0], run_name='__main__')"
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, env=SCRIPT_ENV, cwd=tmp_path)
+    assert os.path.isfile(os.path.join(only_run_dir(tmp_path), "eval.json"))
+
+
 def test_runs_started_in_the_same_second_get_directories_of_their_own(tmp_path, occupied_run_names):
     """Runs of one command and seed started in the same second (a shell loop over flags) each get a directory: sharing
     runs/{run_name} would mix their TensorBoard events, and the later run's files would replace the earlier run's."""
     check = occupied_run_names(str(tmp_path), "pattern-echo__collide__7__")
-    run_script(
-        "--task", "pattern-echo", *TINY, "--exp-name", "collide", "--seed", "7", "--runs-dir", str(tmp_path), "--save-model"
-    )
+    flags = ["--task", "pattern-echo", *TINY, "--exp-name", "collide", "--seed", "7", "--runs-dir", str(tmp_path)]
+    run_script("reinforce_baby", *flags, "--save-model", check=True)
     run_dir = check()
     assert os.path.isfile(os.path.join(run_dir, "collide.cleanrl_model"))
     assert os.path.isfile(os.path.join(run_dir, "eval.json"))
@@ -677,6 +677,7 @@ def test_full_run_saves_evaluates_baselines_and_analysis(tmp_path):
     runs = tmp_path / "runs"
     flags = [f for f in TINY if f != "--no-analysis"] + ["--analysis-samples", "120"]
     run_script(
+        "reinforce_baby",
         "--task",
         "all",
         "--curriculum",
@@ -691,6 +692,7 @@ def test_full_run_saves_evaluates_baselines_and_analysis(tmp_path):
         str(runs),
         "--seed",
         "4",
+        check=True,
     )
     run_dir = only_run_dir(runs)
 
@@ -711,10 +713,10 @@ def test_full_run_saves_evaluates_baselines_and_analysis(tmp_path):
     assert not [f for f in os.listdir(run_dir) if ".tmp." in f]
     # evaluate() on the saved file reproduces the run's own evaluation exactly: by default on the run's own episodes
     # (its --eval-episodes, drawn from seed + 777)
-    again = rb.evaluate(model)
+    again = reinforce_baby.evaluate(model)
     assert again["success_rate"] == ev["success_rate"]
     assert again["per_difficulty_success"] == ev["per_difficulty_success"]
-    assert again == rb.evaluate(model, episodes=8, seed=4 + rb.EVAL_SEED_OFFSET)
+    assert again == reinforce_baby.evaluate(model, episodes=8, seed=4 + reinforce_baby.EVAL_SEED_OFFSET)
 
 
 def test_in_process_baseline_is_the_run_its_own_flags_would_make(tmp_path):
@@ -722,10 +724,11 @@ def test_in_process_baseline_is_the_run_its_own_flags_would_make(tmp_path):
     `--world-model-coef 0 --pred-reward-weight 0` would make alone with the same seed, not one that depends on how
     much randomness the agent's run consumed."""
     common = ["--task", "pattern-echo", *[f if f != "64" else "160" for f in TINY], "--seed", "3"]
-    run_script(*common, "--baselines", "rl-only", "--runs-dir", str(tmp_path / "with"))
-    run_script(*common, "--world-model-coef", "0", "--pred-reward-weight", "0", "--runs-dir", str(tmp_path / "alone"))
-    inside = logged_values(os.path.join(only_run_dir(tmp_path / "with"), "baseline_rl-only"))
-    alone = logged_values(only_run_dir(tmp_path / "alone"))
+    run_script("reinforce_baby", *common, "--baselines", "rl-only", "--runs-dir", str(tmp_path / "with"), check=True)
+    alone = ["--world-model-coef", "0", "--pred-reward-weight", "0", "--runs-dir", str(tmp_path / "alone")]
+    run_script("reinforce_baby", *common, *alone, check=True)
+    inside = logged_scalars(os.path.join(only_run_dir(tmp_path / "with"), "baseline_rl-only"))
+    alone = logged_scalars(only_run_dir(tmp_path / "alone"))
     for tag in ("losses/entropy", "losses/policy_loss", "charts/success_rate", "charts/episodic_return"):
         assert inside[tag] == alone[tag], tag
     with open(os.path.join(only_run_dir(tmp_path / "with"), "eval.json")) as f:
@@ -743,8 +746,8 @@ def test_in_process_baseline_is_the_run_its_own_flags_would_make(tmp_path):
 
 def test_a_runs_dir_that_is_a_file_is_a_one_line_error(tmp_path):
     (tmp_path / "runs").write_text("")
-    result = run_script("--task", "pattern-echo", *TINY, "--runs-dir", str(tmp_path / "runs"), check=False)
-    assert_one_line_error(result, "--runs-dir")
+    result = run_script("reinforce_baby", "--task", "pattern-echo", *TINY, "--runs-dir", str(tmp_path / "runs"))
+    assert_refused(result, "--runs-dir")
     assert "not a directory" in result.stderr
 
 
@@ -758,7 +761,7 @@ def test_a_runs_dir_that_is_a_file_is_a_one_line_error(tmp_path):
     ],
 )
 def test_bad_input_fails_with_one_line_before_any_work(tmp_path, flags, needle):
-    assert_one_line_error(run_script(*flags, "--runs-dir", str(tmp_path / "runs"), check=False), needle)
+    assert_refused(run_script("reinforce_baby", *flags, "--runs-dir", str(tmp_path / "runs")), needle)
     assert not (tmp_path / "runs").exists()
 
 
@@ -786,17 +789,18 @@ def test_bad_input_fails_with_one_line_before_any_work(tmp_path, flags, needle):
         ({"review_prob": 1.5}, "--review-prob 1.5 must be in [0, 1]"),
         ({"hidden_dim": 30, "num_heads": 4}, "--hidden-dim 30 must be divisible by --num-heads 4"),
         ({"parent": "llm", "llm_base_url": "notaurl"}, "must be an http:// or https:// URL"),
+        ({"parent": "llm", "llm_base_url": "http://127.0.0.1:1/v1", "llm_next_state": True}, "needs --llm-role judge"),
     ],
 )
-def test_meaningless_values_are_refused_by_validate_args(kwargs, needle):
+def test_meaningless_values_are_refused_by_validate(kwargs, needle):
     """Values that would train a meaningless run in silence (NaN, a budget of 0, a decay of 2, an LLM URL that every
     request fails on, so that the whole run falls back to the rule) or crash after the run directory exists."""
-    error = rb.validate_args(rb.Args(**{"num_actions": 8, **kwargs}))
-    assert error is not None and needle in error, error
-    assert rb.validate_args(rb.Args(num_actions=8)) is None
+    error = refusal(reinforce_baby.Args(**{"num_actions": 8, **kwargs}))
+    assert needle in error, error
+    reinforce_baby.validate(reinforce_baby.Args(num_actions=8))
 
 
 def test_num_actions_check_depends_on_the_levels_used():
-    assert rb.validate_args(rb.Args(task="pattern-echo", num_actions=4, level=1)) is None
-    assert "--num-actions 4" in rb.validate_args(rb.Args(task="pattern-echo", num_actions=4, level=2))
-    assert rb.validate_args(dataclasses.replace(rb.Args(), num_actions=8, task="all", curriculum=True)) is None
+    reinforce_baby.validate(reinforce_baby.Args(task="pattern-echo", num_actions=4, level=1))
+    assert "--num-actions 4" in refusal(reinforce_baby.Args(task="pattern-echo", num_actions=4, level=2))
+    reinforce_baby.validate(dataclasses.replace(reinforce_baby.Args(), num_actions=8, task="all", curriculum=True))

@@ -8,6 +8,7 @@ import http.server
 import importlib.util
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -16,13 +17,16 @@ import time
 
 import numpy as np
 import pytest
-from test_reinforce_baby import TINY, assert_one_line_error, logged_values, only_run_dir, run_script, train_tiny
+from helpers import assert_one_line_error, logged_scalars, only_run_dir, run_script
+from test_reinforce_baby import TINY, train_tiny
 
-from cleanrl_astral import reinforce_baby as rb
+import cleanrl_astral.reinforce_baby as reinforce_baby
 
 
 class FakeLLM(http.server.BaseHTTPRequestHandler):
-    """A chat-completions endpoint whose answers the test sets with `server.mode`."""
+    """An OpenAI-compatible endpoint whose replies the test sets with `server.mode`: chat completions (the judge) answer
+    a JSON verdict, completions (the answer role) answer `server.answer`, or by default the asked state's last number
+    (the rule's answer on pattern-echo)."""
 
     def do_GET(self):  # /v1/models, asked by the start-up probe
         if self.server.mode == "html":
@@ -36,23 +40,26 @@ class FakeLLM(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def do_POST(self):
+    def completion_text(self, body):
         srv = self.server
-        srv.count += 1
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        srv.last_body, srv.last_auth = body, self.headers.get("Authorization")
-        if srv.mode == "http500":
-            self.send_error(500, "internal error")
-            return
-        if srv.mode == "slow":
-            srv.release.wait(10)
-        if srv.mode == "html":
-            return self.reply(b"<html><body>Welcome to nginx!</body></html>", "text/html")
-        if srv.mode == "garbage":  # not HTTP at all: http.client raises BadStatusLine, an HTTPException
-            self.wfile.write(b"garbage\r\n\r\n")
-            self.close_connection = True
-            return
-        content = {
+        srv.prompts.append(body["prompt"])
+        if srv.answer is not None:
+            answer = srv.answer
+        else:
+            answer = " " + re.findall(r"\d+", body["prompt"].rsplit("\n\n", 1)[1])[-1]
+        return {
+            "valid": answer,
+            "slow": answer,
+            "drip": answer,
+            "malformed": " I do not know",
+            "bad_reward": " 12",  # out of the 8 actions
+            "null": None,
+            "parts": [{"type": "text", "text": answer}],
+        }[srv.mode]
+
+    def chat_content(self):
+        srv = self.server
+        return {
             "valid": json.dumps({"reward": 1}),
             "fenced": '```json\n{"reward": 0}\n```',
             "malformed": "{reward: yes",
@@ -64,7 +71,32 @@ class FakeLLM(http.server.BaseHTTPRequestHandler):
             "alternate": json.dumps({"reward": srv.count % 2}),
             "next_state": json.dumps({"reward": 1, "next_state": srv.next_state}),
         }[srv.mode]
-        data = json.dumps({"choices": [{"message": {"role": "assistant", "content": content}}]}).encode()
+
+    def do_POST(self):
+        srv = self.server
+        srv.count += 1
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        srv.last_body = body
+        srv.last_path = self.path
+        srv.last_auth = self.headers.get("Authorization")
+        if srv.mode == "http500":
+            self.send_error(500, "internal error")
+            return
+        if srv.mode == "slow":
+            srv.release.wait(10)
+        if srv.mode == "html":
+            return self.reply(b"<html><body>Welcome to nginx!</body></html>", "text/html")
+        if srv.mode == "garbage":  # not HTTP at all: http.client raises BadStatusLine, an HTTPException
+            self.wfile.write(b"garbage\r\n\r\n")
+            self.close_connection = True
+            return
+        if self.path.endswith("/chat/completions"):
+            choice = {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": self.chat_content()}}
+            reply = {"object": "chat.completion", "choices": [choice]}
+        else:
+            choice = {"index": 0, "finish_reason": "stop", "logprobs": None, "text": self.completion_text(body)}
+            reply = {"object": "text_completion", "choices": [choice]}
+        data = json.dumps({"id": "x", "created": 0, "model": "test-model", **reply}).encode()
         try:
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
@@ -89,7 +121,12 @@ class FakeLLM(http.server.BaseHTTPRequestHandler):
 def llm_server():
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeLLM)
     srv.daemon_threads = True
-    srv.mode, srv.count, srv.release, srv.next_state = "valid", 0, threading.Event(), None
+    srv.mode = "valid"
+    srv.count = 0
+    srv.release = threading.Event()
+    srv.next_state = None
+    srv.answer = None
+    srv.prompts = []
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
     srv.url = f"http://127.0.0.1:{srv.server_address[1]}/v1"
@@ -100,8 +137,8 @@ def llm_server():
 
 
 def make_llm_parent(srv, tmp_path, name="cache.sqlite", **kw):
-    """An LLMParent of a pattern-echo setting with 8 actions and 3 steps, on the stand-in server."""
-    args = rb.Args(
+    """An LLMParent of a setting with 8 actions and 3 steps, on the stand-in server (the answer role unless kw says)."""
+    args = reinforce_baby.Args(
         num_actions=8,
         max_episode_steps=3,
         parent="llm",
@@ -112,7 +149,7 @@ def make_llm_parent(srv, tmp_path, name="cache.sqlite", **kw):
         llm_concurrency=2,
         llm_cache=str(tmp_path / name),
     )
-    return rb.LLMParent(dataclasses.replace(args, **kw))
+    return reinforce_baby.make_parent(dataclasses.replace(args, **kw))
 
 
 def instance(parent, seed=0):
@@ -122,7 +159,7 @@ def instance(parent, seed=0):
 
 def test_llm_parent_valid_answers_are_used_and_cached(llm_server, tmp_path, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
-    parent = make_llm_parent(llm_server, tmp_path)
+    parent = make_llm_parent(llm_server, tmp_path, llm_role="judge")
     s, right, wrong = instance(parent)
     replies = parent.respond([s, s], [right, wrong])
     # the server approves everything: its verdict is the reward, even where the rule disagrees
@@ -136,7 +173,7 @@ def test_llm_parent_valid_answers_are_used_and_cached(llm_server, tmp_path, monk
     assert parent.respond([s], [wrong])[0][0] == 1.0
     assert llm_server.count == 2 and parent.stats["cache_hits"] == 1
     # a new parent on the same cache file answers from disk: reruns are reproducible
-    again = make_llm_parent(llm_server, tmp_path)
+    again = make_llm_parent(llm_server, tmp_path, llm_role="judge")
     assert again.respond([s], [right])[0][0] == 1.0 and llm_server.count == 2
     llm_server.mode = "fenced"
     assert parent.respond([s], [(right + 2) % 8])[0][0] == 0.0 and parent.stats["fallbacks"] == 0
@@ -145,7 +182,7 @@ def test_llm_parent_valid_answers_are_used_and_cached(llm_server, tmp_path, monk
 def test_llm_agreement_counts_the_verdicts_that_match_the_rule(llm_server, tmp_path):
     """parent/llm_agreement is the share of LLM verdicts equal to the rule's. The fake server approves everything:
     a right answer agrees, a wrong one does not. If this failed, agreements and disagreements were swapped."""
-    parent = make_llm_parent(llm_server, tmp_path)
+    parent = make_llm_parent(llm_server, tmp_path, llm_role="judge")
     s, right, wrong = instance(parent)
     parent.respond([s, s, s], [right, right, wrong])
     assert parent.summary()["agreement"] == pytest.approx(2 / 3)
@@ -154,32 +191,149 @@ def test_llm_agreement_counts_the_verdicts_that_match_the_rule(llm_server, tmp_p
     }
 
 
+@pytest.mark.parametrize("role", ["answer", "judge"])
 @pytest.mark.parametrize("mode", ["malformed", "bad_reward", "http500", "slow", "null", "parts", "garbage", "drip", "html"])
-def test_llm_parent_failures_fall_back_to_the_rule(llm_server, tmp_path, mode):
-    """Every kind of failed answer costs an attempt and ends in the rule's reward, never in an exception: a null or
-    list content (refusals, tool calls), a reply that is not HTTP, an HTML page, an HTTP error, an answer slower than
-    --llm-timeout, and a reply dripped a few bytes at a time past --llm-timeout."""
+def test_llm_parent_failures_fall_back_to_the_rule(llm_server, tmp_path, mode, role):
+    """Every kind of failed answer costs an attempt and ends in the rule's reward, never in an exception: an answer
+    without a number or out of the action range, malformed JSON, a null or list content (refusals, tool calls), a reply
+    that is not HTTP, an HTML page, an HTTP error, an answer slower than --llm-timeout, and a reply dripped a few bytes at
+    a time past --llm-timeout. Replies that came back but were invalid are counted apart (invalid_answers)."""
     llm_server.mode = mode
-    parent = make_llm_parent(llm_server, tmp_path, llm_timeout=0.3 if mode in ("slow", "drip") else 2.0)
+    timeout = 2.0
+    if mode in ("slow", "drip"):
+        timeout = 0.3
+    parent = make_llm_parent(llm_server, tmp_path, llm_role=role, llm_timeout=timeout)
     s, right, wrong = instance(parent)
     replies = parent.respond([s, s], [right, wrong])
     assert [r for r, _ in replies] == [1.0, 0.0]  # the deterministic rule's rewards
     assert parent.stats["fallbacks"] == 2 and parent.stats["judged"] == 0
-    assert llm_server.count == 4  # 1 + retries attempts per query
+    # 1 + retries attempts per request: one request per state (answer), per (state, action) (judge)
+    requests = {"answer": 1, "judge": 2}[role]
+    assert llm_server.count == 2 * requests
+    came_back = mode in ("malformed", "bad_reward", "null", "parts")
+    assert parent.summary()["invalid_answers"] == 2 * requests * came_back
+    assert (len(parent.summary()["invalid_samples"]) > 0) == came_back
     # failures are not cached: the next identical query asks again
     parent.respond([s], [wrong])
-    assert llm_server.count == 6 and parent.stats["fallbacks"] == 3 and parent.stats["cache_hits"] == 0
+    assert llm_server.count == 2 * requests + 2 and parent.stats["fallbacks"] == 3 and parent.stats["cache_hits"] == 0
+
+
+def echo_prompt_blocks(prompt):
+    """The rule line, the worked examples [(attributes, answer)] and the asked attributes of an answer-role prompt."""
+    blocks = prompt.split("\n\n")
+    examples = [tuple(b.split("\nanswer = ")) for b in blocks[1:-1]]
+    assert blocks[-1].endswith("\nanswer =")
+    return blocks[0], examples, blocks[-1][: -len("\nanswer =")]
+
+
+def test_the_answer_role_asks_the_completions_endpoint_with_worked_examples_that_are_never_the_asked_state(
+    llm_server, tmp_path
+):
+    """The answer role sends a plain completion prompt to /v1/completions: the rule, worked examples answered by the
+    rule, then the asked state and `answer =`. The examples come from a fixed seed (the same in every prompt, whatever
+    the run) and never show the state being asked; on pattern-echo's level 0, whose only other cue would fill the prompt,
+    they come from level 1. If this failed, the model could copy the asked state's own answer from the prompt, or the
+    one example repeated eight times."""
+    for level in range(3):
+        # one cache per level: pattern-echo's prompt does not depend on the level, so a shared cache would answer it
+        parent = make_llm_parent(llm_server, tmp_path, name=f"level{level}.sqlite")
+        for cue in range(2 ** (level + 1)):
+            s = reinforce_baby.State(0, level, (cue, 8, 8), (2, 2, 2), 8, 2, 0, 8)
+            asked_before = llm_server.count
+            parent.respond([s], [cue])
+            assert llm_server.count == asked_before + 1
+            assert llm_server.last_path == "/v1/completions" and "messages" not in llm_server.last_body
+            body = llm_server.last_body
+            assert body["temperature"] == 0 and body["stop"] == ["\n"] and body["model"] == "test-model"
+            rule, examples, asked = echo_prompt_blocks(body["prompt"])
+            assert rule == f"Rule: {s.rule_text()}" and asked == f"cue = {cue}"
+            assert all(attributes == f"cue = {answer}" for attributes, answer in examples)  # answered by the rule
+            # never the asked state; from the asked level, except level 0, whose other cue alone would fill the prompt
+            shown = [attributes for attributes, _ in examples]
+            cues = [int(attributes.split(" = ")[1]) for attributes in shown]
+            assert len(examples) == 8 and asked not in shown and len(set(shown)) > 1
+            assert max(cues) < 2 ** (max(level, 1) + 1) and (level == 0 or max(cues) >= 2**level)
+    # conditional: the examples share the asked level's rule, and each is answered as the rule answers it
+    rng = np.random.default_rng(1)
+    for level in range(3):
+        s = parent.new_instance("conditional", level, rng)
+        parent.respond([s], [0])
+        rule, examples, asked = echo_prompt_blocks(llm_server.last_body["prompt"])
+        assert rule == f"Rule: {s.rule_text()}" and asked == s.shown_attributes() and len(examples) == 8
+        for attributes, answer in examples:
+            assert attributes != asked
+            flags_values = dict(item.split(" = ") for item in attributes.split(", "))
+            values = tuple(int(flags_values.get(f"v{i}", 8)) for i in range(3))
+            flags = tuple(int(flags_values.get(f"f{i}", 2)) for i in range(3))
+            example = reinforce_baby.State(2, level, values, flags, 8, 2, 0, 8)
+            assert int(answer) == parent.oracle_action(example)
+    # a fixed seed: another parent (another cache, another run) writes the same prompt for the same state
+    other = make_llm_parent(llm_server, tmp_path, name="other.sqlite")
+    other.respond([s], [0])
+    assert llm_server.prompts[-1] == llm_server.prompts[-2]
+
+
+def test_the_answer_role_asks_once_per_state_and_caches_the_answer(llm_server, tmp_path):
+    """One request per distinct state, whatever the actions; a state asked again (in this batch, a later one, or
+    another run on the same cache file) is answered from the cache."""
+    parent = make_llm_parent(llm_server, tmp_path)
+    s, right, wrong = instance(parent, seed=0)
+    t = parent.new_instance("conditional", 1, np.random.default_rng(5))
+    parent.respond([s, s, t, s], [right, wrong, 0, (right + 2) % 8])
+    assert llm_server.count == 2 and parent.stats["cache_hits"] == 0
+    parent.respond([s, t], [wrong, 1])
+    assert llm_server.count == 2 and parent.stats["cache_hits"] == 2
+    # a later step of the same episode shows the same instance: the same answer
+    parent.respond([parent.transition(s, wrong, 0.0)], [right])
+    assert llm_server.count == 2 and parent.stats["cache_hits"] == 3
+    again = make_llm_parent(llm_server, tmp_path)
+    again.respond([s], [right])
+    assert llm_server.count == 2 and again.stats["cache_hits"] == 1
+
+
+def test_the_answer_role_rewards_agreement_with_the_parents_answer(llm_server, tmp_path):
+    """The goal reward is 1 where the action equals the LLM's answer, whatever the rule says: a parent that answers 3
+    rewards action 3 and nothing else, and the next state carries that verdict. Its accuracy against the rule is
+    reported apart from the agreement of its rewards with the rule's."""
+    llm_server.answer = " 3 because the cue is 3"  # the first integer counts
+    parent = make_llm_parent(llm_server, tmp_path)
+    rng = np.random.default_rng(0)
+    s = parent.new_instance("pattern-echo", 2, rng)
+    while parent.oracle_action(s) == 3:
+        s = parent.new_instance("pattern-echo", 2, rng)
+    right = parent.oracle_action(s)
+    other = next(a for a in range(8) if a not in (3, right))
+    replies = parent.respond([s, s, s], [3, right, other])
+    assert [r for r, _ in replies] == [1.0, 0.0, 0.0]
+    assert [nxt.last_correct for _, nxt in replies] == [1, 0, 0] and replies[0][1].last_action == 3
+    stats = parent.summary()
+    assert stats["judged"] == 3 and stats["fallbacks"] == 0 and stats["accuracy"] == 0.0
+    assert stats["agreement"] == pytest.approx(1 / 3)  # only the third (wrong, not 3) agrees with the rule
+    llm_server.answer = None  # the stand-in now answers the cue: the rule's answer
+    s2 = parent.new_instance("pattern-echo", 2, np.random.default_rng(9))
+    replies = parent.respond([s2] * 8, list(range(8)))
+    assert [r for r, _ in replies] == [float(a == parent.oracle_action(s2)) for a in range(8)]
+    assert parent.summary()["per_level"]["pattern-echo/level2"]["accuracy"] == pytest.approx(8 / 11)
+    # an answer out of range falls back to the rule's reward and counts as a wrong answer
+    llm_server.mode = "bad_reward"
+    s3 = next(
+        t for t in (parent.new_instance("pattern-echo", 2, rng) for _ in range(100)) if t.values not in (s.values, s2.values)
+    )
+    assert parent.respond([s3], [parent.oracle_action(s3)])[0][0] == 1.0
+    stats = parent.summary()
+    assert stats["fallbacks"] == 1 and stats["accuracy"] == pytest.approx(8 / 12)
+    assert stats["per_level"]["pattern-echo/level2"]["accuracy"] == pytest.approx(8 / 12)
 
 
 def test_llm_parent_next_state_is_validated(llm_server, tmp_path):
-    parent = make_llm_parent(llm_server, tmp_path, llm_next_state=True)
+    parent = make_llm_parent(llm_server, tmp_path, llm_role="judge", llm_next_state=True)
     s, right, wrong = instance(parent)
     # a valid state the rule would not produce from this reply (the rule sets last_correct = 1 for reward 1), so
     # nxt == proposed shows the LLM's state is used, not recomputed
     proposed = dataclasses.replace(parent.transition(s, wrong, 1.0), last_correct=0)
     assert proposed != parent.transition(s, wrong, 1.0)
     llm_server.mode = "next_state"
-    llm_server.next_state = dict(zip(rb.ATTRIBUTES, proposed.as_list()))
+    llm_server.next_state = dict(zip(reinforce_baby.ATTRIBUTES, proposed.as_list()))
     ((r, nxt),) = parent.respond([s], [wrong])
     assert r == 1.0 and nxt == proposed and parent.stats["fallbacks"] == 0
     llm_server.next_state = {**llm_server.next_state, "v0": 99}  # out of the attribute's range
@@ -193,12 +347,12 @@ def test_llm_parent_next_state_is_validated(llm_server, tmp_path):
 def test_llm_next_state_may_not_change_the_task_instance(llm_server, tmp_path, change):
     """Success is judged by the rule on the instance, so an LLM that rewrote it could turn a wrong answer into a
     success (v0 set to the child's answer) or make the instance unsolvable: such a state is an invalid answer."""
-    parent = make_llm_parent(llm_server, tmp_path, llm_next_state=True)
+    parent = make_llm_parent(llm_server, tmp_path, llm_role="judge", llm_next_state=True)
     s, right, wrong = instance(parent)
-    proposed = dict(zip(rb.ATTRIBUTES, parent.transition(s, wrong, 1.0).as_list()))
+    proposed = dict(zip(reinforce_baby.ATTRIBUTES, parent.transition(s, wrong, 1.0).as_list()))
     for key, value in change.items():
         proposed[key] = {"answer": wrong, "other": right}.get(value, value)
-    assert proposed != dict(zip(rb.ATTRIBUTES, parent.transition(s, wrong, 1.0).as_list()))
+    assert proposed != dict(zip(reinforce_baby.ATTRIBUTES, parent.transition(s, wrong, 1.0).as_list()))
     llm_server.mode, llm_server.next_state = "next_state", proposed
     ((r, nxt),) = parent.respond([s], [wrong])
     assert (r, nxt) == (0.0, parent.transition(s, wrong, 0.0)) and parent.stats["fallbacks"] == 1
@@ -214,6 +368,7 @@ def test_llm_cache_key_holds_what_changes_an_answer_or_its_validity(llm_server, 
             llm_server,
             tmp_path,
             name="k.sqlite",
+            llm_role="judge",
             num_actions=num_actions,
             max_episode_steps=horizon,
             llm_base_url=url,
@@ -221,7 +376,10 @@ def test_llm_cache_key_holds_what_changes_an_answer_or_its_validity(llm_server, 
             llm_next_state=True,
             llm_examples=examples,
         )
-        s = dataclasses.replace(rb.State(2, 1, (1, 2, 3), (0, 1, rb.FLAG_PAD), 8, rb.FLAG_PAD, 1, 8), num_actions=num_actions)
+        s = dataclasses.replace(
+            reinforce_baby.State(2, 1, (1, 2, 3), (0, 1, reinforce_baby.FLAG_PAD), 8, reinforce_baby.FLAG_PAD, 1, 8),
+            num_actions=num_actions,
+        )
         return p.cache_key(s, 2)
 
     assert key() == key()
@@ -235,7 +393,7 @@ def test_llm_parent_asks_once_per_distinct_pair_in_a_batch(llm_server, tmp_path)
     """A judge that alternates its verdict: four copies of one (state, action) in a batch get one request and one
     reward, not four requests and conflicting rewards."""
     llm_server.mode = "alternate"
-    parent = make_llm_parent(llm_server, tmp_path)
+    parent = make_llm_parent(llm_server, tmp_path, llm_role="judge")
     s, right, wrong = instance(parent)
     replies = parent.respond([s] * 4 + [s], [wrong] * 4 + [right])
     assert llm_server.count == 2
@@ -260,7 +418,7 @@ def test_a_request_asks_for_the_schema_and_shows_worked_examples(llm_server, tmp
     """Structured output: the request carries a JSON schema of {"reward": 0 | 1} (llama.cpp's json_object form by
     default), so that a small model answers in the right shape; --llm-examples worked examples precede the query, each
     answered by the rule."""
-    parent = make_llm_parent(llm_server, tmp_path, llm_examples=2)
+    parent = make_llm_parent(llm_server, tmp_path, llm_role="judge", llm_examples=2)
     s, right, wrong = instance(parent)
     parent.respond([s], [wrong])
     body = llm_server.last_body
@@ -276,15 +434,15 @@ def test_a_request_asks_for_the_schema_and_shows_worked_examples(llm_server, tmp
         assert json.loads(answer["content"]) == {"reward": int(cue == given)}
     assert [json.loads(a["content"])["reward"] for a in shots[1::2]] == [1, 0]  # one right, one wrong
     # with --llm-next-state the schema holds every attribute within its range; the OpenAI API's json_schema form
-    parent = make_llm_parent(llm_server, tmp_path, llm_next_state=True, llm_response_format="json-schema")
+    parent = make_llm_parent(llm_server, tmp_path, llm_role="judge", llm_next_state=True, llm_response_format="json-schema")
     parent.respond([s], [right])
     fmt = llm_server.last_body["response_format"]
     assert fmt["type"] == "json_schema" and fmt["json_schema"]["schema"]["required"] == ["reward", "next_state"]
     ranges = fmt["json_schema"]["schema"]["properties"]["next_state"]
-    assert ranges["required"] == rb.ATTRIBUTES and [
-        ranges["properties"][a]["maximum"] + 1 for a in rb.ATTRIBUTES
-    ] == rb.attribute_vocab(8, 3)
-    make_llm_parent(llm_server, tmp_path, llm_response_format="none").respond([s], [(right + 3) % 8])
+    assert ranges["required"] == reinforce_baby.ATTRIBUTES and [
+        ranges["properties"][a]["maximum"] + 1 for a in reinforce_baby.ATTRIBUTES
+    ] == reinforce_baby.attribute_vocab(8, 3)
+    make_llm_parent(llm_server, tmp_path, llm_role="judge", llm_response_format="none").respond([s], [(right + 3) % 8])
     assert "response_format" not in llm_server.last_body
 
 
@@ -292,27 +450,29 @@ def test_the_agreement_check_judges_a_fixed_balanced_set_and_leaves_the_running_
     """--llm-check-pairs: before training, the parent judges a seeded set of (state, action) pairs per task and level,
     half of them answered right. The stand-in approves everything, so its agreement is exactly 0.5 and it rewards
     every pair. The training's running totals are not touched."""
-    parent = make_llm_parent(llm_server, tmp_path)
+    parent = make_llm_parent(llm_server, tmp_path, llm_role="judge")
     s, right, _ = instance(parent)
     parent.respond([s], [right])
     before = dict(parent.stats)
     asked = record_batches(parent)
-    check = parent.check_agreement(["pattern-echo", "conditional"], pairs=6, seed=3)
+    check = parent.check_agreement(reinforce_baby.playable(["pattern-echo", "conditional"], 8), pairs=6, seed=3)
     assert set(check["per_level"]) == {f"{t}/level{k}" for t in ("pattern-echo", "conditional") for k in range(3)}
     expected = {"agreement": 0.5, "judged": 6, "fallbacks": 0, "rewarded": 1.0}
     assert all(v == expected for v in check["per_level"].values())
     assert check["queries"] == 36 and check["agreement"] == 0.5 and dict(parent.stats) == before
     for pairs in asked:
         assert [a == parent.oracle_action(s) for s, a in pairs] == [True, False] * 3
-    again = make_llm_parent(llm_server, tmp_path, name="again.sqlite")
+    again = make_llm_parent(llm_server, tmp_path, llm_role="judge", name="again.sqlite")
     again_asked = record_batches(again)
-    again.check_agreement(["pattern-echo", "conditional"], pairs=6, seed=3)
+    again.check_agreement(reinforce_baby.playable(["pattern-echo", "conditional"], 8), pairs=6, seed=3)
     assert again_asked == asked  # the same pairs from the same seed
 
 
-def test_training_with_llm_parent_logs_the_parents_statistics(llm_server, tmp_path):
+@pytest.mark.parametrize("role", ["answer", "judge"])
+def test_training_with_llm_parent_logs_the_parents_statistics(llm_server, tmp_path, role):
     cache = tmp_path / "llm.sqlite"
     out = run_script(
+        "reinforce_baby",
         "--task",
         "pattern-echo",
         *TINY,
@@ -322,24 +482,44 @@ def test_training_with_llm_parent_logs_the_parents_statistics(llm_server, tmp_pa
         llm_server.url,
         "--llm-model",
         "test-model",
+        "--llm-role",
+        role,
         "--llm-check-pairs",
         "2",
         "--llm-cache",
         str(cache),
         "--runs-dir",
         str(tmp_path / "runs"),
+        check=True,
     )
     run_dir = only_run_dir(tmp_path / "runs")
     assert cache.exists() and llm_server.count > 0, out.stdout
     assert "LLM agreement with the rule before training" in out.stdout
-    logged = logged_values(run_dir)
-    for tag in ("agreement", "judged", "fallbacks", "latency_ms", "cache_hits", "queries"):
+    assert ("LLM answers equal to the rule's before training" in out.stdout) == (role == "answer")
+    logged = logged_scalars(run_dir)
+    for tag in ("agreement", "judged", "fallbacks", "invalid_answers", "latency_ms", "cache_hits", "queries"):
         assert [step for step, _ in logged[f"parent/{tag}"]] == [16, 32, 48, 64], tag
     assert [v for _, v in logged["parent/queries"]] == [16, 32, 48, 64]
     with open(os.path.join(run_dir, "eval.json")) as f:
         ev = json.load(f)
     assert ev["parent"]["queries"] == 64 and ev["parent"]["judged"] + ev["parent"]["fallbacks"] == 64
+    assert ev["parent"]["role"] == role and ev["llm_agreement_check"]["role"] == role
     assert set(ev["llm_agreement_check"]["per_level"]) == {f"pattern-echo/level{k}" for k in range(3)}
+
+
+def test_unparsable_answers_fall_back_and_are_reported_by_a_run(llm_server, tmp_path):
+    """A stand-in that never answers a number: every reward is the rule's, and the run logs and writes how many
+    queries fell back and how many replies were invalid, with samples of them."""
+    llm_server.mode = "malformed"
+    flags = ["--parent", "llm", "--llm-base-url", llm_server.url, "--llm-model", "test-model", "--llm-retries", "0"]
+    runs = tmp_path / "runs"
+    run_script("reinforce_baby", "--task", "conditional", *TINY, *flags, "--runs-dir", str(runs), check=True)
+    logged = logged_scalars(only_run_dir(runs))
+    assert [v for _, v in logged["parent/fallbacks"]] == [16, 32, 48, 64]
+    assert logged["parent/invalid_answers"][-1][1] >= 1
+    with open(os.path.join(only_run_dir(runs), "eval.json")) as f:
+        parent = json.load(f)["parent"]
+    assert parent["fallbacks"] == 64 and parent["judged"] == 0 and parent["invalid_samples"] == [" I do not know"]
 
 
 def free_port():
@@ -363,6 +543,7 @@ def test_an_unusable_endpoint_is_a_one_line_error_before_any_work(llm_server, tm
     llm_server.mode = "html" if case == "html" else "valid"
     model = "no-such-model" if case == "wrong-model" else "test-model"
     result = run_script(
+        "reinforce_baby",
         "--parent",
         "llm",
         "--llm-base-url",
@@ -373,7 +554,6 @@ def test_an_unusable_endpoint_is_a_one_line_error_before_any_work(llm_server, tm
         str(tmp_path / "c.sqlite"),
         "--runs-dir",
         str(tmp_path / "runs"),
-        check=False,
     )
     assert_one_line_error(result, needle)
     assert url in result.stderr and not (tmp_path / "runs").exists()
@@ -387,6 +567,7 @@ def test_an_unusable_llm_cache_is_a_one_line_error_before_any_work(llm_server, t
     else:
         cache.write_text("not a database, but long enough for sqlite to read its header " * 4)
     result = run_script(
+        "reinforce_baby",
         "--parent",
         "llm",
         "--llm-base-url",
@@ -397,18 +578,18 @@ def test_an_unusable_llm_cache_is_a_one_line_error_before_any_work(llm_server, t
         str(cache),
         "--runs-dir",
         str(tmp_path / "runs"),
-        check=False,
     )
     assert_one_line_error(result, f"--llm-cache {str(cache)!r} cannot be used as an sqlite file")
     assert llm_server.count == 0 and not (tmp_path / "runs").exists()
 
 
-def test_a_server_that_dies_mid_run_leaves_the_run_on_the_rule(llm_server, tmp_path):
-    """Killed after the first batch, the stand-in answers no more: every later query falls back to the rule and is
-    counted, and the run completes with every step logged."""
-    parent = make_llm_parent(llm_server, tmp_path, max_episode_steps=1, llm_retries=0)
+@pytest.mark.parametrize("role,task", [("answer", "conditional"), ("judge", "pattern-echo")])
+def test_a_server_that_dies_mid_run_leaves_the_run_on_the_rule(llm_server, tmp_path, role, task):
+    """Killed after the first batch, the stand-in answers no more: every later query that the cache cannot answer falls
+    back to the rule and is counted, and the run completes with every step logged."""
+    parent = make_llm_parent(llm_server, tmp_path, llm_role=role, max_episode_steps=1, llm_retries=0)
     batches = record_batches(parent, 2, lambda: (llm_server.shutdown(), llm_server.server_close()))
-    _, _, scalars = train_tiny(parent=parent, total_timesteps=64)
+    _, _, scalars = train_tiny(parent=parent, task=task, total_timesteps=64)
     stats = parent.summary()
     assert [len(b) for b in batches] == [16] * 4 and stats["queries"] == 64
     assert scalars["parent/queries"] == [16, 32, 48, 64]  # every update logged
@@ -474,35 +655,39 @@ def real_server(tmp_path):
     log.close()
 
 
-def test_a_real_model_judges_and_a_dying_server_leaves_the_run_on_the_rule(real_server, tmp_path):
-    """SmolLM2-135M behind llama.cpp's server: the probe passes, its answers parse (the schema shapes them), agreement
-    and latency are filled in. Then the server is killed after the run's second batch: the run completes on the rule,
-    and no step is lost."""
-    url, proc = real_server
-    args = rb.Args(
+def test_a_real_model_answers_pattern_echo_as_the_rule_does(real_server, tmp_path):
+    """SmolLM2-135M behind llama.cpp's server, in the answer role (the default): the probe passes, every state of
+    pattern-echo at every level is answered through the completions endpoint, no answer falls back, and every answer
+    equals the rule's. Then a short training run rewards the baby from those answers alone (from the cache)."""
+    url, _ = real_server
+    args = reinforce_baby.Args(
         task="pattern-echo",
         num_actions=8,
         parent="llm",
         llm_base_url=url,
         llm_model="smollm2-135m",
-        llm_timeout=60.0,
+        llm_timeout=120.0,
         llm_retries=1,
-        llm_concurrency=2,
+        llm_concurrency=1,
         llm_cache=str(tmp_path / "cache.sqlite"),
     )
-    parent = rb.LLMParent(args)
-    assert parent.probe() is None
-    check = parent.check_agreement(["pattern-echo"], pairs=4)
-    assert check["queries"] == 12 and check["judged"] == 12 and check["fallbacks"] == 0
-    assert 0.0 <= check["agreement"] <= 1.0 and check["latency_ms"] > 0
-    assert all(v["judged"] == 4 for v in check["per_level"].values()) and len(check["per_level"]) == 3
-    batches = record_batches(parent, 3, lambda: (proc.kill(), proc.wait()))
-    _, _, scalars = train_tiny(parent=parent, num_envs=8, total_timesteps=48)
+    parent = reinforce_baby.make_parent(args)
+    parent.probe()  # raises ValueError naming what failed
+    # every cue of every level, each with its right action and a wrong one
+    states = [
+        reinforce_baby.State(0, level, (cue, 8, 8), (2, 2, 2), 8, 2, 0, 8)
+        for level in range(3)
+        for cue in range(2 ** (level + 1))
+    ]
+    rights = [parent.oracle_action(s) for s in states]
+    replies = parent.respond(states + states, rights + [(a + 1) % 8 for a in rights])
     stats = parent.summary()
-    assert [len(b) for b in batches] == [8] * 6 and stats["queries"] == 48
-    assert scalars["parent/queries"] == [8, 16, 24, 32, 40, 48]  # every update logged
-    assert stats["judged"] >= 16 and stats["fallbacks"] > 0 and stats["judged"] + stats["fallbacks"] == 48
-    assert stats["latency_ms"] > 0 and 0.0 <= stats["agreement"] <= 1.0
+    assert stats["role"] == "answer" and stats["judged"] == 28 and stats["fallbacks"] == 0 and stats["invalid_answers"] == 0
+    assert stats["latency_ms"] > 0 and stats["accuracy"] == 1.0 and stats["agreement"] == 1.0
+    assert [r for r, _ in replies] == [1.0] * 14 + [0.0] * 14
+    _, _, scalars = train_tiny(parent=parent, num_envs=8, total_timesteps=48)
+    assert scalars["parent/fallbacks"][-1] == 0 and scalars["parent/queries"][-1] == 28 + 48
+    assert scalars["parent/cache_hits"][-1] == 48  # the 8 cues of level 2 were all answered above
 
 
 def fake_sweep_run(sweep, key, curves, ev, wall):
@@ -520,52 +705,50 @@ def fake_sweep_run(sweep, key, curves, ev, wall):
         f.write(json.dumps({"runs_dir": str(run_dir.parent), "exit_code": 0, "wall_time_s": wall}) + "\n")
 
 
-def test_the_llm_report_tables_the_agreement_check_and_each_runs_parent_statistics(tmp_path):
-    """benchmark/reinforce_baby_report.py --llm: the agreement before training per task and level and number of
-    worked examples, and one row per run with success at 5k and 10k steps (the last value logged at or before) and
-    the parent's statistics from eval.json."""
+def test_the_llm_report_tables_the_agreement_per_role_and_each_runs_parent_statistics(tmp_path):
+    """benchmark/reinforce_baby_report.py --llm: per task and level, the answer role's accuracy and each role's
+    agreement with the rule (from the agreement runs' eval.json), and one row per MVP and curriculum run with success at
+    the matched steps (the last value logged at or before), the parent's statistics from eval.json and the wall time."""
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmark", "reinforce_baby_report.py")
     spec = importlib.util.spec_from_file_location("reinforce_baby_report", path)
     report = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(report)
     out = tmp_path / "out"
-    level = {"agreement": 0.75, "judged": 4, "fallbacks": 0, "rewarded": 0.25}
-    check = {
-        "queries": 4,
-        "judged": 4,
-        "fallbacks": 0,
-        "cache_hits": 0,
-        "agreement": 0.75,
-        "latency_ms": 12.0,
-        "per_level": {f"pattern-echo/level{k}": level for k in range(3)},
-    }
-    for k in (0, 2):
-        run = out / "agreement" / f"all__agreement_examples{k}__1__7"
+
+    def check(role, agreement, accuracy=None):
+        level = {"agreement": agreement, "judged": 4, "fallbacks": 0, "rewarded": 0.25}
+        totals = {"queries": 12, "judged": 12, "fallbacks": 0, "invalid_answers": 1, "cache_hits": 0, "latency_ms": 12.0}
+        if accuracy is not None:
+            level["accuracy"] = accuracy
+            totals["accuracy"] = accuracy
+        per_level = {f"pattern-echo/level{k}": level for k in range(3)}
+        return {"role": role, **totals, "agreement": agreement, "per_level": per_level}
+
+    for role, c in (("answer", check("answer", 0.875, accuracy=0.75)), ("judge", check("judge", 0.5))):
+        run = out / "agreement" / f"all__agreement_smollm2-135m_{role}__1__7"
         run.mkdir(parents=True)
-        (run / "eval.json").write_text(json.dumps({"llm_agreement_check": dict(check, agreement=0.1 * (k + 1))}))
+        (run / "eval.json").write_text(json.dumps({"llm_agreement_check": c}))
     curve = {"charts/success_rate": [(4992, 0.4), (5024, 0.9), (10016, 1.0)]}
-    fake_sweep_run(out / "mvp", "c0__g0_parent_deterministic__s1", curve, {"success_rate": 1.0}, wall=8.0)
+    levels = {"pattern-echo": 2}
+    fake_sweep_run(out / "mvp", "c0__g0_parent_deterministic__s1", curve, {"success_rate": 1.0, "eval_levels": levels}, 8.0)
     parent = {
+        "role": "answer",
         "queries": 10016,
         "judged": 9000,
-        "agreement": 0.125,
+        "agreement": 0.9,
+        "accuracy": 0.875,
         "fallbacks": 1016,
+        "invalid_answers": 3,
         "latency_ms": 321.0,
         "cache_hits": 9900,
-        "per_level": {},
+        "per_level": {"pattern-echo/level2": {"accuracy": 0.875}},
     }
-    fake_sweep_run(
-        out / "mvp",
-        "c0__g1_parent_llm__s1",
-        curve,
-        {"success_rate": 0.5, "parent": parent, "llm_agreement_check": check},
-        wall=99.0,
-    )
+    ev = {"success_rate": 0.5, "eval_levels": levels, "parent": parent}
+    fake_sweep_run(out / "mvp", "c0__g1_parent_llm__s1", curve, ev, wall=99.0)
     assert report.llm_main(str(out), str(tmp_path / "rep")) == 0
     text = (tmp_path / "rep" / "llm_parent.md").read_text()
-    assert "| pattern-echo/level1 | 0.75 | 0.25 | 0.75 | 0.25 |" in text
-    assert "| all | 0.100 | –  | 0.300 | –  |" in text
-    assert "| deterministic | 1 | 10016 | 0.400 | 0.900 | 1.000 | – | – | – | – | – | – | – | 8.0 |" in text
-    llm_row = "| LLM | 1 | 10016 | 0.400 | 0.900 | 0.500 | 10016 | 9000 | 0.125 | 1016 | 321 | 9900 | 0.75/0.75/0.75 | 99.0 |"
-    assert llm_row in text
+    assert "| pattern-echo/level1 | 0.75 | 0.88 | 0.50 | 0.25 |" in text
+    assert "| all | 0.750 | 0.875 | 0.500 | – |" in text
+    assert "| deterministic | 1 | 10016 | 0.400 | 0.900 | 1.000 | 2 | – | – | – | – | – | – | 8.0 |" in text
+    assert "| LLM | 1 | 10016 | 0.400 | 0.900 | 0.500 | 2 | 10016 | 9900 | 1016 | 3 | 0.875 | 321 | 99.0 |" in text
     assert report.llm_main(str(tmp_path / "missing"), str(tmp_path / "rep2")) == 2

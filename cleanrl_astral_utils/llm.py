@@ -1,0 +1,416 @@
+"""The LLM parent of reinforce_baby (`--parent llm`): an OpenAI-compatible client with validation, retries, an sqlite
+cache and the rule as fallback, and the statistics it reports (queries, fallbacks, agreement with the rule, latency).
+
+Two roles (`--llm-role`):
+- answer: the LLM states the right action for a state, through the completions endpoint, from a plain few-shot
+  prompt; the goal reward is 1 where the child's action equals that answer. One request per distinct state.
+- judge: the LLM judges each (state, action) with a JSON verdict {"reward": 0 | 1}, through the chat-completions
+  endpoint. One request per distinct (state, action).
+
+The script's rule parent (`DeterministicParent`) sets the task instances and the transitions, writes the worked
+examples, and gives the reward whenever the LLM's answer is missing or invalid; this module only asks, checks and
+counts."""
+
+import collections
+import concurrent.futures
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import sqlite3
+import time
+from typing import NamedTuple
+
+import numpy as np
+import openai
+
+ANSWER_EXAMPLES = 8  # --llm-examples default of the answer role (the judge's is 0)
+EXAMPLES_SEED = 12345  # the worked examples are the same fixed instances in every prompt
+
+LLM_SYSTEM_PROMPT = (
+    'You check a child\'s answer against a rule. Reply with JSON only: {"reward": 1} if the answer '
+    'follows the rule, {"reward": 0} if it does not.'
+)
+
+
+class Reply(NamedTuple):
+    text: str | None  # the first valid reply; None when every attempt failed
+    latency_ms: float  # of the valid reply's request
+    invalid: list  # the replies that came back but were not valid (unparsable, out of range, malformed)
+
+
+def open_cache(path: str) -> sqlite3.Connection:
+    """The sqlite answer cache at path (created if missing); ValueError (one line) if the file cannot be one."""
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        db = sqlite3.connect(path)
+        db.execute("CREATE TABLE IF NOT EXISTS answers (key TEXT PRIMARY KEY, answer TEXT NOT NULL)")
+    except (sqlite3.Error, OSError) as e:
+        raise ValueError(f"--llm-cache {path!r} cannot be used as an sqlite file ({e}); give a writable file path") from e
+    return db
+
+
+class LLMParent:
+    """Judges actions with a model behind an OpenAI-compatible endpoint: validated, retried, cached, rule fallback.
+
+    `rule` is the script's DeterministicParent: it draws task instances, makes the transitions and gives the reward of
+    every query the LLM does not answer validly. `tasks` and `attributes` name the task indices and state attributes,
+    `vocab` holds each attribute's number of values (what a proposed next state is checked against), `levels` the
+    (task, level) pairs that fit in the action space (where worked examples may come from)."""
+
+    def __init__(self, rule, args, tasks: list[str], attributes: list[str], vocab: list[int], levels: list[tuple[str, int]]):
+        self.rule = rule
+        self.args = args
+        self.role = args.llm_role
+        self.examples = args.llm_examples
+        if self.examples is None:
+            self.examples = ANSWER_EXAMPLES if self.role == "answer" else 0
+        self.tasks = tasks
+        self.levels = levels
+        self.attributes = attributes
+        self.vocab = vocab
+        self.num_actions = args.num_actions
+        self.base_url = args.llm_base_url.rstrip("/")
+        self.model = args.llm_model
+        self.timeout = args.llm_timeout
+        self.next_state = args.llm_next_state
+        # the retries are ours (an invalid answer is retried as well), so the client's own are off
+        self.client = openai.OpenAI(
+            base_url=self.base_url,
+            api_key=os.environ.get(args.llm_api_key_env) or "unused",
+            timeout=args.llm_timeout,
+            max_retries=0,
+        )
+        self.db = open_cache(args.llm_cache or os.path.join(args.runs_dir, "llm_cache.sqlite"))
+        # running totals; "<task>/level<k>/..." keys per task and level
+        self.stats = collections.Counter()
+        self.latencies = []
+        self.invalid_samples = []  # the first few distinct invalid replies, for the report
+        self.prompts = {}  # the answer role's prompt of each instance shown
+
+    # the rule's part: task instances, the oracle and the transitions
+    def new_instance(self, task: str, level: int, rng: np.random.Generator):
+        return self.rule.new_instance(task, level, rng)
+
+    def oracle_action(self, s) -> int:
+        return self.rule.oracle_action(s)
+
+    def judge(self, s, action: int) -> float:
+        return self.rule.judge(s, action)
+
+    def transition(self, s, action: int, reward: float):
+        return self.rule.transition(s, action, reward)
+
+    # the answer role: a plain few-shot completion prompt, the first integer of the reply
+    def worked_examples(self, s) -> list:
+        """--llm-examples instances drawn with a fixed seed from s's level, never s's instance. A level whose examples
+        would all be one instance (pattern-echo's level 0: two cues) takes them from the next level with the same rule:
+        a prompt that repeats one answer eight times is copied, whatever the asked state."""
+        same_rule = [lv for t, lv in self.levels if t == s.task_name and lv >= s.level]
+        same_rule = [lv for lv in same_rule if dataclasses.replace(s, level=lv).rule_text() == s.rule_text()]
+        examples = []
+        for level in same_rule:
+            rng = np.random.default_rng(EXAMPLES_SEED)
+            examples = []
+            for _ in range(100 * self.examples):  # a level with a single instance has none to give
+                if len(examples) == self.examples:
+                    break
+                e = self.new_instance(s.task_name, level, rng)
+                if e.shown_attributes() != s.shown_attributes():
+                    examples.append(e)
+            if len({e.shown_attributes() for e in examples}) > 1 or self.examples < 2:
+                return examples
+        return examples
+
+    def answer_prompt(self, s) -> str:
+        """The rule, the worked examples answered by the rule, and the asked state, each as `<attributes>` then
+        `answer = <n>`."""
+        key = (s.task, s.level, s.shown_attributes())
+        if key not in self.prompts:
+            blocks = [f"Rule: {s.rule_text()}"]
+            for e in self.worked_examples(s):
+                blocks.append(f"{e.shown_attributes()}\nanswer = {self.oracle_action(e)}")
+            blocks.append(f"{s.shown_attributes()}\nanswer =")
+            self.prompts[key] = "\n\n".join(blocks)
+        return self.prompts[key]
+
+    def answer_body(self, s) -> dict:
+        # the answer is one number: a few tokens, and the line ends it
+        return {"model": self.model, "prompt": self.answer_prompt(s), "temperature": 0, "max_tokens": 8, "stop": ["\n"]}
+
+    def parse_answer(self, text) -> int | None:
+        """The first integer of the reply if it is an action, None otherwise."""
+        if not isinstance(text, str):
+            return None
+        match = re.search(r"-?\d+", text)
+        if match is None or not 0 <= int(match.group()) < self.num_actions:
+            return None
+        return int(match.group())
+
+    # the judge role: a JSON verdict on (state, action) through the chat-completions endpoint
+    def user_message(self, s, action: int) -> str:
+        message = f"{s.to_prompt()}\nanswer = {int(action)}"
+        if self.next_state:
+            message += (
+                f"\nstate = {json.dumps(s.as_dict())}\nAlso give next_state: this state with step + 1, "
+                "last_action = the answer and last_correct = your reward."
+            )
+        return message
+
+    def response_format(self) -> dict | None:
+        """A JSON schema of {"reward": 0 | 1} (and the next state, each attribute in range) in the endpoint's form."""
+        props = {"reward": {"type": "integer", "enum": [0, 1]}}
+        if self.next_state:
+            ranges = {a: {"type": "integer", "minimum": 0, "maximum": k - 1} for a, k in zip(self.attributes, self.vocab)}
+            props["next_state"] = {"type": "object", "required": self.attributes, "properties": ranges}
+        schema = {"type": "object", "properties": props, "required": list(props)}
+        if self.args.llm_response_format == "json-object":  # llama.cpp's server
+            return {"type": "json_object", "schema": schema}
+        if self.args.llm_response_format == "json-schema":
+            return {"type": "json_schema", "json_schema": {"name": "verdict", "schema": schema}}
+        return None
+
+    def judge_body(self, s, action: int) -> dict:
+        # worked examples: fixed instances of the same task and level, answered right and wrong in turn
+        rng = np.random.default_rng(EXAMPLES_SEED)
+        shots = []
+        for i in range(self.examples):
+            e = self.new_instance(s.task_name, s.level, rng)
+            a = self.oracle_action(e)
+            if i % 2 == 1:
+                a = (self.oracle_action(e) + 1 + i) % self.num_actions
+            r = self.judge(e, a)
+            verdict = {"reward": int(r)}
+            if self.next_state:
+                verdict["next_state"] = self.transition(e, a, r).as_dict()
+            shots.append({"role": "user", "content": self.user_message(e, a)})
+            shots.append({"role": "assistant", "content": json.dumps(verdict)})
+        # max_tokens bounds a model that does not stop: the answer is about 6 tokens, 90 with the next state
+        body = {"model": self.model, "temperature": 0, "max_tokens": 20}
+        if self.next_state:
+            body["max_tokens"] = 200
+        fmt = self.response_format()
+        if fmt:
+            body["response_format"] = fmt
+        body["messages"] = [
+            {"role": "system", "content": LLM_SYSTEM_PROMPT},
+            *shots,
+            {"role": "user", "content": self.user_message(s, action)},
+        ]
+        return body
+
+    def judge_verdict(self, text, s, action: int):
+        """The parsed (reward, next_state or None) if the answer is strict, well-formed JSON; None otherwise."""
+        if not isinstance(text, str):  # endpoints answer null for a refusal or a tool call
+            return None
+        try:
+            obj = json.loads(re.sub(r"^```(?:json)?\s*|\s*```$", "", text.strip()))
+        except json.JSONDecodeError:
+            return None
+        if not isinstance(obj, dict) or obj.get("reward") not in (0, 1) or isinstance(obj.get("reward"), bool):
+            return None
+        if not self.next_state:
+            return float(obj["reward"]), None
+        ns = obj.get("next_state")
+        if not isinstance(ns, dict) or set(ns) != set(self.attributes):
+            return None
+        if not all(isinstance(ns[a], int) and 0 <= ns[a] < k for a, k in zip(self.attributes, self.vocab)):
+            return None
+        nxt = type(s).from_list([ns[a] for a in self.attributes], self.num_actions)
+        # the LLM may set the verdict (last_correct), never a new task instance: that would move the goalposts
+        kept = dataclasses.replace(s, last_action=int(action), step=s.step + 1, last_correct=nxt.last_correct)
+        if nxt != kept:
+            return None
+        return float(obj["reward"]), nxt
+
+    # either role: the request, its validation, the cache
+    def body(self, s, action: int) -> dict:
+        if self.role == "answer":
+            return self.answer_body(s)
+        return self.judge_body(s, action)
+
+    def verdict(self, text, s, action: int):
+        """(reward, the LLM's next state or None) from a valid reply, None from an invalid one."""
+        if self.role == "judge":
+            return self.judge_verdict(text, s, action)
+        answer = self.parse_answer(text)
+        if answer is None:
+            return None
+        return float(action == answer), None
+
+    def cache_key(self, s, action: int) -> str:
+        # all that decides an answer (request, endpoint) or its validity (actions, attribute ranges): no wrong reuse;
+        # an answer is one per state, a judgement one per (state, action)
+        raw = [self.base_url, self.body(s, action), self.num_actions]
+        if self.role == "judge":
+            raw = [self.base_url, self.body(s, action), s.as_list(), int(action), self.vocab]
+        return hashlib.sha256(json.dumps(raw).encode()).hexdigest()
+
+    def request(self, s, action: int):
+        """The reply's text: the completion (answer) or the chat message's content (judge)."""
+        endpoint = self.client.chat.completions
+        if self.role == "answer":
+            endpoint = self.client.completions
+        with endpoint.with_streaming_response.create(**self.body(s, action)) as reply:
+            # the client's timeout bounds each read; this deadline bounds a reply trickled a few bytes at a time
+            deadline = time.monotonic() + self.timeout
+            chunks = []
+            for chunk in reply.iter_bytes():
+                chunks.append(chunk)
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no complete reply within --llm-timeout {self.timeout} s")
+        choice = json.loads(b"".join(chunks))["choices"][0]  # as leniently as the client reads
+        if self.role == "answer":
+            return choice["text"]
+        return choice["message"]["content"]
+
+    def ask(self, s, action: int) -> Reply:
+        """The first valid reply within 1 + retries attempts, with its latency, and the invalid replies before it."""
+        invalid = []
+        for _ in range(1 + self.args.llm_retries):
+            t0 = time.perf_counter()
+            try:
+                text = self.request(s, action)
+            except (openai.OpenAIError, OSError, ValueError, LookupError, TypeError):  # OSError: timeouts
+                continue
+            if self.verdict(text, s, action) is not None:
+                return Reply(text, 1000.0 * (time.perf_counter() - t0), invalid)
+            invalid.append(text)
+        return Reply(None, 0.0, invalid)
+
+    def cached(self, keys: list[str]) -> dict:
+        answers = {}
+        for k in set(keys):
+            row = self.db.execute("SELECT answer FROM answers WHERE key = ?", (k,)).fetchone()
+            if row:
+                answers[k] = row[0]
+        return answers
+
+    def respond(self, states: list, actions: list[int]) -> list[tuple[float, object]]:
+        """(reward, next state) of each (state, action): the LLM's where it replied validly, else the rule's."""
+        keys = [self.cache_key(s, a) for s, a in zip(states, actions)]
+        answers = self.cached(keys)
+        self.stats["cache_hits"] += sum(k in answers for k in keys)
+        # one request per distinct key: a non-deterministic model gives each state (or pair) one reward per batch
+        first = {}
+        for i in reversed(range(len(keys))):
+            if keys[i] not in answers:
+                first[keys[i]] = i  # the key's first index
+
+        def ask_index(i):
+            return self.ask(states[i], actions[i])
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=self.args.llm_concurrency) as pool:
+            for i, reply in zip(first.values(), pool.map(ask_index, first.values())):
+                self.stats["invalid_answers"] += len(reply.invalid)
+                for text in reply.invalid:
+                    if len(self.invalid_samples) < 5 and text not in self.invalid_samples:
+                        self.invalid_samples.append(text)
+                if reply.text is not None:
+                    answers[keys[i]] = reply.text
+                    self.latencies.append(reply.latency_ms)
+                    self.db.execute("INSERT OR REPLACE INTO answers VALUES (?, ?)", (keys[i], reply.text))
+        self.db.commit()
+        out = []
+        for s, a, k in zip(states, actions, keys):
+            rule = self.judge(s, a)
+            where = f"{s.task_name}/level{s.level}"
+            parsed = None
+            if k in answers:
+                parsed = self.verdict(answers[k], s, a)
+            counts = ["queries", "fallbacks" if parsed is None else "judged"]
+            if parsed is not None:
+                counts += ["agreements"] * int(parsed[0] == rule) + ["rewarded"] * int(parsed[0] == 1)
+            if parsed is not None and self.role == "answer":
+                counts += ["right_answers"] * int(self.parse_answer(answers[k]) == self.oracle_action(s))
+            self.stats.update(counts + [f"{where}/{c}" for c in counts])
+            reward = rule
+            nxt = None
+            if parsed is not None:
+                reward, nxt = parsed
+            if nxt is None:
+                nxt = self.transition(s, a, reward)
+            out.append((reward, nxt))
+        return out
+
+    # what it reports
+    def summary(self) -> dict:
+        """Totals, and per task and level: agreement of the LLM's rewards with the rule's, the share rewarded (a judge's
+        bias) and, for the answer role, the share of queries whose answer equals the rule's (accuracy)."""
+        st = self.stats
+        out = {"role": self.role}
+        out.update({k: st[k] for k in ("queries", "judged", "fallbacks", "invalid_answers", "cache_hits")})
+        out["agreement"] = st["agreements"] / max(1, st["judged"])
+        if self.role == "answer":  # a query that fell back (an answer out of range, no number, no reply) is not right
+            out["accuracy"] = st["right_answers"] / max(1, st["queries"])
+        out["latency_ms"] = 0.0
+        if self.latencies:
+            out["latency_ms"] = float(np.mean(self.latencies))
+        out["invalid_samples"] = list(self.invalid_samples)
+        levels = sorted({k.rsplit("/", 1)[0] for k in st if k.count("/") == 2})
+        out["per_level"] = {}
+        for w in levels:
+            judged = max(1, st[f"{w}/judged"])
+            row = {
+                "agreement": st[f"{w}/agreements"] / judged,
+                "judged": st[f"{w}/judged"],
+                "fallbacks": st[f"{w}/fallbacks"],
+                "rewarded": st[f"{w}/rewarded"] / judged,
+            }
+            if self.role == "answer":
+                row["accuracy"] = st[f"{w}/right_answers"] / max(1, st[f"{w}/queries"])
+            out["per_level"][w] = row
+        return out
+
+    def probe(self):
+        """Raises ValueError (one line) saying what is wrong with the endpoint: one listing and one request of the role,
+        asked before any training."""
+        where = f"--llm-base-url {self.base_url}"
+
+        def failed(what: str, e: Exception) -> str:  # the client's class (APIConnectionError, ...) and first line
+            return f"{where}: {what} failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
+
+        try:
+            served = [m.id for m in self.client.models.list()]
+        except Exception as e:  # whatever the reply is, the run cannot use this endpoint
+            raise ValueError(failed("listing the models", e)) from e
+        if served and self.model not in served:
+            raise ValueError(
+                f"--llm-model {self.model!r} is not served at {self.base_url} (it serves {', '.join(served[:5])})"
+            )
+        what = "a completion"
+        if self.role == "judge":
+            what = "a chat completion"
+        try:
+            text = self.request(self.new_instance(self.tasks[0], 0, np.random.default_rng(0)), 0)
+        except Exception as e:
+            raise ValueError(failed(what, e)) from e
+        if not isinstance(text, str):
+            raise ValueError(f"{where}: {what} had no text")
+
+    def check_agreement(self, levels: list[tuple[str, int]], pairs: int, seed: int = 0) -> dict:
+        """summary() over `pairs` seeded (state, action) per (task, level) of `levels`, half right; the running totals
+        are kept."""
+        stats = self.stats.copy()
+        latencies = list(self.latencies)
+        samples = list(self.invalid_samples)
+        rng = np.random.default_rng(seed)
+        self.stats = collections.Counter()
+        self.latencies = []
+        self.invalid_samples = []
+        for task, level in levels:
+            states = [self.new_instance(task, level, rng) for _ in range(pairs)]
+            wrong = [int(x) for x in rng.integers(1, self.num_actions, pairs)]
+            actions = []
+            for i, (s, w) in enumerate(zip(states, wrong)):
+                shift = w
+                if i % 2 == 0:
+                    shift = 0
+                actions.append((self.oracle_action(s) + shift) % self.num_actions)
+            self.respond(states, actions)
+        result = self.summary()
+        self.stats = stats
+        self.latencies = latencies
+        self.invalid_samples = samples
+        return result
