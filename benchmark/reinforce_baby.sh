@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Experiment reinforce_baby (WMIL):
+# Experiment reinforce_baby:
 #   1. the plan's locked MVP command over seeds 1..5, with its four success criteria checked per seed
 #      (> 12.5%, > 50% by step 5,000, entropy decreases, world-model MSE decreases) and the target
 #      (> 90% by step 5,000 on >= 4/5 seeds, under a minute);

@@ -1,7 +1,7 @@
-"""WMIL (World-Model Interactive Learning) "reinforce baby": a randomly initialised transformer learns goal-directed
-behaviour from a parent.
+"""reinforce_baby: a randomly initialised transformer learns goal-directed behaviour from a parent, through interaction
+and its own world model.
 
-Follows the WMIL plan and its five critical fixes: episodes end only on the time limit; the world model predicts
+Follows the plan behind it (learning through interaction with an LLM-powered environment) and its five critical fixes: episodes end only on the time limit; the world model predicts
 the raw next-state tensor; REINFORCE before PPO; reward components logged apart; the LLM parent is optional.
 
 Usage (the locked MVP):
