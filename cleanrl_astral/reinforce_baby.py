@@ -1,8 +1,9 @@
 """reinforce_baby: a randomly initialised transformer learns goal-directed behaviour from a parent, through interaction
 and its own world model.
 
-Follows the plan behind it (learning through interaction with an LLM-powered environment) and its five critical fixes: episodes end only on the time limit; the world model predicts
-the raw next-state tensor; REINFORCE before PPO; reward components logged apart; the LLM parent is optional.
+Follows the plan behind it (learning through interaction with an LLM-powered environment) and its five critical
+fixes: episodes end only on the time limit; the world model predicts the raw next-state tensor; REINFORCE before PPO;
+reward components logged apart; the LLM parent is optional.
 
 Usage (the locked MVP):
     python cleanrl_astral/reinforce_baby.py --task pattern-echo --num-actions 8 --hidden-dim 64 \
