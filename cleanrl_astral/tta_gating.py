@@ -1086,9 +1086,9 @@ if __name__ == "__main__":
             # LOGGING
             log_adapt_target(writer, target, result, args.episodes)
             report["results"][target["name"]] = result
-            tta.write_results(report, results_path)  # per finished target: a stopped run keeps it
-            if args.save_model:
+            if args.save_model:  # before the results: a target found in tta.json has its agents saved
                 tta.save_adapted(saved, report, ckpt, SCRIPT, model_file)
+            tta.write_results(report, results_path)  # per finished target: a stopped run keeps it
         figure = os.path.join(run_dir, "adaptation_curves.png")
         mode_of_update = "per-episode"
         if args.online:

@@ -618,10 +618,13 @@ def test_mean_ci_is_the_student_t_interval_of_the_mean():
 
 
 def test_adapt_smoke_all_controls(checkpoint, tmp_path):
+    """--preset full: every control, and the ceiling's mixtures."""
     digest = sha256(checkpoint)
     result = run_script(
         "tta_gating",
         "adapt",
+        "--preset",
+        "full",
         "--checkpoint",
         checkpoint,
         "--mode-indices",
@@ -777,6 +780,8 @@ def test_gain_over_none_is_paired_and_its_fraction_is_of_the_ceilings_headroom(c
             "4",
             "--adapt-lr",
             "0.05",
+            "--ceiling-resolution",
+            "2",
             "--runs-dir",
             str(tmp_path / "runs"),
         ],
