@@ -258,12 +258,13 @@ def phase_c_swap(root, baseline_eval):
         "An analysis of existing runs, found after looking at them; not a pre-registered criterion of the ASTRAL study.",
         "Made by `benchmark/tta_gating.sh --swap` (`tta_gating.py swap --eval-episodes 20 --seed {seed}`, seeds 6-15: the",
         "learned-gate column replays each checkpoint's own deterministic evaluation). Slots: argmax of the mean learned",
-        "gate (deterministic episodes) of modes 0-3 (force +1, -1, +1, -1) and of held-out mode 4 (force -1). NMI: one",
+        "gate (deterministic episodes) of modes 0-3 (force +1, -1, +1, -1) and of held-out mode 4 (force -1); mode 4 can",
+        "go to a slot of its sign only where the two signs use disjoint slots. NMI: one",
         "sample per episode (argmax of its mean gate) against its force sign, and against its mode (0.5 for a clean sign",
         "split). Swap effect: return with the own sign's mean gate minus the other sign's, mean over modes 0-3; by mode: own",
         "mode's mean gate minus the mean of the other three modes'.",
         "",
-        "| config | seed | slots, modes 0-3 / 4 | sign split | NMI sign / mode | mode 4 to its sign's slot | "
+        "| config | seed | slots, modes 0-3 / 4 | signs on disjoint slots | NMI sign / mode | mode 4 to a slot of its sign | "
         "swap effect, sign: det / sampled | swap effect, mode: det / sampled | learned return, modes 0-4 (det) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -277,14 +278,19 @@ def phase_c_swap(root, baseline_eval):
             routing = d["routing"]
             slots = routing["slot_of_mode"]
             held = routing["held_out"].get("mode4", {})
-            routed = {True: "yes", False: "no", None: "no sign slot"}[held.get("to_sign_slot")]
+            routed = {True: "yes", False: "no", None: "no sign slots"}[held.get("to_sign_slot")]
+            disjoint = "no"
+            if routing["sign_split"]:
+                disjoint = "yes, one each"
+            elif routing["signs_on_disjoint_slots"]:
+                disjoint = "yes"
             effect = d["swap_effect"]
             learned = [d["results"][f"mode{k}"]["learned"]["deterministic"]["mean"] for k in range(5)]
             seed = re.search(r"__s(\d+)", d["checkpoint"]).group(1)
             rows.append((routing, held, effect))
             lines.append(
                 f"| {label} | {seed} | {' '.join(str(slots[f'mode{k}']) for k in range(4))} / {slots['mode4']} | "
-                f"{'yes' if routing['sign_split'] else 'no'} | "
+                f"{disjoint} | "
                 f"{routing['episode_nmi_sign']:.2f} / {routing['episode_nmi_mode']:.2f} | {routed} | "
                 f"{effect['deterministic']['sign']['value']:.1f} / {effect['sampled']['sign']['value']:.1f} | "
                 f"{effect['deterministic']['mode']['value']:.1f} / {effect['sampled']['mode']['value']:.1f} | "
@@ -292,12 +298,14 @@ def phase_c_swap(root, baseline_eval):
             )
         if rows:
             splits = sum(r["sign_split"] for r, _, _ in rows)
+            disjoint = sum(r["signs_on_disjoint_slots"] for r, _, _ in rows)
             routed = sum(bool(h.get("to_sign_slot")) for _, h, _ in rows)
             nmi = [r["episode_nmi_sign"] for r, _, _ in rows]
             sign_det = [e["deterministic"]["sign"]["value"] for _, _, e in rows]
             sign_sampled = [e["sampled"]["sign"]["value"] for _, _, e in rows]
             totals.append(
-                f"- {label}, {len(rows)} seeds: sign split in {splits}, mode 4 to its sign's slot in {routed}; episode NMI "
+                f"- {label}, {len(rows)} seeds: the signs on disjoint slots in {disjoint} (one slot each in {splits}), mode 4 "
+                f"to a slot of its sign in {routed}; episode NMI "
                 f"against the sign {fmt(np.mean(nmi), ci95(nmi))} (mean ± 95% CI over seeds); swap effect by sign "
                 f"{fmt(np.mean(sign_det), ci95(sign_det))} deterministic, {fmt(np.mean(sign_sampled), ci95(sign_sampled))} "
                 "sampled."

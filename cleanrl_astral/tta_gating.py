@@ -616,9 +616,10 @@ def episode_nmi(labels, slots, num_slots):
 
 def gate_routing(episode_gates, mean_gates, targets):
     """What the learned gate says about the modes: episode-level NMI of the argmax of each episode's mean gate against
-    the mode and against the force sign (training modes), each mode's argmax slot, whether the training modes split
-    exactly by sign (one slot per sign, the signs' slots distinct), and where each held-out mode goes: its argmax slot,
-    its sign's slot (the argmax of that sign's mean gate), and the share of its episodes on that slot."""
+    the mode and against the force sign (training modes), each mode's argmax slot, whether the two signs' training modes
+    use disjoint sets of slots (and one slot each: an exact sign split), and where each held-out mode goes: its argmax
+    slot, whether that is one of its sign's slots (only where the signs' slots are disjoint), and the share of its
+    episodes on its sign's slots."""
     training = [t for t in targets if not t["held_out"]]
     num_slots = len(next(iter(mean_gates.values())))
     modes = []
@@ -630,33 +631,31 @@ def gate_routing(episode_gates, mean_gates, targets):
         modes += [t["name"]] * len(episode_slots)
         signs += [t["physics"][2]] * len(episode_slots)
     slot_of_mode = {t["name"]: int(np.argmax(mean_gates[t["name"]])) for t in targets}
-    sign_gates = swap_gates(mean_gates, targets)
     sign_slots = {}
     for t in training:
         sign_slots.setdefault(t["physics"][2], set()).add(slot_of_mode[t["name"]])
-    split = len(sign_slots) > 1 and all(len(s) == 1 for s in sign_slots.values())
-    split = split and len(set.union(*sign_slots.values())) == len(sign_slots)
-    # a sign's slot: the argmax of its mean gate; a held-out mode can go to it only if no other sign shares it
-    sign_gate_slots = {name: int(w.argmax()) for name, w in sign_gates.items() if name.startswith("sign")}
-    distinct = len(set(sign_gate_slots.values())) == len(sign_gate_slots) > 1
+    used = [slot for slots_of_sign in sign_slots.values() for slot in slots_of_sign]
+    disjoint = len(sign_slots) > 1 and len(used) == len(set(used))
+    one_each = disjoint and all(len(slots_of_sign) == 1 for slots_of_sign in sign_slots.values())
     held_out = {}
     for t in targets:
         if not t["held_out"]:
             continue
-        entry = {"sign": t["physics"][2], "slot": slot_of_mode[t["name"]], "sign_slot": None, "to_sign_slot": None}
-        sign_slot = sign_gate_slots.get(sign_name(t["physics"][2]))
-        if distinct and sign_slot is not None:
+        sign = t["physics"][2]
+        entry = {"sign": sign, "slot": slot_of_mode[t["name"]], "sign_slots": None, "to_sign_slot": None}
+        if disjoint and sign in sign_slots:
             episode_slots = np.asarray(episode_gates[t["name"]]).argmax(-1)
-            entry["sign_slot"] = sign_slot
-            entry["to_sign_slot"] = entry["slot"] == sign_slot
-            entry["episode_share_on_sign_slot"] = float((episode_slots == sign_slot).mean())
+            entry["sign_slots"] = sorted(sign_slots[sign])
+            entry["to_sign_slot"] = entry["slot"] in sign_slots[sign]
+            entry["episode_share_on_sign_slots"] = float(np.isin(episode_slots, entry["sign_slots"]).mean())
         held_out[t["name"]] = entry
     return {
         "episode_nmi_mode": episode_nmi(modes, slots, num_slots),
         "episode_nmi_sign": episode_nmi(signs, slots, num_slots),
         "episodes": len(slots),
         "slot_of_mode": slot_of_mode,
-        "sign_split": split,
+        "signs_on_disjoint_slots": disjoint,
+        "sign_split": one_each,
         "held_out": held_out,
     }
 

@@ -198,6 +198,7 @@ def swap_headline(report):
     routing = report["routing"]
     headline["gate_episode_nmi_mode"] = routing["episode_nmi_mode"]
     headline["gate_episode_nmi_sign"] = routing["episode_nmi_sign"]
+    headline["signs_on_disjoint_slots"] = float(routing["signs_on_disjoint_slots"])
     headline["sign_split"] = float(routing["sign_split"])
     routed = [entry["to_sign_slot"] for entry in routing["held_out"].values() if entry["to_sign_slot"] is not None]
     if routed:
@@ -210,13 +211,14 @@ def describe_swap(report):
     routing = report["routing"]
     lines = [
         f"mean learned gates: {', '.join(f'{k} {np.round(w, 2).tolist()}' for k, w in report['mean_gates'].items())}",
-        f"argmax slot per mode {routing['slot_of_mode']}; the training modes split by sign: {routing['sign_split']}",
+        f"argmax slot per mode {routing['slot_of_mode']}; the signs' training modes on disjoint slots: "
+        f"{routing['signs_on_disjoint_slots']}, one slot per sign: {routing['sign_split']}",
         f"episode-level NMI of the argmax slot ({routing['episodes']} episodes of the training modes): "
         f"against the mode {routing['episode_nmi_mode']:.3f}, against the force sign {routing['episode_nmi_sign']:.3f}",
     ]
     for name, entry in routing["held_out"].items():
         lines.append(
-            f"held-out {name} (force sign {entry['sign']:+g}): slot {entry['slot']}, its sign's slot {entry['sign_slot']}"
+            f"held-out {name} (force sign {entry['sign']:+g}): slot {entry['slot']}, its sign's slots {entry['sign_slots']}"
         )
     for kind in KINDS:
         effects = report["swap_effect"][kind]

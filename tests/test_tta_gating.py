@@ -1300,13 +1300,32 @@ def test_gate_routing_reads_the_sign_split_and_the_held_out_modes_slot(toy_swaps
     and has no sign slot to route to."""
     routing = toy_swaps["reads_gate"][0].routing
     assert routing["episode_nmi_sign"] == pytest.approx(1.0) and routing["episode_nmi_mode"] == pytest.approx(0.5)
-    assert routing["episodes"] == 12 and routing["sign_split"]
+    assert routing["episodes"] == 12 and routing["sign_split"] and routing["signs_on_disjoint_slots"]
     assert routing["slot_of_mode"] == {"mode0": 0, "mode1": 1, "mode2": 0, "mode3": 1, "mode4": 1}
     held = routing["held_out"]["mode4"]
-    assert held["slot"] == 1 and held["sign_slot"] == 1 and held["to_sign_slot"] and held["episode_share_on_sign_slot"] == 1.0
+    assert held["slot"] == 1 and held["sign_slots"] == [1] and held["to_sign_slot"]
+    assert held["episode_share_on_sign_slots"] == 1.0
     uniform = toy_swaps["uniform_gate"][0].routing
-    assert uniform["episode_nmi_sign"] == 0.0 and uniform["episode_nmi_mode"] == 0.0 and not uniform["sign_split"]
+    assert uniform["episode_nmi_sign"] == 0.0 and uniform["episode_nmi_mode"] == 0.0
+    assert not uniform["sign_split"] and not uniform["signs_on_disjoint_slots"]
     assert uniform["held_out"]["mode4"]["to_sign_slot"] is None
+
+
+def test_routing_with_a_slot_per_mode_counts_every_slot_of_the_held_out_modes_sign():
+    """Planted gates: modes 0-3 on slots 0-3 (the signs on disjoint sets, two slots each), held-out mode 4 (force -1) on
+    slot 3, a force -1 mode's slot; then mode 3 moved to slot 0, which force +1 uses too: no sign slot to route to."""
+    targets = mirror4_targets()
+    gates = {f"mode{k}": np.eye(4)[k] * 0.7 + 0.075 for k in range(4)}
+    gates["mode4"] = np.eye(4)[3] * 0.7 + 0.075
+    episodes = {name: np.stack([w, w]) for name, w in gates.items()}
+    routing = tta_gating.gate_routing(episodes, gates, targets)
+    assert routing["signs_on_disjoint_slots"] and not routing["sign_split"]
+    assert routing["held_out"]["mode4"]["sign_slots"] == [1, 3] and routing["held_out"]["mode4"]["to_sign_slot"]
+    assert routing["episode_nmi_sign"] == pytest.approx(1.0) and routing["episode_nmi_mode"] == pytest.approx(1.0)
+    gates["mode3"] = gates["mode0"]
+    episodes["mode3"] = episodes["mode0"]
+    shared = tta_gating.gate_routing(episodes, gates, targets)
+    assert not shared["signs_on_disjoint_slots"] and shared["held_out"]["mode4"]["to_sign_slot"] is None
 
 
 def test_episode_nmi_against_a_label():
