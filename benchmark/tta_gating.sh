@@ -14,6 +14,9 @@
 #                                                checkpoints (benchmark/out/astral_study/phase_C, seeds 6-15): adapt on every mode,
 #                                                held-out mode 4 included, and clamp on the training modes 0-3, for the frozen
 #                                                configuration and the supervised-gate ceiling -> benchmark/out/tta_gating/study_* (--output)
+#   benchmark/tta_gating.sh --swap               the gate swap and sign-level routing on the same 20 Phase C checkpoints (frozen and
+#                                                ceiling, seeds 6-15), one run at a time (~20 s of CPU each), 20 episodes per cell
+#                                                -> benchmark/out/tta_gating/phase_C_swap_*, table in docs/results/tta_gating/phase_C_swap.md
 #   benchmark/tta_gating.sh --train-sweep DIR    read the checkpoints from another sweep (its command 1 must be ppo_gru_astral.py
 #                                                with the grid seed3 | seed3 --hide-velocity | inverted4 --hide-velocity)
 # Other arguments go to benchmark.py (e.g. --num-seeds 2, --dry-run, --backend ray --ray-address auto). Re-running
@@ -21,13 +24,14 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-quick=0 budget=0 study=0 dry_run=0 train="" out="" report=""
+quick=0 budget=0 study=0 swap=0 dry_run=0 train="" out="" report=""
 extra=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --quick) quick=1 ;;
         --budget) budget=1 ;;
         --study) study=1 ;;
+        --swap) swap=1 ;;
         --train-sweep) train="$2"; shift ;;
         --output) out="$2"; shift ;;
         --report) report="$2"; shift ;;
@@ -36,6 +40,20 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
+
+if [ "$swap" = 1 ]; then
+    # an analysis of the Phase C checkpoints found after looking at them; --seed {seed} replays each one's own evaluation
+    P=${train:-benchmark/out/astral_study/phase_C}/runs out=${out:-benchmark/out/tta_gating} status=0
+    for name in frozen ceiling; do
+        python benchmark/benchmark.py --command "python cleanrl_astral/tta_gating.py swap --eval-episodes 20 \
+            --checkpoint '$P/c*__s{seed}/*/$name.cleanrl_model'" --start-seed 6 --num-seeds 10 --workers 1 --resume \
+            --no-progress --output "$out/phase_C_swap_$name" "${extra[@]}" || status=1
+    done
+    if [ "$dry_run" = 0 ]; then
+        python benchmark/tta_summary.py --root "$out" --phase-c-swap --output docs/results/tta_gating/phase_C_swap.md || status=1
+    fi
+    exit "$status"
+fi
 
 if [ "$study" = 1 ]; then
     # one checkpoint per Phase C seed and configuration (its --exp-name names the model file)

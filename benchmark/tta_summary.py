@@ -4,7 +4,12 @@ gain as a fraction of the ceiling's headroom), and the clamp matrix per checkpoi
 specificity when it has one); for the ASTRAL study's sweeps (`--study`), the verdicts of its criteria 3 and 4. Reads
 the tta.json / clamp.json files of the sweeps; writes markdown.
 
+With --phase-c-swap, instead: one row per Phase C checkpoint of the `swap` sweeps (`benchmark/tta_gating.sh --swap`):
+the learned gate's argmax slot per mode, sign split, episode-level NMI against sign and mode, held-out routing and the
+swap effects, and what the GRU baseline's eval.json files hold for a sign probe from h.
+
 Usage: python benchmark/tta_summary.py --root benchmark/out/tta_gating --output docs/results/tta_gating/budget_tables.md
+       python benchmark/tta_summary.py --phase-c-swap --output docs/results/tta_gating/phase_C_swap.md
 """
 
 import argparse
@@ -245,10 +250,95 @@ def study_criteria(root):
     return lines
 
 
+def phase_c_swap(root, baseline_eval):
+    """The Phase C swap table: one row per configuration x seed, then a count / mean row per configuration."""
+    lines = [
+        "# Gate swap and sign-level routing on the Phase C checkpoints",
+        "",
+        "An analysis of existing runs, found after looking at them; not a pre-registered criterion of the ASTRAL study.",
+        "Made by `benchmark/tta_gating.sh --swap` (`tta_gating.py swap --eval-episodes 20 --seed {seed}`, seeds 6-15: the",
+        "learned-gate column replays each checkpoint's own deterministic evaluation). Slots: argmax of the mean learned",
+        "gate (deterministic episodes) of modes 0-3 (force +1, -1, +1, -1) and of held-out mode 4 (force -1); mode 4 can",
+        "go to a slot of its sign only where the two signs use disjoint slots. NMI: one",
+        "sample per episode (argmax of its mean gate) against its force sign, and against its mode (0.5 for a clean sign",
+        "split). Swap effect: return with the own sign's mean gate minus the other sign's, mean over modes 0-3; by mode: own",
+        "mode's mean gate minus the mean of the other three modes'.",
+        "",
+        "| config | seed | slots, modes 0-3 / 4 | signs on disjoint slots | NMI sign / mode | mode 4 to a slot of its sign | "
+        "swap effect, sign: det / sampled | swap effect, mode: det / sampled | learned return, modes 0-4 (det) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    totals = []
+    for name, label in (("frozen", "c0 frozen"), ("ceiling", "c2 ceiling")):
+        files = sorted(glob.glob(os.path.join(root, f"phase_C_swap_{name}", "runs", "*", "*", "swap.json")), key=training_seed)
+        rows = []
+        for path in files:
+            with open(path) as f:
+                d = json.load(f)
+            routing = d["routing"]
+            slots = routing["slot_of_mode"]
+            held = routing["held_out"].get("mode4", {})
+            routed = {True: "yes", False: "no", None: "no sign slots"}[held.get("to_sign_slot")]
+            disjoint = "no"
+            if routing["sign_split"]:
+                disjoint = "yes, one each"
+            elif routing["signs_on_disjoint_slots"]:
+                disjoint = "yes"
+            effect = d["swap_effect"]
+            learned = [d["results"][f"mode{k}"]["learned"]["deterministic"]["mean"] for k in range(5)]
+            seed = re.search(r"__s(\d+)", d["checkpoint"]).group(1)
+            rows.append((routing, held, effect))
+            lines.append(
+                f"| {label} | {seed} | {' '.join(str(slots[f'mode{k}']) for k in range(4))} / {slots['mode4']} | "
+                f"{disjoint} | "
+                f"{routing['episode_nmi_sign']:.2f} / {routing['episode_nmi_mode']:.2f} | {routed} | "
+                f"{effect['deterministic']['sign']['value']:.1f} / {effect['sampled']['sign']['value']:.1f} | "
+                f"{effect['deterministic']['mode']['value']:.1f} / {effect['sampled']['mode']['value']:.1f} | "
+                f"{' / '.join(f'{v:.0f}' for v in learned)} |"
+            )
+        if rows:
+            splits = sum(r["sign_split"] for r, _, _ in rows)
+            disjoint = sum(r["signs_on_disjoint_slots"] for r, _, _ in rows)
+            routed = sum(bool(h.get("to_sign_slot")) for _, h, _ in rows)
+            nmi = [r["episode_nmi_sign"] for r, _, _ in rows]
+            sign_det = [e["deterministic"]["sign"]["value"] for _, _, e in rows]
+            sign_sampled = [e["sampled"]["sign"]["value"] for _, _, e in rows]
+            totals.append(
+                f"- {label}, {len(rows)} seeds: the signs on disjoint slots in {disjoint} (one slot each in {splits}), mode 4 "
+                f"to a slot of its sign in {routed}; episode NMI "
+                f"against the sign {fmt(np.mean(nmi), ci95(nmi))} (mean ± 95% CI over seeds); swap effect by sign "
+                f"{fmt(np.mean(sign_det), ci95(sign_det))} deterministic, {fmt(np.mean(sign_sampled), ci95(sign_sampled))} "
+                "sampled."
+            )
+    lines += ["", *totals, "", "GRU baseline (c1), sign probe from h:"]
+    files = sorted(glob.glob(os.path.join(baseline_eval, "c1__*.json")), key=lambda p: training_seed(p.replace(".json", "/")))
+    keys = set()
+    for path in files:
+        with open(path) as f:
+            keys |= set(json.load(f))
+    probes = sorted(k for k in keys if "probe" in k or k.startswith("slots"))
+    if not files:
+        lines.append(f"- no c1 eval.json under {baseline_eval}.")
+    elif probes:
+        lines.append(f"- the {len(files)} c1 eval.json files hold {', '.join(probes)}.")
+    else:
+        lines.append(
+            f"- cannot be given: the {len(files)} c1 eval.json files under `{baseline_eval}` hold only "
+            f"{', '.join(sorted(keys))} (returns; no probe of h), and the c1 checkpoints are not in the repository."
+        )
+    return lines
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--root", default="benchmark/out/tta_gating", help="directory holding the budget sweeps")
     p.add_argument("--output", required=True, help="markdown file to write")
+    p.add_argument("--phase-c-swap", action="store_true", help="write only the Phase C swap table (tta_gating.sh --swap)")
+    p.add_argument(
+        "--baseline-eval",
+        default="docs/results/ppo_gru_astral/study/phase_C_runs/eval",
+        help="directory of the Phase C eval.json copies (the GRU baseline's are c1__*.json)",
+    )
     a = p.parse_args(argv)
     if not os.path.isdir(a.root):
         print(
@@ -256,10 +346,13 @@ def main(argv=None):
             file=sys.stderr,
         )
         return 2
-    lines = ["# tta_gating sweeps", ""] + adapt_tables(a.root)
-    for sweep in CLAMP_SWEEPS:
-        lines += clamp_table(a.root, sweep)
-    lines += study_criteria(a.root)
+    if a.phase_c_swap:
+        lines = phase_c_swap(a.root, a.baseline_eval)
+    else:
+        lines = ["# tta_gating sweeps", ""] + adapt_tables(a.root)
+        for sweep in CLAMP_SWEEPS:
+            lines += clamp_table(a.root, sweep)
+        lines += study_criteria(a.root)
     os.makedirs(os.path.dirname(os.path.abspath(a.output)), exist_ok=True)
     tmp = a.output + ".tmp"
     with open(tmp, "w") as f:

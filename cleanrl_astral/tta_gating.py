@@ -1,10 +1,12 @@
-"""Test-time adaptation of the ASTRAL gate, and slot interventions, with controls (the ASTRAL plan's phases 5 and 6).
+"""Test-time adaptation of the ASTRAL gate, and interventions on it, with controls (the ASTRAL plan's phases 5 and 6).
 
 Reads an agent trained by ppo_gru_astral.py (its `.cleanrl_model`, never modified) and asks of its AbstractionBank:
 - `adapt`: on a fixed target mode, does updating only the gate with REINFORCE raise the return? Controls on the same
   episodes: `none`, `gate` (the method), `context` (a gate-logit bias), `all` (every parameter), `tent` (reward-free);
   a gain also reads as a fraction of the headroom up to the ceiling, the best fixed gate.
 - `clamp`: the gate forced to each one-hot (z = A_k) in every mode; slots matched to modes give the clamp specificity.
+- `swap`: the gate fixed to the mean learned gate of each force sign's training modes, and of each training mode, in
+  every mode; whether the own group's gate beats the other's says whether a constant gate carries the behaviour.
 
 Usage: python cleanrl_astral/tta_gating.py adapt --checkpoint runs/<run_name>/ppo_gru_astral.cleanrl_model
 """
@@ -12,17 +14,13 @@ Usage: python cleanrl_astral/tta_gating.py adapt --checkpoint runs/<run_name>/pp
 import copy
 import glob
 import itertools
-import json
 import math
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import ClassVar, Literal, NamedTuple
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
 import torch
 import torch.nn as nn
@@ -31,15 +29,21 @@ from torch.distributions.categorical import Categorical
 from torch.utils.tensorboard import SummaryWriter
 
 SCRIPT = os.path.basename(__file__)[: -len(".py")]
-ASTRAL_SCRIPT, ASTRAL_FORMAT = "ppo_gru_astral", 1
+ASTRAL_SCRIPT = "ppo_gru_astral"
+ASTRAL_FORMAT = 1
 CONTROLS = ("none", "gate", "context", "all", "tent")
 KINDS = (("deterministic", True), ("sampled", False))
+# adapt's workload: `quick` finishes in minutes on 2 cores; `full` is the study of docs/tta_gating.md
+PRESETS = {
+    "quick": {"controls": ["none", "gate"], "episodes": 10, "num_seeds": 2, "eval_episodes": 5, "ceiling_resolution": 1},
+    "full": {"controls": list(CONTROLS), "episodes": 30, "num_seeds": 3, "eval_episodes": 10, "ceiling_resolution": 2},
+}
 
 
 @dataclass(kw_only=True)
 class Args:
     exp_name: str | None = None
-    """the name of this experiment (default: tta_gating_adapt or tta_gating_clamp)"""
+    """the name of this experiment (default: tta_gating_{subcommand})"""
     seed: int = 1
     """seed of the experiment (adaptation seed i is seed + i); also replaces `{seed}` in --checkpoint"""
     track: bool = False
@@ -56,20 +60,27 @@ class Args:
     """indices of the checkpoint's modes to target, a preset's held-out mode included (default: all of them)"""
     modes: str | None = None
     """custom target physics instead of training modes: "g,l[,sign] g,l[,sign] ..." (unseen physics welcome)"""
-    eval_episodes: int = 10
-    """episodes per evaluation, each for deterministic and for sampled actions"""
+    eval_episodes: int | None = None
+    """episodes per evaluation, each for deterministic and for sampled actions (default: 10; adapt: the preset's)"""
 
 
 @dataclass(kw_only=True)
 class AdaptArgs(Args):
+    """Adapt the gate (and the controls) on each target mode; results are written per finished target."""
+
+    subcommand: ClassVar[str] = "adapt"
+    preset: Literal["quick", "full"] = "quick"
+    """workload: `quick` (none, gate; 2 seeds x 10 episodes; minutes) or `full` (all five controls; 3 x 30; the study)"""
+    resume: str | None = None
+    """run directory of a stopped `adapt` run to continue (same flags): its finished targets are kept, the others run"""
     save_model: bool = False
     """save every adapted agent (target × seed × control) to `runs/{run_name}/{exp_name}.cleanrl_model`"""
-    controls: list[str] = field(default_factory=lambda: list(CONTROLS))
-    """which of none, gate, context, all, tent to run (all with the same episodes and seeds)"""
-    episodes: int = 30
-    """adaptation episodes per target mode, seed and control"""
-    num_seeds: int = 3
-    """adaptation seeds per target mode (the 95% CI is over these)"""
+    controls: list[str] | None = None
+    """which of none, gate, context, all, tent to run, all with the same episodes and seeds (default: the preset's)"""
+    episodes: int | None = None
+    """adaptation episodes per target mode, seed and control (default: the preset's)"""
+    num_seeds: int | None = None
+    """adaptation seeds per target mode, the 95% CI is over these (default: the preset's)"""
     adapt_lr: float = 3e-3
     """Adam learning rate of the adaptation"""
     gamma: float = 0.99
@@ -84,31 +95,26 @@ class AdaptArgs(Args):
     """--online: the std the critic's rewards were divided by in training (default: read from the checkpoint)"""
     tent_kl_coef: float = 1.0
     """weight of KL(π_adapted || π_unadapted) in the `tent` loss; 0 lets entropy minimisation collapse the policy"""
-    ceiling_resolution: int = 2
-    """the ceiling's fixed gates: every mixture in multiples of 1/N, plus uniform (1: the K one-hot clamps; 0: no ceiling)"""
+    ceiling_resolution: int | None = None
+    """the ceiling's fixed gates: every mixture in multiples of 1/N, plus uniform (1: one-hots; 0: none; default: preset's)"""
+
+
+@dataclass(kw_only=True)
+class ClampArgs(Args):
+    """Clamp the gate to each slot, uniform and learned, in every target mode; report the clamp specificity."""
+
+    subcommand: ClassVar[str] = "clamp"
+
+
+@dataclass(kw_only=True)
+class SwapArgs(Args):
+    """Fix the gate to the mean learned gate of each force sign's and each training mode's episodes, in every mode."""
+
+    subcommand: ClassVar[str] = "swap"
 
 
 # ENVIRONMENT: ppo_gru_astral.py's CartPole, all envs in one physics mode; the presets' modes that training never draws
 HELD_OUT_MODES = {"seed3": [], "inverted4": [], "mirror4": [4]}
-
-
-def parse_modes(spec: str) -> list:
-    """Parse "g,l[,sign] g,l[,sign] ..." into a list of (gravity, half_length, force_sign)."""
-    modes = []
-    for item in spec.split():
-        try:
-            g, length, sign = (*map(float, item.split(",")), 1.0)[:3] if item.count(",") in (1, 2) else (0.0, 0.0, 0.0)
-        except ValueError:
-            g = length = sign = 0.0
-        if not (0 < g < math.inf and 0 < length < math.inf and sign in (1.0, -1.0)):
-            raise ValueError(
-                f"malformed mode {item!r} in --modes; write gravity,half_length[,force_sign] with a positive gravity "
-                "and half-length and a force sign of 1 or -1, e.g. '9.8,0.5 7.5,0.7,-1'"
-            )
-        modes.append((g, length, sign))
-    if not modes:
-        raise ValueError("--modes is empty; give at least one mode such as '9.8,0.5'")
-    return modes
 
 
 class NonStationaryCartPole:
@@ -116,28 +122,32 @@ class NonStationaryCartPole:
     env as its `evaluate` builds it for one mode. Same-step autoreset; an ended episode's last observation is in info."""
 
     def __init__(self, num_envs, physics, hide_velocity=False):
-        self.num_envs, self.max_episode_steps, (self.gravity, self.half_length, self.force_sign) = num_envs, 500, physics
+        self.num_envs = num_envs
+        self.max_episode_steps = 500
+        self.gravity, self.half_length, self.force_sign = physics
         self.observed = [0, 2] if hide_velocity else [0, 1, 2, 3]  # hidden velocity: cart position and pole angle only
 
     def restart(self, envs):
-        self.state[envs], self.elapsed[envs] = self.rng.uniform(-0.05, 0.05, (int(envs.sum()), 4)), 0
+        self.state[envs] = self.rng.uniform(-0.05, 0.05, (int(envs.sum()), 4))
+        self.elapsed[envs] = 0
 
     def reset(self, seed=None):
-        self.rng, self.state, self.elapsed = (
-            np.random.default_rng(seed),
-            np.zeros((self.num_envs, 4)),
-            np.zeros(self.num_envs, dtype=int),
-        )
+        self.rng = np.random.default_rng(seed)
+        self.state = np.zeros((self.num_envs, 4))
+        self.elapsed = np.zeros(self.num_envs, dtype=int)
         self.restart(np.ones(self.num_envs, dtype=bool))
         return self.state[:, self.observed].astype(np.float32), {}
 
     def step(self, action):
         x, x_dot, theta, theta_dot = self.state.T
-        gravity, length, masspole, total_mass = self.gravity, self.half_length, 0.1, 0.1 + 1.0
+        masspole = 0.1
+        total_mass = 0.1 + 1.0
+        length = self.half_length
         force = self.force_sign * 10.0 * np.where(action == 1, 1.0, -1.0)
-        costheta, sintheta = np.cos(theta), np.sin(theta)
+        costheta = np.cos(theta)
+        sintheta = np.sin(theta)
         temp = (force + masspole * length * np.square(theta_dot) * sintheta) / total_mass
-        thetaacc = (gravity * sintheta - costheta * temp) / (
+        thetaacc = (self.gravity * sintheta - costheta * temp) / (
             length * (4.0 / 3.0 - masspole * np.square(costheta) / total_mass)
         )
         xacc = temp - masspole * length * thetaacc * costheta / total_mass
@@ -159,7 +169,9 @@ class AbstractionBank(nn.Module):
 
     def __init__(self, hidden_size, num_abstractions, slot_dim, tau, gumbel_tau=None):
         super().__init__()
-        self.slots, self.tau, self.gumbel_tau = nn.Parameter(torch.zeros(num_abstractions, slot_dim)), tau, gumbel_tau
+        self.slots = nn.Parameter(torch.zeros(num_abstractions, slot_dim))
+        self.tau = tau
+        self.gumbel_tau = gumbel_tau
         self.gate = nn.Sequential(nn.Linear(hidden_size, 64), nn.Tanh(), nn.Linear(64, num_abstractions))
         self.context = nn.Parameter(torch.zeros(num_abstractions))
 
@@ -168,10 +180,12 @@ class AbstractionBank(nn.Module):
         logits = (self.gate(h) + self.context) / self.tau
         probs = torch.softmax(logits, dim=-1)
         if weights is None and self.gumbel_tau is not None:
-            noise = -torch.empty_like(logits).exponential_().log() if noise is None else noise  # as F.gumbel_softmax
+            if noise is None:
+                noise = -torch.empty_like(logits).exponential_().log()  # as F.gumbel_softmax
             soft = torch.softmax((logits + noise) / self.gumbel_tau, dim=-1)
             weights = torch.zeros_like(soft).scatter_(-1, soft.argmax(-1, keepdim=True), 1.0) - soft.detach() + soft
-        weights = probs if weights is None else weights
+        if weights is None:
+            weights = probs
         return weights @ self.slots, weights, probs, noise
 
 
@@ -203,14 +217,15 @@ class Agent(nn.Module):
         gumbel_tau=None,
     ):
         super().__init__()
-        self.num_actions, self.num_modes, self.memory, self.oracle, self.hidden_size = (
-            num_actions,
-            num_modes,
-            memory,
-            oracle,
-            hidden_size,
-        )
-        self.input_dim, self.bottleneck = obs_dim + num_actions + 1 + (num_modes if oracle else 0), bottleneck
+        self.num_actions = num_actions
+        self.num_modes = num_modes
+        self.memory = memory
+        self.oracle = oracle
+        self.hidden_size = hidden_size
+        self.bottleneck = bottleneck
+        self.input_dim = obs_dim + num_actions + 1
+        if oracle:
+            self.input_dim += num_modes
         self.encoder = nn.Sequential(nn.Linear(self.input_dim, hidden_size), nn.Tanh())
         self.gru = nn.GRUCell(hidden_size, hidden_size)
         self.bank = AbstractionBank(hidden_size, num_abstractions, slot_dim, tau, gumbel_tau)
@@ -221,15 +236,21 @@ class Agent(nn.Module):
     def build_input(self, obs, prev_action, prev_reward, mode):
         """obs (..., obs_dim), prev_action (...) with -1 for "none", prev_reward (...), mode (...) -> input."""
         prev_onehot = torch.nn.functional.one_hot((prev_action + 1).long(), self.num_actions + 1)[..., 1:].float()
-        oracle = [torch.nn.functional.one_hot(mode.long(), self.num_modes).float()] if self.oracle else []
-        return torch.cat([obs.float(), prev_onehot, prev_reward.float().unsqueeze(-1), *oracle], dim=-1)
+        parts = [obs.float(), prev_onehot, prev_reward.float().unsqueeze(-1)]
+        if self.oracle:
+            parts.append(torch.nn.functional.one_hot(mode.long(), self.num_modes).float())
+        return torch.cat(parts, dim=-1)
 
     def forward(self, x, state, starts, weights=None, noise=None):
         """x (T, B, input_dim), state (B, H) before x[0], starts (T, B) = 1 where x[t] opens an episode.
         Returns h' = FiLM(h; z) (with the bottleneck FiLM(features of x_t; z): memory reaches the heads only through z),
         last state, w, p, noise."""
         features = self.encoder(x)
-        keep, states = torch.zeros_like(starts) if self.memory == "none" else 1.0 - starts, []
+        if self.memory == "none":
+            keep = torch.zeros_like(starts)
+        else:
+            keep = 1.0 - starts
+        states = []
         for feature_t, keep_t in zip(features.unbind(0), keep.unbind(0)):
             # zero the state where the episode restarted: x[t] is a first step
             state = torch.gru_cell(
@@ -243,68 +264,104 @@ class Agent(nn.Module):
             states.append(state)
         hidden = torch.stack(states)
         z, weights, probs, noise = self.bank(hidden, weights, noise)
-        return self.film(features if self.bottleneck else hidden, z), state, weights, probs, noise
+        if self.bottleneck:
+            modulated = self.film(features, z)
+        else:
+            modulated = self.film(hidden, z)
+        return modulated, state, weights, probs, noise
 
 
 # ACTING
+class Step(NamedTuple):
+    dist: Categorical
+    value: torch.Tensor
+    state: torch.Tensor
+    weights: torch.Tensor
+    probs: torch.Tensor
+    noise: torch.Tensor | None
+
+
 def policy_step(agent, obs, prev_action, prev_reward, mode, state, start, weights=None, deterministic=False, noise=None):
     """One step of B envs, the input built as in ppo_gru_astral.py's rollout (start = 1 zeroes the state); `weights` (K,)
-    clamps the gate; `deterministic`: the hard gate's argmax slot. Returns (dist, value, state, w, p, noise), with graph."""
-    x = agent.build_input(*(torch.as_tensor(np.asarray(v)) for v in (obs, prev_action, prev_reward, mode)))[None]
+    clamps the gate; `deterministic`: the hard gate's argmax slot. Returns a Step, with graph."""
+    inputs = [torch.as_tensor(np.asarray(v)) for v in (obs, prev_action, prev_reward, mode)]
+    x = agent.build_input(*inputs)[None]
     if deterministic and agent.bank.gumbel_tau is not None:
         noise = torch.zeros(*x.shape[:-1], len(agent.bank.slots))
-    modulated, state, weights, probs, noise = agent(
-        x,
-        state,
-        torch.as_tensor(np.asarray(start), dtype=torch.float32)[None],
-        None if weights is None else weights.expand(*x.shape[:-1], -1),
-        noise,
-    )
-    return (
-        Categorical(logits=agent.actor(modulated[0])),
-        agent.critic(modulated[0]).squeeze(-1),
-        state,
-        weights[0],
-        probs[0],
-        noise,
-    )
+    if weights is not None:
+        weights = weights.expand(*x.shape[:-1], -1)
+    starts = torch.as_tensor(np.asarray(start), dtype=torch.float32)[None]
+    modulated, state, weights, probs, noise = agent(x, state, starts, weights, noise)
+    dist = Categorical(logits=agent.actor(modulated[0]))
+    value = agent.critic(modulated[0]).squeeze(-1)
+    return Step(dist, value, state, weights[0], probs[0], noise)
+
+
+class Evaluation(NamedTuple):
+    returns: np.ndarray
+    """(episodes,) return of each env's first episode"""
+    slot_weights: np.ndarray
+    """(K,) mean gate weights over every step of those episodes"""
+    episode_slot_weights: np.ndarray
+    """(episodes, K) mean gate weights of each episode"""
 
 
 def evaluate_target(agent, target, hide_velocity, episodes, deterministic, seed, weights=None):
-    """Returns and mean gate weights of the first episode of `episodes` envs of the target (env and torch seed `seed`, as
-    ppo_gru_astral.evaluate's mode k for seed - 1000 k), the gate optionally clamped to `weights` (K,)."""
+    """The first episode of `episodes` envs of the target (env and torch seed `seed`, as ppo_gru_astral.evaluate's mode k
+    for seed - 1000 k), the gate optionally clamped to `weights` (K,). Returns an Evaluation."""
     torch.manual_seed(seed)
     envs = NonStationaryCartPole(episodes, target["physics"], hide_velocity)
     obs, _ = envs.reset(seed=seed)
-    mode, state = np.full(episodes, target["index"]), torch.zeros(episodes, agent.hidden_size)
-    prev_action, prev_reward, start = np.full(episodes, -1), np.zeros(episodes), np.ones(episodes)
-    returns, finished, weight_sum, steps = np.zeros(episodes), np.zeros(episodes, dtype=bool), 0.0, 0
+    mode = np.full(episodes, target["index"])
+    state = torch.zeros(episodes, agent.hidden_size)
+    prev_action = np.full(episodes, -1)
+    prev_reward = np.zeros(episodes)
+    start = np.ones(episodes)
+    returns = np.zeros(episodes)
+    finished = np.zeros(episodes, dtype=bool)
+    weight_sum = 0.0
+    steps = 0
+    episode_weight_sum = np.zeros((episodes, len(agent.bank.slots)))
+    episode_steps = np.zeros(episodes)
     while not finished.all():
         with torch.no_grad():
-            dist, _, state, w, *_ = policy_step(
-                agent, obs, prev_action, prev_reward, mode, state, start, weights, deterministic
-            )
-        action = (dist.logits.argmax(-1) if deterministic else dist.sample()).numpy()
-        weight_sum, steps = weight_sum + w[torch.as_tensor(~finished)].sum(0).numpy(), steps + int((~finished).sum())
+            step = policy_step(agent, obs, prev_action, prev_reward, mode, state, start, weights, deterministic)
+        state = step.state
+        if deterministic:
+            action = step.dist.logits.argmax(-1).numpy()
+        else:
+            action = step.dist.sample().numpy()
+        weight_sum = weight_sum + step.weights[torch.as_tensor(~finished)].sum(0).numpy()
+        steps = steps + int((~finished).sum())
+        episode_weight_sum += step.weights.numpy() * ~finished[:, None]
+        episode_steps += ~finished
         obs, reward, terminated, truncated, _ = envs.step(action)
-        returns, done = returns + reward * ~finished, terminated | truncated
+        returns = returns + reward * ~finished
+        done = terminated | truncated
         finished |= done
-        prev_action, prev_reward, start = np.where(done, -1, action), np.where(done, 0.0, reward), done
-    return returns, weight_sum / steps
+        prev_action = np.where(done, -1, action)
+        prev_reward = np.where(done, 0.0, reward)
+        start = done
+    return Evaluation(returns, weight_sum / steps, episode_weight_sum / episode_steps[:, None])
 
 
 # ADAPTATION LOSSES
 def discounted_returns(rewards, gamma, bootstrap=0.0):
-    out, running = np.zeros(len(rewards)), bootstrap
+    out = np.zeros(len(rewards))
+    running = bootstrap
     for t in reversed(range(len(rewards))):
-        running = out[t] = rewards[t] + gamma * running
+        running = rewards[t] + gamma * running
+        out[t] = running
     return out
 
 
 def reinforce_loss(logprobs, rewards, gamma):
     """-mean_t log π(a_t) Ĝ_t on one episode, Ĝ the discounted returns normalised over it; `logprobs` carry the graph."""
     returns = torch.as_tensor(discounted_returns(rewards, gamma), dtype=torch.float32)
-    returns = (returns - returns.mean()) / (returns.std() + 1e-8) if len(returns) > 1 else torch.zeros_like(returns)
+    if len(returns) > 1:
+        returns = (returns - returns.mean()) / (returns.std() + 1e-8)
+    else:
+        returns = torch.zeros_like(returns)
     return -(logprobs * returns).mean()
 
 
@@ -318,7 +375,8 @@ def tent_loss(logits, anchor_logits, gate_probs, kl_coef):
     """Reward-free: H(p) + H(π) + kl_coef · KL(π || π_unadapted), averaged over steps (p the gate's probabilities: under the
     hard gate w is one-hot). Without the anchor, entropy minimisation collapses the policy onto its preferred action."""
     gate_entropy = -(gate_probs * torch.log(gate_probs + 1e-8)).sum(-1).mean()
-    log_p, log_q = torch.log_softmax(logits, -1), torch.log_softmax(anchor_logits, -1)
+    log_p = torch.log_softmax(logits, -1)
+    log_q = torch.log_softmax(anchor_logits, -1)
     policy_entropy = -(log_p.exp() * log_p).sum(-1).mean()
     kl = (log_p.exp() * (log_p - log_q)).sum(-1).mean()
     return gate_entropy + policy_entropy + kl_coef * kl
@@ -327,35 +385,82 @@ def tent_loss(logits, anchor_logits, gate_probs, kl_coef):
 def adapted_parameters(agent, control):
     """The parameters a control updates, the others frozen; `all` means the checkpoint's (its clipped norm without c)."""
     for name, param in agent.named_parameters():
-        gate, context = name.startswith("bank.gate."), name == "bank.context"
-        param.requires_grad_({"gate": gate, "tent": gate, "context": context, "all": not context}.get(control, False))
+        gate = name.startswith("bank.gate.")
+        context = name == "bank.context"
+        updated = {"gate": gate, "tent": gate, "context": context, "all": not context}
+        param.requires_grad_(updated.get(control, False))
     return [p for p in agent.parameters() if p.requires_grad]
 
 
 # ADAPTATION
+class Adaptation(NamedTuple):
+    agent: Agent
+    """the adapted copy of the checkpoint's agent"""
+    returns: list
+    """the return of each adaptation episode"""
+    updates: int
+    """how many optimizer steps were taken"""
+
+
+def adapt(ckpt, target, control, seed, args, reward_scale):
+    """A fresh copy of the checkpoint's agent adapted on `target` with `control`, --episodes episodes. The env and torch
+    seeds depend only on (target, seed): every control plays the same episodes until its parameters differ."""
+    agent = agent_from_checkpoint(ckpt)
+    anchor = copy.deepcopy(agent).requires_grad_(False)
+    params = adapted_parameters(agent, control)
+    optimizer = None
+    if params:
+        optimizer = torch.optim.Adam(params, lr=args.adapt_lr)
+    env = NonStationaryCartPole(1, target["physics"], ckpt["args"]["hide_velocity"])
+    torch.manual_seed(seed)
+    returns = []
+    updates = 0
+    for episode in range(args.episodes):
+        env_seed = 10_000 * seed + episode
+        episode_return, episode_updates = adaptation_episode(
+            agent, anchor, env, target["index"], env_seed, control, optimizer, args, reward_scale
+        )
+        returns.append(episode_return)
+        updates += episode_updates
+    return Adaptation(agent, returns, updates)
+
+
 def adaptation_episode(agent, anchor, env, mode, env_seed, control, optimizer, args, reward_scale):
     """One sampled episode of the single env `env`, updating at its end (or every --online-every steps with --online).
     `none` (optimizer None) acts identically but never updates. Returns the episode's return and update count."""
     obs, _ = env.reset(seed=env_seed)
-    state, anchor_state = torch.zeros(1, agent.hidden_size), torch.zeros(1, agent.hidden_size)
-    prev_action, prev_reward, start, mode = np.full(1, -1), np.zeros(1), np.ones(1), np.full(1, mode)
-    segment, episode_return, done, updates = [], 0.0, False, 0
+    state = torch.zeros(1, agent.hidden_size)
+    anchor_state = torch.zeros(1, agent.hidden_size)
+    prev_action = np.full(1, -1)
+    prev_reward = np.zeros(1)
+    start = np.ones(1)
+    mode = np.full(1, mode)
+    segment = []
+    episode_return = 0.0
+    done = False
+    updates = 0
     while not done:
+        # ROLLOUT
         with torch.set_grad_enabled(optimizer is not None):
-            dist, value, state, _, probs, noise = policy_step(agent, obs, prev_action, prev_reward, mode, state, start)
+            step = policy_step(agent, obs, prev_action, prev_reward, mode, state, start)
+        state = step.state
         anchor_logits = None
         if control == "tent":  # the anchor on the same inputs, its hard gate (if any) with the same draw
             with torch.no_grad():
-                anchor_dist, _, anchor_state, *_ = policy_step(
-                    anchor, obs, prev_action, prev_reward, mode, anchor_state, start, noise=noise
-                )
-            anchor_logits = anchor_dist.logits
-        action = dist.sample()
+                anchor_step = policy_step(anchor, obs, prev_action, prev_reward, mode, anchor_state, start, noise=step.noise)
+            anchor_state = anchor_step.state
+            anchor_logits = anchor_step.dist.logits
+        action = step.dist.sample()
         obs, prev_reward, terminated, truncated, info = env.step(action.numpy())
-        prev_action, start, done = action.numpy(), np.zeros(1), bool(terminated[0] or truncated[0])
-        segment.append((dist.log_prob(action), value, dist.logits, probs, anchor_logits, float(prev_reward[0])))
-        episode_return += float(prev_reward[0])
-        if optimizer is None or not (done or (args.online and len(segment) == args.online_every)):
+        prev_action = action.numpy()
+        start = np.zeros(1)
+        done = bool(terminated[0] or truncated[0])
+        reward = float(prev_reward[0])
+        segment.append((step.dist.log_prob(action), step.value, step.dist.logits, step.probs, anchor_logits, reward))
+        episode_return += reward
+        if optimizer is None:
+            continue
+        if not done and not (args.online and len(segment) == args.online_every):
             continue
 
         # UPDATE
@@ -365,12 +470,12 @@ def adaptation_episode(agent, anchor, env, mode, env_seed, control, optimizer, a
         elif args.online:
             # a fallen pole has no future; a cut segment or a time-limit truncation continues: bootstrap from the value of
             # the next observation (the ended episode's last one where the env already restarted)
-            with torch.no_grad():
-                bootstrap = (
-                    0.0
-                    if terminated[0]
-                    else float(policy_step(agent, info["final_obs"], prev_action, prev_reward, mode, state, start)[1])
-                )
+            bootstrap = 0.0
+            if not terminated[0]:
+                with torch.no_grad():
+                    bootstrap = float(
+                        policy_step(agent, info["final_obs"], prev_action, prev_reward, mode, state, start).value
+                    )
             loss = actor_critic_loss(torch.cat(logprobs), torch.cat(values), rewards, bootstrap, args.gamma, reward_scale)
         else:
             loss = reinforce_loss(torch.cat(logprobs), rewards, args.gamma)
@@ -380,29 +485,36 @@ def adaptation_episode(agent, anchor, env, mode, env_seed, control, optimizer, a
         optimizer.step()
         updates += 1
         # truncated backpropagation: the next segment starts from a constant state
-        state, anchor_state, segment = state.detach(), anchor_state.detach(), []
+        state = state.detach()
+        anchor_state = anchor_state.detach()
+        segment = []
     return episode_return, updates
 
 
-def adapted_copy(ckpt, target, control, seed, args, reward_scale):
-    """(agent, return per episode, updates) of a fresh copy of the checkpoint's agent adapted on `target`. The env and torch
-    seeds depend only on (target, seed): every control plays the same episodes until its parameters differ."""
-    agent = agent_from_checkpoint(ckpt)
-    anchor = copy.deepcopy(agent).requires_grad_(False)
-    params = adapted_parameters(agent, control)
-    optimizer = torch.optim.Adam(params, lr=args.adapt_lr) if params else None
-    env = NonStationaryCartPole(1, target["physics"], ckpt["args"]["hide_velocity"])
-    torch.manual_seed(seed)
-    episodes = [
-        adaptation_episode(
-            agent, anchor, env, target["index"], 10_000 * seed + episode, control, optimizer, args, reward_scale
-        )
-        for episode in range(args.episodes)
-    ]
-    return agent, [episode_return for episode_return, _ in episodes], sum(updates for _, updates in episodes)
-
-
 # INTERVENTIONS: fixed gates
+class GateReturns(NamedTuple):
+    means: dict
+    """{setting: {kind: [mean return per seed]}}"""
+    runs: dict
+    """{setting: {kind: [Evaluation per seed]}}"""
+
+
+def gate_returns(agent, target, hide_velocity, settings, seeds, episodes, kinds=KINDS):
+    """Evaluations of named gate settings (None: the learned gate) on the target, every seed and kind."""
+    runs = {}
+    for name, weights in settings.items():
+        runs[name] = {}
+        for kind, deterministic in kinds:
+            runs[name][kind] = [
+                evaluate_target(agent, target, hide_velocity, episodes, deterministic, s, weights) for s in seeds
+            ]
+    means = {
+        name: {kind: [float(run.returns.mean()) for run in per_seed] for kind, per_seed in by_kind.items()}
+        for name, by_kind in runs.items()
+    }
+    return GateReturns(means, runs)
+
+
 def gate_settings(num_slots, resolution):
     """Named fixed gates: the one-hots `slot{k}`, mixtures with weights in multiples of 1/resolution, `uniform` (1/K)."""
     settings = {f"slot{k}": torch.eye(num_slots)[k] for k in range(num_slots)}
@@ -410,7 +522,17 @@ def gate_settings(num_slots, resolution):
         if sum(parts) == resolution and len(set(parts)) > 1:
             weights = torch.tensor(parts, dtype=torch.float32) / resolution
             settings["mix[" + " ".join(f"{w:.2g}" for w in weights.tolist()) + "]"] = weights
-    return {**settings, "uniform": torch.full((num_slots,), 1.0 / num_slots)}
+    settings["uniform"] = torch.full((num_slots,), 1.0 / num_slots)
+    return settings
+
+
+def ceiling(agent, target, hide_velocity, settings, seeds, episodes):
+    """The best of the fixed gates `settings` by mean sampled return on the evaluation episodes: ({"best", "per_setting"
+    (sampled returns per seed)}); its statistics are added by the report."""
+    means = gate_returns(agent, target, hide_velocity, settings, seeds, episodes, KINDS[1:]).means
+    per_setting = {name: by_kind["sampled"] for name, by_kind in means.items()}
+    best = max(per_setting, key=lambda name: np.mean(per_setting[name]))
+    return {"best": best, "per_setting": per_setting}
 
 
 def clamp_specificity(returns):
@@ -421,29 +543,148 @@ def clamp_specificity(returns):
 
     rows, cols = linear_sum_assignment(returns, maximize=True)
     matched = np.asarray(returns)[np.ix_(rows, cols)]
-    score = float(np.diag(matched).mean() - matched[~np.eye(len(rows), dtype=bool)].mean()) if len(rows) > 1 else None
+    score = None
+    if len(rows) > 1:
+        score = float(np.diag(matched).mean() - matched[~np.eye(len(rows), dtype=bool)].mean())
     return score, [(int(r), int(c)) for r, c in zip(rows, cols)]
 
 
-def gate_returns(agent, target, hide_velocity, settings, seeds, episodes, kinds=KINDS):
-    """({setting: {kind: [mean return per seed]}}, the evaluations) for named gate settings (None: the learned gate)."""
-    runs = {
-        name: {
-            kind: [evaluate_target(agent, target, hide_velocity, episodes, det, s, w) for s in seeds] for kind, det in kinds
-        }
-        for name, w in settings.items()
-    }
+# INTERVENTIONS: the gate swap
+def sign_name(sign):
+    return f"sign{sign:+g}"
+
+
+def swap_gates(mean_gates, targets):
+    """The swap's fixed gates: `sign+1` / `sign-1`, the mean of the mean learned gates of that force sign's training
+    modes (each mode weighs the same), then `mode{k}`, each training mode's own mean learned gate."""
+    training = [t for t in targets if not t["held_out"]]
+    gates = {}
+    for sign in sorted({t["physics"][2] for t in training}, reverse=True):
+        gates[sign_name(sign)] = np.mean([mean_gates[t["name"]] for t in training if t["physics"][2] == sign], 0)
+    for t in training:
+        gates[t["name"]] = np.asarray(mean_gates[t["name"]])
+    return {name: torch.as_tensor(w, dtype=torch.float32) for name, w in gates.items()}
+
+
+def swap_effect(matrix, targets, columns):
+    """From the target × gate return matrix: per training mode, own group's gate − the other group's gate, by sign
+    (`sign+1` vs `sign-1`) and by mode (own mode's gate − the mean of the other training modes' gates); averaged over the
+    training modes. None where a grouping has no other group."""
+    training = [i for i, t in enumerate(targets) if not t["held_out"]]
+    col = {name: j for j, name in enumerate(columns)}
+    by_sign = {}
+    by_mode = {}
+    for i in training:
+        target = targets[i]
+        own_sign = sign_name(target["physics"][2])
+        other_signs = [c for c in columns if c.startswith("sign") and c != own_sign]
+        if other_signs:
+            by_sign[target["name"]] = float(matrix[i, col[own_sign]] - np.mean([matrix[i, col[c]] for c in other_signs]))
+        others = [targets[k]["name"] for k in training if k != i]
+        if others:
+            by_mode[target["name"]] = float(matrix[i, col[target["name"]]] - np.mean([matrix[i, col[c]] for c in others]))
+    result = {}
+    for grouping, per_mode in (("sign", by_sign), ("mode", by_mode)):
+        value = None
+        if per_mode:
+            value = float(np.mean(list(per_mode.values())))
+        result[grouping] = {"value": value, "per_mode": per_mode}
+    return result
+
+
+def mutual_information(counts):
+    """I(label; slot) in nats from a joint count matrix, and the same divided by H(label) (0 if H(label) = 0)."""
+    joint = counts / counts.sum()
+    p_label = joint.sum(1, keepdims=True)
+    p_slot = joint.sum(0, keepdims=True)
+    nz = joint > 0
+    mi = float((joint[nz] * np.log(joint[nz] / (p_label @ p_slot)[nz])).sum())
+    h_label = float(-(p_label[p_label > 0] * np.log(p_label[p_label > 0])).sum())
+    if h_label > 0:
+        return mi, mi / h_label
+    return mi, 0.0
+
+
+def episode_nmi(labels, slots, num_slots):
+    """Episode-level NMI: one sample per episode, its label against the argmax slot of its mean gate, I / H(label)."""
+    values = sorted(set(labels))
+    counts = np.zeros((len(values), num_slots))
+    for label, slot in zip(labels, slots):
+        counts[values.index(label), slot] += 1
+    return mutual_information(counts)[1]
+
+
+def gate_routing(episode_gates, mean_gates, targets):
+    """What the learned gate says about the modes: episode-level NMI of the argmax of each episode's mean gate against
+    the mode and against the force sign (training modes), each mode's argmax slot, whether the two signs' training modes
+    use disjoint sets of slots (and one slot each: an exact sign split), and where each held-out mode goes: its argmax
+    slot, whether that is one of its sign's slots (only where the signs' slots are disjoint), and the share of its
+    episodes on its sign's slots."""
+    training = [t for t in targets if not t["held_out"]]
+    num_slots = len(next(iter(mean_gates.values())))
+    modes = []
+    signs = []
+    slots = []
+    for t in training:
+        episode_slots = np.asarray(episode_gates[t["name"]]).argmax(-1).tolist()
+        slots += episode_slots
+        modes += [t["name"]] * len(episode_slots)
+        signs += [t["physics"][2]] * len(episode_slots)
+    slot_of_mode = {t["name"]: int(np.argmax(mean_gates[t["name"]])) for t in targets}
+    sign_slots = {}
+    for t in training:
+        sign_slots.setdefault(t["physics"][2], set()).add(slot_of_mode[t["name"]])
+    used = [slot for slots_of_sign in sign_slots.values() for slot in slots_of_sign]
+    disjoint = len(sign_slots) > 1 and len(used) == len(set(used))
+    one_each = disjoint and all(len(slots_of_sign) == 1 for slots_of_sign in sign_slots.values())
+    held_out = {}
+    for t in targets:
+        if not t["held_out"]:
+            continue
+        sign = t["physics"][2]
+        entry = {"sign": sign, "slot": slot_of_mode[t["name"]], "sign_slots": None, "to_sign_slot": None}
+        if disjoint and sign in sign_slots:
+            episode_slots = np.asarray(episode_gates[t["name"]]).argmax(-1)
+            entry["sign_slots"] = sorted(sign_slots[sign])
+            entry["to_sign_slot"] = entry["slot"] in sign_slots[sign]
+            entry["episode_share_on_sign_slots"] = float(np.isin(episode_slots, entry["sign_slots"]).mean())
+        held_out[t["name"]] = entry
     return {
-        name: {kind: [float(r.mean()) for r, _ in v] for kind, v in by_kind.items()} for name, by_kind in runs.items()
-    }, runs
+        "episode_nmi_mode": episode_nmi(modes, slots, num_slots),
+        "episode_nmi_sign": episode_nmi(signs, slots, num_slots),
+        "episodes": len(slots),
+        "slot_of_mode": slot_of_mode,
+        "signs_on_disjoint_slots": disjoint,
+        "sign_split": one_each,
+        "held_out": held_out,
+    }
 
 
-def ceiling(agent, target, hide_velocity, settings, seeds, episodes):
-    """The best of the fixed gates `settings` by mean sampled return on the evaluation episodes, and every gate's returns."""
-    returns = gate_returns(agent, target, hide_velocity, settings, seeds, episodes, KINDS[1:])[0]
-    per_setting = {name: v["sampled"] for name, v in returns.items()}
-    best = max(per_setting, key=lambda name: np.mean(per_setting[name]))
-    return {"best": best, "sampled": {**mean_ci(per_setting[best]), "per_seed": per_setting[best]}, "per_setting": per_setting}
+class Swap(NamedTuple):
+    gates: dict
+    """{name: (K,) fixed gate}: `sign+1`, `sign-1`, then `mode{k}` for each training mode"""
+    routing: dict
+    """gate_routing of the learned gate's deterministic episodes"""
+    runs: dict
+    """{target: {column: {kind: [Evaluation]}}}, the columns the gates and `learned`"""
+
+
+def gate_swap(agent, targets, hide_velocity, episodes, seed):
+    """The swap intervention: the learned gate's episodes in every target (env and torch seed 100000 + seed + 1000 ·
+    position, as clamp's), their mean gates grouped by force sign and by mode, then every target with the gate fixed to
+    each group's mean gate, on the same episodes."""
+    eval_seeds = [100_000 + seed + 1000 * position for position in range(len(targets))]
+    learned = {}
+    for target, eval_seed in zip(targets, eval_seeds):
+        learned[target["name"]] = gate_returns(agent, target, hide_velocity, {"learned": None}, [eval_seed], episodes).runs
+    mean_gates = {name: runs["learned"]["deterministic"][0].slot_weights for name, runs in learned.items()}
+    episode_gates = {name: runs["learned"]["deterministic"][0].episode_slot_weights for name, runs in learned.items()}
+    gates = swap_gates(mean_gates, targets)
+    runs = {}
+    for target, eval_seed in zip(targets, eval_seeds):
+        runs[target["name"]] = gate_returns(agent, target, hide_velocity, gates, [eval_seed], episodes).runs
+        runs[target["name"]]["learned"] = learned[target["name"]]["learned"]
+    return Swap(gates, gate_routing(episode_gates, mean_gates, targets), runs)
 
 
 # CHECKPOINT AND TARGETS
@@ -461,8 +702,14 @@ KNOWN_ARGS = set(
 def agent_from_checkpoint(ckpt):
     """A fresh agent holding the checkpoint's weights (and a zero context, which the checkpoint does not have)."""
     a = {"bottleneck": False, "hard_gate": False, **ckpt["args"]}
+    gumbel_tau = None
+    if a["hard_gate"]:
+        gumbel_tau = a["gumbel_tau"]
+    obs_dim = 4
+    if a["hide_velocity"]:
+        obs_dim = 2
     agent = Agent(
-        2 if a["hide_velocity"] else 4,
+        obs_dim,
         2,
         len(ckpt["modes"]),
         a["hidden_size"],
@@ -472,10 +719,21 @@ def agent_from_checkpoint(ckpt):
         a["slot_dim"],
         a["tau"],
         a["bottleneck"],
-        a["gumbel_tau"] if a["hard_gate"] else None,
+        gumbel_tau,
     )
     agent.load_state_dict({"bank.context": torch.zeros(a["num_abstractions"]), **ckpt["state_dict"]})
     return agent
+
+
+def find_checkpoint(args):
+    """The one file --checkpoint names: `{seed}` replaced by --seed, a glob matching exactly one file."""
+    path = args.checkpoint.replace("{seed}", str(args.seed))  # one sweep command, each seed's checkpoint
+    matches = [path]
+    if glob.has_magic(path):
+        matches = sorted(glob.glob(path))
+    if len(matches) != 1:
+        raise ValueError(f"--checkpoint {path!r} matches {len(matches)} files; it must match exactly one")
+    return matches[0]
 
 
 def load_astral_checkpoint(path):
@@ -488,29 +746,58 @@ def load_astral_checkpoint(path):
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         raise ValueError(f"checkpoint {path!r} is not a readable torch file ({type(e).__name__})") from e
-    found = ckpt.get("script") if isinstance(ckpt, dict) else None
+    found = None
+    if isinstance(ckpt, dict):
+        found = ckpt.get("script")
     if found != ASTRAL_SCRIPT or ckpt.get("format") != ASTRAL_FORMAT:
+        found_format = "?"
+        if found:
+            found_format = ckpt.get("format")
         raise ValueError(
-            f"checkpoint {path!r} was written by {found or 'another program'} "
-            f"(format {ckpt.get('format') if found else '?'}), "
+            f"checkpoint {path!r} was written by {found or 'another program'} (format {found_format}), "
             f"not {ASTRAL_SCRIPT}.py format {ASTRAL_FORMAT}; test-time gating needs an ASTRAL agent (it has the gate)"
         )
-    a, allowed = ckpt["args"], {"memory": ("gru", "none"), "modes_preset": tuple(HELD_OUT_MODES)}
-    unknown = ", ".join(
-        f"--{k.replace('_', '-')} {a.get(k)}"
-        for k in sorted(set(a) - KNOWN_ARGS) + [k for k, values in allowed.items() if a.get(k) not in values]
-    )
+    a = ckpt["args"]
+    allowed = {"memory": ("gru", "none"), "modes_preset": tuple(HELD_OUT_MODES)}
+    unknown_keys = sorted(set(a) - KNOWN_ARGS) + [k for k, values in allowed.items() if a.get(k) not in values]
+    unknown = ", ".join(f"--{k.replace('_', '-')} {a.get(k)}" for k in unknown_keys)
     if unknown:
         raise ValueError(
             f"checkpoint {path!r} was trained with {unknown}, which {SCRIPT}.py's copy of the agent does not implement; "
             "it would act as another agent"
         )
     try:
-        return ckpt, agent_from_checkpoint(ckpt).eval()
+        agent = agent_from_checkpoint(ckpt).eval()
     except (KeyError, TypeError, RuntimeError) as e:
         raise ValueError(
             f"checkpoint {path!r}: its state dict does not fit the agent its args describe ({str(e).splitlines()[0]})"
         ) from e
+    return ckpt, agent
+
+
+def parse_modes(spec):
+    """Parse "g,l[,sign] g,l[,sign] ..." into a list of (gravity, half_length, force_sign)."""
+    modes = []
+    for item in spec.split():
+        parts = item.split(",")
+        try:
+            values = [float(v) for v in parts] + [1.0]
+        except ValueError:
+            values = []
+        if len(parts) not in (2, 3) or not values:
+            values = [0.0, 0.0, 0.0]
+        g = values[0]
+        length = values[1]
+        sign = values[2]
+        if not (0 < g < math.inf and 0 < length < math.inf and sign in (1.0, -1.0)):
+            raise ValueError(
+                f"malformed mode {item!r} in --modes; write gravity,half_length[,force_sign] with a positive gravity "
+                "and half-length and a force sign of 1 or -1, e.g. '9.8,0.5 7.5,0.7,-1'"
+            )
+        modes.append((g, length, sign))
+    if not modes:
+        raise ValueError("--modes is empty; give at least one mode such as '9.8,0.5'")
+    return modes
 
 
 def resolve_targets(mode_indices, modes, ckpt):
@@ -522,142 +809,118 @@ def resolve_targets(mode_indices, modes, ckpt):
             "an --oracle agent reads the true mode index, so it cannot be run on custom --modes; use --mode-indices"
         )
     train_modes = [tuple(float(v) for v in m) for m in ckpt["modes"]]
-    indices = range(len(train_modes)) if mode_indices is None else mode_indices
+    indices = mode_indices
+    if mode_indices is None:
+        indices = list(range(len(train_modes)))
     if not indices or len(set(indices)) != len(indices):
         raise ValueError("--mode-indices needs distinct mode indices (a repeated one would be counted twice)")
-    for k in (k for k in indices if not 0 <= k < len(train_modes)):
-        raise ValueError(
-            f"--mode-indices {k} is out of range; the checkpoint has {len(train_modes)} modes (0..{len(train_modes) - 1})"
-        )
+    for k in indices:
+        if not 0 <= k < len(train_modes):
+            raise ValueError(
+                f"--mode-indices {k} is out of range; the checkpoint has {len(train_modes)} modes (0..{len(train_modes) - 1})"
+            )
     held_out = HELD_OUT_MODES[ckpt["args"]["modes_preset"]]
-    found = (
-        [(f"mode{k}", k, train_modes[k], k in held_out) for k in indices]
-        if modes is None
-        else [(f"custom{j}", j, m, False) for j, m in enumerate(parse_modes(modes))]
-    )
-    return [
-        {
-            "name": name,
-            "index": k,
-            "physics": (g, length, sign),
-            "held_out": out,
-            "label": f"{name} (g {g:g}, l {length:g}{', inverted' if sign < 0 else ''}{', held out' if out else ''})",
-        }
-        for name, k, (g, length, sign), out in found
-    ]
-
-
-# STATISTICS AND PLOTS
-def mean_ci(values):
-    """Mean and half-width of the 95% Student-t confidence interval of the mean (None with one value)."""
-    from scipy import stats  # a second to import; only the summaries need it
-
-    v = np.asarray(values, dtype=np.float64)
-    half = float(stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else None
-    return {"mean": float(v.mean()), "ci95": half, "n": int(len(v))}
-
-
-def plot_adaptation_curves(results, targets, controls, path, title):
-    """One panel per target: each control's mean return per adaptation episode, its 95% CI; before dotted, ceiling dashed."""
-    ncols, nrows = min(3, len(targets)), (len(targets) + 2) // 3
-    fig, axes = plt.subplots(
-        nrows, ncols, figsize=(max(6.0, 4.2 * ncols), 3.2 * nrows + 0.6), squeeze=False, layout="constrained"
-    )
-    colors = {"none": "tab:gray", "gate": "tab:blue", "context": "tab:purple", "all": "tab:orange", "tent": "tab:green"}
-    for ax, target in zip(axes.flat, targets):
-        res = results[target["name"]]
-        for control in controls:
-            during = res["controls"][control]["during"]
-            x, mean = np.arange(1, len(during["mean"]) + 1), np.asarray(during["mean"])
-            ax.plot(x, mean, label=control, color=colors[control])
-            if during["ci95"][0] is not None:
-                ax.fill_between(x, mean - during["ci95"], mean + during["ci95"], alpha=0.15, color=colors[control])
-        ax.axhline(res["before"]["sampled"]["mean"], color="black", linestyle=":", linewidth=1, label="before (eval)")
-        if res["ceiling"]:
-            ax.axhline(res["ceiling"]["sampled"]["mean"], color="black", linestyle="--", linewidth=1, label="ceiling (eval)")
-        ax.set(xlabel="adaptation episode", ylabel="return", ylim=(0, None))
-        ax.set_title(target["label"], fontsize=9)
-    for ax in list(axes.flat)[len(targets) :]:
-        ax.axis("off")
-    axes.flat[0].legend(fontsize=7)
-    fig.suptitle(title, fontsize=8)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def plot_clamp_heatmap(matrix, row_labels, col_labels, path, title):
-    """Annotated target × gate-setting heatmaps of mean return, one panel per action kind."""
-    fig, axes = plt.subplots(
-        1,
-        len(matrix),
-        figsize=(3.0 + 0.9 * len(col_labels) * len(matrix), 1.6 + 0.5 * len(row_labels)),
-        squeeze=False,
-        sharey=True,
-        layout="constrained",
-    )
-    for ax, (kind, values) in zip(axes[0], matrix.items()):
-        im = ax.imshow(np.asarray(values), cmap="viridis", vmin=0.0, vmax=500.0, aspect="auto")
-        for (i, j), v in np.ndenumerate(values):
-            ax.text(j, i, f"{v:.0f}", ha="center", va="center", color="white" if v < 300 else "black", fontsize=8)
-        ax.set_xticks(range(len(col_labels)), col_labels, rotation=30, fontsize=8)
-        ax.set_title(f"{kind} actions", fontsize=9)
-    axes[0][0].set_yticks(range(len(row_labels)), row_labels, fontsize=8)
-    fig.colorbar(im, ax=axes[0].tolist(), fraction=0.03, pad=0.02, label="return")
-    fig.suptitle(title, fontsize=9)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    if modes is None:
+        found = [(f"mode{k}", k, train_modes[k], k in held_out) for k in indices]
+    else:
+        found = [(f"custom{j}", j, m, False) for j, m in enumerate(parse_modes(modes))]
+    targets = []
+    for name, k, (g, length, sign), out in found:
+        label = f"{name} (g {g:g}, l {length:g}"
+        if sign < 0:
+            label += ", inverted"
+        if out:
+            label += ", held out"
+        targets.append({"name": name, "index": k, "physics": (g, length, sign), "held_out": out, "label": label + ")"})
+    return targets
 
 
 # RUN BOOKKEEPING
+def apply_preset(args):
+    """Fills what the user left unset: the experiment name, and adapt's workload from its --preset (computed at runtime)."""
+    if args.exp_name is None:
+        args.exp_name = f"{SCRIPT}_{args.subcommand}"
+    if args.subcommand != "adapt":
+        if args.eval_episodes is None:
+            args.eval_episodes = 10
+        return
+    for name, value in PRESETS[args.preset].items():
+        if getattr(args, name) is None:
+            setattr(args, name, copy.copy(value))
+
+
 def validate(args):
-    """Every check that can fail before any work starts.
-    Returns (checkpoint path, checkpoint, agent, targets, reward scale)."""
-    for name, value in vars(args).items():  # NaN and inf pass every `x > 0` style check and reach the optimizer
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"--{name.replace('_', '-')} {value} must be a finite number")
-    for name, low in (
-        ("seed", 0),
-        ("eval_episodes", 1),
-        ("episodes", 1),
-        ("num_seeds", 1),
-        ("online_every", 1),
-        ("ceiling_resolution", 0),
-    ):
-        if getattr(args, name, low) < low:
-            raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)} must be at least {low}")
+    """Every check of the flags alone, before the checkpoint is read."""
+    if args.seed < 0:
+        raise ValueError(f"--seed {args.seed} must be at least 0")
+    if args.eval_episodes < 1:
+        raise ValueError(f"--eval-episodes {args.eval_episodes} must be at least 1")
     if args.exp_name is not None and (not args.exp_name.strip() or "/" in args.exp_name):  # a '/' fails the save at the end
         raise ValueError(f"--exp-name {args.exp_name!r} must be a non-empty name without '/'")
-    path = args.checkpoint.replace("{seed}", str(args.seed))  # `{seed}` and a glob: one sweep command, each seed's checkpoint
-    matches = sorted(glob.glob(path)) if glob.has_magic(path) else [path]
-    if len(matches) != 1:
-        raise ValueError(f"--checkpoint {path!r} matches {len(matches)} files; it must match exactly one")
-    ckpt, agent = load_astral_checkpoint(matches[0])
-    targets, reward_scale = resolve_targets(args.mode_indices, args.modes, ckpt), None
-    if isinstance(args, AdaptArgs):
-        if not args.controls or len(set(args.controls)) != len(args.controls) or set(args.controls) - set(CONTROLS):
-            raise ValueError(
-                f"--controls {' '.join(args.controls)} is invalid; choose distinct names among {', '.join(CONTROLS)}"
-            )
-        if not args.adapt_lr > 0 or not args.max_grad_norm > 0 or not 0 <= args.gamma <= 1 or args.tent_kl_coef < 0:
-            raise ValueError("--adapt-lr and --max-grad-norm must be positive, --gamma in [0, 1], --tent-kl-coef non-negative")
-        if args.reward_scale is not None and not args.reward_scale > 0:
-            raise ValueError(f"--reward-scale {args.reward_scale} must be positive")
-        if args.online and {"gate", "context", "all"} & set(args.controls):  # these bootstrap with the critic
-            trained, scaler = ckpt["args"], ckpt.get("reward_scaler")
-            if args.gamma != trained["gamma"]:  # the critic estimates returns at its training discount
-                raise ValueError(
-                    f"--gamma {args.gamma} differs from the {trained['gamma']} the critic was trained with, and --online "
-                    f"bootstraps its returns with that critic; pass --gamma {trained['gamma']}"
-                )
-            # the critic learnt rewards / σ, σ the final std of the reward normaliser (1 without --norm-reward),
-            # which the model holds
-            if args.reward_scale is None and trained.get("norm_reward") and not scaler:
-                raise ValueError(
-                    "--online needs the reward scale the critic was trained with, and this model does not hold its "
-                    "reward normaliser; pass --reward-scale S (the final std of the run's reward normaliser)"
-                )
-            reward_scale = args.reward_scale or (float(np.sqrt(scaler["var"] + 1e-8)) if trained.get("norm_reward") else 1.0)
-    return matches[0], ckpt, agent, targets, reward_scale
+    if args.modes is not None and args.mode_indices is not None:
+        raise ValueError("give either --mode-indices (the checkpoint's modes) or --modes (custom physics), not both")
+    if args.subcommand == "swap" and args.modes is not None:
+        raise ValueError("swap fixes the gate to the mean gates of the checkpoint's training modes; use --mode-indices")
+    if args.subcommand != "adapt":
+        return
+    if args.episodes < 1:
+        raise ValueError(f"--episodes {args.episodes} must be at least 1")
+    if args.num_seeds < 1:
+        raise ValueError(f"--num-seeds {args.num_seeds} must be at least 1")
+    if args.online_every < 1:
+        raise ValueError(f"--online-every {args.online_every} must be at least 1")
+    if args.ceiling_resolution < 0:
+        raise ValueError(f"--ceiling-resolution {args.ceiling_resolution} must be at least 0")
+    # NaN and inf pass every `x > 0` style check and reach the optimizer
+    if not math.isfinite(args.adapt_lr):
+        raise ValueError(f"--adapt-lr {args.adapt_lr} must be a finite number")
+    if not math.isfinite(args.gamma):
+        raise ValueError(f"--gamma {args.gamma} must be a finite number")
+    if not math.isfinite(args.max_grad_norm):
+        raise ValueError(f"--max-grad-norm {args.max_grad_norm} must be a finite number")
+    if not math.isfinite(args.tent_kl_coef):
+        raise ValueError(f"--tent-kl-coef {args.tent_kl_coef} must be a finite number")
+    if args.reward_scale is not None and not math.isfinite(args.reward_scale):
+        raise ValueError(f"--reward-scale {args.reward_scale} must be a finite number")
+    if not args.controls or len(set(args.controls)) != len(args.controls) or set(args.controls) - set(CONTROLS):
+        raise ValueError(f"--controls {' '.join(args.controls)} is invalid; choose distinct names among {', '.join(CONTROLS)}")
+    if not args.adapt_lr > 0 or not args.max_grad_norm > 0 or not 0 <= args.gamma <= 1 or args.tent_kl_coef < 0:
+        raise ValueError("--adapt-lr and --max-grad-norm must be positive, --gamma in [0, 1], --tent-kl-coef non-negative")
+    if args.reward_scale is not None and not args.reward_scale > 0:
+        raise ValueError(f"--reward-scale {args.reward_scale} must be positive")
+    if args.resume is not None and not os.path.isfile(os.path.join(args.resume, "tta.json")):
+        raise ValueError(f"--resume {args.resume!r} holds no tta.json; pass the run directory of a stopped adapt run")
+
+
+def validate_against_checkpoint(args, ckpt, targets):
+    """The checks that need the checkpoint: --online's critic (discount and reward scale), swap's training modes."""
+    if args.subcommand == "swap" and all(t["held_out"] for t in targets):
+        raise ValueError("swap needs at least one training mode among --mode-indices (its mean gate is what is swapped)")
+    if args.subcommand != "adapt" or not args.online or not {"gate", "context", "all"} & set(args.controls):
+        return  # only these controls bootstrap with the critic
+    trained = ckpt["args"]
+    if args.gamma != trained["gamma"]:  # the critic estimates returns at its training discount
+        raise ValueError(
+            f"--gamma {args.gamma} differs from the {trained['gamma']} the critic was trained with, and --online "
+            f"bootstraps its returns with that critic; pass --gamma {trained['gamma']}"
+        )
+    # the critic learnt rewards / σ, σ the final std of the reward normaliser (1 without --norm-reward), which the model holds
+    if args.reward_scale is None and trained.get("norm_reward") and not ckpt.get("reward_scaler"):
+        raise ValueError(
+            "--online needs the reward scale the critic was trained with, and this model does not hold its "
+            "reward normaliser; pass --reward-scale S (the final std of the run's reward normaliser)"
+        )
+
+
+def critic_reward_scale(args, ckpt):
+    """σ the critic's rewards were divided by in training, for --online's bootstrap (None where no control bootstraps)."""
+    if args.subcommand != "adapt" or not args.online or not {"gate", "context", "all"} & set(args.controls):
+        return None
+    if args.reward_scale is not None:
+        return args.reward_scale
+    if not ckpt["args"].get("norm_reward"):
+        return 1.0
+    return float(np.sqrt(ckpt["reward_scaler"]["var"] + 1e-8))
 
 
 def claim_run_dir(runs_dir, run_name):
@@ -674,192 +937,72 @@ def claim_run_dir(runs_dir, run_name):
             ) from e
 
 
-def write_json(obj, path):
-    with open(f"{path}.tmp", "w") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(f"{path}.tmp", path)  # a killed run leaves no half-written file
+def seconds_per_step(agent, hide_velocity, batch, backward):
+    """Wall-clock seconds of one acting step of `batch` envs (with `backward`, its share of a backward pass), timed on 64
+    steps of zero inputs by a copy of the agent: the basis of the time estimate printed at start."""
+    agent = copy.deepcopy(agent)
+    obs = np.zeros((batch, 2 if hide_velocity else 4), np.float32)
+    state = torch.zeros(batch, agent.hidden_size)
+    none = np.full(batch, -1)
+    zeros = np.zeros(batch)
+    starts = np.ones(batch)
+    logprobs = []
+    begin = time.perf_counter()
+    with torch.set_grad_enabled(backward):
+        for _ in range(64):
+            step = policy_step(agent, obs, none, zeros, zeros, state, starts)
+            state = step.state
+            logprobs.append(step.dist.log_prob(torch.zeros(batch, dtype=torch.long)))
+        if backward:
+            torch.cat(logprobs).sum().backward()
+    return (time.perf_counter() - begin) / 64
 
 
-def record(writer, summary, key, target, value, step=0, column=None):
-    """TensorBoard tta/{key}_{target}[_{column}], and the value for eval.json, which averages it over the targets."""
-    writer.add_scalar(f"tta/{key}_{target['name']}" + (f"_{column}" if column else ""), value, step)
-    (summary.setdefault(key, {}).setdefault(column, []) if column else summary.setdefault(key, [])).append(value)
-
-
-# MAIN STEPS
-def adapt_target(args, ckpt, base_agent, target, position, reward_scale, settings):
-    """Before, ceiling, then every control × seed on one target. Returns its tta.json entry and the adapted state dicts."""
-    hide_velocity, seeds = ckpt["args"]["hide_velocity"], [args.seed + i for i in range(args.num_seeds)]
-    # the same evaluation episodes (env and torch seeds) before, after and for the ceiling: every comparison is paired
-    eval_seeds = [100_000 + 10_000 * seed + 1000 * position for seed in seeds]
-    before = gate_returns(base_agent, target, hide_velocity, {"learned": None}, eval_seeds, args.eval_episodes)[0]["learned"]
-    res = {
-        "before": {kind: {**mean_ci(v), "per_seed": v} for kind, v in before.items()},
-        "ceiling": ceiling(base_agent, target, hide_velocity, settings, eval_seeds, args.eval_episodes) if settings else None,
-        "controls": {},
-    }
-    saved = []
-    for control in args.controls:
-        entry = res["controls"][control] = {
-            "during_per_seed": [],
-            "after_per_seed": {kind: [] for kind, _ in KINDS},
-            "slot_weights_after_per_seed": [],
-            "updates": 0,
-        }
-        for i, (seed, eval_seed) in enumerate(zip(seeds, eval_seeds)):
-            agent, curve, updates = adapted_copy(ckpt, target, control, seed, args, reward_scale)
-            after, runs = gate_returns(agent.eval(), target, hide_velocity, {"learned": None}, [eval_seed], args.eval_episodes)
-            for kind, (value,) in after["learned"].items():
-                entry["after_per_seed"][kind].append(value)
-            entry["slot_weights_after_per_seed"].append(runs["learned"]["deterministic"][0][1].tolist())
-            entry["during_per_seed"].append(curve)
-            entry["updates"] += updates
-            if args.save_model:
-                saved.append({"target": target["name"], "seed": seed, "control": control, "state_dict": agent.state_dict()})
-            print(
-                f"{target['name']} seed {seed} {control:>7}: before {before['sampled'][i]:6.1f} during {np.mean(curve):6.1f} "
-                f"after {entry['after_per_seed']['sampled'][-1]:6.1f} (sampled; {updates} updates)",
-                flush=True,
-            )
-        curves = np.asarray(entry["during_per_seed"])
-        entry["during"] = {"mean": curves.mean(0).tolist(), "ci95": [mean_ci(c)["ci95"] for c in curves.T]}
-        entry["during_mean"] = mean_ci(curves.mean(1))
-        entry["after"] = {kind: mean_ci(v) for kind, v in entry["after_per_seed"].items()}
-    none, gap = (
-        res["controls"].get("none"),
-        res["ceiling"]["sampled"]["mean"] - res["before"]["sampled"]["mean"] if res["ceiling"] else 0.0,
-    )
-    for entry in [e for c, e in res["controls"].items() if none and c != "none"]:
-        # paired by seed: the same episodes with and without updates
-        gain_during = np.mean(entry["during_per_seed"], 1) - np.mean(none["during_per_seed"], 1)
-        gain = mean_ci(np.subtract(entry["after_per_seed"]["sampled"], none["after_per_seed"]["sampled"]))
-        entry["gain_over_none"] = {"during_mean": mean_ci(gain_during), "after_sampled": gain}
-        # the gap is taken as fixed, so the fraction's CI is the gain's, scaled; without headroom there is no fraction
-        entry["gain_fraction_of_ceiling"] = (
-            None
-            if gap <= 0
-            else {"mean": gain["mean"] / gap, "ci95": None if gain["ci95"] is None else gain["ci95"] / gap, "gap": gap}
-        )
-    return res, saved
-
-
-def run_adapt(args, ckpt, base_agent, targets, reward_scale, writer, report, run_dir):
-    """Adapts on every target into `report`; logs, plots and saves. Returns eval.json's summary and the figure's path."""
-    settings = gate_settings(ckpt["args"]["num_abstractions"], args.ceiling_resolution) if args.ceiling_resolution else {}
-    report.update(
-        controls=args.controls,
-        seeds=[args.seed + i for i in range(args.num_seeds)],
-        episodes=args.episodes,
-        online=args.online,
-        reward_scale=reward_scale,
-        results={},
-    )
-    summary, saved = {}, []
-    for position, target in enumerate(targets):
-        res, adapted = adapt_target(args, ckpt, base_agent, target, position, reward_scale, settings)
-        report["results"][target["name"]], saved = res, saved + adapted
-        # LOGGING
-        for kind, _ in KINDS:
-            record(writer, summary, f"before_{kind}", target, res["before"][kind]["mean"])
-        if res["ceiling"]:
-            record(writer, summary, "ceiling_sampled", target, res["ceiling"]["sampled"]["mean"])
-        for control, entry in res["controls"].items():
-            for step, value in enumerate(entry["during"]["mean"]):
-                writer.add_scalar(f"tta/episodic_return_{target['name']}_{control}", value, step + 1)
-            gains = entry.get("gain_over_none", {})
-            stats = {
-                "during_mean": entry["during_mean"],
-                "after_deterministic": entry["after"]["deterministic"],
-                "after_sampled": entry["after"]["sampled"],
-                "gain_over_none_during": gains.get("during_mean"),
-                "gain_over_none_after_sampled": gains.get("after_sampled"),
-                "gain_fraction_of_ceiling": entry.get("gain_fraction_of_ceiling"),
-            }
-            for key, stat in stats.items():
-                if stat:
-                    record(writer, summary, key, target, stat["mean"], args.episodes, control)
-    figure = os.path.join(run_dir, "adaptation_curves.png")
-    plot_adaptation_curves(
-        report["results"],
-        targets,
-        args.controls,
-        figure,
-        f"{os.path.basename(run_dir)}\nadaptation on "
-        f"{ckpt['run_name']} ({args.num_seeds} seeds, {'online' if args.online else 'per-episode'} updates)",
-    )
-    if args.save_model:
-        model_path = os.path.join(run_dir, f"{args.exp_name}.cleanrl_model")
-        torch.save(
-            {
-                "script": SCRIPT,
-                "format": 1,
-                "source_checkpoint": report["checkpoint"],
-                "source_args": ckpt["args"],
-                "modes": ckpt["modes"],
-                "adapted": saved,
-            },
-            f"{model_path}.tmp",
-        )
-        os.replace(f"{model_path}.tmp", model_path)
-    return summary, figure
-
-
-def run_clamp(args, ckpt, base_agent, targets, _reward_scale, writer, report, run_dir):
-    """Every target with the gate clamped to each slot, uniform and learned, into `report`; the specificity; the heatmap."""
-    num_slots, hide_velocity = ckpt["args"]["num_abstractions"], ckpt["args"]["hide_velocity"]
-    settings = {**gate_settings(num_slots, 1), "learned": None}
-    report.update(columns=list(settings), results={})
-    summary = {}
-    for ti, target in enumerate(targets):
-        _, runs = gate_returns(
-            base_agent, target, hide_velocity, settings, [100_000 + args.seed + 1000 * ti], args.eval_episodes
-        )
-        res = report["results"][target["name"]] = {
-            column: {
-                kind: {"mean": float(r.mean()), "std": float(r.std()), "returns": r.tolist()}
-                for kind, ((r, _),) in by_kind.items()
-            }
-            for column, by_kind in runs.items()
-        }
-        for column, (kind, _) in itertools.product(settings, KINDS):
-            writer.add_scalar(f"tta/clamp_return_{target['name']}_{column}_{kind}", res[column][kind]["mean"], 0)
-            if not column.startswith("slot"):  # slot k of one checkpoint is not slot k of another: no pooling
-                summary.setdefault(f"clamp_{kind}", {}).setdefault(column, []).append(res[column][kind]["mean"])
-        res["learned_slot_weights"] = runs["learned"]["deterministic"][0][1].tolist()
-        print(f"{target['label']}: " + " ".join(f"{c} {res[c]['deterministic']['mean']:.0f}" for c in settings), flush=True)
-    matrix = {
-        kind: np.array([[report["results"][t["name"]][c][kind]["mean"] for c in settings] for t in targets])
-        for kind, _ in KINDS
-    }
-    report["matrix"], report["specificity"] = {kind: m.tolist() for kind, m in matrix.items()}, {}
+def log_adapt_target(writer, target, result, episodes):
+    """TensorBoard scalars of one finished target: tta/{stat}_{target}[_{control}]."""
+    name = target["name"]
     for kind, _ in KINDS:
-        score, matching = clamp_specificity(matrix[kind][:, :num_slots])
-        report["specificity"][kind] = {"score": score, "matching": [[targets[r]["name"], f"slot{c}"] for r, c in matching]}
-        if score is not None:
-            writer.add_scalar(f"tta/clamp_specificity_{kind}", score, 0)
-            summary.setdefault("clamp_specificity", {})[kind] = [score]
-        print(f"clamp specificity, {kind}: {score}, matching {report['specificity'][kind]['matching']}")
-    figure = os.path.join(run_dir, "clamp_heatmap.png")
-    plot_clamp_heatmap(
-        matrix,
-        [t["label"] for t in targets],
-        list(settings),
-        figure,
-        f"{os.path.basename(run_dir)}\nreturn with "
-        f"the gate clamped, {args.eval_episodes} episodes per cell ({ckpt['run_name']})",
-    )
-    return summary, figure
+        writer.add_scalar(f"tta/before_{kind}_{name}", result["before"][kind]["mean"], 0)
+    if result["ceiling"]:
+        writer.add_scalar(f"tta/ceiling_sampled_{name}", result["ceiling"]["sampled"]["mean"], 0)
+    for control, entry in result["controls"].items():
+        for step, value in enumerate(entry["during"]["mean"]):
+            writer.add_scalar(f"tta/episodic_return_{name}_{control}", value, step + 1)
+        gains = entry.get("gain_over_none", {})
+        stats = {
+            "during_mean": entry["during_mean"],
+            "after_deterministic": entry["after"]["deterministic"],
+            "after_sampled": entry["after"]["sampled"],
+            "gain_over_none_during": gains.get("during_mean"),
+            "gain_over_none_after_sampled": gains.get("after_sampled"),
+            "gain_fraction_of_ceiling": entry.get("gain_fraction_of_ceiling"),
+        }
+        for key, stat in stats.items():
+            if stat:
+                writer.add_scalar(f"tta/{key}_{name}_{control}", stat["mean"], episodes)
 
 
 if __name__ == "__main__":
-    args = tyro.extras.subcommand_cli_from_dict({"adapt": AdaptArgs, "clamp": Args})
-    subcommand = "adapt" if isinstance(args, AdaptArgs) else "clamp"
-    args.exp_name = f"{SCRIPT}_{subcommand}" if args.exp_name is None else args.exp_name
+    args = tyro.extras.subcommand_cli_from_dict({"adapt": AdaptArgs, "clamp": ClampArgs, "swap": SwapArgs})
+    apply_preset(args)
     try:
-        model_path, ckpt, base_agent, targets, reward_scale = validate(args)
-        run_name, run_dir = claim_run_dir(
-            args.runs_dir, f"NonStationaryCartPole__{args.exp_name}__{args.seed}__{int(time.time())}"
-        )
+        validate(args)
+        model_path = find_checkpoint(args)
+        ckpt, base_agent = load_astral_checkpoint(model_path)
+        targets = resolve_targets(args.mode_indices, args.modes, ckpt)
+        validate_against_checkpoint(args, ckpt, targets)
+        reward_scale = critic_reward_scale(args, ckpt)
+        from cleanrl_astral_utils import tta  # reports, results files, plots, resuming
+
+        report = tta.new_report(SCRIPT, args, model_path, ckpt, targets)
+        if args.subcommand == "adapt" and args.resume is not None:
+            report = tta.resumed_report(args.resume, report)
+            run_dir = args.resume
+            run_name = os.path.basename(os.path.normpath(run_dir))
+        else:
+            run_name, run_dir = claim_run_dir(
+                args.runs_dir, f"NonStationaryCartPole__{args.exp_name}__{args.seed}__{int(time.time())}"
+            )
     except ValueError as e:
         print(f"{SCRIPT}.py: error: {e}", file=sys.stderr)
         sys.exit(2)
@@ -880,30 +1023,170 @@ if __name__ == "__main__":
         "hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
     )
     torch.set_num_threads(1)  # fastest for this small network; every evaluation and adaptation seeds torch and its envs
-    report = {
-        "script": SCRIPT,
-        "subcommand": subcommand,
-        "checkpoint": os.path.abspath(model_path),
-        "checkpoint_run": ckpt["run_name"],
-        "checkpoint_args": ckpt["args"],
-        "eval_episodes": args.eval_episodes,
-        "args": vars(args),
-        "targets": [
-            dict(zip(("name", "gravity", "half_length", "force_sign", "held_out"), (t["name"], *t["physics"], t["held_out"])))
-            for t in targets
-        ],
-    }
-    run = run_adapt if subcommand == "adapt" else run_clamp
-    summary, figure = run(args, ckpt, base_agent, targets, reward_scale, writer, report, run_dir)
-    results_path = os.path.join(run_dir, "tta.json" if subcommand == "adapt" else "clamp.json")
-    write_json(report, results_path)
+    hide_velocity = ckpt["args"]["hide_velocity"]
+    num_slots = ckpt["args"]["num_abstractions"]
+
+    if args.subcommand == "adapt":
+        settings = {}
+        if args.ceiling_resolution:
+            settings = gate_settings(num_slots, args.ceiling_resolution)
+        seeds = [args.seed + i for i in range(args.num_seeds)]
+        report.update(controls=args.controls, seeds=seeds, episodes=args.episodes, online=args.online)
+        report.update(reward_scale=reward_scale)
+        report.setdefault("results", {})
+        results_path = os.path.join(run_dir, "tta.json")
+        model_file = os.path.join(run_dir, f"{args.exp_name}.cleanrl_model")
+        saved = tta.saved_adapted(model_file, args.save_model)
+        workload = tta.adapt_workload(args, len(targets) - len(report["results"]), len(settings))
+        adapt_step = seconds_per_step(base_agent, hide_velocity, 1, backward=True)
+        eval_step = seconds_per_step(base_agent, hide_velocity, args.eval_episodes, backward=False)
+        print(tta.describe_workload(workload, adapt_step, eval_step, results_path, run_dir), flush=True)
+        for position, target in enumerate(targets):
+            if target["name"] in report["results"]:
+                continue  # finished by the stopped run this one resumes
+            # the same evaluation episodes (env and torch seeds) before, after and for the ceiling: every comparison is paired
+            eval_seeds = [100_000 + 10_000 * seed + 1000 * position for seed in seeds]
+            before = gate_returns(base_agent, target, hide_velocity, {"learned": None}, eval_seeds, args.eval_episodes)
+            result = {"before": before.means["learned"], "ceiling": None, "controls": {}}
+            if settings:
+                result["ceiling"] = ceiling(base_agent, target, hide_velocity, settings, eval_seeds, args.eval_episodes)
+            for control in args.controls:
+                entry = tta.new_control_entry(KINDS)
+                for i, (seed, eval_seed) in enumerate(zip(seeds, eval_seeds)):
+                    adaptation = adapt(ckpt, target, control, seed, args, reward_scale)
+                    after = gate_returns(
+                        adaptation.agent.eval(), target, hide_velocity, {"learned": None}, [eval_seed], args.eval_episodes
+                    )
+                    for kind, (value,) in after.means["learned"].items():
+                        entry["after_per_seed"][kind].append(value)
+                    entry["slot_weights_after_per_seed"].append(
+                        after.runs["learned"]["deterministic"][0].slot_weights.tolist()
+                    )
+                    entry["during_per_seed"].append(adaptation.returns)
+                    entry["updates"] += adaptation.updates
+                    if args.save_model:
+                        saved.append(
+                            {
+                                "target": target["name"],
+                                "seed": seed,
+                                "control": control,
+                                "state_dict": adaptation.agent.state_dict(),
+                            }
+                        )
+                    print(
+                        f"{target['name']} seed {seed} {control:>7}: before {before.means['learned']['sampled'][i]:6.1f} "
+                        f"during {np.mean(adaptation.returns):6.1f} after {entry['after_per_seed']['sampled'][-1]:6.1f} "
+                        f"(sampled; {adaptation.updates} updates)",
+                        flush=True,
+                    )
+                result["controls"][control] = entry
+            result = tta.summarise_target(result)
+
+            # LOGGING
+            log_adapt_target(writer, target, result, args.episodes)
+            report["results"][target["name"]] = result
+            if args.save_model:  # before the results: a target found in tta.json has its agents saved
+                tta.save_adapted(saved, report, ckpt, SCRIPT, model_file)
+            tta.write_results(report, results_path)  # per finished target: a stopped run keeps it
+        figure = os.path.join(run_dir, "adaptation_curves.png")
+        mode_of_update = "per-episode"
+        if args.online:
+            mode_of_update = "online"
+        tta.plot_adaptation_curves(
+            report["results"],
+            targets,
+            args.controls,
+            figure,
+            f"{run_name}\nadaptation on {ckpt['run_name']} ({args.num_seeds} seeds, {mode_of_update} updates)",
+        )
+        report["finished"] = True
+        tta.write_results(report, results_path)
+        headline = tta.adapt_headline(report)
+
+    if args.subcommand == "clamp":
+        settings = gate_settings(num_slots, 1)
+        settings["learned"] = None
+        report.update(columns=list(settings), results={})
+        for position, target in enumerate(targets):
+            runs = gate_returns(
+                base_agent, target, hide_velocity, settings, [100_000 + args.seed + 1000 * position], args.eval_episodes
+            ).runs
+            report["results"][target["name"]] = tta.cells(runs)
+            report["results"][target["name"]]["learned_slot_weights"] = runs["learned"]["deterministic"][
+                0
+            ].slot_weights.tolist()
+            cells = report["results"][target["name"]]
+            # LOGGING
+            for column, (kind, _) in itertools.product(settings, KINDS):
+                writer.add_scalar(f"tta/clamp_return_{target['name']}_{column}_{kind}", cells[column][kind]["mean"], 0)
+            print(
+                f"{target['label']}: " + " ".join(f"{c} {cells[c]['deterministic']['mean']:.0f}" for c in settings), flush=True
+            )
+        matrix = tta.return_matrix(report["results"], targets, list(settings))
+        report["matrix"] = {kind: m.tolist() for kind, m in matrix.items()}
+        report["specificity"] = {}
+        for kind, _ in KINDS:
+            score, matching = clamp_specificity(matrix[kind][:, :num_slots])
+            pairs = [[targets[r]["name"], f"slot{c}"] for r, c in matching]
+            report["specificity"][kind] = {"score": score, "matching": pairs}
+            if score is not None:
+                writer.add_scalar(f"tta/clamp_specificity_{kind}", score, 0)
+            print(f"clamp specificity, {kind}: {score}, matching {pairs}")
+        results_path = os.path.join(run_dir, "clamp.json")
+        figure = os.path.join(run_dir, "clamp_heatmap.png")
+        tta.plot_heatmap(
+            matrix,
+            [t["label"] for t in targets],
+            list(settings),
+            figure,
+            f"{run_name}\nreturn with the gate clamped, {args.eval_episodes} episodes per cell ({ckpt['run_name']})",
+        )
+        tta.write_results(report, results_path)
+        headline = tta.clamp_headline(report)
+
+    if args.subcommand == "swap":
+        swap = gate_swap(base_agent, targets, hide_velocity, args.eval_episodes, args.seed)
+        columns = [*swap.gates, "learned"]
+        report.update(columns=columns, mean_gates={name: w.tolist() for name, w in swap.gates.items()}, routing=swap.routing)
+        report["results"] = {}
+        for target in targets:
+            report["results"][target["name"]] = tta.cells(swap.runs[target["name"]])
+            cells = report["results"][target["name"]]
+            # LOGGING
+            for column, (kind, _) in itertools.product(columns, KINDS):
+                writer.add_scalar(f"tta/swap_return_{target['name']}_{column}_{kind}", cells[column][kind]["mean"], 0)
+            print(
+                f"{target['label']}: " + " ".join(f"{c} {cells[c]['deterministic']['mean']:.0f}" for c in columns), flush=True
+            )
+        matrix = tta.return_matrix(report["results"], targets, columns)
+        report["matrix"] = {kind: m.tolist() for kind, m in matrix.items()}
+        report["swap_effect"] = {kind: swap_effect(matrix[kind], targets, columns) for kind, _ in KINDS}
+        for kind, _ in KINDS:
+            for grouping, effect in report["swap_effect"][kind].items():
+                if effect["value"] is not None:
+                    writer.add_scalar(f"tta/swap_effect_{grouping}_{kind}", effect["value"], 0)
+        writer.add_scalar("tta/gate_episode_nmi_mode", swap.routing["episode_nmi_mode"], 0)
+        writer.add_scalar("tta/gate_episode_nmi_sign", swap.routing["episode_nmi_sign"], 0)
+        for name, entry in swap.routing["held_out"].items():
+            if entry["to_sign_slot"] is not None:
+                writer.add_scalar(f"tta/held_out_to_sign_slot_{name}", float(entry["to_sign_slot"]), 0)
+        print(tta.describe_swap(report))
+        results_path = os.path.join(run_dir, "swap.json")
+        figure = os.path.join(run_dir, "swap_heatmap.png")
+        tta.plot_heatmap(
+            matrix,
+            [t["label"] for t in targets],
+            columns,
+            figure,
+            f"{run_name}\nreturn with the gate fixed to a group's mean learned gate, {args.eval_episodes} episodes per cell "
+            f"({ckpt['run_name']})",
+        )
+        tta.write_results(report, results_path)
+        headline = tta.swap_headline(report)
+
     # eval.json: headline numbers averaged over the targets, for benchmark/report.py's tables (per target: results_path)
-    headline = {
-        key: {k: float(np.mean(v)) for k, v in values.items()} if isinstance(values, dict) else float(np.mean(values))
-        for key, values in summary.items()
-    }
-    write_json(
-        {"script": SCRIPT, "subcommand": subcommand, "targets": [t["name"] for t in targets], **headline},
+    tta.write_results(
+        {"script": SCRIPT, "subcommand": args.subcommand, "targets": [t["name"] for t in targets], **headline},
         os.path.join(run_dir, "eval.json"),
     )
     print(f"results in {results_path} and {figure}")

@@ -1,13 +1,11 @@
 """Tests for cleanrl_astral/tta_gating.py: it acts exactly as ppo_gru_astral.py's agent in its environment, each control
 updates exactly the parameters it promises with losses of the right sign and bootstrap, the reports hold what their
-names say (paired gains, ceiling, clamp columns, specificity), and both subcommands run end to end and refuse bad
+names say (paired gains, ceiling, clamp columns, specificity), and the subcommands run end to end and refuse bad
 input with one line."""
 
 import copy
 import dataclasses
 import glob
-import hashlib
-import json
 import math
 import os
 import runpy
@@ -17,13 +15,22 @@ import sys
 import numpy as np
 import pytest
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from helpers import (
+    REPO,
+    SCRIPT_ENV,
+    assert_one_line_error,
+    load_json,
+    logged_scalars,
+    only_run_dir,
+    run_script,
+    script_path,
+    sha256,
+)
 
-from cleanrl_astral import ppo_gru_astral as astral
-from cleanrl_astral import tta_gating as m
+import cleanrl_astral.ppo_gru_astral as ppo_gru_astral
+import cleanrl_astral.tta_gating as tta_gating
+from cleanrl_astral_utils import tta
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "cleanrl_astral", "tta_gating.py")
 TINY_TRAIN = [
     "--num-envs",
     "4",
@@ -46,32 +53,11 @@ TINY_TRAIN = [
 GATE_KEYS = {"bank.gate.0.weight", "bank.gate.0.bias", "bank.gate.2.weight", "bank.gate.2.bias"}
 
 
-def run(args, **kwargs):
-    return subprocess.run([sys.executable, SCRIPT, *args], cwd=ROOT, capture_output=True, text=True, timeout=300, **kwargs)
-
-
-def sha256(path):
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
-def load_json(pattern):
-    (path,) = glob.glob(str(pattern))
-    with open(path) as f:
-        return json.load(f)
-
-
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """A checkpoint written by a tiny ppo_gru_astral.py run (the real producer, not a hand-made dict)."""
     runs = tmp_path_factory.mktemp("astral_runs")
-    subprocess.run(
-        [sys.executable, "cleanrl_astral/ppo_gru_astral.py", *TINY_TRAIN, "--runs-dir", str(runs)],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
+    run_script("ppo_gru_astral", *TINY_TRAIN, "--runs-dir", str(runs), check=True)
     (path,) = glob.glob(str(runs / "*" / "ppo_gru_astral.cleanrl_model"))
     return path
 
@@ -96,15 +82,30 @@ def sharpened(path, tmp_path):
 
 
 def adapt_args(path, **overrides):
-    return m.AdaptArgs(**{**dict(checkpoint=path, episodes=2, num_seeds=1, eval_episodes=2, adapt_lr=0.05), **overrides})
+    args = tta_gating.AdaptArgs(
+        **{**dict(checkpoint=path, episodes=2, num_seeds=1, eval_episodes=2, adapt_lr=0.05), **overrides}
+    )
+    tta_gating.apply_preset(args)
+    return args
+
+
+def prepared(args):
+    """The checks the script runs before any work, in its order; returns (checkpoint path, critic reward scale)."""
+    tta_gating.apply_preset(args)
+    tta_gating.validate(args)
+    path = tta_gating.find_checkpoint(args)
+    ckpt, _ = tta_gating.load_astral_checkpoint(path)
+    targets = tta_gating.resolve_targets(args.mode_indices, args.modes, ckpt)
+    tta_gating.validate_against_checkpoint(args, ckpt, targets)
+    return path, tta_gating.critic_reward_scale(args, ckpt)
 
 
 def target_of(ckpt, k=0):
-    return m.resolve_targets([k], None, ckpt)[0]
+    return tta_gating.resolve_targets([k], None, ckpt)[0]
 
 
 def new_env(ckpt, k=0):
-    return m.NonStationaryCartPole(1, target_of(ckpt, k)["physics"], ckpt["args"]["hide_velocity"])
+    return tta_gating.NonStationaryCartPole(1, target_of(ckpt, k)["physics"], ckpt["args"]["hide_velocity"])
 
 
 def zeros_state(agent):
@@ -141,35 +142,29 @@ OPTIONS = {
 @pytest.fixture(scope="module", params=list(OPTIONS))
 def option_checkpoint(request, tmp_path_factory):
     runs = tmp_path_factory.mktemp(f"astral_{request.param}")
-    subprocess.run(
-        [
-            sys.executable,
-            "cleanrl_astral/ppo_gru_astral.py",
-            "--num-envs",
-            "8",
-            "--num-steps",
-            "32",
-            "--num-minibatches",
-            "2",
-            "--update-epochs",
-            "1",
-            "--hidden-size",
-            "16",
-            "--slot-dim",
-            "8",
-            "--total-timesteps",
-            "2048",
-            "--save-model",
-            "--eval-episodes",
-            "1",
-            "--runs-dir",
-            str(runs),
-            *OPTIONS[request.param],
-        ],
-        cwd=ROOT,
+    run_script(
+        "ppo_gru_astral",
+        "--num-envs",
+        "8",
+        "--num-steps",
+        "32",
+        "--num-minibatches",
+        "2",
+        "--update-epochs",
+        "1",
+        "--hidden-size",
+        "16",
+        "--slot-dim",
+        "8",
+        "--total-timesteps",
+        "2048",
+        "--save-model",
+        "--eval-episodes",
+        "1",
+        "--runs-dir",
+        str(runs),
+        *OPTIONS[request.param],
         check=True,
-        capture_output=True,
-        timeout=300,
     )
     (path,) = glob.glob(str(runs / "*" / "ppo_gru_astral.cleanrl_model"))
     return path
@@ -178,8 +173,11 @@ def option_checkpoint(request, tmp_path_factory):
 @pytest.mark.parametrize("preset,hide_velocity,mode", [("seed3", False, 1), ("inverted4", True, 3), ("mirror4", True, 4)])
 def test_env_gives_the_training_envs_trajectories(preset, hide_velocity, mode):
     """The env ppo_gru_astral.evaluate builds for one mode, step for step, through several autoresets (held-out mode too)."""
-    physics = astral.MODE_PRESETS[preset][mode]
-    a, b = astral.NonStationaryCartPole(4, [physics], hide_velocity), m.NonStationaryCartPole(4, physics, hide_velocity)
+    physics = ppo_gru_astral.MODE_PRESETS[preset][mode]
+    a, b = (
+        ppo_gru_astral.NonStationaryCartPole(4, [physics], hide_velocity),
+        tta_gating.NonStationaryCartPole(4, physics, hide_velocity),
+    )
     assert np.array_equal(a.reset(seed=3)[0], b.reset(seed=3)[0])
     rng, ended = np.random.default_rng(0), 0
     for _ in range(300):
@@ -195,8 +193,8 @@ def test_env_gives_the_training_envs_trajectories(preset, hide_velocity, mode):
 def test_agent_gives_the_training_agents_outputs_for_its_state_dict(option_checkpoint):
     """Same logits, values, final state, gate weights and probabilities on the same inputs: the soft or hard gate (sampled
     with the same torch seed, and deterministic), the bottleneck, the oracle input, and a clamped gate."""
-    ckpt, agent = m.load_astral_checkpoint(option_checkpoint)
-    reference = astral.agent_from_args(astral.Args(**ckpt["args"]), len(ckpt["modes"]))
+    ckpt, agent = tta_gating.load_astral_checkpoint(option_checkpoint)
+    reference = ppo_gru_astral.agent_from_args(ppo_gru_astral.Args(**ckpt["args"]), len(ckpt["modes"]))
     reference.load_state_dict(ckpt["state_dict"])
     assert set(agent.state_dict()) == set(reference.state_dict()) | {"bank.context"}
     K, gen = ckpt["args"]["num_abstractions"], torch.Generator().manual_seed(0)
@@ -226,38 +224,42 @@ def test_agent_gives_the_training_agents_outputs_for_its_state_dict(option_check
 def test_evaluation_reproduces_the_training_scripts_evaluate(option_checkpoint, monkeypatch):
     """evaluate_target with seed s + 1000 k plays ppo_gru_astral.evaluate's episodes of mode k (seed s; torch seeded alike
     for the sampled kind): same returns, same mean gate weights, in every mode of the checkpoint, held-out ones included."""
-    ckpt, agent = m.load_astral_checkpoint(option_checkpoint)
-    real = astral.first_episodes
+    ckpt, agent = tta_gating.load_astral_checkpoint(option_checkpoint)
+    real = ppo_gru_astral.first_episodes
 
     def seeded(agent_, envs, seed, deterministic):
         torch.manual_seed(seed)
         return real(agent_, envs, seed, deterministic)
 
-    monkeypatch.setattr(astral, "first_episodes", seeded)
-    targets, hide_velocity = m.resolve_targets(None, None, ckpt), ckpt["args"]["hide_velocity"]
+    monkeypatch.setattr(ppo_gru_astral, "first_episodes", seeded)
+    targets, hide_velocity = tta_gating.resolve_targets(None, None, ckpt), ckpt["args"]["hide_velocity"]
     assert [t["held_out"] for t in targets] == [
-        k in astral.HELD_OUT_MODES[ckpt["args"]["modes_preset"]] for k in range(len(targets))
+        k in ppo_gru_astral.HELD_OUT_MODES[ckpt["args"]["modes_preset"]] for k in range(len(targets))
     ]
-    for kind, deterministic in m.KINDS:
-        reference = astral.evaluate(option_checkpoint, 4, deterministic=deterministic, seed=11)
+    for kind, deterministic in tta_gating.KINDS:
+        reference = ppo_gru_astral.evaluate(option_checkpoint, 4, deterministic=deterministic, seed=11)
         for k, target in enumerate(targets):
-            returns, weights = m.evaluate_target(agent, target, hide_velocity, 4, deterministic, 11 + 1000 * k)
+            returns, weights, _ = tta_gating.evaluate_target(agent, target, hide_velocity, 4, deterministic, 11 + 1000 * k)
             assert np.array_equal(returns, reference["returns"][k]), (target["name"], kind)
             assert np.allclose(weights, reference["slot_weights"][k], atol=1e-6)
+            # each episode's mean gate, weighted by its length, averages to the mean gate over every step
+            evaluation = tta_gating.evaluate_target(agent, target, hide_velocity, 4, deterministic, 11 + 1000 * k)
+            lengths = np.asarray(reference["returns"][k])[:, None]  # one reward per step
+            assert np.allclose((evaluation.episode_slot_weights * lengths).sum(0) / lengths.sum(), weights, atol=1e-6)
     # another seed plays other episodes, so equal returns are not a coincidence of the seed
-    assert not np.array_equal(returns, m.evaluate_target(agent, target, hide_velocity, 4, deterministic, 12)[0])
+    assert not np.array_equal(returns, tta_gating.evaluate_target(agent, target, hide_velocity, 4, deterministic, 12)[0])
 
 
 def test_every_training_option_is_known_as_honoured_or_training_only():
     """A ppo_gru_astral.py option tta_gating has not classified makes its checkpoints refused: this fails first, so the
     copy of the agent is brought up to date (or the option listed as training-only) in the same change."""
-    assert {f.name for f in dataclasses.fields(astral.Args)} <= m.KNOWN_ARGS
+    assert {f.name for f in dataclasses.fields(ppo_gru_astral.Args)} <= tta_gating.KNOWN_ARGS
 
 
 def test_hard_gate_acts_with_its_argmax_slot_deterministically_and_draws_slot_k_with_probability_p_k():
     """Under the hard gate, deterministic acting takes argmax p, sampled acting draws slot k with probability p_k, and the
     context shifts both. If this failed, the deterministic kind sampled, or the draw ignored the gate's logits."""
-    bank = m.AbstractionBank(4, 3, 2, tau=1.0, gumbel_tau=0.5)
+    bank = tta_gating.AbstractionBank(4, 3, 2, tau=1.0, gumbel_tau=0.5)
     with torch.no_grad():
         bank.gate[2].bias.copy_(torch.tensor([0.0, 1.0, -1.0]))
         bank.gate[2].weight.zero_()
@@ -276,7 +278,7 @@ def test_hard_gate_acts_with_its_argmax_slot_deterministically_and_draws_slot_k_
 
 
 def test_clamping_slot_k_makes_z_equal_slot_k_exactly(checkpoint, tmp_path):
-    ckpt, agent = m.load_astral_checkpoint(sharpened(checkpoint, tmp_path))
+    ckpt, agent = tta_gating.load_astral_checkpoint(sharpened(checkpoint, tmp_path))
     hidden, K = torch.randn(7, 4, agent.hidden_size), agent.bank.slots.shape[0]
     x, state, starts = torch.randn(7, 4, agent.input_dim), torch.zeros(4, agent.hidden_size), torch.zeros(7, 4)
     outputs = []
@@ -286,13 +288,13 @@ def test_clamping_slot_k_makes_z_equal_slot_k_exactly(checkpoint, tmp_path):
         assert torch.equal(z, agent.bank.slots[k].expand_as(z)) and torch.equal(w, onehot)
         outputs.append(agent.actor(agent(x, state, starts, onehot)[0]))
     assert not torch.allclose(outputs[0], outputs[1])  # distinct slots give distinct policies
-    _, weights = m.evaluate_target(agent, target_of(ckpt), False, 2, True, 0, torch.eye(K)[1])
+    _, weights, _ = tta_gating.evaluate_target(agent, target_of(ckpt), False, 2, True, 0, torch.eye(K)[1])
     assert np.array_equal(weights, np.eye(K)[1])
 
 
 def test_context_is_a_bias_on_the_gate_logits(checkpoint):
     """w = softmax((g(h) + c) / τ). If this failed, the context were added after the softmax or not at all."""
-    _, agent = m.load_astral_checkpoint(checkpoint)
+    _, agent = tta_gating.load_astral_checkpoint(checkpoint)
     hidden = torch.randn(5, agent.hidden_size)
     with torch.no_grad():
         agent.bank.context.copy_(torch.tensor([2.0, -1.0, 0.5]))
@@ -310,10 +312,10 @@ def test_context_is_a_bias_on_the_gate_logits(checkpoint):
 def test_each_control_updates_only_its_parameters(checkpoint, tmp_path, online, options):
     """Also under the hard gate (the gate and context reached through its straight-through estimator) and the bottleneck."""
     path = edited_checkpoint(checkpoint, tmp_path / "options.cleanrl_model", **options)
-    ckpt, _ = m.load_astral_checkpoint(path)
+    ckpt, _ = tta_gating.load_astral_checkpoint(path)
     args, curves = adapt_args(path, online=online, online_every=4), {}
-    for control in m.CONTROLS:
-        agent, curves[control], updates = m.adapted_copy(ckpt, target_of(ckpt, 1), control, 3, args, 1.0)
+    for control in tta_gating.CONTROLS:
+        agent, curves[control], updates = tta_gating.adapt(ckpt, target_of(ckpt, 1), control, 3, args, 1.0)
         state = dict(ckpt["state_dict"], **{"bank.context": torch.zeros(3)})
         changed = {name for name, value in agent.state_dict().items() if not torch.equal(value, state[name])}
         expected = {
@@ -343,7 +345,7 @@ def play_episode(agent, env, mode, seed):
             )
         )
         starts.append(start)
-        dist, _, state, *_ = m.policy_step(agent, obs, [prev_action], [prev_reward], [mode], state, [start])
+        dist, _, state, *_ = tta_gating.policy_step(agent, obs, [prev_action], [prev_reward], [mode], state, [start])
         action = dist.sample()
         logprobs.append(dist.log_prob(action))
         prev_action = int(action)
@@ -357,24 +359,24 @@ def play_episode(agent, env, mode, seed):
 
 @pytest.mark.parametrize("control,reached", [("gate", GATE_KEYS), ("context", {"bank.context"})])
 def test_reinforce_loss_reaches_only_the_adapted_parameters_and_ascends_the_objective(checkpoint, tmp_path, control, reached):
-    ckpt, agent = m.load_astral_checkpoint(sharpened(checkpoint, tmp_path))
-    params = m.adapted_parameters(agent, control)
+    ckpt, agent = tta_gating.load_astral_checkpoint(sharpened(checkpoint, tmp_path))
+    params = tta_gating.adapted_parameters(agent, control)
     inputs, starts, actions, logprobs, rewards = play_episode(agent, new_env(ckpt), 0, 0)
     assert len(rewards) > 2
-    loss = m.reinforce_loss(torch.cat(logprobs), rewards, 0.99)
+    loss = tta_gating.reinforce_loss(torch.cat(logprobs), rewards, 0.99)
     loss.backward()
     for name, param in agent.named_parameters():
         assert (param.grad is not None and param.grad.abs().sum() > 0) == (name in reached), name
     # acting under no_grad (the plan's sketch) leaves nothing to differentiate
     with torch.no_grad():
-        detached = m.policy_step(agent, np.zeros((1, 4), np.float32), [-1], [0.0], [0], zeros_state(agent), [1.0])[0]
-    assert not m.reinforce_loss(detached.log_prob(torch.tensor([0])), [1.0], 0.99).requires_grad
+        detached = tta_gating.policy_step(agent, np.zeros((1, 4), np.float32), [-1], [0.0], [0], zeros_state(agent), [1.0])[0]
+    assert not tta_gating.reinforce_loss(detached.log_prob(torch.tensor([0])), [1.0], 0.99).requires_grad
 
     def objective():  # sum_t G_t log pi(a_t) on the replayed episode
         with torch.no_grad():
             logits = agent.actor(agent(torch.stack(inputs), zeros_state(agent), torch.tensor(starts)[:, None])[0])
             lp = torch.distributions.Categorical(logits=logits).log_prob(torch.tensor(actions)[:, None])
-        return -m.reinforce_loss(lp[:, 0], rewards, 0.99).item()
+        return -tta_gating.reinforce_loss(lp[:, 0], rewards, 0.99).item()
 
     before = objective()
     assert before == pytest.approx(-loss.item(), abs=1e-6)  # the replay reproduces the acted log-probs
@@ -387,24 +389,24 @@ def test_reinforce_loss_is_minus_the_mean_of_log_prob_times_the_normalised_retur
     would descend the return (the ascent test cannot see that: it measures the objective with reinforce_loss itself)."""
     logprobs = torch.zeros(3, requires_grad=True)
     returns = np.array([1.0 + 0.5 * (0.0 + 0.5 * 2.0), 0.0 + 0.5 * 2.0, 2.0])  # [1.5, 1.0, 2.0]
-    m.reinforce_loss(logprobs, [1.0, 0.0, 2.0], 0.5).backward()
+    tta_gating.reinforce_loss(logprobs, [1.0, 0.0, 2.0], 0.5).backward()
     expected = -torch.tensor((returns - returns.mean()) / returns.std(ddof=1), dtype=torch.float32) / 3
     assert torch.allclose(logprobs.grad, expected, atol=1e-6)
     assert logprobs.grad[2] < 0 < logprobs.grad[1]  # the best step's log-probability is pushed up
 
 
 def test_discounted_returns_actor_critic_and_tent_losses():
-    assert np.allclose(m.discounted_returns([1.0, 1.0, 1.0], 0.5), [1.75, 1.5, 1.0])
-    assert np.allclose(m.discounted_returns([1.0, 1.0], 0.5, bootstrap=4.0), [2.5, 3.0])
+    assert np.allclose(tta_gating.discounted_returns([1.0, 1.0, 1.0], 0.5), [1.75, 1.5, 1.0])
+    assert np.allclose(tta_gating.discounted_returns([1.0, 1.0], 0.5, bootstrap=4.0), [2.5, 3.0])
     # actor-critic advantages are the n-step targets minus the (detached) values, in the critic's reward units
     logprobs = torch.zeros(2, requires_grad=True)
-    m.actor_critic_loss(logprobs, torch.tensor([1.0, 0.5]), [2.0, 2.0], 4.0, 0.5, reward_scale=2.0).backward()
+    tta_gating.actor_critic_loss(logprobs, torch.tensor([1.0, 0.5]), [2.0, 2.0], 4.0, 0.5, reward_scale=2.0).backward()
     assert torch.allclose(logprobs.grad, -torch.tensor([2.5 - 1.0, 3.0 - 0.5]) / 2)
     # tent with the anchor equal to the policy: the KL term vanishes, leaving the two entropies
     logits, weights = torch.tensor([[0.0, 0.0], [2.0, 0.0]]), torch.tensor([[0.5, 0.5], [1.0, 0.0]])
     p = torch.softmax(logits, -1)
     entropies = (-(p * p.log()).sum(-1)).mean() + np.log(2) / 2
-    assert m.tent_loss(logits, logits, weights, 1.0).item() == pytest.approx(entropies.item(), abs=1e-5)
+    assert tta_gating.tent_loss(logits, logits, weights, 1.0).item() == pytest.approx(entropies.item(), abs=1e-5)
     # its anchor term is KL(pi || pi_unadapted), not KL(pi_unadapted || pi) (0.368 against 0.511 here)
     logits, anchor, onehot = (
         torch.log(torch.tensor([[0.9, 0.1]])),
@@ -413,20 +415,20 @@ def test_discounted_returns_actor_critic_and_tent_losses():
     )
     forward = 0.9 * math.log(0.9 / 0.5) + 0.1 * math.log(0.1 / 0.5)
     assert abs(forward - (0.5 * math.log(0.5 / 0.9) + 0.5 * math.log(0.5 / 0.1))) > 0.1
-    assert (m.tent_loss(logits, anchor, onehot, 1.0) - m.tent_loss(logits, anchor, onehot, 0.0)).item() == pytest.approx(
-        forward, abs=1e-5
-    )
+    assert (
+        tta_gating.tent_loss(logits, anchor, onehot, 1.0) - tta_gating.tent_loss(logits, anchor, onehot, 0.0)
+    ).item() == pytest.approx(forward, abs=1e-5)
     entropy = -(0.9 * math.log(0.9) + 0.1 * math.log(0.1))
-    assert m.tent_loss(logits, anchor, onehot, 2.0).item() == pytest.approx(entropy + 2 * forward, abs=1e-5)
+    assert tta_gating.tent_loss(logits, anchor, onehot, 2.0).item() == pytest.approx(entropy + 2 * forward, abs=1e-5)
 
 
 def online_episode(checkpoint, monkeypatch, lr, env_seed, max_episode_steps=500):
     """One --online --online-every 4 `gate` episode; returns (updates, [(rewards, values, bootstrap) per update], step
     ends), the steps' (action, reward, info) in `.steps` of the last end list."""
-    ckpt, agent = m.load_astral_checkpoint(checkpoint)
-    optimizer = torch.optim.Adam(m.adapted_parameters(agent, "gate"), lr=lr)
+    ckpt, agent = tta_gating.load_astral_checkpoint(checkpoint)
+    optimizer = torch.optim.Adam(tta_gating.adapted_parameters(agent, "gate"), lr=lr)
     env, calls, ends = new_env(ckpt), [], []
-    env.max_episode_steps, real_step, real_loss = max_episode_steps, env.step, m.actor_critic_loss
+    env.max_episode_steps, real_step, real_loss = max_episode_steps, env.step, tta_gating.actor_critic_loss
     online_episode.steps = []
 
     def step(action):
@@ -440,10 +442,10 @@ def online_episode(checkpoint, monkeypatch, lr, env_seed, max_episode_steps=500)
         return real_loss(logprobs, values, rewards, bootstrap_value, gamma, reward_scale)
 
     env.step = step
-    monkeypatch.setattr(m, "actor_critic_loss", loss)
+    monkeypatch.setattr(tta_gating, "actor_critic_loss", loss)
     torch.manual_seed(0)
     anchor = copy.deepcopy(agent).requires_grad_(False)
-    _, updates = m.adaptation_episode(
+    _, updates = tta_gating.adaptation_episode(
         agent, anchor, env, 0, env_seed, "gate", optimizer, adapt_args(checkpoint, online=True, online_every=4), 1.0
     )
     return updates, calls, ends
@@ -474,31 +476,31 @@ def test_online_bootstraps_a_time_limit_truncation_from_the_final_observation(ch
     be the critic's value of the ended episode's last observation (info["final_obs"]) with the GRU state carried on."""
     updates, calls, ends = online_episode(checkpoint, monkeypatch, 0.0, 3, max_episode_steps=6)
     assert ends == [(False, False)] * 5 + [(False, True)] and updates == len(calls) == 2 and len(calls[-1][0]) == 2
-    ckpt, agent = m.load_astral_checkpoint(checkpoint)
+    ckpt, agent = tta_gating.load_astral_checkpoint(checkpoint)
     env = new_env(ckpt)
     env.max_episode_steps, (obs, _) = 6, env.reset(seed=3)
     state, prev_action, prev_reward, start = zeros_state(agent), [-1], [0.0], [1.0]
     with torch.no_grad():
         for action, reward, info in online_episode.steps:  # noqa: B007 (the last step's info is read below)
-            state = m.policy_step(agent, obs, prev_action, prev_reward, [0], state, start)[2]
+            state = tta_gating.policy_step(agent, obs, prev_action, prev_reward, [0], state, start)[2]
             obs, prev_action, prev_reward, start = env.step(action)[0], action, reward, [0.0]
-        final = float(m.policy_step(agent, info["final_obs"], prev_action, prev_reward, [0], state, start)[1])
-        restarted = float(m.policy_step(agent, obs, prev_action, prev_reward, [0], state, start)[1])
+        final = float(tta_gating.policy_step(agent, info["final_obs"], prev_action, prev_reward, [0], state, start)[1])
+        restarted = float(tta_gating.policy_step(agent, obs, prev_action, prev_reward, [0], state, start)[1])
     assert calls[-1][2] == pytest.approx(final, abs=1e-6) and abs(final - restarted) > 1e-4
 
 
 def test_tent_anchor_is_the_unadapted_policy_on_the_same_inputs(checkpoint, monkeypatch):
     """tent's KL anchor must be the unadapted agent fed the episode's observations, actions and rewards. If it were the
     adapted agent itself, the KL term were 0 and entropy minimisation collapsed the policy unchecked."""
-    ckpt, anchor = m.load_astral_checkpoint(checkpoint)
+    ckpt, anchor = tta_gating.load_astral_checkpoint(checkpoint)
     anchor.requires_grad_(False)
     agent = copy.deepcopy(anchor)
     with torch.no_grad():  # an agent that has moved away from its anchor, as after some adaptation
         for p in agent.actor.parameters():
             p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(0)))
-    optimizer = torch.optim.Adam(m.adapted_parameters(agent, "tent"), lr=0.05)
+    optimizer = torch.optim.Adam(tta_gating.adapted_parameters(agent, "tent"), lr=0.05)
     env, actions, calls = new_env(ckpt), [], []
-    real_step, real_loss = env.step, m.tent_loss
+    real_step, real_loss = env.step, tta_gating.tent_loss
 
     def step(action):
         actions.append(int(action[0]))
@@ -509,9 +511,9 @@ def test_tent_anchor_is_the_unadapted_policy_on_the_same_inputs(checkpoint, monk
         return real_loss(logits, anchor_logits, gate_probs, kl_coef)
 
     env.step = step
-    monkeypatch.setattr(m, "tent_loss", loss)
+    monkeypatch.setattr(tta_gating, "tent_loss", loss)
     torch.manual_seed(0)
-    m.adaptation_episode(agent, anchor, env, 0, 5, "tent", optimizer, adapt_args(checkpoint), 1.0)
+    tta_gating.adaptation_episode(agent, anchor, env, 0, 5, "tent", optimizer, adapt_args(checkpoint), 1.0)
     ((logits, anchor_logits),) = calls
     assert len(actions) == len(anchor_logits) > 3
     replay = new_env(ckpt)
@@ -519,7 +521,7 @@ def test_tent_anchor_is_the_unadapted_policy_on_the_same_inputs(checkpoint, monk
     state, prev_action, prev_reward, start, expected = zeros_state(anchor), -1, 0.0, 1.0, []
     with torch.no_grad():
         for action in actions:
-            dist, _, state, *_ = m.policy_step(anchor, obs, [prev_action], [prev_reward], [0], state, [start])
+            dist, _, state, *_ = tta_gating.policy_step(anchor, obs, [prev_action], [prev_reward], [0], state, [start])
             expected.append(dist.logits)
             obs, reward, _, _, _ = replay.step(np.array([action]))
             prev_action, prev_reward, start = action, float(reward[0]), 0.0
@@ -529,16 +531,16 @@ def test_tent_anchor_is_the_unadapted_policy_on_the_same_inputs(checkpoint, monk
 
 
 def test_tent_anchor_stays_the_unadapted_policy_across_episodes(checkpoint, tmp_path, monkeypatch):
-    """adapted_copy's anchor is a frozen copy: equal to the policy in the first episode, different once the gate moved."""
-    ckpt, _ = m.load_astral_checkpoint(sharpened(checkpoint, tmp_path))
-    calls, real_loss = [], m.tent_loss
+    """adapt's anchor is a frozen copy: equal to the policy in the first episode, different once the gate moved."""
+    ckpt, _ = tta_gating.load_astral_checkpoint(sharpened(checkpoint, tmp_path))
+    calls, real_loss = [], tta_gating.tent_loss
 
     def loss(logits, anchor_logits, gate_probs, kl_coef):
         calls.append((logits.detach().clone(), anchor_logits.detach().clone()))
         return real_loss(logits, anchor_logits, gate_probs, kl_coef)
 
-    monkeypatch.setattr(m, "tent_loss", loss)
-    agent, _, updates = m.adapted_copy(ckpt, target_of(ckpt), "tent", 1, adapt_args(checkpoint), 1.0)
+    monkeypatch.setattr(tta_gating, "tent_loss", loss)
+    agent, _, updates = tta_gating.adapt(ckpt, target_of(ckpt), "tent", 1, adapt_args(checkpoint), 1.0)
     assert updates == len(calls) == 2
     assert torch.allclose(calls[0][0], calls[0][1], atol=1e-6)
     assert (calls[1][0] - calls[1][1]).abs().max() > 1e-4
@@ -549,14 +551,15 @@ def test_tent_gate_entropy_is_of_the_gate_probabilities_under_the_hard_gate(chec
     """Under the hard gate w is one-hot; tent's gate entropy must read p = softmax((g(h) + c)/τ), or it were ~0 with no
     useful gradient."""
     path = edited_checkpoint(checkpoint, tmp_path / "hard.cleanrl_model", hard_gate=True, gumbel_tau=0.5)
-    ckpt, _ = m.load_astral_checkpoint(path)
-    calls, real_loss = [], m.tent_loss
-    monkeypatch.setattr(
-        m,
-        "tent_loss",
-        lambda logits, anchor, probs, coef: calls.append(probs.detach()) or real_loss(logits, anchor, probs, coef),
-    )
-    m.adapted_copy(ckpt, target_of(ckpt), "tent", 1, adapt_args(path, episodes=1), 1.0)
+    ckpt, _ = tta_gating.load_astral_checkpoint(path)
+    calls, real_loss = [], tta_gating.tent_loss
+
+    def loss(logits, anchor, probs, coef):
+        calls.append(probs.detach())
+        return real_loss(logits, anchor, probs, coef)
+
+    monkeypatch.setattr(tta_gating, "tent_loss", loss)
+    tta_gating.adapt(ckpt, target_of(ckpt), "tent", 1, adapt_args(path, episodes=1), 1.0)
     (probs,) = calls
     assert torch.allclose(probs.sum(-1), torch.ones(len(probs))) and probs.max() < 0.99 and len(probs) > 3
 
@@ -564,17 +567,17 @@ def test_tent_gate_entropy_is_of_the_gate_probabilities_under_the_hard_gate(chec
 def test_adaptation_episodes_have_distinct_env_seeds_shared_by_every_control(checkpoint, monkeypatch):
     """Episode e of every control starts from the same env seed (the paired comparison), and a run's episodes differ.
     If this failed, every episode replayed one initial state, or the controls saw different episodes."""
-    ckpt, _ = m.load_astral_checkpoint(checkpoint)
-    seeds, real_episode = {}, m.adaptation_episode
+    ckpt, _ = tta_gating.load_astral_checkpoint(checkpoint)
+    seeds, real_episode = {}, tta_gating.adaptation_episode
 
     def episode(agent, anchor, env, mode, env_seed, control, *args):
         seeds.setdefault(control, []).append(env_seed)
         return real_episode(agent, anchor, env, mode, env_seed, control, *args)
 
-    monkeypatch.setattr(m, "adaptation_episode", episode)
-    for control in m.CONTROLS:
-        m.adapted_copy(ckpt, target_of(ckpt, 1), control, 2, adapt_args(checkpoint, episodes=3), 1.0)
-    assert all(s == seeds["none"] for s in seeds.values()) and len(seeds) == len(m.CONTROLS)
+    monkeypatch.setattr(tta_gating, "adaptation_episode", episode)
+    for control in tta_gating.CONTROLS:
+        tta_gating.adapt(ckpt, target_of(ckpt, 1), control, 2, adapt_args(checkpoint, episodes=3), 1.0)
+    assert all(s == seeds["none"] for s in seeds.values()) and len(seeds) == len(tta_gating.CONTROLS)
     assert len(set(seeds["none"])) == 3
 
 
@@ -582,70 +585,74 @@ def test_adaptation_episodes_have_distinct_env_seeds_shared_by_every_control(che
 
 
 def test_gate_settings_are_the_one_hots_the_mixtures_of_a_grid_and_uniform():
-    settings = m.gate_settings(3, 2)
+    settings = tta_gating.gate_settings(3, 2)
     assert list(settings)[:3] == ["slot0", "slot1", "slot2"] and list(settings)[-1] == "uniform" and len(settings) == 7
     weights = torch.stack(list(settings.values()))
     assert torch.allclose(weights.sum(-1), torch.ones(7)) and len({tuple(w.tolist()) for w in weights}) == 7
     assert {tuple(w.tolist()) for w in weights[3:6]} == {(0.5, 0.5, 0.0), (0.5, 0.0, 0.5), (0.0, 0.5, 0.5)}
-    assert list(m.gate_settings(3, 1)) == ["slot0", "slot1", "slot2", "uniform"]
-    assert len(m.gate_settings(3, 3)) == 3 + 6 + 1  # (2,1,0)-type mixtures; (1,1,1) is the uniform gate, listed once
+    assert list(tta_gating.gate_settings(3, 1)) == ["slot0", "slot1", "slot2", "uniform"]
+    assert len(tta_gating.gate_settings(3, 3)) == 3 + 6 + 1  # (2,1,0)-type mixtures; (1,1,1) is the uniform gate, listed once
 
 
 def test_clamp_specificity_matches_slots_to_modes_and_ignores_mode_and_slot_effects():
     planted = np.full((3, 3), 100.0)
     planted[[0, 1, 2], [2, 0, 1]] = 400.0  # mode i is served by slot (i + 2) mod 3
-    assert m.clamp_specificity(planted) == (300.0, [(0, 2), (1, 0), (2, 1)])
+    assert tta_gating.clamp_specificity(planted) == (300.0, [(0, 2), (1, 0), (2, 1)])
     additive = np.array([10.0, 200.0, 30.0])[:, None] + np.array([0.0, 50.0, 7.0])[None, :]  # harder modes, better slots
-    assert m.clamp_specificity(additive)[0] == pytest.approx(0.0, abs=1e-9)
+    assert tta_gating.clamp_specificity(additive)[0] == pytest.approx(0.0, abs=1e-9)
     # four modes, three slots: the three matched pairs and the other cells of their rows and columns
     wide = np.vstack([planted, [[0.0, 0.0, 0.0]]])
-    assert m.clamp_specificity(wide) == (300.0, [(0, 2), (1, 0), (2, 1)])
-    assert m.clamp_specificity(np.array([[5.0, 1.0]]))[0] is None
+    assert tta_gating.clamp_specificity(wide) == (300.0, [(0, 2), (1, 0), (2, 1)])
+    assert tta_gating.clamp_specificity(np.array([[5.0, 1.0]]))[0] is None
 
 
 def test_mean_ci_is_the_student_t_interval_of_the_mean():
     """half-width t_{0.975, n-1} s / sqrt(n), s with ddof=1; with ddof=0 or n degrees of freedom every CI were too narrow."""
-    stat = m.mean_ci([1.0, 2.0, 3.0, 4.0])
+    stat = tta.mean_ci([1.0, 2.0, 3.0, 4.0])
     assert stat["mean"] == 2.5 and stat["n"] == 4
     assert stat["ci95"] == pytest.approx(3.182446305284263 * np.sqrt(5 / 3) / 2, rel=1e-9)
-    assert m.mean_ci([7.0]) == {"mean": 7.0, "ci95": None, "n": 1}
+    assert tta.mean_ci([7.0]) == {"mean": 7.0, "ci95": None, "n": 1}
 
 
 # --- adapt end to end -----------------------------------------------------------------------------------------------
 
 
 def test_adapt_smoke_all_controls(checkpoint, tmp_path):
+    """--preset full: every control, and the ceiling's mixtures."""
     digest = sha256(checkpoint)
-    result = run(
-        [
-            "adapt",
-            "--checkpoint",
-            checkpoint,
-            "--mode-indices",
-            "0",
-            "2",
-            "--episodes",
-            "2",
-            "--num-seeds",
-            "2",
-            "--eval-episodes",
-            "2",
-            "--save-model",
-            "--runs-dir",
-            str(tmp_path),
-        ]
+    result = run_script(
+        "tta_gating",
+        "adapt",
+        "--preset",
+        "full",
+        "--checkpoint",
+        checkpoint,
+        "--mode-indices",
+        "0",
+        "2",
+        "--episodes",
+        "2",
+        "--num-seeds",
+        "2",
+        "--eval-episodes",
+        "2",
+        "--save-model",
+        "--runs-dir",
+        str(tmp_path),
     )
     assert result.returncode == 0, result.stderr
     assert sha256(checkpoint) == digest
     (run_dir,) = glob.glob(str(tmp_path / "NonStationaryCartPole__tta_gating_adapt__1__*"))
     report = load_json(os.path.join(run_dir, "tta.json"))
     assert (
-        report["controls"] == list(m.CONTROLS) and report["seeds"] == [1, 2] and list(report["results"]) == ["mode0", "mode2"]
+        report["controls"] == list(tta_gating.CONTROLS)
+        and report["seeds"] == [1, 2]
+        and list(report["results"]) == ["mode0", "mode2"]
     )
     for res in report["results"].values():
         none = res["controls"]["none"]
         assert none["after_per_seed"]["sampled"] == res["before"]["sampled"]["per_seed"]  # no updates: after = before
-        assert list(res["ceiling"]["per_setting"]) == list(m.gate_settings(3, 2))
+        assert list(res["ceiling"]["per_setting"]) == list(tta_gating.gate_settings(3, 2))
         for control, entry in res["controls"].items():
             assert np.asarray(entry["during_per_seed"]).shape == (2, 2)
             assert [c[0] for c in entry["during_per_seed"]] == [c[0] for c in none["during_per_seed"]]
@@ -653,15 +660,13 @@ def test_adapt_smoke_all_controls(checkpoint, tmp_path):
     for name in ("adaptation_curves.png", "eval.json", "tta_gating_adapt.cleanrl_model"):
         assert os.path.getsize(os.path.join(run_dir, name)) > 0
     headline = load_json(os.path.join(run_dir, "eval.json"))
-    assert set(headline["gain_over_none_after_sampled"]) == set(m.CONTROLS) - {"none"} and set(
+    assert set(headline["gain_over_none_after_sampled"]) == set(tta_gating.CONTROLS) - {"none"} and set(
         headline["after_sampled"]
-    ) == set(m.CONTROLS)
+    ) == set(tta_gating.CONTROLS)
     gate_gains = [res["controls"]["gate"]["gain_over_none"]["after_sampled"]["mean"] for res in report["results"].values()]
     assert headline["gain_over_none_after_sampled"]["gate"] == pytest.approx(np.mean(gate_gains))
     assert len(torch.load(os.path.join(run_dir, "tta_gating_adapt.cleanrl_model"), weights_only=True)["adapted"]) == 2 * 2 * 5
-    acc = EventAccumulator(run_dir)
-    acc.Reload()
-    tags = acc.Tags()["scalars"]
+    tags = logged_scalars(run_dir)
     assert {
         "tta/episodic_return_mode0_gate",
         "tta/gain_over_none_after_sampled_mode2_tent",
@@ -670,31 +675,30 @@ def test_adapt_smoke_all_controls(checkpoint, tmp_path):
 
 
 def test_adapt_online_on_unseen_physics(checkpoint, tmp_path):
-    result = run(
-        [
-            "adapt",
-            "--checkpoint",
-            checkpoint,
-            "--modes",
-            "5.0,0.9 15.0,0.3",
-            "--online",
-            "--online-every",
-            "4",
-            "--controls",
-            "none",
-            "gate",
-            "tent",
-            "--episodes",
-            "2",
-            "--num-seeds",
-            "1",
-            "--eval-episodes",
-            "2",
-            "--ceiling-resolution",
-            "0",
-            "--runs-dir",
-            str(tmp_path),
-        ]
+    result = run_script(
+        "tta_gating",
+        "adapt",
+        "--checkpoint",
+        checkpoint,
+        "--modes",
+        "5.0,0.9 15.0,0.3",
+        "--online",
+        "--online-every",
+        "4",
+        "--controls",
+        "none",
+        "gate",
+        "tent",
+        "--episodes",
+        "2",
+        "--num-seeds",
+        "1",
+        "--eval-episodes",
+        "2",
+        "--ceiling-resolution",
+        "0",
+        "--runs-dir",
+        str(tmp_path),
     )
     assert result.returncode == 0, result.stderr
     report = load_json(tmp_path / "*" / "tta.json")
@@ -708,40 +712,39 @@ def test_adapt_online_on_unseen_physics(checkpoint, tmp_path):
 def test_adapt_after_numbers_are_each_controls_adapted_agent_on_the_before_episodes(checkpoint, tmp_path):
     """A control's "after" (returns and gate weights) is its own adapted agent's, on the seeds of "before". If this
     failed, the unadapted agent were evaluated after adaptation and a real gain would read as zero."""
-    result = run(
-        [
-            "adapt",
-            "--checkpoint",
-            checkpoint,
-            "--mode-indices",
-            "1",
-            "--controls",
-            "none",
-            "gate",
-            "--episodes",
-            "2",
-            "--num-seeds",
-            "1",
-            "--eval-episodes",
-            "3",
-            "--adapt-lr",
-            "0.05",
-            "--save-model",
-            "--runs-dir",
-            str(tmp_path),
-        ]
+    result = run_script(
+        "tta_gating",
+        "adapt",
+        "--checkpoint",
+        checkpoint,
+        "--mode-indices",
+        "1",
+        "--controls",
+        "none",
+        "gate",
+        "--episodes",
+        "2",
+        "--num-seeds",
+        "1",
+        "--eval-episodes",
+        "3",
+        "--adapt-lr",
+        "0.05",
+        "--save-model",
+        "--runs-dir",
+        str(tmp_path),
     )
     assert result.returncode == 0, result.stderr
     (run_dir,) = glob.glob(str(tmp_path / "*"))
     controls = load_json(os.path.join(run_dir, "tta.json"))["results"]["mode1"]["controls"]
     saved = torch.load(os.path.join(run_dir, "tta_gating_adapt.cleanrl_model"), weights_only=True)["adapted"]
     assert [s["control"] for s in saved] == ["none", "gate"]
-    ckpt, agent = m.load_astral_checkpoint(checkpoint)
+    ckpt, agent = tta_gating.load_astral_checkpoint(checkpoint)
     eval_seed = 100_000 + 10_000 * 1  # seed 1, first target
     for entry in saved:
         agent.load_state_dict(entry["state_dict"])
-        for kind, deterministic in m.KINDS:
-            returns, weights = m.evaluate_target(
+        for kind, deterministic in tta_gating.KINDS:
+            returns, weights, _ = tta_gating.evaluate_target(
                 agent, target_of(ckpt, 1), ckpt["args"]["hide_velocity"], 3, deterministic, eval_seed
             )
             assert controls[entry["control"]]["after_per_seed"][kind] == [float(returns.mean())], (entry["control"], kind)
@@ -759,7 +762,7 @@ def test_gain_over_none_is_paired_and_its_fraction_is_of_the_ceilings_headroom(c
         sys,
         "argv",
         [
-            m.__file__,
+            tta_gating.__file__,
             "adapt",
             "--checkpoint",
             path,
@@ -777,23 +780,27 @@ def test_gain_over_none_is_paired_and_its_fraction_is_of_the_ceilings_headroom(c
             "4",
             "--adapt-lr",
             "0.05",
+            "--ceiling-resolution",
+            "2",
             "--runs-dir",
             str(tmp_path / "runs"),
         ],
     )
-    runpy.run_path(m.__file__, run_name="__main__")  # the same __main__ code in this process
+    runpy.run_path(tta_gating.__file__, run_name="__main__")  # the same __main__ code in this process
     res = load_json(tmp_path / "runs" / "*" / "tta.json")["results"]["mode1"]
     gate, none = res["controls"]["gate"], res["controls"]["none"]
     after = np.subtract(gate["after_per_seed"]["sampled"], none["after_per_seed"]["sampled"])
     during = np.mean(gate["during_per_seed"], 1) - np.mean(none["during_per_seed"], 1)
-    assert gate["gain_over_none"]["after_sampled"] == m.mean_ci(after)
-    assert gate["gain_over_none"]["during_mean"] == m.mean_ci(during)
+    assert gate["gain_over_none"]["after_sampled"] == tta.mean_ci(after)
+    assert gate["gain_over_none"]["during_mean"] == tta.mean_ci(during)
     assert gate["after_per_seed"]["deterministic"] != gate["after_per_seed"]["sampled"]  # the wrong kind cannot match
-    ckpt, agent = m.load_astral_checkpoint(path)
+    ckpt, agent = tta_gating.load_astral_checkpoint(path)
     per_setting = {}
-    for name, weights in m.gate_settings(3, 2).items():
+    for name, weights in tta_gating.gate_settings(3, 2).items():
         per_setting[name] = [
-            float(m.evaluate_target(agent, target_of(ckpt, 1), False, 4, False, 100_000 + 10_000 * s, weights)[0].mean())
+            float(
+                tta_gating.evaluate_target(agent, target_of(ckpt, 1), False, 4, False, 100_000 + 10_000 * s, weights)[0].mean()
+            )
             for s in (1, 2)
         ]
     assert res["ceiling"]["per_setting"] == per_setting and len({tuple(v) for v in per_setting.values()}) > 1
@@ -807,66 +814,72 @@ def test_gain_over_none_is_paired_and_its_fraction_is_of_the_ceilings_headroom(c
             assert fraction["mean"] == pytest.approx(res["controls"][control]["gain_over_none"]["after_sampled"]["mean"] / gap)
 
 
-def test_adapt_target_pairs_gains_and_divides_them_by_the_ceilings_headroom(checkpoint, monkeypatch):
-    """With planted returns: before 10 / 20 on the two seeds' evaluation episodes, slot0 fixed 30 / 40 (the best), `gate`
+def test_ceiling_is_the_fixed_gate_with_the_best_mean_sampled_return(checkpoint, monkeypatch):
+    """With planted sampled returns per seed, slot0 30 / 40 against mix and uniform 12 / 14 and slot1 36 / 20 (a better
+    first seed, a worse mean): the ceiling is slot0. If this failed, it were picked on one seed or another kind."""
+    ckpt, base = tta_gating.load_astral_checkpoint(checkpoint)
+    planted = {"slot0": [30.0, 40.0], "slot1": [36.0, 20.0]}
+    kinds_asked = []
+
+    def gate_returns(agent, target, hide_velocity, settings, seeds, episodes, kinds=tta_gating.KINDS):
+        kinds_asked.append([kind for kind, _ in kinds])
+        means = {name: {kind: planted.get(name, [12.0, 14.0]) for kind, _ in kinds} for name in settings}
+        return tta_gating.GateReturns(means, {})
+
+    monkeypatch.setattr(tta_gating, "gate_returns", gate_returns)
+    result = tta_gating.ceiling(base, target_of(ckpt), False, tta_gating.gate_settings(3, 2), [1, 2], 4)
+    assert result["best"] == "slot0" and result["per_setting"]["slot1"] == [36.0, 20.0] and len(result["per_setting"]) == 7
+    assert kinds_asked == [["sampled"]]
+
+
+def test_summarised_gains_are_paired_and_divided_by_the_ceilings_headroom():
+    """With planted returns: before 10 / 20 on the two seeds' evaluation episodes, the ceiling slot0 30 / 40, `gate`
     after 25 / 27 and `none` after 10 / 20, so the paired gains are 15 / 7, the headroom 35 - 15 = 20 and the fraction
     11 / 20. If this failed, the gain were unpaired, the ceiling another setting, or the fraction of another gap."""
-    ckpt, base = m.load_astral_checkpoint(checkpoint)
 
-    class Adapted:
-        def __init__(self, control):
-            self.control = control
-
-        def eval(self):
-            return self
-
-    def value(agent, name, eval_seed):
-        i = (eval_seed - 100_000) // 10_000 - 1  # adaptation seeds 1 and 2, first target
-        if agent is base:
-            return {"learned": (10.0, 20.0), "slot0": (30.0, 40.0)}.get(name, (12.0, 14.0))[i]
-        return {"none": (10.0, 20.0), "gate": (25.0, 27.0)}[agent.control][i]
-
-    def gate_returns(agent, target, hide_velocity, settings, seeds, episodes, kinds=m.KINDS):
-        runs = {
-            name: {kind: [(np.array([value(agent, name, s)]), np.ones(3) / 3) for s in seeds] for kind, _ in kinds}
-            for name in settings
+    def measured(ceiling_best):
+        controls = {}
+        for control, after in (("none", [10.0, 20.0]), ("gate", [25.0, 27.0])):
+            entry = tta.new_control_entry(tta_gating.KINDS)
+            entry["after_per_seed"] = {"deterministic": [0.0, 0.0], "sampled": after}
+            entry["during_per_seed"] = [[1.0, 3.0], [2.0, 2.0]]
+            if control == "gate":
+                entry["during_per_seed"] = [[5.0, 7.0], [2.0, 4.0]]
+            controls[control] = entry
+        per_setting = {"slot0": [30.0, 40.0], "slot1": [5.0, 5.0]}
+        return {
+            "before": {"deterministic": [10.0, 20.0], "sampled": [10.0, 20.0]},
+            "ceiling": {"best": ceiling_best, "per_setting": per_setting},
+            "controls": controls,
         }
-        return {name: {kind: [float(r.mean()) for r, _ in v] for kind, v in by.items()} for name, by in runs.items()}, runs
 
-    monkeypatch.setattr(m, "gate_returns", gate_returns)
-    monkeypatch.setattr(m, "adapted_copy", lambda ckpt, target, control, seed, args, scale: (Adapted(control), [1.0], 1))
-    args = adapt_args(checkpoint, controls=["none", "gate"], num_seeds=2)
-    res, _ = m.adapt_target(args, ckpt, base, target_of(ckpt), 0, None, m.gate_settings(3, 2))
+    res = tta.summarise_target(measured("slot0"))
     assert res["before"]["sampled"]["per_seed"] == [10.0, 20.0] and res["ceiling"]["best"] == "slot0"
     assert res["ceiling"]["sampled"]["mean"] == 35.0
     gain = res["controls"]["gate"]["gain_over_none"]["after_sampled"]
-    assert gain == m.mean_ci([15.0, 7.0])
+    assert gain == tta.mean_ci([15.0, 7.0])
+    assert res["controls"]["gate"]["gain_over_none"]["during_mean"] == tta.mean_ci([4.0, 1.0])
     fraction = res["controls"]["gate"]["gain_fraction_of_ceiling"]
     assert fraction == {"mean": 11.0 / 20.0, "ci95": gain["ci95"] / 20.0, "gap": 20.0}
+    assert "gain_over_none" not in res["controls"]["none"]
     # no headroom, no fraction
-    res, _ = m.adapt_target(args, ckpt, base, target_of(ckpt), 0, None, {"slot1": None})
+    res = tta.summarise_target(measured("slot1"))
     assert res["ceiling"]["best"] == "slot1" and res["controls"]["gate"]["gain_fraction_of_ceiling"] is None
 
 
 @pytest.fixture(scope="module")
 def mirror4_checkpoint(tmp_path_factory):
     runs = tmp_path_factory.mktemp("astral_mirror4")
-    subprocess.run(
-        [
-            sys.executable,
-            "cleanrl_astral/ppo_gru_astral.py",
-            *TINY_TRAIN,
-            "--modes-preset",
-            "mirror4",
-            "--mode-share",
-            "balanced",
-            "--runs-dir",
-            str(runs),
-        ],
-        cwd=ROOT,
+    run_script(
+        "ppo_gru_astral",
+        *TINY_TRAIN,
+        "--modes-preset",
+        "mirror4",
+        "--mode-share",
+        "balanced",
+        "--runs-dir",
+        str(runs),
         check=True,
-        capture_output=True,
-        timeout=300,
     )
     (path,) = glob.glob(str(runs / "*" / "ppo_gru_astral.cleanrl_model"))
     return path
@@ -874,34 +887,35 @@ def mirror4_checkpoint(tmp_path_factory):
 
 def test_held_out_mode_is_a_target_of_adapt_and_clamp(mirror4_checkpoint, tmp_path):
     """mirror4's mode 4, never trained on, is adapted to on its own, and clamp covers it with the training modes."""
-    result = run(
-        [
-            "adapt",
-            "--checkpoint",
-            mirror4_checkpoint,
-            "--mode-indices",
-            "4",
-            "--controls",
-            "none",
-            "gate",
-            "context",
-            "--episodes",
-            "2",
-            "--num-seeds",
-            "2",
-            "--eval-episodes",
-            "2",
-            "--ceiling-resolution",
-            "1",
-            "--runs-dir",
-            str(tmp_path / "a"),
-        ]
+    result = run_script(
+        "tta_gating",
+        "adapt",
+        "--checkpoint",
+        mirror4_checkpoint,
+        "--mode-indices",
+        "4",
+        "--controls",
+        "none",
+        "gate",
+        "context",
+        "--episodes",
+        "2",
+        "--num-seeds",
+        "2",
+        "--eval-episodes",
+        "2",
+        "--ceiling-resolution",
+        "1",
+        "--runs-dir",
+        str(tmp_path / "a"),
     )
     assert result.returncode == 0, result.stderr
     report = load_json(tmp_path / "a" / "*" / "tta.json")
     assert report["targets"] == [{"name": "mode4", "gravity": 8.65, "half_length": 0.6, "force_sign": -1.0, "held_out": True}]
     assert set(report["results"]["mode4"]["controls"]["gate"]["gain_over_none"]) == {"during_mean", "after_sampled"}
-    result = run(["clamp", "--checkpoint", mirror4_checkpoint, "--eval-episodes", "1", "--runs-dir", str(tmp_path / "c")])
+    result = run_script(
+        "tta_gating", "clamp", "--checkpoint", mirror4_checkpoint, "--eval-episodes", "1", "--runs-dir", str(tmp_path / "c")
+    )
     assert result.returncode == 0, result.stderr
     report = load_json(tmp_path / "c" / "*" / "clamp.json")
     assert [t["held_out"] for t in report["targets"]] == [False] * 4 + [True] and len(report["matrix"]["sampled"]) == 5
@@ -912,7 +926,7 @@ def test_held_out_mode_is_a_target_of_adapt_and_clamp(mirror4_checkpoint, tmp_pa
 
 def test_clamp_smoke(checkpoint, tmp_path):
     digest = sha256(checkpoint)
-    result = run(["clamp", "--checkpoint", checkpoint, "--eval-episodes", "1", "--runs-dir", str(tmp_path)])
+    result = run_script("tta_gating", "clamp", "--checkpoint", checkpoint, "--eval-episodes", "1", "--runs-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert sha256(checkpoint) == digest
     (run_dir,) = glob.glob(str(tmp_path / "NonStationaryCartPole__tta_gating_clamp__1__*"))
@@ -931,9 +945,7 @@ def test_clamp_smoke(checkpoint, tmp_path):
     uniform = [r["uniform"]["sampled"]["mean"] for r in report["results"].values()]
     assert headline["clamp_sampled"]["uniform"] == pytest.approx(np.mean(uniform))  # eval.json averages over the targets
     assert set(headline["clamp_deterministic"]) == {"uniform", "learned"}
-    acc = EventAccumulator(run_dir)
-    acc.Reload()
-    assert {"tta/clamp_return_mode0_slot1_sampled", "tta/clamp_specificity_sampled"} <= set(acc.Tags()["scalars"])
+    assert {"tta/clamp_return_mode0_slot1_sampled", "tta/clamp_specificity_sampled"} <= set(logged_scalars(run_dir))
 
 
 @pytest.fixture(scope="module")
@@ -945,7 +957,7 @@ def sharp_clamp(checkpoint, tmp_path_factory):
     path = edited_checkpoint(
         checkpoint, tmp / "slot_policies.cleanrl_model", torch.stack([10 * u, -10 * u, torch.zeros_like(u)]), 1000.0
     )
-    result = run(["clamp", "--checkpoint", path, "--eval-episodes", "3", "--runs-dir", str(tmp / "runs")])
+    result = run_script("tta_gating", "clamp", "--checkpoint", path, "--eval-episodes", "3", "--runs-dir", str(tmp / "runs"))
     assert result.returncode == 0, result.stderr
     return path, load_json(tmp / "runs" / "*" / "clamp.json"), load_json(tmp / "runs" / "*" / "eval.json")
 
@@ -953,12 +965,12 @@ def sharp_clamp(checkpoint, tmp_path_factory):
 def test_clamp_column_slot_k_is_the_return_with_the_gate_clamped_to_slot_k(sharp_clamp):
     """If this failed, a column showed another slot's returns, and every conclusion about slot k were about another."""
     path, report, _ = sharp_clamp
-    ckpt, agent = m.load_astral_checkpoint(path)
+    ckpt, agent = tta_gating.load_astral_checkpoint(path)
     per_slot = {k: [] for k in range(3)}
-    for ti, target in enumerate(m.resolve_targets(None, None, ckpt)):
+    for ti, target in enumerate(tta_gating.resolve_targets(None, None, ckpt)):
         for k in range(3):
-            for kind, deterministic in m.KINDS:
-                returns, weights = m.evaluate_target(
+            for kind, deterministic in tta_gating.KINDS:
+                returns, weights, _ = tta_gating.evaluate_target(
                     agent, target, False, 3, deterministic, 100_000 + 1 + 1000 * ti, torch.eye(3)[k]
                 )
                 assert np.array_equal(weights, np.eye(3)[k])
@@ -969,8 +981,8 @@ def test_clamp_column_slot_k_is_the_return_with_the_gate_clamped_to_slot_k(sharp
 
 def test_clamp_specificity_is_reported_for_the_mode_by_slot_matrix(sharp_clamp):
     _, report, headline = sharp_clamp
-    for kind, _ in m.KINDS:
-        score, matching = m.clamp_specificity(np.asarray(report["matrix"][kind])[:, :3])
+    for kind, _ in tta_gating.KINDS:
+        score, matching = tta_gating.clamp_specificity(np.asarray(report["matrix"][kind])[:, :3])
         assert report["specificity"][kind] == {"score": score, "matching": [[f"mode{r}", f"slot{c}"] for r, c in matching]}
         assert headline["clamp_specificity"][kind] == score
     assert report["specificity"]["deterministic"]["score"] is not None
@@ -981,28 +993,29 @@ def test_clamp_uniform_column_is_the_gate_fixed_at_one_over_k(checkpoint, tmp_pa
     is not K times their mean) and a 10x actor layer (larger saturates the policy so that every gate acts alike)."""
     u, v = torch.randn(2, 8, generator=torch.Generator().manual_seed(0))
     path = edited_checkpoint(checkpoint, tmp_path / "asym.cleanrl_model", torch.stack([u, -u, 2 * v]), 10.0)
-    result = run(
-        [
-            "clamp",
-            "--checkpoint",
-            path,
-            "--mode-indices",
-            "0",
-            "1",
-            "--eval-episodes",
-            "3",
-            "--runs-dir",
-            str(tmp_path / "runs"),
-        ]
+    result = run_script(
+        "tta_gating",
+        "clamp",
+        "--checkpoint",
+        path,
+        "--mode-indices",
+        "0",
+        "1",
+        "--eval-episodes",
+        "3",
+        "--runs-dir",
+        str(tmp_path / "runs"),
     )
     assert result.returncode == 0, result.stderr
     report = load_json(tmp_path / "runs" / "*" / "clamp.json")
-    ckpt, agent = m.load_astral_checkpoint(path)
+    ckpt, agent = tta_gating.load_astral_checkpoint(path)
     differs = False
-    for ti, target in enumerate(m.resolve_targets([0, 1], None, ckpt)):
-        for kind, deterministic in m.KINDS:
+    for ti, target in enumerate(tta_gating.resolve_targets([0, 1], None, ckpt)):
+        for kind, deterministic in tta_gating.KINDS:
             out = {
-                name: m.evaluate_target(agent, target, False, 3, deterministic, 100_000 + 1 + 1000 * ti, weights)[0].tolist()
+                name: tta_gating.evaluate_target(agent, target, False, 3, deterministic, 100_000 + 1 + 1000 * ti, weights)[
+                    0
+                ].tolist()
                 for name, weights in (("mean", torch.full((3,), 1 / 3)), ("sum", torch.ones(3)))
             }
             assert report["results"][target["name"]]["uniform"][kind]["returns"] == out["mean"], (ti, kind)
@@ -1016,19 +1029,22 @@ def test_clamp_heatmap_draws_targets_as_rows_and_gate_settings_as_columns(tmp_pa
 
     images, texts = [], []
     real_imshow, real_text = matplotlib.axes.Axes.imshow, matplotlib.axes.Axes.text
-    monkeypatch.setattr(
-        matplotlib.axes.Axes, "imshow", lambda self, X, *a, **k: images.append(np.array(X)) or real_imshow(self, X, *a, **k)
-    )
-    monkeypatch.setattr(
-        matplotlib.axes.Axes,
-        "text",
-        lambda self, x, y, s, *a, **k: texts.append((x, y, s)) or real_text(self, x, y, s, *a, **k),
-    )
+
+    def imshow(self, X, *args, **kwargs):
+        images.append(np.array(X))
+        return real_imshow(self, X, *args, **kwargs)
+
+    def text(self, x, y, s, *args, **kwargs):
+        texts.append((x, y, s))
+        return real_text(self, x, y, s, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "imshow", imshow)
+    monkeypatch.setattr(matplotlib.axes.Axes, "text", text)
     matrix = {
         "deterministic": np.array([[10.0, 20.0, 30.0], [40.0, 50.0, 60.0]]),
         "sampled": np.array([[110.0, 120.0, 130.0], [140.0, 150.0, 160.0]]),
     }
-    m.plot_clamp_heatmap(matrix, ["mode0", "mode1"], ["slot0", "slot1", "uniform"], str(tmp_path / "heatmap.png"), "title")
+    tta.plot_heatmap(matrix, ["mode0", "mode1"], ["slot0", "slot1", "uniform"], str(tmp_path / "heatmap.png"), "title")
     assert (tmp_path / "heatmap.png").stat().st_size > 0
     assert len(images) == 2 and all(np.array_equal(image, matrix[kind]) for image, kind in zip(images, matrix))
     assert texts == [(j, i, f"{v:.0f}") for kind in matrix for (i, j), v in np.ndenumerate(matrix[kind])]
@@ -1036,20 +1052,19 @@ def test_clamp_heatmap_draws_targets_as_rows_and_gate_settings_as_columns(tmp_pa
 
 def test_runs_started_in_the_same_second_get_directories_of_their_own(checkpoint, tmp_path, occupied_run_names):
     check = occupied_run_names(str(tmp_path), "NonStationaryCartPole__collide__7__")
-    result = run(
-        [
-            "clamp",
-            "--checkpoint",
-            checkpoint,
-            "--eval-episodes",
-            "1",
-            "--runs-dir",
-            str(tmp_path),
-            "--exp-name",
-            "collide",
-            "--seed",
-            "7",
-        ]
+    result = run_script(
+        "tta_gating",
+        "clamp",
+        "--checkpoint",
+        checkpoint,
+        "--eval-episodes",
+        "1",
+        "--runs-dir",
+        str(tmp_path),
+        "--exp-name",
+        "collide",
+        "--seed",
+        "7",
     )
     assert result.returncode == 0, result.stderr
     assert os.path.isfile(os.path.join(check(), "clamp.json"))
@@ -1061,18 +1076,8 @@ def test_runs_started_in_the_same_second_get_directories_of_their_own(checkpoint
 @pytest.fixture(scope="module")
 def baseline_checkpoint(tmp_path_factory):
     runs = tmp_path_factory.mktemp("baseline_runs")
-    subprocess.run(
-        [
-            sys.executable,
-            "cleanrl_astral/ppo_gru_baseline.py",
-            *[a for a in TINY_TRAIN if a not in ("--slot-dim", "8")],
-            "--runs-dir",
-            str(runs),
-        ],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        timeout=300,
+    run_script(
+        "ppo_gru_baseline", *[a for a in TINY_TRAIN if a not in ("--slot-dim", "8")], "--runs-dir", str(runs), check=True
     )
     (path,) = glob.glob(str(runs / "*" / "ppo_gru_baseline.cleanrl_model"))
     return path
@@ -1096,7 +1101,9 @@ def test_bad_input_fails_with_one_line_before_any_work(case, expected, checkpoin
     if case == "runs_dir_is_a_file":
         runs.write_text("")
     extra = ["--mode-indices", "0", "7"] if case == "mode_index" else []
-    result = run(["adapt" if case == "baseline" else "clamp", "--checkpoint", path, *extra, "--runs-dir", str(runs)])
+    result = run_script(
+        "tta_gating", "adapt" if case == "baseline" else "clamp", "--checkpoint", path, *extra, "--runs-dir", str(runs)
+    )
     lines = result.stderr.strip().splitlines()
     assert (
         result.returncode == 2 and len(lines) == 1 and lines[0].startswith("tta_gating.py: error: ") and expected in lines[0]
@@ -1128,24 +1135,28 @@ def test_bad_input_fails_with_one_line_before_any_work(case, expected, checkpoin
 )
 def test_validate_rejects_bad_settings(checkpoint, overrides, expected):
     with pytest.raises(ValueError, match=expected):
-        m.validate(adapt_args(checkpoint, **overrides))
+        prepared(adapt_args(checkpoint, **overrides))
 
 
 def test_validate_rejects_checkpoints_that_do_not_fit_their_args(checkpoint, tmp_path):
     for name, args in (("bad_k", dict(num_abstractions=4)), ("bad_h", dict(hidden_size=32))):
         with pytest.raises(ValueError, match="does not fit the agent its args describe"):
-            m.validate(m.Args(checkpoint=edited_checkpoint(checkpoint, tmp_path / f"{name}.cleanrl_model", **args)))
+            prepared(
+                tta_gating.ClampArgs(checkpoint=edited_checkpoint(checkpoint, tmp_path / f"{name}.cleanrl_model", **args))
+            )
     for args, flag in ((dict(memory="lstm"), "--memory lstm"), (dict(modes_preset="mirror8"), "--modes-preset mirror8")):
         with pytest.raises(ValueError, match=f"trained with {flag}, which"):
-            m.validate(m.Args(checkpoint=edited_checkpoint(checkpoint, tmp_path / "unknown.cleanrl_model", **args)))
+            prepared(
+                tta_gating.ClampArgs(checkpoint=edited_checkpoint(checkpoint, tmp_path / "unknown.cleanrl_model", **args))
+            )
 
 
 def test_checkpoint_pattern_picks_the_seeds_file(checkpoint):
     pattern = os.path.join(os.path.dirname(os.path.dirname(checkpoint)), "*", "ppo_gru_astral.cleanrl_model")
-    assert m.validate(m.Args(checkpoint=pattern))[0] == checkpoint
-    assert m.validate(m.Args(checkpoint=checkpoint.replace("__1__", "__{seed}__"), seed=1))[0] == checkpoint
+    assert prepared(tta_gating.ClampArgs(checkpoint=pattern))[0] == checkpoint
+    assert prepared(tta_gating.ClampArgs(checkpoint=checkpoint.replace("__1__", "__{seed}__"), seed=1))[0] == checkpoint
     with pytest.raises(ValueError, match="matches 0 files"):
-        m.validate(m.Args(checkpoint=checkpoint.replace("__1__", "__{seed}__*"), seed=2))
+        prepared(tta_gating.ClampArgs(checkpoint=checkpoint.replace("__1__", "__{seed}__*"), seed=2))
 
 
 def test_online_reads_the_critics_reward_scale_from_the_model_or_refuses(checkpoint, tmp_path):
@@ -1155,27 +1166,300 @@ def test_online_reads_the_critics_reward_scale_from_the_model_or_refuses(checkpo
     expected = float(np.sqrt(scaler["var"] + 1e-8))
     assert expected != 1.0
     for controls in (["none", "gate"], ["none", "context"], ["none", "all"]):
-        assert m.validate(adapt_args(checkpoint, online=True, controls=controls))[-1] == expected
-    assert m.validate(adapt_args(checkpoint, online=True, controls=["none", "tent"]))[-1] is None
+        assert prepared(adapt_args(checkpoint, online=True, controls=controls))[1] == expected
+    assert prepared(adapt_args(checkpoint, online=True, controls=["none", "tent"]))[1] is None
     model = tmp_path / "no_scaler.cleanrl_model"
     older = torch.load(checkpoint, weights_only=True)
     del older["reward_scaler"]
     torch.save(older, model)
     with pytest.raises(ValueError, match="--online needs the reward scale"):
-        m.validate(adapt_args(str(model), online=True, controls=["none", "gate"]))
-    assert m.validate(adapt_args(str(model), online=True, controls=["none", "gate"], reward_scale=30.0))[-1] == 30.0
+        prepared(adapt_args(str(model), online=True, controls=["none", "gate"]))
+    assert prepared(adapt_args(str(model), online=True, controls=["none", "gate"], reward_scale=30.0))[1] == 30.0
     unnormalised = edited_checkpoint(str(model), tmp_path / "unnormalised.cleanrl_model", norm_reward=False)
-    assert m.validate(adapt_args(unnormalised, online=True, controls=["none", "gate"]))[-1] == 1.0  # raw rewards: σ = 1
+    assert prepared(adapt_args(unnormalised, online=True, controls=["none", "gate"]))[1] == 1.0  # raw rewards: σ = 1
 
 
 def test_online_refuses_a_discount_other_than_the_critics(checkpoint):
     trained = torch.load(checkpoint, weights_only=True)["args"]["gamma"]
     with pytest.raises(ValueError, match=f"--gamma 0.9 differs from the {trained} the critic was trained with"):
-        m.validate(adapt_args(checkpoint, online=True, controls=["none", "gate"], gamma=0.9))
-    m.validate(adapt_args(checkpoint, controls=["none", "gate"], gamma=0.9))  # offline REINFORCE has no critic: any gamma
+        prepared(adapt_args(checkpoint, online=True, controls=["none", "gate"], gamma=0.9))
+    prepared(adapt_args(checkpoint, controls=["none", "gate"], gamma=0.9))  # offline REINFORCE has no critic: any gamma
 
 
 def test_oracle_agent_refuses_custom_physics(checkpoint, tmp_path):
     path = edited_checkpoint(checkpoint, tmp_path / "oracle.cleanrl_model", oracle=True)
     with pytest.raises(ValueError, match="--oracle agent"):
-        m.resolve_targets(None, "9.8,0.5", torch.load(path, weights_only=True))
+        tta_gating.resolve_targets(None, "9.8,0.5", torch.load(path, weights_only=True))
+
+
+# --- swap: the gate fixed to a group's mean learned gate ------------------------------------------------------------
+
+MIRROR4_SIGNS = [1.0, -1.0, 1.0, -1.0, -1.0]  # mode 4 is held out
+
+
+def toy_agent(policy_reads_gate, gate_reads_sign=True):
+    """A hand-set oracle agent on mirror4 whose hidden state holds (the pole's lean, the mode's force sign). Its gate puts
+    the sign's modes on slot 0 (force +1) or slot 1 (force -1), z = w0 - w1 = the sign; its actor pushes towards the lean,
+    times z when `policy_reads_gate` (balancing every mode with the learned gate), else times 1 (the gate never reaches the
+    actor: only force +1 balances, whatever the gate). `gate_reads_sign=False` makes the gate uniform."""
+    agent = tta_gating.Agent(4, 2, 5, hidden_size=4, oracle=True, num_abstractions=2, slot_dim=1)
+    with torch.no_grad():
+        for param in agent.parameters():
+            param.zero_()
+        # input: x, x_dot, theta, theta_dot, previous action (2), previous reward, mode one-hot (5)
+        agent.encoder[0].weight[0, 2] = 1.0
+        agent.encoder[0].weight[0, 3] = 0.5
+        agent.encoder[0].weight[1, 7:] = 3.0 * torch.tensor(MIRROR4_SIGNS)
+        # GRU: update gate shut (h = n), n = tanh(features): h0 follows the lean, h1 the sign
+        agent.gru.bias_ih[4:8] = -30.0
+        agent.gru.weight_ih[8:12] = torch.eye(4)
+        if gate_reads_sign:
+            agent.bank.gate[0].weight[0, 1] = 1.0
+            agent.bank.gate[2].weight[0, 0] = 20.0
+            agent.bank.gate[2].weight[1, 0] = -20.0
+        agent.bank.slots[0, 0] = 1.0
+        agent.bank.slots[1, 0] = -1.0
+        if policy_reads_gate:
+            agent.film.net.weight[0, 0] = 1.0  # γ0 = 1 + (z - 1) = z
+            agent.film.net.bias[0] = -1.0
+        agent.actor[0].weight[0, 0] = 1.0
+        agent.actor[2].weight[0, 0] = -10.0
+        agent.actor[2].weight[1, 0] = 10.0
+    return agent.eval()
+
+
+def mirror4_targets():
+    ckpt = {"modes": ppo_gru_astral.MODE_PRESETS["mirror4"], "args": {"oracle": True, "modes_preset": "mirror4"}}
+    return tta_gating.resolve_targets(None, None, ckpt)
+
+
+class ShortCartPole(tta_gating.NonStationaryCartPole):
+    """Episodes of at most 100 steps: what separates balancing from falling (~10 steps), at a fifth of the cost."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.max_episode_steps = 100
+
+
+def swap_of(agent, episodes=3):
+    targets = mirror4_targets()
+    swap = tta_gating.gate_swap(agent, targets, False, episodes, 1)
+    columns = [*swap.gates, "learned"]
+    results = {name: tta.cells(runs) for name, runs in swap.runs.items()}
+    matrix = tta.return_matrix(results, targets, columns)
+    return swap, columns, matrix, {kind: tta_gating.swap_effect(matrix[kind], targets, columns) for kind in tta.KINDS}
+
+
+@pytest.fixture(scope="module")
+def toy_swaps():
+    """swap_of the three toy agents: the policy reads the gate, ignores it, and the gate is uniform."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tta_gating, "NonStationaryCartPole", ShortCartPole)
+        return {
+            "reads_gate": swap_of(toy_agent(policy_reads_gate=True)),
+            "ignores_gate": swap_of(toy_agent(policy_reads_gate=False)),
+            "uniform_gate": swap_of(toy_agent(policy_reads_gate=True, gate_reads_sign=False)),
+        }
+
+
+def test_swap_effect_is_large_when_the_policy_reads_the_sign_from_the_gate(toy_swaps):
+    """The gate carries the sign and the actor reads it: with the learned gate every mode balances; with either sign's
+    mean gate only that sign's modes do. If this failed, the swap fixed the wrong gate or compared the wrong columns."""
+    swap, columns, matrix, effect = toy_swaps["reads_gate"]
+    assert columns == ["sign+1", "sign-1", "mode0", "mode1", "mode2", "mode3", "learned"]
+    assert torch.allclose(swap.gates["sign+1"], torch.tensor([1.0, 0.0]), atol=1e-4)
+    assert torch.allclose(swap.gates["sign-1"], torch.tensor([0.0, 1.0]), atol=1e-4)
+    learned = matrix["deterministic"][:, -1]
+    own = np.array([matrix["deterministic"][i, 0 if s > 0 else 1] for i, s in enumerate(MIRROR4_SIGNS)])
+    other = np.array([matrix["deterministic"][i, 1 if s > 0 else 0] for i, s in enumerate(MIRROR4_SIGNS)])
+    assert (learned > 60).all() and np.array_equal(own, learned) and (other < 30).all()
+    for kind in tta.KINDS:
+        assert effect[kind]["sign"]["value"] > 40 and effect[kind]["mode"]["value"] > 15
+        assert set(effect[kind]["sign"]["per_mode"]) == {"mode0", "mode1", "mode2", "mode3"}  # training modes only
+    per_mode = effect["deterministic"]["sign"]["per_mode"]
+    assert per_mode["mode0"] == matrix["deterministic"][0, 0] - matrix["deterministic"][0, 1]
+    assert per_mode["mode1"] == matrix["deterministic"][1, 1] - matrix["deterministic"][1, 0]
+    # mode level: own mode's gate against the mean of the three other training modes' gates
+    row = matrix["deterministic"][2]
+    assert effect["deterministic"]["mode"]["per_mode"]["mode2"] == pytest.approx(row[4] - np.mean(row[[2, 3, 5]]))
+
+
+def test_swap_effect_is_zero_when_the_policy_ignores_the_gate(toy_swaps):
+    """The same gate, but the actor never reads z: every column is the same episodes, the effect exactly 0, although the
+    gate still reads the sign (episode NMI against the sign 1). If this failed, the swap measured something besides z."""
+    swap, _, matrix, effect = toy_swaps["ignores_gate"]
+    for kind in tta.KINDS:
+        assert effect[kind]["sign"]["value"] == 0.0 and effect[kind]["mode"]["value"] == 0.0
+    assert (matrix["deterministic"][[0, 2]] > 60).all() and (matrix["deterministic"][[1, 3, 4]] < 30).all()
+    assert swap.routing["episode_nmi_sign"] == pytest.approx(1.0)
+
+
+def test_gate_routing_reads_the_sign_split_and_the_held_out_modes_slot(toy_swaps):
+    """A gate that splits episodes exactly by sign scores episode NMI 1 against the sign and exactly log 2 / log 4 = 0.5
+    against four equally played modes; the held-out force -1 mode goes to the force -1 slot. A uniform gate scores 0
+    and has no sign slot to route to."""
+    routing = toy_swaps["reads_gate"][0].routing
+    assert routing["episode_nmi_sign"] == pytest.approx(1.0) and routing["episode_nmi_mode"] == pytest.approx(0.5)
+    assert routing["episodes"] == 12 and routing["sign_split"] and routing["signs_on_disjoint_slots"]
+    assert routing["slot_of_mode"] == {"mode0": 0, "mode1": 1, "mode2": 0, "mode3": 1, "mode4": 1}
+    held = routing["held_out"]["mode4"]
+    assert held["slot"] == 1 and held["sign_slots"] == [1] and held["to_sign_slot"]
+    assert held["episode_share_on_sign_slots"] == 1.0
+    uniform = toy_swaps["uniform_gate"][0].routing
+    assert uniform["episode_nmi_sign"] == 0.0 and uniform["episode_nmi_mode"] == 0.0
+    assert not uniform["sign_split"] and not uniform["signs_on_disjoint_slots"]
+    assert uniform["held_out"]["mode4"]["to_sign_slot"] is None
+
+
+def test_routing_with_a_slot_per_mode_counts_every_slot_of_the_held_out_modes_sign():
+    """Planted gates: modes 0-3 on slots 0-3 (the signs on disjoint sets, two slots each), held-out mode 4 (force -1) on
+    slot 3, a force -1 mode's slot; then mode 3 moved to slot 0, which force +1 uses too: no sign slot to route to."""
+    targets = mirror4_targets()
+    gates = {f"mode{k}": np.eye(4)[k] * 0.7 + 0.075 for k in range(4)}
+    gates["mode4"] = np.eye(4)[3] * 0.7 + 0.075
+    episodes = {name: np.stack([w, w]) for name, w in gates.items()}
+    routing = tta_gating.gate_routing(episodes, gates, targets)
+    assert routing["signs_on_disjoint_slots"] and not routing["sign_split"]
+    assert routing["held_out"]["mode4"]["sign_slots"] == [1, 3] and routing["held_out"]["mode4"]["to_sign_slot"]
+    assert routing["episode_nmi_sign"] == pytest.approx(1.0) and routing["episode_nmi_mode"] == pytest.approx(1.0)
+    gates["mode3"] = gates["mode0"]
+    episodes["mode3"] = episodes["mode0"]
+    shared = tta_gating.gate_routing(episodes, gates, targets)
+    assert not shared["signs_on_disjoint_slots"] and shared["held_out"]["mode4"]["to_sign_slot"] is None
+
+
+def test_episode_nmi_against_a_label():
+    assert tta_gating.episode_nmi(["a", "b", "c", "d"], [0, 1, 0, 1], 2) == pytest.approx(0.5)
+    assert tta_gating.episode_nmi([1.0, -1.0, 1.0, -1.0], [0, 1, 0, 1], 2) == pytest.approx(1.0)
+    assert tta_gating.episode_nmi([1.0, -1.0, 1.0, -1.0], [0, 0, 1, 1], 2) == pytest.approx(0.0)
+
+
+def test_swap_smoke(mirror4_checkpoint, tmp_path):
+    """swap end to end on a mirror4 checkpoint: the learned column is clamp's (the same episodes), the mean gates are the
+    learned gate's per mode, the files, tags and headline are written."""
+    result = run_script(
+        "tta_gating", "swap", "--checkpoint", mirror4_checkpoint, "--eval-episodes", "2", "--runs-dir", tmp_path / "s"
+    )
+    assert result.returncode == 0, result.stderr
+    assert "episode-level NMI" in result.stdout and "swap effect" in result.stdout
+    run_dir = glob.glob(str(tmp_path / "s" / "*"))[0]
+    report = load_json(os.path.join(run_dir, "swap.json"))
+    assert report["columns"] == ["sign+1", "sign-1", "mode0", "mode1", "mode2", "mode3", "learned"]
+    assert np.asarray(report["matrix"]["sampled"]).shape == (5, 7)
+    assert set(report["swap_effect"]["deterministic"]["sign"]["per_mode"]) == {"mode0", "mode1", "mode2", "mode3"}
+    clamp = run_script(
+        "tta_gating", "clamp", "--checkpoint", mirror4_checkpoint, "--eval-episodes", "2", "--runs-dir", tmp_path / "c"
+    )
+    assert clamp.returncode == 0, clamp.stderr
+    clamp_report = load_json(tmp_path / "c" / "*" / "clamp.json")
+    for name in ("mode0", "mode4"):
+        assert report["results"][name]["learned"] == clamp_report["results"][name]["learned"]
+    sign_gate = np.mean([clamp_report["results"][f"mode{k}"]["learned_slot_weights"] for k in (1, 3)], 0)
+    assert np.allclose(report["mean_gates"]["sign-1"], sign_gate, atol=1e-6)
+    assert os.path.getsize(os.path.join(run_dir, "swap_heatmap.png")) > 0
+    headline = load_json(os.path.join(run_dir, "eval.json"))
+    assert headline["swap_effect_sign"]["deterministic"] == report["swap_effect"]["deterministic"]["sign"]["value"]
+    assert {"tta/swap_effect_sign_sampled", "tta/gate_episode_nmi_sign", "tta/swap_return_mode4_sign-1_deterministic"} <= set(
+        logged_scalars(run_dir)
+    )
+
+
+def test_swap_refuses_custom_physics(mirror4_checkpoint):
+    result = run_script("tta_gating", "swap", "--checkpoint", mirror4_checkpoint, "--modes", "9.8,0.5")
+    assert_one_line_error(result, "swap fixes the gate to the mean gates of the checkpoint's training modes")
+
+
+# --- adapt as a new user meets it: presets, the planned workload, a stopped run resumed -----------------------------
+
+
+def test_presets_fill_what_the_user_left_unset():
+    args = tta_gating.AdaptArgs(checkpoint="x")
+    tta_gating.apply_preset(args)
+    assert (args.controls, args.episodes, args.num_seeds, args.eval_episodes, args.ceiling_resolution) == (
+        ["none", "gate"],
+        10,
+        2,
+        5,
+        1,
+    )
+    args = tta_gating.AdaptArgs(checkpoint="x", preset="full", episodes=4)
+    tta_gating.apply_preset(args)
+    assert (args.controls, args.episodes, args.num_seeds, args.eval_episodes, args.ceiling_resolution) == (
+        list(tta_gating.CONTROLS),
+        4,
+        3,
+        10,
+        2,
+    )
+    clamp_args = tta_gating.ClampArgs(checkpoint="x")
+    tta_gating.apply_preset(clamp_args)
+    assert clamp_args.eval_episodes == 10 and clamp_args.exp_name == "tta_gating_clamp"
+
+
+KILL_AFTER_FIRST_TARGET = """
+import os, runpy, signal, sys
+from cleanrl_astral_utils import tta
+write_results = tta.write_results
+def write_then_die(obj, path):
+    write_results(obj, path)
+    if path.endswith("tta.json") and len(obj["results"]) == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+tta.write_results = write_then_die
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_a_killed_adapt_run_keeps_its_finished_targets_and_resumes_to_the_uninterrupted_result(checkpoint, tmp_path):
+    """SIGKILL right after the first target's results are written: tta.json holds that target; --resume runs only the
+    other one, and ends with the same tta.json results, eval.json and saved agents as a run never stopped."""
+    flags = ["--checkpoint", checkpoint, "--mode-indices", "0", "1", "--episodes", "2", "--num-seeds", "1"]
+    flags += ["--eval-episodes", "2", "--adapt-lr", "0.05", "--save-model"]
+    killed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            KILL_AFTER_FIRST_TARGET,
+            script_path("tta_gating"),
+            "adapt",
+            *flags,
+            "--runs-dir",
+            tmp_path / "k",
+        ],
+        env=SCRIPT_ENV,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert killed.returncode == -9, killed.stderr
+    run_dir = only_run_dir(tmp_path / "k")
+    stopped = load_json(os.path.join(run_dir, "tta.json"))
+    assert list(stopped["results"]) == ["mode0"] and "finished" not in stopped
+    assert not os.path.exists(os.path.join(run_dir, "eval.json"))
+    assert "planned: 2 targets, 8 adaptation episodes and 20 evaluations of 2 episodes" in killed.stdout
+    assert f"--resume {run_dir}" in killed.stdout
+    mismatch = run_script("tta_gating", "adapt", *flags[:-1], "--resume", run_dir)
+    assert_one_line_error(mismatch, "was run with --save-model True, not False")
+    resumed = run_script("tta_gating", "adapt", *flags, "--resume", run_dir)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "mode0 seed" not in resumed.stdout and "mode1 seed 1    gate" in resumed.stdout
+    assert "planned: 1 targets" in resumed.stdout
+    whole = run_script("tta_gating", "adapt", *flags, "--runs-dir", tmp_path / "w")
+    assert whole.returncode == 0, whole.stderr
+    whole_dir = only_run_dir(tmp_path / "w")
+    finished = load_json(os.path.join(run_dir, "tta.json"))
+    assert finished["results"] == load_json(os.path.join(whole_dir, "tta.json"))["results"] and finished["finished"]
+    assert finished["results"]["mode0"] == stopped["results"]["mode0"]
+    assert load_json(os.path.join(run_dir, "eval.json")) == load_json(os.path.join(whole_dir, "eval.json"))
+    saved = torch.load(os.path.join(run_dir, "tta_gating_adapt.cleanrl_model"), weights_only=True)["adapted"]
+    whole_saved = torch.load(os.path.join(whole_dir, "tta_gating_adapt.cleanrl_model"), weights_only=True)["adapted"]
+    assert [(s["target"], s["control"]) for s in saved] == [(s["target"], s["control"]) for s in whole_saved]
+    assert len(saved) == 4 and all(
+        torch.equal(a["state_dict"][k], b["state_dict"][k]) for a, b in zip(saved, whole_saved) for k in a["state_dict"]
+    )
+
+
+def test_resume_needs_a_stopped_adapt_runs_directory(checkpoint, tmp_path):
+    result = run_script("tta_gating", "adapt", "--checkpoint", checkpoint, "--resume", tmp_path)
+    assert_one_line_error(result, "holds no tta.json")

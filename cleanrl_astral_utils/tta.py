@@ -1,0 +1,372 @@
+"""What tta_gating.py writes around its measurements: the reports (statistics, paired gains over `none`, headline numbers
+for eval.json), results files written atomically after every finished target so that a stopped `adapt` run keeps them
+and `--resume` continues it, the planned workload, and the plots."""
+
+import os
+from typing import NamedTuple
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+
+from cleanrl_astral_utils.files import atomic_torch_save, atomic_write_json
+
+KINDS = ("deterministic", "sampled")
+# flags that do not change a single number: a resumed run may differ from the stopped one in these
+RESUME_FREE_ARGS = {"resume", "track", "wandb_project_name", "wandb_entity", "runs_dir"}
+ADAPT_STATS = (
+    "during_mean",
+    "after_deterministic",
+    "after_sampled",
+    "gain_over_none_during",
+    "gain_over_none_after_sampled",
+    "gain_fraction_of_ceiling",
+)
+
+
+# STATISTICS
+def mean_ci(values):
+    """Mean and half-width of the 95% Student-t confidence interval of the mean (None with one value)."""
+    from scipy import stats  # a second to import; only the summaries need it
+
+    v = np.asarray(values, dtype=np.float64)
+    half = None
+    if len(v) > 1:
+        half = float(stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / np.sqrt(len(v)))
+    return {"mean": float(v.mean()), "ci95": half, "n": int(len(v))}
+
+
+# REPORTS
+def new_report(script, args, model_path, ckpt, targets):
+    """The fields every results file (tta.json, clamp.json, swap.json) starts with."""
+    return {
+        "script": script,
+        "subcommand": args.subcommand,
+        "checkpoint": os.path.abspath(model_path),
+        "checkpoint_run": ckpt["run_name"],
+        "checkpoint_args": ckpt["args"],
+        "eval_episodes": args.eval_episodes,
+        "args": vars(args),
+        "targets": [
+            {
+                "name": t["name"],
+                "gravity": t["physics"][0],
+                "half_length": t["physics"][1],
+                "force_sign": t["physics"][2],
+                "held_out": t["held_out"],
+            }
+            for t in targets
+        ],
+    }
+
+
+def new_control_entry(kinds):
+    """An adapt control's per-seed measurements, filled seed by seed."""
+    return {
+        "during_per_seed": [],
+        "after_per_seed": {kind: [] for kind, _ in kinds},
+        "slot_weights_after_per_seed": [],
+        "updates": 0,
+    }
+
+
+def summarise_target(result):
+    """One target's tta.json entry from its per-seed measurements: means and 95% CIs, the ceiling's statistics, the
+    gains over `none` paired by seed, and the gain as a fraction of the ceiling's headroom (ceiling − before)."""
+    out = {
+        "before": {kind: {**mean_ci(v), "per_seed": v} for kind, v in result["before"].items()},
+        "ceiling": None,
+        "controls": result["controls"],
+    }
+    if result["ceiling"]:
+        per_setting = result["ceiling"]["per_setting"]
+        best = result["ceiling"]["best"]
+        out["ceiling"] = {"best": best, "sampled": {**mean_ci(per_setting[best]), "per_seed": per_setting[best]}}
+        out["ceiling"]["per_setting"] = per_setting
+    for entry in out["controls"].values():
+        curves = np.asarray(entry["during_per_seed"])
+        entry["during"] = {"mean": curves.mean(0).tolist(), "ci95": [mean_ci(c)["ci95"] for c in curves.T]}
+        entry["during_mean"] = mean_ci(curves.mean(1))
+        entry["after"] = {kind: mean_ci(v) for kind, v in entry["after_per_seed"].items()}
+    none = out["controls"].get("none")
+    gap = 0.0
+    if out["ceiling"]:
+        gap = out["ceiling"]["sampled"]["mean"] - out["before"]["sampled"]["mean"]
+    for control, entry in out["controls"].items():
+        if none is None or control == "none":
+            continue
+        # paired by seed: the same episodes with and without updates
+        gain_during = np.mean(entry["during_per_seed"], 1) - np.mean(none["during_per_seed"], 1)
+        gain = mean_ci(np.subtract(entry["after_per_seed"]["sampled"], none["after_per_seed"]["sampled"]))
+        entry["gain_over_none"] = {"during_mean": mean_ci(gain_during), "after_sampled": gain}
+        # the gap is taken as fixed, so the fraction's CI is the gain's, scaled; without headroom there is no fraction
+        entry["gain_fraction_of_ceiling"] = None
+        if gap > 0:
+            ci95 = None
+            if gain["ci95"] is not None:
+                ci95 = gain["ci95"] / gap
+            entry["gain_fraction_of_ceiling"] = {"mean": gain["mean"] / gap, "ci95": ci95, "gap": gap}
+    return out
+
+
+def adapt_stats(entry):
+    """The per-control statistics that TensorBoard and eval.json show, by name (None where there is none)."""
+    gains = entry.get("gain_over_none", {})
+    return {
+        "during_mean": entry["during_mean"],
+        "after_deterministic": entry["after"]["deterministic"],
+        "after_sampled": entry["after"]["sampled"],
+        "gain_over_none_during": gains.get("during_mean"),
+        "gain_over_none_after_sampled": gains.get("after_sampled"),
+        "gain_fraction_of_ceiling": entry.get("gain_fraction_of_ceiling"),
+    }
+
+
+def averaged(summary):
+    """{key: [values]} or {key: {column: [values]}} -> the same with each list replaced by its mean."""
+    headline = {}
+    for key, values in summary.items():
+        if isinstance(values, dict):
+            headline[key] = {column: float(np.mean(v)) for column, v in values.items()}
+        else:
+            headline[key] = float(np.mean(values))
+    return headline
+
+
+def adapt_headline(report):
+    """eval.json of an adapt run: every statistic averaged over the targets (the fraction over those with headroom)."""
+    summary = {}
+    for target in report["targets"]:
+        result = report["results"][target["name"]]
+        for kind in KINDS:
+            summary.setdefault(f"before_{kind}", []).append(result["before"][kind]["mean"])
+        if result["ceiling"]:
+            summary.setdefault("ceiling_sampled", []).append(result["ceiling"]["sampled"]["mean"])
+        for control, entry in result["controls"].items():
+            for key, stat in adapt_stats(entry).items():
+                if stat:
+                    summary.setdefault(key, {}).setdefault(control, []).append(stat["mean"])
+    return averaged(summary)
+
+
+def cells(runs):
+    """{column: {kind: [Evaluation]}} of one evaluation seed -> {column: {kind: {"mean", "std", "returns"}}}."""
+    out = {}
+    for column, by_kind in runs.items():
+        out[column] = {}
+        for kind, (evaluation,) in by_kind.items():
+            r = evaluation.returns
+            out[column][kind] = {"mean": float(r.mean()), "std": float(r.std()), "returns": r.tolist()}
+    return out
+
+
+def return_matrix(results, targets, columns):
+    """{kind: target × column array of mean returns}."""
+    return {kind: np.array([[results[t["name"]][c][kind]["mean"] for c in columns] for t in targets]) for kind in KINDS}
+
+
+def clamp_headline(report):
+    """eval.json of a clamp run: uniform and learned averaged over the targets (slot k of one checkpoint is not slot k of
+    another: no pooling), and the specificity."""
+    summary = {}
+    for target in report["targets"]:
+        result = report["results"][target["name"]]
+        for column in report["columns"]:
+            if column.startswith("slot"):
+                continue
+            for kind in KINDS:
+                summary.setdefault(f"clamp_{kind}", {}).setdefault(column, []).append(result[column][kind]["mean"])
+    for kind in KINDS:
+        score = report["specificity"][kind]["score"]
+        if score is not None:
+            summary.setdefault("clamp_specificity", {})[kind] = [score]
+    return averaged(summary)
+
+
+def swap_headline(report):
+    """eval.json of a swap run: the swap effects, the learned gate's episode-level NMIs, the sign split and the share of
+    held-out modes routed to their sign's slot."""
+    headline = {}
+    for grouping in ("sign", "mode"):
+        for kind in KINDS:
+            value = report["swap_effect"][kind][grouping]["value"]
+            if value is not None:
+                headline.setdefault(f"swap_effect_{grouping}", {})[kind] = value
+    routing = report["routing"]
+    headline["gate_episode_nmi_mode"] = routing["episode_nmi_mode"]
+    headline["gate_episode_nmi_sign"] = routing["episode_nmi_sign"]
+    headline["signs_on_disjoint_slots"] = float(routing["signs_on_disjoint_slots"])
+    headline["sign_split"] = float(routing["sign_split"])
+    routed = [entry["to_sign_slot"] for entry in routing["held_out"].values() if entry["to_sign_slot"] is not None]
+    if routed:
+        headline["held_out_to_sign_slot"] = float(np.mean(routed))
+    return headline
+
+
+def describe_swap(report):
+    """The lines a swap run prints at its end."""
+    routing = report["routing"]
+    lines = [
+        f"mean learned gates: {', '.join(f'{k} {np.round(w, 2).tolist()}' for k, w in report['mean_gates'].items())}",
+        f"argmax slot per mode {routing['slot_of_mode']}; the signs' training modes on disjoint slots: "
+        f"{routing['signs_on_disjoint_slots']}, one slot per sign: {routing['sign_split']}",
+        f"episode-level NMI of the argmax slot ({routing['episodes']} episodes of the training modes): "
+        f"against the mode {routing['episode_nmi_mode']:.3f}, against the force sign {routing['episode_nmi_sign']:.3f}",
+    ]
+    for name, entry in routing["held_out"].items():
+        lines.append(
+            f"held-out {name} (force sign {entry['sign']:+g}): slot {entry['slot']}, its sign's slots {entry['sign_slots']}"
+        )
+    for kind in KINDS:
+        effects = report["swap_effect"][kind]
+        lines.append(
+            f"swap effect ({kind}): own sign's gate − other sign's {effects['sign']['value']}, "
+            f"own mode's gate − other modes' {effects['mode']['value']}"
+        )
+    return "\n".join(lines)
+
+
+# RESULTS FILES AND RESUMING
+def write_results(obj, path):
+    """A results file, atomically: a killed run leaves the previous version, never a half-written one."""
+    atomic_write_json(obj, path, indent=1)
+
+
+def resumed_report(run_dir, report):
+    """The tta.json of the stopped run in `run_dir`, its finished targets kept, if it was run with the same flags and
+    checkpoint as `report` (the new run's); ValueError otherwise."""
+    import json
+
+    with open(os.path.join(run_dir, "tta.json")) as f:
+        stopped = json.load(f)
+    if stopped.get("subcommand") != "adapt":
+        raise ValueError(f"--resume {run_dir!r} holds no adapt run")
+    if stopped["checkpoint"] != report["checkpoint"]:
+        raise ValueError(f"--resume {run_dir!r} adapted {stopped['checkpoint']}, not {report['checkpoint']}")
+    for name, value in report["args"].items():
+        if name in RESUME_FREE_ARGS or stopped["args"].get(name) == value:
+            continue
+        flag = "--" + name.replace("_", "-")
+        raise ValueError(
+            f"--resume {run_dir!r} was run with {flag} {stopped['args'].get(name)}, not {value}; pass the same flags"
+        )
+    stopped.setdefault("results", {})
+    return stopped
+
+
+def saved_adapted(path, save_model):
+    """The adapted agents a stopped run already saved to `path` (none without --save-model or file)."""
+    if not save_model or not os.path.isfile(path):
+        return []
+    return torch.load(path, map_location="cpu", weights_only=True)["adapted"]
+
+
+def save_adapted(saved, report, ckpt, script, path):
+    """Every adapted state dict so far, with what it was adapted from, atomically."""
+    atomic_torch_save(
+        {
+            "script": script,
+            "format": 1,
+            "source_checkpoint": report["checkpoint"],
+            "source_args": ckpt["args"],
+            "modes": ckpt["modes"],
+            "adapted": saved,
+        },
+        path,
+    )
+
+
+# WORKLOAD
+class Workload(NamedTuple):
+    targets: int
+    """targets left to run"""
+    adaptation_episodes: int
+    """targets × controls × seeds × episodes, one env each"""
+    evaluations: int
+    """batched evaluations of --eval-episodes envs: before, ceiling gates, after"""
+    eval_episodes: int
+    """envs per evaluation"""
+
+
+def adapt_workload(args, num_targets, num_ceiling_settings):
+    """What an adapt run plays: per target, `before` (each seed, both kinds), every ceiling gate (each seed, sampled),
+    and per control and seed the adaptation episodes and `after` (both kinds)."""
+    per_target_evaluations = args.num_seeds * (2 + num_ceiling_settings + 2 * len(args.controls))
+    return Workload(
+        num_targets,
+        num_targets * len(args.controls) * args.num_seeds * args.episodes,
+        num_targets * per_target_evaluations,
+        args.eval_episodes,
+    )
+
+
+def describe_workload(workload, adapt_step, eval_step, results_path, run_dir):
+    """The plan printed at start: how much is played, and the time it takes at most (every episode 500 steps long)."""
+    longest = workload.adaptation_episodes * 500 * adapt_step + workload.evaluations * 500 * eval_step
+    return (
+        f"planned: {workload.targets} targets, {workload.adaptation_episodes} adaptation episodes and "
+        f"{workload.evaluations} evaluations of {workload.eval_episodes} episodes; at most {longest / 60:.1f} min here "
+        f"if every episode lasts 500 steps ({adapt_step * 1e3:.2f} ms per adaptation step, {eval_step * 1e3:.2f} ms per "
+        f"evaluation step, timed now). Each finished target is written to {results_path}; "
+        f"a stopped run continues with the same flags and --resume {run_dir}"
+    )
+
+
+# PLOTS
+def plot_adaptation_curves(results, targets, controls, path, title):
+    """One panel per target: each control's mean return per adaptation episode, its 95% CI; before dotted, ceiling dashed."""
+    ncols = min(3, len(targets))
+    nrows = (len(targets) + 2) // 3
+    fig, axes = plt.subplots(
+        nrows, ncols, figsize=(max(6.0, 4.2 * ncols), 3.2 * nrows + 0.6), squeeze=False, layout="constrained"
+    )
+    colors = {"none": "tab:gray", "gate": "tab:blue", "context": "tab:purple", "all": "tab:orange", "tent": "tab:green"}
+    for ax, target in zip(axes.flat, targets):
+        res = results[target["name"]]
+        for control in controls:
+            during = res["controls"][control]["during"]
+            x = np.arange(1, len(during["mean"]) + 1)
+            mean = np.asarray(during["mean"])
+            ax.plot(x, mean, label=control, color=colors[control])
+            if during["ci95"][0] is not None:
+                ax.fill_between(x, mean - during["ci95"], mean + during["ci95"], alpha=0.15, color=colors[control])
+        ax.axhline(res["before"]["sampled"]["mean"], color="black", linestyle=":", linewidth=1, label="before (eval)")
+        if res["ceiling"]:
+            ax.axhline(res["ceiling"]["sampled"]["mean"], color="black", linestyle="--", linewidth=1, label="ceiling (eval)")
+        ax.set(xlabel="adaptation episode", ylabel="return", ylim=(0, None))
+        ax.set_title(target["label"], fontsize=9)
+    for ax in list(axes.flat)[len(targets) :]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=8)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_heatmap(matrix, row_labels, col_labels, path, title):
+    """Annotated target × gate-setting heatmaps of mean return, one panel per action kind."""
+    fig, axes = plt.subplots(
+        1,
+        len(matrix),
+        figsize=(3.0 + 0.9 * len(col_labels) * len(matrix), 1.6 + 0.5 * len(row_labels)),
+        squeeze=False,
+        sharey=True,
+        layout="constrained",
+    )
+    for ax, (kind, values) in zip(axes[0], matrix.items()):
+        im = ax.imshow(np.asarray(values), cmap="viridis", vmin=0.0, vmax=500.0, aspect="auto")
+        for (i, j), v in np.ndenumerate(values):
+            color = "black"
+            if v < 300:
+                color = "white"
+            ax.text(j, i, f"{v:.0f}", ha="center", va="center", color=color, fontsize=8)
+        ax.set_xticks(range(len(col_labels)), col_labels, rotation=30, fontsize=8)
+        ax.set_title(f"{kind} actions", fontsize=9)
+    axes[0][0].set_yticks(range(len(row_labels)), row_labels, fontsize=8)
+    fig.colorbar(im, ax=axes[0].tolist(), fraction=0.03, pad=0.02, label="return")
+    fig.suptitle(title, fontsize=9)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
