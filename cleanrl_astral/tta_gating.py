@@ -695,7 +695,7 @@ KNOWN_ARGS = set(
     eval_episodes env_id mode_share fixed_mode switch_prob total_timesteps learning_rate num_envs num_steps anneal_lr gamma
     gae_lambda num_minibatches update_epochs norm_adv clip_coef clip_vloss ent_coef vf_coef max_grad_norm target_kl
     norm_reward lambda_w_ent lambda_lb lambda_orth slot_init lambda_consistency lambda_supervised batch_size minibatch_size
-    num_iterations resume checkpoint_every torch_threads modes""".split()
+    num_iterations diagnostics_every resume checkpoint_every torch_threads modes""".split()
 )
 
 
