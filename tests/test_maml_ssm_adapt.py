@@ -59,22 +59,24 @@ def gaussian_setup():
 # ------------------------------------------------------------------------------------------------ EXPERIENCE BUFFER
 
 
+def items(vals):
+    """ExperienceBuffer.add keyword arguments whose every field holds `vals`, so a sampled row tells which it was."""
+    v = torch.tensor(vals, dtype=torch.float32)
+    return dict(
+        obs=v[:, None],
+        inputs=v[:, None],
+        actions=v[:, None],
+        rewards=v,
+        next_obs=v[:, None],
+        dones=torch.zeros(len(v), dtype=torch.bool),
+        advantages=v,
+        task_ids=v.long(),
+        states=v[:, None],
+    )
+
+
 def test_buffer_ring_eviction_sampling_and_round_trip():
     buf = maml_ssm.ExperienceBuffer(5, 1, 1, 1, 1)
-
-    def items(vals):
-        v = torch.tensor(vals, dtype=torch.float32)
-        return dict(
-            obs=v[:, None],
-            inputs=v[:, None],
-            actions=v[:, None],
-            rewards=v,
-            next_obs=v[:, None],
-            dones=torch.zeros(len(v), dtype=torch.bool),
-            advantages=v,
-            task_ids=v.long(),
-            states=v[:, None],
-        )
 
     buf.add(**items([0, 1, 2]))
     buf.add(**items([3, 4, 5, 6]))
@@ -102,20 +104,6 @@ def test_buffer_samples_uniformly_over_the_stored_transitions():
     """ExperienceBuffer.sample draws indices uniformly over what is stored (after wrap-around, and when only
     partly filled): over many draws every stored transition shows up about equally often, nothing else does."""
 
-    def items(vals):
-        v = torch.tensor(vals, dtype=torch.float32)
-        return dict(
-            obs=v[:, None],
-            inputs=v[:, None],
-            actions=v[:, None],
-            rewards=v,
-            next_obs=v[:, None],
-            dones=torch.zeros(len(v), dtype=torch.bool),
-            advantages=v,
-            task_ids=v.long(),
-            states=v[:, None],
-        )
-
     full = maml_ssm.ExperienceBuffer(50, 1, 1, 1, 1)
     full.add(**items(list(range(80))))  # wraps: 30..79 remain
     part = maml_ssm.ExperienceBuffer(50, 1, 1, 1, 1)
@@ -130,20 +118,6 @@ def test_buffer_samples_uniformly_over_the_stored_transitions():
 def test_a_batch_larger_than_the_buffer_keeps_its_last_rows_in_ring_order():
     """Each row is written once (repeated indices in an indexed assignment have no defined winner): the batch's last
     `capacity` rows stay, and the next add overwrites the oldest of them."""
-
-    def items(vals):
-        v = torch.tensor(vals, dtype=torch.float32)
-        return dict(
-            obs=v[:, None],
-            inputs=v[:, None],
-            actions=v[:, None],
-            rewards=v,
-            next_obs=v[:, None],
-            dones=torch.zeros(len(v), dtype=torch.bool),
-            advantages=v,
-            task_ids=v.long(),
-            states=v[:, None],
-        )
 
     buf = maml_ssm.ExperienceBuffer(5, 1, 1, 1, 1)
     buf.add(**items([0, 1, 2]))
