@@ -1334,11 +1334,12 @@ def print_param_counts(model, args, env_cls):
 
 
 def print_progress(it, args, global_step, sps, scalars, dt, elapsed):
+    """One progress line. The time left assumes all --outer-steps run; a --cpu-budget can end the run sooner."""
     print(
         f"iter {it}/{args.outer_steps} step {global_step} SPS {sps} "
         f"pre {scalars['meta/pre_adapt_return']:.2f} post {scalars['meta/post_adapt_return']:.2f} "
         f"kl {scalars['losses/approx_kl']:.4f} ls {scalars['meta/line_search_steps']} {dt:.2f}s/it "
-        f"elapsed {elapsed:.0f}s",
+        f"elapsed {elapsed:.0f}s, {elapsed / it * (args.outer_steps - it) / 60:.1f} min left",
         flush=True,
     )
 

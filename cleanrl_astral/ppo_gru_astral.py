@@ -886,8 +886,9 @@ def print_progress(iteration, num_iterations, global_step, sps, recent, recent_b
     nmi = f"slot NMI {slots['mode_slot_nmi']:.2f}, episode NMI {slots['episode_nmi']:.2f}"
     if latent is not None:
         nmi += f" (vs {latent.replace('_', ' ')} {slots[f'episode_nmi_{latent}']:.2f})"
+    minutes_left = (num_iterations - iteration) * global_step / iteration / max(sps, 1) / 60
     print(f"iter {iteration}/{num_iterations} step {global_step} SPS {sps} return {mean_return:.1f}", end=" ")
-    print(f"| {' '.join(by_mode)} | {nmi}", flush=True)
+    print(f"| {' '.join(by_mode)} | {nmi} | {minutes_left:.1f} min left", flush=True)
 
 
 # EVALUATION

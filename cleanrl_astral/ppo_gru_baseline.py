@@ -534,8 +534,10 @@ def print_progress(iteration, num_iterations, global_step, sps, recent, recent_b
         else:
             by_mode.append(f"m{k} -")
     mean_return = np.mean(recent or [np.nan])
+    minutes_left = (num_iterations - iteration) * global_step / iteration / max(sps, 1) / 60
     print(
-        f"iter {iteration}/{num_iterations} step {global_step} SPS {sps} return {mean_return:.1f} | {' '.join(by_mode)}",
+        f"iter {iteration}/{num_iterations} step {global_step} SPS {sps} return {mean_return:.1f} | {' '.join(by_mode)} "
+        f"| {minutes_left:.1f} min left",
         flush=True,
     )
 

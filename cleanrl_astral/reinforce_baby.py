@@ -1042,9 +1042,11 @@ class TrainingLog:
             self.writer.add_scalar(k, v, global_step)
         if iteration % 25 == 0 or iteration == args.num_iterations:
             levels = " ".join(f"{t}:L{curriculum.levels[t]}" for t in self.tasks)
+            minutes_left = (args.num_iterations - iteration) * global_step / iteration / max(sps, 1) / 60
             print(
                 f"{self.label}global_step={global_step} SPS={sps} success={scalars['charts/success_rate']:.3f} "
-                f"entropy={stats['losses/entropy']:.3f} wm_mse={stats['losses/world_model_mse']:.3f} [{levels}]"
+                f"entropy={stats['losses/entropy']:.3f} wm_mse={stats['losses/world_model_mse']:.3f} [{levels}] "
+                f"{minutes_left:.1f} min left"
             )
 
 

@@ -833,3 +833,12 @@ def test_learning_rate_anneals_linearly_to_zero(tmp_path):
     logged = logged_scalars(run_dir).get("charts/learning_rate", [])
     assert [step for step, _ in logged] == [16, 32, 48]
     assert [lr for _, lr in logged] == pytest.approx([3e-3, 2e-3, 1e-3], rel=1e-6)
+
+
+def test_the_progress_line_gives_the_time_left_from_the_steps_to_go_and_sps(capsys):
+    # iteration 1 of 4 at 6,000 steps an iteration and 100 SPS: 18,000 steps to go take 180 s
+    slots = {"mode_slot_nmi": 0.25, "episode_nmi": 0.5}
+    ppo_gru_astral.print_progress(1, 4, 6000, 100, [50.0], {0: [40.0]}, slots, None)
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("iter 1/4 step 6000 SPS 100 return 50.0 | m0 40 | slot NMI 0.25, episode NMI 0.50")
+    assert line.endswith("| 3.0 min left")

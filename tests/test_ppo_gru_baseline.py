@@ -796,3 +796,11 @@ def test_learning_rate_anneals_linearly_to_zero(tmp_path):
     logged = logged_scalars(run_dir).get("charts/learning_rate", [])
     assert [step for step, _ in logged] == [16, 32, 48]
     assert [lr for _, lr in logged] == pytest.approx([3e-3, 2e-3, 1e-3], rel=1e-6)
+
+
+def test_the_progress_line_gives_the_time_left_from_the_steps_to_go_and_sps(capsys):
+    # iteration 2 of 4 at 6,000 steps an iteration and 100 SPS: 12,000 steps to go take 120 s
+    ppo_gru_baseline.print_progress(2, 4, 12000, 100, [50.0], {0: [40.0], 1: []})
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("iter 2/4 step 12000 SPS 100 return 50.0 | m0 40 m1 -")
+    assert line.endswith("| 2.0 min left")

@@ -625,9 +625,11 @@ def test_sampled_evaluation_is_reproducible_from_its_seed():
     ],
 )
 def test_smoke_per_task_and_algorithm(tmp_path, task, algorithm, extra):
-    run_script(
+    result = run_script(
         "reinforce_baby", "--task", task, "--algorithm", algorithm, *TINY, *extra, "--runs-dir", str(tmp_path), check=True
     )
+    progress = [line for line in result.stdout.splitlines() if line.startswith("global_step=")]
+    assert progress and progress[-1].endswith("] 0.0 min left")  # the last update's line: nothing is left
     run_dir = only_run_dir(tmp_path)
     with open(os.path.join(run_dir, "eval.json")) as f:
         ev = json.load(f)
