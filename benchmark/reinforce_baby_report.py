@@ -340,6 +340,7 @@ def llm_run_rows(out, sweep):
             row[f"success@{c // 1000}k"] = at_step(series, "charts/success_rate", c) if reached else None
         row["eval_success"] = ev["success_rate"] if ev else None
         row["eval_levels"] = "/".join(str(ev["eval_levels"][t]) for t in TASKS if t in ev["eval_levels"]) if ev else None
+        row["eval_per_level"] = ev.get("per_difficulty_success") if ev else None
         parent = (ev or {}).get("parent")
         if parent:
             for k in ("queries", "judged", "fallbacks", "invalid_answers", "cache_hits", "latency_ms", "accuracy"):
@@ -371,18 +372,34 @@ def llm_runs_table(rows, successes):
     return "\n".join(lines) + "\n"
 
 
-def training_accuracy_table(rows):
-    """The LLM parent's accuracy in training per task and level (mean over seeds): where its knowledge ends."""
-    per = {}
+def per_level_table(rows):
+    """Per task and level (mean ± sd over seeds): the LLM parent's accuracy in training, and the baby's greedy eval
+    success, which every run measures at every task and level, with the rule and with the LLM as parent. Where the
+    parent's accuracy falls, the LLM-taught baby's success falls with it: where the small parent's knowledge ends."""
+    accuracy = {}
+    success = {"deterministic": {}, "LLM": {}}
     for r in rows:
         for where, acc in (r.get("per_level_accuracy") or {}).items():
             if acc is not None:
-                per.setdefault(where, []).append(acc)
-    if not per:
+                accuracy.setdefault(where, []).append(acc)
+        for where, value in (r.get("eval_per_level") or {}).items():
+            success[r["parent"]].setdefault(where, []).append(value)
+    cells = set(accuracy) | set(success["deterministic"]) | set(success["LLM"])
+    if not cells:
         return ""
-    lines = ["| task / level | accuracy of the LLM's answers in training | runs |", "|---|---|---|"]
-    for where in sorted(per):
-        lines.append(f"| {where} | {ms(per[where])} | {len(per[where])} |")
+
+    def order(where):
+        task, level = where.split("/level")
+        return TASKS.index(task) if task in TASKS else len(TASKS), task, int(level)
+
+    head = "| task / level | LLM's accuracy in training (runs) | eval success, rule parent | eval success, LLM parent |"
+    lines = [head, "|---|---|---|---|"]
+    for where in sorted(cells, key=order):
+        acc = accuracy.get(where, [])
+        acc_cell = f"{ms(acc)} ({len(acc)})" if acc else "– (0)"
+        lines.append(
+            f"| {where} | {acc_cell} | {ms(success['deterministic'].get(where, []))} | {ms(success['LLM'].get(where, []))} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -405,7 +422,7 @@ def llm_main(out, report):
         + "\n## The curriculum on all three tasks, 80k steps\n\n"
         + llm_runs_table(curriculum, ["10k", "40k", "80k"])
         + "\n"
-        + training_accuracy_table([r for r in curriculum if r["parent"] == "LLM"])
+        + per_level_table(curriculum)
     )
     os.makedirs(report, exist_ok=True)
     with open(os.path.join(report, "llm_parent.md"), "w") as f:

@@ -752,3 +752,33 @@ def test_the_llm_report_tables_the_agreement_per_role_and_each_runs_parent_stati
     assert "| deterministic | 1 | 10016 | 0.400 | 0.900 | 1.000 | 2 | – | – | – | – | – | – | 8.0 |" in text
     assert "| LLM | 1 | 10016 | 0.400 | 0.900 | 0.500 | 2 | 10016 | 9900 | 1016 | 3 | 0.875 | 321 | 99.0 |" in text
     assert report.llm_main(str(tmp_path / "missing"), str(tmp_path / "rep2")) == 2
+
+
+def test_the_llm_report_sets_the_parents_accuracy_beside_the_babys_success_per_task_and_level(tmp_path):
+    """The curriculum's per-level table: the LLM parent's training accuracy (mean ± sd over the LLM runs that reached
+    the level, and how many did) beside the baby's eval success per level with either parent, in task then level order."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmark", "reinforce_baby_report.py")
+    spec = importlib.util.spec_from_file_location("reinforce_baby_report", path)
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    out = tmp_path / "out"
+    curve = {"charts/success_rate": [(40000, 0.5), (80000, 0.6)]}
+    levels = {"pattern-echo": 2, "sequence-next": 1, "conditional": 0}
+    for seed, (echo, seq) in enumerate(((1.0, 0.6), (0.8, 0.4)), start=1):
+        ev = {"success_rate": 0.7, "eval_levels": levels, "per_difficulty_success": {"sequence-next/level1": seq}}
+        ev["per_difficulty_success"]["pattern-echo/level0"] = echo
+        fake_sweep_run(out / "curriculum", f"c0__g0_parent_deterministic__s{seed}", curve, ev, 40.0)
+    for seed, (seq_success, seq_accuracy) in enumerate(((0.1, 0.25), (0.3, None)), start=1):
+        per_level = {"pattern-echo/level0": {"accuracy": 1.0}, "sequence-next/level1": {"accuracy": seq_accuracy}}
+        parent = {"role": "answer", "queries": 80000, "judged": 70000, "accuracy": 0.8, "fallbacks": 10000}
+        parent.update({"invalid_answers": 5, "latency_ms": 900.0, "cache_hits": 79000, "per_level": per_level})
+        ev = {"success_rate": 0.5, "eval_levels": levels, "parent": parent}
+        ev["per_difficulty_success"] = {"sequence-next/level1": seq_success, "pattern-echo/level0": 1.0}
+        fake_sweep_run(out / "curriculum", f"c0__g1_parent_llm__s{seed}", curve, ev, 1500.0)
+    assert report.llm_main(str(out), str(tmp_path / "rep")) == 0
+    text = (tmp_path / "rep" / "llm_parent.md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith(("| pattern-echo/level", "| sequence-next/level"))]
+    assert rows == [
+        "| pattern-echo/level0 | 1.00 ± 0.00 (2) | 0.90 ± 0.10 | 1.00 ± 0.00 |",
+        "| sequence-next/level1 | 0.25 ± 0.00 (1) | 0.50 ± 0.10 | 0.20 ± 0.10 |",
+    ]
