@@ -403,6 +403,25 @@ def per_level_table(rows):
     return "\n".join(lines) + "\n"
 
 
+def llm_curriculum_curves(out, path):
+    """The curriculum sweep's success and level curves, the rule parent's runs against the LLM parent's; False when no
+    run has logged yet."""
+    by_parent = {}
+    for key_dir in sorted(glob.glob(os.path.join(out, "curriculum", "runs", "*"))):
+        key = os.path.basename(key_dir)
+        try:
+            series, ev = load(key_dir)
+        except (IndexError, KeyError):
+            continue  # a run that has not started
+        if "charts/success_rate" not in series:
+            continue
+        by_parent.setdefault(f"{parent_of(key)} parent", []).append((key, series, ev, float("nan")))
+    if not by_parent:
+        return False
+    curriculum_curves(by_parent, path)
+    return True
+
+
 def llm_main(out, report):
     checks = agreement_checks(out)
     mvp = llm_run_rows(out, "mvp")
@@ -425,6 +444,8 @@ def llm_main(out, report):
         + per_level_table(curriculum)
     )
     os.makedirs(report, exist_ok=True)
+    if llm_curriculum_curves(out, os.path.join(report, "llm_curriculum.png")):
+        text += "\n![success and levels over training, rule parent against LLM parent](llm_curriculum.png)\n"
     with open(os.path.join(report, "llm_parent.md"), "w") as f:
         f.write(text)
     with open(os.path.join(report, "llm_parent.json"), "w") as f:

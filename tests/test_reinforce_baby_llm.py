@@ -763,6 +763,7 @@ def test_the_llm_report_sets_the_parents_accuracy_beside_the_babys_success_per_t
     spec.loader.exec_module(report)
     out = tmp_path / "out"
     curve = {"charts/success_rate": [(40000, 0.5), (80000, 0.6)]}
+    curve.update({f"curriculum/level_{t}": [(40000, 0), (80000, 1)] for t in ("pattern-echo", "sequence-next", "conditional")})
     levels = {"pattern-echo": 2, "sequence-next": 1, "conditional": 0}
     for seed, (echo, seq) in enumerate(((1.0, 0.6), (0.8, 0.4)), start=1):
         ev = {"success_rate": 0.7, "eval_levels": levels, "per_difficulty_success": {"sequence-next/level1": seq}}
@@ -782,3 +783,4 @@ def test_the_llm_report_sets_the_parents_accuracy_beside_the_babys_success_per_t
         "| pattern-echo/level0 | 1.00 ± 0.00 (2) | 0.90 ± 0.10 | 1.00 ± 0.00 |",
         "| sequence-next/level1 | 0.25 ± 0.00 (1) | 0.50 ± 0.10 | 0.20 ± 0.10 |",
     ]
+    assert "](llm_curriculum.png)" in text and (tmp_path / "rep" / "llm_curriculum.png").stat().st_size > 0
