@@ -1879,6 +1879,8 @@ def validate(args: Args):
         raise ValueError(f"--cg-subsample must be in (0, 1], got {args.cg_subsample}")
     if not (0 < args.gamma <= 1 and 0 <= args.gae_lambda <= 1):
         raise ValueError("--gamma must be in (0, 1] and --gae-lambda in [0, 1]")
+    if args.save_model and importlib.util.find_spec("cleanrl_astral_utils") is None:  # it saves and evaluates the policy
+        raise ValueError("--save-model needs the cleanrl_astral_utils package: pip install -e . in the repository")
     if args.save_model and args.eval_tasks < 2:
         raise ValueError(f"--eval-tasks {args.eval_tasks}: the evaluation after --save-model needs >= 2 tasks for its 95% CI")
     if args.goal_box and args.task != "point-nav-2d":

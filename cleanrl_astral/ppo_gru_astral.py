@@ -10,6 +10,7 @@ Usage: python cleanrl_astral/ppo_gru_astral.py --modes-preset mirror4 --mode-sha
 
 import dataclasses
 import functools
+import importlib.util
 import itertools
 import math
 import os
@@ -1058,6 +1059,8 @@ def validate(args):
         )
     if args.capture_video and not args.save_model:
         raise ValueError("--capture-video records evaluation episodes; add --save-model")
+    if args.save_model and importlib.util.find_spec("cleanrl_astral_utils") is None:  # it saves and evaluates the agent
+        raise ValueError("--save-model needs the cleanrl_astral_utils package: pip install -e . in the repository")
     if args.slot_init == "orthonormal" and args.num_abstractions > args.slot_dim:
         raise ValueError(
             f"--slot-init orthonormal needs --num-abstractions {args.num_abstractions} <= --slot-dim {args.slot_dim} "

@@ -11,6 +11,7 @@ Usage: python cleanrl_astral/ppo_gru_baseline.py --modes-preset seed3 --hide-vel
 
 import dataclasses
 import functools
+import importlib.util
 import itertools
 import math
 import os
@@ -679,6 +680,8 @@ def validate(args):
         )
     if args.capture_video and not args.save_model:
         raise ValueError("--capture-video records evaluation episodes; add --save-model")
+    if args.save_model and importlib.util.find_spec("cleanrl_astral_utils") is None:  # it saves and evaluates the agent
+        raise ValueError("--save-model needs the cleanrl_astral_utils package: pip install -e . in the repository")
 
 
 def claim_run_dir(runs_dir, run_name):

@@ -947,6 +947,10 @@ def validate(args: Args):
         raise ValueError(f"--hidden-dim {args.hidden_dim} must be divisible by --num-heads {args.num_heads}")
     if args.algorithm == "ppo" and batch % args.num_minibatches != 0:
         raise ValueError("--num-envs * --max-episode-steps must be divisible by --num-minibatches")
+    if args.save_model and importlib.util.find_spec("cleanrl_astral_utils") is None:  # it writes the checkpoint
+        raise ValueError("--save-model needs the cleanrl_astral_utils package: pip install -e . in the repository")
+    if args.parent == "llm" and importlib.util.find_spec("cleanrl_astral_utils") is None:  # it holds the LLM client
+        raise ValueError("--parent llm needs the cleanrl_astral_utils package: pip install -e . in the repository")
     if args.parent == "llm" and importlib.util.find_spec("openai") is None:
         raise ValueError("--parent llm needs the openai client: pip install -r requirements-llm.txt")
     if args.parent == "llm" and args.llm_role == "answer" and args.llm_next_state:

@@ -5,9 +5,12 @@ after training (or nest the run one directory down), and an empty one would writ
 --runs-dir that is a file would fail when the run directory is made. Each is one line on stderr, exit code 2, and
 nothing written."""
 
+import subprocess
+import sys
+
 import pytest
 from benchmark_helpers import run_benchmark_script
-from helpers import assert_one_line_error, run_script
+from helpers import SCRIPT_ENV, assert_one_line_error, run_script, script_path
 
 # case -> (script, the arguments before the flags under test); sb3_peers is in benchmark/, the others in cleanrl_astral/
 COMMANDS = {
@@ -44,3 +47,25 @@ def test_a_bad_exp_name_or_runs_dir_is_one_line_before_anything_is_written(case,
     r = run(case, "--runs-dir", a_file)
     assert_one_line_error(r, "--runs-dir")
     assert a_file.read_text() == ""
+
+
+# the flags whose work goes through the helper package cleanrl_astral_utils, and the refusal's first words
+NEEDS_HELPER_PACKAGE = [
+    ("ppo_gru_baseline", ["--save-model"], "--save-model needs"),
+    ("ppo_gru_astral", ["--save-model"], "--save-model needs"),
+    ("maml_ssm", ["train", "--save-model"], "--save-model needs"),
+    ("reinforce_baby", ["--save-model"], "--save-model needs"),
+    ("reinforce_baby", ["--parent", "llm", "--llm-base-url", "http://127.0.0.1:9/v1"], "--parent llm needs"),
+]
+
+
+@pytest.mark.parametrize("name,flags,needle", NEEDS_HELPER_PACKAGE)
+def test_a_flag_that_needs_the_missing_helper_package_is_one_line_before_training(name, flags, needle, tmp_path):
+    """A script copied alone trains its default run without the helper package, but --save-model would fail only at
+    the save after training: with the package unimportable, the flag is refused before any work."""
+    blocked = "import runpy, sys; sys.modules['cleanrl_astral_utils'] = None; "
+    argv = [script_path(name), *flags, "--runs-dir", str(tmp_path / "runs")]
+    code = blocked + f"sys.argv = {argv!r}; runpy.run_path(sys.argv[0], run_name='__main__')"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=SCRIPT_ENV, cwd=tmp_path, timeout=120)
+    assert_one_line_error(r, f"{needle} the cleanrl_astral_utils package: pip install -e . in the repository")
+    assert not (tmp_path / "runs").exists()
