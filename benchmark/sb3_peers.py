@@ -14,6 +14,7 @@ Usage: python benchmark/sb3_peers.py --algo recurrent_ppo --modes-preset seed3 -
 """
 
 import dataclasses
+import itertools
 import math
 import os
 import random
@@ -532,6 +533,20 @@ def validate(args):
     return modes
 
 
+def claim_run_dir(runs_dir, run_name):
+    """Creates runs_dir/run_name (run_name__2, __3, ... if a run started in the same second took it): (name, dir)."""
+    if os.path.exists(runs_dir) and not os.path.isdir(runs_dir):
+        raise ValueError(f"--runs-dir {runs_dir}: cannot create the run directory (not a directory); give a directory")
+    os.makedirs(runs_dir, exist_ok=True)
+    name = run_name
+    for n in itertools.count(2):
+        try:
+            os.mkdir(os.path.join(runs_dir, name))
+            return name, os.path.join(runs_dir, name)
+        except FileExistsError:
+            name = f"{run_name}__{n}"
+
+
 if __name__ == "__main__":
     args = tyro.cli(Args)
     try:
@@ -539,11 +554,11 @@ if __name__ == "__main__":
     except ValueError as e:
         fail(str(e))
     exp_name = args.exp_name if args.exp_name != SCRIPT else f"{SCRIPT}_{args.algo}"
-    run_name = f"{args.env_id}__{exp_name}__{args.seed}__{int(time.time())}"
-    run_dir = os.path.join(args.runs_dir, run_name)
     try:
-        os.makedirs(run_dir, exist_ok=True)
-    except OSError as e:  # --runs-dir is a file, or not writable
+        run_name, run_dir = claim_run_dir(args.runs_dir, f"{args.env_id}__{exp_name}__{args.seed}__{int(time.time())}")
+    except ValueError as e:
+        fail(str(e))
+    except OSError as e:  # --runs-dir is not writable
         fail(f"--runs-dir {args.runs_dir}: cannot create the run directory ({e.strerror}); give a writable directory")
 
     if args.track:

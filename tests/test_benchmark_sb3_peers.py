@@ -198,3 +198,13 @@ def test_peers_recurrent_ppo_uses_the_zoo_policy_and_its_saved_obs_normalisation
         (obs - rms["mean"].numpy()) / np.sqrt(rms["var"].numpy() + rms["epsilon"]), -rms["clip_obs"], rms["clip_obs"]
     )
     assert np.allclose(prep(obs), expected, atol=1e-6) and not np.allclose(prep(obs), obs)
+
+
+def test_peers_runs_started_in_the_same_second_get_directories_of_their_own(tmp_path, occupied_run_names):
+    """A run whose runs/{run_name} another run of the same command and seed holds writes into run_name__2: sharing
+    the directory would mix their TensorBoard events."""
+    check = occupied_run_names(str(tmp_path), "NonStationaryCartPole__collide__7__")
+    flags = ["--algo", "ppo", "--total-timesteps", "128", "--num-envs", "2", "--num-steps", "64", "--minibatch-size", "64"]
+    flags += ["--update-epochs", "1", "--exp-name", "collide", "--seed", "7", "--runs-dir", tmp_path]
+    run_benchmark_script("sb3_peers", *flags, check=True)
+    check()
