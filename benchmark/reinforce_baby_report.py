@@ -41,6 +41,19 @@ def load(run_key_dir):
         return series, json.load(f)
 
 
+def logged_runs(sweep):
+    """(run key, scalars, eval.json or None, wall s) of every run of the sweep that has logged a success rate."""
+    walls = wall_times(sweep)
+    for key_dir in sorted(glob.glob(os.path.join(sweep, "runs", "*"))):
+        key = os.path.basename(key_dir)
+        try:
+            series, ev = load(key_dir)
+        except (IndexError, KeyError):
+            continue  # a run that has not started
+        if "charts/success_rate" in series:
+            yield key, series, ev, walls.get(key, float("nan"))
+
+
 def wall_times(sweep):
     """Wall time of every run of the sweep that exited 0, by run key (benchmark.py's manifest)."""
     times = {}
@@ -182,16 +195,8 @@ def curriculum_runs(out):
     runs that have not logged a success rate yet are left out."""
     by_method = {}
     for sweep in sorted(glob.glob(os.path.join(out, "curriculum*"))):
-        walls = wall_times(sweep)
-        for key_dir in sorted(glob.glob(os.path.join(sweep, "runs", "*"))):
-            key = os.path.basename(key_dir)
-            try:
-                series, ev = load(key_dir)
-            except (IndexError, KeyError):
-                continue  # a run that has not logged yet
-            if "charts/success_rate" not in series:
-                continue
-            by_method.setdefault(method_of(key), []).append((key, series, ev, walls.get(key, float("nan"))))
+        for key, series, ev, wall in logged_runs(sweep):
+            by_method.setdefault(method_of(key), []).append((key, series, ev, wall))
     return {m: by_method[m] for m in ["REINFORCE", "PPO", "RL-only", "KL-distill"] if m in by_method}
 
 
@@ -322,18 +327,10 @@ def parent_of(key):
 def llm_run_rows(out, sweep):
     """One row per run of a sweep (mvp or curriculum): success, the parent's statistics and wall time."""
     rows = []
-    walls = wall_times(os.path.join(out, sweep))
-    for key_dir in sorted(glob.glob(os.path.join(out, sweep, "runs", "*"))):
-        key = os.path.basename(key_dir)
-        try:
-            series, ev = load(key_dir)
-        except (IndexError, KeyError):
-            continue  # a run that has not started
-        if "charts/success_rate" not in series:
-            continue  # nor logged yet
+    for key, series, ev, wall in logged_runs(os.path.join(out, sweep)):
         steps = series["charts/success_rate"][0]
         row = {"parent": parent_of(key), "seed": int(key.rsplit("__s", 1)[1]), "steps": int(steps[-1])}
-        row["wall_s"] = walls.get(key, float("nan"))
+        row["wall_s"] = wall
         for c in (5000, 10000, 40000, 80000):
             # success by step c: none for a run that stopped more than one update before c
             reached = steps[0] <= c < steps[-1] + (steps[1] - steps[0] if len(steps) > 1 else 1)
@@ -407,15 +404,8 @@ def llm_curriculum_curves(out, path):
     """The curriculum sweep's success and level curves, the rule parent's runs against the LLM parent's; False when no
     run has logged yet."""
     by_parent = {}
-    for key_dir in sorted(glob.glob(os.path.join(out, "curriculum", "runs", "*"))):
-        key = os.path.basename(key_dir)
-        try:
-            series, ev = load(key_dir)
-        except (IndexError, KeyError):
-            continue  # a run that has not started
-        if "charts/success_rate" not in series:
-            continue
-        by_parent.setdefault(f"{parent_of(key)} parent", []).append((key, series, ev, float("nan")))
+    for run in logged_runs(os.path.join(out, "curriculum")):
+        by_parent.setdefault(f"{parent_of(run[0])} parent", []).append(run)
     if not by_parent:
         return False
     curriculum_curves(by_parent, path)
