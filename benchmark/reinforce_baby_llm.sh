@@ -91,19 +91,17 @@ if [ "$only" != agreement ]; then
     start_server "$smollm2" smollm2-135m
     LLM="--llm-base-url $url --llm-model smollm2-135m"
 fi
-if [ "$only" = all ] || [ "$only" = mvp ]; then
-    rm -rf "$out/mvp"
-    MVP="python cleanrl_astral/reinforce_baby.py --task pattern-echo --num-actions 8 --hidden-dim 64 --num-layers 2 --algorithm reinforce"
-    python benchmark/benchmark.py --command "$MVP --total-timesteps $mvp_steps $LLM" \
+both_parents() {  # both_parents NAME COMMAND: COMMAND with the rule and with the LLM parent, seeds 1..$seeds, in $out/NAME
+    rm -rf "$out/$1"
+    python benchmark/benchmark.py --command "$2 $LLM" \
         --grid "--parent deterministic | --parent llm" --num-seeds "$seeds" --start-seed 1 --workers 1 \
-        --output "$out/mvp" || status=$?
+        --output "$out/$1" || status=$?
+}
+if [ "$only" = all ] || [ "$only" = mvp ]; then
+    both_parents mvp "python cleanrl_astral/reinforce_baby.py --task pattern-echo --num-actions 8 --hidden-dim 64 --num-layers 2 --algorithm reinforce --total-timesteps $mvp_steps"
 fi
 if [ "$only" = all ] || [ "$only" = curriculum ]; then
-    rm -rf "$out/curriculum"
-    CUR="python cleanrl_astral/reinforce_baby.py --task all --curriculum --num-actions 8 --no-analysis"
-    python benchmark/benchmark.py --command "$CUR --total-timesteps $cur_steps $LLM" \
-        --grid "--parent deterministic | --parent llm" --num-seeds "$seeds" --start-seed 1 --workers 1 \
-        --output "$out/curriculum" || status=$?
+    both_parents curriculum "python cleanrl_astral/reinforce_baby.py --task all --curriculum --num-actions 8 --no-analysis --total-timesteps $cur_steps"
 fi
 stop_server
 
