@@ -685,9 +685,7 @@ def validate(args):
 
 
 def claim_run_dir(runs_dir, run_name):
-    """Creates runs_dir/run_name (run_name__2, __3, ... if a run started in the same second took it): (name, dir)."""
-    if os.path.exists(runs_dir) and not os.path.isdir(runs_dir):
-        raise ValueError(f"cannot create a run directory in --runs-dir {runs_dir!r} (not a directory); pass a directory")
+    """Creates runs_dir/run_name, or run_name__2, __3, ... when another run holds the name (mkdir is atomic): (name, dir)."""
     name = run_name
     for n in itertools.count(2):
         try:
@@ -695,6 +693,10 @@ def claim_run_dir(runs_dir, run_name):
             return name, os.path.join(runs_dir, name)
         except FileExistsError:
             name = f"{run_name}__{n}"
+        except OSError as e:
+            reason = e.strerror.lower()
+            message = f"cannot create a run directory in --runs-dir {runs_dir!r} ({reason}); pass a writable directory"
+            raise ValueError(message) from e
 
 
 if __name__ == "__main__":

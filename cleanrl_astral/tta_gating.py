@@ -924,17 +924,18 @@ def critic_reward_scale(args, ckpt):
 
 
 def claim_run_dir(runs_dir, run_name):
-    """(run_name, run_dir) of a new directory: a name taken in the same second gets __2, __3, ... (mkdir is atomic)."""
-    for name in itertools.chain([run_name], (f"{run_name}__{i}" for i in itertools.count(2))):
+    """Creates runs_dir/run_name, or run_name__2, __3, ... when another run holds the name (mkdir is atomic): (name, dir)."""
+    name = run_name
+    for n in itertools.count(2):
         try:
             os.makedirs(os.path.join(runs_dir, name))
             return name, os.path.join(runs_dir, name)
         except FileExistsError:
-            continue
+            name = f"{run_name}__{n}"
         except OSError as e:
-            raise ValueError(
-                f"cannot create a run directory in --runs-dir {runs_dir!r} ({e.strerror.lower()}); pass a writable directory"
-            ) from e
+            reason = e.strerror.lower()
+            message = f"cannot create a run directory in --runs-dir {runs_dir!r} ({reason}); pass a writable directory"
+            raise ValueError(message) from e
 
 
 def seconds_per_step(agent, hide_velocity, batch, backward):
