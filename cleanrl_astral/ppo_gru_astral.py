@@ -126,7 +126,9 @@ class Args:
     tau: float = 1.0
     """temperature of the gate softmax"""
     lambda_w_ent: float = 0.001
-    """weight of the per-sample gate entropy penalty (sharp gates)"""
+    """weight of the per-step gate entropy, a bonus (spread gates) as the plan writes it, a penalty with --sharpen-gate"""
+    sharpen_gate: bool = False
+    """minimise the per-sample gate entropy (sharp gates) instead of maximising it as the plan does"""
     lambda_lb: float = 0.001
     """weight of the load-balancing bonus: entropy of the batch-mean gate weights (all slots used)"""
     lambda_orth: float = 0.0001
@@ -161,6 +163,12 @@ MODE_PRESETS = {  # a mode is (gravity, pole half-length, force sign)
     # inverted force) is held out of training
     "mirror4": [(9.8, 0.5, 1.0), (9.8, 0.5, -1.0), (7.5, 0.7, 1.0), (7.5, 0.7, -1.0), (8.65, 0.6, -1.0)],
 }
+# what each mode's physics is, as info["mode_name"] reports it (seed3's names are the plan's)
+MODE_NAMES = {
+    "seed3": ["default", "easy", "hard"],
+    "inverted4": ["default", "easy", "hard", "default inverted"],
+    "mirror4": ["default", "default inverted", "easy", "easy inverted", "between inverted"],
+}
 HELD_OUT_MODES = {"seed3": [], "inverted4": [], "mirror4": [4]}  # evaluated (and adapted to) only, never trained on
 # the part of the mode that changes which action is right: only the force sign does (seed3's modes all push alike)
 ACTION_LATENT = {"seed3": None, "inverted4": "force_sign", "mirror4": "force_sign"}
@@ -180,7 +188,8 @@ class NonStationaryCartPole:
     (`fixed_mode` pins all; `mode_share="balanced"` pins env i to the (i mod M)-th of the M training modes, so every
     mode gets the same share of steps whatever its episode length). Autoreset is same-step: where an episode ends,
     the returned observation is already the next episode's first, and info["final_obs"] holds the ended one's last.
-    info["mode"] (for analysis only) is the mode that governs each env's next step."""
+    info["mode"] and info["mode_name"] (for analysis only) are the mode that governs each env's next step and its name
+    from `mode_names` (default: its gravity, half-length and force sign)."""
 
     def __init__(
         self,
@@ -192,8 +201,12 @@ class NonStationaryCartPole:
         max_episode_steps=500,
         held_out=(),
         mode_share="uniform",
+        mode_names=None,
     ):
         self.num_envs = num_envs
+        if mode_names is None:
+            mode_names = [f"g {gravity:g}, l {length:g}, force {sign:+g}" for gravity, length, sign in modes]
+        self.mode_names = np.array(mode_names)
         self.switch_prob = switch_prob
         self.max_episode_steps = max_episode_steps
         self.gravity, self.half_length, self.force_sign = np.array(modes, dtype=np.float64).T
@@ -225,7 +238,8 @@ class NonStationaryCartPole:
         self.elapsed = np.zeros(self.num_envs, dtype=int)
         self.mode = np.zeros(self.num_envs, dtype=int)
         self.restart(np.ones(self.num_envs, dtype=bool))
-        return self.state[:, self.observed].astype(np.float32), {"mode": self.mode.copy()}
+        info = {"mode": self.mode.copy(), "mode_name": self.mode_names[self.mode]}
+        return self.state[:, self.observed].astype(np.float32), info
 
     def step(self, action):
         x, x_dot, theta, theta_dot = self.state.T
@@ -253,6 +267,7 @@ class NonStationaryCartPole:
         info = {"final_obs": self.state[:, self.observed].astype(np.float32), "final_mode": self.mode.copy()}
         self.restart(terminated | truncated)
         info["mode"] = self.mode.copy()
+        info["mode_name"] = self.mode_names[self.mode]
         return self.state[:, self.observed].astype(np.float32), np.ones(self.num_envs), terminated, truncated, info
 
 
@@ -515,34 +530,30 @@ def supervised_gate_loss(probs, modes, ages):
     return nn.functional.nll_loss(torch.log(probs.reshape(-1, probs.shape[-1])[keep] + 1e-8), modes.flatten()[keep].long())
 
 
-# each slot term's weight flag and its sign in the minimised loss: sharp steps, all slots used, orthogonal slots,
-# episodes that keep one slot and differ from each other, and (ceiling only) a gate that names the true mode
-SLOT_TERMS = {
-    "weight_entropy": ("lambda_w_ent", 1),
-    "load_balance_entropy": ("lambda_lb", -1),
-    "orthogonality": ("lambda_orth", 1),
-    "episode_consistency": ("lambda_consistency", -1),
-    "supervised_ce": ("lambda_supervised", 1),
-}
+class SlotTerms(NamedTuple):
+    """The slot regularisers' values on one minibatch, before their weights and signs (see the loss in ppo_update)."""
+
+    weight_entropy: torch.Tensor
+    load_balance_entropy: torch.Tensor
+    orthogonality: torch.Tensor
+    episode_consistency: torch.Tensor
+    supervised_ce: torch.Tensor | None
+    """None unless --lambda-supervised > 0 (the diagnostic ceiling)"""
 
 
-def slot_terms(probs, slots, batch, mb, args):
-    """The slot terms of minibatch `mb` from its replayed gate probabilities: (values, {name: sign · λ · value})."""
+def slot_terms(probs, slots, batch, mb, supervised):
+    """The slot terms of minibatch `mb` from its replayed gate probabilities; the supervised one only if `supervised`."""
     starts = batch["starts"][:, mb]
     ages = batch["ages"][:, mb]
-    values = {
-        "weight_entropy": weight_entropy(probs),
-        "load_balance_entropy": load_balance_entropy(probs),
-        "orthogonality": orthogonality_penalty(slots),
-        "episode_consistency": episode_consistency(probs, starts, ages),
-    }
-    if args.lambda_supervised > 0:
-        values["supervised_ce"] = supervised_gate_loss(probs, batch["modes"][:, mb], ages)
-    weighted = {}
-    for name, (flag, sign) in SLOT_TERMS.items():
-        if name in values:
-            weighted[name] = sign * getattr(args, flag) * values[name]
-    return values, weighted
+    # in this order: autograd sums the terms' gradients into the gate in the order the terms were built
+    w_ent = weight_entropy(probs)
+    load_balance = load_balance_entropy(probs)
+    orthogonality = orthogonality_penalty(slots)
+    consistency = episode_consistency(probs, starts, ages)
+    supervised_ce = None
+    if supervised:
+        supervised_ce = supervised_gate_loss(probs, batch["modes"][:, mb], ages)
+    return SlotTerms(w_ent, load_balance, orthogonality, consistency, supervised_ce)
 
 
 # ROLLOUT
@@ -716,8 +727,21 @@ def ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args
 
             entropy_loss = out.entropy.mean()
             ppo_loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-            values, terms = slot_terms(out.probs, agent.bank.slots, batch, mb, args)
-            slot_loss = sum(terms.values())
+            terms = slot_terms(out.probs, agent.bank.slots, batch, mb, args.lambda_supervised > 0)
+            # the plan's per-step gate entropy is a bonus (spread gates); --sharpen-gate makes it a penalty (sharp gates)
+            w_ent_sign = -1.0
+            if args.sharpen_gate:
+                w_ent_sign = 1.0
+            # ASTRAL's slot regularisers: per-step gate entropy, load balance (all slots used), orthogonal slots,
+            # episodes that keep one slot, and the diagnostic ceiling's gate supervised by the true mode
+            slot_loss = (
+                w_ent_sign * args.lambda_w_ent * terms.weight_entropy
+                - args.lambda_lb * terms.load_balance_entropy
+                + args.lambda_orth * terms.orthogonality
+                - args.lambda_consistency * terms.episode_consistency
+            )
+            if terms.supervised_ce is not None:
+                slot_loss = slot_loss + args.lambda_supervised * terms.supervised_ce
             loss = ppo_loss + slot_loss
             if diagnostics and epoch == 0 and start == 0:
                 stats.update(term_gradient_norms(agent, ppo_loss, terms, args))
@@ -743,27 +767,40 @@ def ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args
     stats["clipfrac"] = float(np.mean(clipfracs))
     stats["explained_variance"] = explained_var
     stats["slot_loss"] = slot_loss.item()
-    for name, value in values.items():
-        stats[name] = value.item()
+    for name, value in terms._asdict().items():
+        if value is not None:
+            stats[name] = value.item()
     return stats
 
 
 def term_gradient_norms(agent, ppo_loss, terms, args):
     """What each term adds to the gradient, beside the PPO loss's, before the clip: {grad_norm_{term}: norm}, 0 for a term
-    whose lambda is 0. A diagnostic: one extra backward pass per term."""
-    norms = {}
-    parameters = list(agent.parameters())
-    for name, term in {"ppo": ppo_loss, **terms}.items():
-        active = name == "ppo" or getattr(args, SLOT_TERMS[name][0]) != 0
-        grads = []
-        if term.requires_grad and active:
-            for grad in torch.autograd.grad(term, parameters, retain_graph=True, allow_unused=True):
-                if grad is not None:
-                    grads.append(grad)
-        norms[f"grad_norm_{name}"] = 0.0
-        if grads:
-            norms[f"grad_norm_{name}"] = float(torch.sqrt(sum((grad**2).sum() for grad in grads)))
+    whose lambda is 0. A term's sign flips its gradient, not the norm. A diagnostic: one extra backward pass per term."""
+    lambdas = {
+        "weight_entropy": args.lambda_w_ent,
+        "load_balance_entropy": args.lambda_lb,
+        "orthogonality": args.lambda_orth,
+        "episode_consistency": args.lambda_consistency,
+        "supervised_ce": args.lambda_supervised,
+    }
+    norms = {"grad_norm_ppo": gradient_norm(agent, ppo_loss, 1.0)}
+    for name, value in terms._asdict().items():
+        if value is not None:
+            norms[f"grad_norm_{name}"] = gradient_norm(agent, value, lambdas[name])
     return norms
+
+
+def gradient_norm(agent, value, weight):
+    """The norm of the gradient of weight · value over the agent's parameters (0 for weight 0), the graph kept."""
+    grads = []
+    if value.requires_grad and weight != 0:
+        weight = torch.tensor(weight, dtype=value.dtype, device=value.device)
+        for grad in torch.autograd.grad(value, list(agent.parameters()), weight, retain_graph=True, allow_unused=True):
+            if grad is not None:
+                grads.append(grad)
+    if not grads:
+        return 0.0
+    return float(torch.sqrt(sum((grad**2).sum() for grad in grads)))
 
 
 # SLOT METRICS: the acted gate against the true mode and the action latent, which the agent never sees
@@ -902,11 +939,13 @@ def evaluate(model_path, episodes_per_mode=10, modes=None, deterministic=True, s
     from cleanrl_astral_utils import cartpole
 
     checkpoint = cartpole.load_checkpoint(model_path, SCRIPT, CHECKPOINT_FORMAT)
-    train_args = Args(**checkpoint["args"])
+    train_args = checkpoint_args(checkpoint)
     train_modes = [tuple(mode) for mode in checkpoint["modes"]]
     held_out = []
+    mode_names = None
     if modes is None:
         held_out = HELD_OUT_MODES[train_args.modes_preset]
+        mode_names = MODE_NAMES[train_args.modes_preset]
         modes = train_modes
     else:
         modes = [tuple(float(v) for v in mode) for mode in modes]
@@ -915,12 +954,12 @@ def evaluate(model_path, episodes_per_mode=10, modes=None, deterministic=True, s
     returns = {}
     steps = []
     for k in range(len(modes)):
-        envs = NonStationaryCartPole(episodes_per_mode, modes, train_args.hide_velocity, fixed_mode=k)
+        envs = NonStationaryCartPole(episodes_per_mode, modes, train_args.hide_velocity, fixed_mode=k, mode_names=mode_names)
         episodes, columns = first_episodes(agent, envs, seed + 1000 * k, deterministic)
         returns[k] = np.array([episode_return for episode_return, _, _ in episodes])
         steps.append(columns)
         if video_dir is not None:
-            env = NonStationaryCartPole(1, modes, train_args.hide_velocity, fixed_mode=k)
+            env = NonStationaryCartPole(1, modes, train_args.hide_velocity, fixed_mode=k, mode_names=mode_names)
             carry = new_carry(env, agent, seed, device)
             cartpole.record_video(env, functools.partial(video_step, agent, env, carry), video_dir, f"mode{k}")
     weights = [c["weights"][c["ages"] >= 0].cpu().numpy() for c in steps]
@@ -990,6 +1029,11 @@ def video_step(agent, env, carry):
     return ended
 
 
+def checkpoint_args(checkpoint):
+    """The Args a checkpoint was trained with; one saved without `sharpen_gate` trained with the sharpening gate entropy."""
+    return Args(**{"sharpen_gate": True, **checkpoint["args"]})
+
+
 # PLUMBING: VALIDATION AND THE RUN DIRECTORY
 def validate(args):
     """Refuses, in one line (ValueError), the settings that would crash late or train wrong in silence."""
@@ -1001,7 +1045,7 @@ def validate(args):
         value = getattr(args, name)
         if value is not None and value <= 0:
             raise ValueError(f"--{name.replace('_', '-')} {value} must be positive")
-    for name in ("ent_coef", "vf_coef", *(flag for flag, _ in SLOT_TERMS.values())):
+    for name in ("ent_coef", "vf_coef", "lambda_w_ent", "lambda_lb", "lambda_orth", "lambda_consistency", "lambda_supervised"):
         value = getattr(args, name)
         if value < 0:
             raise ValueError(f"--{name.replace('_', '-')} {value} must be non-negative")
@@ -1135,6 +1179,7 @@ if __name__ == "__main__":
         args.switch_prob,
         held_out=held_out,
         mode_share=args.mode_share,
+        mode_names=MODE_NAMES[args.modes_preset],
     )
     agent = agent_from_args(args, len(modes)).to(device)
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)

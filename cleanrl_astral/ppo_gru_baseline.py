@@ -133,6 +133,12 @@ MODE_PRESETS = {  # a mode is (gravity, pole half-length, force sign)
     # inverted force) is held out of training
     "mirror4": [(9.8, 0.5, 1.0), (9.8, 0.5, -1.0), (7.5, 0.7, 1.0), (7.5, 0.7, -1.0), (8.65, 0.6, -1.0)],
 }
+# what each mode's physics is, as info["mode_name"] reports it (seed3's names are the plan's)
+MODE_NAMES = {
+    "seed3": ["default", "easy", "hard"],
+    "inverted4": ["default", "easy", "hard", "default inverted"],
+    "mirror4": ["default", "default inverted", "easy", "easy inverted", "between inverted"],
+}
 HELD_OUT_MODES = {"seed3": [], "inverted4": [], "mirror4": [4]}  # evaluated (and adapted to) only, never trained on
 # the part of the mode that changes which action is right: only the force sign does (seed3's modes all push alike)
 ACTION_LATENT = {"seed3": None, "inverted4": "force_sign", "mirror4": "force_sign"}
@@ -152,7 +158,8 @@ class NonStationaryCartPole:
     (`fixed_mode` pins all; `mode_share="balanced"` pins env i to the (i mod M)-th of the M training modes, so every
     mode gets the same share of steps whatever its episode length). Autoreset is same-step: where an episode ends,
     the returned observation is already the next episode's first, and info["final_obs"] holds the ended one's last.
-    info["mode"] (for analysis only) is the mode that governs each env's next step."""
+    info["mode"] and info["mode_name"] (for analysis only) are the mode that governs each env's next step and its name
+    from `mode_names` (default: its gravity, half-length and force sign)."""
 
     def __init__(
         self,
@@ -164,8 +171,12 @@ class NonStationaryCartPole:
         max_episode_steps=500,
         held_out=(),
         mode_share="uniform",
+        mode_names=None,
     ):
         self.num_envs = num_envs
+        if mode_names is None:
+            mode_names = [f"g {gravity:g}, l {length:g}, force {sign:+g}" for gravity, length, sign in modes]
+        self.mode_names = np.array(mode_names)
         self.switch_prob = switch_prob
         self.max_episode_steps = max_episode_steps
         self.gravity, self.half_length, self.force_sign = np.array(modes, dtype=np.float64).T
@@ -197,7 +208,8 @@ class NonStationaryCartPole:
         self.elapsed = np.zeros(self.num_envs, dtype=int)
         self.mode = np.zeros(self.num_envs, dtype=int)
         self.restart(np.ones(self.num_envs, dtype=bool))
-        return self.state[:, self.observed].astype(np.float32), {"mode": self.mode.copy()}
+        info = {"mode": self.mode.copy(), "mode_name": self.mode_names[self.mode]}
+        return self.state[:, self.observed].astype(np.float32), info
 
     def step(self, action):
         x, x_dot, theta, theta_dot = self.state.T
@@ -225,6 +237,7 @@ class NonStationaryCartPole:
         info = {"final_obs": self.state[:, self.observed].astype(np.float32), "final_mode": self.mode.copy()}
         self.restart(terminated | truncated)
         info["mode"] = self.mode.copy()
+        info["mode_name"] = self.mode_names[self.mode]
         return self.state[:, self.observed].astype(np.float32), np.ones(self.num_envs), terminated, truncated, info
 
 
@@ -558,8 +571,10 @@ def evaluate(model_path, episodes_per_mode=10, modes=None, deterministic=True, s
     train_args = Args(**checkpoint["args"])
     train_modes = [tuple(mode) for mode in checkpoint["modes"]]
     held_out = []
+    mode_names = None
     if modes is None:
         held_out = HELD_OUT_MODES[train_args.modes_preset]
+        mode_names = MODE_NAMES[train_args.modes_preset]
         modes = train_modes
     else:
         modes = [tuple(float(v) for v in mode) for mode in modes]
@@ -568,11 +583,11 @@ def evaluate(model_path, episodes_per_mode=10, modes=None, deterministic=True, s
     returns = {}
     hidden = {}
     for k in range(len(modes)):
-        envs = NonStationaryCartPole(episodes_per_mode, modes, train_args.hide_velocity, fixed_mode=k)
+        envs = NonStationaryCartPole(episodes_per_mode, modes, train_args.hide_velocity, fixed_mode=k, mode_names=mode_names)
         episodes, hidden[k] = first_episodes(agent, envs, seed + 1000 * k, deterministic)
         returns[k] = np.array([episode_return for episode_return, _, _ in episodes])
         if video_dir is not None:
-            env = NonStationaryCartPole(1, modes, train_args.hide_velocity, fixed_mode=k)
+            env = NonStationaryCartPole(1, modes, train_args.hide_velocity, fixed_mode=k, mode_names=mode_names)
             carry = new_carry(env, agent, seed, device)
             cartpole.record_video(env, functools.partial(video_step, agent, env, carry), video_dir, f"mode{k}")
     probes = {}
@@ -744,6 +759,7 @@ if __name__ == "__main__":
         args.switch_prob,
         held_out=held_out,
         mode_share=args.mode_share,
+        mode_names=MODE_NAMES[args.modes_preset],
     )
     agent = agent_from_args(args, len(modes)).to(device)
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
