@@ -79,10 +79,15 @@ class Args:
     """append the true mode one-hot to the agent's input (the upper-bound control)"""
 
     # Algorithm
+    design: Literal["script", "plan"] = "script"
+    """`script`: this file's network and settings; `plan`: the plan's network (ReLU layers of width --hidden-size,
+    PyTorch's default initialisation) and the plan's Config as the defaults (PLAN_CONFIG), each flag still overriding"""
     total_timesteps: int = 500000
     """total timesteps of the experiment"""
     learning_rate: float = 1e-3
     """the learning rate of the optimizer"""
+    adam_eps: float = 1e-5
+    """the epsilon of the Adam optimizer"""
     num_envs: int = 32
     """the number of parallel game environments"""
     num_steps: int = 128
@@ -153,6 +158,23 @@ class Args:
     """the mini-batch size (computed at runtime)"""
     num_iterations: int = 0
     """the number of iterations (computed at runtime)"""
+
+
+# the plan's Config (astral_plan.txt, training): the defaults of --design plan; the rest of its Config is this file's
+PLAN_CONFIG = {
+    "hidden_size": 64,  # d_model
+    "num_envs": 8,
+    "num_steps": 128,
+    "total_timesteps": 500000,
+    "learning_rate": 3e-4,
+    "adam_eps": 1e-8,  # torch's default: the plan's Adam sets none
+    "num_minibatches": 4,  # minibatches of 256 steps: two whole environments' 128-step sequences each
+    "update_epochs": 4,
+    "anneal_lr": False,
+    "norm_reward": False,
+    "clip_vloss": False,
+    "slot_dim": 64,  # slots of d_model
+}
 
 
 # ENVIRONMENT
@@ -298,17 +320,19 @@ class AbstractionBank(nn.Module):
     """K learnable slots A and a gate p = softmax(g(h) / τ): z = wᵀA with w = p or, given `gumbel_tau`, the hard gate's
     straight-through Gumbel-softmax one-hot of argmax(g(h)/τ + noise), so only the chosen slot's row gets gradient."""
 
-    def __init__(self, hidden_size, num_abstractions, slot_dim, tau, orthonormal=False, gumbel_tau=None):
+    def __init__(self, hidden_size, num_abstractions, slot_dim, tau, orthonormal=False, gumbel_tau=None, design="script"):
         super().__init__()
         self.slots = nn.Parameter(torch.randn(num_abstractions, slot_dim) * 0.02)
         self.tau = tau
         self.gumbel_tau = gumbel_tau
         if orthonormal:  # unit-norm, mutually orthogonal rows: no two slots start alike (needs K <= d)
             nn.init.orthogonal_(self.slots)
-        # small final layer: the gate starts near uniform, so no slot wins by initialisation
-        self.gate = nn.Sequential(
-            layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, num_abstractions), std=0.01)
-        )
+        if design == "plan":  # g = Linear(d, d) - ReLU - Linear(d, K), PyTorch's default initialisation
+            self.gate = nn.Sequential(nn.Linear(hidden_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, num_abstractions))
+        else:  # small final layer: the gate starts near uniform, so no slot wins by initialisation
+            self.gate = nn.Sequential(
+                layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, num_abstractions), std=0.01)
+            )
 
     def forward(self, h, weights=None, noise=None):
         """(z, w, p, noise); `weights` overrides w (a one-hot clamps a slot), `noise` the hard gate's draw (the replay's)."""
@@ -326,15 +350,22 @@ class AbstractionBank(nn.Module):
 
 
 class FiLM(nn.Module):
-    """h' = γ ⊙ h + β with (γ - 1, β) = Linear(z): a zero z leaves h unchanged."""
+    """h' = γ ⊙ h + β. The script's: (γ - 1, β) = Linear(z), so a zero z leaves h unchanged. The plan's:
+    (γ, β) = Linear(d, d) - ReLU - Linear(d, 2H) of z, so a zero z gives γ and β of the layers' biases."""
 
-    def __init__(self, slot_dim, hidden_size):
+    def __init__(self, slot_dim, hidden_size, design="script"):
         super().__init__()
-        self.net = layer_init(nn.Linear(slot_dim, 2 * hidden_size), std=1.0)
+        self.identity_at_zero = design != "plan"
+        if design == "plan":
+            self.net = nn.Sequential(nn.Linear(slot_dim, hidden_size), nn.ReLU(), nn.Linear(hidden_size, 2 * hidden_size))
+        else:
+            self.net = layer_init(nn.Linear(slot_dim, 2 * hidden_size), std=1.0)
 
     def forward(self, h, z):
-        gamma_delta, beta = self.net(z).chunk(2, dim=-1)
-        return (1.0 + gamma_delta) * h + beta
+        gamma, beta = self.net(z).chunk(2, dim=-1)
+        if self.identity_at_zero:
+            gamma = 1.0 + gamma
+        return gamma * h + beta
 
 
 class Modulated(NamedTuple):
@@ -376,6 +407,7 @@ class Agent(nn.Module):
         bottleneck=False,
         orthonormal=False,
         gumbel_tau=None,
+        design="script",
     ):
         super().__init__()
         self.obs_dim = obs_dim
@@ -387,20 +419,30 @@ class Agent(nn.Module):
         self.input_dim = obs_dim + num_actions + 1
         if oracle:
             self.input_dim += num_modes
-        self.encoder = nn.Sequential(layer_init(nn.Linear(self.input_dim, hidden_size)), nn.Tanh())
         self.hidden_size = hidden_size
-        self.gru = nn.GRUCell(hidden_size, hidden_size)
-        for name, param in self.gru.named_parameters():
-            if "bias" in name:
-                nn.init.constant_(param, 0)
-            else:
-                nn.init.orthogonal_(param, 1.0)
-        self.bank = AbstractionBank(hidden_size, num_abstractions, slot_dim, tau, orthonormal, gumbel_tau)
-        self.film = FiLM(slot_dim, hidden_size)
-        self.actor = nn.Sequential(
-            layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, num_actions), std=0.01)
-        )
-        self.critic = nn.Sequential(layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, 1), std=1.0))
+        if design == "plan":  # the plan's network: ReLU layers of width d, PyTorch's default initialisation
+            self.encoder = nn.Sequential(nn.Linear(self.input_dim, hidden_size), nn.ReLU())
+            self.gru = nn.GRUCell(hidden_size, hidden_size)
+        else:
+            self.encoder = nn.Sequential(layer_init(nn.Linear(self.input_dim, hidden_size)), nn.Tanh())
+            self.gru = nn.GRUCell(hidden_size, hidden_size)
+            for name, param in self.gru.named_parameters():
+                if "bias" in name:
+                    nn.init.constant_(param, 0)
+                else:
+                    nn.init.orthogonal_(param, 1.0)
+        self.bank = AbstractionBank(hidden_size, num_abstractions, slot_dim, tau, orthonormal, gumbel_tau, design)
+        self.film = FiLM(slot_dim, hidden_size, design)
+        if design == "plan":
+            self.actor = nn.Sequential(nn.Linear(hidden_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, num_actions))
+            self.critic = nn.Sequential(nn.Linear(hidden_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, 1))
+        else:
+            self.actor = nn.Sequential(
+                layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, num_actions), std=0.01)
+            )
+            self.critic = nn.Sequential(
+                layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, 1), std=1.0)
+            )
 
     def build_input(self, obs, prev_action, prev_reward, mode):
         """obs (..., obs_dim), prev_action (...) with -1 for "none", prev_reward (...), mode (...) -> input."""
@@ -475,6 +517,7 @@ def agent_from_args(args, num_modes):
         args.bottleneck,
         args.slot_init == "orthonormal",
         gumbel_tau,
+        args.design,
     )
 
 
@@ -1041,7 +1084,7 @@ def validate(args):
         value = getattr(args, field.name)
         if isinstance(value, float) and not math.isfinite(value):  # NaN passes any <, >
             raise ValueError(f"--{field.name.replace('_', '-')} {value} must be a finite number")
-    for name in ("learning_rate", "clip_coef", "max_grad_norm", "target_kl", "tau", "gumbel_tau"):
+    for name in ("learning_rate", "adam_eps", "clip_coef", "max_grad_norm", "target_kl", "tau", "gumbel_tau"):
         value = getattr(args, name)
         if value is not None and value <= 0:
             raise ValueError(f"--{name.replace('_', '-')} {value} must be positive")
@@ -1119,6 +1162,14 @@ def validate(args):
         raise ValueError(f"--diagnostics-every {args.diagnostics_every} must be non-negative (0: never)")
 
 
+def parse_args():
+    """The command line's Args; with --design plan, PLAN_CONFIG's values are the defaults that the flags given override."""
+    args = tyro.cli(Args)
+    if args.design == "plan":
+        args = tyro.cli(Args, default=dataclasses.replace(Args(), design="plan", **PLAN_CONFIG))
+    return args
+
+
 def claim_run_dir(runs_dir, run_name):
     """Creates runs_dir/run_name, or run_name__2, __3, ... when another run holds the name (mkdir is atomic): (name, dir)."""
     name = run_name
@@ -1135,7 +1186,7 @@ def claim_run_dir(runs_dir, run_name):
 
 
 if __name__ == "__main__":
-    args = tyro.cli(Args)
+    args = parse_args()
     try:
         validate(args)
         run_name, run_dir = claim_run_dir(args.runs_dir, f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
@@ -1182,7 +1233,7 @@ if __name__ == "__main__":
         mode_names=MODE_NAMES[args.modes_preset],
     )
     agent = agent_from_args(args, len(modes)).to(device)
-    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps)
     reward_scaler = None
     if args.norm_reward:
         reward_scaler = RewardScaler(args.num_envs, args.gamma)

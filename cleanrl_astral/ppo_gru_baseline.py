@@ -80,10 +80,15 @@ class Args:
     """append the true mode one-hot to the agent's input (the upper-bound control)"""
 
     # Algorithm
+    design: Literal["script", "plan"] = "script"
+    """`script`: this file's network and settings; `plan`: the plan's network (ReLU layers of width --hidden-size,
+    PyTorch's default initialisation) and the plan's Config as the defaults (PLAN_CONFIG), each flag still overriding"""
     total_timesteps: int = 500000
     """total timesteps of the experiment"""
     learning_rate: float = 1e-3
     """the learning rate of the optimizer"""
+    adam_eps: float = 1e-5
+    """the epsilon of the Adam optimizer"""
     num_envs: int = 128
     """the number of parallel game environments"""
     num_steps: int = 32
@@ -123,6 +128,22 @@ class Args:
     """the mini-batch size (computed at runtime)"""
     num_iterations: int = 0
     """the number of iterations (computed at runtime)"""
+
+
+# the plan's Config (astral_plan.txt, training): the defaults of --design plan; the rest of its Config is this file's
+PLAN_CONFIG = {
+    "hidden_size": 64,  # d_model
+    "num_envs": 8,
+    "num_steps": 128,
+    "total_timesteps": 500000,
+    "learning_rate": 3e-4,
+    "adam_eps": 1e-8,  # torch's default: the plan's Adam sets none
+    "num_minibatches": 4,  # minibatches of 256 steps: two whole environments' 128-step sequences each
+    "update_epochs": 4,
+    "anneal_lr": False,
+    "norm_reward": False,
+    "clip_vloss": False,
+}
 
 
 # ENVIRONMENT
@@ -265,7 +286,7 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
 
 
 class Agent(nn.Module):
-    def __init__(self, obs_dim, num_actions, num_modes, hidden_size=128, memory="gru", oracle=False):
+    def __init__(self, obs_dim, num_actions, num_modes, hidden_size=128, memory="gru", oracle=False, design="script"):
         super().__init__()
         self.obs_dim = obs_dim
         self.num_actions = num_actions
@@ -275,18 +296,26 @@ class Agent(nn.Module):
         self.input_dim = obs_dim + num_actions + 1
         if oracle:
             self.input_dim += num_modes
-        self.encoder = nn.Sequential(layer_init(nn.Linear(self.input_dim, hidden_size)), nn.Tanh())
         self.hidden_size = hidden_size
-        self.gru = nn.GRUCell(hidden_size, hidden_size)
-        for name, param in self.gru.named_parameters():
-            if "bias" in name:
-                nn.init.constant_(param, 0)
-            else:
-                nn.init.orthogonal_(param, 1.0)
-        self.actor = nn.Sequential(
-            layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, num_actions), std=0.01)
-        )
-        self.critic = nn.Sequential(layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, 1), std=1.0))
+        if design == "plan":  # the plan's network: ReLU layers of width d, PyTorch's default initialisation
+            self.encoder = nn.Sequential(nn.Linear(self.input_dim, hidden_size), nn.ReLU())
+            self.gru = nn.GRUCell(hidden_size, hidden_size)
+            self.actor = nn.Sequential(nn.Linear(hidden_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, num_actions))
+            self.critic = nn.Sequential(nn.Linear(hidden_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, 1))
+        else:
+            self.encoder = nn.Sequential(layer_init(nn.Linear(self.input_dim, hidden_size)), nn.Tanh())
+            self.gru = nn.GRUCell(hidden_size, hidden_size)
+            for name, param in self.gru.named_parameters():
+                if "bias" in name:
+                    nn.init.constant_(param, 0)
+                else:
+                    nn.init.orthogonal_(param, 1.0)
+            self.actor = nn.Sequential(
+                layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, num_actions), std=0.01)
+            )
+            self.critic = nn.Sequential(
+                layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, 1), std=1.0)
+            )
 
     def build_input(self, obs, prev_action, prev_reward, mode):
         """obs (..., obs_dim), prev_action (...) with -1 for "none", prev_reward (...), mode (...) -> input."""
@@ -332,7 +361,7 @@ def agent_from_args(args, num_modes):
     obs_dim = 4
     if args.hide_velocity:
         obs_dim = 2
-    return Agent(obs_dim, 2, num_modes, args.hidden_size, args.memory, args.oracle)
+    return Agent(obs_dim, 2, num_modes, args.hidden_size, args.memory, args.oracle, args.design)
 
 
 # ROLLOUT
@@ -642,7 +671,7 @@ def validate(args):
         value = getattr(args, field.name)
         if isinstance(value, float) and not math.isfinite(value):  # NaN passes any <, >
             raise ValueError(f"--{field.name.replace('_', '-')} {value} must be a finite number")
-    for name in ("learning_rate", "clip_coef", "max_grad_norm", "target_kl"):
+    for name in ("learning_rate", "adam_eps", "clip_coef", "max_grad_norm", "target_kl"):
         value = getattr(args, name)
         if value is not None and value <= 0:
             raise ValueError(f"--{name.replace('_', '-')} {value} must be positive")
@@ -699,6 +728,14 @@ def validate(args):
         raise ValueError("--save-model needs the cleanrl_astral_utils package: pip install -e . in the repository")
 
 
+def parse_args():
+    """The command line's Args; with --design plan, PLAN_CONFIG's values are the defaults that the flags given override."""
+    args = tyro.cli(Args)
+    if args.design == "plan":
+        args = tyro.cli(Args, default=dataclasses.replace(Args(), design="plan", **PLAN_CONFIG))
+    return args
+
+
 def claim_run_dir(runs_dir, run_name):
     """Creates runs_dir/run_name, or run_name__2, __3, ... when another run holds the name (mkdir is atomic): (name, dir)."""
     name = run_name
@@ -715,7 +752,7 @@ def claim_run_dir(runs_dir, run_name):
 
 
 if __name__ == "__main__":
-    args = tyro.cli(Args)
+    args = parse_args()
     try:
         validate(args)
         run_name, run_dir = claim_run_dir(args.runs_dir, f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
@@ -762,7 +799,7 @@ if __name__ == "__main__":
         mode_names=MODE_NAMES[args.modes_preset],
     )
     agent = agent_from_args(args, len(modes)).to(device)
-    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps)
     reward_scaler = None
     if args.norm_reward:
         reward_scaler = RewardScaler(args.num_envs, args.gamma)
