@@ -4,6 +4,7 @@ An `AbstractionBank` of K slots A ∈ R^{K×d} and a gate w_t = softmax(g(h_t)/�
 h'_t = γ(z_t) ⊙ h_t + β(z_t), all the heads read. Slot regularisers join the PPO loss through the gate replayed in the
 update. A bottleneck, orthonormal slots, a hard gate and an episode-consistency bonus give slots a reason and a way to
 specialise; a gate supervised by the true mode is the diagnostic ceiling. Environment, flags and logs: the baseline's.
+It follows the ASTRAL plan (astral_plan.txt); `--design plan` trains the plan's own network and Config.
 
 Usage: python cleanrl_astral/ppo_gru_astral.py --modes-preset mirror4 --mode-share balanced --hide-velocity --save-model
 """
@@ -526,7 +527,7 @@ BURN_IN = 10  # the steps an episode's gate may take to infer the mode: the epis
 
 
 def weight_entropy(probs):
-    """Mean entropy of the distributions in probs (..., K): of the per-step gate, penalised so each step picks a slot."""
+    """Mean entropy of the distributions in probs (..., K): of the per-step gate, a bonus or (--sharpen-gate) a penalty."""
     return -(probs * torch.log(probs + 1e-8)).sum(-1).mean()
 
 
@@ -985,31 +986,13 @@ def evaluate(model_path, episodes_per_mode=10, modes=None, deterministic=True, s
     gate = cartpole.gate_by_mode(
         [c["weights"][c["ages"] >= 0].cpu().numpy() for c in steps], train_args.num_abstractions, held_out
     )
-    # the trained modes' episodes side by side in one (T, N) batch, padded at the end with uncounted steps (age -1)
-    batch = {}
-    for key in steps[0]:
-        padding_value = 0
-        if key == "ages":
-            padding_value = -1
-        trained = [c[key] for k, c in enumerate(steps) if k not in held_out]
-        batch[key] = nn.utils.rnn.pad_sequence(trained, padding_value=padding_value).flatten(1, 2)
-    metrics = episode_slot_metrics(batch["weights"], batch["modes"], batch["starts"], batch["ages"], len(modes))
-    _, episode, keep = episode_means(batch["weights"], batch["starts"], batch["ages"])
-    features = {
-        "w": batch["weights"].flatten(0, 1)[keep].cpu().numpy(),
-        "h": batch["hidden"].flatten(0, 1)[keep].cpu().numpy(),
-    }
-    step_modes = batch["modes"].flatten()[keep].cpu().numpy()
     latent = ACTION_LATENT[train_args.modes_preset]
     labels = None
     routing = []
     if latent is not None:
         labels = latent_labels(modes, latent)
-        step_labels = torch.as_tensor(labels, device=batch["modes"].device)[batch["modes"].long()]
-        by_latent = episode_slot_metrics(batch["weights"], step_labels, batch["starts"], batch["ages"], 2)
-        metrics[f"episode_nmi_{latent}"] = by_latent["episode_nmi"]
         routing = cartpole.held_out_routing(gate.slot_weights, labels, held_out)
-    metrics.update(cartpole.probe_accuracies(features, step_modes, episode.cpu().numpy(), latent, labels))
+    metrics = evaluation_slot_metrics(steps, held_out, len(modes), latent, labels)
     return {
         "returns": returns,
         "slot_weights": gate.slot_weights,
@@ -1020,6 +1003,34 @@ def evaluate(model_path, episodes_per_mode=10, modes=None, deterministic=True, s
         "held_out_routing": routing,
         "action_latent": latent,
     }
+
+
+def evaluation_slot_metrics(steps, held_out, num_modes, latent, labels):
+    """The episode-level slot metrics and the probes of the trained modes' evaluation steps (`steps[k]`: mode k's
+    columns from first_episodes), against the mode and, given the action latent and each mode's label, against it."""
+    from cleanrl_astral_utils import cartpole
+
+    # the trained modes' episodes side by side in one (T, N) batch, padded at the end with uncounted steps (age -1)
+    batch = {}
+    for key in steps[0]:
+        padding_value = 0
+        if key == "ages":
+            padding_value = -1
+        trained = [c[key] for k, c in enumerate(steps) if k not in held_out]
+        batch[key] = nn.utils.rnn.pad_sequence(trained, padding_value=padding_value).flatten(1, 2)
+    metrics = episode_slot_metrics(batch["weights"], batch["modes"], batch["starts"], batch["ages"], num_modes)
+    if latent is not None:
+        step_labels = torch.as_tensor(labels, device=batch["modes"].device)[batch["modes"].long()]
+        by_latent = episode_slot_metrics(batch["weights"], step_labels, batch["starts"], batch["ages"], 2)
+        metrics[f"episode_nmi_{latent}"] = by_latent["episode_nmi"]
+    _, episode, keep = episode_means(batch["weights"], batch["starts"], batch["ages"])
+    features = {
+        "w": batch["weights"].flatten(0, 1)[keep].cpu().numpy(),
+        "h": batch["hidden"].flatten(0, 1)[keep].cpu().numpy(),
+    }
+    step_modes = batch["modes"].flatten()[keep].cpu().numpy()
+    metrics.update(cartpole.probe_accuracies(features, step_modes, episode.cpu().numpy(), latent, labels))
+    return metrics
 
 
 def first_episodes(agent, envs, seed, deterministic):

@@ -4,7 +4,7 @@ One file holds the environment (CartPole whose hidden physics mode is resampled 
 RL²-style GRU agent that sees (observation, previous action, previous reward), and PPO with the recurrent-PPO
 details: orthogonal GRU init, zero initial state, state reset exactly where an episode restarts, minibatches of
 whole environment sequences, and the state replayed during the update from the one saved at the rollout's start.
-It follows CleanRL's ppo_atari_lstm.py.
+It follows CleanRL's ppo_atari_lstm.py; `--design plan` trains the ASTRAL plan's baseline network and Config.
 
 Usage: python cleanrl_astral/ppo_gru_baseline.py --modes-preset seed3 --hide-velocity --save-model
 """
