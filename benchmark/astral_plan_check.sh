@@ -5,7 +5,7 @@
 #   benchmark/astral_plan_check.sh b        mirror4 balanced, hidden velocity: the plan's ASTRAL with K = 4, seeds 6-10, 2M
 #   benchmark/astral_plan_check.sh tta      on part b's checkpoints: gate adaptation at the plan's setting and at the
 #                                           study's, and the slot clamps (criteria 3 and 4)
-#   benchmark/astral_plan_check.sh report   the criterion tables of parts a and b (b beside Phase C's rows of seeds 6-10)
+#   benchmark/astral_plan_check.sh report   the criteria of parts a, b (beside Phase C's rows of seeds 6-10) and tta
 #   add --quick to any of them: one seed, a tiny budget, output under benchmark/out/astral_plan_check_quick. Other
 #   arguments go to benchmark.py (e.g. --dry-run, which prints the commands and runs nothing).
 set -uo pipefail
@@ -63,6 +63,8 @@ case "$part" in
             python benchmark/astral_study_report.py --phase P --sweep "$out/a" || status=$?
             python benchmark/astral_study_report.py --phase C --sweep "$out/b" docs/results/ppo_gru_astral/study/phase_C_runs \
                 --seeds 6 7 8 9 10 || status=$?
+            python benchmark/astral_study_report.py --phase T --sweep "$out/tta_plan_setting" "$out/tta_study_setting" \
+                "$out/tta_clamp" || status=$?
         fi ;;
     *) echo "astral_plan_check.sh: error: name a part (a, b, tta, report); see the header" >&2; exit 2 ;;
 esac

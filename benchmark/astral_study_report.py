@@ -4,7 +4,8 @@ Reads a sweep written by benchmark.py (its completion markers and every finished
 --exp-name and observation, and prints one markdown table (per training mode: mean deterministic return over seeds and
 how many seeds reach 475; the held-out mode; episode-level NMI; wall time) and the phase's pass/fail lines.
 
-Phase P scores part a of the plan-design check (benchmark/astral_plan_check.sh): the plan's expected results 1 and 2.
+Phase P scores part a of the plan-design check (benchmark/astral_plan_check.sh): the plan's expected results 1 and 2;
+phase T criteria 3 and 4 from the tta.json and clamp.json files of tta_gating.py sweeps (one checkpoint per seed).
 
 Usage: python benchmark/astral_study_report.py --phase C --sweep benchmark/out/astral_study/phase_C
        add --archive DIR to copy the sweep's markers and eval.json files (no models, no logs) into DIR, a directory that
@@ -14,6 +15,7 @@ Usage: python benchmark/astral_study_report.py --phase C --sweep benchmark/out/a
 import argparse
 import glob
 import json
+import math
 import os
 import shutil
 import sys
@@ -21,6 +23,8 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tta_summary import ci95  # noqa: E402  (benchmark/, this file's directory)
+
 from cleanrl_astral.ppo_gru_baseline import HELD_OUT_MODES  # noqa: E402  (the baseline's eval.json does not name them)
 
 SOLVED = 475.0  # criterion 1: the return of a solved mode
@@ -28,6 +32,8 @@ MARGIN = 25.0  # criterion 1: the loss to the baseline allowed in any training m
 SHARE = 0.8  # criteria 1 and 2: the share of seeds that must pass (8/10)
 NMI_SCREEN = 0.3  # Phase B's stopping rule: episode-level NMI in 2/3 seeds
 NMI_PASS = 0.5  # criterion 2 (Phase C): episode-level NMI in 8/10 seeds
+GAIN_SHARE = 0.5  # criterion 3: the mean gain over `none` must reach this share of the mean gap to the best fixed gate
+SPECIFICITY = 200.0  # criterion 4: the clamp specificity of a seed that passes
 
 
 def read_json(path):
@@ -257,6 +263,63 @@ def plan_check_criteria(groups):
     return lines
 
 
+def adaptation_criterion(paths, name):
+    """Criterion 3 from tta.json files (one per training seed): per control and target, a seed's gain is the mean over
+    its adaptation seeds of the sampled return after adaptation minus `none`'s, its gap the best fixed gate's sampled
+    return minus the unadapted one (0 when negative); a target passes when the Student-t 95% CI of the mean gain lies
+    above 0 and the mean gain is >= half the mean gap; the criterion passes when one control passes every target."""
+    pairs = {}  # (control, target) -> [(gain, gap)] over training seeds
+    for path in paths:
+        results = read_json(path)["results"]
+        for target, result in results.items():
+            none = np.array(result["controls"]["none"]["after_per_seed"]["sampled"])
+            gap = max(result["ceiling"]["sampled"]["mean"] - result["before"]["sampled"]["mean"], 0.0)
+            for control, adapted in result["controls"].items():
+                if control != "none":
+                    gain = float(np.mean(np.array(adapted["after_per_seed"]["sampled"]) - none))
+                    pairs.setdefault((control, target), []).append((gain, gap))
+    lines = []
+    passed = {}
+    for (control, target), values in pairs.items():
+        gain, gap = np.array(values).T
+        half = math.inf  # one seed has no CI: it cannot exclude 0
+        if len(gain) > 1:
+            half = ci95(gain)
+        ok = bool(gain.mean() - half > 0 and gain.mean() >= GAIN_SHARE * gap.mean())
+        passed.setdefault(control, []).append(ok)
+        lines.append(
+            f"{'pass' if ok else 'fail'} {name} {control} target {target}: gain {gain.mean():.1f} ± {half:.1f} "
+            f"over {len(gain)} seeds, mean gap {gap.mean():.1f}"
+        )
+    winners = [control for control, verdicts in passed.items() if all(verdicts)]
+    lines.append(f"{'PASS' if winners else 'FAIL'} {name} criterion 3: controls passing every target: {winners or 'none'}")
+    return lines
+
+
+def clamp_criterion(paths, name):
+    """Criterion 4 from clamp.json files (one per training seed): deterministic clamp specificity >= 200 in >= 80% of them."""
+    scores = [read_json(path)["specificity"]["deterministic"]["score"] for path in paths]
+    hits = sum(score is not None and score >= SPECIFICITY for score in scores)
+    verdict = "FAIL"
+    if hits >= SHARE * len(scores):
+        verdict = "PASS"
+    return [f"{verdict} {name} criterion 4: clamp specificity >= {SPECIFICITY:.0f} in {hits} of {len(scores)} seeds"]
+
+
+def tta_criteria(sweeps):
+    """Phase T: criterion 3 for each sweep holding tta.json files, criterion 4 for each holding clamp.json files."""
+    lines = []
+    for sweep in sweeps:
+        name = os.path.basename(os.path.normpath(sweep))
+        adapted = sorted(glob.glob(os.path.join(sweep, "runs", "*", "*", "tta.json")))
+        clamped = sorted(glob.glob(os.path.join(sweep, "runs", "*", "*", "clamp.json")))
+        if adapted:
+            lines += adaptation_criterion(adapted, name)
+        if clamped:
+            lines += clamp_criterion(clamped, name)
+    return lines
+
+
 def criteria(phase, groups):
     """The phase's verdict lines, each starting PASS, FAIL or a plain statement."""
     if phase == "A":
@@ -272,11 +335,23 @@ def criteria(phase, groups):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--phase", choices=["A", "B", "C", "P"], required=True, help="P: part a of the plan-design check")
+    parser.add_argument(
+        "--phase",
+        choices=["A", "B", "C", "P", "T"],
+        required=True,
+        help="P: part a of the plan-design check; T: criteria 3, 4",
+    )
     parser.add_argument("--sweep", required=True, nargs="+", help="sweep directories written by benchmark.py (read together)")
     parser.add_argument("--archive", help="also copy the finished runs' markers and eval.json files into this directory")
     parser.add_argument("--seeds", type=int, nargs="+", help="read only the runs of these seeds")
     args = parser.parse_args(argv)
+    if args.phase == "T":
+        lines = tta_criteria(args.sweep)
+        if not lines:
+            print(f"astral_study_report.py: error: no tta.json or clamp.json in {' '.join(args.sweep)}", file=sys.stderr)
+            return 2
+        print("\n".join(lines))
+        return 0
     groups = load_runs(*args.sweep, seeds=args.seeds)
     if not groups:
         print(f"astral_study_report.py: error: no finished run with an eval.json in {' '.join(args.sweep)}", file=sys.stderr)

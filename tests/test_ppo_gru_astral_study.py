@@ -238,3 +238,50 @@ def test_plan_check_part_a_criteria(tmp_path):
     ]
     only = report.load_runs(sweep, seeds=[3, 4])
     assert {r["seed"] for runs in only.values() for r in runs} == {3, 4}
+
+
+def write_adaptation(sweep, seed, gains, gap=40.0):
+    """A tta.json of one training seed: per target, `none` after adaptation at 300 on each of 3 adaptation seeds, the
+    gate control `gains[target]` above it and the context control 0 above it (plus a little spread), unadapted 300 and
+    the best fixed gate 300 + gap."""
+    results = {}
+    for target, gain in gains.items():
+        none = [300.0, 302.0, 298.0]
+        gate = [v + gain + 2.0 * (seed % 3) for v in none]
+        context = [v + 2.0 * (seed % 3) for v in none]  # a gain far below half the gap: fails every target
+        controls = {"none": none, "gate": gate, "context": context}
+        results[target] = {
+            "before": {"sampled": {"mean": 300.0}},
+            "ceiling": {"sampled": {"mean": 300.0 + gap}},
+            "controls": {name: {"after_per_seed": {"sampled": after}} for name, after in controls.items()},
+        }
+    targets = [{"name": t, "gravity": 9.8, "half_length": 0.5, "force_sign": 1.0} for t in gains]
+    run_dir = os.path.join(sweep, "runs", f"c0__g0_base__s{seed}", "run")
+    os.makedirs(run_dir, exist_ok=True)
+    json.dump({"targets": targets, "results": results, "checkpoint": "x"}, open(os.path.join(run_dir, "tta.json"), "w"))
+
+
+def test_criteria_3_and_4_of_the_plan_check(tmp_path):
+    """Phase T scores criterion 3 as the study did (a target passes when the 95% CI of the mean gain over `none` is above
+    0 and the mean gain is >= half the mean gap; one control must pass every target), agreeing with tta_summary.py's
+    scorer of the study on the same files; and criterion 4 as >= 200 clamp specificity in >= 80% of the seeds."""
+    import tta_summary
+
+    root = str(tmp_path)
+    for seed in range(6, 16):
+        # mode0 gains 30 (>= half of 40), mode1 only 10: the gate control fails mode1, so criterion 3 fails
+        write_adaptation(os.path.join(root, "study_adapt_frozen"), seed, {"mode0": 30.0, "mode1": 10.0})
+        write_adaptation(os.path.join(root, "study_adapt_ceiling"), seed, {"mode0": 30.0, "mode1": 25.0})
+    lines = report.tta_criteria([os.path.join(root, "study_adapt_frozen"), os.path.join(root, "study_adapt_ceiling")])
+    assert "FAIL study_adapt_frozen criterion 3: controls passing every target: none" in lines
+    assert "PASS study_adapt_ceiling criterion 3: controls passing every target: ['gate']" in lines
+    assert any(line.startswith("pass study_adapt_frozen gate target mode0") for line in lines)
+    assert any(line.startswith("fail study_adapt_frozen gate target mode1") for line in lines)
+    theirs = "\n".join(tta_summary.study_criteria(root))
+    assert "criterion 3, frozen: FAIL" in theirs and "criterion 3, ceiling: PASS" in theirs
+    clamp = os.path.join(root, "clamp")
+    for seed, score in zip(range(6, 11), [250.0, 210.0, 199.0, 300.0, None]):
+        run_dir = os.path.join(clamp, "runs", f"c0__g0_base__s{seed}", "run")
+        os.makedirs(run_dir)
+        json.dump({"specificity": {"deterministic": {"score": score}}}, open(os.path.join(run_dir, "clamp.json"), "w"))
+    assert report.tta_criteria([clamp]) == ["FAIL clamp criterion 4: clamp specificity >= 200 in 3 of 5 seeds"]
