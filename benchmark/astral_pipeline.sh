@@ -37,7 +37,7 @@ status=0
 echo "== 1/3 training: baseline and ASTRAL, $seeds seed(s) x $steps steps"
 python benchmark/benchmark.py \
     --command "python cleanrl_astral/ppo_gru_baseline.py --total-timesteps $steps --save-model" \
-              "python cleanrl_astral/ppo_gru_astral.py --total-timesteps $steps --save-model" \
+              "python cleanrl_astral/ppo_gru_astral.py --sharpen-gate --total-timesteps $steps --save-model" \
     --grid "--modes-preset seed3 | --modes-preset seed3 --hide-velocity | --modes-preset inverted4 --hide-velocity" \
     --num-seeds "$seeds" --workers 2 --resume --output "$out/train" "${extra[@]}" || status=$?
 python benchmark/report.py --sweep "$out/train" --output "$report/train" --title "astral_pipeline: training" \

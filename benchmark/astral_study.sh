@@ -47,7 +47,7 @@ FAST="--num-envs 64 --num-steps 64 --hidden-size 64"
 TASK="--modes-preset mirror4 --mode-share balanced"
 COMMON="--total-timesteps $steps $FAST $TASK --save-model --eval-episodes $eval_episodes"
 BASELINE="python cleanrl_astral/ppo_gru_baseline.py $COMMON"
-ASTRAL="python cleanrl_astral/ppo_gru_astral.py $COMMON"
+ASTRAL="python cleanrl_astral/ppo_gru_astral.py $COMMON --sharpen-gate"
 CEILING="--num-abstractions 4 --lambda-supervised 1.0"  # Phase B's diagnostic ceiling: the combination's gate told the true mode
 
 need() {  # refuse a phase whose inputs from an earlier phase are not filled in

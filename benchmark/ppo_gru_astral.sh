@@ -20,7 +20,7 @@ done
 
 python benchmark/benchmark.py \
     --command "python cleanrl_astral/ppo_gru_baseline.py --total-timesteps $steps --save-model" \
-              "python cleanrl_astral/ppo_gru_astral.py --total-timesteps $steps --save-model" \
+              "python cleanrl_astral/ppo_gru_astral.py --sharpen-gate --total-timesteps $steps --save-model" \
     --grid "--modes-preset seed3 | --modes-preset seed3 --hide-velocity | --modes-preset inverted4 --hide-velocity" \
     --num-seeds "$seeds" --workers 2 --resume --output "$out" "${extra[@]}"
 status=$?

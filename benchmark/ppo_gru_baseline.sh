@@ -55,8 +55,8 @@ if [ "$speed_only" = 1 ]; then
     timed sb3_ppo_mlp "$speed_steps" python benchmark/sb3_peers.py --algo ppo --total-timesteps "$speed_steps" $hv
     timed sb3_recurrent_ppo "$lstm_speed_steps" python benchmark/sb3_peers.py --algo recurrent_ppo --total-timesteps "$lstm_speed_steps" $hv
     timed ppo_gru_baseline "$speed_steps" python cleanrl_astral/ppo_gru_baseline.py --total-timesteps "$speed_steps" $hv
-    timed ppo_gru_astral "$speed_steps" python cleanrl_astral/ppo_gru_astral.py --total-timesteps "$speed_steps" $hv
-    timed ppo_gru_astral_128x32 "$speed_steps" python cleanrl_astral/ppo_gru_astral.py --total-timesteps "$speed_steps" $hv \
+    timed ppo_gru_astral "$speed_steps" python cleanrl_astral/ppo_gru_astral.py --sharpen-gate --total-timesteps "$speed_steps" $hv
+    timed ppo_gru_astral_128x32 "$speed_steps" python cleanrl_astral/ppo_gru_astral.py --sharpen-gate --total-timesteps "$speed_steps" $hv \
         --num-envs 128 --num-steps 32
     python - "$speed" <<'PY'
 import sys

@@ -79,10 +79,15 @@ class Args:
     """append the true mode one-hot to the agent's input (the upper-bound control)"""
 
     # Algorithm
+    design: Literal["script", "plan"] = "script"
+    """`script`: this file's network and settings; `plan`: the plan's network (ReLU layers of width --hidden-size,
+    PyTorch's default initialisation) and the plan's Config as the defaults (PLAN_CONFIG), each flag still overriding"""
     total_timesteps: int = 500000
     """total timesteps of the experiment"""
     learning_rate: float = 1e-3
     """the learning rate of the optimizer"""
+    adam_eps: float = 1e-5
+    """the epsilon of the Adam optimizer"""
     num_envs: int = 32
     """the number of parallel game environments"""
     num_steps: int = 128
@@ -126,7 +131,9 @@ class Args:
     tau: float = 1.0
     """temperature of the gate softmax"""
     lambda_w_ent: float = 0.001
-    """weight of the per-sample gate entropy penalty (sharp gates)"""
+    """weight of the per-step gate entropy, a bonus (spread gates) as the plan writes it, a penalty with --sharpen-gate"""
+    sharpen_gate: bool = False
+    """minimise the per-sample gate entropy (sharp gates) instead of maximising it as the plan does"""
     lambda_lb: float = 0.001
     """weight of the load-balancing bonus: entropy of the batch-mean gate weights (all slots used)"""
     lambda_orth: float = 0.0001
@@ -153,6 +160,23 @@ class Args:
     """the number of iterations (computed at runtime)"""
 
 
+# the plan's Config (astral_plan.txt, training): the defaults of --design plan; the rest of its Config is this file's
+PLAN_CONFIG = {
+    "hidden_size": 64,  # d_model
+    "num_envs": 8,
+    "num_steps": 128,
+    "total_timesteps": 500000,
+    "learning_rate": 3e-4,
+    "adam_eps": 1e-8,  # torch's default: the plan's Adam sets none
+    "num_minibatches": 4,  # minibatches of 256 steps: two whole environments' 128-step sequences each
+    "update_epochs": 4,
+    "anneal_lr": False,
+    "norm_reward": False,
+    "clip_vloss": False,
+    "slot_dim": 64,  # slots of d_model
+}
+
+
 # ENVIRONMENT
 MODE_PRESETS = {  # a mode is (gravity, pole half-length, force sign)
     "seed3": [(9.8, 0.5, 1.0), (7.5, 0.7, 1.0), (12.0, 0.4, 1.0)],
@@ -160,6 +184,12 @@ MODE_PRESETS = {  # a mode is (gravity, pole half-length, force sign)
     # two physics x force sign ±1, so the right action flips with the hidden mode; mode 4 (between the two physics,
     # inverted force) is held out of training
     "mirror4": [(9.8, 0.5, 1.0), (9.8, 0.5, -1.0), (7.5, 0.7, 1.0), (7.5, 0.7, -1.0), (8.65, 0.6, -1.0)],
+}
+# what each mode's physics is, as info["mode_name"] reports it (seed3's names are the plan's)
+MODE_NAMES = {
+    "seed3": ["default", "easy", "hard"],
+    "inverted4": ["default", "easy", "hard", "default inverted"],
+    "mirror4": ["default", "default inverted", "easy", "easy inverted", "between inverted"],
 }
 HELD_OUT_MODES = {"seed3": [], "inverted4": [], "mirror4": [4]}  # evaluated (and adapted to) only, never trained on
 # the part of the mode that changes which action is right: only the force sign does (seed3's modes all push alike)
@@ -180,7 +210,8 @@ class NonStationaryCartPole:
     (`fixed_mode` pins all; `mode_share="balanced"` pins env i to the (i mod M)-th of the M training modes, so every
     mode gets the same share of steps whatever its episode length). Autoreset is same-step: where an episode ends,
     the returned observation is already the next episode's first, and info["final_obs"] holds the ended one's last.
-    info["mode"] (for analysis only) is the mode that governs each env's next step."""
+    info["mode"] and info["mode_name"] (for analysis only) are the mode that governs each env's next step and its name
+    from `mode_names` (default: its gravity, half-length and force sign)."""
 
     def __init__(
         self,
@@ -192,8 +223,12 @@ class NonStationaryCartPole:
         max_episode_steps=500,
         held_out=(),
         mode_share="uniform",
+        mode_names=None,
     ):
         self.num_envs = num_envs
+        if mode_names is None:
+            mode_names = [f"g {gravity:g}, l {length:g}, force {sign:+g}" for gravity, length, sign in modes]
+        self.mode_names = np.array(mode_names)
         self.switch_prob = switch_prob
         self.max_episode_steps = max_episode_steps
         self.gravity, self.half_length, self.force_sign = np.array(modes, dtype=np.float64).T
@@ -225,7 +260,8 @@ class NonStationaryCartPole:
         self.elapsed = np.zeros(self.num_envs, dtype=int)
         self.mode = np.zeros(self.num_envs, dtype=int)
         self.restart(np.ones(self.num_envs, dtype=bool))
-        return self.state[:, self.observed].astype(np.float32), {"mode": self.mode.copy()}
+        info = {"mode": self.mode.copy(), "mode_name": self.mode_names[self.mode]}
+        return self.state[:, self.observed].astype(np.float32), info
 
     def step(self, action):
         x, x_dot, theta, theta_dot = self.state.T
@@ -253,6 +289,7 @@ class NonStationaryCartPole:
         info = {"final_obs": self.state[:, self.observed].astype(np.float32), "final_mode": self.mode.copy()}
         self.restart(terminated | truncated)
         info["mode"] = self.mode.copy()
+        info["mode_name"] = self.mode_names[self.mode]
         return self.state[:, self.observed].astype(np.float32), np.ones(self.num_envs), terminated, truncated, info
 
 
@@ -283,17 +320,19 @@ class AbstractionBank(nn.Module):
     """K learnable slots A and a gate p = softmax(g(h) / τ): z = wᵀA with w = p or, given `gumbel_tau`, the hard gate's
     straight-through Gumbel-softmax one-hot of argmax(g(h)/τ + noise), so only the chosen slot's row gets gradient."""
 
-    def __init__(self, hidden_size, num_abstractions, slot_dim, tau, orthonormal=False, gumbel_tau=None):
+    def __init__(self, hidden_size, num_abstractions, slot_dim, tau, orthonormal=False, gumbel_tau=None, design="script"):
         super().__init__()
         self.slots = nn.Parameter(torch.randn(num_abstractions, slot_dim) * 0.02)
         self.tau = tau
         self.gumbel_tau = gumbel_tau
         if orthonormal:  # unit-norm, mutually orthogonal rows: no two slots start alike (needs K <= d)
             nn.init.orthogonal_(self.slots)
-        # small final layer: the gate starts near uniform, so no slot wins by initialisation
-        self.gate = nn.Sequential(
-            layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, num_abstractions), std=0.01)
-        )
+        if design == "plan":  # g = Linear(d, d) - ReLU - Linear(d, K), PyTorch's default initialisation
+            self.gate = nn.Sequential(nn.Linear(hidden_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, num_abstractions))
+        else:  # small final layer: the gate starts near uniform, so no slot wins by initialisation
+            self.gate = nn.Sequential(
+                layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, num_abstractions), std=0.01)
+            )
 
     def forward(self, h, weights=None, noise=None):
         """(z, w, p, noise); `weights` overrides w (a one-hot clamps a slot), `noise` the hard gate's draw (the replay's)."""
@@ -311,15 +350,22 @@ class AbstractionBank(nn.Module):
 
 
 class FiLM(nn.Module):
-    """h' = γ ⊙ h + β with (γ - 1, β) = Linear(z): a zero z leaves h unchanged."""
+    """h' = γ ⊙ h + β. The script's: (γ - 1, β) = Linear(z), so a zero z leaves h unchanged. The plan's:
+    (γ, β) = Linear(d, d) - ReLU - Linear(d, 2H) of z, so a zero z gives γ and β of the layers' biases."""
 
-    def __init__(self, slot_dim, hidden_size):
+    def __init__(self, slot_dim, hidden_size, design="script"):
         super().__init__()
-        self.net = layer_init(nn.Linear(slot_dim, 2 * hidden_size), std=1.0)
+        self.identity_at_zero = design != "plan"
+        if design == "plan":
+            self.net = nn.Sequential(nn.Linear(slot_dim, hidden_size), nn.ReLU(), nn.Linear(hidden_size, 2 * hidden_size))
+        else:
+            self.net = layer_init(nn.Linear(slot_dim, 2 * hidden_size), std=1.0)
 
     def forward(self, h, z):
-        gamma_delta, beta = self.net(z).chunk(2, dim=-1)
-        return (1.0 + gamma_delta) * h + beta
+        gamma, beta = self.net(z).chunk(2, dim=-1)
+        if self.identity_at_zero:
+            gamma = 1.0 + gamma
+        return gamma * h + beta
 
 
 class Modulated(NamedTuple):
@@ -361,6 +407,7 @@ class Agent(nn.Module):
         bottleneck=False,
         orthonormal=False,
         gumbel_tau=None,
+        design="script",
     ):
         super().__init__()
         self.obs_dim = obs_dim
@@ -372,20 +419,30 @@ class Agent(nn.Module):
         self.input_dim = obs_dim + num_actions + 1
         if oracle:
             self.input_dim += num_modes
-        self.encoder = nn.Sequential(layer_init(nn.Linear(self.input_dim, hidden_size)), nn.Tanh())
         self.hidden_size = hidden_size
-        self.gru = nn.GRUCell(hidden_size, hidden_size)
-        for name, param in self.gru.named_parameters():
-            if "bias" in name:
-                nn.init.constant_(param, 0)
-            else:
-                nn.init.orthogonal_(param, 1.0)
-        self.bank = AbstractionBank(hidden_size, num_abstractions, slot_dim, tau, orthonormal, gumbel_tau)
-        self.film = FiLM(slot_dim, hidden_size)
-        self.actor = nn.Sequential(
-            layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, num_actions), std=0.01)
-        )
-        self.critic = nn.Sequential(layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, 1), std=1.0))
+        if design == "plan":  # the plan's network: ReLU layers of width d, PyTorch's default initialisation
+            self.encoder = nn.Sequential(nn.Linear(self.input_dim, hidden_size), nn.ReLU())
+            self.gru = nn.GRUCell(hidden_size, hidden_size)
+        else:
+            self.encoder = nn.Sequential(layer_init(nn.Linear(self.input_dim, hidden_size)), nn.Tanh())
+            self.gru = nn.GRUCell(hidden_size, hidden_size)
+            for name, param in self.gru.named_parameters():
+                if "bias" in name:
+                    nn.init.constant_(param, 0)
+                else:
+                    nn.init.orthogonal_(param, 1.0)
+        self.bank = AbstractionBank(hidden_size, num_abstractions, slot_dim, tau, orthonormal, gumbel_tau, design)
+        self.film = FiLM(slot_dim, hidden_size, design)
+        if design == "plan":
+            self.actor = nn.Sequential(nn.Linear(hidden_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, num_actions))
+            self.critic = nn.Sequential(nn.Linear(hidden_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, 1))
+        else:
+            self.actor = nn.Sequential(
+                layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, num_actions), std=0.01)
+            )
+            self.critic = nn.Sequential(
+                layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, 1), std=1.0)
+            )
 
     def build_input(self, obs, prev_action, prev_reward, mode):
         """obs (..., obs_dim), prev_action (...) with -1 for "none", prev_reward (...), mode (...) -> input."""
@@ -460,6 +517,7 @@ def agent_from_args(args, num_modes):
         args.bottleneck,
         args.slot_init == "orthonormal",
         gumbel_tau,
+        args.design,
     )
 
 
@@ -515,34 +573,30 @@ def supervised_gate_loss(probs, modes, ages):
     return nn.functional.nll_loss(torch.log(probs.reshape(-1, probs.shape[-1])[keep] + 1e-8), modes.flatten()[keep].long())
 
 
-# each slot term's weight flag and its sign in the minimised loss: sharp steps, all slots used, orthogonal slots,
-# episodes that keep one slot and differ from each other, and (ceiling only) a gate that names the true mode
-SLOT_TERMS = {
-    "weight_entropy": ("lambda_w_ent", 1),
-    "load_balance_entropy": ("lambda_lb", -1),
-    "orthogonality": ("lambda_orth", 1),
-    "episode_consistency": ("lambda_consistency", -1),
-    "supervised_ce": ("lambda_supervised", 1),
-}
+class SlotTerms(NamedTuple):
+    """The slot regularisers' values on one minibatch, before their weights and signs (see the loss in ppo_update)."""
+
+    weight_entropy: torch.Tensor
+    load_balance_entropy: torch.Tensor
+    orthogonality: torch.Tensor
+    episode_consistency: torch.Tensor
+    supervised_ce: torch.Tensor | None
+    """None unless --lambda-supervised > 0 (the diagnostic ceiling)"""
 
 
-def slot_terms(probs, slots, batch, mb, args):
-    """The slot terms of minibatch `mb` from its replayed gate probabilities: (values, {name: sign · λ · value})."""
+def slot_terms(probs, slots, batch, mb, supervised):
+    """The slot terms of minibatch `mb` from its replayed gate probabilities; the supervised one only if `supervised`."""
     starts = batch["starts"][:, mb]
     ages = batch["ages"][:, mb]
-    values = {
-        "weight_entropy": weight_entropy(probs),
-        "load_balance_entropy": load_balance_entropy(probs),
-        "orthogonality": orthogonality_penalty(slots),
-        "episode_consistency": episode_consistency(probs, starts, ages),
-    }
-    if args.lambda_supervised > 0:
-        values["supervised_ce"] = supervised_gate_loss(probs, batch["modes"][:, mb], ages)
-    weighted = {}
-    for name, (flag, sign) in SLOT_TERMS.items():
-        if name in values:
-            weighted[name] = sign * getattr(args, flag) * values[name]
-    return values, weighted
+    # in this order: autograd sums the terms' gradients into the gate in the order the terms were built
+    w_ent = weight_entropy(probs)
+    load_balance = load_balance_entropy(probs)
+    orthogonality = orthogonality_penalty(slots)
+    consistency = episode_consistency(probs, starts, ages)
+    supervised_ce = None
+    if supervised:
+        supervised_ce = supervised_gate_loss(probs, batch["modes"][:, mb], ages)
+    return SlotTerms(w_ent, load_balance, orthogonality, consistency, supervised_ce)
 
 
 # ROLLOUT
@@ -716,8 +770,21 @@ def ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args
 
             entropy_loss = out.entropy.mean()
             ppo_loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-            values, terms = slot_terms(out.probs, agent.bank.slots, batch, mb, args)
-            slot_loss = sum(terms.values())
+            terms = slot_terms(out.probs, agent.bank.slots, batch, mb, args.lambda_supervised > 0)
+            # the plan's per-step gate entropy is a bonus (spread gates); --sharpen-gate makes it a penalty (sharp gates)
+            w_ent_sign = -1.0
+            if args.sharpen_gate:
+                w_ent_sign = 1.0
+            # ASTRAL's slot regularisers: per-step gate entropy, load balance (all slots used), orthogonal slots,
+            # episodes that keep one slot, and the diagnostic ceiling's gate supervised by the true mode
+            slot_loss = (
+                w_ent_sign * args.lambda_w_ent * terms.weight_entropy
+                - args.lambda_lb * terms.load_balance_entropy
+                + args.lambda_orth * terms.orthogonality
+                - args.lambda_consistency * terms.episode_consistency
+            )
+            if terms.supervised_ce is not None:
+                slot_loss = slot_loss + args.lambda_supervised * terms.supervised_ce
             loss = ppo_loss + slot_loss
             if diagnostics and epoch == 0 and start == 0:
                 stats.update(term_gradient_norms(agent, ppo_loss, terms, args))
@@ -743,27 +810,40 @@ def ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args
     stats["clipfrac"] = float(np.mean(clipfracs))
     stats["explained_variance"] = explained_var
     stats["slot_loss"] = slot_loss.item()
-    for name, value in values.items():
-        stats[name] = value.item()
+    for name, value in terms._asdict().items():
+        if value is not None:
+            stats[name] = value.item()
     return stats
 
 
 def term_gradient_norms(agent, ppo_loss, terms, args):
     """What each term adds to the gradient, beside the PPO loss's, before the clip: {grad_norm_{term}: norm}, 0 for a term
-    whose lambda is 0. A diagnostic: one extra backward pass per term."""
-    norms = {}
-    parameters = list(agent.parameters())
-    for name, term in {"ppo": ppo_loss, **terms}.items():
-        active = name == "ppo" or getattr(args, SLOT_TERMS[name][0]) != 0
-        grads = []
-        if term.requires_grad and active:
-            for grad in torch.autograd.grad(term, parameters, retain_graph=True, allow_unused=True):
-                if grad is not None:
-                    grads.append(grad)
-        norms[f"grad_norm_{name}"] = 0.0
-        if grads:
-            norms[f"grad_norm_{name}"] = float(torch.sqrt(sum((grad**2).sum() for grad in grads)))
+    whose lambda is 0. A term's sign flips its gradient, not the norm. A diagnostic: one extra backward pass per term."""
+    lambdas = {
+        "weight_entropy": args.lambda_w_ent,
+        "load_balance_entropy": args.lambda_lb,
+        "orthogonality": args.lambda_orth,
+        "episode_consistency": args.lambda_consistency,
+        "supervised_ce": args.lambda_supervised,
+    }
+    norms = {"grad_norm_ppo": gradient_norm(agent, ppo_loss, 1.0)}
+    for name, value in terms._asdict().items():
+        if value is not None:
+            norms[f"grad_norm_{name}"] = gradient_norm(agent, value, lambdas[name])
     return norms
+
+
+def gradient_norm(agent, value, weight):
+    """The norm of the gradient of weight · value over the agent's parameters (0 for weight 0), the graph kept."""
+    grads = []
+    if value.requires_grad and weight != 0:
+        weight = torch.tensor(weight, dtype=value.dtype, device=value.device)
+        for grad in torch.autograd.grad(value, list(agent.parameters()), weight, retain_graph=True, allow_unused=True):
+            if grad is not None:
+                grads.append(grad)
+    if not grads:
+        return 0.0
+    return float(torch.sqrt(sum((grad**2).sum() for grad in grads)))
 
 
 # SLOT METRICS: the acted gate against the true mode and the action latent, which the agent never sees
@@ -902,11 +982,13 @@ def evaluate(model_path, episodes_per_mode=10, modes=None, deterministic=True, s
     from cleanrl_astral_utils import cartpole
 
     checkpoint = cartpole.load_checkpoint(model_path, SCRIPT, CHECKPOINT_FORMAT)
-    train_args = Args(**checkpoint["args"])
+    train_args = checkpoint_args(checkpoint)
     train_modes = [tuple(mode) for mode in checkpoint["modes"]]
     held_out = []
+    mode_names = None
     if modes is None:
         held_out = HELD_OUT_MODES[train_args.modes_preset]
+        mode_names = MODE_NAMES[train_args.modes_preset]
         modes = train_modes
     else:
         modes = [tuple(float(v) for v in mode) for mode in modes]
@@ -915,12 +997,12 @@ def evaluate(model_path, episodes_per_mode=10, modes=None, deterministic=True, s
     returns = {}
     steps = []
     for k in range(len(modes)):
-        envs = NonStationaryCartPole(episodes_per_mode, modes, train_args.hide_velocity, fixed_mode=k)
+        envs = NonStationaryCartPole(episodes_per_mode, modes, train_args.hide_velocity, fixed_mode=k, mode_names=mode_names)
         episodes, columns = first_episodes(agent, envs, seed + 1000 * k, deterministic)
         returns[k] = np.array([episode_return for episode_return, _, _ in episodes])
         steps.append(columns)
         if video_dir is not None:
-            env = NonStationaryCartPole(1, modes, train_args.hide_velocity, fixed_mode=k)
+            env = NonStationaryCartPole(1, modes, train_args.hide_velocity, fixed_mode=k, mode_names=mode_names)
             carry = new_carry(env, agent, seed, device)
             cartpole.record_video(env, functools.partial(video_step, agent, env, carry), video_dir, f"mode{k}")
     weights = [c["weights"][c["ages"] >= 0].cpu().numpy() for c in steps]
@@ -990,6 +1072,11 @@ def video_step(agent, env, carry):
     return ended
 
 
+def checkpoint_args(checkpoint):
+    """The Args a checkpoint was trained with; one saved without `sharpen_gate` trained with the sharpening gate entropy."""
+    return Args(**{"sharpen_gate": True, **checkpoint["args"]})
+
+
 # PLUMBING: VALIDATION AND THE RUN DIRECTORY
 def validate(args):
     """Refuses, in one line (ValueError), the settings that would crash late or train wrong in silence."""
@@ -997,11 +1084,11 @@ def validate(args):
         value = getattr(args, field.name)
         if isinstance(value, float) and not math.isfinite(value):  # NaN passes any <, >
             raise ValueError(f"--{field.name.replace('_', '-')} {value} must be a finite number")
-    for name in ("learning_rate", "clip_coef", "max_grad_norm", "target_kl", "tau", "gumbel_tau"):
+    for name in ("learning_rate", "adam_eps", "clip_coef", "max_grad_norm", "target_kl", "tau", "gumbel_tau"):
         value = getattr(args, name)
         if value is not None and value <= 0:
             raise ValueError(f"--{name.replace('_', '-')} {value} must be positive")
-    for name in ("ent_coef", "vf_coef", *(flag for flag, _ in SLOT_TERMS.values())):
+    for name in ("ent_coef", "vf_coef", "lambda_w_ent", "lambda_lb", "lambda_orth", "lambda_consistency", "lambda_supervised"):
         value = getattr(args, name)
         if value < 0:
             raise ValueError(f"--{name.replace('_', '-')} {value} must be non-negative")
@@ -1075,6 +1162,14 @@ def validate(args):
         raise ValueError(f"--diagnostics-every {args.diagnostics_every} must be non-negative (0: never)")
 
 
+def parse_args():
+    """The command line's Args; with --design plan, PLAN_CONFIG's values are the defaults that the flags given override."""
+    args = tyro.cli(Args)
+    if args.design == "plan":
+        args = tyro.cli(Args, default=dataclasses.replace(Args(), design="plan", **PLAN_CONFIG))
+    return args
+
+
 def claim_run_dir(runs_dir, run_name):
     """Creates runs_dir/run_name, or run_name__2, __3, ... when another run holds the name (mkdir is atomic): (name, dir)."""
     name = run_name
@@ -1091,7 +1186,7 @@ def claim_run_dir(runs_dir, run_name):
 
 
 if __name__ == "__main__":
-    args = tyro.cli(Args)
+    args = parse_args()
     try:
         validate(args)
         run_name, run_dir = claim_run_dir(args.runs_dir, f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
@@ -1135,9 +1230,10 @@ if __name__ == "__main__":
         args.switch_prob,
         held_out=held_out,
         mode_share=args.mode_share,
+        mode_names=MODE_NAMES[args.modes_preset],
     )
     agent = agent_from_args(args, len(modes)).to(device)
-    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps)
     reward_scaler = None
     if args.norm_reward:
         reward_scaler = RewardScaler(args.num_envs, args.gamma)

@@ -80,10 +80,15 @@ class Args:
     """append the true mode one-hot to the agent's input (the upper-bound control)"""
 
     # Algorithm
+    design: Literal["script", "plan"] = "script"
+    """`script`: this file's network and settings; `plan`: the plan's network (ReLU layers of width --hidden-size,
+    PyTorch's default initialisation) and the plan's Config as the defaults (PLAN_CONFIG), each flag still overriding"""
     total_timesteps: int = 500000
     """total timesteps of the experiment"""
     learning_rate: float = 1e-3
     """the learning rate of the optimizer"""
+    adam_eps: float = 1e-5
+    """the epsilon of the Adam optimizer"""
     num_envs: int = 128
     """the number of parallel game environments"""
     num_steps: int = 32
@@ -125,6 +130,22 @@ class Args:
     """the number of iterations (computed at runtime)"""
 
 
+# the plan's Config (astral_plan.txt, training): the defaults of --design plan; the rest of its Config is this file's
+PLAN_CONFIG = {
+    "hidden_size": 64,  # d_model
+    "num_envs": 8,
+    "num_steps": 128,
+    "total_timesteps": 500000,
+    "learning_rate": 3e-4,
+    "adam_eps": 1e-8,  # torch's default: the plan's Adam sets none
+    "num_minibatches": 4,  # minibatches of 256 steps: two whole environments' 128-step sequences each
+    "update_epochs": 4,
+    "anneal_lr": False,
+    "norm_reward": False,
+    "clip_vloss": False,
+}
+
+
 # ENVIRONMENT
 MODE_PRESETS = {  # a mode is (gravity, pole half-length, force sign)
     "seed3": [(9.8, 0.5, 1.0), (7.5, 0.7, 1.0), (12.0, 0.4, 1.0)],
@@ -132,6 +153,12 @@ MODE_PRESETS = {  # a mode is (gravity, pole half-length, force sign)
     # two physics x force sign ±1, so the right action flips with the hidden mode; mode 4 (between the two physics,
     # inverted force) is held out of training
     "mirror4": [(9.8, 0.5, 1.0), (9.8, 0.5, -1.0), (7.5, 0.7, 1.0), (7.5, 0.7, -1.0), (8.65, 0.6, -1.0)],
+}
+# what each mode's physics is, as info["mode_name"] reports it (seed3's names are the plan's)
+MODE_NAMES = {
+    "seed3": ["default", "easy", "hard"],
+    "inverted4": ["default", "easy", "hard", "default inverted"],
+    "mirror4": ["default", "default inverted", "easy", "easy inverted", "between inverted"],
 }
 HELD_OUT_MODES = {"seed3": [], "inverted4": [], "mirror4": [4]}  # evaluated (and adapted to) only, never trained on
 # the part of the mode that changes which action is right: only the force sign does (seed3's modes all push alike)
@@ -152,7 +179,8 @@ class NonStationaryCartPole:
     (`fixed_mode` pins all; `mode_share="balanced"` pins env i to the (i mod M)-th of the M training modes, so every
     mode gets the same share of steps whatever its episode length). Autoreset is same-step: where an episode ends,
     the returned observation is already the next episode's first, and info["final_obs"] holds the ended one's last.
-    info["mode"] (for analysis only) is the mode that governs each env's next step."""
+    info["mode"] and info["mode_name"] (for analysis only) are the mode that governs each env's next step and its name
+    from `mode_names` (default: its gravity, half-length and force sign)."""
 
     def __init__(
         self,
@@ -164,8 +192,12 @@ class NonStationaryCartPole:
         max_episode_steps=500,
         held_out=(),
         mode_share="uniform",
+        mode_names=None,
     ):
         self.num_envs = num_envs
+        if mode_names is None:
+            mode_names = [f"g {gravity:g}, l {length:g}, force {sign:+g}" for gravity, length, sign in modes]
+        self.mode_names = np.array(mode_names)
         self.switch_prob = switch_prob
         self.max_episode_steps = max_episode_steps
         self.gravity, self.half_length, self.force_sign = np.array(modes, dtype=np.float64).T
@@ -197,7 +229,8 @@ class NonStationaryCartPole:
         self.elapsed = np.zeros(self.num_envs, dtype=int)
         self.mode = np.zeros(self.num_envs, dtype=int)
         self.restart(np.ones(self.num_envs, dtype=bool))
-        return self.state[:, self.observed].astype(np.float32), {"mode": self.mode.copy()}
+        info = {"mode": self.mode.copy(), "mode_name": self.mode_names[self.mode]}
+        return self.state[:, self.observed].astype(np.float32), info
 
     def step(self, action):
         x, x_dot, theta, theta_dot = self.state.T
@@ -225,6 +258,7 @@ class NonStationaryCartPole:
         info = {"final_obs": self.state[:, self.observed].astype(np.float32), "final_mode": self.mode.copy()}
         self.restart(terminated | truncated)
         info["mode"] = self.mode.copy()
+        info["mode_name"] = self.mode_names[self.mode]
         return self.state[:, self.observed].astype(np.float32), np.ones(self.num_envs), terminated, truncated, info
 
 
@@ -252,7 +286,7 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
 
 
 class Agent(nn.Module):
-    def __init__(self, obs_dim, num_actions, num_modes, hidden_size=128, memory="gru", oracle=False):
+    def __init__(self, obs_dim, num_actions, num_modes, hidden_size=128, memory="gru", oracle=False, design="script"):
         super().__init__()
         self.obs_dim = obs_dim
         self.num_actions = num_actions
@@ -262,18 +296,26 @@ class Agent(nn.Module):
         self.input_dim = obs_dim + num_actions + 1
         if oracle:
             self.input_dim += num_modes
-        self.encoder = nn.Sequential(layer_init(nn.Linear(self.input_dim, hidden_size)), nn.Tanh())
         self.hidden_size = hidden_size
-        self.gru = nn.GRUCell(hidden_size, hidden_size)
-        for name, param in self.gru.named_parameters():
-            if "bias" in name:
-                nn.init.constant_(param, 0)
-            else:
-                nn.init.orthogonal_(param, 1.0)
-        self.actor = nn.Sequential(
-            layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, num_actions), std=0.01)
-        )
-        self.critic = nn.Sequential(layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, 1), std=1.0))
+        if design == "plan":  # the plan's network: ReLU layers of width d, PyTorch's default initialisation
+            self.encoder = nn.Sequential(nn.Linear(self.input_dim, hidden_size), nn.ReLU())
+            self.gru = nn.GRUCell(hidden_size, hidden_size)
+            self.actor = nn.Sequential(nn.Linear(hidden_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, num_actions))
+            self.critic = nn.Sequential(nn.Linear(hidden_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, 1))
+        else:
+            self.encoder = nn.Sequential(layer_init(nn.Linear(self.input_dim, hidden_size)), nn.Tanh())
+            self.gru = nn.GRUCell(hidden_size, hidden_size)
+            for name, param in self.gru.named_parameters():
+                if "bias" in name:
+                    nn.init.constant_(param, 0)
+                else:
+                    nn.init.orthogonal_(param, 1.0)
+            self.actor = nn.Sequential(
+                layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, num_actions), std=0.01)
+            )
+            self.critic = nn.Sequential(
+                layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, 1), std=1.0)
+            )
 
     def build_input(self, obs, prev_action, prev_reward, mode):
         """obs (..., obs_dim), prev_action (...) with -1 for "none", prev_reward (...), mode (...) -> input."""
@@ -319,7 +361,7 @@ def agent_from_args(args, num_modes):
     obs_dim = 4
     if args.hide_velocity:
         obs_dim = 2
-    return Agent(obs_dim, 2, num_modes, args.hidden_size, args.memory, args.oracle)
+    return Agent(obs_dim, 2, num_modes, args.hidden_size, args.memory, args.oracle, args.design)
 
 
 # ROLLOUT
@@ -558,8 +600,10 @@ def evaluate(model_path, episodes_per_mode=10, modes=None, deterministic=True, s
     train_args = Args(**checkpoint["args"])
     train_modes = [tuple(mode) for mode in checkpoint["modes"]]
     held_out = []
+    mode_names = None
     if modes is None:
         held_out = HELD_OUT_MODES[train_args.modes_preset]
+        mode_names = MODE_NAMES[train_args.modes_preset]
         modes = train_modes
     else:
         modes = [tuple(float(v) for v in mode) for mode in modes]
@@ -568,11 +612,11 @@ def evaluate(model_path, episodes_per_mode=10, modes=None, deterministic=True, s
     returns = {}
     hidden = {}
     for k in range(len(modes)):
-        envs = NonStationaryCartPole(episodes_per_mode, modes, train_args.hide_velocity, fixed_mode=k)
+        envs = NonStationaryCartPole(episodes_per_mode, modes, train_args.hide_velocity, fixed_mode=k, mode_names=mode_names)
         episodes, hidden[k] = first_episodes(agent, envs, seed + 1000 * k, deterministic)
         returns[k] = np.array([episode_return for episode_return, _, _ in episodes])
         if video_dir is not None:
-            env = NonStationaryCartPole(1, modes, train_args.hide_velocity, fixed_mode=k)
+            env = NonStationaryCartPole(1, modes, train_args.hide_velocity, fixed_mode=k, mode_names=mode_names)
             carry = new_carry(env, agent, seed, device)
             cartpole.record_video(env, functools.partial(video_step, agent, env, carry), video_dir, f"mode{k}")
     probes = {}
@@ -627,7 +671,7 @@ def validate(args):
         value = getattr(args, field.name)
         if isinstance(value, float) and not math.isfinite(value):  # NaN passes any <, >
             raise ValueError(f"--{field.name.replace('_', '-')} {value} must be a finite number")
-    for name in ("learning_rate", "clip_coef", "max_grad_norm", "target_kl"):
+    for name in ("learning_rate", "adam_eps", "clip_coef", "max_grad_norm", "target_kl"):
         value = getattr(args, name)
         if value is not None and value <= 0:
             raise ValueError(f"--{name.replace('_', '-')} {value} must be positive")
@@ -684,6 +728,14 @@ def validate(args):
         raise ValueError("--save-model needs the cleanrl_astral_utils package: pip install -e . in the repository")
 
 
+def parse_args():
+    """The command line's Args; with --design plan, PLAN_CONFIG's values are the defaults that the flags given override."""
+    args = tyro.cli(Args)
+    if args.design == "plan":
+        args = tyro.cli(Args, default=dataclasses.replace(Args(), design="plan", **PLAN_CONFIG))
+    return args
+
+
 def claim_run_dir(runs_dir, run_name):
     """Creates runs_dir/run_name, or run_name__2, __3, ... when another run holds the name (mkdir is atomic): (name, dir)."""
     name = run_name
@@ -700,7 +752,7 @@ def claim_run_dir(runs_dir, run_name):
 
 
 if __name__ == "__main__":
-    args = tyro.cli(Args)
+    args = parse_args()
     try:
         validate(args)
         run_name, run_dir = claim_run_dir(args.runs_dir, f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
@@ -744,9 +796,10 @@ if __name__ == "__main__":
         args.switch_prob,
         held_out=held_out,
         mode_share=args.mode_share,
+        mode_names=MODE_NAMES[args.modes_preset],
     )
     agent = agent_from_args(args, len(modes)).to(device)
-    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps)
     reward_scaler = None
     if args.norm_reward:
         reward_scaler = RewardScaler(args.num_envs, args.gamma)

@@ -239,7 +239,7 @@ def test_unroll_equals_stepping_the_gru_module_with_resets():
 def test_environment_is_the_baselines():
     """The env is copied from ppo_gru_baseline.py (single-file rule): the same presets, held-out modes and action latents,
     and identical seeds and actions give identical trajectories, so the two scripts are compared on the same task."""
-    for name in ("MODE_PRESETS", "HELD_OUT_MODES", "ACTION_LATENT"):
+    for name in ("MODE_PRESETS", "MODE_NAMES", "HELD_OUT_MODES", "ACTION_LATENT"):
         assert getattr(ppo_gru_astral, name) == getattr(ppo_gru_baseline, name), name
     presets = [
         ("inverted4", {}),
@@ -259,6 +259,34 @@ def test_environment_is_the_baselines():
             outs = [env.step(action) for env in envs]
             for a, b in zip(outs[0][1:4], outs[1][1:4]):
                 assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("module", [ppo_gru_astral, ppo_gru_baseline])
+def test_info_names_the_mode_that_governs_the_next_step(module):
+    """info["mode_name"] beside info["mode"], in both scripts: seed3's modes carry the plan's names; every preset's names
+    tell its physics apart (one name per mode, "inverted" exactly where the force sign is -1, the same word for the same
+    gravity and length); modes without names are named by their physics."""
+    assert module.MODE_NAMES["seed3"] == ["default", "easy", "hard"]
+    for preset, modes in module.MODE_PRESETS.items():
+        names = module.MODE_NAMES[preset]
+        assert len(names) == len(modes) and len(set(names)) == len(names), preset
+        for name, (gravity, length, sign) in zip(names, modes):
+            assert ("inverted" in name) == (sign < 0), (preset, name)
+            for other, (other_gravity, other_length, _) in zip(names, modes):
+                same_physics = (gravity, length) == (other_gravity, other_length)
+                assert same_physics == (name.replace("inverted", "").strip() == other.replace("inverted", "").strip())
+    names = np.array(module.MODE_NAMES["mirror4"])
+    envs = module.NonStationaryCartPole(6, module.MODE_PRESETS["mirror4"], switch_prob=0.3, held_out=[4], mode_names=names)
+    info = envs.reset(seed=0)[1]
+    rng = np.random.default_rng(0)
+    seen = set()
+    for _ in range(200):
+        assert list(info["mode_name"]) == list(names[info["mode"]])
+        seen.update(info["mode_name"].tolist())
+        info = envs.step(rng.integers(2, size=6))[-1]
+    assert seen == set(names[:4])  # switches reach every training mode, never the held-out one
+    unnamed = module.NonStationaryCartPole(2, [(5.0, 0.9, -1.0)])
+    assert list(unnamed.reset(seed=0)[1]["mode_name"]) == ["g 5, l 0.9, force -1"] * 2
 
 
 def mode_steps(envs, steps=3000, seed=0):
@@ -583,31 +611,36 @@ def test_the_gradient_norm_diagnostic_changes_nothing_but_what_is_logged():
             trained[diagnostics], optimizer, batch, initial_state, adv, ret, args, diagnostics
         )
     norms = {key for key in stats[True] if key.startswith("grad_norm_")}
-    assert norms == {"grad_norm_ppo", *(f"grad_norm_{term}" for term in ppo_gru_astral.SLOT_TERMS)}
+    assert norms == {"grad_norm_ppo", *(f"grad_norm_{term}" for term in ppo_gru_astral.SlotTerms._fields)}
     assert {key: v for key, v in stats[True].items() if key not in norms} == stats[False]
     for (name, p), q in zip(trained[True].named_parameters(), trained[False].parameters()):
         assert torch.equal(p, q), name
 
 
+SLOT_LAMBDAS = ("lambda_w_ent", "lambda_lb", "lambda_orth", "lambda_consistency", "lambda_supervised")
+
+
 @pytest.mark.parametrize("hard_gate", [False, True])
 @pytest.mark.parametrize(
-    "term,flag,sign",
+    "term,flag,sign,sharpen_gate",
     [
-        ("weight_entropy", "lambda_w_ent", 1.0),
-        ("load_balance_entropy", "lambda_lb", -1.0),
-        ("orthogonality", "lambda_orth", 1.0),
-        ("episode_consistency", "lambda_consistency", -1.0),
-        ("supervised_ce", "lambda_supervised", 1.0),
+        ("weight_entropy", "lambda_w_ent", -1.0, False),
+        ("weight_entropy", "lambda_w_ent", 1.0, True),
+        ("load_balance_entropy", "lambda_lb", -1.0, False),
+        ("orthogonality", "lambda_orth", 1.0, False),
+        ("episode_consistency", "lambda_consistency", -1.0, False),
+        ("supervised_ce", "lambda_supervised", 1.0, False),
     ],
 )
-def test_slot_regularisers_enter_the_loss_with_their_sign_and_lambda(term, flag, sign, hard_gate):
-    """The update minimises ... + lambda_w_ent * H(p) - lambda_lb * H(mean p) + lambda_orth * ||AA^T - I||^2
-    - lambda_consistency * I(episode; slot) + lambda_supervised * CE(p, mode) (docs/ppo_gru_astral.md), p the gate
-    probabilities replayed with gradient in the update (with the acted noise for the hard gate). So raising one lambda
-    by 0.5 adds 0.5 * sign * (the gradient of its term, computed here from a fresh replay) to every parameter's
-    gradient, and the gate terms reach the gate's parameters. A flipped sign, a lambda that does not scale its term,
-    or the acted (detached) weights batch["weights"] would each change that difference; and the logged grad norm of
-    the term is the norm of exactly that difference."""
+def test_slot_regularisers_enter_the_loss_with_their_sign_and_lambda(term, flag, sign, sharpen_gate, hard_gate):
+    """The update minimises ... - lambda_w_ent * H(p) (the plan's sign; + with --sharpen-gate) - lambda_lb * H(mean p)
+    + lambda_orth * ||AA^T - I||^2 - lambda_consistency * I(episode; slot) + lambda_supervised * CE(p, mode)
+    (docs/ppo_gru_astral.md), p the gate probabilities replayed with gradient in the update (with the acted noise for
+    the hard gate). So raising one lambda by 0.5 adds 0.5 * sign * (the gradient of its term, computed here from a fresh
+    replay) to every parameter's gradient, and the gate terms reach the gate's parameters. A flipped sign (either
+    default of the gate entropy), a lambda that does not scale its term, or the acted (detached) weights
+    batch["weights"] would each change that difference; and the logged grad norm of the term is the norm of exactly
+    that difference."""
     torch.manual_seed(0)
     agent = ppo_gru_astral.Agent(4, 2, 3, 16, num_abstractions=3, slot_dim=8, gumbel_tau=0.5 if hard_gate else None)
     with torch.no_grad():
@@ -618,15 +651,16 @@ def test_slot_regularisers_enter_the_loss_with_their_sign_and_lambda(term, flag,
     def gradients(lam):
         np.random.seed(0)  # the same shuffle in both runs
         spy = GradSpy(agent)
-        args = update_args(
-            num_minibatches=1, update_epochs=1, max_grad_norm=1e9, **{f: 0.0 for f, _ in ppo_gru_astral.SLOT_TERMS.values()}
-        )
+        args = update_args(num_minibatches=1, update_epochs=1, max_grad_norm=1e9, sharpen_gate=sharpen_gate)
+        for name in SLOT_LAMBDAS:
+            setattr(args, name, 0.0)
         setattr(args, flag, lam)
         stats = ppo_gru_astral.ppo_update(agent, spy, batch, initial_state, adv, ret, args)
         (grads,) = spy.grads
         return grads, stats
 
-    (without, _), (with_term, stats) = gradients(0.0), gradients(0.5)
+    without, _ = gradients(0.0)
+    with_term, stats = gradients(0.5)
     probs = agent.get_action_and_value(
         batch["inputs"], initial_state, batch["starts"], batch["actions"], noise=batch.get("gate_noise")
     )[6]
@@ -707,6 +741,24 @@ def test_smoke_save_evaluate_json_and_heatmap(tmp_path):
     assert out["slot_weights"].shape == (1, 5) and out["slot_counts"].sum() == sum(out["returns"][0])
     with pytest.raises(ValueError, match="not written by ppo_gru_baseline"):
         ppo_gru_baseline.evaluate(model)
+
+
+PHASE_C_FROZEN = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    "benchmark/out/astral_study/phase_C/runs/c0__g0_base__s6/NonStationaryCartPole__frozen__6__1795719021/frozen.cleanrl_model",
+)
+
+
+def test_a_checkpoint_saved_without_sharpen_gate_loads_as_the_sharpening_variant():
+    """The study's checkpoints trained with the sharpening gate entropy and saved no `sharpen_gate`: they load with
+    sharpen_gate=True (a documented Phase C checkpoint among them); a checkpoint that saved the field keeps it."""
+    checkpoint = torch.load(PHASE_C_FROZEN, map_location="cpu", weights_only=True)
+    assert "sharpen_gate" not in checkpoint["args"]
+    assert ppo_gru_astral.checkpoint_args(checkpoint).sharpen_gate is True
+    for saved in (False, True):
+        checkpoint["args"]["sharpen_gate"] = saved
+        assert ppo_gru_astral.checkpoint_args(checkpoint).sharpen_gate is saved
+    assert ppo_gru_astral.Args().sharpen_gate is False  # a new run maximises the gate entropy, as the plan does
 
 
 def test_runs_started_in_the_same_second_get_directories_of_their_own(tmp_path, occupied_run_names):

@@ -291,7 +291,7 @@ def test_smoke_all_mechanisms_on_mirror4_log_and_report(tmp_path):
         "slots/eval_probe_acc_w_deterministic",
         "slots/eval_probe_acc_h_sampled",
         "slots/eval_probe_acc_h_force_sign_sampled",
-    } | {f"slots/grad_norm_{term}" for term in ppo_gru_astral.SLOT_TERMS}
+    } | {f"slots/grad_norm_{term}" for term in ppo_gru_astral.SlotTerms._fields}
     assert expected <= set(scalars), expected - set(scalars)
     assert max(v for _, v in scalars["debug/first_minibatch_ratio_error"]) < 1e-5
     assert max(v for _, v in scalars["debug/first_minibatch_gate_error"]) < 1e-5
