@@ -169,7 +169,8 @@ class NonStationaryCartPole:
     (`fixed_mode` pins all; `mode_share="balanced"` pins env i to the (i mod M)-th of the M training modes, so every
     mode gets the same share of steps whatever its episode length). Autoreset is same-step: where an episode ends,
     the returned observation is already the next episode's first, and info["final_obs"] holds the ended one's last.
-    info["mode"] (for analysis only) is the mode that governs each env's next step."""
+    info["mode"] and info["mode_name"] (for analysis only) are the mode that governs each env's next step and its name
+    from `mode_names` (default: its gravity, half-length and force sign)."""
 
     def __init__(
         self,
@@ -181,8 +182,12 @@ class NonStationaryCartPole:
         max_episode_steps=500,
         held_out=(),
         mode_share="uniform",
+        mode_names=None,
     ):
         self.num_envs = num_envs
+        if mode_names is None:
+            mode_names = [f"g {gravity:g}, l {length:g}, force {sign:+g}" for gravity, length, sign in modes]
+        self.mode_names = np.array(mode_names)
         self.switch_prob = switch_prob
         self.max_episode_steps = max_episode_steps
         self.gravity, self.half_length, self.force_sign = np.array(modes, dtype=np.float64).T
@@ -214,7 +219,8 @@ class NonStationaryCartPole:
         self.elapsed = np.zeros(self.num_envs, dtype=int)
         self.mode = np.zeros(self.num_envs, dtype=int)
         self.restart(np.ones(self.num_envs, dtype=bool))
-        return self.state[:, self.observed].astype(np.float32), {"mode": self.mode.copy()}
+        info = {"mode": self.mode.copy(), "mode_name": self.mode_names[self.mode]}
+        return self.state[:, self.observed].astype(np.float32), info
 
     def step(self, action):
         x, x_dot, theta, theta_dot = self.state.T
@@ -242,6 +248,7 @@ class NonStationaryCartPole:
         info = {"final_obs": self.state[:, self.observed].astype(np.float32), "final_mode": self.mode.copy()}
         self.restart(terminated | truncated)
         info["mode"] = self.mode.copy()
+        info["mode_name"] = self.mode_names[self.mode]
         return self.state[:, self.observed].astype(np.float32), np.ones(self.num_envs), terminated, truncated, info
 
 
@@ -256,17 +263,19 @@ class AbstractionBank(nn.Module):
     """K learnable slots A and a gate p = softmax(g(h) / τ): z = wᵀA with w = p or, given `gumbel_tau`, the hard gate's
     straight-through Gumbel-softmax one-hot of argmax(g(h)/τ + noise), so only the chosen slot's row gets gradient."""
 
-    def __init__(self, hidden_size, num_abstractions, slot_dim, tau, orthonormal=False, gumbel_tau=None):
+    def __init__(self, hidden_size, num_abstractions, slot_dim, tau, orthonormal=False, gumbel_tau=None, design="script"):
         super().__init__()
         self.slots = nn.Parameter(torch.randn(num_abstractions, slot_dim) * 0.02)
         self.tau = tau
         self.gumbel_tau = gumbel_tau
         if orthonormal:  # unit-norm, mutually orthogonal rows: no two slots start alike (needs K <= d)
             nn.init.orthogonal_(self.slots)
-        # small final layer: the gate starts near uniform, so no slot wins by initialisation
-        self.gate = nn.Sequential(
-            layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, num_abstractions), std=0.01)
-        )
+        if design == "plan":  # g = Linear(d, d) - ReLU - Linear(d, K), PyTorch's default initialisation
+            self.gate = nn.Sequential(nn.Linear(hidden_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, num_abstractions))
+        else:  # small final layer: the gate starts near uniform, so no slot wins by initialisation
+            self.gate = nn.Sequential(
+                layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, num_abstractions), std=0.01)
+            )
 
     def forward(self, h, weights=None, noise=None):
         """(z, w, p, noise); `weights` overrides w (a one-hot clamps a slot), `noise` the hard gate's draw (the replay's)."""
@@ -284,15 +293,22 @@ class AbstractionBank(nn.Module):
 
 
 class FiLM(nn.Module):
-    """h' = γ ⊙ h + β with (γ - 1, β) = Linear(z): a zero z leaves h unchanged."""
+    """h' = γ ⊙ h + β. The script's: (γ - 1, β) = Linear(z), so a zero z leaves h unchanged. The plan's:
+    (γ, β) = Linear(d, d) - ReLU - Linear(d, 2H) of z, so a zero z gives γ and β of the layers' biases."""
 
-    def __init__(self, slot_dim, hidden_size):
+    def __init__(self, slot_dim, hidden_size, design="script"):
         super().__init__()
-        self.net = layer_init(nn.Linear(slot_dim, 2 * hidden_size), std=1.0)
+        self.identity_at_zero = design != "plan"
+        if design == "plan":
+            self.net = nn.Sequential(nn.Linear(slot_dim, hidden_size), nn.ReLU(), nn.Linear(hidden_size, 2 * hidden_size))
+        else:
+            self.net = layer_init(nn.Linear(slot_dim, 2 * hidden_size), std=1.0)
 
     def forward(self, h, z):
-        gamma_delta, beta = self.net(z).chunk(2, dim=-1)
-        return (1.0 + gamma_delta) * h + beta
+        gamma, beta = self.net(z).chunk(2, dim=-1)
+        if self.identity_at_zero:
+            gamma = 1.0 + gamma
+        return gamma * h + beta
 
 
 class Modulated(NamedTuple):
@@ -334,6 +350,7 @@ class Agent(nn.Module):
         bottleneck=False,
         orthonormal=False,
         gumbel_tau=None,
+        design="script",
     ):
         super().__init__()
         self.obs_dim = obs_dim
@@ -345,20 +362,30 @@ class Agent(nn.Module):
         self.input_dim = obs_dim + num_actions + 1
         if oracle:
             self.input_dim += num_modes
-        self.encoder = nn.Sequential(layer_init(nn.Linear(self.input_dim, hidden_size)), nn.Tanh())
         self.hidden_size = hidden_size
-        self.gru = nn.GRUCell(hidden_size, hidden_size)
-        for name, param in self.gru.named_parameters():
-            if "bias" in name:
-                nn.init.constant_(param, 0)
-            else:
-                nn.init.orthogonal_(param, 1.0)
-        self.bank = AbstractionBank(hidden_size, num_abstractions, slot_dim, tau, orthonormal, gumbel_tau)
-        self.film = FiLM(slot_dim, hidden_size)
-        self.actor = nn.Sequential(
-            layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, num_actions), std=0.01)
-        )
-        self.critic = nn.Sequential(layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, 1), std=1.0))
+        if design == "plan":  # the plan's network: ReLU layers of width d, PyTorch's default initialisation
+            self.encoder = nn.Sequential(nn.Linear(self.input_dim, hidden_size), nn.ReLU())
+            self.gru = nn.GRUCell(hidden_size, hidden_size)
+        else:
+            self.encoder = nn.Sequential(layer_init(nn.Linear(self.input_dim, hidden_size)), nn.Tanh())
+            self.gru = nn.GRUCell(hidden_size, hidden_size)
+            for name, param in self.gru.named_parameters():
+                if "bias" in name:
+                    nn.init.constant_(param, 0)
+                else:
+                    nn.init.orthogonal_(param, 1.0)
+        self.bank = AbstractionBank(hidden_size, num_abstractions, slot_dim, tau, orthonormal, gumbel_tau, design)
+        self.film = FiLM(slot_dim, hidden_size, design)
+        if design == "plan":
+            self.actor = nn.Sequential(nn.Linear(hidden_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, num_actions))
+            self.critic = nn.Sequential(nn.Linear(hidden_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, 1))
+        else:
+            self.actor = nn.Sequential(
+                layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, num_actions), std=0.01)
+            )
+            self.critic = nn.Sequential(
+                layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, 1), std=1.0)
+            )
 
     def build_input(self, obs, prev_action, prev_reward, mode):
         """obs (..., obs_dim), prev_action (...) with -1 for "none", prev_reward (...), mode (...) -> input."""
@@ -433,6 +460,7 @@ def agent_from_args(args, num_modes):
         args.bottleneck,
         args.slot_init == "orthonormal",
         gumbel_tau,
+        args.design,
     )
 
 
@@ -759,22 +787,30 @@ def gate_swap(agent, targets, hide_velocity, episodes, seed):
 
 
 # CHECKPOINT AND TARGETS
-# the saved args of every documented ppo_gru_astral.py checkpoint: the Agent's, then the training-only ones; others refused
+# loads a ppo_gru_astral.py checkpoint of every documented vintage: the arguments it may hold (any other is refused)
 CHECKPOINT_ARGS = set(
-    """hide_velocity memory oracle hidden_size num_abstractions slot_dim tau bottleneck hard_gate gumbel_tau slot_init
-    modes_preset exp_name seed torch_deterministic cuda track wandb_project_name wandb_entity capture_video save_model
-    runs_dir eval_episodes env_id mode_share fixed_mode switch_prob total_timesteps learning_rate num_envs num_steps
-    anneal_lr gamma gae_lambda num_minibatches update_epochs norm_adv clip_coef clip_vloss ent_coef vf_coef max_grad_norm
-    target_kl norm_reward lambda_w_ent lambda_lb lambda_orth lambda_consistency lambda_supervised batch_size minibatch_size
-    num_iterations diagnostics_every resume checkpoint_every torch_threads modes""".split()
+    """design hide_velocity memory oracle hidden_size num_abstractions slot_dim tau bottleneck hard_gate gumbel_tau
+    slot_init sharpen_gate adam_eps modes_preset exp_name seed torch_deterministic cuda track wandb_project_name
+    wandb_entity capture_video save_model runs_dir eval_episodes env_id mode_share fixed_mode switch_prob
+    total_timesteps learning_rate num_envs num_steps anneal_lr gamma gae_lambda num_minibatches update_epochs
+    norm_adv clip_coef clip_vloss ent_coef vf_coef max_grad_norm target_kl norm_reward lambda_w_ent lambda_lb
+    lambda_orth lambda_consistency lambda_supervised batch_size minibatch_size num_iterations diagnostics_every
+    resume checkpoint_every torch_threads modes""".split()
 )
-# what a checkpoint saved without these arguments was trained with
-CHECKPOINT_DEFAULTS = {"bottleneck": False, "hard_gate": False, "gumbel_tau": 1.0, "slot_init": "random"}
+# what a checkpoint saved without these arguments was trained with (the gate entropy: the sharpening variant)
+CHECKPOINT_DEFAULTS = {
+    "design": "script",
+    "sharpen_gate": True,
+    "bottleneck": False,
+    "hard_gate": False,
+    "gumbel_tau": 1.0,
+    "slot_init": "random",
+}
 
 
 def agent_from_checkpoint(ckpt):
     """A fresh agent holding the checkpoint's weights, with a zero context (attach_context)."""
-    trained = types.SimpleNamespace(**{**CHECKPOINT_DEFAULTS, **ckpt["args"]})
+    trained = types.SimpleNamespace(**ckpt["args"])
     agent = attach_context(agent_from_args(trained, len(ckpt["modes"])))
     agent.load_state_dict({"bank.context": agent.bank.context.detach().clone(), **ckpt["state_dict"]})
     return agent
@@ -812,8 +848,9 @@ def load_astral_checkpoint(path):
             f"checkpoint {path!r} was written by {found or 'another program'} (format {found_format}), "
             f"not {ASTRAL_SCRIPT}.py format {ASTRAL_FORMAT}; test-time gating needs an ASTRAL agent (it has the gate)"
         )
+    ckpt["args"] = {**CHECKPOINT_DEFAULTS, **ckpt["args"]}
     a = ckpt["args"]
-    allowed = {"memory": ("gru", "none"), "modes_preset": tuple(HELD_OUT_MODES)}
+    allowed = {"memory": ("gru", "none"), "modes_preset": tuple(HELD_OUT_MODES), "design": ("script", "plan")}
     unknown_keys = sorted(set(a) - CHECKPOINT_ARGS) + [k for k, values in allowed.items() if a.get(k) not in values]
     unknown = ", ".join(f"--{k.replace('_', '-')} {a.get(k)}" for k in unknown_keys)
     if unknown:
@@ -831,7 +868,7 @@ def load_astral_checkpoint(path):
 
 
 def parse_mode(item):
-    """ "g,l[,sign]" -> (gravity, half_length, force_sign), the force sign 1 unless given."""
+    """One --modes item, g,l[,sign], as (gravity, half_length, force_sign); the force sign is 1 unless given."""
     message = (
         f"malformed mode {item!r} in --modes; write gravity,half_length[,force_sign] with a positive gravity "
         "and half-length and a force sign of 1 or -1, e.g. '9.8,0.5 7.5,0.7,-1'"
