@@ -469,11 +469,10 @@ def add_context_bias(context, gate, inputs, logits):
     return logits + context
 
 
-def attach_context(agent):
-    """Gives the agent's bank a zero gate-logit bias `bank.context` (K,), added to the gate's output by a forward hook."""
-    agent.bank.register_parameter("context", nn.Parameter(torch.zeros(len(agent.bank.slots))))
-    agent.bank.gate.register_forward_hook(functools.partial(add_context_bias, agent.bank.context))
-    return agent
+def attach_context(bank):
+    """Gives an AbstractionBank a zero gate-logit bias `context` (K,), added to its gate's output by a forward hook."""
+    bank.register_parameter("context", nn.Parameter(torch.zeros(len(bank.slots))))
+    bank.gate.register_forward_hook(functools.partial(add_context_bias, bank.context))
 
 
 # ACTING
@@ -809,9 +808,10 @@ CHECKPOINT_DEFAULTS = {
 
 
 def agent_from_checkpoint(ckpt):
-    """A fresh agent holding the checkpoint's weights, with a zero context (attach_context)."""
+    """A fresh agent holding the checkpoint's weights and a zero context (attach_context)."""
     trained = types.SimpleNamespace(**ckpt["args"])
-    agent = attach_context(agent_from_args(trained, len(ckpt["modes"])))
+    agent = agent_from_args(trained, len(ckpt["modes"]))
+    attach_context(agent.bank)
     agent.load_state_dict({"bank.context": agent.bank.context.detach().clone(), **ckpt["state_dict"]})
     return agent
 
