@@ -4,6 +4,8 @@ Reads a sweep written by benchmark.py (its completion markers and every finished
 --exp-name and observation, and prints one markdown table (per training mode: mean deterministic return over seeds and
 how many seeds reach 475; the held-out mode; episode-level NMI; wall time) and the phase's pass/fail lines.
 
+Phase P scores part a of the plan-design check (benchmark/astral_plan_check.sh): the plan's expected results 1 and 2.
+
 Usage: python benchmark/astral_study_report.py --phase C --sweep benchmark/out/astral_study/phase_C
        add --archive DIR to copy the sweep's markers and eval.json files (no models, no logs) into DIR, a directory that
        --sweep reads back: the docs keep the study's results that way, small enough to commit.
@@ -33,12 +35,15 @@ def read_json(path):
         return json.load(f)
 
 
-def load_runs(*sweeps):
+def load_runs(*sweeps, seeds=None):
     """{label: [run]} with run = {"seed", "train" (per training mode returns), "held_out", "nmi" (None for the
-    baseline), "wall_time"}; label = the run's --exp-name, plus " (hidden velocity)" where it had --hide-velocity."""
+    baseline), "wall_time"}; label = the run's --exp-name, plus " (hidden velocity)" where it had --hide-velocity; only
+    the runs of `seeds` when given."""
     groups = {}
     for marker in sorted(m for sweep in sweeps for m in glob.glob(os.path.join(sweep, "markers", "*.json"))):
         record = read_json(marker)
+        if seeds is not None and record["seed"] not in seeds:
+            continue
         path = eval_path(os.path.dirname(os.path.dirname(marker)), marker, record)
         if path is None:
             continue
@@ -200,11 +205,11 @@ def phase_b_criteria(groups):
 
 
 def phase_c_criteria(groups):
-    """Phase C: criteria 1 and 2 and the wall time of the frozen configuration and of the ceiling."""
+    """Phase C: criteria 1 and 2 and the wall time of the frozen configuration, of the ceiling and of the plan's design."""
     lines = []
-    for label in [g for g in groups if g.split(" (")[0] in ("frozen", "ceiling")]:
+    for label in [g for g in groups if g.split(" (")[0] in ("frozen", "ceiling", "plan")]:
         runs = groups[label]
-        baseline = groups.get(label.replace("frozen", "baseline").replace("ceiling", "baseline"))
+        baseline = groups.get(label.replace(label.split(" (")[0], "baseline"))
         train = np.array([r["train"] for r in runs])
         need = SHARE * len(runs)
         solved = (train >= SOLVED).sum(0)
@@ -227,6 +232,31 @@ def phase_c_criteria(groups):
     return lines
 
 
+def plan_check_criteria(groups):
+    """Part a of the plan-design check: expected result 1 (the plan's ASTRAL and its baseline both solve every mode, in
+    >= 80% of the seeds each) and expected result 2 (different modes use different slots: episode-level NMI >= 0.5 in
+    >= 80% of the plan's ASTRAL seeds)."""
+    lines = []
+    for label in ("plan", "baseline"):
+        runs = groups.get(label)
+        if not runs:
+            lines.append(f"no {label} runs")
+            continue
+        solved = (np.array([r["train"] for r in runs]) >= SOLVED).sum(0)
+        lines.append(
+            f"{'PASS' if solved.min() >= SHARE * len(runs) else 'FAIL'} {label} expected result 1: seeds per mode "
+            f">= {SOLVED:.0f}: {solved.tolist()} of {len(runs)}"
+        )
+    if groups.get("plan"):
+        runs = groups["plan"]
+        nmi = sum(r["nmi"] is not None and r["nmi"] >= NMI_PASS for r in runs)
+        lines.append(
+            f"{'PASS' if nmi >= SHARE * len(runs) else 'FAIL'} plan expected result 2: "
+            f"episode-level NMI >= {NMI_PASS} in {nmi} of {len(runs)} seeds"
+        )
+    return lines
+
+
 def criteria(phase, groups):
     """The phase's verdict lines, each starting PASS, FAIL or a plain statement."""
     if phase == "A":
@@ -235,16 +265,19 @@ def criteria(phase, groups):
         return phase_b_criteria(groups)
     if phase == "C":
         return phase_c_criteria(groups)
+    if phase == "P":
+        return plan_check_criteria(groups)
     return []
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--phase", choices=["A", "B", "C"], required=True)
+    parser.add_argument("--phase", choices=["A", "B", "C", "P"], required=True, help="P: part a of the plan-design check")
     parser.add_argument("--sweep", required=True, nargs="+", help="sweep directories written by benchmark.py (read together)")
     parser.add_argument("--archive", help="also copy the finished runs' markers and eval.json files into this directory")
+    parser.add_argument("--seeds", type=int, nargs="+", help="read only the runs of these seeds")
     args = parser.parse_args(argv)
-    groups = load_runs(*args.sweep)
+    groups = load_runs(*args.sweep, seeds=args.seeds)
     if not groups:
         print(f"astral_study_report.py: error: no finished run with an eval.json in {' '.join(args.sweep)}", file=sys.stderr)
         return 2

@@ -902,29 +902,6 @@ def batch_slot_metrics(batch, num_modes, num_slots, latent, latent_of_mode):
     return slots
 
 
-def held_out_routing(slot_weights, labels, held_out):
-    """Where each held-out mode's gate goes (the argmax of its mean gate weights) beside the slots the training modes of
-    its action-latent label (its force sign) go to and those of the other label: [{"mode", "slot", "sign_slots",
-    "other_sign_slots", "verdict"}]."""
-    slot_of_mode = slot_weights.argmax(-1)
-    training = [k for k in range(len(slot_weights)) if k not in held_out]
-    routing = []
-    for k in held_out:
-        slot = int(slot_of_mode[k])
-        own = sorted({int(slot_of_mode[j]) for j in training if labels[j] == labels[k]})
-        other = sorted({int(slot_of_mode[j]) for j in training if labels[j] != labels[k]})
-        if slot in own and slot not in other:
-            verdict = "its sign's slot"
-        elif slot in own:
-            verdict = "a slot both signs use"
-        elif slot in other:
-            verdict = "the other sign's slot"
-        else:
-            verdict = "a slot no training mode uses"
-        routing.append({"mode": k, "slot": slot, "sign_slots": own, "other_sign_slots": other, "verdict": verdict})
-    return routing
-
-
 # LOGGING
 LOSS_TAGS = ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "explained_variance")
 
@@ -1005,10 +982,9 @@ def evaluate(model_path, episodes_per_mode=10, modes=None, deterministic=True, s
             env = NonStationaryCartPole(1, modes, train_args.hide_velocity, fixed_mode=k, mode_names=mode_names)
             carry = new_carry(env, agent, seed, device)
             cartpole.record_video(env, functools.partial(video_step, agent, env, carry), video_dir, f"mode{k}")
-    weights = [c["weights"][c["ages"] >= 0].cpu().numpy() for c in steps]
-    slot_weights = np.stack([w.mean(0) for w in weights])
-    slot_counts = np.stack([np.bincount(w.argmax(-1), minlength=train_args.num_abstractions) for w in weights])
-    mode_slot_mi, mode_slot_nmi = mutual_information(np.delete(slot_counts, held_out, 0))
+    gate = cartpole.gate_by_mode(
+        [c["weights"][c["ages"] >= 0].cpu().numpy() for c in steps], train_args.num_abstractions, held_out
+    )
     # the trained modes' episodes side by side in one (T, N) batch, padded at the end with uncounted steps (age -1)
     batch = {}
     for key in steps[0]:
@@ -1019,30 +995,27 @@ def evaluate(model_path, episodes_per_mode=10, modes=None, deterministic=True, s
         batch[key] = nn.utils.rnn.pad_sequence(trained, padding_value=padding_value).flatten(1, 2)
     metrics = episode_slot_metrics(batch["weights"], batch["modes"], batch["starts"], batch["ages"], len(modes))
     _, episode, keep = episode_means(batch["weights"], batch["starts"], batch["ages"])
-    episode = episode.cpu().numpy()
     features = {
         "w": batch["weights"].flatten(0, 1)[keep].cpu().numpy(),
         "h": batch["hidden"].flatten(0, 1)[keep].cpu().numpy(),
     }
     step_modes = batch["modes"].flatten()[keep].cpu().numpy()
-    for name, x in features.items():
-        metrics[f"probe_acc_{name}"] = cartpole.linear_probe_accuracy(x, step_modes, episode)
     latent = ACTION_LATENT[train_args.modes_preset]
+    labels = None
     routing = []
     if latent is not None:
         labels = latent_labels(modes, latent)
         step_labels = torch.as_tensor(labels, device=batch["modes"].device)[batch["modes"].long()]
         by_latent = episode_slot_metrics(batch["weights"], step_labels, batch["starts"], batch["ages"], 2)
         metrics[f"episode_nmi_{latent}"] = by_latent["episode_nmi"]
-        for name, x in features.items():
-            metrics[f"probe_acc_{name}_{latent}"] = cartpole.linear_probe_accuracy(x, labels[step_modes], episode)
-        routing = held_out_routing(slot_weights, labels, held_out)
+        routing = cartpole.held_out_routing(gate.slot_weights, labels, held_out)
+    metrics.update(cartpole.probe_accuracies(features, step_modes, episode.cpu().numpy(), latent, labels))
     return {
         "returns": returns,
-        "slot_weights": slot_weights,
-        "slot_counts": slot_counts,
-        "mode_slot_mi": mode_slot_mi,
-        "mode_slot_nmi": mode_slot_nmi,
+        "slot_weights": gate.slot_weights,
+        "slot_counts": gate.slot_counts,
+        "mode_slot_mi": gate.mode_slot_mi,
+        "mode_slot_nmi": gate.mode_slot_nmi,
         "slots": metrics,
         "held_out_routing": routing,
         "action_latent": latent,

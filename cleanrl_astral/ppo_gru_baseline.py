@@ -428,7 +428,7 @@ def env_step(agent, envs, carry, deterministic=False):
     carry["start"] = done
     carry["mode"] = info["mode"]
     carry["prev_action"] = np.where(done, -1, acted)
-    carry["prev_reward"] = reward * ~done
+    carry["prev_reward"] = np.where(done, 0.0, reward)
     return step, outcome, episodes
 
 
@@ -586,9 +586,6 @@ def print_progress(iteration, num_iterations, global_step, sps, recent, recent_b
 
 
 # EVALUATION
-PROBE_BURN_IN = 10  # the steps an episode's memory may take to infer the mode: the probe skips them, as ASTRAL's does
-
-
 def evaluate(model_path, episodes_per_mode=10, modes=None, deterministic=True, seed=0, video_dir=None, device="cpu"):
     """Plays `episodes_per_mode` episodes in each mode of `modes` (default: the checkpoint's, held-out ones included; any
     physics works, unseen ones included) with the saved agent. Returns {"returns": {mode index: array of returns},
@@ -623,20 +620,7 @@ def evaluate(model_path, episodes_per_mode=10, modes=None, deterministic=True, s
     latent = ACTION_LATENT[train_args.modes_preset]
     if latent is not None:
         labels = latent_labels(modes, latent)
-        features = []
-        targets = []
-        episode = []
-        for k in hidden:
-            if k in held_out:
-                continue
-            # the first episode of env i of mode k is episode k * episodes_per_mode + i: even ones fit, odd ones score
-            steps, env_index = np.nonzero(hidden[k]["ages"] >= PROBE_BURN_IN)
-            features.append(hidden[k]["hidden"][steps, env_index])
-            targets.append(np.full(len(steps), labels[k]))
-            episode.append(k * episodes_per_mode + env_index)
-        probes[f"probe_acc_h_{latent}"] = cartpole.linear_probe_accuracy(
-            np.concatenate(features), np.concatenate(targets), np.concatenate(episode)
-        )
+        probes[f"probe_acc_h_{latent}"] = cartpole.hidden_state_probe(hidden, labels, held_out, episodes_per_mode)
     return {"returns": returns, "probes": probes}
 
 

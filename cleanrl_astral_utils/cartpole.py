@@ -1,18 +1,21 @@
-"""What the CartPole scripts (ppo_gru_baseline.py, ppo_gru_astral.py) do around their method: checkpoints written
-atomically and refused when another program wrote them, the evaluation report (eval.json, its TensorBoard scalars and
-printed lines), the linear probe of the evaluation, the slot heatmap and the evaluation videos.
+"""What the CartPole scripts (ppo_gru_baseline.py, ppo_gru_astral.py, tta_gating.py) do around their method: checkpoints
+written atomically and refused when another program wrote them, the evaluation's analysis (the gate per mode, linear
+probes, the held-out modes' routing), the evaluation report (eval.json, its TensorBoard scalars and printed lines), the
+slot heatmap and the evaluation videos.
 
 The scripts import it only where a run needs it (a --save-model run, or evaluate()), as CleanRL imports cleanrl_utils."""
 
 import dataclasses
 import os
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from cleanrl_astral_utils.files import atomic_torch_save, atomic_write_json
 
-KINDS = ("deterministic", "sampled")
+KINDS = ("deterministic", "sampled")  # the evaluation's actions: the policy's argmax, and draws from it
+PROBE_BURN_IN = 10  # the steps an episode's memory may take to infer the mode: probes skip them, as ASTRAL's metrics do
 
 
 # CHECKPOINTS
@@ -159,7 +162,90 @@ def write_eval_json(report, run_dir):
     atomic_write_json(report, os.path.join(run_dir, "eval.json"), indent=1)
 
 
-# LINEAR PROBE
+# EVALUATION ANALYSIS: the agent's state and gate against the true mode and the action latent, which it never sees
+def mutual_information(counts):
+    """I(mode; slot) in nats from a joint count matrix, and the same divided by H(mode) (0 if H(mode) = 0)."""
+    joint = counts / counts.sum()
+    p_mode = joint.sum(1, keepdims=True)
+    p_slot = joint.sum(0, keepdims=True)
+    nz = joint > 0
+    mi = float((joint[nz] * np.log(joint[nz] / (p_mode @ p_slot)[nz])).sum())
+    h_mode = float(-(p_mode[p_mode > 0] * np.log(p_mode[p_mode > 0])).sum())
+    if h_mode == 0:
+        return mi, 0.0
+    return mi, mi / h_mode
+
+
+class GateByMode(NamedTuple):
+    slot_weights: np.ndarray
+    """(modes, K) mean gate weights"""
+    slot_counts: np.ndarray
+    """(modes, K) how often each slot had the largest weight"""
+    mode_slot_mi: float
+    """step-level I(mode; argmax slot) over the modes not held out"""
+    mode_slot_nmi: float
+
+
+def gate_by_mode(weights, num_slots, held_out):
+    """The gate of each mode's evaluation steps (a list of (steps, K) arrays, one per mode) summed up per mode."""
+    slot_weights = np.stack([w.mean(0) for w in weights])
+    slot_counts = np.stack([np.bincount(w.argmax(-1), minlength=num_slots) for w in weights])
+    mode_slot_mi, mode_slot_nmi = mutual_information(np.delete(slot_counts, held_out, 0))
+    return GateByMode(slot_weights, slot_counts, mode_slot_mi, mode_slot_nmi)
+
+
+def probe_accuracies(features, step_modes, episode, latent=None, labels=None):
+    """{probe_acc_{name}: a linear probe's accuracy reading the mode from each of `features` ({name: (steps, C)}), and,
+    given the action latent's name and each mode's label, probe_acc_{name}_{latent} reading the label}."""
+    probes = {}
+    for name, x in features.items():
+        probes[f"probe_acc_{name}"] = linear_probe_accuracy(x, step_modes, episode)
+    if latent is not None:
+        for name, x in features.items():
+            probes[f"probe_acc_{name}_{latent}"] = linear_probe_accuracy(x, labels[step_modes], episode)
+    return probes
+
+
+def hidden_state_probe(hidden, labels, held_out, episodes_per_mode):
+    """The GRU baseline's probe: held-out accuracy of a linear probe reading each trained mode's label from h, past
+    burn-in. `hidden[k]` holds mode k's evaluation ({"hidden": (T, N, H), "ages": (T, N)}, env i's first episode)."""
+    features = []
+    targets = []
+    episode = []
+    for k in hidden:
+        if k in held_out:
+            continue
+        # the first episode of env i of mode k is episode k * episodes_per_mode + i: even ones fit, odd ones score
+        steps, env_index = np.nonzero(hidden[k]["ages"] >= PROBE_BURN_IN)
+        features.append(hidden[k]["hidden"][steps, env_index])
+        targets.append(np.full(len(steps), labels[k]))
+        episode.append(k * episodes_per_mode + env_index)
+    return linear_probe_accuracy(np.concatenate(features), np.concatenate(targets), np.concatenate(episode))
+
+
+def held_out_routing(slot_weights, labels, held_out):
+    """Where each held-out mode's gate goes (the argmax of its mean gate weights) beside the slots the training modes of
+    its action-latent label (its force sign) go to and those of the other label: [{"mode", "slot", "sign_slots",
+    "other_sign_slots", "verdict"}]."""
+    slot_of_mode = slot_weights.argmax(-1)
+    training = [k for k in range(len(slot_weights)) if k not in held_out]
+    routing = []
+    for k in held_out:
+        slot = int(slot_of_mode[k])
+        own = sorted({int(slot_of_mode[j]) for j in training if labels[j] == labels[k]})
+        other = sorted({int(slot_of_mode[j]) for j in training if labels[j] != labels[k]})
+        if slot in own and slot not in other:
+            verdict = "its sign's slot"
+        elif slot in own:
+            verdict = "a slot both signs use"
+        elif slot in other:
+            verdict = "the other sign's slot"
+        else:
+            verdict = "a slot no training mode uses"
+        routing.append({"mode": k, "slot": slot, "sign_slots": own, "other_sign_slots": other, "verdict": verdict})
+    return routing
+
+
 def linear_probe_accuracy(features, labels, episode):
     """Held-out accuracy of a logistic regression predicting `labels` from per-step features: fitted on the steps of
     even-numbered episodes, scored on the odd ones' (at most ~10k steps each; nan without two labels to tell apart)."""

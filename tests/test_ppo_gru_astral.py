@@ -2,6 +2,7 @@
 PPO around it; each would fail if the mechanism it names were wrong."""
 
 import copy
+import inspect
 import math
 import os
 import re
@@ -14,6 +15,7 @@ from helpers import assert_one_line_error, load_json, logged_scalars, only_run_d
 
 import cleanrl_astral.ppo_gru_astral as ppo_gru_astral
 import cleanrl_astral.ppo_gru_baseline as ppo_gru_baseline
+from cleanrl_astral_utils import cartpole
 
 TINY = [
     "--num-envs",
@@ -204,7 +206,8 @@ def test_replay_from_a_zero_state_or_without_resets_would_differ():
 
 def test_hidden_state_and_prev_inputs_are_zero_at_episode_starts():
     agent, batch, initial_state, _ = rollout()
-    starts, inputs = batch["starts"].bool(), batch["inputs"]
+    starts = batch["starts"].bool()
+    inputs = batch["inputs"]
     assert starts[1:].sum() > 0
     assert inputs[..., 4:7][starts].abs().sum() == 0 and torch.all(inputs[..., 6][~starts] == 1.0)
     with torch.no_grad():
@@ -223,12 +226,14 @@ def test_unroll_equals_stepping_the_gru_module_with_resets():
     with torch.no_grad():
         for p in agent.gru.parameters():
             p.normal_()
-    x, state = torch.randn(7, 3, agent.input_dim), torch.randn(3, 16)
+    x = torch.randn(7, 3, agent.input_dim)
+    state = torch.randn(3, 16)
     starts = torch.zeros(7, 3)
     starts[0, 1] = starts[3, 0] = starts[5, 2] = 1.0
     features, hidden, last = agent.unroll(x, state, starts)
     torch.testing.assert_close(features, agent.encoder(x))
-    h, expected = state, []
+    h = state
+    expected = []
     for t in range(7):
         h = agent.gru(agent.encoder(x[t]), h * (1 - starts[t]).unsqueeze(-1))
         expected.append(h)
@@ -291,7 +296,9 @@ def test_info_names_the_mode_that_governs_the_next_step(module):
 
 def mode_steps(envs, steps=3000, seed=0):
     """How many steps each mode governed, over `steps` steps of random actions."""
-    info, rng, counts = envs.reset(seed=seed)[1], np.random.default_rng(seed), np.zeros(len(envs.gravity), dtype=int)
+    info = envs.reset(seed=seed)[1]
+    rng = np.random.default_rng(seed)
+    counts = np.zeros(len(envs.gravity), dtype=int)
     for _ in range(steps):
         np.add.at(counts, info["mode"], 1)
         info = envs.step(rng.integers(2, size=envs.num_envs))[-1]
@@ -384,11 +391,13 @@ def test_truncated_episodes_are_bootstrapped_and_logged():
 
 @pytest.mark.parametrize("next_start", [0.0, 1.0])
 def test_gae_matches_its_definition_with_discounting_and_bootstrapping(forward_gae, next_start):
-    gamma, lam = 0.9, 0.5
+    gamma = 0.9
+    lam = 0.5
     rewards = torch.tensor([[1.0, -1.0], [2.0, 0.5], [3.0, 2.0], [4.0, -3.0], [0.5, 1.0]])
     values = torch.tensor([[10.0, 1.0], [20.0, -2.0], [30.0, 3.0], [40.0, 0.0], [5.0, 6.0]])
     starts = torch.tensor([[1.0, 1.0], [0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 0.0]])
-    next_value, next_start_t = torch.tensor([50.0, -7.0]), torch.tensor([next_start, 0.0])
+    next_value = torch.tensor([50.0, -7.0])
+    next_start_t = torch.tensor([next_start, 0.0])
     adv, ret = ppo_gru_astral.compute_gae(rewards, values, starts, next_value, next_start_t, gamma, lam)
     for n in range(2):
         continues = [1.0 - starts[t + 1, n].item() for t in range(4)] + [1.0 - next_start_t[n].item()]
@@ -399,9 +408,11 @@ def test_gae_matches_its_definition_with_discounting_and_bootstrapping(forward_g
 
 def test_reward_scaler_is_the_baselines():
     rng = np.random.default_rng(1)
-    ours, theirs = ppo_gru_astral.RewardScaler(4, 0.99), ppo_gru_baseline.RewardScaler(4, 0.99)
+    ours = ppo_gru_astral.RewardScaler(4, 0.99)
+    theirs = ppo_gru_baseline.RewardScaler(4, 0.99)
     for _ in range(20):
-        rewards, dones = rng.normal(1.0, 1.0, 4), rng.random(4) < 0.1
+        rewards = rng.normal(1.0, 1.0, 4)
+        dones = rng.random(4) < 0.1
         assert np.array_equal(ours(rewards, dones.copy()), theirs(rewards, dones.copy()))
 
 
@@ -409,7 +420,8 @@ def test_defaults_are_the_baselines_but_the_rollout_shape():
     """Every flag the two scripts share has the same default (PPO, network, environment) except the rollout shape:
     ASTRAL keeps 32 envs x 128 steps, where it learns `seed3 --hide-velocity` in 10/10 seeds against 7/10 with the
     baseline's 128 x 32 (docs/ppo_gru_astral.md). The batch is the same 4096 samples."""
-    ours, theirs = vars(ppo_gru_astral.Args()), vars(ppo_gru_baseline.Args())
+    ours = vars(ppo_gru_astral.Args())
+    theirs = vars(ppo_gru_baseline.Args())
     shared = sorted(set(ours) & set(theirs) - {"exp_name", "num_envs", "num_steps"})
     assert {"num_minibatches", "update_epochs", "learning_rate", "hidden_size", "ent_coef"} <= set(shared)
     assert {name: ours[name] for name in shared} == {name: theirs[name] for name in shared}
@@ -485,8 +497,10 @@ def test_entropy_bonus_lowers_the_loss():
     derivative with respect to each sample's entropy is -ent_coef / (samples in the minibatch). A + sign would
     minimise entropy, so training would drive the policy deterministic instead of exploring."""
     gen = torch.Generator().manual_seed(0)
-    T, N = 4, 2
-    adv, ret = torch.randn(T, N, generator=gen), torch.randn(T, N, generator=gen)
+    T = 4
+    N = 2
+    adv = torch.randn(T, N, generator=gen)
+    ret = torch.randn(T, N, generator=gen)
     _, spy, stats = scripted_update(adv, ret, torch.zeros(T, N), num_minibatches=1, update_epochs=1, ent_coef=0.1)
     assert len(spy.grads) == 1 and stats["entropy"] == pytest.approx(0.6)
     torch.testing.assert_close(spy.grads[0]["entropy"], torch.full((T, N), -0.1 / (T * N)))
@@ -515,7 +529,8 @@ def test_advantages_are_normalised_within_each_minibatch(norm_adv):
     (mean 0, std 1); without it, the raw advantage. Envs 0-1 and 2-3 have advantages of different scale and offset,
     so per-minibatch and whole-batch normalisation differ."""
     gen = torch.Generator().manual_seed(0)
-    T, N = 3, 4
+    T = 3
+    N = 4
     adv = torch.randn(T, N, generator=gen) * torch.tensor([1.0, 1.0, 20.0, 20.0]) + torch.tensor([5.0, 5.0, -40.0, 9.0])
     agent, spy, _ = scripted_update(
         adv, torch.zeros(T, N), torch.zeros(T, N), num_minibatches=2, update_epochs=1, norm_adv=norm_adv
@@ -536,7 +551,8 @@ def test_each_epoch_visits_every_env_exactly_once():
     """Minibatches hold whole environments: in every epoch the minibatches partition the envs (a reshuffled
     permutation cut into consecutive slices). Taking the same first slice each time would train on a quarter of
     the rollout, several times over."""
-    T, N = 2, 8
+    T = 2
+    N = 8
     agent, spy, _ = scripted_update(torch.ones(T, N), torch.zeros(T, N), torch.zeros(T, N), num_minibatches=4, update_epochs=3)
     assert len(agent.minibatches) == len(spy.grads) == 12
     for epoch in range(3):
@@ -551,7 +567,8 @@ def synthetic_batch(agent, T=6, N=4, seed=0):
     gen = torch.Generator().manual_seed(seed)
     inputs = torch.randn(T, N, agent.input_dim, generator=gen)
     starts = torch.zeros(T, N)
-    starts[0], starts[T // 2, ::2] = 1.0, 1.0
+    starts[0] = 1.0
+    starts[T // 2, ::2] = 1.0
     initial_state = torch.zeros(N, agent.hidden_size)
     actions = torch.randint(0, 2, (T, N), generator=gen)
     with torch.no_grad():
@@ -894,3 +911,35 @@ def test_the_progress_line_gives_the_time_left_from_the_steps_to_go_and_sps(caps
     line = capsys.readouterr().out.strip()
     assert line.startswith("iter 1/4 step 6000 SPS 100 return 50.0 | m0 40 | slot NMI 0.25, episode NMI 0.50")
     assert line.endswith("| 3.0 min left")
+
+
+def helper_text(module, start, end):
+    """The source of `module` from the line that starts with `start` up to (without) the next line starting with `end`."""
+    source = inspect.getsource(module)
+    first = source.index(start)
+    return source[first : source.index(end, first + len(start))]
+
+
+def test_the_cartpole_scripts_share_their_helpers_as_one_text():
+    """Copies between the CartPole scripts are the same text, so a diff between two scripts shows only what differs in
+    method: the environment, the previous-reward rule, the finite-number check, claim_run_dir (tta_gating's too), and
+    the mutual information the scripts log beside the package's one definition."""
+    import cleanrl_astral.tta_gating as tta_gating
+
+    scripts = (ppo_gru_baseline, ppo_gru_astral)
+    pieces = [
+        ("# ENVIRONMENT\n", "class RewardScaler"),
+        ("class RewardScaler", "\n\n\n"),
+        ("    for field in dataclasses.fields(args):", "    for name in"),
+        ("def claim_run_dir(", "\n\n\n"),
+    ]
+    for start, end in pieces:
+        texts = {module.__name__: helper_text(module, start, end) for module in scripts}
+        assert len(set(texts.values())) == 1, start
+    claim = {helper_text(module, "def claim_run_dir(", "\n\n\n") for module in (*scripts, tta_gating)}
+    assert len(claim) == 1
+    for module in scripts:
+        assert '    carry["prev_reward"] = np.where(done, 0.0, reward)\n' in inspect.getsource(module)
+    package = helper_text(cartpole, "def mutual_information(", "\n\n\n")
+    assert helper_text(ppo_gru_astral, "def mutual_information(", "\n\n\n") == package
+    assert inspect.getsource(cartpole).count("def mutual_information(") == 1

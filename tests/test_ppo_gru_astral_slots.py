@@ -19,7 +19,9 @@ B = ppo_gru_astral.BURN_IN
 def episodes_batch(slots_per_episode, length=B + 5, K=4):
     """A (T, N=1) column of back-to-back episodes, episode e using the one-hot gate of slot slots_per_episode[e] past
     its burn-in and a uniform gate before it: (probs, starts, ages)."""
-    probs, starts, ages = [], [], []
+    probs = []
+    starts = []
+    ages = []
     for slot in slots_per_episode:
         for age in range(length):
             probs.append(torch.eye(K)[slot] if age >= B else torch.full((K,), 1.0 / K))
@@ -35,7 +37,9 @@ def test_bottleneck_lets_memory_reach_the_heads_only_through_the_gate():
     """With the bottleneck, two different GRU states under the same gate weights give the same policy and value;
     without it they do not. And the gradient of the logits reaches the GRU only through the gate."""
     torch.manual_seed(0)
-    x, starts, w = torch.randn(1, 5, 7), torch.zeros(1, 5), torch.eye(3)[[0, 1, 2, 0, 1]][None]
+    x = torch.randn(1, 5, 7)
+    starts = torch.zeros(1, 5)
+    w = torch.eye(3)[[0, 1, 2, 0, 1]][None]
     states = torch.randn(5, 16), torch.randn(5, 16)
     for bottleneck in (True, False):
         agent = ppo_gru_astral.Agent(4, 2, 3, 16, num_abstractions=3, slot_dim=8, bottleneck=bottleneck)
@@ -110,7 +114,9 @@ def test_hard_gate_is_one_hot_and_only_the_chosen_slot_gets_gradient():
 def test_deterministic_acting_uses_the_noiseless_hard_gate():
     torch.manual_seed(0)
     agent = ppo_gru_astral.Agent(4, 2, 3, 16, num_abstractions=3, slot_dim=8, gumbel_tau=1.0)
-    x, state, starts = torch.randn(1, 64, agent.input_dim), torch.randn(64, 16), torch.zeros(1, 64)
+    x = torch.randn(1, 64, agent.input_dim)
+    state = torch.randn(64, 16)
+    starts = torch.zeros(1, 64)
     *_, weights, probs, noise = agent.get_action_and_value(x, state, starts, deterministic=True)
     assert torch.equal(noise, torch.zeros_like(noise)) and torch.equal(weights.argmax(-1), probs.argmax(-1))
     *_, sampled, _, noise = agent.get_action_and_value(x, state, starts)
@@ -146,7 +152,8 @@ def test_episode_consistency_on_hand_made_gates():
 
 def test_supervised_gate_loss_is_the_cross_entropy_to_the_true_mode_past_burn_in():
     probs = torch.softmax(torch.randn(30, 2, 4), -1)
-    modes, ages = torch.randint(0, 4, (30, 2)), torch.arange(30)[:, None].expand(30, 2)
+    modes = torch.randint(0, 4, (30, 2))
+    ages = torch.arange(30)[:, None].expand(30, 2)
     expected = -torch.log(probs.gather(-1, modes[..., None])[..., 0])[B:].mean()
     torch.testing.assert_close(ppo_gru_astral.supervised_gate_loss(probs, modes, ages), expected, atol=1e-6, rtol=1e-5)
     # a minibatch of young episodes only: zero, not NaN (which would poison every parameter)
@@ -221,7 +228,7 @@ def test_held_out_routing_names_the_slot_of_the_held_out_modes_sign():
     eye = np.eye(3)
 
     def route(slot_of_mode):
-        (routing,) = ppo_gru_astral.held_out_routing(eye[slot_of_mode] * 0.8 + 0.05, signs, [4])
+        (routing,) = cartpole.held_out_routing(eye[slot_of_mode] * 0.8 + 0.05, signs, [4])
         return routing
 
     split = route([2, 1, 2, 1, 1])
@@ -229,7 +236,7 @@ def test_held_out_routing_names_the_slot_of_the_held_out_modes_sign():
     assert route([2, 1, 2, 1, 2])["verdict"] == "the other sign's slot"
     assert route([1, 1, 1, 1, 1])["verdict"] == "a slot both signs use"  # collapsed onto one slot
     assert route([2, 1, 2, 1, 0])["verdict"] == "a slot no training mode uses"
-    assert ppo_gru_astral.held_out_routing(eye[[0, 1, 2]], signs[:3], []) == []
+    assert cartpole.held_out_routing(eye[[0, 1, 2]], signs[:3], []) == []
 
 
 def test_the_final_line_says_what_the_slots_are_against_mode_and_sign_or_that_there_is_no_latent():
@@ -257,7 +264,8 @@ def test_heatmap_rows_name_their_physics_and_sign_and_mark_the_held_out_mode():
 
 def test_linear_probe_accuracy():
     rng = np.random.default_rng(0)
-    labels, episode = np.repeat([0, 1, 2, 3], 200), np.tile(np.repeat(np.arange(4), 50), 4)
+    labels = np.repeat([0, 1, 2, 3], 200)
+    episode = np.tile(np.repeat(np.arange(4), 50), 4)
     separable = np.eye(4)[labels] + 0.1 * rng.normal(size=(800, 4))
     assert cartpole.linear_probe_accuracy(separable, labels, episode) == 1.0
     assert cartpole.linear_probe_accuracy(rng.normal(size=(800, 4)), labels, episode) < 0.45

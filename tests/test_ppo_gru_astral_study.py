@@ -160,7 +160,8 @@ def test_phase_a_and_b_verdicts(tmp_path):
 
 
 def test_an_archive_reads_back_as_its_sweep(tmp_path):
-    sweep, dest = str(tmp_path / "sweep"), str(tmp_path / "archive")
+    sweep = str(tmp_path / "sweep")
+    dest = str(tmp_path / "archive")
     for seed in range(3):
         write_run(sweep, f"p{seed}", "plan", seed, [500, 400, 300, 200, 100 + seed], nmi=0.1 * seed)
     write_run(sweep, "unfinished", "plan", 9, [0] * 5)
@@ -175,3 +176,64 @@ def test_an_archive_reads_back_as_its_sweep(tmp_path):
     with pytest.raises(SystemExit, match="two sweeps hold run p0.json"):
         report.archive([dest, other], str(tmp_path / "both"))
     assert not os.path.exists(tmp_path / "both")  # refused before anything is copied
+
+
+def plan_check(*args):
+    return subprocess.run(
+        ["bash", "benchmark/astral_plan_check.sh", *args], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_the_plan_check_expands_to_its_preregistered_runs():
+    """benchmark/astral_plan_check.sh (docs/results/ppo_gru_astral/plan_design/PREREGISTRATION.md): part a is the plan's
+    ASTRAL and the plan's baseline on seed3, seeds 1-5, 500k steps; part b the plan's ASTRAL with K = 4 on mirror4
+    balanced with hidden velocity, seeds 6-10, 2M steps; tta the plan's and the study's adaptation settings and the
+    clamps on part b's checkpoints. Every training run uses --design plan and none passes --sharpen-gate."""
+    a = commands(plan_check("a", "--dry-run"))
+    assert len(a) == 10 and {int(re.search(r"--seed (\d+)", c).group(1)) for c in a} == {1, 2, 3, 4, 5}
+    assert sum("ppo_gru_baseline.py" in c for c in a) == 5 and sum("--exp-name plan" in c for c in a) == 5
+    assert all("--design plan" in c and "--total-timesteps 500000" in c and "--modes-preset" not in c for c in a)
+    b = commands(plan_check("b", "--dry-run"))
+    assert len(b) == 5 and {int(re.search(r"--seed (\d+)", c).group(1)) for c in b} == {6, 7, 8, 9, 10}
+    mirror = "--modes-preset mirror4 --mode-share balanced --hide-velocity --num-abstractions 4"
+    assert all("--design plan" in c and "--total-timesteps 2000000" in c and mirror in c for c in b)
+    assert not any("--sharpen-gate" in c for c in a + b)
+    tta = commands(plan_check("tta", "--dry-run"))
+    assert len(tta) == 15 and all("astral_plan_check/b/runs/c0__g0_base__s" in c for c in tta)
+    plan_setting = "adapt --episodes 20 --num-seeds 3 --eval-episodes 10 --adapt-lr 1e-4 --controls none gate "
+    study_setting = "adapt --episodes 30 --num-seeds 3 --eval-episodes 10 --adapt-lr 0.03 --controls none gate context "
+    assert sum(plan_setting in c for c in tta) == 5 and sum(study_setting in c for c in tta) == 5
+    assert sum("clamp --eval-episodes 10 --mode-indices 0 1 2 3" in c for c in tta) == 5
+    refused = plan_check("c")
+    assert refused.returncode == 2 and "name a part" in refused.stderr
+
+
+def test_the_plan_checks_quick_part_a_trains_and_scores(tmp_path):
+    """The tiny flavour of part a runs end to end (a run of each design per script, then the part's report)."""
+    out = os.path.join(REPO, "benchmark", "out", "astral_plan_check_quick")
+    shutil.rmtree(out, ignore_errors=True)
+    try:
+        result = plan_check("a", "--quick")
+        assert result.returncode == 0, result.stderr[-2000:]
+        report_result = plan_check("report", "--quick")
+        assert "plan expected result 1" in report_result.stdout and "baseline expected result 1" in report_result.stdout
+        assert "plan expected result 2" in report_result.stdout
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def test_plan_check_part_a_criteria(tmp_path):
+    """Expected result 1 needs both the plan's ASTRAL and its baseline at >= 475 in every mode in >= 4 of 5 seeds;
+    expected result 2 the plan's ASTRAL's episode-level NMI >= 0.5 in >= 4 of 5 seeds."""
+    sweep = str(tmp_path)
+    for seed in range(1, 6):
+        write_run(sweep, f"p{seed}", "plan", seed, [500, 480, 500, 490, 20], nmi=0.6 if seed < 5 else 0.1, hide=False)
+        write_run(sweep, f"b{seed}", "baseline", seed, [500, 400 if seed < 3 else 500, 500, 500, 20], hide=False)
+    lines = report.criteria("P", report.load_runs(sweep))
+    assert lines == [
+        "PASS plan expected result 1: seeds per mode >= 475: [5, 5, 5, 5] of 5",
+        "FAIL baseline expected result 1: seeds per mode >= 475: [5, 3, 5, 5] of 5",
+        "PASS plan expected result 2: episode-level NMI >= 0.5 in 4 of 5 seeds",
+    ]
+    only = report.load_runs(sweep, seeds=[3, 4])
+    assert {r["seed"] for runs in only.values() for r in runs} == {3, 4}

@@ -11,6 +11,7 @@ import torch
 from helpers import SCRIPT_ENV, assert_one_line_error, load_json, logged_scalars, only_run_dir, run_script
 
 import cleanrl_astral.ppo_gru_baseline as ppo_gru_baseline
+from cleanrl_astral_utils import cartpole
 
 TINY = ["--num-envs", "4", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "2", "--hidden-size", "16"]
 
@@ -50,7 +51,8 @@ def test_env_gives_gymnasiums_cartpole_trajectories(preset, mode_of_env):
     """Started from the same states, with the same actions and each env's physics set on gymnasium's CartPole-v1 (as
     the script's modes define it), the vectorised env returns the same observations, rewards, terminations and
     time-limit truncations, bit for bit, over many episodes."""
-    modes, n = ppo_gru_baseline.MODE_PRESETS[preset], len(mode_of_env)
+    modes = ppo_gru_baseline.MODE_PRESETS[preset]
+    n = len(mode_of_env)
     envs = ppo_gru_baseline.NonStationaryCartPole(n, modes, max_episode_steps=40)
     envs.pinned[:] = mode_of_env
     envs.reset(seed=0)
@@ -60,13 +62,17 @@ def test_env_gives_gymnasiums_cartpole_trajectories(preset, mode_of_env):
         reference[i].reset(seed=i)
         cartpole = reference[i].unwrapped
         gravity, half_length, sign = modes[mode_of_env[i]]
-        cartpole.gravity, cartpole.length, cartpole.force_mag = gravity, half_length, sign * 10.0
+        cartpole.gravity = gravity
+        cartpole.length = half_length
+        cartpole.force_mag = sign * 10.0
         cartpole.polemass_length = cartpole.masspole * half_length
         cartpole.state = envs.state[i].copy()
 
     for i in range(n):
         restart(i)
-    rng, truncations, ends = np.random.default_rng(1), 0, 0
+    rng = np.random.default_rng(1)
+    truncations = 0
+    ends = 0
     for _ in range(2000):
         # mostly the action that holds the pole up, so some episodes reach the time limit
         action = np.where(
@@ -79,7 +85,8 @@ def test_env_gives_gymnasiums_cartpole_trajectories(preset, mode_of_env):
             obs, r, term, trunc, _ = reference[i].step(int(action[i]))
             assert np.array_equal(obs, info["final_obs"][i]) and (r, term, trunc) == (reward[i], terminated[i], truncated[i])
             if term or trunc:
-                ends, truncations = ends + 1, truncations + (trunc and not term)
+                ends = ends + 1
+                truncations = truncations + (trunc and not term)
                 restart(i)
     assert ends > 100 and truncations > 5
 
@@ -87,7 +94,8 @@ def test_env_gives_gymnasiums_cartpole_trajectories(preset, mode_of_env):
 def test_autoreset_is_same_step_with_fresh_first_observations():
     envs = ppo_gru_baseline.NonStationaryCartPole(16, ppo_gru_baseline.MODE_PRESETS["seed3"], max_episode_steps=30)
     obs, info = envs.reset(seed=0)
-    rng, ended = np.random.default_rng(0), 0
+    rng = np.random.default_rng(0)
+    ended = 0
     for _ in range(300):
         obs, reward, terminated, truncated, info = envs.step(rng.integers(2, size=16))
         done = terminated | truncated
@@ -128,7 +136,10 @@ def test_modes_are_drawn_per_episode_switched_by_switch_prob_and_pinned_by_fixed
             8, ppo_gru_baseline.MODE_PRESETS["seed3"], fixed_mode=fixed_mode, switch_prob=switch_prob
         )
         _, info = envs.reset(seed=0)
-        rng, changes, episode_modes, mode = np.random.default_rng(0), 0, [info["mode"]], info["mode"]
+        rng = np.random.default_rng(0)
+        changes = 0
+        episode_modes = [info["mode"]]
+        mode = info["mode"]
         for _ in range(steps):
             _, _, terminated, truncated, info = envs.step(rng.integers(2, size=8))
             done = terminated | truncated
@@ -167,7 +178,8 @@ def test_held_out_mode_is_never_drawn_in_training_and_is_evaluated(tmp_path):
         16, ppo_gru_baseline.MODE_PRESETS["inverted4"], switch_prob=0.3, held_out=(2,), max_episode_steps=20
     )
     _, info = envs.reset(seed=0)
-    seen, rng = [info["mode"]], np.random.default_rng(0)
+    seen = [info["mode"]]
+    rng = np.random.default_rng(0)
     for _ in range(300):
         _, _, _, _, info = envs.step(rng.integers(2, size=16))
         seen.append(info["mode"])
@@ -235,7 +247,8 @@ def test_hidden_state_and_prev_inputs_are_zero_at_episode_starts():
     agent, batch, initial_state, _ = rollout("gru")
     starts = batch["starts"].bool()
     inputs = batch["inputs"]
-    prev_action, prev_reward = inputs[..., 4:6], inputs[..., 6]
+    prev_action = inputs[..., 4:6]
+    prev_reward = inputs[..., 6]
     assert starts[1:].sum() > 0
     assert prev_action[starts].abs().sum() == 0 and prev_reward[starts].abs().sum() == 0
     # inside an episode: previous reward is CartPole's 1 and the previous action is the one taken
@@ -267,11 +280,13 @@ def test_unroll_equals_stepping_the_gru_module_with_resets():
     with torch.no_grad():
         for p in agent.gru.parameters():
             p.normal_()
-    x, state = torch.randn(7, 3, agent.input_dim), torch.randn(3, 16)
+    x = torch.randn(7, 3, agent.input_dim)
+    state = torch.randn(3, 16)
     starts = torch.zeros(7, 3)
     starts[0, 1] = starts[3, 0] = starts[5, 2] = 1.0
     hidden, last = agent.unroll(x, state, starts)
-    h, expected = state, []
+    h = state
+    expected = []
     for t in range(7):
         h = agent.gru(agent.encoder(x[t]), h * (1 - starts[t]).unsqueeze(-1))
         expected.append(h)
@@ -342,11 +357,13 @@ def test_gae_does_not_bootstrap_across_episode_boundaries():
 def test_gae_matches_its_definition_with_discounting_and_bootstrapping(forward_gae, next_start):
     """gamma and lambda both below 1, episodes cut inside the rollout, and the rollout's last step bootstrapping
     from next_value unless the next step opens an episode: every advantage equals GAE summed forwards."""
-    gamma, lam = 0.9, 0.5
+    gamma = 0.9
+    lam = 0.5
     rewards = torch.tensor([[1.0, -1.0], [2.0, 0.5], [3.0, 2.0], [4.0, -3.0], [0.5, 1.0]])
     values = torch.tensor([[10.0, 1.0], [20.0, -2.0], [30.0, 3.0], [40.0, 0.0], [5.0, 6.0]])
     starts = torch.tensor([[1.0, 1.0], [0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 0.0]])
-    next_value, next_start_t = torch.tensor([50.0, -7.0]), torch.tensor([next_start, 0.0])
+    next_value = torch.tensor([50.0, -7.0])
+    next_start_t = torch.tensor([next_start, 0.0])
     adv, ret = ppo_gru_baseline.compute_gae(rewards, values, starts, next_value, next_start_t, gamma, lam)
     for n in range(2):
         continues = [1.0 - starts[t + 1, n].item() for t in range(4)] + [1.0 - next_start_t[n].item()]
@@ -360,13 +377,18 @@ def test_reward_scaler_divides_by_running_std_of_discounted_return():
     with each environment's return restarting after its episode ends."""
     rng = np.random.default_rng(0)
     scaler = ppo_gru_baseline.RewardScaler(3, gamma=0.9)
-    returns, history = np.zeros(3), []
+    returns = np.zeros(3)
+    history = []
     for _ in range(40):
-        rewards, dones = rng.normal(5.0, 2.0, 3), rng.random(3) < 0.2
+        rewards = rng.normal(5.0, 2.0, 3)
+        dones = rng.random(3) < 0.2
         returns = returns * 0.9 + rewards
         history.extend(returns)
         # pooled with the scaler's prior (mean 0, variance 1, count 1e-4), as gymnasium's NormalizeReward
-        n, mean, var, prior = len(history), np.mean(history), np.var(history), 1e-4
+        n = len(history)
+        mean = np.mean(history)
+        var = np.var(history)
+        prior = 1e-4
         pooled = (prior + var * n + mean**2 * prior * n / (n + prior)) / (n + prior)
         expected = rewards / np.sqrt(pooled + 1e-8)
         returns[dones] = 0.0
@@ -435,8 +457,10 @@ def test_entropy_bonus_lowers_the_loss():
     respect to each sample's entropy is -ent_coef / (samples in the minibatch). A + sign would minimise entropy, so
     training would drive the policy deterministic instead of exploring."""
     gen = torch.Generator().manual_seed(0)
-    T, N = 4, 2
-    adv, ret = torch.randn(T, N, generator=gen), torch.randn(T, N, generator=gen)
+    T = 4
+    N = 2
+    adv = torch.randn(T, N, generator=gen)
+    ret = torch.randn(T, N, generator=gen)
     _, spy, stats = scripted_update(adv, ret, torch.zeros(T, N), num_minibatches=1, update_epochs=1, ent_coef=0.1)
     assert len(spy.grads) == 1 and stats["entropy"] == pytest.approx(0.6)
     torch.testing.assert_close(spy.grads[0]["entropy"], torch.full((T, N), -0.1 / (T * N)))
@@ -465,7 +489,8 @@ def test_advantages_are_normalised_within_each_minibatch(norm_adv):
     (mean 0, std 1); without it, the raw advantage. Envs 0-1 and 2-3 have advantages of different scale and offset,
     so per-minibatch and whole-batch normalisation differ."""
     gen = torch.Generator().manual_seed(0)
-    T, N = 3, 4
+    T = 3
+    N = 4
     adv = torch.randn(T, N, generator=gen) * torch.tensor([1.0, 1.0, 20.0, 20.0]) + torch.tensor([5.0, 5.0, -40.0, 9.0])
     agent, spy, _ = scripted_update(
         adv, torch.zeros(T, N), torch.zeros(T, N), num_minibatches=2, update_epochs=1, norm_adv=norm_adv
@@ -486,7 +511,8 @@ def test_each_epoch_visits_every_env_exactly_once():
     """Minibatches hold whole environments: in every epoch the minibatches partition the envs (a reshuffled
     permutation cut into consecutive slices). Taking the same first slice each time would train on a quarter of
     the rollout, several times over."""
-    T, N = 2, 8
+    T = 2
+    N = 8
     agent, spy, _ = scripted_update(torch.ones(T, N), torch.zeros(T, N), torch.zeros(T, N), num_minibatches=4, update_epochs=3)
     assert len(agent.minibatches) == len(spy.grads) == 12
     for epoch in range(3):
@@ -502,14 +528,19 @@ def test_target_kl_stops_the_update_after_the_epoch_that_exceeds_it():
     torch.manual_seed(0)
     agent = ppo_gru_baseline.Agent(4, 2, 3, 16)
     gen = torch.Generator().manual_seed(0)
-    T, N = 6, 4
-    inputs, starts = torch.randn(T, N, agent.input_dim, generator=gen), torch.zeros(T, N)
-    starts[0], starts[T // 2, ::2] = 1.0, 1.0
-    initial_state, actions = torch.zeros(N, agent.hidden_size), torch.randint(0, 2, (T, N), generator=gen)
+    T = 6
+    N = 4
+    inputs = torch.randn(T, N, agent.input_dim, generator=gen)
+    starts = torch.zeros(T, N)
+    starts[0] = 1.0
+    starts[T // 2, ::2] = 1.0
+    initial_state = torch.zeros(N, agent.hidden_size)
+    actions = torch.randint(0, 2, (T, N), generator=gen)
     with torch.no_grad():
         _, logprobs, _, values, _ = agent.get_action_and_value(inputs, initial_state, starts, actions)
     batch = {"inputs": inputs, "starts": starts, "actions": actions, "logprobs": logprobs, "values": values}
-    adv, ret = torch.randn(T, N, generator=gen), torch.randn(T, N, generator=gen)
+    adv = torch.randn(T, N, generator=gen)
+    ret = torch.randn(T, N, generator=gen)
     steps = {}
     for target_kl in (None, 1e-8, 1e3):
         trained = copy.deepcopy(agent)
@@ -582,10 +613,37 @@ def test_evaluation_returns_the_first_episode_of_each_env():
     assert steps["hidden"].shape == (*steps["ages"].shape, 16)
 
 
-def test_sign_probe_reads_the_force_sign_from_h_and_skips_held_out_modes(tmp_path, monkeypatch):
-    """evaluate's probe_acc_h_force_sign fits a logistic regression from h to the force sign of the step's mode, on the
-    even episodes of the training modes past burn-in, and scores the odd ones. With an agent whose h carries the sign
-    (the oracle's mode one-hot reaches h) it is near 1; with the labels shuffled across modes it could not be."""
+def probe_columns(rng, label, num_envs, steps, sign_in_h=True, mislead_early=False):
+    """One mode's evaluation columns for the probe: h (steps, envs, 4) whose first coordinate is +-1 by `label` (noise
+    only without `sign_in_h`), ages 0, 1, ...; with `mislead_early` the burn-in steps carry the opposite sign."""
+    hidden = rng.normal(size=(steps, num_envs, 4))
+    if sign_in_h:
+        hidden[:, :, 0] += 3.0 * (2 * label - 1)
+    if mislead_early:
+        hidden[: cartpole.PROBE_BURN_IN, :, 0] = -3.0 * (2 * label - 1)
+    ages = np.tile(np.arange(steps)[:, None], (1, num_envs))
+    return {"hidden": hidden, "ages": ages}
+
+
+def test_sign_probe_reads_a_sign_that_h_carries_and_only_that():
+    """The baseline's probe fits a logistic regression from h to the mode's force sign on even episodes past burn-in and
+    scores the odd ones: about 1 where h carries the sign, about 0.5 where it does not; the held-out mode (here with
+    the opposite sign in h) and the burn-in steps (here misleading) are left out, or the accuracy would drop."""
+    rng = np.random.default_rng(0)
+    labels = np.array([1, 0, 1, 0, 0])
+    hidden = {k: probe_columns(rng, labels[k], 6, 40, mislead_early=True) for k in range(4)}
+    hidden[4] = probe_columns(rng, 1 - labels[4], 6, 40)  # the held-out mode's h says the other sign
+    assert cartpole.hidden_state_probe(hidden, labels, [4], 6) > 0.99
+    assert cartpole.hidden_state_probe(hidden, labels, [], 6) < 0.95
+    noise = {k: probe_columns(rng, labels[k], 6, 40, sign_in_h=False) for k in range(4)}
+    assert abs(cartpole.hidden_state_probe(noise, labels, [], 6) - 0.5) < 0.1
+    with_burn_in = {k: probe_columns(rng, labels[k], 6, 12, mislead_early=True) for k in range(4)}
+    assert cartpole.hidden_state_probe(with_burn_in, labels, [], 6) > 0.99
+
+
+def test_evaluation_probes_the_force_sign_from_h_of_the_training_modes(tmp_path):
+    """evaluate() reports the probe of a saved agent: an oracle agent's h holds its mode one-hot, so the probe reads the
+    force sign from it almost perfectly; seed3 has no action latent and no probe."""
     result = run_script(
         "ppo_gru_baseline",
         *TINY,
@@ -602,27 +660,9 @@ def test_sign_probe_reads_the_force_sign_from_h_and_skips_held_out_modes(tmp_pat
     )
     assert result.returncode == 0, result.stderr
     model = os.path.join(only_run_dir(tmp_path), "ppo_gru_baseline.cleanrl_model")
-    seen = {}
-    real = ppo_gru_baseline.first_episodes
-
-    def long_episodes(agent, envs, seed, deterministic):
-        envs.max_episode_steps = 40  # every episode past burn-in whatever the untrained agent does
-        return real(agent, envs, seed, deterministic)
-
-    def spy(features, labels, episode):
-        seen.update(features=features, labels=labels, episode=episode)
-        return 0.5
-
-    monkeypatch.setattr(ppo_gru_baseline, "first_episodes", long_episodes)
-    from cleanrl_astral_utils import cartpole
-
-    monkeypatch.setattr(cartpole, "linear_probe_accuracy", spy)
-    out = ppo_gru_baseline.evaluate(model, episodes_per_mode=4)
-    assert out["probes"] == {"probe_acc_h_force_sign": 0.5}
-    # the held-out mode 4 is not probed: 4 training modes x 4 episodes, labels the modes' signs [1, 0, 1, 0]
-    assert set(seen["episode"].tolist()) <= set(range(16)) and seen["features"].shape[1] == 16
-    by_episode = {int(e): int(label) for e, label in zip(seen["episode"], seen["labels"])}
-    assert by_episode == {e: [1, 0, 1, 0][e // 4] for e in by_episode} and len(set(by_episode.values())) == 2
+    out = ppo_gru_baseline.evaluate(model, episodes_per_mode=8)
+    assert set(out["probes"]) == {"probe_acc_h_force_sign"}
+    assert out["probes"]["probe_acc_h_force_sign"] > 0.9
 
 
 def test_controls_and_tracking_run(tmp_path):
@@ -738,7 +778,8 @@ def test_a_runs_dir_that_is_a_file_is_a_one_line_error(tmp_path):
 
 
 def test_another_scripts_model_is_refused(tmp_path):
-    other, junk = tmp_path / "other.pt", tmp_path / "junk.pt"
+    other = tmp_path / "other.pt"
+    junk = tmp_path / "junk.pt"
     torch.save({"script": "ppo_gru_astral", "format": 1}, other)
     torch.save([1, 2], junk)
     for path in (other, junk):
