@@ -1160,11 +1160,7 @@ def clamp(args, run, writer):
     report = tta.clamp_report(run.report, runs, run.targets, list(settings), run.ckpt["args"]["num_abstractions"])
 
     # LOGGING
-    for target in run.targets:
-        cells = report["results"][target["name"]]
-        for column, kind in itertools.product(settings, KINDS):
-            writer.add_scalar(f"tta/clamp_return_{target['name']}_{column}_{kind}", cells[column][kind]["mean"], 0)
-        print(f"{target['label']}: " + " ".join(f"{c} {cells[c]['deterministic']['mean']:.0f}" for c in settings), flush=True)
+    tta.log_cells(writer, "clamp", report, run.targets)
     for kind in KINDS:
         specificity = report["specificity"][kind]
         if specificity["score"] is not None:
@@ -1191,11 +1187,7 @@ def swap(args, run, writer):
     columns = report["columns"]
 
     # LOGGING
-    for target in run.targets:
-        cells = report["results"][target["name"]]
-        for column, kind in itertools.product(columns, KINDS):
-            writer.add_scalar(f"tta/swap_return_{target['name']}_{column}_{kind}", cells[column][kind]["mean"], 0)
-        print(f"{target['label']}: " + " ".join(f"{c} {cells[c]['deterministic']['mean']:.0f}" for c in columns), flush=True)
+    tta.log_cells(writer, "swap", report, run.targets)
     for kind in KINDS:
         for grouping, effect in report["swap_effect"][kind].items():
             if effect["value"] is not None:

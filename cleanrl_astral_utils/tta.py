@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from cleanrl_astral_utils.cartpole import KINDS
+from cleanrl_astral_utils.cartpole import KINDS, mutual_information
 from cleanrl_astral_utils.files import atomic_torch_save, atomic_write_json
 
 # flags that do not change a single number: a resumed run may differ from the stopped one in these
@@ -141,6 +141,18 @@ def log_adapt_target(writer, name, result, episodes):
                 writer.add_scalar(f"tta/{key}_{name}_{control}", stat["mean"], episodes)
 
 
+def log_cells(writer, subcommand, report, targets):
+    """TensorBoard scalars tta/{subcommand}_return_{target}_{column}_{kind} of a clamp or swap report's cells, and one
+    line per target of its deterministic returns."""
+    for target in targets:
+        cells = report["results"][target["name"]]
+        for column in report["columns"]:
+            for kind in KINDS:
+                writer.add_scalar(f"tta/{subcommand}_return_{target['name']}_{column}_{kind}", cells[column][kind]["mean"], 0)
+        returns = " ".join(f"{c} {cells[c]['deterministic']['mean']:.0f}" for c in report["columns"])
+        print(f"{target['label']}: {returns}", flush=True)
+
+
 def averaged(summary):
     """{key: [values]} or {key: {column: [values]}} -> the same with each list replaced by its mean."""
     headline = {}
@@ -227,19 +239,6 @@ def swap_effect(matrix, targets, columns):
             value = float(np.mean(list(per_mode.values())))
         result[grouping] = {"value": value, "per_mode": per_mode}
     return result
-
-
-def mutual_information(counts):
-    """I(label; slot) in nats from a joint count matrix, and the same divided by H(label) (0 if H(label) = 0)."""
-    joint = counts / counts.sum()
-    p_label = joint.sum(1, keepdims=True)
-    p_slot = joint.sum(0, keepdims=True)
-    nz = joint > 0
-    mi = float((joint[nz] * np.log(joint[nz] / (p_label @ p_slot)[nz])).sum())
-    h_label = float(-(p_label[p_label > 0] * np.log(p_label[p_label > 0])).sum())
-    if h_label > 0:
-        return mi, mi / h_label
-    return mi, 0.0
 
 
 def episode_nmi(labels, slots, num_slots):
