@@ -13,8 +13,8 @@ cd "$(dirname "$0")/.."
 
 out=benchmark/out/astral_plan_check
 seeds_a=5 seeds_b=5 steps_a=500000 steps_b=2000000 eval_episodes=20
-plan_tta="--episodes 20 --num-seeds 3 --eval-episodes 10 --adapt-lr 1e-4 --controls none gate"
-study_tta="--episodes 30 --num-seeds 3 --eval-episodes 10 --adapt-lr 0.03 --controls none gate context"
+plan_tta="--episodes 20 --num-seeds 3 --eval-episodes 10 --adapt-lr 1e-4 --controls none gate --ceiling-resolution 1"
+study_tta="--episodes 30 --num-seeds 3 --eval-episodes 10 --adapt-lr 0.03 --controls none gate context --ceiling-resolution 1"
 clamp="--eval-episodes 10 --mode-indices 0 1 2 3"
 quick=0 dry_run=0 part=""
 extra=()

@@ -203,6 +203,7 @@ def test_the_plan_check_expands_to_its_preregistered_runs():
     plan_setting = "adapt --episodes 20 --num-seeds 3 --eval-episodes 10 --adapt-lr 1e-4 --controls none gate "
     study_setting = "adapt --episodes 30 --num-seeds 3 --eval-episodes 10 --adapt-lr 0.03 --controls none gate context "
     assert sum(plan_setting in c for c in tta) == 5 and sum(study_setting in c for c in tta) == 5
+    assert sum("--ceiling-resolution 1 " in c for c in tta) == 10
     assert sum("clamp --eval-episodes 10 --mode-indices 0 1 2 3" in c for c in tta) == 5
     refused = plan_check("c")
     assert refused.returncode == 2 and "name a part" in refused.stderr
