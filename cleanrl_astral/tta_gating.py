@@ -3,7 +3,8 @@
 Reads an agent trained by ppo_gru_astral.py (its `.cleanrl_model`, never modified) and asks of its AbstractionBank:
 - `adapt`: on a fixed target mode, does updating only the gate with REINFORCE raise the return? Controls on the same
   episodes: `none`, `gate` (the method), `context` (a gate-logit bias), `all` (every parameter), `tent` (reward-free);
-  a gain also reads as a fraction of the headroom up to the ceiling, the best fixed gate.
+  a gain also reads as a fraction of the headroom up to the ceiling, the best fixed gate. `adapt-full` is the same with
+  the study's workload, `adapt-plan` with the plan's setting (the gate only, Adam lr 1e-4, 20 episodes per mode).
 - `clamp`: the gate forced to each one-hot (z = A_k) in every mode; slots matched to modes give the clamp specificity.
 - `swap`: the gate fixed to the mean learned gate of each force sign's training modes, and of each training mode, in
   every mode; whether the own group's gate beats the other's says whether a constant gate carries the behaviour.
@@ -12,12 +13,15 @@ Usage: python cleanrl_astral/tta_gating.py adapt --checkpoint runs/<run_name>/pp
 """
 
 import copy
+import dataclasses
+import functools
 import glob
 import itertools
 import math
 import os
 import sys
 import time
+import types
 from dataclasses import dataclass
 from typing import ClassVar, Literal, NamedTuple
 
@@ -28,22 +32,18 @@ import tyro
 from torch.distributions.categorical import Categorical
 from torch.utils.tensorboard import SummaryWriter
 
+from cleanrl_astral_utils import tta  # reports, analysis, results files, plots, resuming
+from cleanrl_astral_utils.cartpole import KINDS
+
 SCRIPT = os.path.basename(__file__)[: -len(".py")]
 ASTRAL_SCRIPT = "ppo_gru_astral"
 ASTRAL_FORMAT = 1
+Control = Literal["none", "gate", "context", "all", "tent"]
 CONTROLS = ("none", "gate", "context", "all", "tent")
-KINDS = (("deterministic", True), ("sampled", False))
-# adapt's workload: `quick` finishes in minutes on 2 cores; `full` is the study of docs/tta_gating.md
-PRESETS = {
-    "quick": {"controls": ["none", "gate"], "episodes": 10, "num_seeds": 2, "eval_episodes": 5, "ceiling_resolution": 1},
-    "full": {"controls": list(CONTROLS), "episodes": 30, "num_seeds": 3, "eval_episodes": 10, "ceiling_resolution": 2},
-}
 
 
 @dataclass(kw_only=True)
 class Args:
-    exp_name: str | None = None
-    """the name of this experiment (default: tta_gating_{subcommand})"""
     seed: int = 1
     """seed of the experiment (adaptation seed i is seed + i); also replaces `{seed}` in --checkpoint"""
     track: bool = False
@@ -60,27 +60,29 @@ class Args:
     """indices of the checkpoint's modes to target, a preset's held-out mode included (default: all of them)"""
     modes: str | None = None
     """custom target physics instead of training modes: "g,l[,sign] g,l[,sign] ..." (unseen physics welcome)"""
-    eval_episodes: int | None = None
-    """episodes per evaluation, each for deterministic and for sampled actions (default: 10; adapt: the preset's)"""
+    eval_episodes: int = 10
+    """episodes per evaluation, each for deterministic and for sampled actions"""
 
 
 @dataclass(kw_only=True)
 class AdaptArgs(Args):
-    """Adapt the gate (and the controls) on each target mode; results are written per finished target."""
+    """Adapt the gate (and the controls) on each target mode, a workload of minutes; results are written per target."""
 
     subcommand: ClassVar[str] = "adapt"
-    preset: Literal["quick", "full"] = "quick"
-    """workload: `quick` (none, gate; 2 seeds x 10 episodes; minutes) or `full` (all five controls; 3 x 30; the study)"""
+    exp_name: str = f"{SCRIPT}_adapt"
+    """the name of this experiment"""
+    eval_episodes: int = 5
+    """episodes per evaluation, each for deterministic and for sampled actions"""
     resume: str | None = None
     """run directory of a stopped `adapt` run to continue (same flags): its finished targets are kept, the others run"""
     save_model: bool = False
     """save every adapted agent (target × seed × control) to `runs/{run_name}/{exp_name}.cleanrl_model`"""
-    controls: list[str] | None = None
-    """which of none, gate, context, all, tent to run, all with the same episodes and seeds (default: the preset's)"""
-    episodes: int | None = None
-    """adaptation episodes per target mode, seed and control (default: the preset's)"""
-    num_seeds: int | None = None
-    """adaptation seeds per target mode, the 95% CI is over these (default: the preset's)"""
+    controls: list[Control] = dataclasses.field(default_factory=lambda: ["none", "gate"])
+    """which of none, gate, context, all, tent to run, all with the same episodes and seeds"""
+    episodes: int = 10
+    """adaptation episodes per target mode, seed and control"""
+    num_seeds: int = 2
+    """adaptation seeds per target mode, the 95% CI is over these"""
     adapt_lr: float = 3e-3
     """Adam learning rate of the adaptation"""
     gamma: float = 0.99
@@ -95,8 +97,38 @@ class AdaptArgs(Args):
     """--online: the std the critic's rewards were divided by in training (default: read from the checkpoint)"""
     tent_kl_coef: float = 1.0
     """weight of KL(π_adapted || π_unadapted) in the `tent` loss; 0 lets entropy minimisation collapse the policy"""
-    ceiling_resolution: int | None = None
-    """the ceiling's fixed gates: every mixture in multiples of 1/N, plus uniform (1: one-hots; 0: none; default: preset's)"""
+    ceiling_resolution: int = 1
+    """the ceiling's fixed gates: every mixture in multiples of 1/N, plus uniform (1: one-hots; 0: none)"""
+
+
+@dataclass(kw_only=True)
+class AdaptFullArgs(AdaptArgs):
+    """`adapt` with the study's workload of docs/tta_gating.md: all five controls, 3 seeds × 30 episodes."""
+
+    controls: list[Control] = dataclasses.field(default_factory=lambda: list(CONTROLS))
+    """which of none, gate, context, all, tent to run, all with the same episodes and seeds"""
+    episodes: int = 30
+    """adaptation episodes per target mode, seed and control"""
+    num_seeds: int = 3
+    """adaptation seeds per target mode, the 95% CI is over these"""
+    eval_episodes: int = 10
+    """episodes per evaluation, each for deterministic and for sampled actions"""
+    ceiling_resolution: int = 2
+    """the ceiling's fixed gates: every mixture in multiples of 1/N, plus uniform (1: one-hots; 0: none)"""
+
+
+@dataclass(kw_only=True)
+class AdaptPlanArgs(AdaptArgs):
+    """`adapt` at the ASTRAL plan's setting: REINFORCE on the gate only, Adam lr 1e-4, 20 episodes per mode, 3 seeds."""
+
+    adapt_lr: float = 1e-4
+    """Adam learning rate of the adaptation"""
+    episodes: int = 20
+    """adaptation episodes per target mode, seed and control"""
+    num_seeds: int = 3
+    """adaptation seeds per target mode, the 95% CI is over these"""
+    eval_episodes: int = 10
+    """episodes per evaluation, each for deterministic and for sampled actions"""
 
 
 @dataclass(kw_only=True)
@@ -104,6 +136,8 @@ class ClampArgs(Args):
     """Clamp the gate to each slot, uniform and learned, in every target mode; report the clamp specificity."""
 
     subcommand: ClassVar[str] = "clamp"
+    exp_name: str = f"{SCRIPT}_clamp"
+    """the name of this experiment"""
 
 
 @dataclass(kw_only=True)
@@ -111,94 +145,194 @@ class SwapArgs(Args):
     """Fix the gate to the mean learned gate of each force sign's and each training mode's episodes, in every mode."""
 
     subcommand: ClassVar[str] = "swap"
+    exp_name: str = f"{SCRIPT}_swap"
+    """the name of this experiment"""
 
 
-# ENVIRONMENT: ppo_gru_astral.py's CartPole, all envs in one physics mode; the presets' modes that training never draws
-HELD_OUT_MODES = {"seed3": [], "inverted4": [], "mirror4": [4]}
+SUBCOMMANDS = {
+    "adapt": AdaptArgs,
+    "adapt-full": AdaptFullArgs,
+    "adapt-plan": AdaptPlanArgs,
+    "clamp": ClampArgs,
+    "swap": SwapArgs,
+}
+
+
+# ENVIRONMENT: ppo_gru_astral.py's, each target played as its only mode
+HELD_OUT_MODES = {"seed3": [], "inverted4": [], "mirror4": [4]}  # evaluated (and adapted to) only, never trained on
 
 
 class NonStationaryCartPole:
-    """`num_envs` CartPole-v1s (gymnasium's equations and 500-step limit, in numpy) under one physics: ppo_gru_astral.py's
-    env as its `evaluate` builds it for one mode. Same-step autoreset; an ended episode's last observation is in info."""
+    """`num_envs` CartPole-v1s stepped together in numpy, with gymnasium's equations, constants and 500-step limit.
+    Each env has a hidden physics mode (gravity, pole half-length, force sign), drawn at every episode start and, with
+    probability `switch_prob`, after any step, among the modes not `held_out`; `pinned[i] >= 0` fixes env i's mode
+    (`fixed_mode` pins all; `mode_share="balanced"` pins env i to the (i mod M)-th of the M training modes, so every
+    mode gets the same share of steps whatever its episode length). Autoreset is same-step: where an episode ends,
+    the returned observation is already the next episode's first, and info["final_obs"] holds the ended one's last.
+    info["mode"] and info["mode_name"] (for analysis only) are the mode that governs each env's next step and its name
+    from `mode_names` (default: its gravity, half-length and force sign)."""
 
-    def __init__(self, num_envs, physics, hide_velocity=False):
+    def __init__(
+        self,
+        num_envs,
+        modes,
+        hide_velocity=False,
+        fixed_mode=None,
+        switch_prob=0.0,
+        max_episode_steps=500,
+        held_out=(),
+        mode_share="uniform",
+        mode_names=None,
+    ):
         self.num_envs = num_envs
-        self.max_episode_steps = 500
-        self.gravity, self.half_length, self.force_sign = physics
-        self.observed = [0, 2] if hide_velocity else [0, 1, 2, 3]  # hidden velocity: cart position and pole angle only
+        if mode_names is None:
+            mode_names = [f"g {gravity:g}, l {length:g}, force {sign:+g}" for gravity, length, sign in modes]
+        self.mode_names = np.array(mode_names)
+        self.switch_prob = switch_prob
+        self.max_episode_steps = max_episode_steps
+        self.gravity, self.half_length, self.force_sign = np.array(modes, dtype=np.float64).T
+        self.train_modes = np.array([k for k in range(len(modes)) if k not in held_out])
+        self.pinned = np.full(num_envs, -1)
+        if fixed_mode is not None:
+            self.pinned = np.full(num_envs, fixed_mode)
+        if mode_share == "balanced":
+            self.pinned = self.train_modes[np.arange(num_envs) % len(self.train_modes)]
+        self.rng = np.random.default_rng()
+        self.observed = [0, 1, 2, 3]
+        if hide_velocity:  # cart position and pole angle only
+            self.observed = [0, 2]
+
+    def draw_modes(self, envs):
+        """New modes for the envs of the boolean mask `envs` (pinned envs keep theirs)."""
+        drawn = self.train_modes[self.rng.integers(len(self.train_modes), size=self.num_envs)]
+        drawn = np.where(self.pinned >= 0, self.pinned, drawn)
+        self.mode = np.where(envs, drawn, self.mode)
 
     def restart(self, envs):
         self.state[envs] = self.rng.uniform(-0.05, 0.05, (int(envs.sum()), 4))
         self.elapsed[envs] = 0
+        self.draw_modes(envs)
 
     def reset(self, seed=None):
         self.rng = np.random.default_rng(seed)
         self.state = np.zeros((self.num_envs, 4))
         self.elapsed = np.zeros(self.num_envs, dtype=int)
+        self.mode = np.zeros(self.num_envs, dtype=int)
         self.restart(np.ones(self.num_envs, dtype=bool))
-        return self.state[:, self.observed].astype(np.float32), {}
+        info = {"mode": self.mode.copy(), "mode_name": self.mode_names[self.mode]}
+        return self.state[:, self.observed].astype(np.float32), info
 
     def step(self, action):
         x, x_dot, theta, theta_dot = self.state.T
+        gravity = self.gravity[self.mode]
+        length = self.half_length[self.mode]
         masspole = 0.1
         total_mass = 0.1 + 1.0
-        length = self.half_length
-        force = self.force_sign * 10.0 * np.where(action == 1, 1.0, -1.0)
+        force = self.force_sign[self.mode] * 10.0 * np.where(action == 1, 1.0, -1.0)
         costheta = np.cos(theta)
         sintheta = np.sin(theta)
         temp = (force + masspole * length * np.square(theta_dot) * sintheta) / total_mass
-        thetaacc = (self.gravity * sintheta - costheta * temp) / (
+        thetaacc = (gravity * sintheta - costheta * temp) / (
             length * (4.0 / 3.0 - masspole * np.square(costheta) / total_mass)
         )
         xacc = temp - masspole * length * thetaacc * costheta / total_mass
         self.state = np.stack(
             [x + 0.02 * x_dot, x_dot + 0.02 * xacc, theta + 0.02 * theta_dot, theta_dot + 0.02 * thetaacc], 1
         )
-        self.elapsed += 1
+        self.last_state = self.state.copy()  # what a renderer draws
+        self.elapsed = self.elapsed + 1
         terminated = (np.abs(self.state[:, 0]) > 2.4) | (np.abs(self.state[:, 2]) > 12 * 2 * math.pi / 360)
         truncated = self.elapsed >= self.max_episode_steps
-        info = {"final_obs": self.state[:, self.observed].astype(np.float32)}
+        if self.switch_prob > 0:
+            self.draw_modes(self.rng.random(self.num_envs) < self.switch_prob)
+        info = {"final_obs": self.state[:, self.observed].astype(np.float32), "final_mode": self.mode.copy()}
         self.restart(terminated | truncated)
+        info["mode"] = self.mode.copy()
+        info["mode_name"] = self.mode_names[self.mode]
         return self.state[:, self.observed].astype(np.float32), np.ones(self.num_envs), terminated, truncated, info
 
 
-# MODEL: ppo_gru_astral.py's agent (weights from the checkpoint), plus the context: a zero gate-logit bias for `context`
-class AbstractionBank(nn.Module):
-    """K slots A and a gate: p = softmax((g(h) + c) / τ), the context c zero as loaded; z = wᵀA with w = p (soft gate) or,
-    with `gumbel_tau`, the straight-through Gumbel-softmax one-hot of slot k ~ p (hard gate; with zero noise, argmax p)."""
+# AGENT: ppo_gru_astral.py's (weights from the checkpoint)
+def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
 
-    def __init__(self, hidden_size, num_abstractions, slot_dim, tau, gumbel_tau=None):
+
+class AbstractionBank(nn.Module):
+    """K learnable slots A and a gate p = softmax(g(h) / τ): z = wᵀA with w = p or, given `gumbel_tau`, the hard gate's
+    straight-through Gumbel-softmax one-hot of argmax(g(h)/τ + noise), so only the chosen slot's row gets gradient."""
+
+    def __init__(self, hidden_size, num_abstractions, slot_dim, tau, orthonormal=False, gumbel_tau=None, design="script"):
         super().__init__()
-        self.slots = nn.Parameter(torch.zeros(num_abstractions, slot_dim))
+        self.slots = nn.Parameter(torch.randn(num_abstractions, slot_dim) * 0.02)
         self.tau = tau
         self.gumbel_tau = gumbel_tau
-        self.gate = nn.Sequential(nn.Linear(hidden_size, 64), nn.Tanh(), nn.Linear(64, num_abstractions))
-        self.context = nn.Parameter(torch.zeros(num_abstractions))
+        if orthonormal:  # unit-norm, mutually orthogonal rows: no two slots start alike (needs K <= d)
+            nn.init.orthogonal_(self.slots)
+        if design == "plan":  # g = Linear(d, d) - ReLU - Linear(d, K), PyTorch's default initialisation
+            self.gate = nn.Sequential(nn.Linear(hidden_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, num_abstractions))
+        else:  # small final layer: the gate starts near uniform, so no slot wins by initialisation
+            self.gate = nn.Sequential(
+                layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, num_abstractions), std=0.01)
+            )
 
     def forward(self, h, weights=None, noise=None):
-        """(z, w, p, noise); `weights` overrides w (a one-hot clamps one slot); the hard gate draws its noise unless given."""
-        logits = (self.gate(h) + self.context) / self.tau
+        """(z, w, p, noise); `weights` overrides w (a one-hot clamps a slot), `noise` the hard gate's draw (the replay's)."""
+        logits = self.gate(h) / self.tau
         probs = torch.softmax(logits, dim=-1)
         if weights is None and self.gumbel_tau is not None:
             if noise is None:
-                noise = -torch.empty_like(logits).exponential_().log()  # as F.gumbel_softmax
+                noise = -torch.empty_like(logits).exponential_().log()  # as F.gumbel_softmax draws it
             soft = torch.softmax((logits + noise) / self.gumbel_tau, dim=-1)
-            weights = torch.zeros_like(soft).scatter_(-1, soft.argmax(-1, keepdim=True), 1.0) - soft.detach() + soft
+            hard = torch.zeros_like(soft).scatter_(-1, soft.argmax(-1, keepdim=True), 1.0)
+            weights = hard - soft.detach() + soft
         if weights is None:
             weights = probs
         return weights @ self.slots, weights, probs, noise
 
 
 class FiLM(nn.Module):
-    """h' = γ ⊙ h + β with (γ, β) = f(z); γ = 1 + f_γ(z), so a zero z leaves h unchanged."""
+    """h' = γ ⊙ h + β. The script's: (γ - 1, β) = Linear(z), so a zero z leaves h unchanged. The plan's:
+    (γ, β) = Linear(d, d) - ReLU - Linear(d, 2H) of z, so a zero z gives γ and β of the layers' biases."""
 
-    def __init__(self, slot_dim, hidden_size):
+    def __init__(self, slot_dim, hidden_size, design="script"):
         super().__init__()
-        self.net = nn.Linear(slot_dim, 2 * hidden_size)
+        self.identity_at_zero = design != "plan"
+        if design == "plan":
+            self.net = nn.Sequential(nn.Linear(slot_dim, hidden_size), nn.ReLU(), nn.Linear(hidden_size, 2 * hidden_size))
+        else:
+            self.net = layer_init(nn.Linear(slot_dim, 2 * hidden_size), std=1.0)
 
     def forward(self, h, z):
-        gamma_delta, beta = self.net(z).chunk(2, dim=-1)
-        return (1.0 + gamma_delta) * h + beta
+        gamma, beta = self.net(z).chunk(2, dim=-1)
+        if self.identity_at_zero:
+            gamma = 1.0 + gamma
+        return gamma * h + beta
+
+
+class Modulated(NamedTuple):
+    """Agent.forward: the FiLM-modulated state the heads read, the GRU state after the last step, and the gate."""
+
+    hidden: torch.Tensor
+    state: torch.Tensor
+    weights: torch.Tensor
+    probs: torch.Tensor
+    noise: torch.Tensor | None
+
+
+class ActionAndValue(NamedTuple):
+    action: torch.Tensor
+    logprob: torch.Tensor
+    entropy: torch.Tensor
+    value: torch.Tensor
+    state: torch.Tensor
+    weights: torch.Tensor
+    """the gate weights w that made z (the hard gate's one-hot)"""
+    probs: torch.Tensor
+    """the gate probabilities p"""
+    noise: torch.Tensor | None
+    """the hard gate's Gumbel noise (zero when deterministic), None for the soft gate"""
 
 
 class Agent(nn.Module):
@@ -214,24 +348,44 @@ class Agent(nn.Module):
         slot_dim=32,
         tau=1.0,
         bottleneck=False,
+        orthonormal=False,
         gumbel_tau=None,
+        design="script",
     ):
         super().__init__()
+        self.obs_dim = obs_dim
         self.num_actions = num_actions
         self.num_modes = num_modes
         self.memory = memory
         self.oracle = oracle
-        self.hidden_size = hidden_size
         self.bottleneck = bottleneck
         self.input_dim = obs_dim + num_actions + 1
         if oracle:
             self.input_dim += num_modes
-        self.encoder = nn.Sequential(nn.Linear(self.input_dim, hidden_size), nn.Tanh())
-        self.gru = nn.GRUCell(hidden_size, hidden_size)
-        self.bank = AbstractionBank(hidden_size, num_abstractions, slot_dim, tau, gumbel_tau)
-        self.film = FiLM(slot_dim, hidden_size)
-        self.actor = nn.Sequential(nn.Linear(hidden_size, 64), nn.Tanh(), nn.Linear(64, num_actions))
-        self.critic = nn.Sequential(nn.Linear(hidden_size, 64), nn.Tanh(), nn.Linear(64, 1))
+        self.hidden_size = hidden_size
+        if design == "plan":  # the plan's network: ReLU layers of width d, PyTorch's default initialisation
+            self.encoder = nn.Sequential(nn.Linear(self.input_dim, hidden_size), nn.ReLU())
+            self.gru = nn.GRUCell(hidden_size, hidden_size)
+        else:
+            self.encoder = nn.Sequential(layer_init(nn.Linear(self.input_dim, hidden_size)), nn.Tanh())
+            self.gru = nn.GRUCell(hidden_size, hidden_size)
+            for name, param in self.gru.named_parameters():
+                if "bias" in name:
+                    nn.init.constant_(param, 0)
+                else:
+                    nn.init.orthogonal_(param, 1.0)
+        self.bank = AbstractionBank(hidden_size, num_abstractions, slot_dim, tau, orthonormal, gumbel_tau, design)
+        self.film = FiLM(slot_dim, hidden_size, design)
+        if design == "plan":
+            self.actor = nn.Sequential(nn.Linear(hidden_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, num_actions))
+            self.critic = nn.Sequential(nn.Linear(hidden_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, 1))
+        else:
+            self.actor = nn.Sequential(
+                layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, num_actions), std=0.01)
+            )
+            self.critic = nn.Sequential(
+                layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, 1), std=1.0)
+            )
 
     def build_input(self, obs, prev_action, prev_reward, mode):
         """obs (..., obs_dim), prev_action (...) with -1 for "none", prev_reward (...), mode (...) -> input."""
@@ -241,34 +395,84 @@ class Agent(nn.Module):
             parts.append(torch.nn.functional.one_hot(mode.long(), self.num_modes).float())
         return torch.cat(parts, dim=-1)
 
-    def forward(self, x, state, starts, weights=None, noise=None):
+    def unroll(self, x, state, starts):
         """x (T, B, input_dim), state (B, H) before x[0], starts (T, B) = 1 where x[t] opens an episode.
-        Returns h' = FiLM(h; z) (with the bottleneck FiLM(features of x_t; z): memory reaches the heads only through z),
-        last state, w, p, noise."""
+        Returns the input features (T, B, H), the GRU states h (T, B, H) and the state after x[T-1]."""
         features = self.encoder(x)
+        keep = 1.0 - starts
         if self.memory == "none":
             keep = torch.zeros_like(starts)
-        else:
-            keep = 1.0 - starts
-        states = []
+        hidden = []
+        # the GRUCell's own op without the module-call overhead (same numbers, ~4% off a training run)
+        gru_weights = (self.gru.weight_ih, self.gru.weight_hh, self.gru.bias_ih, self.gru.bias_hh)
+        # unbind, not features[t]: indexing makes backward zero-fill a full (T, B, H) gradient at every step
         for feature_t, keep_t in zip(features.unbind(0), keep.unbind(0)):
             # zero the state where the episode restarted: x[t] is a first step
-            state = torch.gru_cell(
-                feature_t,
-                state * keep_t.unsqueeze(-1),
-                self.gru.weight_ih,
-                self.gru.weight_hh,
-                self.gru.bias_ih,
-                self.gru.bias_hh,
-            )
-            states.append(state)
-        hidden = torch.stack(states)
+            state = torch.gru_cell(feature_t, state * keep_t.unsqueeze(-1), *gru_weights)
+            hidden.append(state)
+        return features, torch.stack(hidden), state
+
+    def forward(self, x, state, starts, weights=None, noise=None):
+        """The gate reads h; h' = FiLM(h; z), or FiLM(x_t's features; z) with the bottleneck."""
+        features, hidden, state = self.unroll(x, state, starts)
         z, weights, probs, noise = self.bank(hidden, weights, noise)
-        if self.bottleneck:
-            modulated = self.film(features, z)
-        else:
-            modulated = self.film(hidden, z)
-        return modulated, state, weights, probs, noise
+        film_input = hidden
+        if self.bottleneck:  # memory reaches the heads only through the gate
+            film_input = features
+        return Modulated(self.film(film_input, z), state, weights, probs, noise)
+
+    def get_value(self, x, state, starts):
+        return self.critic(self(x, state, starts).hidden).squeeze(-1)
+
+    def get_action_and_value(self, x, state, starts, action=None, deterministic=False, weights=None, noise=None):
+        if deterministic and noise is None and self.bank.gumbel_tau is not None:
+            noise = torch.zeros(*x.shape[:-1], len(self.bank.slots), device=x.device)
+        out = self(x, state, starts, weights, noise)
+        logits = self.actor(out.hidden)
+        probs = Categorical(logits=logits)
+        if action is None and deterministic:
+            action = logits.argmax(-1)
+        elif action is None:
+            action = probs.sample()
+        value = self.critic(out.hidden).squeeze(-1)
+        return ActionAndValue(
+            action, probs.log_prob(action), probs.entropy(), value, out.state, out.weights, out.probs, out.noise
+        )
+
+
+def agent_from_args(args, num_modes):
+    obs_dim = 4
+    if args.hide_velocity:
+        obs_dim = 2
+    gumbel_tau = None
+    if args.hard_gate:
+        gumbel_tau = args.gumbel_tau
+    return Agent(
+        obs_dim,
+        2,
+        num_modes,
+        args.hidden_size,
+        args.memory,
+        args.oracle,
+        args.num_abstractions,
+        args.slot_dim,
+        args.tau,
+        args.bottleneck,
+        args.slot_init == "orthonormal",
+        gumbel_tau,
+        args.design,
+    )
+
+
+# THE CONTEXT CONTROL: a learnable bias c on the gate's logits, p = softmax((g(h) + c) / τ), zero as loaded
+def add_context_bias(context, gate, inputs, logits):
+    return logits + context
+
+
+def attach_context(bank):
+    """Gives an AbstractionBank a zero gate-logit bias `context` (K,), added to its gate's output by a forward hook."""
+    bank.register_parameter("context", nn.Parameter(torch.zeros(len(bank.slots))))
+    bank.gate.register_forward_hook(functools.partial(add_context_bias, bank.context))
 
 
 # ACTING
@@ -291,10 +495,15 @@ def policy_step(agent, obs, prev_action, prev_reward, mode, state, start, weight
     if weights is not None:
         weights = weights.expand(*x.shape[:-1], -1)
     starts = torch.as_tensor(np.asarray(start), dtype=torch.float32)[None]
-    modulated, state, weights, probs, noise = agent(x, state, starts, weights, noise)
-    dist = Categorical(logits=agent.actor(modulated[0]))
-    value = agent.critic(modulated[0]).squeeze(-1)
-    return Step(dist, value, state, weights[0], probs[0], noise)
+    out = agent(x, state, starts, weights, noise)
+    dist = Categorical(logits=agent.actor(out.hidden[0]))
+    value = agent.critic(out.hidden[0]).squeeze(-1)
+    return Step(dist, value, out.state, out.weights[0], out.probs[0], out.noise)
+
+
+def target_env(num_envs, target, hide_velocity):
+    """`num_envs` envs all in the target's physics."""
+    return NonStationaryCartPole(num_envs, [target["physics"]], hide_velocity, fixed_mode=0)
 
 
 class Evaluation(NamedTuple):
@@ -310,7 +519,7 @@ def evaluate_target(agent, target, hide_velocity, episodes, deterministic, seed,
     """The first episode of `episodes` envs of the target (env and torch seed `seed`, as ppo_gru_astral.evaluate's mode k
     for seed - 1000 k), the gate optionally clamped to `weights` (K,). Returns an Evaluation."""
     torch.manual_seed(seed)
-    envs = NonStationaryCartPole(episodes, target["physics"], hide_velocity)
+    envs = target_env(episodes, target, hide_velocity)
     obs, _ = envs.reset(seed=seed)
     mode = np.full(episodes, target["index"])
     state = torch.zeros(episodes, agent.hidden_size)
@@ -402,7 +611,7 @@ class Adaptation(NamedTuple):
     """how many optimizer steps were taken"""
 
 
-def adapt(ckpt, target, control, seed, args, reward_scale):
+def adaptation(ckpt, target, control, seed, args, reward_scale):
     """A fresh copy of the checkpoint's agent adapted on `target` with `control`, --episodes episodes. The env and torch
     seeds depend only on (target, seed): every control plays the same episodes until its parameters differ."""
     agent = agent_from_checkpoint(ckpt)
@@ -411,7 +620,7 @@ def adapt(ckpt, target, control, seed, args, reward_scale):
     optimizer = None
     if params:
         optimizer = torch.optim.Adam(params, lr=args.adapt_lr)
-    env = NonStationaryCartPole(1, target["physics"], ckpt["args"]["hide_velocity"])
+    env = target_env(1, target, ckpt["args"]["hide_velocity"])
     torch.manual_seed(seed)
     returns = []
     updates = 0
@@ -504,7 +713,8 @@ def gate_returns(agent, target, hide_velocity, settings, seeds, episodes, kinds=
     runs = {}
     for name, weights in settings.items():
         runs[name] = {}
-        for kind, deterministic in kinds:
+        for kind in kinds:
+            deterministic = kind == "deterministic"
             runs[name][kind] = [
                 evaluate_target(agent, target, hide_velocity, episodes, deterministic, s, weights) for s in seeds
             ]
@@ -529,135 +739,23 @@ def gate_settings(num_slots, resolution):
 def ceiling(agent, target, hide_velocity, settings, seeds, episodes):
     """The best of the fixed gates `settings` by mean sampled return on the evaluation episodes: ({"best", "per_setting"
     (sampled returns per seed)}); its statistics are added by the report."""
-    means = gate_returns(agent, target, hide_velocity, settings, seeds, episodes, KINDS[1:]).means
+    means = gate_returns(agent, target, hide_velocity, settings, seeds, episodes, ("sampled",)).means
     per_setting = {name: by_kind["sampled"] for name, by_kind in means.items()}
     best = max(per_setting, key=lambda name: np.mean(per_setting[name]))
     return {"best": best, "per_setting": per_setting}
 
 
-def clamp_specificity(returns):
-    """Mode × slot return matrix -> (mean matched cell − mean other cell of the matched rows and columns, [(row, column)]).
-    Slots are unlabelled: each mode is matched to a slot of its own (Hungarian, maximising the matched returns). A mode or
-    slot better everywhere cancels out; the maximising match makes the score ≥ 0 even for noise. None below two pairs."""
-    from scipy.optimize import linear_sum_assignment
-
-    rows, cols = linear_sum_assignment(returns, maximize=True)
-    matched = np.asarray(returns)[np.ix_(rows, cols)]
-    score = None
-    if len(rows) > 1:
-        score = float(np.diag(matched).mean() - matched[~np.eye(len(rows), dtype=bool)].mean())
-    return score, [(int(r), int(c)) for r, c in zip(rows, cols)]
-
-
 # INTERVENTIONS: the gate swap
-def sign_name(sign):
-    return f"sign{sign:+g}"
-
-
 def swap_gates(mean_gates, targets):
     """The swap's fixed gates: `sign+1` / `sign-1`, the mean of the mean learned gates of that force sign's training
     modes (each mode weighs the same), then `mode{k}`, each training mode's own mean learned gate."""
     training = [t for t in targets if not t["held_out"]]
     gates = {}
     for sign in sorted({t["physics"][2] for t in training}, reverse=True):
-        gates[sign_name(sign)] = np.mean([mean_gates[t["name"]] for t in training if t["physics"][2] == sign], 0)
+        gates[tta.sign_name(sign)] = np.mean([mean_gates[t["name"]] for t in training if t["physics"][2] == sign], 0)
     for t in training:
         gates[t["name"]] = np.asarray(mean_gates[t["name"]])
     return {name: torch.as_tensor(w, dtype=torch.float32) for name, w in gates.items()}
-
-
-def swap_effect(matrix, targets, columns):
-    """From the target × gate return matrix: per training mode, own group's gate − the other group's gate, by sign
-    (`sign+1` vs `sign-1`) and by mode (own mode's gate − the mean of the other training modes' gates); averaged over the
-    training modes. None where a grouping has no other group."""
-    training = [i for i, t in enumerate(targets) if not t["held_out"]]
-    col = {name: j for j, name in enumerate(columns)}
-    by_sign = {}
-    by_mode = {}
-    for i in training:
-        target = targets[i]
-        own_sign = sign_name(target["physics"][2])
-        other_signs = [c for c in columns if c.startswith("sign") and c != own_sign]
-        if other_signs:
-            by_sign[target["name"]] = float(matrix[i, col[own_sign]] - np.mean([matrix[i, col[c]] for c in other_signs]))
-        others = [targets[k]["name"] for k in training if k != i]
-        if others:
-            by_mode[target["name"]] = float(matrix[i, col[target["name"]]] - np.mean([matrix[i, col[c]] for c in others]))
-    result = {}
-    for grouping, per_mode in (("sign", by_sign), ("mode", by_mode)):
-        value = None
-        if per_mode:
-            value = float(np.mean(list(per_mode.values())))
-        result[grouping] = {"value": value, "per_mode": per_mode}
-    return result
-
-
-def mutual_information(counts):
-    """I(label; slot) in nats from a joint count matrix, and the same divided by H(label) (0 if H(label) = 0)."""
-    joint = counts / counts.sum()
-    p_label = joint.sum(1, keepdims=True)
-    p_slot = joint.sum(0, keepdims=True)
-    nz = joint > 0
-    mi = float((joint[nz] * np.log(joint[nz] / (p_label @ p_slot)[nz])).sum())
-    h_label = float(-(p_label[p_label > 0] * np.log(p_label[p_label > 0])).sum())
-    if h_label > 0:
-        return mi, mi / h_label
-    return mi, 0.0
-
-
-def episode_nmi(labels, slots, num_slots):
-    """Episode-level NMI: one sample per episode, its label against the argmax slot of its mean gate, I / H(label)."""
-    values = sorted(set(labels))
-    counts = np.zeros((len(values), num_slots))
-    for label, slot in zip(labels, slots):
-        counts[values.index(label), slot] += 1
-    return mutual_information(counts)[1]
-
-
-def gate_routing(episode_gates, mean_gates, targets):
-    """What the learned gate says about the modes: episode-level NMI of the argmax of each episode's mean gate against
-    the mode and against the force sign (training modes), each mode's argmax slot, whether the two signs' training modes
-    use disjoint sets of slots (and one slot each: an exact sign split), and where each held-out mode goes: its argmax
-    slot, whether that is one of its sign's slots (only where the signs' slots are disjoint), and the share of its
-    episodes on its sign's slots."""
-    training = [t for t in targets if not t["held_out"]]
-    num_slots = len(next(iter(mean_gates.values())))
-    modes = []
-    signs = []
-    slots = []
-    for t in training:
-        episode_slots = np.asarray(episode_gates[t["name"]]).argmax(-1).tolist()
-        slots += episode_slots
-        modes += [t["name"]] * len(episode_slots)
-        signs += [t["physics"][2]] * len(episode_slots)
-    slot_of_mode = {t["name"]: int(np.argmax(mean_gates[t["name"]])) for t in targets}
-    sign_slots = {}
-    for t in training:
-        sign_slots.setdefault(t["physics"][2], set()).add(slot_of_mode[t["name"]])
-    used = [slot for slots_of_sign in sign_slots.values() for slot in slots_of_sign]
-    disjoint = len(sign_slots) > 1 and len(used) == len(set(used))
-    one_each = disjoint and all(len(slots_of_sign) == 1 for slots_of_sign in sign_slots.values())
-    held_out = {}
-    for t in targets:
-        if not t["held_out"]:
-            continue
-        sign = t["physics"][2]
-        entry = {"sign": sign, "slot": slot_of_mode[t["name"]], "sign_slots": None, "to_sign_slot": None}
-        if disjoint and sign in sign_slots:
-            episode_slots = np.asarray(episode_gates[t["name"]]).argmax(-1)
-            entry["sign_slots"] = sorted(sign_slots[sign])
-            entry["to_sign_slot"] = entry["slot"] in sign_slots[sign]
-            entry["episode_share_on_sign_slots"] = float(np.isin(episode_slots, entry["sign_slots"]).mean())
-        held_out[t["name"]] = entry
-    return {
-        "episode_nmi_mode": episode_nmi(modes, slots, num_slots),
-        "episode_nmi_sign": episode_nmi(signs, slots, num_slots),
-        "episodes": len(slots),
-        "slot_of_mode": slot_of_mode,
-        "signs_on_disjoint_slots": disjoint,
-        "sign_split": one_each,
-        "held_out": held_out,
-    }
 
 
 class Swap(NamedTuple):
@@ -684,44 +782,37 @@ def gate_swap(agent, targets, hide_velocity, episodes, seed):
     for target, eval_seed in zip(targets, eval_seeds):
         runs[target["name"]] = gate_returns(agent, target, hide_velocity, gates, [eval_seed], episodes).runs
         runs[target["name"]]["learned"] = learned[target["name"]]["learned"]
-    return Swap(gates, gate_routing(episode_gates, mean_gates, targets), runs)
+    return Swap(gates, tta.gate_routing(episode_gates, mean_gates, targets), runs)
 
 
 # CHECKPOINT AND TARGETS
-# the args Agent honours, then the training-only ones (the last four: older runs'); a checkpoint with any other is refused
-KNOWN_ARGS = set(
-    """hide_velocity memory oracle hidden_size num_abstractions slot_dim tau bottleneck hard_gate gumbel_tau modes_preset
-    exp_name seed torch_deterministic cuda track wandb_project_name wandb_entity capture_video save_model runs_dir
-    eval_episodes env_id mode_share fixed_mode switch_prob total_timesteps learning_rate num_envs num_steps anneal_lr gamma
-    gae_lambda num_minibatches update_epochs norm_adv clip_coef clip_vloss ent_coef vf_coef max_grad_norm target_kl
-    norm_reward lambda_w_ent lambda_lb lambda_orth slot_init lambda_consistency lambda_supervised batch_size minibatch_size
-    num_iterations diagnostics_every resume checkpoint_every torch_threads modes""".split()
+# loads a ppo_gru_astral.py checkpoint of every documented vintage: the arguments it may hold (any other is refused)
+CHECKPOINT_ARGS = set(
+    """design hide_velocity memory oracle hidden_size num_abstractions slot_dim tau bottleneck hard_gate gumbel_tau
+    slot_init sharpen_gate adam_eps modes_preset exp_name seed torch_deterministic cuda track wandb_project_name
+    wandb_entity capture_video save_model runs_dir eval_episodes env_id mode_share fixed_mode switch_prob
+    total_timesteps learning_rate num_envs num_steps anneal_lr gamma gae_lambda num_minibatches update_epochs
+    norm_adv clip_coef clip_vloss ent_coef vf_coef max_grad_norm target_kl norm_reward lambda_w_ent lambda_lb
+    lambda_orth lambda_consistency lambda_supervised batch_size minibatch_size num_iterations diagnostics_every
+    resume checkpoint_every torch_threads modes""".split()
 )
+# what a checkpoint saved without these arguments was trained with (the gate entropy: the sharpening variant)
+CHECKPOINT_DEFAULTS = {
+    "design": "script",
+    "sharpen_gate": True,
+    "bottleneck": False,
+    "hard_gate": False,
+    "gumbel_tau": 1.0,
+    "slot_init": "random",
+}
 
 
 def agent_from_checkpoint(ckpt):
-    """A fresh agent holding the checkpoint's weights (and a zero context, which the checkpoint does not have)."""
-    a = {"bottleneck": False, "hard_gate": False, **ckpt["args"]}
-    gumbel_tau = None
-    if a["hard_gate"]:
-        gumbel_tau = a["gumbel_tau"]
-    obs_dim = 4
-    if a["hide_velocity"]:
-        obs_dim = 2
-    agent = Agent(
-        obs_dim,
-        2,
-        len(ckpt["modes"]),
-        a["hidden_size"],
-        a["memory"],
-        a["oracle"],
-        a["num_abstractions"],
-        a["slot_dim"],
-        a["tau"],
-        a["bottleneck"],
-        gumbel_tau,
-    )
-    agent.load_state_dict({"bank.context": torch.zeros(a["num_abstractions"]), **ckpt["state_dict"]})
+    """A fresh agent holding the checkpoint's weights and a zero context (attach_context)."""
+    trained = types.SimpleNamespace(**ckpt["args"])
+    agent = agent_from_args(trained, len(ckpt["modes"]))
+    attach_context(agent.bank)
+    agent.load_state_dict({"bank.context": agent.bank.context.detach().clone(), **ckpt["state_dict"]})
     return agent
 
 
@@ -757,9 +848,10 @@ def load_astral_checkpoint(path):
             f"checkpoint {path!r} was written by {found or 'another program'} (format {found_format}), "
             f"not {ASTRAL_SCRIPT}.py format {ASTRAL_FORMAT}; test-time gating needs an ASTRAL agent (it has the gate)"
         )
+    ckpt["args"] = {**CHECKPOINT_DEFAULTS, **ckpt["args"]}
     a = ckpt["args"]
-    allowed = {"memory": ("gru", "none"), "modes_preset": tuple(HELD_OUT_MODES)}
-    unknown_keys = sorted(set(a) - KNOWN_ARGS) + [k for k, values in allowed.items() if a.get(k) not in values]
+    allowed = {"memory": ("gru", "none"), "modes_preset": tuple(HELD_OUT_MODES), "design": ("script", "plan")}
+    unknown_keys = sorted(set(a) - CHECKPOINT_ARGS) + [k for k, values in allowed.items() if a.get(k) not in values]
     unknown = ", ".join(f"--{k.replace('_', '-')} {a.get(k)}" for k in unknown_keys)
     if unknown:
         raise ValueError(
@@ -775,26 +867,30 @@ def load_astral_checkpoint(path):
     return ckpt, agent
 
 
+def parse_mode(item):
+    """One --modes item, g,l[,sign], as (gravity, half_length, force_sign); the force sign is 1 unless given."""
+    message = (
+        f"malformed mode {item!r} in --modes; write gravity,half_length[,force_sign] with a positive gravity "
+        "and half-length and a force sign of 1 or -1, e.g. '9.8,0.5 7.5,0.7,-1'"
+    )
+    parts = item.split(",")
+    if len(parts) not in (2, 3):
+        raise ValueError(message)
+    try:
+        values = [float(v) for v in parts] + [1.0]
+    except ValueError:
+        raise ValueError(message) from None
+    g = values[0]
+    length = values[1]
+    sign = values[2]
+    if not (0 < g < math.inf and 0 < length < math.inf and sign in (1.0, -1.0)):
+        raise ValueError(message)
+    return (g, length, sign)
+
+
 def parse_modes(spec):
     """Parse "g,l[,sign] g,l[,sign] ..." into a list of (gravity, half_length, force_sign)."""
-    modes = []
-    for item in spec.split():
-        parts = item.split(",")
-        try:
-            values = [float(v) for v in parts] + [1.0]
-        except ValueError:
-            values = []
-        if len(parts) not in (2, 3) or not values:
-            values = [0.0, 0.0, 0.0]
-        g = values[0]
-        length = values[1]
-        sign = values[2]
-        if not (0 < g < math.inf and 0 < length < math.inf and sign in (1.0, -1.0)):
-            raise ValueError(
-                f"malformed mode {item!r} in --modes; write gravity,half_length[,force_sign] with a positive gravity "
-                "and half-length and a force sign of 1 or -1, e.g. '9.8,0.5 7.5,0.7,-1'"
-            )
-        modes.append((g, length, sign))
+    modes = [parse_mode(item) for item in spec.split()]
     if not modes:
         raise ValueError("--modes is empty; give at least one mode such as '9.8,0.5'")
     return modes
@@ -802,8 +898,6 @@ def parse_modes(spec):
 
 def resolve_targets(mode_indices, modes, ckpt):
     """The target modes: [{"name", "index" (the mode index an --oracle agent reads), "physics", "held_out", "label"}]."""
-    if modes is not None and mode_indices is not None:
-        raise ValueError("give either --mode-indices (the checkpoint's modes) or --modes (custom physics), not both")
     if modes is not None and ckpt["args"]["oracle"]:
         raise ValueError(
             "an --oracle agent reads the true mode index, so it cannot be run on custom --modes; use --mode-indices"
@@ -836,26 +930,17 @@ def resolve_targets(mode_indices, modes, ckpt):
 
 
 # RUN BOOKKEEPING
-def apply_preset(args):
-    """Fills what the user left unset: the experiment name, and adapt's workload from its --preset (computed at runtime)."""
-    if args.exp_name is None:
-        args.exp_name = f"{SCRIPT}_{args.subcommand}"
-    if args.subcommand != "adapt":
-        if args.eval_episodes is None:
-            args.eval_episodes = 10
-        return
-    for name, value in PRESETS[args.preset].items():
-        if getattr(args, name) is None:
-            setattr(args, name, copy.copy(value))
-
-
 def validate(args):
     """Every check of the flags alone, before the checkpoint is read."""
+    for field in dataclasses.fields(args):
+        value = getattr(args, field.name)
+        if isinstance(value, float) and not math.isfinite(value):  # NaN passes any <, >
+            raise ValueError(f"--{field.name.replace('_', '-')} {value} must be a finite number")
     if args.seed < 0:
         raise ValueError(f"--seed {args.seed} must be at least 0")
     if args.eval_episodes < 1:
         raise ValueError(f"--eval-episodes {args.eval_episodes} must be at least 1")
-    if args.exp_name is not None and (not args.exp_name.strip() or "/" in args.exp_name):  # a '/' fails the save at the end
+    if not args.exp_name.strip() or "/" in args.exp_name:  # a '/' fails the save at the end
         raise ValueError(f"--exp-name {args.exp_name!r} must be a non-empty name without '/'")
     if args.modes is not None and args.mode_indices is not None:
         raise ValueError("give either --mode-indices (the checkpoint's modes) or --modes (custom physics), not both")
@@ -871,18 +956,7 @@ def validate(args):
         raise ValueError(f"--online-every {args.online_every} must be at least 1")
     if args.ceiling_resolution < 0:
         raise ValueError(f"--ceiling-resolution {args.ceiling_resolution} must be at least 0")
-    # NaN and inf pass every `x > 0` style check and reach the optimizer
-    if not math.isfinite(args.adapt_lr):
-        raise ValueError(f"--adapt-lr {args.adapt_lr} must be a finite number")
-    if not math.isfinite(args.gamma):
-        raise ValueError(f"--gamma {args.gamma} must be a finite number")
-    if not math.isfinite(args.max_grad_norm):
-        raise ValueError(f"--max-grad-norm {args.max_grad_norm} must be a finite number")
-    if not math.isfinite(args.tent_kl_coef):
-        raise ValueError(f"--tent-kl-coef {args.tent_kl_coef} must be a finite number")
-    if args.reward_scale is not None and not math.isfinite(args.reward_scale):
-        raise ValueError(f"--reward-scale {args.reward_scale} must be a finite number")
-    if not args.controls or len(set(args.controls)) != len(args.controls) or set(args.controls) - set(CONTROLS):
+    if not args.controls or len(set(args.controls)) != len(args.controls):
         raise ValueError(f"--controls {' '.join(args.controls)} is invalid; choose distinct names among {', '.join(CONTROLS)}")
     if not args.adapt_lr > 0 or not args.max_grad_norm > 0 or not 0 <= args.gamma <= 1 or args.tent_kl_coef < 0:
         raise ValueError("--adapt-lr and --max-grad-norm must be positive, --gamma in [0, 1], --tent-kl-coef non-negative")
@@ -959,51 +1033,189 @@ def seconds_per_step(agent, hide_velocity, batch, backward):
     return (time.perf_counter() - begin) / 64
 
 
-def log_adapt_target(writer, target, result, episodes):
-    """TensorBoard scalars of one finished target: tta/{stat}_{target}[_{control}]."""
-    name = target["name"]
-    for kind, _ in KINDS:
-        writer.add_scalar(f"tta/before_{kind}_{name}", result["before"][kind]["mean"], 0)
-    if result["ceiling"]:
-        writer.add_scalar(f"tta/ceiling_sampled_{name}", result["ceiling"]["sampled"]["mean"], 0)
-    for control, entry in result["controls"].items():
-        for step, value in enumerate(entry["during"]["mean"]):
-            writer.add_scalar(f"tta/episodic_return_{name}_{control}", value, step + 1)
-        gains = entry.get("gain_over_none", {})
-        stats = {
-            "during_mean": entry["during_mean"],
-            "after_deterministic": entry["after"]["deterministic"],
-            "after_sampled": entry["after"]["sampled"],
-            "gain_over_none_during": gains.get("during_mean"),
-            "gain_over_none_after_sampled": gains.get("after_sampled"),
-            "gain_fraction_of_ceiling": entry.get("gain_fraction_of_ceiling"),
-        }
-        for key, stat in stats.items():
-            if stat:
-                writer.add_scalar(f"tta/{key}_{name}_{control}", stat["mean"], episodes)
+class Run(NamedTuple):
+    """What every subcommand starts from."""
+
+    ckpt: dict
+    agent: Agent
+    """the checkpoint's agent (never updated)"""
+    targets: list
+    reward_scale: float | None
+    """--online's critic reward scale (critic_reward_scale)"""
+    report: dict
+    """the results file's fields so far (tta.new_report, or the stopped run's with --resume)"""
+    run_name: str
+    run_dir: str
+
+
+def prepare(args):
+    """Checks the flags and the checkpoint, and claims the run directory (or takes the stopped run's): a Run."""
+    validate(args)
+    model_path = find_checkpoint(args)
+    ckpt, agent = load_astral_checkpoint(model_path)
+    targets = resolve_targets(args.mode_indices, args.modes, ckpt)
+    validate_against_checkpoint(args, ckpt, targets)
+    reward_scale = critic_reward_scale(args, ckpt)
+    report = tta.new_report(SCRIPT, args, model_path, ckpt, targets)
+    if args.subcommand == "adapt" and args.resume is not None:
+        report = tta.resumed_report(args.resume, report)
+        run_dir = args.resume
+        run_name = os.path.basename(os.path.normpath(run_dir))
+    else:
+        run_name, run_dir = claim_run_dir(
+            args.runs_dir, f"NonStationaryCartPole__{args.exp_name}__{args.seed}__{int(time.time())}"
+        )
+    return Run(ckpt, agent, targets, reward_scale, report, run_name, run_dir)
+
+
+class Outcome(NamedTuple):
+    results_path: str
+    figure: str
+    headline: dict
+    """eval.json's numbers, averaged over the targets"""
+
+
+def adapt(args, run, writer):
+    """The adapt subcommand: per target, the evaluation before, the ceiling, then every control and seed adapted on the
+    same episodes and evaluated after; tta.json is written after every target."""
+    report = run.report
+    hide_velocity = run.ckpt["args"]["hide_velocity"]
+    settings = {}
+    if args.ceiling_resolution:
+        settings = gate_settings(run.ckpt["args"]["num_abstractions"], args.ceiling_resolution)
+    seeds = [args.seed + i for i in range(args.num_seeds)]
+    report.update(controls=args.controls, seeds=seeds, episodes=args.episodes, online=args.online)
+    report.update(reward_scale=run.reward_scale)
+    report.setdefault("results", {})
+    results_path = os.path.join(run.run_dir, "tta.json")
+    model_file = os.path.join(run.run_dir, f"{args.exp_name}.cleanrl_model")
+    saved = tta.saved_adapted(model_file, args.save_model)
+    workload = tta.adapt_workload(args, len(run.targets) - len(report["results"]), len(settings))
+    adapt_step = seconds_per_step(run.agent, hide_velocity, 1, backward=True)
+    eval_step = seconds_per_step(run.agent, hide_velocity, args.eval_episodes, backward=False)
+    print(tta.describe_workload(workload, adapt_step, eval_step, results_path, run.run_dir), flush=True)
+    for position, target in enumerate(run.targets):
+        if target["name"] in report["results"]:
+            continue  # finished by the stopped run this one resumes
+        # the same evaluation episodes (env and torch seeds) before, after and for the ceiling: every comparison is paired
+        eval_seeds = [100_000 + 10_000 * seed + 1000 * position for seed in seeds]
+        before = gate_returns(run.agent, target, hide_velocity, {"learned": None}, eval_seeds, args.eval_episodes)
+        result = {"before": before.means["learned"], "ceiling": None, "controls": {}}
+        if settings:
+            result["ceiling"] = ceiling(run.agent, target, hide_velocity, settings, eval_seeds, args.eval_episodes)
+        for control in args.controls:
+            entry = tta.new_control_entry()
+            for i, (seed, eval_seed) in enumerate(zip(seeds, eval_seeds)):
+                # ROLLOUT and UPDATE: adaptation_episode, every episode
+                adapted = adaptation(run.ckpt, target, control, seed, args, run.reward_scale)
+                after = gate_returns(
+                    adapted.agent.eval(), target, hide_velocity, {"learned": None}, [eval_seed], args.eval_episodes
+                )
+                tta.add_seed(entry, after.means["learned"], after.runs["learned"], adapted.returns, adapted.updates)
+                if args.save_model:
+                    saved.append(
+                        {"target": target["name"], "seed": seed, "control": control, "state_dict": adapted.agent.state_dict()}
+                    )
+                print(
+                    f"{target['name']} seed {seed} {control:>7}: before {before.means['learned']['sampled'][i]:6.1f} "
+                    f"during {np.mean(adapted.returns):6.1f} after {entry['after_per_seed']['sampled'][-1]:6.1f} "
+                    f"(sampled; {adapted.updates} updates)",
+                    flush=True,
+                )
+            result["controls"][control] = entry
+        result = tta.summarise_target(result)
+
+        # LOGGING
+        tta.log_adapt_target(writer, target["name"], result, args.episodes)
+        report["results"][target["name"]] = result
+        if args.save_model:  # before the results: a target found in tta.json has its agents saved
+            tta.save_adapted(saved, report, run.ckpt, SCRIPT, model_file)
+        tta.write_results(report, results_path)  # per finished target: a stopped run keeps it
+    figure = os.path.join(run.run_dir, "adaptation_curves.png")
+    mode_of_update = "per-episode"
+    if args.online:
+        mode_of_update = "online"
+    tta.plot_adaptation_curves(
+        report["results"],
+        run.targets,
+        args.controls,
+        figure,
+        f"{run.run_name}\nadaptation on {run.ckpt['run_name']} ({args.num_seeds} seeds, {mode_of_update} updates)",
+    )
+    report["finished"] = True
+    tta.write_results(report, results_path)
+    return Outcome(results_path, figure, tta.adapt_headline(report))
+
+
+def clamp(args, run, writer):
+    """The clamp subcommand: every target with the gate clamped to each slot, to uniform and learned; clamp.json."""
+    settings = gate_settings(run.ckpt["args"]["num_abstractions"], 1)
+    settings["learned"] = None
+    runs = {}
+    for position, target in enumerate(run.targets):
+        eval_seed = 100_000 + args.seed + 1000 * position
+        runs[target["name"]] = gate_returns(
+            run.agent, target, run.ckpt["args"]["hide_velocity"], settings, [eval_seed], args.eval_episodes
+        ).runs
+    report = tta.clamp_report(run.report, runs, run.targets, list(settings), run.ckpt["args"]["num_abstractions"])
+
+    # LOGGING
+    tta.log_cells(writer, "clamp", report, run.targets)
+    for kind in KINDS:
+        specificity = report["specificity"][kind]
+        if specificity["score"] is not None:
+            writer.add_scalar(f"tta/clamp_specificity_{kind}", specificity["score"], 0)
+        print(f"clamp specificity, {kind}: {specificity['score']}, matching {specificity['matching']}")
+    results_path = os.path.join(run.run_dir, "clamp.json")
+    figure = os.path.join(run.run_dir, "clamp_heatmap.png")
+    tta.plot_heatmap(
+        tta.return_matrix(report["results"], run.targets, list(settings)),
+        [t["label"] for t in run.targets],
+        list(settings),
+        figure,
+        f"{run.run_name}\nreturn with the gate clamped, {args.eval_episodes} episodes per cell ({run.ckpt['run_name']})",
+    )
+    tta.write_results(report, results_path)
+    return Outcome(results_path, figure, tta.clamp_headline(report))
+
+
+def swap(args, run, writer):
+    """The swap subcommand: the learned gate's routing, then every target with the gate fixed to each group's mean
+    learned gate; swap.json."""
+    swapped = gate_swap(run.agent, run.targets, run.ckpt["args"]["hide_velocity"], args.eval_episodes, args.seed)
+    report = tta.swap_report(run.report, swapped.gates, swapped.routing, swapped.runs, run.targets)
+    columns = report["columns"]
+
+    # LOGGING
+    tta.log_cells(writer, "swap", report, run.targets)
+    for kind in KINDS:
+        for grouping, effect in report["swap_effect"][kind].items():
+            if effect["value"] is not None:
+                writer.add_scalar(f"tta/swap_effect_{grouping}_{kind}", effect["value"], 0)
+    writer.add_scalar("tta/gate_episode_nmi_mode", swapped.routing["episode_nmi_mode"], 0)
+    writer.add_scalar("tta/gate_episode_nmi_sign", swapped.routing["episode_nmi_sign"], 0)
+    for name, entry in swapped.routing["held_out"].items():
+        if entry["to_sign_slot"] is not None:
+            writer.add_scalar(f"tta/held_out_to_sign_slot_{name}", float(entry["to_sign_slot"]), 0)
+    print(tta.describe_swap(report))
+    results_path = os.path.join(run.run_dir, "swap.json")
+    figure = os.path.join(run.run_dir, "swap_heatmap.png")
+    tta.plot_heatmap(
+        tta.return_matrix(report["results"], run.targets, columns),
+        [t["label"] for t in run.targets],
+        columns,
+        figure,
+        f"{run.run_name}\nreturn with the gate fixed to a group's mean learned gate, {args.eval_episodes} episodes per "
+        f"cell ({run.ckpt['run_name']})",
+    )
+    tta.write_results(report, results_path)
+    return Outcome(results_path, figure, tta.swap_headline(report))
 
 
 if __name__ == "__main__":
-    args = tyro.extras.subcommand_cli_from_dict({"adapt": AdaptArgs, "clamp": ClampArgs, "swap": SwapArgs})
-    apply_preset(args)
+    args = tyro.extras.subcommand_cli_from_dict(SUBCOMMANDS)
     try:
-        validate(args)
-        model_path = find_checkpoint(args)
-        ckpt, base_agent = load_astral_checkpoint(model_path)
-        targets = resolve_targets(args.mode_indices, args.modes, ckpt)
-        validate_against_checkpoint(args, ckpt, targets)
-        reward_scale = critic_reward_scale(args, ckpt)
-        from cleanrl_astral_utils import tta  # reports, results files, plots, resuming
-
-        report = tta.new_report(SCRIPT, args, model_path, ckpt, targets)
-        if args.subcommand == "adapt" and args.resume is not None:
-            report = tta.resumed_report(args.resume, report)
-            run_dir = args.resume
-            run_name = os.path.basename(os.path.normpath(run_dir))
-        else:
-            run_name, run_dir = claim_run_dir(
-                args.runs_dir, f"NonStationaryCartPole__{args.exp_name}__{args.seed}__{int(time.time())}"
-            )
+        run = prepare(args)
     except ValueError as e:
         print(f"{SCRIPT}.py: error: {e}", file=sys.stderr)
         sys.exit(2)
@@ -1015,180 +1227,21 @@ if __name__ == "__main__":
             entity=args.wandb_entity,
             sync_tensorboard=True,
             config=vars(args),
-            name=run_name,
-            dir=run_dir,
+            name=run.run_name,
+            dir=run.run_dir,
             save_code=True,
         )
-    writer = SummaryWriter(run_dir)
+    writer = SummaryWriter(run.run_dir)
     writer.add_text(
         "hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
     )
     torch.set_num_threads(1)  # fastest for this small network; every evaluation and adaptation seeds torch and its envs
-    hide_velocity = ckpt["args"]["hide_velocity"]
-    num_slots = ckpt["args"]["num_abstractions"]
-
-    if args.subcommand == "adapt":
-        settings = {}
-        if args.ceiling_resolution:
-            settings = gate_settings(num_slots, args.ceiling_resolution)
-        seeds = [args.seed + i for i in range(args.num_seeds)]
-        report.update(controls=args.controls, seeds=seeds, episodes=args.episodes, online=args.online)
-        report.update(reward_scale=reward_scale)
-        report.setdefault("results", {})
-        results_path = os.path.join(run_dir, "tta.json")
-        model_file = os.path.join(run_dir, f"{args.exp_name}.cleanrl_model")
-        saved = tta.saved_adapted(model_file, args.save_model)
-        workload = tta.adapt_workload(args, len(targets) - len(report["results"]), len(settings))
-        adapt_step = seconds_per_step(base_agent, hide_velocity, 1, backward=True)
-        eval_step = seconds_per_step(base_agent, hide_velocity, args.eval_episodes, backward=False)
-        print(tta.describe_workload(workload, adapt_step, eval_step, results_path, run_dir), flush=True)
-        for position, target in enumerate(targets):
-            if target["name"] in report["results"]:
-                continue  # finished by the stopped run this one resumes
-            # the same evaluation episodes (env and torch seeds) before, after and for the ceiling: every comparison is paired
-            eval_seeds = [100_000 + 10_000 * seed + 1000 * position for seed in seeds]
-            before = gate_returns(base_agent, target, hide_velocity, {"learned": None}, eval_seeds, args.eval_episodes)
-            result = {"before": before.means["learned"], "ceiling": None, "controls": {}}
-            if settings:
-                result["ceiling"] = ceiling(base_agent, target, hide_velocity, settings, eval_seeds, args.eval_episodes)
-            for control in args.controls:
-                entry = tta.new_control_entry(KINDS)
-                for i, (seed, eval_seed) in enumerate(zip(seeds, eval_seeds)):
-                    adaptation = adapt(ckpt, target, control, seed, args, reward_scale)
-                    after = gate_returns(
-                        adaptation.agent.eval(), target, hide_velocity, {"learned": None}, [eval_seed], args.eval_episodes
-                    )
-                    for kind, (value,) in after.means["learned"].items():
-                        entry["after_per_seed"][kind].append(value)
-                    entry["slot_weights_after_per_seed"].append(
-                        after.runs["learned"]["deterministic"][0].slot_weights.tolist()
-                    )
-                    entry["during_per_seed"].append(adaptation.returns)
-                    entry["updates"] += adaptation.updates
-                    if args.save_model:
-                        saved.append(
-                            {
-                                "target": target["name"],
-                                "seed": seed,
-                                "control": control,
-                                "state_dict": adaptation.agent.state_dict(),
-                            }
-                        )
-                    print(
-                        f"{target['name']} seed {seed} {control:>7}: before {before.means['learned']['sampled'][i]:6.1f} "
-                        f"during {np.mean(adaptation.returns):6.1f} after {entry['after_per_seed']['sampled'][-1]:6.1f} "
-                        f"(sampled; {adaptation.updates} updates)",
-                        flush=True,
-                    )
-                result["controls"][control] = entry
-            result = tta.summarise_target(result)
-
-            # LOGGING
-            log_adapt_target(writer, target, result, args.episodes)
-            report["results"][target["name"]] = result
-            if args.save_model:  # before the results: a target found in tta.json has its agents saved
-                tta.save_adapted(saved, report, ckpt, SCRIPT, model_file)
-            tta.write_results(report, results_path)  # per finished target: a stopped run keeps it
-        figure = os.path.join(run_dir, "adaptation_curves.png")
-        mode_of_update = "per-episode"
-        if args.online:
-            mode_of_update = "online"
-        tta.plot_adaptation_curves(
-            report["results"],
-            targets,
-            args.controls,
-            figure,
-            f"{run_name}\nadaptation on {ckpt['run_name']} ({args.num_seeds} seeds, {mode_of_update} updates)",
-        )
-        report["finished"] = True
-        tta.write_results(report, results_path)
-        headline = tta.adapt_headline(report)
-
-    if args.subcommand == "clamp":
-        settings = gate_settings(num_slots, 1)
-        settings["learned"] = None
-        report.update(columns=list(settings), results={})
-        for position, target in enumerate(targets):
-            runs = gate_returns(
-                base_agent, target, hide_velocity, settings, [100_000 + args.seed + 1000 * position], args.eval_episodes
-            ).runs
-            report["results"][target["name"]] = tta.cells(runs)
-            report["results"][target["name"]]["learned_slot_weights"] = runs["learned"]["deterministic"][
-                0
-            ].slot_weights.tolist()
-            cells = report["results"][target["name"]]
-            # LOGGING
-            for column, (kind, _) in itertools.product(settings, KINDS):
-                writer.add_scalar(f"tta/clamp_return_{target['name']}_{column}_{kind}", cells[column][kind]["mean"], 0)
-            print(
-                f"{target['label']}: " + " ".join(f"{c} {cells[c]['deterministic']['mean']:.0f}" for c in settings), flush=True
-            )
-        matrix = tta.return_matrix(report["results"], targets, list(settings))
-        report["matrix"] = {kind: m.tolist() for kind, m in matrix.items()}
-        report["specificity"] = {}
-        for kind, _ in KINDS:
-            score, matching = clamp_specificity(matrix[kind][:, :num_slots])
-            pairs = [[targets[r]["name"], f"slot{c}"] for r, c in matching]
-            report["specificity"][kind] = {"score": score, "matching": pairs}
-            if score is not None:
-                writer.add_scalar(f"tta/clamp_specificity_{kind}", score, 0)
-            print(f"clamp specificity, {kind}: {score}, matching {pairs}")
-        results_path = os.path.join(run_dir, "clamp.json")
-        figure = os.path.join(run_dir, "clamp_heatmap.png")
-        tta.plot_heatmap(
-            matrix,
-            [t["label"] for t in targets],
-            list(settings),
-            figure,
-            f"{run_name}\nreturn with the gate clamped, {args.eval_episodes} episodes per cell ({ckpt['run_name']})",
-        )
-        tta.write_results(report, results_path)
-        headline = tta.clamp_headline(report)
-
-    if args.subcommand == "swap":
-        swap = gate_swap(base_agent, targets, hide_velocity, args.eval_episodes, args.seed)
-        columns = [*swap.gates, "learned"]
-        report.update(columns=columns, mean_gates={name: w.tolist() for name, w in swap.gates.items()}, routing=swap.routing)
-        report["results"] = {}
-        for target in targets:
-            report["results"][target["name"]] = tta.cells(swap.runs[target["name"]])
-            cells = report["results"][target["name"]]
-            # LOGGING
-            for column, (kind, _) in itertools.product(columns, KINDS):
-                writer.add_scalar(f"tta/swap_return_{target['name']}_{column}_{kind}", cells[column][kind]["mean"], 0)
-            print(
-                f"{target['label']}: " + " ".join(f"{c} {cells[c]['deterministic']['mean']:.0f}" for c in columns), flush=True
-            )
-        matrix = tta.return_matrix(report["results"], targets, columns)
-        report["matrix"] = {kind: m.tolist() for kind, m in matrix.items()}
-        report["swap_effect"] = {kind: swap_effect(matrix[kind], targets, columns) for kind, _ in KINDS}
-        for kind, _ in KINDS:
-            for grouping, effect in report["swap_effect"][kind].items():
-                if effect["value"] is not None:
-                    writer.add_scalar(f"tta/swap_effect_{grouping}_{kind}", effect["value"], 0)
-        writer.add_scalar("tta/gate_episode_nmi_mode", swap.routing["episode_nmi_mode"], 0)
-        writer.add_scalar("tta/gate_episode_nmi_sign", swap.routing["episode_nmi_sign"], 0)
-        for name, entry in swap.routing["held_out"].items():
-            if entry["to_sign_slot"] is not None:
-                writer.add_scalar(f"tta/held_out_to_sign_slot_{name}", float(entry["to_sign_slot"]), 0)
-        print(tta.describe_swap(report))
-        results_path = os.path.join(run_dir, "swap.json")
-        figure = os.path.join(run_dir, "swap_heatmap.png")
-        tta.plot_heatmap(
-            matrix,
-            [t["label"] for t in targets],
-            columns,
-            figure,
-            f"{run_name}\nreturn with the gate fixed to a group's mean learned gate, {args.eval_episodes} episodes per cell "
-            f"({ckpt['run_name']})",
-        )
-        tta.write_results(report, results_path)
-        headline = tta.swap_headline(report)
-
+    subcommand = {"adapt": adapt, "clamp": clamp, "swap": swap}[args.subcommand]
+    outcome = subcommand(args, run, writer)
     # eval.json: headline numbers averaged over the targets, for benchmark/report.py's tables (per target: results_path)
     tta.write_results(
-        {"script": SCRIPT, "subcommand": args.subcommand, "targets": [t["name"] for t in targets], **headline},
-        os.path.join(run_dir, "eval.json"),
+        {"script": SCRIPT, "subcommand": args.subcommand, "targets": [t["name"] for t in run.targets], **outcome.headline},
+        os.path.join(run.run_dir, "eval.json"),
     )
-    print(f"results in {results_path} and {figure}")
+    print(f"results in {outcome.results_path} and {outcome.figure}")
     writer.close()

@@ -12,19 +12,11 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
+from cleanrl_astral_utils.cartpole import KINDS, mutual_information
 from cleanrl_astral_utils.files import atomic_torch_save, atomic_write_json
 
-KINDS = ("deterministic", "sampled")
 # flags that do not change a single number: a resumed run may differ from the stopped one in these
 RESUME_FREE_ARGS = {"resume", "track", "wandb_project_name", "wandb_entity", "runs_dir"}
-ADAPT_STATS = (
-    "during_mean",
-    "after_deterministic",
-    "after_sampled",
-    "gain_over_none_during",
-    "gain_over_none_after_sampled",
-    "gain_fraction_of_ceiling",
-)
 
 
 # STATISTICS
@@ -63,14 +55,24 @@ def new_report(script, args, model_path, ckpt, targets):
     }
 
 
-def new_control_entry(kinds):
-    """An adapt control's per-seed measurements, filled seed by seed."""
+def new_control_entry():
+    """An adapt control's per-seed measurements, filled seed by seed (add_seed)."""
     return {
         "during_per_seed": [],
-        "after_per_seed": {kind: [] for kind, _ in kinds},
+        "after_per_seed": {kind: [] for kind in KINDS},
         "slot_weights_after_per_seed": [],
         "updates": 0,
     }
+
+
+def add_seed(entry, after_means, after_runs, returns, updates):
+    """Adds one adaptation seed to a control's entry: its mean return after ({kind: [mean]}), the mean gate of its
+    deterministic evaluation after ({kind: [Evaluation]}), the return of each adaptation episode and its update count."""
+    for kind, (value,) in after_means.items():
+        entry["after_per_seed"][kind].append(value)
+    entry["slot_weights_after_per_seed"].append(after_runs["deterministic"][0].slot_weights.tolist())
+    entry["during_per_seed"].append(returns)
+    entry["updates"] += updates
 
 
 def summarise_target(result):
@@ -125,6 +127,32 @@ def adapt_stats(entry):
     }
 
 
+def log_adapt_target(writer, name, result, episodes):
+    """TensorBoard scalars of one finished target: tta/{stat}_{target}[_{control}]."""
+    for kind in KINDS:
+        writer.add_scalar(f"tta/before_{kind}_{name}", result["before"][kind]["mean"], 0)
+    if result["ceiling"]:
+        writer.add_scalar(f"tta/ceiling_sampled_{name}", result["ceiling"]["sampled"]["mean"], 0)
+    for control, entry in result["controls"].items():
+        for step, value in enumerate(entry["during"]["mean"]):
+            writer.add_scalar(f"tta/episodic_return_{name}_{control}", value, step + 1)
+        for key, stat in adapt_stats(entry).items():
+            if stat:
+                writer.add_scalar(f"tta/{key}_{name}_{control}", stat["mean"], episodes)
+
+
+def log_cells(writer, subcommand, report, targets):
+    """TensorBoard scalars tta/{subcommand}_return_{target}_{column}_{kind} of a clamp or swap report's cells, and one
+    line per target of its deterministic returns."""
+    for target in targets:
+        cells = report["results"][target["name"]]
+        for column in report["columns"]:
+            for kind in KINDS:
+                writer.add_scalar(f"tta/{subcommand}_return_{target['name']}_{column}_{kind}", cells[column][kind]["mean"], 0)
+        returns = " ".join(f"{c} {cells[c]['deterministic']['mean']:.0f}" for c in report["columns"])
+        print(f"{target['label']}: {returns}", flush=True)
+
+
 def averaged(summary):
     """{key: [values]} or {key: {column: [values]}} -> the same with each list replaced by its mean."""
     headline = {}
@@ -166,6 +194,139 @@ def cells(runs):
 def return_matrix(results, targets, columns):
     """{kind: target × column array of mean returns}."""
     return {kind: np.array([[results[t["name"]][c][kind]["mean"] for c in columns] for t in targets]) for kind in KINDS}
+
+
+# ANALYSIS: clamp specificity, swap effects, the learned gate's routing
+def clamp_specificity(returns):
+    """Mode × slot return matrix -> (mean matched cell − mean other cell of the matched rows and columns, [(row, column)]).
+    Slots are unlabelled: each mode is matched to a slot of its own (Hungarian, maximising the matched returns). A mode or
+    slot better everywhere cancels out; the maximising match makes the score ≥ 0 even for noise. None below two pairs."""
+    from scipy.optimize import linear_sum_assignment
+
+    rows, cols = linear_sum_assignment(returns, maximize=True)
+    matched = np.asarray(returns)[np.ix_(rows, cols)]
+    score = None
+    if len(rows) > 1:
+        score = float(np.diag(matched).mean() - matched[~np.eye(len(rows), dtype=bool)].mean())
+    return score, [(int(r), int(c)) for r, c in zip(rows, cols)]
+
+
+def sign_name(sign):
+    return f"sign{sign:+g}"
+
+
+def swap_effect(matrix, targets, columns):
+    """From the target × gate return matrix: per training mode, own group's gate − the other group's gate, by sign
+    (`sign+1` vs `sign-1`) and by mode (own mode's gate − the mean of the other training modes' gates); averaged over the
+    training modes. None where a grouping has no other group."""
+    training = [i for i, t in enumerate(targets) if not t["held_out"]]
+    col = {name: j for j, name in enumerate(columns)}
+    by_sign = {}
+    by_mode = {}
+    for i in training:
+        target = targets[i]
+        own_sign = sign_name(target["physics"][2])
+        other_signs = [c for c in columns if c.startswith("sign") and c != own_sign]
+        if other_signs:
+            by_sign[target["name"]] = float(matrix[i, col[own_sign]] - np.mean([matrix[i, col[c]] for c in other_signs]))
+        others = [targets[k]["name"] for k in training if k != i]
+        if others:
+            by_mode[target["name"]] = float(matrix[i, col[target["name"]]] - np.mean([matrix[i, col[c]] for c in others]))
+    result = {}
+    for grouping, per_mode in (("sign", by_sign), ("mode", by_mode)):
+        value = None
+        if per_mode:
+            value = float(np.mean(list(per_mode.values())))
+        result[grouping] = {"value": value, "per_mode": per_mode}
+    return result
+
+
+def episode_nmi(labels, slots, num_slots):
+    """Episode-level NMI: one sample per episode, its label against the argmax slot of its mean gate, I / H(label)."""
+    values = sorted(set(labels))
+    counts = np.zeros((len(values), num_slots))
+    for label, slot in zip(labels, slots):
+        counts[values.index(label), slot] += 1
+    return mutual_information(counts)[1]
+
+
+def gate_routing(episode_gates, mean_gates, targets):
+    """What the learned gate says about the modes: episode-level NMI of the argmax of each episode's mean gate against
+    the mode and against the force sign (training modes), each mode's argmax slot, whether the two signs' training modes
+    use disjoint sets of slots (and one slot each: an exact sign split), and where each held-out mode goes: its argmax
+    slot, whether that is one of its sign's slots (only where the signs' slots are disjoint), and the share of its
+    episodes on its sign's slots."""
+    training = [t for t in targets if not t["held_out"]]
+    num_slots = len(next(iter(mean_gates.values())))
+    modes = []
+    signs = []
+    slots = []
+    for t in training:
+        episode_slots = np.asarray(episode_gates[t["name"]]).argmax(-1).tolist()
+        slots += episode_slots
+        modes += [t["name"]] * len(episode_slots)
+        signs += [t["physics"][2]] * len(episode_slots)
+    slot_of_mode = {t["name"]: int(np.argmax(mean_gates[t["name"]])) for t in targets}
+    sign_slots = {}
+    for t in training:
+        sign_slots.setdefault(t["physics"][2], set()).add(slot_of_mode[t["name"]])
+    used = [slot for slots_of_sign in sign_slots.values() for slot in slots_of_sign]
+    disjoint = len(sign_slots) > 1 and len(used) == len(set(used))
+    one_each = disjoint and all(len(slots_of_sign) == 1 for slots_of_sign in sign_slots.values())
+    held_out = {}
+    for t in targets:
+        if not t["held_out"]:
+            continue
+        sign = t["physics"][2]
+        entry = {"sign": sign, "slot": slot_of_mode[t["name"]], "sign_slots": None, "to_sign_slot": None}
+        if disjoint and sign in sign_slots:
+            episode_slots = np.asarray(episode_gates[t["name"]]).argmax(-1)
+            entry["sign_slots"] = sorted(sign_slots[sign])
+            entry["to_sign_slot"] = entry["slot"] in sign_slots[sign]
+            entry["episode_share_on_sign_slots"] = float(np.isin(episode_slots, entry["sign_slots"]).mean())
+        held_out[t["name"]] = entry
+    return {
+        "episode_nmi_mode": episode_nmi(modes, slots, num_slots),
+        "episode_nmi_sign": episode_nmi(signs, slots, num_slots),
+        "episodes": len(slots),
+        "slot_of_mode": slot_of_mode,
+        "signs_on_disjoint_slots": disjoint,
+        "sign_split": one_each,
+        "held_out": held_out,
+    }
+
+
+def clamp_report(report, runs, targets, columns, num_slots):
+    """clamp.json: `report` with each target's cells ({column: {kind: [Evaluation]}} -> means, stds, returns) and its
+    learned mean gate, the target × column return matrix, and the clamp specificity of its slot columns."""
+    report.update(columns=columns, results={})
+    for target in targets:
+        report["results"][target["name"]] = cells(runs[target["name"]])
+        report["results"][target["name"]]["learned_slot_weights"] = runs[target["name"]]["learned"]["deterministic"][
+            0
+        ].slot_weights.tolist()
+    matrix = return_matrix(report["results"], targets, columns)
+    report["matrix"] = {kind: m.tolist() for kind, m in matrix.items()}
+    report["specificity"] = {}
+    for kind in KINDS:
+        score, matching = clamp_specificity(matrix[kind][:, :num_slots])
+        pairs = [[targets[r]["name"], f"slot{c}"] for r, c in matching]
+        report["specificity"][kind] = {"score": score, "matching": pairs}
+    return report
+
+
+def swap_report(report, gates, routing, runs, targets):
+    """swap.json: `report` with the swapped gates, the learned gate's routing, each target's cells ({column: {kind:
+    [Evaluation]}} -> means, stds, returns) for the gates and `learned`, the return matrix and the swap effects."""
+    columns = [*gates, "learned"]
+    report.update(columns=columns, mean_gates={name: w.tolist() for name, w in gates.items()}, routing=routing)
+    report["results"] = {}
+    for target in targets:
+        report["results"][target["name"]] = cells(runs[target["name"]])
+    matrix = return_matrix(report["results"], targets, columns)
+    report["matrix"] = {kind: m.tolist() for kind, m in matrix.items()}
+    report["swap_effect"] = {kind: swap_effect(matrix[kind], targets, columns) for kind in KINDS}
+    return report
 
 
 def clamp_headline(report):

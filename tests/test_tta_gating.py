@@ -1,20 +1,23 @@
-"""Tests for cleanrl_astral/tta_gating.py: it acts exactly as ppo_gru_astral.py's agent in its environment, each control
-updates exactly the parameters it promises with losses of the right sign and bootstrap, the reports hold what their
-names say (paired gains, ceiling, clamp columns, specificity), and the subcommands run end to end and refuse bad
-input with one line."""
+"""Tests for cleanrl_astral/tta_gating.py: its agent and environment are ppo_gru_astral.py's and act alike on the same
+weights (both designs), every documented checkpoint loads, each control updates exactly the parameters it promises with
+losses of the right sign and bootstrap, the subcommands run end to end with the numbers their names say, and bad input
+fails with one line. The reports' arithmetic is tested in test_tta_reports.py."""
 
 import copy
 import dataclasses
 import glob
+import inspect
 import math
 import os
 import runpy
 import subprocess
 import sys
+from typing import NamedTuple
 
 import numpy as np
 import pytest
 import torch
+import tyro
 from helpers import (
     REPO,
     SCRIPT_ENV,
@@ -30,36 +33,56 @@ from helpers import (
 import cleanrl_astral.ppo_gru_astral as ppo_gru_astral
 import cleanrl_astral.tta_gating as tta_gating
 from cleanrl_astral_utils import tta
+from cleanrl_astral_utils.cartpole import KINDS
 
-TINY_TRAIN = [
-    "--num-envs",
-    "4",
-    "--num-steps",
-    "16",
-    "--num-minibatches",
-    "2",
-    "--update-epochs",
-    "1",
-    "--hidden-size",
-    "16",
-    "--slot-dim",
-    "8",
-    "--total-timesteps",
-    "64",
-    "--save-model",
-    "--eval-episodes",
-    "1",
-]
+TINY_TRAIN = (
+    "--num-envs 4 --num-steps 16 --num-minibatches 2 --update-epochs 1 --hidden-size 16 --slot-dim 8 "
+    "--total-timesteps 64 --save-model --eval-episodes 1"
+).split()
 GATE_KEYS = {"bank.gate.0.weight", "bank.gate.0.bias", "bank.gate.2.weight", "bank.gate.2.bias"}
+MIRROR4 = ["--modes-preset", "mirror4", "--mode-share", "balanced"]
+# the plan's design at a tiny width: slots of d_model
+PLAN = ["--design", "plan", "--hidden-size", "16", "--slot-dim", "16"]
+# one checkpoint of each vintage the documented results were made with (their saved args differ)
+DOCUMENTED_CHECKPOINTS = [
+    "benchmark/out/cartpole_main/runs/c1__g0_modes-preset_seed3__s1/*/ppo_gru_astral.cleanrl_model",
+    "benchmark/out/astral_study/phase_C/runs/c0__g0_base__s6/*/frozen.cleanrl_model",
+]
+
+
+def train_astral(runs, *flags):
+    """The checkpoint of a tiny ppo_gru_astral.py run (the real producer, not a hand-made dict) with `flags`."""
+    run_script("ppo_gru_astral", *TINY_TRAIN, *flags, "--runs-dir", str(runs), check=True)
+    (path,) = glob.glob(str(runs / "*" / "*.cleanrl_model"))
+    return path
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    """A checkpoint written by a tiny ppo_gru_astral.py run (the real producer, not a hand-made dict)."""
-    runs = tmp_path_factory.mktemp("astral_runs")
-    run_script("ppo_gru_astral", *TINY_TRAIN, "--runs-dir", str(runs), check=True)
-    (path,) = glob.glob(str(runs / "*" / "ppo_gru_astral.cleanrl_model"))
-    return path
+    return train_astral(tmp_path_factory.mktemp("astral_runs"))
+
+
+@pytest.fixture(scope="module")
+def mirror4_checkpoint(tmp_path_factory):
+    return train_astral(tmp_path_factory.mktemp("astral_mirror4"), *MIRROR4)
+
+
+@pytest.fixture(scope="module")
+def plan_checkpoint(tmp_path_factory):
+    """The plan's design on mirror4, so that swap has both force signs and a held-out mode."""
+    return train_astral(tmp_path_factory.mktemp("astral_plan"), *MIRROR4, *PLAN)
+
+
+class Ran(NamedTuple):
+    run_dir: str
+    stdout: str
+
+
+def run_tta(subcommand, checkpoint, runs_dir, *flags):
+    """tta_gating.py `subcommand` on `checkpoint` into `runs_dir`, which must succeed: its run directory and stdout."""
+    result = run_script("tta_gating", subcommand, "--checkpoint", checkpoint, *flags, "--runs-dir", runs_dir)
+    assert result.returncode == 0, result.stderr
+    return Ran(only_run_dir(runs_dir), result.stdout)
 
 
 def edited_checkpoint(path, out, slots=None, actor_scale=1.0, **args):
@@ -76,22 +99,17 @@ def edited_checkpoint(path, out, slots=None, actor_scale=1.0, **args):
 def sharpened(path, tmp_path):
     """The tiny checkpoint with large, distinct slots, so the gate has leverage over the policy."""
     shape = torch.load(path, weights_only=True)["state_dict"]["bank.slots"].shape
-    return edited_checkpoint(
-        path, tmp_path / "sharp.cleanrl_model", torch.randn(shape, generator=torch.Generator().manual_seed(0)) * 3.0
-    )
+    slots = torch.randn(shape, generator=torch.Generator().manual_seed(0)) * 3.0
+    return edited_checkpoint(path, tmp_path / "sharp.cleanrl_model", slots)
 
 
 def adapt_args(path, **overrides):
-    args = tta_gating.AdaptArgs(
-        **{**dict(checkpoint=path, episodes=2, num_seeds=1, eval_episodes=2, adapt_lr=0.05), **overrides}
-    )
-    tta_gating.apply_preset(args)
-    return args
+    defaults = {"checkpoint": path, "episodes": 2, "num_seeds": 1, "eval_episodes": 2, "adapt_lr": 0.05}
+    return tta_gating.AdaptArgs(**{**defaults, **overrides})
 
 
 def prepared(args):
-    """The checks the script runs before any work, in its order; returns (checkpoint path, critic reward scale)."""
-    tta_gating.apply_preset(args)
+    """The checks tta_gating.prepare runs before any work, in its order; returns (checkpoint path, critic reward scale)."""
     tta_gating.validate(args)
     path = tta_gating.find_checkpoint(args)
     ckpt, _ = tta_gating.load_astral_checkpoint(path)
@@ -105,120 +123,71 @@ def target_of(ckpt, k=0):
 
 
 def new_env(ckpt, k=0):
-    return tta_gating.NonStationaryCartPole(1, target_of(ckpt, k)["physics"], ckpt["args"]["hide_velocity"])
+    return tta_gating.target_env(1, target_of(ckpt, k), ckpt["args"]["hide_velocity"])
 
 
 def zeros_state(agent):
     return torch.zeros(1, agent.hidden_size)
 
 
-# --- the same agent in the same environment as ppo_gru_astral.py, for every option of its forward pass -------------
+# --- the same agent in the same environment as ppo_gru_astral.py ----------------------------------------------------
 
-# a run of a few thousand steps per option: the forward-pass options alone and together, and the training-only options
-# with the mirror4 preset and its held-out mode
+
+def test_agent_and_environment_are_the_training_scripts_text():
+    """Copies between the scripts are the same text, so that a diff shows only what differs in method."""
+    copied = ["NonStationaryCartPole", "layer_init", "AbstractionBank", "FiLM", "Modulated", "ActionAndValue", "Agent"]
+    for name in [*copied, "agent_from_args", "claim_run_dir"]:
+        assert inspect.getsource(getattr(tta_gating, name)) == inspect.getsource(getattr(ppo_gru_astral, name)), name
+    assert tta_gating.HELD_OUT_MODES == ppo_gru_astral.HELD_OUT_MODES
+
+
+# a run of a few thousand steps per option: the forward-pass options alone and together, the plan's design, and the
+# training-only options with the mirror4 preset and its held-out mode
 OPTIONS = {
     "plain": [],
     "bottleneck": ["--bottleneck"],
     "hard_gate": ["--hard-gate", "--gumbel-tau", "0.5"],
     "oracle_bottleneck_hard_gate": ["--oracle", "--bottleneck", "--hard-gate"],
+    "plan_design": PLAN,
     "mirror4_training_options": [
-        "--modes-preset",
-        "mirror4",
-        "--mode-share",
-        "balanced",
-        "--hide-velocity",
-        "--num-abstractions",
-        "4",
-        "--slot-init",
-        "orthonormal",
-        "--lambda-consistency",
-        "0.1",
-        "--lambda-supervised",
-        "0.1",
+        *MIRROR4,
+        *"--hide-velocity --num-abstractions 4 --slot-init orthonormal --lambda-consistency 0.1".split(),
+        *"--lambda-supervised 0.1".split(),
     ],
 }
 
 
 @pytest.fixture(scope="module", params=list(OPTIONS))
 def option_checkpoint(request, tmp_path_factory):
-    runs = tmp_path_factory.mktemp(f"astral_{request.param}")
-    run_script(
-        "ppo_gru_astral",
-        "--num-envs",
-        "8",
-        "--num-steps",
-        "32",
-        "--num-minibatches",
-        "2",
-        "--update-epochs",
-        "1",
-        "--hidden-size",
-        "16",
-        "--slot-dim",
-        "8",
-        "--total-timesteps",
-        "2048",
-        "--save-model",
-        "--eval-episodes",
-        "1",
-        "--runs-dir",
-        str(runs),
-        *OPTIONS[request.param],
-        check=True,
-    )
-    (path,) = glob.glob(str(runs / "*" / "ppo_gru_astral.cleanrl_model"))
-    return path
-
-
-@pytest.mark.parametrize("preset,hide_velocity,mode", [("seed3", False, 1), ("inverted4", True, 3), ("mirror4", True, 4)])
-def test_env_gives_the_training_envs_trajectories(preset, hide_velocity, mode):
-    """The env ppo_gru_astral.evaluate builds for one mode, step for step, through several autoresets (held-out mode too)."""
-    physics = ppo_gru_astral.MODE_PRESETS[preset][mode]
-    a, b = (
-        ppo_gru_astral.NonStationaryCartPole(4, [physics], hide_velocity),
-        tta_gating.NonStationaryCartPole(4, physics, hide_velocity),
-    )
-    assert np.array_equal(a.reset(seed=3)[0], b.reset(seed=3)[0])
-    rng, ended = np.random.default_rng(0), 0
-    for _ in range(300):
-        action = rng.integers(0, 2, size=4)
-        out_a, out_b = a.step(action), b.step(action)
-        for x, y in zip(out_a[:4], out_b[:4]):
-            assert np.array_equal(x, y)
-        assert np.array_equal(out_a[4]["final_obs"], out_b[4]["final_obs"])
-        ended += int((out_a[2] | out_a[3]).sum())
-    assert ended > 4  # the comparison spans several auto-resets
+    longer = ["--num-envs", "8", "--num-steps", "32", "--total-timesteps", "2048"]
+    return train_astral(tmp_path_factory.mktemp(f"astral_{request.param}"), *longer, *OPTIONS[request.param])
 
 
 def test_agent_gives_the_training_agents_outputs_for_its_state_dict(option_checkpoint):
-    """Same logits, values, final state, gate weights and probabilities on the same inputs: the soft or hard gate (sampled
-    with the same torch seed, and deterministic), the bottleneck, the oracle input, and a clamped gate."""
+    """Same log-probs, values, final state, gate weights and probabilities on the same inputs: the soft or hard gate
+    (sampled with the same torch seed, and deterministic), the bottleneck, the oracle input, the plan's design, and a
+    clamped gate; the loaded agent's only other parameter is the zero context."""
     ckpt, agent = tta_gating.load_astral_checkpoint(option_checkpoint)
-    reference = ppo_gru_astral.agent_from_args(ppo_gru_astral.Args(**ckpt["args"]), len(ckpt["modes"]))
+    reference = ppo_gru_astral.agent_from_args(ppo_gru_astral.checkpoint_args(ckpt), len(ckpt["modes"]))
     reference.load_state_dict(ckpt["state_dict"])
     assert set(agent.state_dict()) == set(reference.state_dict()) | {"bank.context"}
-    K, gen = ckpt["args"]["num_abstractions"], torch.Generator().manual_seed(0)
-    x, starts = torch.randn(12, 5, agent.input_dim, generator=gen), (torch.rand(12, 5, generator=gen) < 0.2).float()
-    state, actions = torch.randn(5, agent.hidden_size, generator=gen), torch.randint(0, 2, (12, 5), generator=gen)
-    for weights, deterministic in (
-        (None, False),
-        (None, True),
-        (torch.softmax(torch.randn(12, 5, K, generator=gen), -1), False),
-    ):
+    assert torch.equal(agent.bank.context, torch.zeros(ckpt["args"]["num_abstractions"]))
+    num_slots = ckpt["args"]["num_abstractions"]
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(12, 5, agent.input_dim, generator=gen)
+    starts = (torch.rand(12, 5, generator=gen) < 0.2).float()
+    state = torch.randn(5, agent.hidden_size, generator=gen)
+    actions = torch.randint(0, 2, (12, 5), generator=gen)
+    clamped = torch.softmax(torch.randn(12, 5, num_slots, generator=gen), -1)
+    for weights, deterministic in ((None, False), (None, True), (clamped, False)):
         torch.manual_seed(1)
-        _, logprob, _, value, final, w, p, _ = reference.get_action_and_value(
-            x, state, starts, actions, deterministic, weights
-        )
+        expected = reference.get_action_and_value(x, state, starts, actions, deterministic, weights)
         torch.manual_seed(1)
-        modulated, final_m, w_m, p_m, _ = agent(x, state, starts, weights, torch.zeros(12, 5, K) if deterministic else None)
-        logits = agent.actor(modulated)
-        assert torch.equal(torch.distributions.Categorical(logits=logits).log_prob(actions), logprob)
-        assert torch.equal(agent.critic(modulated).squeeze(-1), value) and torch.equal(final_m, final)
-        assert torch.equal(w_m, w) and torch.equal(p_m, p)
-    # the outputs depend on the gate draw, so equal draws are what made them equal
-    if ckpt["args"]["hard_gate"]:
-        w_other = agent(x, state, starts)[2]
-        assert not torch.equal(w_other, w_m) and torch.allclose(w_other.sum(-1), torch.ones(12, 5))
+        out = agent.get_action_and_value(x, state, starts, actions, deterministic, weights)
+        for name, value in expected._asdict().items():
+            assert (value is None and getattr(out, name) is None) or torch.equal(getattr(out, name), value), name
+    if ckpt["args"]["hard_gate"]:  # the outputs depend on the gate draw, so equal draws are what made them equal
+        assert not torch.equal(agent(x, state, starts).weights, out.weights)
 
 
 def test_evaluation_reproduces_the_training_scripts_evaluate(option_checkpoint, monkeypatch):
@@ -232,34 +201,68 @@ def test_evaluation_reproduces_the_training_scripts_evaluate(option_checkpoint, 
         return real(agent_, envs, seed, deterministic)
 
     monkeypatch.setattr(ppo_gru_astral, "first_episodes", seeded)
-    targets, hide_velocity = tta_gating.resolve_targets(None, None, ckpt), ckpt["args"]["hide_velocity"]
-    assert [t["held_out"] for t in targets] == [
-        k in ppo_gru_astral.HELD_OUT_MODES[ckpt["args"]["modes_preset"]] for k in range(len(targets))
-    ]
-    for kind, deterministic in tta_gating.KINDS:
+    targets = tta_gating.resolve_targets(None, None, ckpt)
+    hide_velocity = ckpt["args"]["hide_velocity"]
+    held_out = ppo_gru_astral.HELD_OUT_MODES[ckpt["args"]["modes_preset"]]
+    assert [t["held_out"] for t in targets] == [k in held_out for k in range(len(targets))]
+    for kind in KINDS:
+        deterministic = kind == "deterministic"
         reference = ppo_gru_astral.evaluate(option_checkpoint, 4, deterministic=deterministic, seed=11)
         for k, target in enumerate(targets):
-            returns, weights, _ = tta_gating.evaluate_target(agent, target, hide_velocity, 4, deterministic, 11 + 1000 * k)
-            assert np.array_equal(returns, reference["returns"][k]), (target["name"], kind)
-            assert np.allclose(weights, reference["slot_weights"][k], atol=1e-6)
-            # each episode's mean gate, weighted by its length, averages to the mean gate over every step
             evaluation = tta_gating.evaluate_target(agent, target, hide_velocity, 4, deterministic, 11 + 1000 * k)
+            assert np.array_equal(evaluation.returns, reference["returns"][k]), (target["name"], kind)
+            assert np.allclose(evaluation.slot_weights, reference["slot_weights"][k], atol=1e-6)
+            # each episode's mean gate, weighted by its length, averages to the mean gate over every step
             lengths = np.asarray(reference["returns"][k])[:, None]  # one reward per step
-            assert np.allclose((evaluation.episode_slot_weights * lengths).sum(0) / lengths.sum(), weights, atol=1e-6)
+            per_episode = (evaluation.episode_slot_weights * lengths).sum(0) / lengths.sum()
+            assert np.allclose(per_episode, evaluation.slot_weights, atol=1e-6)
     # another seed plays other episodes, so equal returns are not a coincidence of the seed
-    assert not np.array_equal(returns, tta_gating.evaluate_target(agent, target, hide_velocity, 4, deterministic, 12)[0])
+    other = tta_gating.evaluate_target(agent, target, hide_velocity, 4, deterministic, 12)
+    assert not np.array_equal(evaluation.returns, other.returns)
 
 
-def test_every_training_option_is_known_as_honoured_or_training_only():
-    """A ppo_gru_astral.py option tta_gating has not classified makes its checkpoints refused: this fails first, so the
-    copy of the agent is brought up to date (or the option listed as training-only) in the same change."""
-    assert {f.name for f in dataclasses.fields(ppo_gru_astral.Args)} <= tta_gating.KNOWN_ARGS
+# --- checkpoints of every vintage ------------------------------------------------------------------------------------
+
+
+def test_every_training_option_is_a_checkpoint_argument():
+    """A ppo_gru_astral.py option missing from CHECKPOINT_ARGS makes its checkpoints refused: this fails first, so the
+    copy of the agent is brought up to date in the same change."""
+    assert {f.name for f in dataclasses.fields(ppo_gru_astral.Args)} <= tta_gating.CHECKPOINT_ARGS
+
+
+@pytest.mark.parametrize("pattern", DOCUMENTED_CHECKPOINTS)
+def test_documented_checkpoints_load_as_the_sharpening_script_design(pattern):
+    """Each vintage of the documented results loads, its state dict fits the agent, and a checkpoint saved before the
+    gate-entropy sign was an option reads as the sharpening variant it was trained with (as ppo_gru_astral.py reads it)."""
+    (path,) = glob.glob(os.path.join(REPO, pattern))
+    ckpt, agent = tta_gating.load_astral_checkpoint(path)
+    saved = torch.load(path, weights_only=True)
+    assert "sharpen_gate" not in saved["args"]
+    assert "design" not in saved["args"]
+    assert ckpt["args"]["sharpen_gate"] is True
+    assert ckpt["args"]["design"] == "script"
+    assert all(torch.equal(agent.state_dict()[k], v) for k, v in saved["state_dict"].items())
+    target = target_of(ckpt)
+    returns = tta_gating.evaluate_target(agent, target, ckpt["args"]["hide_velocity"], 2, True, 0).returns
+    assert returns.min() >= 1
+
+
+def test_a_checkpoint_with_the_gate_entropy_sign_keeps_it(checkpoint, tmp_path):
+    """The field, where saved, is read as saved: the default (the plan's entropy bonus) stays False."""
+    assert torch.load(checkpoint, weights_only=True)["args"]["sharpen_gate"] is False
+    assert tta_gating.load_astral_checkpoint(checkpoint)[0]["args"]["sharpen_gate"] is False
+    sharpening = edited_checkpoint(checkpoint, tmp_path / "sharpening.cleanrl_model", sharpen_gate=True)
+    assert tta_gating.load_astral_checkpoint(sharpening)[0]["args"]["sharpen_gate"] is True
+
+
+# --- the gate, the clamp and the context -----------------------------------------------------------------------------
 
 
 def test_hard_gate_acts_with_its_argmax_slot_deterministically_and_draws_slot_k_with_probability_p_k():
     """Under the hard gate, deterministic acting takes argmax p, sampled acting draws slot k with probability p_k, and the
     context shifts both. If this failed, the deterministic kind sampled, or the draw ignored the gate's logits."""
     bank = tta_gating.AbstractionBank(4, 3, 2, tau=1.0, gumbel_tau=0.5)
+    tta_gating.attach_context(bank)
     with torch.no_grad():
         bank.gate[2].bias.copy_(torch.tensor([0.0, 1.0, -1.0]))
         bank.gate[2].weight.zero_()
@@ -270,113 +273,133 @@ def test_hard_gate_acts_with_its_argmax_slot_deterministically_and_draws_slot_k_
             bank.context.copy_(context)
             _, w_det, p, _ = bank(h, noise=torch.zeros(len(h), 3))
             _, w_sampled, _, _ = bank(h)
-        assert torch.equal(w_det.argmax(-1), p.argmax(-1)) and torch.allclose(
-            w_det.sum(0), torch.eye(3)[p[0].argmax()] * len(h), atol=1e-2
-        )
+        assert torch.equal(w_det.argmax(-1), p.argmax(-1))
+        assert torch.allclose(w_det.sum(0), torch.eye(3)[p[0].argmax()] * len(h), atol=1e-2)
         assert torch.allclose(torch.bincount(w_sampled.argmax(-1), minlength=3) / len(h), p[0], atol=0.015)
     assert p[0].argmax() == 0  # the context moved the argmax from slot 1 to slot 0
 
 
 def test_clamping_slot_k_makes_z_equal_slot_k_exactly(checkpoint, tmp_path):
     ckpt, agent = tta_gating.load_astral_checkpoint(sharpened(checkpoint, tmp_path))
-    hidden, K = torch.randn(7, 4, agent.hidden_size), agent.bank.slots.shape[0]
-    x, state, starts = torch.randn(7, 4, agent.input_dim), torch.zeros(4, agent.hidden_size), torch.zeros(7, 4)
+    num_slots = agent.bank.slots.shape[0]
+    hidden = torch.randn(7, 4, agent.hidden_size)
+    x = torch.randn(7, 4, agent.input_dim)
+    state = torch.zeros(4, agent.hidden_size)
+    starts = torch.zeros(7, 4)
     outputs = []
-    for k in range(K):
-        onehot = torch.eye(K)[k].expand(7, 4, K)
-        z, w, *_ = agent.bank(hidden, onehot)
-        assert torch.equal(z, agent.bank.slots[k].expand_as(z)) and torch.equal(w, onehot)
-        outputs.append(agent.actor(agent(x, state, starts, onehot)[0]))
+    for k in range(num_slots):
+        onehot = torch.eye(num_slots)[k].expand(7, 4, num_slots)
+        z, w, _, _ = agent.bank(hidden, onehot)
+        assert torch.equal(z, agent.bank.slots[k].expand_as(z))
+        assert torch.equal(w, onehot)
+        outputs.append(agent.actor(agent(x, state, starts, onehot).hidden))
     assert not torch.allclose(outputs[0], outputs[1])  # distinct slots give distinct policies
-    _, weights, _ = tta_gating.evaluate_target(agent, target_of(ckpt), False, 2, True, 0, torch.eye(K)[1])
-    assert np.array_equal(weights, np.eye(K)[1])
+    clamped = tta_gating.evaluate_target(agent, target_of(ckpt), False, 2, True, 0, torch.eye(num_slots)[1])
+    assert np.array_equal(clamped.slot_weights, np.eye(num_slots)[1])
 
 
 def test_context_is_a_bias_on_the_gate_logits(checkpoint):
-    """w = softmax((g(h) + c) / τ). If this failed, the context were added after the softmax or not at all."""
+    """p = softmax((g(h) + c) / τ). If this failed, the context were added after the softmax or not at all."""
     _, agent = tta_gating.load_astral_checkpoint(checkpoint)
     hidden = torch.randn(5, agent.hidden_size)
+    context = torch.tensor([2.0, -1.0, 0.5])
     with torch.no_grad():
-        agent.bank.context.copy_(torch.tensor([2.0, -1.0, 0.5]))
-        _, w, *_ = agent.bank(hidden)
-    assert torch.allclose(w, torch.softmax((agent.bank.gate(hidden) + agent.bank.context) / agent.bank.tau, -1))
-    assert not torch.allclose(w, torch.softmax(agent.bank.gate(hidden) / agent.bank.tau, -1))
+        logits = agent.bank.gate(hidden)  # g(h), the context zero as loaded
+        agent.bank.context.copy_(context)
+        _, _, probs, _ = agent.bank(hidden)
+    assert torch.allclose(probs, torch.softmax((logits + context) / agent.bank.tau, -1))
+    assert not torch.allclose(probs, torch.softmax(logits / agent.bank.tau, -1))
 
 
 # --- what each control updates, and with which loss ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "online,options", [(False, {}), (True, {}), (False, dict(hard_gate=True, gumbel_tau=0.5, bottleneck=True))]
-)
+@pytest.mark.parametrize("online,options", [(False, {}), (True, {}), (False, {"hard_gate": True, "bottleneck": True})])
 def test_each_control_updates_only_its_parameters(checkpoint, tmp_path, online, options):
-    """Also under the hard gate (the gate and context reached through its straight-through estimator) and the bottleneck."""
+    """Also under the hard gate (the gate and context reached through its straight-through estimator) and the bottleneck.
+    If this failed, `gate` (the method) adapted more than the gate, and its gain were not the gate's."""
     path = edited_checkpoint(checkpoint, tmp_path / "options.cleanrl_model", **options)
     ckpt, _ = tta_gating.load_astral_checkpoint(path)
-    args, curves = adapt_args(path, online=online, online_every=4), {}
+    args = adapt_args(path, online=online, online_every=4)
+    curves = {}
     for control in tta_gating.CONTROLS:
-        agent, curves[control], updates = tta_gating.adapt(ckpt, target_of(ckpt, 1), control, 3, args, 1.0)
-        state = dict(ckpt["state_dict"], **{"bank.context": torch.zeros(3)})
-        changed = {name for name, value in agent.state_dict().items() if not torch.equal(value, state[name])}
+        adapted = tta_gating.adaptation(ckpt, target_of(ckpt, 1), control, 3, args, 1.0)
+        curves[control] = adapted.returns
+        loaded = {**ckpt["state_dict"], "bank.context": torch.zeros(3)}
+        changed = {name for name, value in adapted.agent.state_dict().items() if not torch.equal(value, loaded[name])}
         expected = {
             "none": set(),
             "gate": GATE_KEYS,
             "tent": GATE_KEYS,
             "context": {"bank.context"},
             # every parameter of the checkpoint that the REINFORCE loss reaches: all but the critic
-            "all": {name for name, _ in agent.named_parameters() if not name.startswith("critic.")} - {"bank.context"},
+            "all": {n for n, _ in adapted.agent.named_parameters() if not n.startswith("critic.")} - {"bank.context"},
         }
         assert changed == expected[control], control
-        assert (updates == 0) == (control == "none") and (control == "none" or updates >= 2)
+        assert (adapted.updates == 0) == (control == "none")
+        assert control == "none" or adapted.updates >= 2
     if not online:  # identical episodes until the parameters differ: the first episode is the same for every control
-        assert len({c[0] for c in curves.values()}) == 1
+        assert len({returns[0] for returns in curves.values()}) == 1
+
+
+class Episode(NamedTuple):
+    inputs: list
+    starts: list
+    actions: list
+    logprobs: list
+    rewards: list
 
 
 def play_episode(agent, env, mode, seed):
-    """One sampled episode with the graph kept: inputs, starts, actions, log-probs, rewards."""
+    """One sampled episode with the graph kept."""
     obs, _ = env.reset(seed=seed)
     torch.manual_seed(seed)
-    state, prev_action, prev_reward, start, done = zeros_state(agent), -1, 0.0, 1.0, False
-    inputs, starts, actions, logprobs, rewards = [], [], [], [], []
+    state = zeros_state(agent)
+    prev_action = -1
+    prev_reward = 0.0
+    start = 1.0
+    episode = Episode([], [], [], [], [])
+    done = False
     while not done:
-        inputs.append(
-            agent.build_input(
-                torch.as_tensor(obs), torch.tensor([prev_action]), torch.tensor([prev_reward]), torch.tensor([mode])
-            )
-        )
-        starts.append(start)
-        dist, _, state, *_ = tta_gating.policy_step(agent, obs, [prev_action], [prev_reward], [mode], state, [start])
-        action = dist.sample()
-        logprobs.append(dist.log_prob(action))
+        inputs = [torch.as_tensor(obs), torch.tensor([prev_action]), torch.tensor([prev_reward]), torch.tensor([mode])]
+        episode.inputs.append(agent.build_input(*inputs))
+        episode.starts.append(start)
+        step = tta_gating.policy_step(agent, obs, [prev_action], [prev_reward], [mode], state, [start])
+        state = step.state
+        action = step.dist.sample()
+        episode.logprobs.append(step.dist.log_prob(action))
         prev_action = int(action)
-        actions.append(prev_action)
+        episode.actions.append(prev_action)
         obs, reward, terminated, truncated, _ = env.step(action.numpy())
         prev_reward = float(reward[0])
-        rewards.append(prev_reward)
-        start, done = 0.0, bool(terminated[0] or truncated[0])
-    return inputs, starts, actions, logprobs, rewards
+        episode.rewards.append(prev_reward)
+        start = 0.0
+        done = bool(terminated[0] or truncated[0])
+    return episode
 
 
 @pytest.mark.parametrize("control,reached", [("gate", GATE_KEYS), ("context", {"bank.context"})])
 def test_reinforce_loss_reaches_only_the_adapted_parameters_and_ascends_the_objective(checkpoint, tmp_path, control, reached):
+    """The plan's REINFORCE on the gate, with its log-probabilities carrying a graph through the gate (the plan's sketch
+    computes them under no_grad, which leaves nothing to differentiate)."""
     ckpt, agent = tta_gating.load_astral_checkpoint(sharpened(checkpoint, tmp_path))
     params = tta_gating.adapted_parameters(agent, control)
-    inputs, starts, actions, logprobs, rewards = play_episode(agent, new_env(ckpt), 0, 0)
-    assert len(rewards) > 2
-    loss = tta_gating.reinforce_loss(torch.cat(logprobs), rewards, 0.99)
+    episode = play_episode(agent, new_env(ckpt), 0, 0)
+    assert len(episode.rewards) > 2
+    loss = tta_gating.reinforce_loss(torch.cat(episode.logprobs), episode.rewards, 0.99)
     loss.backward()
     for name, param in agent.named_parameters():
         assert (param.grad is not None and param.grad.abs().sum() > 0) == (name in reached), name
-    # acting under no_grad (the plan's sketch) leaves nothing to differentiate
     with torch.no_grad():
-        detached = tta_gating.policy_step(agent, np.zeros((1, 4), np.float32), [-1], [0.0], [0], zeros_state(agent), [1.0])[0]
-    assert not tta_gating.reinforce_loss(detached.log_prob(torch.tensor([0])), [1.0], 0.99).requires_grad
+        detached = tta_gating.policy_step(agent, np.zeros((1, 4), np.float32), [-1], [0.0], [0], zeros_state(agent), [1.0])
+    assert not tta_gating.reinforce_loss(detached.dist.log_prob(torch.tensor([0])), [1.0], 0.99).requires_grad
 
     def objective():  # sum_t G_t log pi(a_t) on the replayed episode
         with torch.no_grad():
-            logits = agent.actor(agent(torch.stack(inputs), zeros_state(agent), torch.tensor(starts)[:, None])[0])
-            lp = torch.distributions.Categorical(logits=logits).log_prob(torch.tensor(actions)[:, None])
-        return -tta_gating.reinforce_loss(lp[:, 0], rewards, 0.99).item()
+            starts = torch.tensor(episode.starts)[:, None]
+            logits = agent.actor(agent(torch.stack(episode.inputs), zeros_state(agent), starts).hidden)
+            logprobs = torch.distributions.Categorical(logits=logits).log_prob(torch.tensor(episode.actions)[:, None])
+        return -tta_gating.reinforce_loss(logprobs[:, 0], episode.rewards, 0.99).item()
 
     before = objective()
     assert before == pytest.approx(-loss.item(), abs=1e-6)  # the replay reproduces the acted log-probs
@@ -395,98 +418,135 @@ def test_reinforce_loss_is_minus_the_mean_of_log_prob_times_the_normalised_retur
     assert logprobs.grad[2] < 0 < logprobs.grad[1]  # the best step's log-probability is pushed up
 
 
-def test_discounted_returns_actor_critic_and_tent_losses():
+def test_discounted_returns_and_the_actor_critic_loss():
     assert np.allclose(tta_gating.discounted_returns([1.0, 1.0, 1.0], 0.5), [1.75, 1.5, 1.0])
     assert np.allclose(tta_gating.discounted_returns([1.0, 1.0], 0.5, bootstrap=4.0), [2.5, 3.0])
     # actor-critic advantages are the n-step targets minus the (detached) values, in the critic's reward units
     logprobs = torch.zeros(2, requires_grad=True)
     tta_gating.actor_critic_loss(logprobs, torch.tensor([1.0, 0.5]), [2.0, 2.0], 4.0, 0.5, reward_scale=2.0).backward()
     assert torch.allclose(logprobs.grad, -torch.tensor([2.5 - 1.0, 3.0 - 0.5]) / 2)
-    # tent with the anchor equal to the policy: the KL term vanishes, leaving the two entropies
-    logits, weights = torch.tensor([[0.0, 0.0], [2.0, 0.0]]), torch.tensor([[0.5, 0.5], [1.0, 0.0]])
+
+
+def test_tent_loss_minimises_both_entropies_and_the_kl_to_its_anchor():
+    """With the anchor equal to the policy the KL term vanishes, leaving H(p) + H(π) (entropies minimised: a flipped sign
+    would maximise them); the anchor term is KL(π || π_unadapted), not KL(π_unadapted || π) (0.368 against 0.511)."""
+    logits = torch.tensor([[0.0, 0.0], [2.0, 0.0]])
+    gate_probs = torch.tensor([[0.5, 0.5], [1.0, 0.0]])
     p = torch.softmax(logits, -1)
     entropies = (-(p * p.log()).sum(-1)).mean() + np.log(2) / 2
-    assert tta_gating.tent_loss(logits, logits, weights, 1.0).item() == pytest.approx(entropies.item(), abs=1e-5)
-    # its anchor term is KL(pi || pi_unadapted), not KL(pi_unadapted || pi) (0.368 against 0.511 here)
-    logits, anchor, onehot = (
-        torch.log(torch.tensor([[0.9, 0.1]])),
-        torch.log(torch.tensor([[0.5, 0.5]])),
-        torch.tensor([[1.0, 0.0]]),
-    )
+    assert tta_gating.tent_loss(logits, logits, gate_probs, 1.0).item() == pytest.approx(entropies.item(), abs=1e-5)
+    logits = torch.log(torch.tensor([[0.9, 0.1]]))
+    anchor = torch.log(torch.tensor([[0.5, 0.5]]))
+    onehot = torch.tensor([[1.0, 0.0]])
     forward = 0.9 * math.log(0.9 / 0.5) + 0.1 * math.log(0.1 / 0.5)
     assert abs(forward - (0.5 * math.log(0.5 / 0.9) + 0.5 * math.log(0.5 / 0.1))) > 0.1
-    assert (
-        tta_gating.tent_loss(logits, anchor, onehot, 1.0) - tta_gating.tent_loss(logits, anchor, onehot, 0.0)
-    ).item() == pytest.approx(forward, abs=1e-5)
+    kl = tta_gating.tent_loss(logits, anchor, onehot, 1.0) - tta_gating.tent_loss(logits, anchor, onehot, 0.0)
+    assert kl.item() == pytest.approx(forward, abs=1e-5)
     entropy = -(0.9 * math.log(0.9) + 0.1 * math.log(0.1))
     assert tta_gating.tent_loss(logits, anchor, onehot, 2.0).item() == pytest.approx(entropy + 2 * forward, abs=1e-5)
 
 
+class OnlineEpisode(NamedTuple):
+    updates: int
+    calls: list
+    """(rewards, values, bootstrap) of each update"""
+    ends: list
+    """(terminated, truncated) of each step"""
+    steps: list
+    """(action, reward, info) of each step"""
+
+
 def online_episode(checkpoint, monkeypatch, lr, env_seed, max_episode_steps=500):
-    """One --online --online-every 4 `gate` episode; returns (updates, [(rewards, values, bootstrap) per update], step
-    ends), the steps' (action, reward, info) in `.steps` of the last end list."""
+    """One --online --online-every 4 `gate` episode, its env and its actor-critic loss recorded."""
     ckpt, agent = tta_gating.load_astral_checkpoint(checkpoint)
     optimizer = torch.optim.Adam(tta_gating.adapted_parameters(agent, "gate"), lr=lr)
-    env, calls, ends = new_env(ckpt), [], []
-    env.max_episode_steps, real_step, real_loss = max_episode_steps, env.step, tta_gating.actor_critic_loss
-    online_episode.steps = []
+    env = new_env(ckpt)
+    env.max_episode_steps = max_episode_steps
+    recorded = OnlineEpisode(0, [], [], [])
+    real_step = env.step
+    real_loss = tta_gating.actor_critic_loss
 
     def step(action):
         out = real_step(action)
-        ends.append((bool(out[2][0]), bool(out[3][0])))
-        online_episode.steps.append((action.copy(), out[1].copy(), out[4]))
+        recorded.ends.append((bool(out[2][0]), bool(out[3][0])))
+        recorded.steps.append((action.copy(), out[1].copy(), out[4]))
         return out
 
     def loss(logprobs, values, rewards, bootstrap_value, gamma, reward_scale):
-        calls.append((list(rewards), values.detach().clone(), bootstrap_value))
+        recorded.calls.append((list(rewards), values.detach().clone(), bootstrap_value))
         return real_loss(logprobs, values, rewards, bootstrap_value, gamma, reward_scale)
 
-    env.step = step
+    monkeypatch.setattr(env, "step", step)
     monkeypatch.setattr(tta_gating, "actor_critic_loss", loss)
     torch.manual_seed(0)
     anchor = copy.deepcopy(agent).requires_grad_(False)
-    _, updates = tta_gating.adaptation_episode(
-        agent, anchor, env, 0, env_seed, "gate", optimizer, adapt_args(checkpoint, online=True, online_every=4), 1.0
-    )
-    return updates, calls, ends
+    args = adapt_args(checkpoint, online=True, online_every=4)
+    _, updates = tta_gating.adaptation_episode(agent, anchor, env, 0, env_seed, "gate", optimizer, args, 1.0)
+    return recorded._replace(updates=updates)
 
 
 def test_online_segments_have_online_every_steps_and_bootstrap_from_the_carried_state(checkpoint, monkeypatch):
     """Every segment but the last is --online-every steps, and its bootstrap is the critic's value of the next observation
     with the GRU state carried on: with lr 0 it equals the next segment's first value. If this failed, the cut were off by
     one, or the bootstrap came from a zeroed state (the value of a memoryless agent)."""
-    updates, calls, _ = online_episode(checkpoint, monkeypatch, 0.0, 3)
-    assert updates == len(calls) >= 3
-    assert all(len(r) == 4 for r, _, _ in calls[:-1]) and 1 <= len(calls[-1][0]) <= 4
-    for (_, _, bootstrap), (_, next_values, _) in zip(calls[:-1], calls[1:]):
+    episode = online_episode(checkpoint, monkeypatch, 0.0, 3)
+    assert episode.updates == len(episode.calls) >= 3
+    assert all(len(rewards) == 4 for rewards, _, _ in episode.calls[:-1])
+    assert 1 <= len(episode.calls[-1][0]) <= 4
+    for (_, _, bootstrap), (_, next_values, _) in zip(episode.calls[:-1], episode.calls[1:]):
         assert bootstrap == pytest.approx(float(next_values[0]), abs=1e-6)
 
 
 def test_online_does_not_bootstrap_past_the_pole_falling(checkpoint, monkeypatch):
     """A cut segment continues and bootstraps; the segment that ends with the pole falling has no future. If this failed,
     the last target added gamma * V(s_terminal), value that is never earned."""
-    updates, calls, ends = online_episode(checkpoint, monkeypatch, 0.05, 3)
-    assert ends[-1] == (True, False), "the episode must end with the pole falling for this test to mean anything"
-    assert updates == len(calls) >= 3 and len(ends) > 8
-    assert all(b != 0.0 for _, _, b in calls[:-1]) and calls[-1][2] == 0.0
+    episode = online_episode(checkpoint, monkeypatch, 0.05, 3)
+    assert episode.ends[-1] == (True, False), "the episode must end with the pole falling for this test to mean anything"
+    assert episode.updates == len(episode.calls) >= 3
+    assert all(bootstrap != 0.0 for _, _, bootstrap in episode.calls[:-1])
+    assert episode.calls[-1][2] == 0.0
 
 
 def test_online_bootstraps_a_time_limit_truncation_from_the_final_observation(checkpoint, monkeypatch):
     """The env restarts in the step that truncates, so the returned observation opens the next episode; the bootstrap must
     be the critic's value of the ended episode's last observation (info["final_obs"]) with the GRU state carried on."""
-    updates, calls, ends = online_episode(checkpoint, monkeypatch, 0.0, 3, max_episode_steps=6)
-    assert ends == [(False, False)] * 5 + [(False, True)] and updates == len(calls) == 2 and len(calls[-1][0]) == 2
+    episode = online_episode(checkpoint, monkeypatch, 0.0, 3, max_episode_steps=6)
+    assert episode.ends == [(False, False)] * 5 + [(False, True)]
+    assert episode.updates == len(episode.calls) == 2
+    assert len(episode.calls[-1][0]) == 2
     ckpt, agent = tta_gating.load_astral_checkpoint(checkpoint)
     env = new_env(ckpt)
-    env.max_episode_steps, (obs, _) = 6, env.reset(seed=3)
-    state, prev_action, prev_reward, start = zeros_state(agent), [-1], [0.0], [1.0]
+    env.max_episode_steps = 6
+    obs, _ = env.reset(seed=3)
+    state = zeros_state(agent)
+    prev_action = [-1]
+    prev_reward = [0.0]
+    start = [1.0]
     with torch.no_grad():
-        for action, reward, info in online_episode.steps:  # noqa: B007 (the last step's info is read below)
-            state = tta_gating.policy_step(agent, obs, prev_action, prev_reward, [0], state, start)[2]
-            obs, prev_action, prev_reward, start = env.step(action)[0], action, reward, [0.0]
-        final = float(tta_gating.policy_step(agent, info["final_obs"], prev_action, prev_reward, [0], state, start)[1])
-        restarted = float(tta_gating.policy_step(agent, obs, prev_action, prev_reward, [0], state, start)[1])
-    assert calls[-1][2] == pytest.approx(final, abs=1e-6) and abs(final - restarted) > 1e-4
+        for action, reward, _ in episode.steps:
+            state = tta_gating.policy_step(agent, obs, prev_action, prev_reward, [0], state, start).state
+            obs = env.step(action)[0]
+            prev_action = action
+            prev_reward = reward
+            start = [0.0]
+        final_obs = episode.steps[-1][2]["final_obs"]
+        final = float(tta_gating.policy_step(agent, final_obs, prev_action, prev_reward, [0], state, start).value)
+        restarted = float(tta_gating.policy_step(agent, obs, prev_action, prev_reward, [0], state, start).value)
+    assert episode.calls[-1][2] == pytest.approx(final, abs=1e-6)
+    assert abs(final - restarted) > 1e-4
+
+
+def recorded_tent_loss(monkeypatch):
+    """Replaces tta_gating.tent_loss by itself recording (logits, anchor logits, gate probabilities) of every call."""
+    calls = []
+    real_loss = tta_gating.tent_loss
+
+    def loss(logits, anchor_logits, gate_probs, kl_coef):
+        calls.append((logits.detach().clone(), anchor_logits.detach().clone(), gate_probs.detach().clone()))
+        return real_loss(logits, anchor_logits, gate_probs, kl_coef)
+
+    monkeypatch.setattr(tta_gating, "tent_loss", loss)
+    return calls
 
 
 def test_tent_anchor_is_the_unadapted_policy_on_the_same_inputs(checkpoint, monkeypatch):
@@ -499,52 +559,50 @@ def test_tent_anchor_is_the_unadapted_policy_on_the_same_inputs(checkpoint, monk
         for p in agent.actor.parameters():
             p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(0)))
     optimizer = torch.optim.Adam(tta_gating.adapted_parameters(agent, "tent"), lr=0.05)
-    env, actions, calls = new_env(ckpt), [], []
-    real_step, real_loss = env.step, tta_gating.tent_loss
+    env = new_env(ckpt)
+    actions = []
+    real_step = env.step
 
     def step(action):
         actions.append(int(action[0]))
         return real_step(action)
 
-    def loss(logits, anchor_logits, gate_probs, kl_coef):
-        calls.append((logits.detach().clone(), anchor_logits.detach().clone()))
-        return real_loss(logits, anchor_logits, gate_probs, kl_coef)
-
-    env.step = step
-    monkeypatch.setattr(tta_gating, "tent_loss", loss)
+    monkeypatch.setattr(env, "step", step)
+    calls = recorded_tent_loss(monkeypatch)
     torch.manual_seed(0)
     tta_gating.adaptation_episode(agent, anchor, env, 0, 5, "tent", optimizer, adapt_args(checkpoint), 1.0)
-    ((logits, anchor_logits),) = calls
+    ((logits, anchor_logits, _),) = calls
     assert len(actions) == len(anchor_logits) > 3
     replay = new_env(ckpt)
     obs, _ = replay.reset(seed=5)
-    state, prev_action, prev_reward, start, expected = zeros_state(anchor), -1, 0.0, 1.0, []
+    state = zeros_state(anchor)
+    prev_action = -1
+    prev_reward = 0.0
+    start = 1.0
+    expected = []
     with torch.no_grad():
         for action in actions:
-            dist, _, state, *_ = tta_gating.policy_step(anchor, obs, [prev_action], [prev_reward], [0], state, [start])
-            expected.append(dist.logits)
+            step = tta_gating.policy_step(anchor, obs, [prev_action], [prev_reward], [0], state, [start])
+            state = step.state
+            expected.append(step.dist.logits)
             obs, reward, _, _, _ = replay.step(np.array([action]))
-            prev_action, prev_reward, start = action, float(reward[0]), 0.0
+            prev_action = action
+            prev_reward = float(reward[0])
+            start = 0.0
     assert torch.allclose(anchor_logits, torch.cat(expected), atol=1e-6)
     assert (logits - anchor_logits).abs().max() > 0.1  # the adapted policy is not its anchor
     assert all(torch.equal(v, ckpt["state_dict"][k]) for k, v in anchor.state_dict().items() if k != "bank.context")
 
 
 def test_tent_anchor_stays_the_unadapted_policy_across_episodes(checkpoint, tmp_path, monkeypatch):
-    """adapt's anchor is a frozen copy: equal to the policy in the first episode, different once the gate moved."""
+    """The adaptation's anchor is a frozen copy: equal to the policy in the first episode, different once the gate moved."""
     ckpt, _ = tta_gating.load_astral_checkpoint(sharpened(checkpoint, tmp_path))
-    calls, real_loss = [], tta_gating.tent_loss
-
-    def loss(logits, anchor_logits, gate_probs, kl_coef):
-        calls.append((logits.detach().clone(), anchor_logits.detach().clone()))
-        return real_loss(logits, anchor_logits, gate_probs, kl_coef)
-
-    monkeypatch.setattr(tta_gating, "tent_loss", loss)
-    agent, _, updates = tta_gating.adapt(ckpt, target_of(ckpt), "tent", 1, adapt_args(checkpoint), 1.0)
-    assert updates == len(calls) == 2
+    calls = recorded_tent_loss(monkeypatch)
+    adapted = tta_gating.adaptation(ckpt, target_of(ckpt), "tent", 1, adapt_args(checkpoint), 1.0)
+    assert adapted.updates == len(calls) == 2
     assert torch.allclose(calls[0][0], calls[0][1], atol=1e-6)
     assert (calls[1][0] - calls[1][1]).abs().max() > 1e-4
-    assert not torch.equal(agent.state_dict()["bank.gate.2.weight"], ckpt["state_dict"]["bank.gate.2.weight"])
+    assert not torch.equal(adapted.agent.state_dict()["bank.gate.2.weight"], ckpt["state_dict"]["bank.gate.2.weight"])
 
 
 def test_tent_gate_entropy_is_of_the_gate_probabilities_under_the_hard_gate(checkpoint, tmp_path, monkeypatch):
@@ -552,23 +610,20 @@ def test_tent_gate_entropy_is_of_the_gate_probabilities_under_the_hard_gate(chec
     useful gradient."""
     path = edited_checkpoint(checkpoint, tmp_path / "hard.cleanrl_model", hard_gate=True, gumbel_tau=0.5)
     ckpt, _ = tta_gating.load_astral_checkpoint(path)
-    calls, real_loss = [], tta_gating.tent_loss
-
-    def loss(logits, anchor, probs, coef):
-        calls.append(probs.detach())
-        return real_loss(logits, anchor, probs, coef)
-
-    monkeypatch.setattr(tta_gating, "tent_loss", loss)
-    tta_gating.adapt(ckpt, target_of(ckpt), "tent", 1, adapt_args(path, episodes=1), 1.0)
-    (probs,) = calls
-    assert torch.allclose(probs.sum(-1), torch.ones(len(probs))) and probs.max() < 0.99 and len(probs) > 3
+    calls = recorded_tent_loss(monkeypatch)
+    tta_gating.adaptation(ckpt, target_of(ckpt), "tent", 1, adapt_args(path, episodes=1), 1.0)
+    ((_, _, probs),) = calls
+    assert torch.allclose(probs.sum(-1), torch.ones(len(probs)))
+    assert probs.max() < 0.99
+    assert len(probs) > 3
 
 
 def test_adaptation_episodes_have_distinct_env_seeds_shared_by_every_control(checkpoint, monkeypatch):
     """Episode e of every control starts from the same env seed (the paired comparison), and a run's episodes differ.
     If this failed, every episode replayed one initial state, or the controls saw different episodes."""
     ckpt, _ = tta_gating.load_astral_checkpoint(checkpoint)
-    seeds, real_episode = {}, tta_gating.adaptation_episode
+    seeds = {}
+    real_episode = tta_gating.adaptation_episode
 
     def episode(agent, anchor, env, mode, env_seed, control, *args):
         seeds.setdefault(control, []).append(env_seed)
@@ -576,79 +631,61 @@ def test_adaptation_episodes_have_distinct_env_seeds_shared_by_every_control(che
 
     monkeypatch.setattr(tta_gating, "adaptation_episode", episode)
     for control in tta_gating.CONTROLS:
-        tta_gating.adapt(ckpt, target_of(ckpt, 1), control, 2, adapt_args(checkpoint, episodes=3), 1.0)
-    assert all(s == seeds["none"] for s in seeds.values()) and len(seeds) == len(tta_gating.CONTROLS)
+        tta_gating.adaptation(ckpt, target_of(ckpt, 1), control, 2, adapt_args(checkpoint, episodes=3), 1.0)
+    assert list(seeds) == list(tta_gating.CONTROLS)
+    assert all(s == seeds["none"] for s in seeds.values())
     assert len(set(seeds["none"])) == 3
 
 
-# --- fixed gates: settings, ceiling, specificity, statistics ---------------------------------------------------------
+# --- fixed gates -----------------------------------------------------------------------------------------------------
 
 
 def test_gate_settings_are_the_one_hots_the_mixtures_of_a_grid_and_uniform():
     settings = tta_gating.gate_settings(3, 2)
-    assert list(settings)[:3] == ["slot0", "slot1", "slot2"] and list(settings)[-1] == "uniform" and len(settings) == 7
+    assert list(settings)[:3] == ["slot0", "slot1", "slot2"]
+    assert list(settings)[-1] == "uniform"
     weights = torch.stack(list(settings.values()))
-    assert torch.allclose(weights.sum(-1), torch.ones(7)) and len({tuple(w.tolist()) for w in weights}) == 7
+    assert torch.allclose(weights.sum(-1), torch.ones(7))
+    assert len({tuple(w.tolist()) for w in weights}) == 7
     assert {tuple(w.tolist()) for w in weights[3:6]} == {(0.5, 0.5, 0.0), (0.5, 0.0, 0.5), (0.0, 0.5, 0.5)}
     assert list(tta_gating.gate_settings(3, 1)) == ["slot0", "slot1", "slot2", "uniform"]
     assert len(tta_gating.gate_settings(3, 3)) == 3 + 6 + 1  # (2,1,0)-type mixtures; (1,1,1) is the uniform gate, listed once
 
 
-def test_clamp_specificity_matches_slots_to_modes_and_ignores_mode_and_slot_effects():
-    planted = np.full((3, 3), 100.0)
-    planted[[0, 1, 2], [2, 0, 1]] = 400.0  # mode i is served by slot (i + 2) mod 3
-    assert tta_gating.clamp_specificity(planted) == (300.0, [(0, 2), (1, 0), (2, 1)])
-    additive = np.array([10.0, 200.0, 30.0])[:, None] + np.array([0.0, 50.0, 7.0])[None, :]  # harder modes, better slots
-    assert tta_gating.clamp_specificity(additive)[0] == pytest.approx(0.0, abs=1e-9)
-    # four modes, three slots: the three matched pairs and the other cells of their rows and columns
-    wide = np.vstack([planted, [[0.0, 0.0, 0.0]]])
-    assert tta_gating.clamp_specificity(wide) == (300.0, [(0, 2), (1, 0), (2, 1)])
-    assert tta_gating.clamp_specificity(np.array([[5.0, 1.0]]))[0] is None
+def test_ceiling_is_the_fixed_gate_with_the_best_mean_sampled_return(checkpoint, monkeypatch):
+    """With planted sampled returns per seed, slot0 30 / 40 against mix and uniform 12 / 14 and slot1 36 / 20 (a better
+    first seed, a worse mean): the ceiling is slot0. If this failed, it were picked on one seed or another kind."""
+    ckpt, base = tta_gating.load_astral_checkpoint(checkpoint)
+    planted = {"slot0": [30.0, 40.0], "slot1": [36.0, 20.0]}
+    kinds_asked = []
 
+    def gate_returns(agent, target, hide_velocity, settings, seeds, episodes, kinds=KINDS):
+        kinds_asked.append(list(kinds))
+        means = {name: {kind: planted.get(name, [12.0, 14.0]) for kind in kinds} for name in settings}
+        return tta_gating.GateReturns(means, {})
 
-def test_mean_ci_is_the_student_t_interval_of_the_mean():
-    """half-width t_{0.975, n-1} s / sqrt(n), s with ddof=1; with ddof=0 or n degrees of freedom every CI were too narrow."""
-    stat = tta.mean_ci([1.0, 2.0, 3.0, 4.0])
-    assert stat["mean"] == 2.5 and stat["n"] == 4
-    assert stat["ci95"] == pytest.approx(3.182446305284263 * np.sqrt(5 / 3) / 2, rel=1e-9)
-    assert tta.mean_ci([7.0]) == {"mean": 7.0, "ci95": None, "n": 1}
+    monkeypatch.setattr(tta_gating, "gate_returns", gate_returns)
+    result = tta_gating.ceiling(base, target_of(ckpt), False, tta_gating.gate_settings(3, 2), [1, 2], 4)
+    assert result["best"] == "slot0"
+    assert result["per_setting"]["slot1"] == [36.0, 20.0]
+    assert len(result["per_setting"]) == 7
+    assert kinds_asked == [["sampled"]]
 
 
 # --- adapt end to end -----------------------------------------------------------------------------------------------
 
 
-def test_adapt_smoke_all_controls(checkpoint, tmp_path):
-    """--preset full: every control, and the ceiling's mixtures."""
+def test_adapt_full_runs_every_control_and_the_ceilings_mixtures(checkpoint, tmp_path):
     digest = sha256(checkpoint)
-    result = run_script(
-        "tta_gating",
-        "adapt",
-        "--preset",
-        "full",
-        "--checkpoint",
-        checkpoint,
-        "--mode-indices",
-        "0",
-        "2",
-        "--episodes",
-        "2",
-        "--num-seeds",
-        "2",
-        "--eval-episodes",
-        "2",
-        "--save-model",
-        "--runs-dir",
-        str(tmp_path),
-    )
-    assert result.returncode == 0, result.stderr
+    flags = ["--mode-indices", "0", "2", "--episodes", "2", "--num-seeds", "2", "--eval-episodes", "2", "--save-model"]
+    run_dir = run_tta("adapt-full", checkpoint, tmp_path, *flags).run_dir
     assert sha256(checkpoint) == digest
-    (run_dir,) = glob.glob(str(tmp_path / "NonStationaryCartPole__tta_gating_adapt__1__*"))
+    assert os.path.basename(run_dir).startswith("NonStationaryCartPole__tta_gating_adapt__1__")
     report = load_json(os.path.join(run_dir, "tta.json"))
-    assert (
-        report["controls"] == list(tta_gating.CONTROLS)
-        and report["seeds"] == [1, 2]
-        and list(report["results"]) == ["mode0", "mode2"]
-    )
+    assert report["subcommand"] == "adapt"
+    assert report["controls"] == list(tta_gating.CONTROLS)
+    assert report["seeds"] == [1, 2]
+    assert list(report["results"]) == ["mode0", "mode2"]
     for res in report["results"].values():
         none = res["controls"]["none"]
         assert none["after_per_seed"]["sampled"] == res["before"]["sampled"]["per_seed"]  # no updates: after = before
@@ -660,50 +697,25 @@ def test_adapt_smoke_all_controls(checkpoint, tmp_path):
     for name in ("adaptation_curves.png", "eval.json", "tta_gating_adapt.cleanrl_model"):
         assert os.path.getsize(os.path.join(run_dir, name)) > 0
     headline = load_json(os.path.join(run_dir, "eval.json"))
-    assert set(headline["gain_over_none_after_sampled"]) == set(tta_gating.CONTROLS) - {"none"} and set(
-        headline["after_sampled"]
-    ) == set(tta_gating.CONTROLS)
+    assert set(headline["gain_over_none_after_sampled"]) == set(tta_gating.CONTROLS) - {"none"}
+    assert set(headline["after_sampled"]) == set(tta_gating.CONTROLS)
     gate_gains = [res["controls"]["gate"]["gain_over_none"]["after_sampled"]["mean"] for res in report["results"].values()]
     assert headline["gain_over_none_after_sampled"]["gate"] == pytest.approx(np.mean(gate_gains))
-    assert len(torch.load(os.path.join(run_dir, "tta_gating_adapt.cleanrl_model"), weights_only=True)["adapted"]) == 2 * 2 * 5
-    tags = logged_scalars(run_dir)
-    assert {
-        "tta/episodic_return_mode0_gate",
-        "tta/gain_over_none_after_sampled_mode2_tent",
-        "tta/ceiling_sampled_mode0",
-    } <= set(tags)
+    saved = torch.load(os.path.join(run_dir, "tta_gating_adapt.cleanrl_model"), weights_only=True)
+    assert len(saved["adapted"]) == 2 * 2 * 5
+    tags = {"tta/episodic_return_mode0_gate", "tta/gain_over_none_after_sampled_mode2_tent", "tta/ceiling_sampled_mode0"}
+    assert tags <= set(logged_scalars(run_dir))
 
 
 def test_adapt_online_on_unseen_physics(checkpoint, tmp_path):
-    result = run_script(
-        "tta_gating",
-        "adapt",
-        "--checkpoint",
-        checkpoint,
-        "--modes",
-        "5.0,0.9 15.0,0.3",
-        "--online",
-        "--online-every",
-        "4",
-        "--controls",
-        "none",
-        "gate",
-        "tent",
-        "--episodes",
-        "2",
-        "--num-seeds",
-        "1",
-        "--eval-episodes",
-        "2",
-        "--ceiling-resolution",
-        "0",
-        "--runs-dir",
-        str(tmp_path),
-    )
-    assert result.returncode == 0, result.stderr
-    report = load_json(tmp_path / "*" / "tta.json")
-    assert report["online"] and report["reward_scale"] > 0  # the reward normaliser saved with the model
-    assert [t["gravity"] for t in report["targets"]] == [5.0, 15.0] and report["results"]["custom0"]["ceiling"] is None
+    flags = ["--modes", "5.0,0.9 15.0,0.3", "--online", "--online-every", "4", "--controls", "none", "gate", "tent"]
+    flags += ["--episodes", "2", "--num-seeds", "1", "--eval-episodes", "2", "--ceiling-resolution", "0"]
+    run_dir = run_tta("adapt", checkpoint, tmp_path, *flags).run_dir
+    report = load_json(os.path.join(run_dir, "tta.json"))
+    assert report["online"]
+    assert report["reward_scale"] > 0  # the reward normaliser saved with the model
+    assert [t["gravity"] for t in report["targets"]] == [5.0, 15.0]
+    assert report["results"]["custom0"]["ceiling"] is None
     # online updates happen inside episodes: more updates than episodes whenever an episode is longer than 4 steps
     lengths = sum(sum(c) for c in report["results"]["custom0"]["controls"]["none"]["during_per_seed"])
     assert report["results"]["custom0"]["controls"]["gate"]["updates"] >= lengths // 4 > 2
@@ -712,30 +724,8 @@ def test_adapt_online_on_unseen_physics(checkpoint, tmp_path):
 def test_adapt_after_numbers_are_each_controls_adapted_agent_on_the_before_episodes(checkpoint, tmp_path):
     """A control's "after" (returns and gate weights) is its own adapted agent's, on the seeds of "before". If this
     failed, the unadapted agent were evaluated after adaptation and a real gain would read as zero."""
-    result = run_script(
-        "tta_gating",
-        "adapt",
-        "--checkpoint",
-        checkpoint,
-        "--mode-indices",
-        "1",
-        "--controls",
-        "none",
-        "gate",
-        "--episodes",
-        "2",
-        "--num-seeds",
-        "1",
-        "--eval-episodes",
-        "3",
-        "--adapt-lr",
-        "0.05",
-        "--save-model",
-        "--runs-dir",
-        str(tmp_path),
-    )
-    assert result.returncode == 0, result.stderr
-    (run_dir,) = glob.glob(str(tmp_path / "*"))
+    flags = ["--mode-indices", "1", "--episodes", "2", "--num-seeds", "1", "--eval-episodes", "3", "--adapt-lr", "0.05"]
+    run_dir = run_tta("adapt", checkpoint, tmp_path, *flags, "--save-model").run_dir
     controls = load_json(os.path.join(run_dir, "tta.json"))["results"]["mode1"]["controls"]
     saved = torch.load(os.path.join(run_dir, "tta_gating_adapt.cleanrl_model"), weights_only=True)["adapted"]
     assert [s["control"] for s in saved] == ["none", "gate"]
@@ -743,13 +733,14 @@ def test_adapt_after_numbers_are_each_controls_adapted_agent_on_the_before_episo
     eval_seed = 100_000 + 10_000 * 1  # seed 1, first target
     for entry in saved:
         agent.load_state_dict(entry["state_dict"])
-        for kind, deterministic in tta_gating.KINDS:
-            returns, weights, _ = tta_gating.evaluate_target(
+        for kind in KINDS:
+            deterministic = kind == "deterministic"
+            evaluation = tta_gating.evaluate_target(
                 agent, target_of(ckpt, 1), ckpt["args"]["hide_velocity"], 3, deterministic, eval_seed
             )
-            assert controls[entry["control"]]["after_per_seed"][kind] == [float(returns.mean())], (entry["control"], kind)
+            assert controls[entry["control"]]["after_per_seed"][kind] == [float(evaluation.returns.mean())]
             if deterministic:
-                assert controls[entry["control"]]["slot_weights_after_per_seed"] == [weights.tolist()]
+                assert controls[entry["control"]]["slot_weights_after_per_seed"] == [evaluation.slot_weights.tolist()]
     assert controls["gate"]["slot_weights_after_per_seed"] != controls["none"]["slot_weights_after_per_seed"]
 
 
@@ -758,37 +749,14 @@ def test_gain_over_none_is_paired_and_its_fraction_is_of_the_ceilings_headroom(c
     deterministic one); the ceiling is the best fixed gate's mean sampled return on the same evaluation episodes; the
     fraction is the gain over (ceiling - before)."""
     path = sharpened(checkpoint, tmp_path)
-    monkeypatch.setattr(
-        sys,
-        "argv",
-        [
-            tta_gating.__file__,
-            "adapt",
-            "--checkpoint",
-            path,
-            "--mode-indices",
-            "1",
-            "--controls",
-            "none",
-            "gate",
-            "context",
-            "--episodes",
-            "1",
-            "--num-seeds",
-            "2",
-            "--eval-episodes",
-            "4",
-            "--adapt-lr",
-            "0.05",
-            "--ceiling-resolution",
-            "2",
-            "--runs-dir",
-            str(tmp_path / "runs"),
-        ],
-    )
+    flags = ["--mode-indices", "1", "--controls", "none", "gate", "context", "--episodes", "1", "--num-seeds", "2"]
+    flags += ["--eval-episodes", "4", "--adapt-lr", "0.05", "--ceiling-resolution", "2"]
+    argv = [tta_gating.__file__, "adapt", "--checkpoint", path, *flags, "--runs-dir", str(tmp_path / "runs")]
+    monkeypatch.setattr(sys, "argv", argv)
     runpy.run_path(tta_gating.__file__, run_name="__main__")  # the same __main__ code in this process
     res = load_json(tmp_path / "runs" / "*" / "tta.json")["results"]["mode1"]
-    gate, none = res["controls"]["gate"], res["controls"]["none"]
+    gate = res["controls"]["gate"]
+    none = res["controls"]["none"]
     after = np.subtract(gate["after_per_seed"]["sampled"], none["after_per_seed"]["sampled"])
     during = np.mean(gate["during_per_seed"], 1) - np.mean(none["during_per_seed"], 1)
     assert gate["gain_over_none"]["after_sampled"] == tta.mean_ci(after)
@@ -797,149 +765,112 @@ def test_gain_over_none_is_paired_and_its_fraction_is_of_the_ceilings_headroom(c
     ckpt, agent = tta_gating.load_astral_checkpoint(path)
     per_setting = {}
     for name, weights in tta_gating.gate_settings(3, 2).items():
-        per_setting[name] = [
-            float(
-                tta_gating.evaluate_target(agent, target_of(ckpt, 1), False, 4, False, 100_000 + 10_000 * s, weights)[0].mean()
+        per_setting[name] = []
+        for seed in (1, 2):
+            evaluation = tta_gating.evaluate_target(
+                agent, target_of(ckpt, 1), False, 4, False, 100_000 + 10_000 * seed, weights
             )
-            for s in (1, 2)
-        ]
-    assert res["ceiling"]["per_setting"] == per_setting and len({tuple(v) for v in per_setting.values()}) > 1
-    assert res["ceiling"]["best"] == max(per_setting, key=lambda k: np.mean(per_setting[k]))
-    gap = np.mean(per_setting[res["ceiling"]["best"]]) - res["before"]["sampled"]["mean"]
+            per_setting[name].append(float(evaluation.returns.mean()))
+    assert res["ceiling"]["per_setting"] == per_setting
+    assert len({tuple(v) for v in per_setting.values()}) > 1
+    best = max(per_setting, key=lambda k: np.mean(per_setting[k]))
+    assert res["ceiling"]["best"] == best
+    gap = np.mean(per_setting[best]) - res["before"]["sampled"]["mean"]
     for control in ("gate", "context"):
         fraction = res["controls"][control]["gain_fraction_of_ceiling"]
         if gap <= 0:
             assert fraction is None
         else:
-            assert fraction["mean"] == pytest.approx(res["controls"][control]["gain_over_none"]["after_sampled"]["mean"] / gap)
-
-
-def test_ceiling_is_the_fixed_gate_with_the_best_mean_sampled_return(checkpoint, monkeypatch):
-    """With planted sampled returns per seed, slot0 30 / 40 against mix and uniform 12 / 14 and slot1 36 / 20 (a better
-    first seed, a worse mean): the ceiling is slot0. If this failed, it were picked on one seed or another kind."""
-    ckpt, base = tta_gating.load_astral_checkpoint(checkpoint)
-    planted = {"slot0": [30.0, 40.0], "slot1": [36.0, 20.0]}
-    kinds_asked = []
-
-    def gate_returns(agent, target, hide_velocity, settings, seeds, episodes, kinds=tta_gating.KINDS):
-        kinds_asked.append([kind for kind, _ in kinds])
-        means = {name: {kind: planted.get(name, [12.0, 14.0]) for kind, _ in kinds} for name in settings}
-        return tta_gating.GateReturns(means, {})
-
-    monkeypatch.setattr(tta_gating, "gate_returns", gate_returns)
-    result = tta_gating.ceiling(base, target_of(ckpt), False, tta_gating.gate_settings(3, 2), [1, 2], 4)
-    assert result["best"] == "slot0" and result["per_setting"]["slot1"] == [36.0, 20.0] and len(result["per_setting"]) == 7
-    assert kinds_asked == [["sampled"]]
-
-
-def test_summarised_gains_are_paired_and_divided_by_the_ceilings_headroom():
-    """With planted returns: before 10 / 20 on the two seeds' evaluation episodes, the ceiling slot0 30 / 40, `gate`
-    after 25 / 27 and `none` after 10 / 20, so the paired gains are 15 / 7, the headroom 35 - 15 = 20 and the fraction
-    11 / 20. If this failed, the gain were unpaired, the ceiling another setting, or the fraction of another gap."""
-
-    def measured(ceiling_best):
-        controls = {}
-        for control, after in (("none", [10.0, 20.0]), ("gate", [25.0, 27.0])):
-            entry = tta.new_control_entry(tta_gating.KINDS)
-            entry["after_per_seed"] = {"deterministic": [0.0, 0.0], "sampled": after}
-            entry["during_per_seed"] = [[1.0, 3.0], [2.0, 2.0]]
-            if control == "gate":
-                entry["during_per_seed"] = [[5.0, 7.0], [2.0, 4.0]]
-            controls[control] = entry
-        per_setting = {"slot0": [30.0, 40.0], "slot1": [5.0, 5.0]}
-        return {
-            "before": {"deterministic": [10.0, 20.0], "sampled": [10.0, 20.0]},
-            "ceiling": {"best": ceiling_best, "per_setting": per_setting},
-            "controls": controls,
-        }
-
-    res = tta.summarise_target(measured("slot0"))
-    assert res["before"]["sampled"]["per_seed"] == [10.0, 20.0] and res["ceiling"]["best"] == "slot0"
-    assert res["ceiling"]["sampled"]["mean"] == 35.0
-    gain = res["controls"]["gate"]["gain_over_none"]["after_sampled"]
-    assert gain == tta.mean_ci([15.0, 7.0])
-    assert res["controls"]["gate"]["gain_over_none"]["during_mean"] == tta.mean_ci([4.0, 1.0])
-    fraction = res["controls"]["gate"]["gain_fraction_of_ceiling"]
-    assert fraction == {"mean": 11.0 / 20.0, "ci95": gain["ci95"] / 20.0, "gap": 20.0}
-    assert "gain_over_none" not in res["controls"]["none"]
-    # no headroom, no fraction
-    res = tta.summarise_target(measured("slot1"))
-    assert res["ceiling"]["best"] == "slot1" and res["controls"]["gate"]["gain_fraction_of_ceiling"] is None
-
-
-@pytest.fixture(scope="module")
-def mirror4_checkpoint(tmp_path_factory):
-    runs = tmp_path_factory.mktemp("astral_mirror4")
-    run_script(
-        "ppo_gru_astral",
-        *TINY_TRAIN,
-        "--modes-preset",
-        "mirror4",
-        "--mode-share",
-        "balanced",
-        "--runs-dir",
-        str(runs),
-        check=True,
-    )
-    (path,) = glob.glob(str(runs / "*" / "ppo_gru_astral.cleanrl_model"))
-    return path
+            gain = res["controls"][control]["gain_over_none"]["after_sampled"]["mean"]
+            assert fraction["mean"] == pytest.approx(gain / gap)
 
 
 def test_held_out_mode_is_a_target_of_adapt_and_clamp(mirror4_checkpoint, tmp_path):
     """mirror4's mode 4, never trained on, is adapted to on its own, and clamp covers it with the training modes."""
-    result = run_script(
-        "tta_gating",
-        "adapt",
-        "--checkpoint",
-        mirror4_checkpoint,
-        "--mode-indices",
-        "4",
-        "--controls",
-        "none",
-        "gate",
-        "context",
-        "--episodes",
-        "2",
-        "--num-seeds",
-        "2",
-        "--eval-episodes",
-        "2",
-        "--ceiling-resolution",
-        "1",
-        "--runs-dir",
-        str(tmp_path / "a"),
-    )
-    assert result.returncode == 0, result.stderr
-    report = load_json(tmp_path / "a" / "*" / "tta.json")
+    flags = ["--mode-indices", "4", "--controls", "none", "gate", "context", "--episodes", "2", "--eval-episodes", "2"]
+    run_dir = run_tta("adapt", mirror4_checkpoint, tmp_path / "a", *flags).run_dir
+    report = load_json(os.path.join(run_dir, "tta.json"))
     assert report["targets"] == [{"name": "mode4", "gravity": 8.65, "half_length": 0.6, "force_sign": -1.0, "held_out": True}]
     assert set(report["results"]["mode4"]["controls"]["gate"]["gain_over_none"]) == {"during_mean", "after_sampled"}
-    result = run_script(
-        "tta_gating", "clamp", "--checkpoint", mirror4_checkpoint, "--eval-episodes", "1", "--runs-dir", str(tmp_path / "c")
+    run_dir = run_tta("clamp", mirror4_checkpoint, tmp_path / "c", "--eval-episodes", "1").run_dir
+    report = load_json(os.path.join(run_dir, "clamp.json"))
+    assert [t["held_out"] for t in report["targets"]] == [False] * 4 + [True]
+    assert len(report["matrix"]["sampled"]) == 5
+
+
+def test_subcommands_hold_the_documented_workloads():
+    """adapt (minutes), adapt-full (the study's) and adapt-plan (the plan's setting: REINFORCE on the gate only, Adam lr
+    1e-4, 20 episodes per mode) are all the adapt subcommand with their own defaults; flags given override them."""
+    parsed = {}
+    for name in ("adapt", "adapt-full", "adapt-plan"):
+        parsed[name] = tyro.extras.subcommand_cli_from_dict(tta_gating.SUBCOMMANDS, args=[name, "--checkpoint", "x"])
+        assert parsed[name].subcommand == "adapt"
+        assert parsed[name].exp_name == "tta_gating_adapt"
+    assert parsed["adapt"].controls == ["none", "gate"]
+    assert (parsed["adapt"].episodes, parsed["adapt"].num_seeds, parsed["adapt"].eval_episodes) == (10, 2, 5)
+    assert parsed["adapt-full"].controls == list(tta_gating.CONTROLS)
+    assert (parsed["adapt-full"].episodes, parsed["adapt-full"].num_seeds, parsed["adapt-full"].eval_episodes) == (30, 3, 10)
+    assert parsed["adapt-full"].ceiling_resolution == 2
+    plan = parsed["adapt-plan"]
+    assert plan.controls == ["none", "gate"]
+    assert (plan.adapt_lr, plan.episodes, plan.num_seeds, plan.online) == (1e-4, 20, 3, False)
+    overridden = tyro.extras.subcommand_cli_from_dict(
+        tta_gating.SUBCOMMANDS, args=["adapt-full", "--checkpoint", "x", "--episodes", "4"]
     )
-    assert result.returncode == 0, result.stderr
-    report = load_json(tmp_path / "c" / "*" / "clamp.json")
-    assert [t["held_out"] for t in report["targets"]] == [False] * 4 + [True] and len(report["matrix"]["sampled"]) == 5
+    assert overridden.episodes == 4
+    assert overridden.num_seeds == 3
+    clamp = tyro.extras.subcommand_cli_from_dict(tta_gating.SUBCOMMANDS, args=["clamp", "--checkpoint", "x"])
+    assert clamp.eval_episodes == 10
+    assert clamp.exp_name == "tta_gating_clamp"
+
+
+def test_the_plans_design_is_adapted_clamped_and_swapped(plan_checkpoint, tmp_path):
+    """A --design plan checkpoint (ReLU gate MLP, FiLM MLP, d-sized slots): adapt-plan updates only its gate, clamp and
+    swap run on it, and the clamped columns are its slots."""
+    ckpt, agent = tta_gating.load_astral_checkpoint(plan_checkpoint)
+    assert ckpt["args"]["design"] == "plan"
+    assert isinstance(agent.bank.gate[1], torch.nn.ReLU)
+    assert agent.bank.slots.shape == (3, agent.hidden_size)
+    flags = ["--mode-indices", "0", "4", "--episodes", "2", "--num-seeds", "1", "--eval-episodes", "2", "--save-model"]
+    run_dir = run_tta("adapt-plan", plan_checkpoint, tmp_path / "a", *flags).run_dir
+    report = load_json(os.path.join(run_dir, "tta.json"))
+    assert report["args"]["adapt_lr"] == 1e-4
+    assert report["checkpoint_args"]["design"] == "plan"
+    saved = torch.load(os.path.join(run_dir, "tta_gating_adapt.cleanrl_model"), weights_only=True)["adapted"]
+    gate = [s for s in saved if s["control"] == "gate"]
+    assert len(gate) == 2
+    for entry in gate:
+        changed = {
+            k for k, v in entry["state_dict"].items() if k in ckpt["state_dict"] and not torch.equal(v, ckpt["state_dict"][k])
+        }
+        assert changed == GATE_KEYS
+    clamp = load_json(
+        os.path.join(run_tta("clamp", plan_checkpoint, tmp_path / "c", "--eval-episodes", "2").run_dir, "clamp.json")
+    )
+    assert clamp["columns"] == ["slot0", "slot1", "slot2", "uniform", "learned"]
+    swap = load_json(
+        os.path.join(run_tta("swap", plan_checkpoint, tmp_path / "s", "--eval-episodes", "2").run_dir, "swap.json")
+    )
+    assert swap["columns"][:2] == ["sign+1", "sign-1"]
+    assert np.asarray(swap["matrix"]["sampled"]).shape == (5, 7)
 
 
 # --- clamp end to end -----------------------------------------------------------------------------------------------
 
 
-def test_clamp_smoke(checkpoint, tmp_path):
+def test_clamp_writes_every_slot_uniform_and_the_learned_gate(checkpoint, tmp_path):
     digest = sha256(checkpoint)
-    result = run_script("tta_gating", "clamp", "--checkpoint", checkpoint, "--eval-episodes", "1", "--runs-dir", str(tmp_path))
-    assert result.returncode == 0, result.stderr
+    run_dir = run_tta("clamp", checkpoint, tmp_path, "--eval-episodes", "1").run_dir
     assert sha256(checkpoint) == digest
-    (run_dir,) = glob.glob(str(tmp_path / "NonStationaryCartPole__tta_gating_clamp__1__*"))
+    assert os.path.basename(run_dir).startswith("NonStationaryCartPole__tta_gating_clamp__1__")
     report = load_json(os.path.join(run_dir, "clamp.json"))
     assert report["columns"] == ["slot0", "slot1", "slot2", "uniform", "learned"]
     assert np.asarray(report["matrix"]["deterministic"]).shape == (3, 5)
     # the "learned" column is the training run's own deterministic evaluation (same seeds, same protocol)
     train_eval = load_json(os.path.join(os.path.dirname(checkpoint), "eval.json"))
     for k in range(3):
-        assert (
-            report["results"][f"mode{k}"]["learned"]["deterministic"]["returns"]
-            == train_eval["per_mode"][str(k)]["deterministic"]["returns"]
-        )
+        learned = report["results"][f"mode{k}"]["learned"]["deterministic"]["returns"]
+        assert learned == train_eval["per_mode"][str(k)]["deterministic"]["returns"]
     assert os.path.getsize(os.path.join(run_dir, "clamp_heatmap.png")) > 0
     headline = load_json(os.path.join(run_dir, "eval.json"))
     uniform = [r["uniform"]["sampled"]["mean"] for r in report["results"].values()]
@@ -954,12 +885,10 @@ def sharp_clamp(checkpoint, tmp_path_factory):
     policies, one per slot: slots 10u, -10u and 0 and a 1000x actor output layer."""
     tmp = tmp_path_factory.mktemp("sharp_clamp")
     u = torch.randn(8, generator=torch.Generator().manual_seed(0))
-    path = edited_checkpoint(
-        checkpoint, tmp / "slot_policies.cleanrl_model", torch.stack([10 * u, -10 * u, torch.zeros_like(u)]), 1000.0
-    )
-    result = run_script("tta_gating", "clamp", "--checkpoint", path, "--eval-episodes", "3", "--runs-dir", str(tmp / "runs"))
-    assert result.returncode == 0, result.stderr
-    return path, load_json(tmp / "runs" / "*" / "clamp.json"), load_json(tmp / "runs" / "*" / "eval.json")
+    slots = torch.stack([10 * u, -10 * u, torch.zeros_like(u)])
+    path = edited_checkpoint(checkpoint, tmp / "slot_policies.cleanrl_model", slots, 1000.0)
+    run_dir = run_tta("clamp", path, tmp / "runs", "--eval-episodes", "3").run_dir
+    return path, load_json(os.path.join(run_dir, "clamp.json")), load_json(os.path.join(run_dir, "eval.json"))
 
 
 def test_clamp_column_slot_k_is_the_return_with_the_gate_clamped_to_slot_k(sharp_clamp):
@@ -969,20 +898,20 @@ def test_clamp_column_slot_k_is_the_return_with_the_gate_clamped_to_slot_k(sharp
     per_slot = {k: [] for k in range(3)}
     for ti, target in enumerate(tta_gating.resolve_targets(None, None, ckpt)):
         for k in range(3):
-            for kind, deterministic in tta_gating.KINDS:
-                returns, weights, _ = tta_gating.evaluate_target(
-                    agent, target, False, 3, deterministic, 100_000 + 1 + 1000 * ti, torch.eye(3)[k]
-                )
-                assert np.array_equal(weights, np.eye(3)[k])
-                assert report["results"][target["name"]][f"slot{k}"][kind]["returns"] == returns.tolist(), (ti, k)
-                per_slot[k].append(returns.tolist())
+            for kind in KINDS:
+                deterministic = kind == "deterministic"
+                seed = 100_000 + 1 + 1000 * ti
+                evaluation = tta_gating.evaluate_target(agent, target, False, 3, deterministic, seed, torch.eye(3)[k])
+                assert np.array_equal(evaluation.slot_weights, np.eye(3)[k])
+                assert report["results"][target["name"]][f"slot{k}"][kind]["returns"] == evaluation.returns.tolist()
+                per_slot[k].append(evaluation.returns.tolist())
     assert all(per_slot[j] != per_slot[k] for j in range(3) for k in range(j + 1, 3))  # another slot's returns cannot match
 
 
 def test_clamp_specificity_is_reported_for_the_mode_by_slot_matrix(sharp_clamp):
     _, report, headline = sharp_clamp
-    for kind, _ in tta_gating.KINDS:
-        score, matching = tta_gating.clamp_specificity(np.asarray(report["matrix"][kind])[:, :3])
+    for kind in KINDS:
+        score, matching = tta.clamp_specificity(np.asarray(report["matrix"][kind])[:, :3])
         assert report["specificity"][kind] == {"score": score, "matching": [[f"mode{r}", f"slot{c}"] for r, c in matching]}
         assert headline["clamp_specificity"][kind] == score
     assert report["specificity"]["deterministic"]["score"] is not None
@@ -993,79 +922,25 @@ def test_clamp_uniform_column_is_the_gate_fixed_at_one_over_k(checkpoint, tmp_pa
     is not K times their mean) and a 10x actor layer (larger saturates the policy so that every gate acts alike)."""
     u, v = torch.randn(2, 8, generator=torch.Generator().manual_seed(0))
     path = edited_checkpoint(checkpoint, tmp_path / "asym.cleanrl_model", torch.stack([u, -u, 2 * v]), 10.0)
-    result = run_script(
-        "tta_gating",
-        "clamp",
-        "--checkpoint",
-        path,
-        "--mode-indices",
-        "0",
-        "1",
-        "--eval-episodes",
-        "3",
-        "--runs-dir",
-        str(tmp_path / "runs"),
-    )
-    assert result.returncode == 0, result.stderr
-    report = load_json(tmp_path / "runs" / "*" / "clamp.json")
+    run_dir = run_tta("clamp", path, tmp_path / "runs", "--mode-indices", "0", "1", "--eval-episodes", "3").run_dir
+    report = load_json(os.path.join(run_dir, "clamp.json"))
     ckpt, agent = tta_gating.load_astral_checkpoint(path)
     differs = False
     for ti, target in enumerate(tta_gating.resolve_targets([0, 1], None, ckpt)):
-        for kind, deterministic in tta_gating.KINDS:
-            out = {
-                name: tta_gating.evaluate_target(agent, target, False, 3, deterministic, 100_000 + 1 + 1000 * ti, weights)[
-                    0
-                ].tolist()
-                for name, weights in (("mean", torch.full((3,), 1 / 3)), ("sum", torch.ones(3)))
-            }
-            assert report["results"][target["name"]]["uniform"][kind]["returns"] == out["mean"], (ti, kind)
-            differs |= out["mean"] != out["sum"]
+        for kind in KINDS:
+            deterministic = kind == "deterministic"
+            seed = 100_000 + 1 + 1000 * ti
+            mean = tta_gating.evaluate_target(agent, target, False, 3, deterministic, seed, torch.full((3,), 1 / 3))
+            total = tta_gating.evaluate_target(agent, target, False, 3, deterministic, seed, torch.ones(3))
+            assert report["results"][target["name"]]["uniform"][kind]["returns"] == mean.returns.tolist(), (ti, kind)
+            differs |= mean.returns.tolist() != total.returns.tolist()
     assert differs  # the weights' sum shows in the returns on these seeds, so a wrong sum cannot match
-
-
-def test_clamp_heatmap_draws_targets_as_rows_and_gate_settings_as_columns(tmp_path, monkeypatch):
-    """If this failed, the matrix were drawn transposed and every cell misread."""
-    import matplotlib.axes
-
-    images, texts = [], []
-    real_imshow, real_text = matplotlib.axes.Axes.imshow, matplotlib.axes.Axes.text
-
-    def imshow(self, X, *args, **kwargs):
-        images.append(np.array(X))
-        return real_imshow(self, X, *args, **kwargs)
-
-    def text(self, x, y, s, *args, **kwargs):
-        texts.append((x, y, s))
-        return real_text(self, x, y, s, *args, **kwargs)
-
-    monkeypatch.setattr(matplotlib.axes.Axes, "imshow", imshow)
-    monkeypatch.setattr(matplotlib.axes.Axes, "text", text)
-    matrix = {
-        "deterministic": np.array([[10.0, 20.0, 30.0], [40.0, 50.0, 60.0]]),
-        "sampled": np.array([[110.0, 120.0, 130.0], [140.0, 150.0, 160.0]]),
-    }
-    tta.plot_heatmap(matrix, ["mode0", "mode1"], ["slot0", "slot1", "uniform"], str(tmp_path / "heatmap.png"), "title")
-    assert (tmp_path / "heatmap.png").stat().st_size > 0
-    assert len(images) == 2 and all(np.array_equal(image, matrix[kind]) for image, kind in zip(images, matrix))
-    assert texts == [(j, i, f"{v:.0f}") for kind in matrix for (i, j), v in np.ndenumerate(matrix[kind])]
 
 
 def test_runs_started_in_the_same_second_get_directories_of_their_own(checkpoint, tmp_path, occupied_run_names):
     check = occupied_run_names(str(tmp_path), "NonStationaryCartPole__collide__7__")
-    result = run_script(
-        "tta_gating",
-        "clamp",
-        "--checkpoint",
-        checkpoint,
-        "--eval-episodes",
-        "1",
-        "--runs-dir",
-        str(tmp_path),
-        "--exp-name",
-        "collide",
-        "--seed",
-        "7",
-    )
+    flags = ["--checkpoint", checkpoint, "--eval-episodes", "1", "--exp-name", "collide", "--seed", "7"]
+    result = run_script("tta_gating", "clamp", *flags, "--runs-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert os.path.isfile(os.path.join(check(), "clamp.json"))
 
@@ -1076,9 +951,8 @@ def test_runs_started_in_the_same_second_get_directories_of_their_own(checkpoint
 @pytest.fixture(scope="module")
 def baseline_checkpoint(tmp_path_factory):
     runs = tmp_path_factory.mktemp("baseline_runs")
-    run_script(
-        "ppo_gru_baseline", *[a for a in TINY_TRAIN if a not in ("--slot-dim", "8")], "--runs-dir", str(runs), check=True
-    )
+    flags = [a for a in TINY_TRAIN if a not in ("--slot-dim", "8")]
+    run_script("ppo_gru_baseline", *flags, "--runs-dir", str(runs), check=True)
     (path,) = glob.glob(str(runs / "*" / "ppo_gru_baseline.cleanrl_model"))
     return path
 
@@ -1100,37 +974,40 @@ def test_bad_input_fails_with_one_line_before_any_work(case, expected, checkpoin
     runs = tmp_path / "runs"
     if case == "runs_dir_is_a_file":
         runs.write_text("")
-    extra = ["--mode-indices", "0", "7"] if case == "mode_index" else []
-    result = run_script(
-        "tta_gating", "adapt" if case == "baseline" else "clamp", "--checkpoint", path, *extra, "--runs-dir", str(runs)
-    )
-    lines = result.stderr.strip().splitlines()
-    assert (
-        result.returncode == 2 and len(lines) == 1 and lines[0].startswith("tta_gating.py: error: ") and expected in lines[0]
-    ), result.stderr
-    assert result.stdout == "" and (case == "runs_dir_is_a_file" or not runs.exists())
+    extra = []
+    if case == "mode_index":
+        extra = ["--mode-indices", "0", "7"]
+    subcommand = "clamp"
+    if case == "baseline":
+        subcommand = "adapt"
+    result = run_script("tta_gating", subcommand, "--checkpoint", path, *extra, "--runs-dir", str(runs))
+    assert_one_line_error(result, expected)
+    assert result.stdout == ""
     if case == "runs_dir_is_a_file":
-        assert "not a directory" in lines[0]
+        assert "not a directory" in result.stderr
+    else:
+        assert not runs.exists()
 
 
 @pytest.mark.parametrize(
     "overrides,expected",
     [
-        (dict(controls=["gate", "bogus"]), "--controls"),
-        (dict(controls=["gate", "gate"]), "--controls"),
-        (dict(mode_indices=[0], modes="9.8,0.5"), "not both"),
-        (dict(episodes=0), "--episodes 0 must be at least 1"),
-        (dict(ceiling_resolution=-1), "--ceiling-resolution -1 must be at least 0"),
-        (dict(online=True, reward_scale=-1.0), "--reward-scale -1.0 must be positive"),
-        (dict(online=True, reward_scale=float("inf")), "--reward-scale inf must be a finite number"),
-        (dict(adapt_lr=float("nan")), "--adapt-lr nan must be a finite number"),
-        (dict(seed=-1), "--seed -1 must be at least 0"),
-        (dict(mode_indices=[0, 0]), "--mode-indices needs distinct"),
-        (dict(mode_indices=[]), "--mode-indices needs distinct"),
-        (dict(exp_name="a/b"), "--exp-name"),
-        (dict(modes="9.8"), "malformed mode"),
-        (dict(modes="9.8,0.5,2"), "malformed mode"),
-        (dict(modes="a,b"), "malformed mode"),
+        ({"controls": ["gate", "gate"]}, "--controls"),
+        ({"mode_indices": [0], "modes": "9.8,0.5"}, "not both"),
+        ({"episodes": 0}, "--episodes 0 must be at least 1"),
+        ({"ceiling_resolution": -1}, "--ceiling-resolution -1 must be at least 0"),
+        ({"online": True, "reward_scale": -1.0}, "--reward-scale -1.0 must be positive"),
+        ({"online": True, "reward_scale": float("inf")}, "--reward-scale inf must be a finite number"),
+        ({"adapt_lr": float("nan")}, "--adapt-lr nan must be a finite number"),
+        ({"seed": -1}, "--seed -1 must be at least 0"),
+        ({"mode_indices": [0, 0]}, "--mode-indices needs distinct"),
+        ({"mode_indices": []}, "--mode-indices needs distinct"),
+        ({"exp_name": "a/b"}, "--exp-name"),
+        ({"modes": "9.8"}, "malformed mode"),
+        ({"modes": "9.8,0.5,2"}, "malformed mode"),
+        ({"modes": "a,b"}, "malformed mode"),
+        ({"modes": "9.8,-0.5"}, "malformed mode"),
+        ({"modes": " "}, "--modes is empty"),
     ],
 )
 def test_validate_rejects_bad_settings(checkpoint, overrides, expected):
@@ -1138,17 +1015,19 @@ def test_validate_rejects_bad_settings(checkpoint, overrides, expected):
         prepared(adapt_args(checkpoint, **overrides))
 
 
+def test_custom_modes_read_gravity_half_length_and_an_optional_force_sign():
+    assert tta_gating.parse_modes("9.8,0.5 7.5,0.7,-1") == [(9.8, 0.5, 1.0), (7.5, 0.7, -1.0)]
+
+
 def test_validate_rejects_checkpoints_that_do_not_fit_their_args(checkpoint, tmp_path):
-    for name, args in (("bad_k", dict(num_abstractions=4)), ("bad_h", dict(hidden_size=32))):
+    for name, args in (("bad_k", {"num_abstractions": 4}), ("bad_h", {"hidden_size": 32})):
+        path = edited_checkpoint(checkpoint, tmp_path / f"{name}.cleanrl_model", **args)
         with pytest.raises(ValueError, match="does not fit the agent its args describe"):
-            prepared(
-                tta_gating.ClampArgs(checkpoint=edited_checkpoint(checkpoint, tmp_path / f"{name}.cleanrl_model", **args))
-            )
-    for args, flag in ((dict(memory="lstm"), "--memory lstm"), (dict(modes_preset="mirror8"), "--modes-preset mirror8")):
+            prepared(tta_gating.ClampArgs(checkpoint=path))
+    for args, flag in (({"memory": "lstm"}, "--memory lstm"), ({"modes_preset": "mirror8"}, "--modes-preset mirror8")):
+        path = edited_checkpoint(checkpoint, tmp_path / "unknown.cleanrl_model", **args)
         with pytest.raises(ValueError, match=f"trained with {flag}, which"):
-            prepared(
-                tta_gating.ClampArgs(checkpoint=edited_checkpoint(checkpoint, tmp_path / "unknown.cleanrl_model", **args))
-            )
+            prepared(tta_gating.ClampArgs(checkpoint=path))
 
 
 def test_checkpoint_pattern_picks_the_seeds_file(checkpoint):
@@ -1173,17 +1052,17 @@ def test_online_reads_the_critics_reward_scale_from_the_model_or_refuses(checkpo
     del older["reward_scaler"]
     torch.save(older, model)
     with pytest.raises(ValueError, match="--online needs the reward scale"):
-        prepared(adapt_args(str(model), online=True, controls=["none", "gate"]))
-    assert prepared(adapt_args(str(model), online=True, controls=["none", "gate"], reward_scale=30.0))[1] == 30.0
+        prepared(adapt_args(str(model), online=True))
+    assert prepared(adapt_args(str(model), online=True, reward_scale=30.0))[1] == 30.0
     unnormalised = edited_checkpoint(str(model), tmp_path / "unnormalised.cleanrl_model", norm_reward=False)
-    assert prepared(adapt_args(unnormalised, online=True, controls=["none", "gate"]))[1] == 1.0  # raw rewards: σ = 1
+    assert prepared(adapt_args(unnormalised, online=True))[1] == 1.0  # raw rewards: σ = 1
 
 
 def test_online_refuses_a_discount_other_than_the_critics(checkpoint):
     trained = torch.load(checkpoint, weights_only=True)["args"]["gamma"]
     with pytest.raises(ValueError, match=f"--gamma 0.9 differs from the {trained} the critic was trained with"):
-        prepared(adapt_args(checkpoint, online=True, controls=["none", "gate"], gamma=0.9))
-    prepared(adapt_args(checkpoint, controls=["none", "gate"], gamma=0.9))  # offline REINFORCE has no critic: any gamma
+        prepared(adapt_args(checkpoint, online=True, gamma=0.9))
+    prepared(adapt_args(checkpoint, gamma=0.9))  # offline REINFORCE has no critic: any gamma
 
 
 def test_oracle_agent_refuses_custom_physics(checkpoint, tmp_path):
@@ -1192,209 +1071,37 @@ def test_oracle_agent_refuses_custom_physics(checkpoint, tmp_path):
         tta_gating.resolve_targets(None, "9.8,0.5", torch.load(path, weights_only=True))
 
 
-# --- swap: the gate fixed to a group's mean learned gate ------------------------------------------------------------
-
-MIRROR4_SIGNS = [1.0, -1.0, 1.0, -1.0, -1.0]  # mode 4 is held out
-
-
-def toy_agent(policy_reads_gate, gate_reads_sign=True):
-    """A hand-set oracle agent on mirror4 whose hidden state holds (the pole's lean, the mode's force sign). Its gate puts
-    the sign's modes on slot 0 (force +1) or slot 1 (force -1), z = w0 - w1 = the sign; its actor pushes towards the lean,
-    times z when `policy_reads_gate` (balancing every mode with the learned gate), else times 1 (the gate never reaches the
-    actor: only force +1 balances, whatever the gate). `gate_reads_sign=False` makes the gate uniform."""
-    agent = tta_gating.Agent(4, 2, 5, hidden_size=4, oracle=True, num_abstractions=2, slot_dim=1)
-    with torch.no_grad():
-        for param in agent.parameters():
-            param.zero_()
-        # input: x, x_dot, theta, theta_dot, previous action (2), previous reward, mode one-hot (5)
-        agent.encoder[0].weight[0, 2] = 1.0
-        agent.encoder[0].weight[0, 3] = 0.5
-        agent.encoder[0].weight[1, 7:] = 3.0 * torch.tensor(MIRROR4_SIGNS)
-        # GRU: update gate shut (h = n), n = tanh(features): h0 follows the lean, h1 the sign
-        agent.gru.bias_ih[4:8] = -30.0
-        agent.gru.weight_ih[8:12] = torch.eye(4)
-        if gate_reads_sign:
-            agent.bank.gate[0].weight[0, 1] = 1.0
-            agent.bank.gate[2].weight[0, 0] = 20.0
-            agent.bank.gate[2].weight[1, 0] = -20.0
-        agent.bank.slots[0, 0] = 1.0
-        agent.bank.slots[1, 0] = -1.0
-        if policy_reads_gate:
-            agent.film.net.weight[0, 0] = 1.0  # γ0 = 1 + (z - 1) = z
-            agent.film.net.bias[0] = -1.0
-        agent.actor[0].weight[0, 0] = 1.0
-        agent.actor[2].weight[0, 0] = -10.0
-        agent.actor[2].weight[1, 0] = 10.0
-    return agent.eval()
-
-
-def mirror4_targets():
-    ckpt = {"modes": ppo_gru_astral.MODE_PRESETS["mirror4"], "args": {"oracle": True, "modes_preset": "mirror4"}}
-    return tta_gating.resolve_targets(None, None, ckpt)
-
-
-class ShortCartPole(tta_gating.NonStationaryCartPole):
-    """Episodes of at most 100 steps: what separates balancing from falling (~10 steps), at a fifth of the cost."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.max_episode_steps = 100
-
-
-def swap_of(agent, episodes=3):
-    targets = mirror4_targets()
-    swap = tta_gating.gate_swap(agent, targets, False, episodes, 1)
-    columns = [*swap.gates, "learned"]
-    results = {name: tta.cells(runs) for name, runs in swap.runs.items()}
-    matrix = tta.return_matrix(results, targets, columns)
-    return swap, columns, matrix, {kind: tta_gating.swap_effect(matrix[kind], targets, columns) for kind in tta.KINDS}
-
-
-@pytest.fixture(scope="module")
-def toy_swaps():
-    """swap_of the three toy agents: the policy reads the gate, ignores it, and the gate is uniform."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(tta_gating, "NonStationaryCartPole", ShortCartPole)
-        return {
-            "reads_gate": swap_of(toy_agent(policy_reads_gate=True)),
-            "ignores_gate": swap_of(toy_agent(policy_reads_gate=False)),
-            "uniform_gate": swap_of(toy_agent(policy_reads_gate=True, gate_reads_sign=False)),
-        }
-
-
-def test_swap_effect_is_large_when_the_policy_reads_the_sign_from_the_gate(toy_swaps):
-    """The gate carries the sign and the actor reads it: with the learned gate every mode balances; with either sign's
-    mean gate only that sign's modes do. If this failed, the swap fixed the wrong gate or compared the wrong columns."""
-    swap, columns, matrix, effect = toy_swaps["reads_gate"]
-    assert columns == ["sign+1", "sign-1", "mode0", "mode1", "mode2", "mode3", "learned"]
-    assert torch.allclose(swap.gates["sign+1"], torch.tensor([1.0, 0.0]), atol=1e-4)
-    assert torch.allclose(swap.gates["sign-1"], torch.tensor([0.0, 1.0]), atol=1e-4)
-    learned = matrix["deterministic"][:, -1]
-    own = np.array([matrix["deterministic"][i, 0 if s > 0 else 1] for i, s in enumerate(MIRROR4_SIGNS)])
-    other = np.array([matrix["deterministic"][i, 1 if s > 0 else 0] for i, s in enumerate(MIRROR4_SIGNS)])
-    assert (learned > 60).all() and np.array_equal(own, learned) and (other < 30).all()
-    for kind in tta.KINDS:
-        assert effect[kind]["sign"]["value"] > 40 and effect[kind]["mode"]["value"] > 15
-        assert set(effect[kind]["sign"]["per_mode"]) == {"mode0", "mode1", "mode2", "mode3"}  # training modes only
-    per_mode = effect["deterministic"]["sign"]["per_mode"]
-    assert per_mode["mode0"] == matrix["deterministic"][0, 0] - matrix["deterministic"][0, 1]
-    assert per_mode["mode1"] == matrix["deterministic"][1, 1] - matrix["deterministic"][1, 0]
-    # mode level: own mode's gate against the mean of the three other training modes' gates
-    row = matrix["deterministic"][2]
-    assert effect["deterministic"]["mode"]["per_mode"]["mode2"] == pytest.approx(row[4] - np.mean(row[[2, 3, 5]]))
-
-
-def test_swap_effect_is_zero_when_the_policy_ignores_the_gate(toy_swaps):
-    """The same gate, but the actor never reads z: every column is the same episodes, the effect exactly 0, although the
-    gate still reads the sign (episode NMI against the sign 1). If this failed, the swap measured something besides z."""
-    swap, _, matrix, effect = toy_swaps["ignores_gate"]
-    for kind in tta.KINDS:
-        assert effect[kind]["sign"]["value"] == 0.0 and effect[kind]["mode"]["value"] == 0.0
-    assert (matrix["deterministic"][[0, 2]] > 60).all() and (matrix["deterministic"][[1, 3, 4]] < 30).all()
-    assert swap.routing["episode_nmi_sign"] == pytest.approx(1.0)
-
-
-def test_gate_routing_reads_the_sign_split_and_the_held_out_modes_slot(toy_swaps):
-    """A gate that splits episodes exactly by sign scores episode NMI 1 against the sign and exactly log 2 / log 4 = 0.5
-    against four equally played modes; the held-out force -1 mode goes to the force -1 slot. A uniform gate scores 0
-    and has no sign slot to route to."""
-    routing = toy_swaps["reads_gate"][0].routing
-    assert routing["episode_nmi_sign"] == pytest.approx(1.0) and routing["episode_nmi_mode"] == pytest.approx(0.5)
-    assert routing["episodes"] == 12 and routing["sign_split"] and routing["signs_on_disjoint_slots"]
-    assert routing["slot_of_mode"] == {"mode0": 0, "mode1": 1, "mode2": 0, "mode3": 1, "mode4": 1}
-    held = routing["held_out"]["mode4"]
-    assert held["slot"] == 1 and held["sign_slots"] == [1] and held["to_sign_slot"]
-    assert held["episode_share_on_sign_slots"] == 1.0
-    uniform = toy_swaps["uniform_gate"][0].routing
-    assert uniform["episode_nmi_sign"] == 0.0 and uniform["episode_nmi_mode"] == 0.0
-    assert not uniform["sign_split"] and not uniform["signs_on_disjoint_slots"]
-    assert uniform["held_out"]["mode4"]["to_sign_slot"] is None
-
-
-def test_routing_with_a_slot_per_mode_counts_every_slot_of_the_held_out_modes_sign():
-    """Planted gates: modes 0-3 on slots 0-3 (the signs on disjoint sets, two slots each), held-out mode 4 (force -1) on
-    slot 3, a force -1 mode's slot; then mode 3 moved to slot 0, which force +1 uses too: no sign slot to route to."""
-    targets = mirror4_targets()
-    gates = {f"mode{k}": np.eye(4)[k] * 0.7 + 0.075 for k in range(4)}
-    gates["mode4"] = np.eye(4)[3] * 0.7 + 0.075
-    episodes = {name: np.stack([w, w]) for name, w in gates.items()}
-    routing = tta_gating.gate_routing(episodes, gates, targets)
-    assert routing["signs_on_disjoint_slots"] and not routing["sign_split"]
-    assert routing["held_out"]["mode4"]["sign_slots"] == [1, 3] and routing["held_out"]["mode4"]["to_sign_slot"]
-    assert routing["episode_nmi_sign"] == pytest.approx(1.0) and routing["episode_nmi_mode"] == pytest.approx(1.0)
-    gates["mode3"] = gates["mode0"]
-    episodes["mode3"] = episodes["mode0"]
-    shared = tta_gating.gate_routing(episodes, gates, targets)
-    assert not shared["signs_on_disjoint_slots"] and shared["held_out"]["mode4"]["to_sign_slot"] is None
-
-
-def test_episode_nmi_against_a_label():
-    assert tta_gating.episode_nmi(["a", "b", "c", "d"], [0, 1, 0, 1], 2) == pytest.approx(0.5)
-    assert tta_gating.episode_nmi([1.0, -1.0, 1.0, -1.0], [0, 1, 0, 1], 2) == pytest.approx(1.0)
-    assert tta_gating.episode_nmi([1.0, -1.0, 1.0, -1.0], [0, 0, 1, 1], 2) == pytest.approx(0.0)
-
-
-def test_swap_smoke(mirror4_checkpoint, tmp_path):
-    """swap end to end on a mirror4 checkpoint: the learned column is clamp's (the same episodes), the mean gates are the
-    learned gate's per mode, the files, tags and headline are written."""
-    result = run_script(
-        "tta_gating", "swap", "--checkpoint", mirror4_checkpoint, "--eval-episodes", "2", "--runs-dir", tmp_path / "s"
-    )
-    assert result.returncode == 0, result.stderr
-    assert "episode-level NMI" in result.stdout and "swap effect" in result.stdout
-    run_dir = glob.glob(str(tmp_path / "s" / "*"))[0]
-    report = load_json(os.path.join(run_dir, "swap.json"))
-    assert report["columns"] == ["sign+1", "sign-1", "mode0", "mode1", "mode2", "mode3", "learned"]
-    assert np.asarray(report["matrix"]["sampled"]).shape == (5, 7)
-    assert set(report["swap_effect"]["deterministic"]["sign"]["per_mode"]) == {"mode0", "mode1", "mode2", "mode3"}
-    clamp = run_script(
-        "tta_gating", "clamp", "--checkpoint", mirror4_checkpoint, "--eval-episodes", "2", "--runs-dir", tmp_path / "c"
-    )
-    assert clamp.returncode == 0, clamp.stderr
-    clamp_report = load_json(tmp_path / "c" / "*" / "clamp.json")
-    for name in ("mode0", "mode4"):
-        assert report["results"][name]["learned"] == clamp_report["results"][name]["learned"]
-    sign_gate = np.mean([clamp_report["results"][f"mode{k}"]["learned_slot_weights"] for k in (1, 3)], 0)
-    assert np.allclose(report["mean_gates"]["sign-1"], sign_gate, atol=1e-6)
-    assert os.path.getsize(os.path.join(run_dir, "swap_heatmap.png")) > 0
-    headline = load_json(os.path.join(run_dir, "eval.json"))
-    assert headline["swap_effect_sign"]["deterministic"] == report["swap_effect"]["deterministic"]["sign"]["value"]
-    assert {"tta/swap_effect_sign_sampled", "tta/gate_episode_nmi_sign", "tta/swap_return_mode4_sign-1_deterministic"} <= set(
-        logged_scalars(run_dir)
-    )
-
-
 def test_swap_refuses_custom_physics(mirror4_checkpoint):
     result = run_script("tta_gating", "swap", "--checkpoint", mirror4_checkpoint, "--modes", "9.8,0.5")
     assert_one_line_error(result, "swap fixes the gate to the mean gates of the checkpoint's training modes")
 
 
-# --- adapt as a new user meets it: presets, the planned workload, a stopped run resumed -----------------------------
+# --- swap end to end (the swap's logic on hand-set agents: test_tta_gating_swap.py) -------------------------------
 
 
-def test_presets_fill_what_the_user_left_unset():
-    args = tta_gating.AdaptArgs(checkpoint="x")
-    tta_gating.apply_preset(args)
-    assert (args.controls, args.episodes, args.num_seeds, args.eval_episodes, args.ceiling_resolution) == (
-        ["none", "gate"],
-        10,
-        2,
-        5,
-        1,
-    )
-    args = tta_gating.AdaptArgs(checkpoint="x", preset="full", episodes=4)
-    tta_gating.apply_preset(args)
-    assert (args.controls, args.episodes, args.num_seeds, args.eval_episodes, args.ceiling_resolution) == (
-        list(tta_gating.CONTROLS),
-        4,
-        3,
-        10,
-        2,
-    )
-    clamp_args = tta_gating.ClampArgs(checkpoint="x")
-    tta_gating.apply_preset(clamp_args)
-    assert clamp_args.eval_episodes == 10 and clamp_args.exp_name == "tta_gating_clamp"
+def test_swap_writes_the_swapped_gates_their_returns_and_the_routing(mirror4_checkpoint, tmp_path):
+    """swap end to end on a mirror4 checkpoint: the learned column is clamp's (the same episodes), the mean gates are the
+    learned gate's per mode, the files, tags and headline are written."""
+    ran = run_tta("swap", mirror4_checkpoint, tmp_path / "s", "--eval-episodes", "2")
+    assert "episode-level NMI" in ran.stdout
+    assert "swap effect" in ran.stdout
+    report = load_json(os.path.join(ran.run_dir, "swap.json"))
+    assert report["columns"] == ["sign+1", "sign-1", "mode0", "mode1", "mode2", "mode3", "learned"]
+    assert np.asarray(report["matrix"]["sampled"]).shape == (5, 7)
+    clamp_dir = run_tta("clamp", mirror4_checkpoint, tmp_path / "c", "--eval-episodes", "2").run_dir
+    clamp_report = load_json(os.path.join(clamp_dir, "clamp.json"))
+    for name in ("mode0", "mode4"):
+        assert report["results"][name]["learned"] == clamp_report["results"][name]["learned"]
+    sign_gate = np.mean([clamp_report["results"][f"mode{k}"]["learned_slot_weights"] for k in (1, 3)], 0)
+    assert np.allclose(report["mean_gates"]["sign-1"], sign_gate, atol=1e-6)
+    assert os.path.getsize(os.path.join(ran.run_dir, "swap_heatmap.png")) > 0
+    headline = load_json(os.path.join(ran.run_dir, "eval.json"))
+    assert headline["swap_effect_sign"]["deterministic"] == report["swap_effect"]["deterministic"]["sign"]["value"]
+    tags = {"tta/swap_effect_sign_sampled", "tta/gate_episode_nmi_sign", "tta/swap_return_mode4_sign-1_deterministic"}
+    assert tags <= set(logged_scalars(ran.run_dir))
 
+
+# --- a stopped adapt run resumed -------------------------------------------------------------------------------------
 
 KILL_AFTER_FIRST_TARGET = """
 import os, runpy, signal, sys
@@ -1415,27 +1122,15 @@ def test_a_killed_adapt_run_keeps_its_finished_targets_and_resumes_to_the_uninte
     other one, and ends with the same tta.json results, eval.json and saved agents as a run never stopped."""
     flags = ["--checkpoint", checkpoint, "--mode-indices", "0", "1", "--episodes", "2", "--num-seeds", "1"]
     flags += ["--eval-episodes", "2", "--adapt-lr", "0.05", "--save-model"]
+    command = [sys.executable, "-c", KILL_AFTER_FIRST_TARGET, script_path("tta_gating"), "adapt", *flags]
     killed = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            KILL_AFTER_FIRST_TARGET,
-            script_path("tta_gating"),
-            "adapt",
-            *flags,
-            "--runs-dir",
-            tmp_path / "k",
-        ],
-        env=SCRIPT_ENV,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
+        [*command, "--runs-dir", tmp_path / "k"], env=SCRIPT_ENV, cwd=REPO, capture_output=True, text=True, timeout=600
     )
     assert killed.returncode == -9, killed.stderr
     run_dir = only_run_dir(tmp_path / "k")
     stopped = load_json(os.path.join(run_dir, "tta.json"))
-    assert list(stopped["results"]) == ["mode0"] and "finished" not in stopped
+    assert list(stopped["results"]) == ["mode0"]
+    assert "finished" not in stopped
     assert not os.path.exists(os.path.join(run_dir, "eval.json"))
     assert "planned: 2 targets, 8 adaptation episodes and 20 evaluations of 2 episodes" in killed.stdout
     assert f"--resume {run_dir}" in killed.stdout
@@ -1443,21 +1138,21 @@ def test_a_killed_adapt_run_keeps_its_finished_targets_and_resumes_to_the_uninte
     assert_one_line_error(mismatch, "was run with --save-model True, not False")
     resumed = run_script("tta_gating", "adapt", *flags, "--resume", run_dir)
     assert resumed.returncode == 0, resumed.stderr
-    assert "mode0 seed" not in resumed.stdout and "mode1 seed 1    gate" in resumed.stdout
+    assert "mode0 seed" not in resumed.stdout
+    assert "mode1 seed 1    gate" in resumed.stdout
     assert "planned: 1 targets" in resumed.stdout
-    whole = run_script("tta_gating", "adapt", *flags, "--runs-dir", tmp_path / "w")
-    assert whole.returncode == 0, whole.stderr
-    whole_dir = only_run_dir(tmp_path / "w")
+    whole_dir = run_tta("adapt", checkpoint, tmp_path / "w", *flags[2:]).run_dir
     finished = load_json(os.path.join(run_dir, "tta.json"))
-    assert finished["results"] == load_json(os.path.join(whole_dir, "tta.json"))["results"] and finished["finished"]
+    assert finished["results"] == load_json(os.path.join(whole_dir, "tta.json"))["results"]
+    assert finished["finished"]
     assert finished["results"]["mode0"] == stopped["results"]["mode0"]
     assert load_json(os.path.join(run_dir, "eval.json")) == load_json(os.path.join(whole_dir, "eval.json"))
     saved = torch.load(os.path.join(run_dir, "tta_gating_adapt.cleanrl_model"), weights_only=True)["adapted"]
     whole_saved = torch.load(os.path.join(whole_dir, "tta_gating_adapt.cleanrl_model"), weights_only=True)["adapted"]
     assert [(s["target"], s["control"]) for s in saved] == [(s["target"], s["control"]) for s in whole_saved]
-    assert len(saved) == 4 and all(
-        torch.equal(a["state_dict"][k], b["state_dict"][k]) for a, b in zip(saved, whole_saved) for k in a["state_dict"]
-    )
+    assert len(saved) == 4
+    for a, b in zip(saved, whole_saved):
+        assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
 
 
 def test_resume_needs_a_stopped_adapt_runs_directory(checkpoint, tmp_path):
