@@ -11,7 +11,6 @@ Usage (the locked MVP):
 """
 
 import collections
-import contextlib
 import dataclasses
 import importlib.util
 import itertools
@@ -160,10 +159,8 @@ class Args:
     # Evaluation
     eval_episodes: int = 200
     """evaluation episodes per (task, level)"""
-    baselines: tuple[Literal["random", "rl-only", "kl-distill"], ...] = ("random",)
-    """baselines evaluated in the same table: random, rl-only, kl-distill (the last two are trained here)"""
-    kl_distill_coef: float = 1.0
-    """kl_coef used by the kl-distill baseline"""
+    baselines: tuple[Literal["random"], ...] = ("random",)
+    """baselines evaluated on the same episodes (trained ones: benchmark/reinforce_baby_baselines.py)"""
     analysis: bool = True
     """if toggled, linear probes per state attribute and a t-SNE PNG of the embeddings"""
     analysis_samples: int = 600
@@ -363,6 +360,84 @@ class DeterministicParent:
         return replies
 
 
+# What the LLM parent is asked (--parent llm) --------------------------------------------------------------------------
+# The requests word for word; the client that sends them, its cache, retries and validation are in cleanrl_astral_utils.
+LLM_SYSTEM_PROMPT = (
+    'You check a child\'s answer against a rule. Reply with JSON only: {"reward": 1} if the answer '
+    'follows the rule, {"reward": 0} if it does not.'
+)
+LLM_ANSWER_EXAMPLES = 8  # --llm-examples default of the answer role (the judge's is 0)
+LLM_EXAMPLES_SEED = 12345  # the worked examples are the same fixed instances in every prompt
+
+
+class ParentPrompt:
+    """The LLM parent's prompt. answer role (a completion): the rule, worked examples answered by the rule, the asked
+    state, each as `<attributes>` then `answer = <n>`. judge role (chat messages): a system message, worked examples of
+    the same task and level answered right and wrong in turn with their verdicts, then the asked (state, answer)."""
+
+    def __init__(self, rule: DeterministicParent, levels: list[tuple[str, int]], examples: int, next_state: bool):
+        self.rule = rule
+        self.levels = levels  # the (task, level) pairs that fit in the action space: where worked examples come from
+        self.examples = examples
+        self.next_state = next_state
+
+    def worked_examples(self, s: State) -> list[State]:
+        """`examples` instances drawn with a fixed seed from s's level, never s's instance. A level whose examples would
+        all be one instance (pattern-echo's level 0: two cues) takes them from the next level with the same rule: a
+        prompt that repeats one answer eight times is copied, whatever the asked state."""
+        same_rule = [lv for t, lv in self.levels if t == s.task_name and lv >= s.level]
+        same_rule = [lv for lv in same_rule if dataclasses.replace(s, level=lv).rule_text() == s.rule_text()]
+        examples = []
+        for level in same_rule:
+            rng = np.random.default_rng(LLM_EXAMPLES_SEED)
+            examples = []
+            for _ in range(100 * self.examples):  # a level with a single instance has none to give
+                if len(examples) == self.examples:
+                    break
+                e = self.rule.new_instance(s.task_name, level, rng)
+                if e.shown_attributes() != s.shown_attributes():
+                    examples.append(e)
+            if len({e.shown_attributes() for e in examples}) > 1 or self.examples < 2:
+                return examples
+        return examples
+
+    def answer_prompt(self, s: State) -> str:
+        blocks = [f"Rule: {s.rule_text()}"]
+        for e in self.worked_examples(s):
+            blocks.append(f"{e.shown_attributes()}\nanswer = {self.rule.oracle_action(e)}")
+        blocks.append(f"{s.shown_attributes()}\nanswer =")
+        return "\n\n".join(blocks)
+
+    def user_message(self, s: State, action: int) -> str:
+        message = f"{s.to_prompt()}\nanswer = {int(action)}"
+        if self.next_state:
+            message += (
+                f"\nstate = {json.dumps(s.as_dict())}\nAlso give next_state: this state with step + 1, "
+                "last_action = the answer and last_correct = your reward."
+            )
+        return message
+
+    def judge_messages(self, s: State, action: int) -> list[dict]:
+        rng = np.random.default_rng(LLM_EXAMPLES_SEED)
+        shots = []
+        for i in range(self.examples):
+            e = self.rule.new_instance(s.task_name, s.level, rng)
+            a = self.rule.oracle_action(e)
+            if i % 2 == 1:
+                a = (self.rule.oracle_action(e) + 1 + i) % self.rule.num_actions
+            r = self.rule.judge(e, a)
+            verdict = {"reward": int(r)}
+            if self.next_state:
+                verdict["next_state"] = self.rule.transition(e, a, r).as_dict()
+            shots.append({"role": "user", "content": self.user_message(e, a)})
+            shots.append({"role": "assistant", "content": json.dumps(verdict)})
+        return [
+            {"role": "system", "content": LLM_SYSTEM_PROMPT},
+            *shots,
+            {"role": "user", "content": self.user_message(s, action)},
+        ]
+
+
 class BabyEnv:
     """A batch of `num_envs` synchronous episodes of fixed length; the parent judges every step."""
 
@@ -479,16 +554,27 @@ class Agent(nn.Module):
             action = dist.sample()
         return ActionAndValue(action, dist.log_prob(action), dist.entropy(), self.value_head(h).squeeze(-1), h, dist.logits)
 
-    def world_model_target(self, next_x: torch.Tensor) -> torch.Tensor:
-        return next_x.float()
 
-
-def build_agent(cfg: dict) -> Agent:
-    return Agent(cfg["num_actions"], cfg["max_episode_steps"], cfg["hidden_dim"], cfg["num_layers"], cfg["num_heads"])
+def build_agent(args: Args) -> Agent:
+    return Agent(args.num_actions, args.max_episode_steps, args.hidden_dim, args.num_layers, args.num_heads)
 
 
 def num_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def agent_size(args: Args) -> int:
+    """num_parameters(build_agent(args)) counted from the shapes, without building the model (validate's check)."""
+    H = args.hidden_dim
+    A = args.num_actions
+    vocab = attribute_vocab(A, args.max_episode_steps)
+    encoder = sum(vocab) * H + len(vocab) * H
+    # a pre-norm layer: attention (in and out projections), a 2H feed-forward, two LayerNorms
+    layer = (3 * H * H + 3 * H) + (H * H + H) + (H * 2 * H + 2 * H) + (2 * H * H + H) + 4 * H
+    core = H + args.num_layers * layer + 2 * H
+    heads = (H * A + A) + (H + 1)
+    world_model = (H + A) * 2 * H + 2 * H + 2 * H * STATE_DIM + STATE_DIM
+    return encoder + core + heads + world_model
 
 
 # Rewards --------------------------------------------------------------------------------------------------------------
@@ -597,7 +683,7 @@ def collect_rollout(agent: Agent, env: BabyEnv, curriculum: CurriculumManager, a
         success |= info["success"]
         if args.pred_reward_weight != 0:
             prediction = agent.world_model(out.h, out.action)
-            pred[t] = prediction_reward(prediction, agent.world_model_target(obs[t + 1].to(device)))
+            pred[t] = prediction_reward(prediction, obs[t + 1].to(device).float())
     return Rollout(obs, actions, logprobs, values, oracle, RewardVector(goal, pred, cons), success, ep_tasks, ep_levels)
 
 
@@ -695,7 +781,7 @@ def update(agent: Agent, optimizer, ro: Rollout, adv: Advantages, args: Args, de
                 pg_loss = torch.max(pg_loss1, pg_loss2).mean()
                 v_loss = 0.5 * ((new.value - b_returns[mb]) ** 2).mean()
             # the world model is trained through the shared core: its loss shapes the representation h
-            wm_loss = F.mse_loss(agent.world_model(new.h, b_actions[mb]), agent.world_model_target(b_next[mb]))
+            wm_loss = F.mse_loss(agent.world_model(new.h, b_actions[mb]), b_next[mb].float())
             kl = torch.zeros(())
             if args.kl_coef > 0:
                 kl = kl_to_parent(new.logits, b_oracle[mb], args.kl_smoothing)
@@ -728,13 +814,12 @@ def update(agent: Agent, optimizer, ro: Rollout, adv: Advantages, args: Args, de
 
 
 # Training loop --------------------------------------------------------------------------------------------------------
-def train(args: Args, writer, parent=None, label: str = "") -> tuple[Agent, dict]:
+def train(args: Args, writer, parent=None) -> tuple[Agent, dict]:
     """Trains one agent; returns it with the evaluation levels per task (the curriculum's final levels)."""
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     tasks = task_list(args.task)
-    agent = build_agent(vars(args)).to(device)
-    if not label:
-        print(f"model parameters: {num_parameters(agent):,} (< 1M: {num_parameters(agent) < 1_000_000})")
+    agent = build_agent(args).to(device)
+    print(f"model parameters: {num_parameters(agent):,} (< 1M: {num_parameters(agent) < 1_000_000})")
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
     curriculum = CurriculumManager(
         tasks, args.curriculum, args.level, args.mastery_threshold, args.mastery_window, args.review_prob
@@ -743,7 +828,7 @@ def train(args: Args, writer, parent=None, label: str = "") -> tuple[Agent, dict
         parent = make_parent(args)
     env = BabyEnv(parent, args.num_envs, args.max_episode_steps, args.seed)
     baseline = torch.zeros(args.max_episode_steps)
-    log = TrainingLog(writer, tasks, args, label)
+    log = TrainingLog(writer, tasks, args)
     for iteration in range(1, args.num_iterations + 1):
         global_step = iteration * args.batch_size
         if args.anneal_lr:
@@ -754,7 +839,7 @@ def train(args: Args, writer, parent=None, label: str = "") -> tuple[Agent, dict
         rewards = torch.as_tensor(ro.rewards.total(args.goal_reward_weight, args.pred_reward_weight, args.cons_reward_weight))
         for task, level, success in zip(ro.tasks, ro.levels, ro.success):
             if curriculum.record(task, level, bool(success)):
-                print(f"{label}curriculum: {task} -> level {curriculum.levels[task]} at global_step={global_step}")
+                print(f"curriculum: {task} -> level {curriculum.levels[task]} at global_step={global_step}")
 
         # ADVANTAGES: REINFORCE's return minus the running baseline, or PPO's GAE
         adv = advantages_and_returns(rewards, ro.values, baseline, args)
@@ -768,7 +853,7 @@ def train(args: Args, writer, parent=None, label: str = "") -> tuple[Agent, dict
     return agent, dict(curriculum.levels)
 
 
-# Evaluation and representation analysis -------------------------------------------------------------------------------
+# Evaluation -----------------------------------------------------------------------------------------------------------
 class Evaluator:
     """Success rate, world-model MSE and policy entropy per (task, level); the rule judges, never an LLM."""
 
@@ -809,7 +894,7 @@ class Evaluator:
                 success |= info["success"]
                 ent_all.append(ent.mean().item())
                 if agent is not None and level == eval_levels[task]:
-                    target = agent.world_model_target(states_to_tensor(states))
+                    target = states_to_tensor(states).float()
                     mse_all.append(F.mse_loss(agent.world_model(out.h, action), target).item())
             per_diff[f"{task}/level{level}"] = float(success.mean())
         final = [per_diff[f"{t}/level{eval_levels[t]}"] for t in self.tasks]
@@ -827,17 +912,18 @@ class Evaluator:
 def evaluate(model_path: str, episodes: int | None = None, seed: int | None = None, greedy: bool = True) -> dict:
     """Evaluates a saved model; by default on the run's own episodes, so it reproduces the run's eval.json."""
     ckpt = torch.load(model_path, map_location="cpu", weights_only=False)
-    cfg = ckpt["args"]
-    agent = build_agent(cfg)
+    saved = Args(**{f.name: ckpt["args"][f.name] for f in dataclasses.fields(Args) if f.name in ckpt["args"]})
+    agent = build_agent(saved)
     agent.load_state_dict(ckpt["state_dict"])
     if episodes is None:
-        episodes = cfg["eval_episodes"]
+        episodes = saved.eval_episodes
     if seed is None:
-        seed = cfg["seed"] + EVAL_SEED_OFFSET
-    evaluator = Evaluator(task_list(cfg["task"]), cfg["num_actions"], cfg["max_episode_steps"], episodes, seed)
+        seed = saved.seed + EVAL_SEED_OFFSET
+    evaluator = Evaluator(task_list(saved.task), saved.num_actions, saved.max_episode_steps, episodes, seed)
     return evaluator.run(agent.eval(), ckpt["eval_levels"], greedy)
 
 
+# Representation analysis: what the state embedding h holds (a default run's linear probes and t-SNE) ------------------
 @torch.no_grad()
 def representation_analysis(
     agent: Agent, tasks: list[str], levels: dict, num_actions: int, T: int, samples: int, seed: int, png_path: str
@@ -897,10 +983,10 @@ def flag(name: str) -> str:
 
 def validate(args: Args):
     """Raises ValueError (one line) for arguments that would crash late or run wrong in silence."""
-    # NaN and inf pass every range check
-    for field in dataclasses.fields(Args):
-        if field.type is float and not math.isfinite(getattr(args, field.name)):
-            raise ValueError(f"{flag(field.name)} {getattr(args, field.name)} must be a finite number")
+    for field in dataclasses.fields(args):
+        value = getattr(args, field.name)
+        if isinstance(value, float) and not math.isfinite(value):  # NaN passes any <, >
+            raise ValueError(f"--{field.name.replace('_', '-')} {value} must be a finite number")
     if not 0 <= args.seed < 2**32:
         raise ValueError(f"--seed {args.seed} must be in [0, 2**32 - 1] (the range numpy accepts)")
     if not args.exp_name.strip() or "/" in args.exp_name:
@@ -959,7 +1045,7 @@ def validate(args: Args):
         raise ValueError("--parent llm needs --llm-base-url (an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1)")
     if args.parent == "llm" and not args.llm_base_url.startswith(("http://", "https://")):
         raise ValueError(f"--llm-base-url {args.llm_base_url!r} must be an http:// or https:// URL (http://127.0.0.1:8000/v1)")
-    n_params = num_parameters(build_agent(vars(args)))
+    n_params = agent_size(args)
     if n_params >= 1_000_000:
         # the state embedding has one row per value of every attribute, the step counter included
         embeddings = sum(attribute_vocab(args.num_actions, args.max_episode_steps)) * args.hidden_dim
@@ -987,36 +1073,38 @@ def make_parent(args: Args):
         return rule
     from cleanrl_astral_utils.llm import LLMParent
 
+    examples = args.llm_examples
+    if examples is None and args.llm_role == "answer":
+        examples = LLM_ANSWER_EXAMPLES
+    if examples is None:
+        examples = 0
+    prompt = ParentPrompt(rule, playable(TASKS, args.num_actions), examples, args.llm_next_state)
     vocab = attribute_vocab(args.num_actions, args.max_episode_steps)
-    return LLMParent(rule, args, TASKS, ATTRIBUTES, vocab, playable(TASKS, args.num_actions))
+    return LLMParent(rule, prompt, args, TASKS, ATTRIBUTES, vocab)
 
 
-def claim_run_dir(runs_dir: str, run_name: str) -> tuple[str, str]:
-    """(run_name, run_dir) of a new directory: runs started in the same second get __2, __3, ... (mkdir is atomic)."""
-    try:
-        os.makedirs(runs_dir, exist_ok=True)
-        for suffix in itertools.count(1):
-            name = run_name
-            if suffix > 1:
-                name = f"{run_name}__{suffix}"
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(os.path.join(runs_dir, name))
-                return name, os.path.join(runs_dir, name)
-    except OSError as e:  # --runs-dir itself is unusable: a file, not writable, ...
-        reason = e.strerror
-        if os.path.exists(runs_dir) and not os.path.isdir(runs_dir):
-            reason = "not a directory"
-        fail(f"cannot create a run directory in --runs-dir {runs_dir!r} ({reason}); pass a writable directory")
+def claim_run_dir(runs_dir, run_name):
+    """Creates runs_dir/run_name, or run_name__2, __3, ... when another run holds the name (mkdir is atomic): (name, dir)."""
+    name = run_name
+    for n in itertools.count(2):
+        try:
+            os.makedirs(os.path.join(runs_dir, name))
+            return name, os.path.join(runs_dir, name)
+        except FileExistsError:
+            name = f"{run_name}__{n}"
+        except OSError as e:
+            reason = e.strerror.lower()
+            message = f"cannot create a run directory in --runs-dir {runs_dir!r} ({reason}); pass a writable directory"
+            raise ValueError(message) from e
 
 
 class TrainingLog:
     """The scalars of every update (charts/, losses/, reward/, curriculum/, parent/) and a progress line every 25."""
 
-    def __init__(self, writer, tasks: list[str], args: Args, label: str):
+    def __init__(self, writer, tasks: list[str], args: Args):
         self.writer = writer
         self.tasks = tasks
         self.args = args
-        self.label = label
         self.start_time = time.time()
         self.recent_success = collections.deque(maxlen=100)  # charts/success_rate: the last 100 episodes
         self.recent_level = {}
@@ -1048,16 +1136,14 @@ class TrainingLog:
             levels = " ".join(f"{t}:L{curriculum.levels[t]}" for t in self.tasks)
             minutes_left = (args.num_iterations - iteration) * global_step / iteration / max(sps, 1) / 60
             print(
-                f"{self.label}global_step={global_step} SPS={sps} success={scalars['charts/success_rate']:.3f} "
+                f"global_step={global_step} SPS={sps} success={scalars['charts/success_rate']:.3f} "
                 f"entropy={stats['losses/entropy']:.3f} wm_mse={stats['losses/world_model_mse']:.3f} [{levels}] "
                 f"{minutes_left:.1f} min left"
             )
 
 
 # Evaluation against the baselines, results ----------------------------------------------------------------------------
-def evaluate_with_baselines(
-    args: Args, agent: Agent, eval_levels: dict, run_dir: str, transcript: list | None
-) -> tuple[dict, dict]:
+def evaluate_with_baselines(args: Args, agent: Agent, eval_levels: dict, transcript: list | None) -> tuple[dict, dict]:
     """The agent's evaluation and each --baselines row, on the same episodes (the rule judges, never an LLM)."""
     evaluator = Evaluator(
         task_list(args.task), args.num_actions, args.max_episode_steps, args.eval_episodes, args.seed + EVAL_SEED_OFFSET
@@ -1065,17 +1151,7 @@ def evaluate_with_baselines(
     result = evaluator.run(agent, eval_levels, transcript=transcript)
     baselines = {}
     for name in args.baselines:
-        if name == "random":
-            baselines[name] = evaluator.run(None, eval_levels)
-            continue
-        variant = dataclasses.replace(args, kl_coef=args.kl_distill_coef)
-        if name == "rl-only":
-            variant = dataclasses.replace(args, world_model_coef=0.0, pred_reward_weight=0.0, kl_coef=0.0)
-        print(f"training baseline {name} with the same budget")
-        seed_everything(args.seed)  # as its own run with these flags would be, whatever the agent's run consumed
-        with contextlib.closing(SummaryWriter(os.path.join(run_dir, f"baseline_{name}"))) as sub:
-            b_agent, b_levels = train(variant, sub, label=f"[{name}] ")
-        baselines[name] = evaluator.run(b_agent.eval(), b_levels)
+        baselines[name] = evaluator.run(None, eval_levels)
     print(f"\n{'policy':<12} {'success':>8} {'wm_mse':>8} {'entropy':>8}  per-difficulty success")
     for name, r in {"agent": result, **baselines}.items():
         diff = " ".join(f"{k}={v:.2f}" for k, v in r["per_difficulty_success"].items())
@@ -1116,7 +1192,10 @@ if __name__ == "__main__":
             parent.probe()
     except ValueError as e:
         fail(str(e))
-    run_name, run_dir = claim_run_dir(args.runs_dir, f"{args.task}__{args.exp_name}__{args.seed}__{int(time.time())}")
+    try:
+        run_name, run_dir = claim_run_dir(args.runs_dir, f"{args.task}__{args.exp_name}__{args.seed}__{int(time.time())}")
+    except ValueError as e:
+        fail(str(e))
     if args.track:
         import wandb
 
@@ -1163,7 +1242,7 @@ if __name__ == "__main__":
     transcript = None
     if args.capture_video:
         transcript = []
-    result, baselines = evaluate_with_baselines(args, agent, eval_levels, run_dir, transcript)
+    result, baselines = evaluate_with_baselines(args, agent, eval_levels, transcript)
     out = {
         "script": SCRIPT,
         "task": args.task,

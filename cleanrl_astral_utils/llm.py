@@ -7,9 +7,9 @@ Two roles (`--llm-role`):
 - judge: the LLM judges each (state, action) with a JSON verdict {"reward": 0 | 1}, through the chat-completions
   endpoint. One request per distinct (state, action).
 
-The script's rule parent (`DeterministicParent`) sets the task instances and the transitions, writes the worked
-examples, and gives the reward whenever the LLM's answer is missing or invalid; this module only asks, checks and
-counts."""
+The script's rule parent (`DeterministicParent`) sets the task instances and the transitions and gives the reward
+whenever the LLM's answer is missing or invalid; the script's `ParentPrompt` writes the prompt word for word (rule,
+worked examples, asked state). This module only sends it, checks the reply, caches and counts."""
 
 import collections
 import concurrent.futures
@@ -24,14 +24,6 @@ from typing import NamedTuple
 
 import numpy as np
 import openai
-
-ANSWER_EXAMPLES = 8  # --llm-examples default of the answer role (the judge's is 0)
-EXAMPLES_SEED = 12345  # the worked examples are the same fixed instances in every prompt
-
-LLM_SYSTEM_PROMPT = (
-    'You check a child\'s answer against a rule. Reply with JSON only: {"reward": 1} if the answer '
-    'follows the rule, {"reward": 0} if it does not.'
-)
 
 
 class Reply(NamedTuple):
@@ -55,19 +47,16 @@ class LLMParent:
     """Judges actions with a model behind an OpenAI-compatible endpoint: validated, retried, cached, rule fallback.
 
     `rule` is the script's DeterministicParent: it draws task instances, makes the transitions and gives the reward of
-    every query the LLM does not answer validly. `tasks` and `attributes` name the task indices and state attributes,
-    `vocab` holds each attribute's number of values (what a proposed next state is checked against), `levels` the
-    (task, level) pairs that fit in the action space (where worked examples may come from)."""
+    every query the LLM does not answer validly. `prompt` is the script's ParentPrompt (answer_prompt, judge_messages,
+    next_state). `tasks` and `attributes` name the task indices and state attributes, `vocab` holds each attribute's
+    number of values (what a proposed next state is checked against)."""
 
-    def __init__(self, rule, args, tasks: list[str], attributes: list[str], vocab: list[int], levels: list[tuple[str, int]]):
+    def __init__(self, rule, prompt, args, tasks: list[str], attributes: list[str], vocab: list[int]):
         self.rule = rule
+        self.prompt = prompt
         self.args = args
         self.role = args.llm_role
-        self.examples = args.llm_examples
-        if self.examples is None:
-            self.examples = ANSWER_EXAMPLES if self.role == "answer" else 0
         self.tasks = tasks
-        self.levels = levels
         self.attributes = attributes
         self.vocab = vocab
         self.num_actions = args.num_actions
@@ -102,37 +91,11 @@ class LLMParent:
     def transition(self, s, action: int, reward: float):
         return self.rule.transition(s, action, reward)
 
-    # the answer role: a plain few-shot completion prompt, the first integer of the reply
-    def worked_examples(self, s) -> list:
-        """--llm-examples instances drawn with a fixed seed from s's level, never s's instance. A level whose examples
-        would all be one instance (pattern-echo's level 0: two cues) takes them from the next level with the same rule:
-        a prompt that repeats one answer eight times is copied, whatever the asked state."""
-        same_rule = [lv for t, lv in self.levels if t == s.task_name and lv >= s.level]
-        same_rule = [lv for lv in same_rule if dataclasses.replace(s, level=lv).rule_text() == s.rule_text()]
-        examples = []
-        for level in same_rule:
-            rng = np.random.default_rng(EXAMPLES_SEED)
-            examples = []
-            for _ in range(100 * self.examples):  # a level with a single instance has none to give
-                if len(examples) == self.examples:
-                    break
-                e = self.new_instance(s.task_name, level, rng)
-                if e.shown_attributes() != s.shown_attributes():
-                    examples.append(e)
-            if len({e.shown_attributes() for e in examples}) > 1 or self.examples < 2:
-                return examples
-        return examples
-
+    # the answer role: the script's few-shot completion prompt, the first integer of the reply
     def answer_prompt(self, s) -> str:
-        """The rule, the worked examples answered by the rule, and the asked state, each as `<attributes>` then
-        `answer = <n>`."""
         key = (s.task, s.level, s.shown_attributes())
         if key not in self.prompts:
-            blocks = [f"Rule: {s.rule_text()}"]
-            for e in self.worked_examples(s):
-                blocks.append(f"{e.shown_attributes()}\nanswer = {self.oracle_action(e)}")
-            blocks.append(f"{s.shown_attributes()}\nanswer =")
-            self.prompts[key] = "\n\n".join(blocks)
+            self.prompts[key] = self.prompt.answer_prompt(s)
         return self.prompts[key]
 
     def answer_body(self, s) -> dict:
@@ -149,15 +112,6 @@ class LLMParent:
         return int(match.group())
 
     # the judge role: a JSON verdict on (state, action) through the chat-completions endpoint
-    def user_message(self, s, action: int) -> str:
-        message = f"{s.to_prompt()}\nanswer = {int(action)}"
-        if self.next_state:
-            message += (
-                f"\nstate = {json.dumps(s.as_dict())}\nAlso give next_state: this state with step + 1, "
-                "last_action = the answer and last_correct = your reward."
-            )
-        return message
-
     def response_format(self) -> dict | None:
         """A JSON schema of {"reward": 0 | 1} (and the next state, each attribute in range) in the endpoint's form."""
         props = {"reward": {"type": "integer", "enum": [0, 1]}}
@@ -172,20 +126,6 @@ class LLMParent:
         return None
 
     def judge_body(self, s, action: int) -> dict:
-        # worked examples: fixed instances of the same task and level, answered right and wrong in turn
-        rng = np.random.default_rng(EXAMPLES_SEED)
-        shots = []
-        for i in range(self.examples):
-            e = self.new_instance(s.task_name, s.level, rng)
-            a = self.oracle_action(e)
-            if i % 2 == 1:
-                a = (self.oracle_action(e) + 1 + i) % self.num_actions
-            r = self.judge(e, a)
-            verdict = {"reward": int(r)}
-            if self.next_state:
-                verdict["next_state"] = self.transition(e, a, r).as_dict()
-            shots.append({"role": "user", "content": self.user_message(e, a)})
-            shots.append({"role": "assistant", "content": json.dumps(verdict)})
         # max_tokens bounds a model that does not stop: the answer is about 6 tokens, 90 with the next state
         body = {"model": self.model, "temperature": 0, "max_tokens": 20}
         if self.next_state:
@@ -193,11 +133,7 @@ class LLMParent:
         fmt = self.response_format()
         if fmt:
             body["response_format"] = fmt
-        body["messages"] = [
-            {"role": "system", "content": LLM_SYSTEM_PROMPT},
-            *shots,
-            {"role": "user", "content": self.user_message(s, action)},
-        ]
+        body["messages"] = self.prompt.judge_messages(s, action)
         return body
 
     def judge_verdict(self, text, s, action: int):

@@ -389,6 +389,30 @@ def test_llm_cache_key_holds_what_changes_an_answer_or_its_validity(llm_server, 
     )
 
 
+def test_the_requests_for_fixed_states_are_the_stored_ones_byte_for_byte(tmp_path):
+    """The request of each role for fixed states (prompt, worked examples, settings) and its cache key equal the stored
+    reference, so the sqlite cache keeps serving the documented runs; a changed word of the prompt fails here."""
+    with open(os.path.join(os.path.dirname(__file__), "data", "reinforce_baby_llm_requests.json")) as f:
+        reference = json.load(f)
+    assert len(reference) == 36
+    for ref in reference:
+        args = reinforce_baby.Args(
+            num_actions=8,
+            max_episode_steps=3,
+            parent="llm",
+            llm_base_url="http://127.0.0.1:9/v1",
+            llm_model="m",
+            llm_role=ref["role"],
+            llm_next_state=ref["llm_next_state"],
+            llm_examples=ref["llm_examples"],
+            llm_cache=str(tmp_path / "cache.sqlite"),
+        )
+        parent = reinforce_baby.make_parent(args)
+        s = reinforce_baby.State.from_list(ref["state"], 8)
+        assert json.dumps(parent.body(s, ref["action"])) == json.dumps(ref["body"])
+        assert parent.cache_key(s, ref["action"]) == ref["cache_key"]
+
+
 def test_llm_parent_asks_once_per_distinct_pair_in_a_batch(llm_server, tmp_path):
     """A judge that alternates its verdict: four copies of one (state, action) in a batch get one request and one
     reward, not four requests and conflicting rewards."""
