@@ -57,6 +57,10 @@ class Args:
     """whether to save the model (atomically) into {runs_dir}/{run_name}/{exp_name}.cleanrl_model"""
     runs_dir: str = "runs"
     """directory that holds one sub-directory per run"""
+    checkpoint_every: int = 0
+    """write the whole training state to {run_dir}/checkpoint.pt (atomically) every this many steps and at the end; 0: never"""
+    resume: str | None = None
+    """a run's checkpoint.pt: continue that run in its directory with its flags (of this command only --llm-base-url counts)"""
 
     # Environment
     task: Literal["pattern-echo", "sequence-next", "conditional", "all"] = "pattern-echo"
@@ -814,8 +818,9 @@ def update(agent: Agent, optimizer, ro: Rollout, adv: Advantages, args: Args, de
 
 
 # Training loop --------------------------------------------------------------------------------------------------------
-def train(args: Args, writer, parent=None) -> tuple[Agent, dict]:
-    """Trains one agent; returns it with the evaluation levels per task (the curriculum's final levels)."""
+def train(args: Args, writer, parent=None, checkpoints: "Checkpoints | None" = None) -> tuple[Agent, dict]:
+    """Trains one agent; returns it with the evaluation levels per task (the curriculum's final levels). `checkpoints`
+    (--checkpoint-every, --resume) saves the training state and, when resuming, restores it before the first update."""
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     tasks = task_list(args.task)
     agent = build_agent(args).to(device)
@@ -829,7 +834,10 @@ def train(args: Args, writer, parent=None) -> tuple[Agent, dict]:
     env = BabyEnv(parent, args.num_envs, args.max_episode_steps, args.seed)
     baseline = torch.zeros(args.max_episode_steps)
     log = TrainingLog(writer, tasks, args)
-    for iteration in range(1, args.num_iterations + 1):
+    start = 1
+    if checkpoints is not None and checkpoints.resumed is not None:
+        start, baseline = checkpoints.restore(agent, optimizer, curriculum, env, log, parent)
+    for iteration in range(start, args.num_iterations + 1):
         global_step = iteration * args.batch_size
         if args.anneal_lr:
             optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
@@ -850,6 +858,8 @@ def train(args: Args, writer, parent=None) -> tuple[Agent, dict]:
 
         # LOGGING
         log.update(iteration, global_step, ro, rewards, stats, optimizer.param_groups[0]["lr"], curriculum, parent)
+        if checkpoints is not None and checkpoints.due(iteration, args):
+            checkpoints.save(args, iteration, agent, optimizer, baseline, curriculum, env, log, parent)
     return agent, dict(curriculum.levels)
 
 
@@ -1033,6 +1043,10 @@ def validate(args: Args):
         raise ValueError(f"--hidden-dim {args.hidden_dim} must be divisible by --num-heads {args.num_heads}")
     if args.algorithm == "ppo" and batch % args.num_minibatches != 0:
         raise ValueError("--num-envs * --max-episode-steps must be divisible by --num-minibatches")
+    if args.checkpoint_every < 0:
+        raise ValueError(f"--checkpoint-every {args.checkpoint_every} must be >= 0 (0: no checkpoints)")
+    if args.checkpoint_every and importlib.util.find_spec("cleanrl_astral_utils") is None:  # it writes the checkpoint
+        raise ValueError("--checkpoint-every needs the cleanrl_astral_utils package: pip install -e . in the repository")
     if args.save_model and importlib.util.find_spec("cleanrl_astral_utils") is None:  # it writes the checkpoint
         raise ValueError("--save-model needs the cleanrl_astral_utils package: pip install -e . in the repository")
     if args.parent == "llm" and importlib.util.find_spec("cleanrl_astral_utils") is None:  # it holds the LLM client
@@ -1096,6 +1110,87 @@ def claim_run_dir(runs_dir, run_name):
             reason = e.strerror.lower()
             message = f"cannot create a run directory in --runs-dir {runs_dir!r} ({reason}); pass a writable directory"
             raise ValueError(message) from e
+
+
+class Checkpoints:
+    """--checkpoint-every: the whole training state at `path`, atomically, every `every` steps and after the last update;
+    `resumed` (--resume): such a state, restored before the first update. The random generators are part of it, so a
+    resumed run with the rule parent makes the same updates, bit for bit, as one never stopped."""
+
+    def __init__(self, path: str, every: int, resumed: dict | None = None):
+        self.path = path
+        self.every = every
+        self.resumed = resumed
+
+    def due(self, iteration: int, args: Args) -> bool:
+        """After the last update, and after each update that crosses a multiple of `every` steps."""
+        step = iteration * args.batch_size
+        return iteration == args.num_iterations or step // self.every > (step - args.batch_size) // self.every
+
+    def save(self, args: Args, iteration, agent, optimizer, baseline, curriculum, env, log, parent):
+        from cleanrl_astral_utils.files import atomic_torch_save
+
+        log.writer.flush()  # the scalars up to this update are on disk before the state that follows them
+        state = {
+            "script": SCRIPT,
+            "args": dataclasses.asdict(args),
+            "iteration": iteration,
+            "global_step": iteration * args.batch_size,
+            "agent": agent.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "baseline": baseline,
+            "levels": dict(curriculum.levels),
+            "history": {t: list(h) for t, h in curriculum.history.items()},
+            "recent_success": list(log.recent_success),
+            "recent_level": {key: list(d) for key, d in log.recent_level.items()},
+            "env_rng": env.rng.bit_generator.state,
+            "torch_rng": torch.get_rng_state(),
+            "numpy_rng": np.random.get_state(),
+            "python_rng": random.getstate(),
+        }
+        if hasattr(parent, "state_dict"):  # an LLM parent: its running totals (its answers are in the sqlite cache)
+            state["parent"] = parent.state_dict()
+        atomic_torch_save(state, self.path)
+        print(f"checkpoint written to {self.path} at global_step={state['global_step']}", flush=True)
+
+    def restore(self, agent, optimizer, curriculum, env, log, parent) -> tuple[int, torch.Tensor]:
+        """Loads the resumed state into the run's objects; (the next iteration, REINFORCE's baseline)."""
+        state = self.resumed
+        agent.load_state_dict(state["agent"])
+        optimizer.load_state_dict(state["optimizer"])
+        curriculum.levels.update(state["levels"])
+        for t, h in state["history"].items():
+            curriculum.history[t].extend(h)
+        log.recent_success.extend(state["recent_success"])
+        for key, values in state["recent_level"].items():
+            log.recent_level[key] = collections.deque(values, maxlen=100)
+        env.rng.bit_generator.state = state["env_rng"]
+        torch.set_rng_state(state["torch_rng"])
+        np.random.set_state(state["numpy_rng"])
+        random.setstate(state["python_rng"])
+        if "parent" in state:
+            parent.load_state_dict(state["parent"])
+        return state["iteration"] + 1, state["baseline"]
+
+
+def resumed_args(args: Args) -> tuple[Args, dict]:
+    """--resume: (the Args of the run the checkpoint continues, the checkpoint). --llm-base-url may name a restarted
+    server; every other flag is the run's own."""
+    if not os.path.isfile(args.resume):
+        raise ValueError(f"--resume {args.resume!r} is not a file: pass the checkpoint.pt of a run with --checkpoint-every")
+    try:
+        state = torch.load(args.resume, map_location="cpu", weights_only=False)
+    except Exception as e:  # whatever the file holds, it is no checkpoint
+        raise ValueError(f"--resume {args.resume!r} cannot be read as a checkpoint ({type(e).__name__})") from e
+    if not isinstance(state, dict) or state.get("script") != SCRIPT or "agent" not in state:
+        raise ValueError(f"--resume {args.resume!r} is not a checkpoint of {SCRIPT}.py")
+    saved = Args(**state["args"])
+    saved.resume = args.resume
+    # the run's directory is the checkpoint's; the default LLM cache beside it is found again
+    saved.runs_dir = os.path.dirname(os.path.dirname(os.path.abspath(args.resume)))
+    if args.llm_base_url is not None:
+        saved.llm_base_url = args.llm_base_url
+    return saved, state
 
 
 class TrainingLog:
@@ -1178,7 +1273,10 @@ def write_text_atomically(path: str, text: str):
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
+    resumed = None
     try:
+        if args.resume is not None:
+            args, resumed = resumed_args(args)
         validate(args)
     except ValueError as e:
         fail(str(e))
@@ -1193,9 +1291,15 @@ if __name__ == "__main__":
     except ValueError as e:
         fail(str(e))
     try:
-        run_name, run_dir = claim_run_dir(args.runs_dir, f"{args.task}__{args.exp_name}__{args.seed}__{int(time.time())}")
+        if resumed is None:
+            run_name, run_dir = claim_run_dir(args.runs_dir, f"{args.task}__{args.exp_name}__{args.seed}__{int(time.time())}")
     except ValueError as e:
         fail(str(e))
+    purge_step = None
+    if resumed is not None:  # the run's own directory; TensorBoard drops what the stopped run logged after the checkpoint
+        run_dir = os.path.dirname(os.path.abspath(args.resume))
+        run_name = os.path.basename(run_dir)
+        purge_step = resumed["global_step"] + 1
     if args.track:
         import wandb
 
@@ -1207,7 +1311,7 @@ if __name__ == "__main__":
             name=run_name,
             save_code=True,
         )
-    writer = SummaryWriter(run_dir)
+    writer = SummaryWriter(run_dir, purge_step=purge_step)
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
     seed_everything(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
@@ -1221,7 +1325,10 @@ if __name__ == "__main__":
             shares = " ".join(f"{w}={v['accuracy']:.2f}" for w, v in check["per_level"].items())
             print(f"LLM answers equal to the rule's before training: {shares}")
 
-    agent, eval_levels = train(args, writer, parent)
+    checkpoints = None
+    if args.checkpoint_every:
+        checkpoints = Checkpoints(os.path.join(run_dir, "checkpoint.pt"), args.checkpoint_every, resumed)
+    agent, eval_levels = train(args, writer, parent, checkpoints)
 
     train_time = time.time() - t0
     agent.eval()

@@ -270,6 +270,15 @@ class LLMParent:
             out.append((reward, nxt))
         return out
 
+    # what a resumed run continues: the running totals (the answers are in the sqlite cache)
+    def state_dict(self) -> dict:
+        return {"stats": dict(self.stats), "latencies": list(self.latencies), "invalid_samples": list(self.invalid_samples)}
+
+    def load_state_dict(self, state: dict):
+        self.stats = collections.Counter(state["stats"])
+        self.latencies = list(state["latencies"])
+        self.invalid_samples = list(state["invalid_samples"])
+
     # what it reports
     def summary(self) -> dict:
         """Totals, and per task and level: agreement of the LLM's rewards with the rule's, the share rewarded (a judge's

@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 from helpers import assert_one_line_error, logged_scalars, only_run_dir, run_script
 from test_reinforce_baby import TINY, train_tiny
 
@@ -544,6 +545,29 @@ def test_unparsable_answers_fall_back_and_are_reported_by_a_run(llm_server, tmp_
     with open(os.path.join(only_run_dir(runs), "eval.json")) as f:
         parent = json.load(f)["parent"]
     assert parent["fallbacks"] == 64 and parent["judged"] == 0 and parent["invalid_samples"] == [" I do not know"]
+
+
+def test_a_killed_llm_run_resumes_with_the_parents_totals_and_its_cache(llm_server, tmp_path):
+    """With the stand-in LLM (deterministic answers) a run killed after a checkpoint and resumed ends as the run never
+    stopped: the parent's running totals are restored, so queries, fallbacks and agreement match. Only the cache hits
+    may differ: answers the killed run asked after its checkpoint are in the cache, and the resumed run reuses them."""
+    from test_reinforce_baby_resume import CURRICULUM, finished_run, kill_after_first_checkpoint
+
+    flags = [*CURRICULUM, *[f if f != "64" else "960" for f in TINY], "--max-episode-steps", "2", "--checkpoint-every", "64"]
+    flags += ["--parent", "llm", "--llm-base-url", llm_server.url, "--llm-model", "test-model"]
+    checkpoint = kill_after_first_checkpoint(flags, tmp_path / "killed")
+    run_script("reinforce_baby", "--resume", checkpoint, check=True)
+    run_script("reinforce_baby", *flags, "--runs-dir", str(tmp_path / "whole"), check=True)
+    resumed = finished_run(os.path.dirname(checkpoint))
+    whole = finished_run(only_run_dir(tmp_path / "whole"))
+    clock = ("parent/latency_ms", "parent/cache_hits")
+    assert {k: v for k, v in resumed[0].items() if k not in clock} == {k: v for k, v in whole[0].items() if k not in clock}
+    assert resumed[0]["parent/cache_hits"][-1][1] >= whole[0]["parent/cache_hits"][-1][1]
+    for ev in (resumed[1], whole[1]):
+        ev["parent"].pop("latency_ms")
+        ev["parent"].pop("cache_hits")
+    assert resumed[1] == whole[1] and resumed[1]["parent"]["queries"] == 960
+    assert all(torch.equal(resumed[2][k], whole[2][k]) for k in whole[2])
 
 
 def free_port():
