@@ -19,6 +19,7 @@ import math
 import os
 import pathlib
 import random
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -79,6 +80,9 @@ class Args:
     """number of recent episodes at the current level the mastery check averages over"""
     review_prob: float = 0.2
     """with --curriculum: probability that an episode replays a random already-mastered level (against forgetting)"""
+    curriculum_rule: Literal["mastery", "plan"] = "mastery"
+    """mastery: the rule's verdict, --mastery-threshold over --mastery-window, review; plan: the plan's CurriculumManager
+    (the parent's reward > 0.5, 0.8 over 100 episodes, no review)"""
     parent: Literal["deterministic", "llm"] = "deterministic"
     """who gives the goal reward: the deterministic rule or an LLM behind an OpenAI-compatible endpoint"""
     llm_role: Literal["answer", "judge"] = "answer"
@@ -104,6 +108,10 @@ class Args:
     """worked examples before each query, answered by the rule; default: 8 with --llm-role answer, 0 with judge"""
     llm_response_format: Literal["json-object", "json-schema", "none"] = "json-object"
     """judge's structured output: llama.cpp's {"type": "json_object", "schema": ...}, the OpenAI API's json_schema, or none"""
+    task_source: Literal["rule", "parent"] = "rule"
+    """who draws the task instances: the rule, or (with --parent llm) the LLM, into a pool per task and level"""
+    task_pool_size: int = 32
+    """--task-source parent: instances per task and level, one request each (the run's budget: size x levels visited)"""
     llm_check_pairs: int = 0
     """before training, the LLM rewards this many seeded (state, action) pairs per task and level, half answered right
     (the agreement table)"""
@@ -348,6 +356,29 @@ class DeterministicParent:
             return v2
         return DIFFICULTY_CONFIGS["conditional"][s.level]["num_symbols"] - 1 - v0
 
+    def in_level(self, s: State) -> bool:
+        """Whether new_instance can draw s at its task and level (how a proposed instance is checked)."""
+        cfg = DIFFICULTY_CONFIGS[s.task_name][s.level]
+        pad = self.num_actions
+        n = cfg["num_symbols"]
+        if (s.last_action, s.last_correct, s.step) != (pad, FLAG_PAD, 0):
+            return False
+        if s.task_name == "pattern-echo":
+            return 0 <= s.values[0] < cfg["target_range"] and s.values[1:] == (pad, pad) and s.flags == (FLAG_PAD,) * 3
+        if s.task_name == "sequence-next":
+            items = [v for v in s.values if v != pad]
+            if s.flags != (FLAG_PAD,) * 3 or list(s.values[: len(items)]) != items or len(items) not in cfg["lengths"]:
+                return False
+            d = items[1] - items[0]
+            answer = items[-1] + d
+            steps_ok = all(b - a == d for a, b in zip(items, items[1:]))
+            return d in cfg["steps"] and steps_ok and all(0 <= v < n for v in [*items, answer])
+        used = {"if": 2, "elif": 3, "nested": 3}[cfg["form"]]
+        c = cfg["conditions"]
+        values_ok = all(0 <= v < n for v in s.values[:used]) and all(v == pad for v in s.values[used:])
+        flags_ok = all(f in (0, 1) for f in s.flags[:c]) and all(f == FLAG_PAD for f in s.flags[c:])
+        return values_ok and flags_ok
+
     def judge(self, s: State, action: int) -> float:
         return float(action == self.oracle_action(s))
 
@@ -372,6 +403,28 @@ LLM_SYSTEM_PROMPT = (
 )
 LLM_ANSWER_EXAMPLES = 8  # --llm-examples default of the answer role (the judge's is 0)
 LLM_EXAMPLES_SEED = 12345  # the worked examples are the same fixed instances in every prompt
+# --task-source parent: each request shows 8 rule-drawn instances of the level, one per line, and the start of the next
+# line; the model completes that one line (SmolLM2-135M wanders off after one or two lines of its own), sampled at
+# temperature 1 with a seed of its own (the run's seed, task, level, request): requests differ, a rerun is cached
+LLM_TASK_EXAMPLES = 8
+LLM_TASK_TEMPERATURE = 1.0
+LLM_TASK_LINE_START = {"pattern-echo": "cue =", "sequence-next": "sequence =", "conditional": "f0 ="}
+
+
+def level_text(task: str, level: int) -> str:
+    """A level's definition in plain words (the task-generation prompt)."""
+    cfg = DIFFICULTY_CONFIGS[task][level]
+    top = cfg["num_symbols"] - 1
+    if task == "pattern-echo":
+        return f"the cue is a number from 0 to {cfg['target_range'] - 1}"
+    if task == "sequence-next":
+        lengths = " or ".join(str(k) for k in cfg["lengths"])
+        steps = ", ".join(str(d) for d in cfg["steps"])
+        return f"{lengths} numbers with a step of {steps}; every number and the next one are from 0 to {top}"
+    used = {"if": 2, "elif": 3, "nested": 3}[cfg["form"]]
+    flags = ", ".join(f"f{i}" for i in range(cfg["conditions"]))
+    values = ", ".join(f"v{i}" for i in range(used))
+    return f"the flags {flags} are 0 or 1, the values {values} are numbers from 0 to {top}"
 
 
 class ParentPrompt:
@@ -420,6 +473,54 @@ class ParentPrompt:
                 "last_action = the answer and last_correct = your reward."
             )
         return message
+
+    def task_request(self, task: str, level: int, seed: int) -> dict:
+        """The task-generation request but the model: the rule, the level's definition, instances drawn by the rule, one
+        per line, and the start of one more line, which the model completes (a line is at most ~30 tokens)."""
+        rng = np.random.default_rng(LLM_EXAMPLES_SEED)
+        examples = [self.rule.new_instance(task, level, rng) for _ in range(LLM_TASK_EXAMPLES)]
+        lines = [f"Rule: {examples[0].rule_text()}", f"Instances, one per line; {level_text(task, level)}."]
+        lines += [e.shown_attributes() for e in examples]
+        lines.append(LLM_TASK_LINE_START[task])
+        prompt = "\n".join(lines)
+        return {"prompt": prompt, "temperature": LLM_TASK_TEMPERATURE, "max_tokens": 40, "seed": seed, "stop": ["\n"]}
+
+    def read_proposal(self, task: str, level: int, text: str) -> State | None:
+        """The instance the completed line names, if it is one of the level's; else None."""
+        return self.read_instance(task, level, LLM_TASK_LINE_START[task] + text.split("\n")[0])
+
+    def read_instance(self, task: str, level: int, line: str) -> State | None:
+        """The instance a line of the reply names, if it is one of the level's (what shown_attributes writes); else None."""
+        pad = self.rule.num_actions
+        values = [pad] * 3
+        flags = [FLAG_PAD] * 3
+        line = line.strip()
+        if task == "pattern-echo":
+            match = re.fullmatch(r"cue = (\d+)", line)
+            if match is None:
+                return None
+            values[0] = int(match.group(1))
+        elif task == "sequence-next":
+            match = re.fullmatch(r"sequence = (\d+(?:, \d+){0,2})", line)
+            if match is None:
+                return None
+            items = [int(x) for x in match.group(1).split(", ")]
+            values[: len(items)] = items
+        else:
+            seen = set()
+            for part in line.split(", "):
+                match = re.fullmatch(r"([fv])([0-2]) = (\d+)", part)
+                if match is None or match.group(1, 2) in seen:
+                    return None
+                seen.add(match.group(1, 2))
+                target = flags
+                if match.group(1) == "v":
+                    target = values
+                target[int(match.group(2))] = int(match.group(3))
+        s = State(TASKS.index(task), level, tuple(values), tuple(flags), pad, FLAG_PAD, 0, pad)
+        if not self.rule.in_level(s):
+            return None
+        return s
 
     def judge_messages(self, s: State, action: int) -> list[dict]:
         rng = np.random.default_rng(LLM_EXAMPLES_SEED)
@@ -641,6 +742,17 @@ class CurriculumManager:
         return up
 
 
+PLAN_MASTERY_THRESHOLD = 0.8  # --curriculum-rule plan: the plan's CurriculumManager settings
+PLAN_MASTERY_WINDOW = 100
+
+
+def make_curriculum(args: Args, tasks: list[str]) -> CurriculumManager:
+    """One level per task: today's mastery rule with its flags, or the plan's settings with no review."""
+    if args.curriculum_rule == "plan":
+        return CurriculumManager(tasks, args.curriculum, args.level, PLAN_MASTERY_THRESHOLD, PLAN_MASTERY_WINDOW, 0.0)
+    return CurriculumManager(tasks, args.curriculum, args.level, args.mastery_threshold, args.mastery_window, args.review_prob)
+
+
 # Rollout --------------------------------------------------------------------------------------------------------------
 @dataclass
 class Rollout:
@@ -826,9 +938,7 @@ def train(args: Args, writer, parent=None, checkpoints: "Checkpoints | None" = N
     agent = build_agent(args).to(device)
     print(f"model parameters: {num_parameters(agent):,} (< 1M: {num_parameters(agent) < 1_000_000})")
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
-    curriculum = CurriculumManager(
-        tasks, args.curriculum, args.level, args.mastery_threshold, args.mastery_window, args.review_prob
-    )
+    curriculum = make_curriculum(args, tasks)
     if parent is None:
         parent = make_parent(args)
     env = BabyEnv(parent, args.num_envs, args.max_episode_steps, args.seed)
@@ -845,8 +955,12 @@ def train(args: Args, writer, parent=None, checkpoints: "Checkpoints | None" = N
         # ROLLOUT: N whole episodes of exactly T steps (the time limit is the only episode end)
         ro = collect_rollout(agent, env, curriculum, args, device)
         rewards = torch.as_tensor(ro.rewards.total(args.goal_reward_weight, args.pred_reward_weight, args.cons_reward_weight))
-        for task, level, success in zip(ro.tasks, ro.levels, ro.success):
-            if curriculum.record(task, level, bool(success)):
+        # mastery counts the rule's verdict on an episode's last answer; the plan counts the parent's last reward > 0.5
+        outcomes = ro.success
+        if args.curriculum_rule == "plan":
+            outcomes = ro.rewards.goal[-1] > 0.5
+        for task, level, outcome in zip(ro.tasks, ro.levels, outcomes):
+            if curriculum.record(task, level, bool(outcome)):
                 print(f"curriculum: {task} -> level {curriculum.levels[task]} at global_step={global_step}")
 
         # ADVANTAGES: REINFORCE's return minus the running baseline, or PPO's GAE
@@ -1053,6 +1167,15 @@ def validate(args: Args):
         raise ValueError("--parent llm needs the cleanrl_astral_utils package: pip install -e . in the repository")
     if args.parent == "llm" and importlib.util.find_spec("openai") is None:
         raise ValueError("--parent llm needs the openai client: pip install -r requirements-llm.txt")
+    if args.curriculum_rule == "plan" and not args.curriculum:
+        raise ValueError("--curriculum-rule plan needs --curriculum")
+    plan_fixed = ("mastery_threshold", "mastery_window", "review_prob")
+    if args.curriculum_rule == "plan" and any(getattr(args, k) != getattr(Args, k) for k in plan_fixed):
+        raise ValueError("--curriculum-rule plan fixes the threshold (0.8), window (100) and review (none): drop --mastery-*")
+    if args.task_source == "parent" and args.parent != "llm":
+        raise ValueError("--task-source parent needs --parent llm (the rule parent's instances are the rule's)")
+    if args.task_pool_size < 1:
+        raise ValueError(f"--task-pool-size {args.task_pool_size} must be >= 1")
     if args.parent == "llm" and args.llm_role == "answer" and args.llm_next_state:
         raise ValueError("--llm-next-state needs --llm-role judge: SmolLM2-135M does not write a valid next state")
     if args.parent == "llm" and not args.llm_base_url:
@@ -1222,9 +1345,13 @@ class TrainingLog:
             "reward/total": rewards.sum(0).mean().item(),
             **{f"curriculum/level_{t}": curriculum.levels[t] for t in self.tasks},
         }
-        if hasattr(parent, "summary"):  # an LLM parent: its running totals
-            numbers = {k: v for k, v in parent.summary().items() if isinstance(v, int | float)}
+        if hasattr(parent, "summary"):  # an LLM parent: its running totals, and the validity and diversity of its tasks
+            summary = parent.summary()
+            numbers = {k: v for k, v in summary.items() if isinstance(v, int | float)}
             scalars.update({f"parent/{k}": v for k, v in numbers.items()})
+            for where, row in summary.get("task_generation", {}).items():
+                for k in ("valid_share", "distinct", "target_entropy_bits"):
+                    scalars[f"tasks/{where}/{k}"] = row[k]
         for k, v in scalars.items():
             self.writer.add_scalar(k, v, global_step)
         if iteration % 25 == 0 or iteration == args.num_iterations:

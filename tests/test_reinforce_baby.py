@@ -546,6 +546,42 @@ def test_curriculum_levels_up_when_the_success_rate_reaches_the_threshold_exactl
     assert [perfect.record("pattern-echo", 0, True) for _ in range(5)] == [False] * 4 + [True]
 
 
+class ApprovingParent(reinforce_baby.DeterministicParent):
+    """A parent that rewards every answer, right or wrong."""
+
+    def respond(self, states, actions):
+        return [(1.0, self.transition(s, a, 1.0)) for s, a in zip(states, actions)]
+
+
+def test_the_plans_curriculum_counts_the_parents_reward_over_100_episodes_without_review(monkeypatch):
+    """--curriculum-rule plan: a parent that approves every answer moves an untrained baby up one level per 100
+    episodes at its level (the window fills at the 100th: update 7 of 16 episodes; level 1 from update 8 fills it in
+    update 14), and every episode is played at the current level. The mastery rule counts the rule's verdict, so the
+    same baby stays at level 0."""
+    played = []
+    real_reset = reinforce_baby.BabyEnv.reset
+
+    def reset(self, tasks, levels):
+        played.append(list(levels))
+        return real_reset(self, tasks, levels)
+
+    monkeypatch.setattr(reinforce_baby.BabyEnv, "reset", reset)
+    plan = dict(curriculum=True, curriculum_rule="plan", total_timesteps=16 * 14)
+    _, levels, scalars = train_tiny(ApprovingParent(8), **plan)
+    assert levels == {"pattern-echo": 2}
+    level = scalars["curriculum/level_pattern-echo"]
+    assert level.index(1) == 6 and level.index(2) == 13  # after updates 7 and 14
+    assert played == [[level_at] * 16 for level_at in [0] + level[:-1]]
+    _, levels, _ = train_tiny(ApprovingParent(8), curriculum=True, total_timesteps=16 * 14)
+    assert levels == {"pattern-echo": 0}
+
+
+def test_the_plans_curriculum_is_one_flag_with_its_own_settings():
+    assert "--curriculum" in refusal(reinforce_baby.Args(curriculum_rule="plan"))
+    assert "--mastery-" in refusal(reinforce_baby.Args(curriculum=True, curriculum_rule="plan", mastery_window=50))
+    reinforce_baby.validate(reinforce_baby.Args(curriculum=True, curriculum_rule="plan"))
+
+
 def test_curriculum_counts_an_episode_at_the_level_it_was_played(monkeypatch):
     """With --review-prob some episodes replay an easier, already mastered level: train records each episode with the
     level it was played at, so only episodes at the current level count towards mastering it. If this failed, easy
