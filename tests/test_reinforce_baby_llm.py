@@ -986,9 +986,10 @@ def test_task_generation_needs_an_llm_parent_and_a_pool():
 
 
 def test_smollm2_proposes_pattern_echo_level_0_instances_mostly_valid_and_both_cues(real_server, tmp_path):
-    """SmolLM2-135M, greedy-free at temperature 1 with a seed per request: 48 proposals for pattern-echo level 0
-    (cues 0 and 1). Measured 0.50-0.72 valid per pool of 32 (seeds 1-3; the invalid ones propose cue 2); a prompt the
-    model does not continue with a cue, or a parser that misreads its line, falls below 0.3."""
+    """SmolLM2-135M at temperature 1 with a seed per request: 48 proposals for pattern-echo level 0 (cues 0 and 1).
+    Measured 0.47-0.72 valid per pool of 32 (six pools; the invalid ones propose cue 2,
+    docs/results/reinforce_baby/task_generation_smollm2.md); a prompt that does not end on the line's start, or a
+    parser that does not read the line with it, falls below 0.3 (both tried: 0 valid)."""
     url, _ = real_server
     parent = reinforce_baby.make_parent(
         reinforce_baby.Args(
