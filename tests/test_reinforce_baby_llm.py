@@ -892,20 +892,9 @@ def test_a_proposed_line_is_an_instance_only_if_the_level_could_draw_it(task, le
 
 
 def make_parent(srv, tmp_path, **kw):
-    args = reinforce_baby.Args(
-        task="all",
-        num_actions=8,
-        parent="llm",
-        llm_base_url=srv.url,
-        llm_model="test-model",
-        llm_timeout=2.0,
-        llm_retries=0,
-        llm_concurrency=1,
-        llm_cache=str(tmp_path / "cache.sqlite"),
-        task_source="parent",
-        task_pool_size=8,
-    )
-    return reinforce_baby.make_parent(dataclasses.replace(args, **kw))
+    """An LLM parent that draws tasks from pools of 8, asking one request at a time (in a known order)."""
+    settings = dict(task="all", llm_retries=0, llm_concurrency=1, task_source="parent", task_pool_size=8)
+    return make_llm_parent(srv, tmp_path, **{**settings, **kw})
 
 
 def test_the_pool_keeps_valid_proposals_and_replaces_the_others_by_the_rules(llm_server, tmp_path):
