@@ -80,6 +80,9 @@ class Args:
     """number of recent episodes at the current level the mastery check averages over"""
     review_prob: float = 0.2
     """with --curriculum: probability that an episode replays a random already-mastered level (against forgetting)"""
+    conditional_rule: Literal["flags", "plan"] = "flags"
+    """conditional task: flags (flag-selected values, the levels below) or plan (the plan's shape/colour rule read literally,
+    16 actions; rule parent only)"""
     curriculum_rule: Literal["mastery", "plan"] = "mastery"
     """mastery: the rule's verdict, --mastery-threshold over --mastery-window, review; plan: the plan's CurriculumManager
     (the parent's reward > 0.5, 0.8 over 100 episodes, no review)"""
@@ -206,6 +209,13 @@ DIFFICULTY_CONFIGS = {
     ],
 }
 NUM_LEVELS = 3
+# --conditional-rule plan, the plan's rule read literally: f0 is the shape (0 circle, 1 square), f1 the colour (1 red),
+# v0 the place within the shape's block of four actions: the answer is v0 + 4 * f0, plus 8 if red
+CONDITIONAL_PLAN_LEVELS = [
+    {"form": "shape", "conditions": 1, "places": 4, "num_symbols": 8},
+    {"form": "shape-red", "conditions": 2, "places": 2, "num_symbols": 16},
+    {"form": "shape-red", "conditions": 2, "places": 4, "num_symbols": 16},
+]
 ATTRIBUTES = ["task", "level", "v0", "v1", "v2", "f0", "f1", "f2", "last_action", "last_correct", "step"]
 STATE_DIM = len(ATTRIBUTES)
 FLAG_PAD = 2  # flags and last_correct: 0, 1, or 2 = absent
@@ -226,9 +236,21 @@ def task_list(task: str) -> list[str]:
     return [task]
 
 
-def playable(tasks: list[str], num_actions: int) -> list[tuple[str, int]]:
+def level_configs(task: str, conditional_rule: str = "flags") -> list[dict]:
+    """The task's levels; --conditional-rule plan swaps the conditional task's."""
+    if task == "conditional" and conditional_rule == "plan":
+        return CONDITIONAL_PLAN_LEVELS
+    return DIFFICULTY_CONFIGS[task]
+
+
+def playable(tasks: list[str], num_actions: int, conditional_rule: str = "flags") -> list[tuple[str, int]]:
     """The (task, level) pairs whose symbols fit in the action space."""
-    return [(t, lv) for t in tasks for lv in range(NUM_LEVELS) if DIFFICULTY_CONFIGS[t][lv]["num_symbols"] <= num_actions]
+    return [
+        (t, lv)
+        for t in tasks
+        for lv in range(NUM_LEVELS)
+        if level_configs(t, conditional_rule)[lv]["num_symbols"] <= num_actions
+    ]
 
 
 def attribute_vocab(num_actions: int, max_episode_steps: int) -> list[int]:
@@ -302,18 +324,19 @@ class State:
         return ", ".join(shown)
 
     def to_prompt(self) -> str:
-        """The rule and the attributes it reads (the LLM parent's prompt, evaluation transcripts)."""
+        """The rule and the attributes it reads (the judge role's prompt)."""
         return f"Rule: {self.rule_text()}\n{self.shown_attributes()}"
 
 
 class DeterministicParent:
     """Task instances, transitions and rewards by rule; `oracle_action` is the rule's answer."""
 
-    def __init__(self, num_actions: int):
+    def __init__(self, num_actions: int, conditional_rule: str = "flags"):
         self.num_actions = num_actions
+        self.conditional_rule = conditional_rule
 
     def new_instance(self, task: str, level: int, rng: np.random.Generator) -> State:
-        cfg = DIFFICULTY_CONFIGS[task][level]
+        cfg = level_configs(task, self.conditional_rule)[level]
         pad = self.num_actions
         n = cfg["num_symbols"]
         values = [pad] * 3
@@ -329,6 +352,9 @@ class DeterministicParent:
             else:
                 a = int(rng.integers(span, n))
             values[:length] = [a + d * i for i in range(length)]
+        elif self.conditional_rule == "plan":
+            values[0] = int(rng.integers(0, cfg["places"]))
+            flags[: cfg["conditions"]] = [int(x) for x in rng.integers(0, 2, cfg["conditions"])]
         else:
             used = {"if": 2, "elif": 3, "nested": 3}[cfg["form"]]
             values[:used] = [int(x) for x in rng.integers(0, n, used)]
@@ -343,6 +369,8 @@ class DeterministicParent:
         if s.task_name == "sequence-next":
             items = [v for v in s.values if v != s.num_actions]
             return items[-1] + (items[1] - items[0])
+        if self.conditional_rule == "plan":  # a shape's block of four, 8 further on if red (f1 is absent at level 0)
+            return v0 + 4 * f0 + 8 * int(f1 == 1)
         form = DIFFICULTY_CONFIGS["conditional"][s.level]["form"]
         if form == "if":
             return v0 if f0 == 1 else v1
@@ -355,6 +383,12 @@ class DeterministicParent:
         if f2 == 1:
             return v2
         return DIFFICULTY_CONFIGS["conditional"][s.level]["num_symbols"] - 1 - v0
+
+    def rule_text(self, s: State) -> str:
+        """The task's rule in plain words (evaluation transcripts)."""
+        if s.task_name == "conditional" and self.conditional_rule == "plan":
+            return "the answer is v0, plus 4 if f0 (the shape) is 1 (a square), plus 8 if f1 (the colour) is 1 (red)."
+        return s.rule_text()
 
     def in_level(self, s: State) -> bool:
         """Whether new_instance can draw s at its task and level (how a proposed instance is checked)."""
@@ -981,23 +1015,32 @@ def train(args: Args, writer, parent=None, checkpoints: "Checkpoints | None" = N
 class Evaluator:
     """Success rate, world-model MSE and policy entropy per (task, level); the rule judges, never an LLM."""
 
-    def __init__(self, tasks: list[str], num_actions: int, max_episode_steps: int, episodes: int, seed: int):
+    def __init__(
+        self,
+        tasks: list[str],
+        num_actions: int,
+        max_episode_steps: int,
+        episodes: int,
+        seed: int,
+        conditional_rule: str = "flags",
+    ):
         self.tasks = tasks
         self.num_actions = num_actions
         self.T = max_episode_steps
         self.episodes = episodes
         self.seed = seed
+        self.conditional_rule = conditional_rule
 
     @torch.no_grad()
     def run(self, agent: Agent | None, eval_levels: dict, greedy: bool = True, transcript: list | None = None):
         """agent=None evaluates the uniform random policy."""
-        parent = DeterministicParent(self.num_actions)
+        parent = DeterministicParent(self.num_actions, self.conditional_rule)
         n = self.episodes
         gen = torch.Generator().manual_seed(self.seed)
         per_diff = {}
         mse_all = []
         ent_all = []
-        for task, level in playable(self.tasks, self.num_actions):
+        for task, level in playable(self.tasks, self.num_actions, self.conditional_rule):
             env = BabyEnv(parent, n, self.T, self.seed + 1000 * self.tasks.index(task) + level)
             states = env.reset([task] * n, [level] * n)
             success = np.zeros(n, dtype=bool)
@@ -1013,7 +1056,8 @@ class Evaluator:
                         action = torch.multinomial(torch.softmax(out.logits, -1), 1, generator=gen)[:, 0]
                 if transcript is not None and len(transcript) < 20:
                     oracle = parent.oracle_action(states[0])
-                    transcript.append(f"{states[0].to_prompt()}\n-> action {action[0].item()} (oracle {oracle})\n")
+                    shown = f"Rule: {parent.rule_text(states[0])}\n{states[0].shown_attributes()}"
+                    transcript.append(f"{shown}\n-> action {action[0].item()} (oracle {oracle})\n")
                 states, _, _, _, info = env.step(action.tolist())
                 success |= info["success"]
                 ent_all.append(ent.mean().item())
@@ -1043,14 +1087,23 @@ def evaluate(model_path: str, episodes: int | None = None, seed: int | None = No
         episodes = saved.eval_episodes
     if seed is None:
         seed = saved.seed + EVAL_SEED_OFFSET
-    evaluator = Evaluator(task_list(saved.task), saved.num_actions, saved.max_episode_steps, episodes, seed)
+    tasks = task_list(saved.task)
+    evaluator = Evaluator(tasks, saved.num_actions, saved.max_episode_steps, episodes, seed, saved.conditional_rule)
     return evaluator.run(agent.eval(), ckpt["eval_levels"], greedy)
 
 
 # Representation analysis: what the state embedding h holds (a default run's linear probes and t-SNE) ------------------
 @torch.no_grad()
 def representation_analysis(
-    agent: Agent, tasks: list[str], levels: dict, num_actions: int, T: int, samples: int, seed: int, png_path: str
+    agent: Agent,
+    tasks: list[str],
+    levels: dict,
+    num_actions: int,
+    T: int,
+    samples: int,
+    seed: int,
+    png_path: str,
+    conditional_rule: str = "flags",
 ) -> dict:
     """Linear-probe accuracy of each attribute from h, and a t-SNE PNG coloured by the oracle action."""
     import matplotlib
@@ -1061,7 +1114,7 @@ def representation_analysis(
     from sklearn.manifold import TSNE
     from sklearn.model_selection import train_test_split
 
-    parent = DeterministicParent(num_actions)
+    parent = DeterministicParent(num_actions, conditional_rule)
     rng = np.random.default_rng(seed)
     states = []
     for i in range(samples):
@@ -1147,7 +1200,8 @@ def validate(args: Args):
     top = args.level
     if args.curriculum:
         top = NUM_LEVELS - 1
-    need = max(DIFFICULTY_CONFIGS[t][lv]["num_symbols"] for t in task_list(args.task) for lv in range(top + 1))
+    configs = [level_configs(t, args.conditional_rule) for t in task_list(args.task)]
+    need = max(levels[lv]["num_symbols"] for levels in configs for lv in range(top + 1))
     if args.num_actions < need:
         raise ValueError(
             f"--num-actions {args.num_actions} is smaller than the {need} symbols task {args.task!r} needs up to level "
@@ -1167,6 +1221,10 @@ def validate(args: Args):
         raise ValueError("--parent llm needs the cleanrl_astral_utils package: pip install -e . in the repository")
     if args.parent == "llm" and importlib.util.find_spec("openai") is None:
         raise ValueError("--parent llm needs the openai client: pip install -r requirements-llm.txt")
+    if args.conditional_rule == "plan" and args.task not in ("conditional", "all"):
+        raise ValueError("--conditional-rule plan changes the conditional task only: use --task conditional or all")
+    if args.conditional_rule == "plan" and args.parent == "llm":
+        raise ValueError("--conditional-rule plan is taught by the rule parent only (the LLM prompts state the flags rule)")
     if args.curriculum_rule == "plan" and not args.curriculum:
         raise ValueError("--curriculum-rule plan needs --curriculum")
     plan_fixed = ("mastery_threshold", "mastery_window", "review_prob")
@@ -1205,7 +1263,7 @@ def seed_everything(seed: int):
 
 def make_parent(args: Args):
     """The rule, or with --parent llm the LLM parent: the only run that needs the helper package's LLM client."""
-    rule = DeterministicParent(args.num_actions)
+    rule = DeterministicParent(args.num_actions, args.conditional_rule)
     if args.parent == "deterministic":
         return rule
     from cleanrl_astral_utils.llm import LLMParent
@@ -1368,7 +1426,12 @@ class TrainingLog:
 def evaluate_with_baselines(args: Args, agent: Agent, eval_levels: dict, transcript: list | None) -> tuple[dict, dict]:
     """The agent's evaluation and each --baselines row, on the same episodes (the rule judges, never an LLM)."""
     evaluator = Evaluator(
-        task_list(args.task), args.num_actions, args.max_episode_steps, args.eval_episodes, args.seed + EVAL_SEED_OFFSET
+        task_list(args.task),
+        args.num_actions,
+        args.max_episode_steps,
+        args.eval_episodes,
+        args.seed + EVAL_SEED_OFFSET,
+        args.conditional_rule,
     )
     result = evaluator.run(agent, eval_levels, transcript=transcript)
     baselines = {}
@@ -1493,7 +1556,15 @@ if __name__ == "__main__":
     if args.analysis:
         png = os.path.join(run_dir, "tsne.png")
         out["probe_accuracy"] = representation_analysis(
-            agent, tasks, eval_levels, args.num_actions, args.max_episode_steps, args.analysis_samples, args.seed, png
+            agent,
+            tasks,
+            eval_levels,
+            args.num_actions,
+            args.max_episode_steps,
+            args.analysis_samples,
+            args.seed,
+            png,
+            args.conditional_rule,
         )
         print("linear-probe accuracy: " + " ".join(f"{k}={v:.2f}" for k, v in out["probe_accuracy"].items()))
         print(f"t-SNE written to {png}")

@@ -847,3 +847,62 @@ def test_num_actions_check_depends_on_the_levels_used():
     reinforce_baby.validate(reinforce_baby.Args(task="pattern-echo", num_actions=4, level=1))
     assert "--num-actions 4" in refusal(reinforce_baby.Args(task="pattern-echo", num_actions=4, level=2))
     reinforce_baby.validate(dataclasses.replace(reinforce_baby.Args(), num_actions=8, task="all", curriculum=True))
+
+
+# ------------------------------------------------------------------- the plan's conditional rule (--conditional-rule)
+
+
+def test_the_plans_conditional_rule_answers_the_shapes_block_plus_8_for_red():
+    """--conditional-rule plan: f0 the shape (0 circle, 1 square), f1 the colour (1 red), v0 the place in the block:
+    circle 0-3, square 4-7, red adds 8. Level 0 has no colour; level 2 uses all 16 actions."""
+    parent = reinforce_baby.DeterministicParent(16, "plan")
+    rng = np.random.default_rng(0)
+    answers = {0: set(), 1: set(), 2: set()}
+    for level in range(3):
+        for _ in range(400):
+            s = parent.new_instance("conditional", level, rng)
+            shape, colour = s.flags[0], s.flags[1]
+            assert shape in (0, 1) and 0 <= s.values[0] < reinforce_baby.CONDITIONAL_PLAN_LEVELS[level]["places"]
+            expected = s.values[0] + 4 * shape + 8 * (colour == 1)
+            assert parent.oracle_action(s) == expected and parent.judge(s, expected) == 1.0
+            assert s.values[1:] == (16, 16)
+            if level == 0:
+                assert colour == reinforce_baby.FLAG_PAD
+            answers[level].add(expected)
+    assert answers == {0: set(range(8)), 1: {0, 1, 4, 5, 8, 9, 12, 13}, 2: set(range(16))}
+    s = parent.new_instance("conditional", 2, rng)
+    assert "plus 8 if f1" in parent.rule_text(s) and "plus 8" not in s.rule_text()
+
+
+def test_the_plans_conditional_rule_leaves_the_models_shapes_and_weights_as_they_are():
+    """The flag changes what the conditional task asks, never the model: the same seed builds the same parameters."""
+    default = reinforce_baby.Args(task="all", num_actions=16)
+    plan = dataclasses.replace(default, conditional_rule="plan")
+    torch.manual_seed(0)
+    a = reinforce_baby.build_agent(default).state_dict()
+    torch.manual_seed(0)
+    b = reinforce_baby.build_agent(plan).state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert reinforce_baby.agent_size(plan) == reinforce_baby.agent_size(default)
+
+
+def test_a_run_with_the_plans_conditional_rule_trains_and_evaluates_its_levels(tmp_path):
+    flags = [f if f != "8" else "16" for f in TINY]
+    run_script(
+        "reinforce_baby", "--task", "conditional", "--conditional-rule", "plan", *flags, "--curriculum", "--capture-video",
+        "--runs-dir", str(tmp_path), check=True,
+    )  # fmt: skip
+    run_dir = only_run_dir(tmp_path)
+    with open(os.path.join(run_dir, "eval.json")) as f:
+        ev = json.load(f)
+    assert set(ev["per_difficulty_success"]) == {f"conditional/level{k}" for k in range(3)}
+    assert "plus 8 if f1" in open(os.path.join(run_dir, "videos", "eval_transcript.txt")).read()
+
+
+def test_the_plans_conditional_rule_needs_16_actions_the_conditional_task_and_the_rule_parent():
+    args = reinforce_baby.Args(task="conditional", conditional_rule="plan", num_actions=8)
+    assert "--num-actions 8" in refusal(args) and "16" in refusal(args)
+    reinforce_baby.validate(dataclasses.replace(args, num_actions=16))
+    assert "--task" in refusal(reinforce_baby.Args(task="pattern-echo", conditional_rule="plan", num_actions=16))
+    llm = reinforce_baby.Args(task="all", conditional_rule="plan", num_actions=16, parent="llm", llm_base_url="http://x/v1")
+    assert "rule parent" in refusal(llm)
