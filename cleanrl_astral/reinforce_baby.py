@@ -11,7 +11,6 @@ Usage (the locked MVP):
 """
 
 import collections
-import contextlib
 import dataclasses
 import importlib.util
 import itertools
@@ -20,6 +19,7 @@ import math
 import os
 import pathlib
 import random
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -58,6 +58,10 @@ class Args:
     """whether to save the model (atomically) into {runs_dir}/{run_name}/{exp_name}.cleanrl_model"""
     runs_dir: str = "runs"
     """directory that holds one sub-directory per run"""
+    checkpoint_every: int = 0
+    """write the whole training state to {run_dir}/checkpoint.pt (atomically) every this many steps and at the end; 0: never"""
+    resume: str | None = None
+    """a run's checkpoint.pt: continue that run in its directory with its flags (of this command only --llm-base-url counts)"""
 
     # Environment
     task: Literal["pattern-echo", "sequence-next", "conditional", "all"] = "pattern-echo"
@@ -76,6 +80,12 @@ class Args:
     """number of recent episodes at the current level the mastery check averages over"""
     review_prob: float = 0.2
     """with --curriculum: probability that an episode replays a random already-mastered level (against forgetting)"""
+    conditional_rule: Literal["flags", "plan"] = "flags"
+    """conditional task: flags (flag-selected values, the levels below) or plan (the plan's shape/colour rule read literally,
+    16 actions; rule parent only)"""
+    curriculum_rule: Literal["mastery", "plan"] = "mastery"
+    """mastery: the rule's verdict, --mastery-threshold over --mastery-window, review; plan: the plan's CurriculumManager
+    (the parent's reward > 0.5, 0.8 over 100 episodes, no review)"""
     parent: Literal["deterministic", "llm"] = "deterministic"
     """who gives the goal reward: the deterministic rule or an LLM behind an OpenAI-compatible endpoint"""
     llm_role: Literal["answer", "judge"] = "answer"
@@ -101,6 +111,10 @@ class Args:
     """worked examples before each query, answered by the rule; default: 8 with --llm-role answer, 0 with judge"""
     llm_response_format: Literal["json-object", "json-schema", "none"] = "json-object"
     """judge's structured output: llama.cpp's {"type": "json_object", "schema": ...}, the OpenAI API's json_schema, or none"""
+    task_source: Literal["rule", "parent"] = "rule"
+    """who draws the task instances: the rule, or (with --parent llm) the LLM, into a pool per task and level"""
+    task_pool_size: int = 32
+    """--task-source parent: instances per task and level, one request each (the run's budget: size x levels visited)"""
     llm_check_pairs: int = 0
     """before training, the LLM rewards this many seeded (state, action) pairs per task and level, half answered right
     (the agreement table)"""
@@ -160,10 +174,8 @@ class Args:
     # Evaluation
     eval_episodes: int = 200
     """evaluation episodes per (task, level)"""
-    baselines: tuple[Literal["random", "rl-only", "kl-distill"], ...] = ("random",)
-    """baselines evaluated in the same table: random, rl-only, kl-distill (the last two are trained here)"""
-    kl_distill_coef: float = 1.0
-    """kl_coef used by the kl-distill baseline"""
+    baselines: tuple[Literal["random"], ...] = ("random",)
+    """baselines evaluated on the same episodes (trained ones: benchmark/reinforce_baby_baselines.py)"""
     analysis: bool = True
     """if toggled, linear probes per state attribute and a t-SNE PNG of the embeddings"""
     analysis_samples: int = 600
@@ -197,6 +209,13 @@ DIFFICULTY_CONFIGS = {
     ],
 }
 NUM_LEVELS = 3
+# --conditional-rule plan, the plan's rule read literally: f0 is the shape (0 circle, 1 square), f1 the colour (1 red),
+# v0 the place within the shape's block of four actions: the answer is v0 + 4 * f0, plus 8 if red
+CONDITIONAL_PLAN_LEVELS = [
+    {"form": "shape", "conditions": 1, "places": 4, "num_symbols": 8},
+    {"form": "shape-red", "conditions": 2, "places": 2, "num_symbols": 16},
+    {"form": "shape-red", "conditions": 2, "places": 4, "num_symbols": 16},
+]
 ATTRIBUTES = ["task", "level", "v0", "v1", "v2", "f0", "f1", "f2", "last_action", "last_correct", "step"]
 STATE_DIM = len(ATTRIBUTES)
 FLAG_PAD = 2  # flags and last_correct: 0, 1, or 2 = absent
@@ -217,9 +236,21 @@ def task_list(task: str) -> list[str]:
     return [task]
 
 
-def playable(tasks: list[str], num_actions: int) -> list[tuple[str, int]]:
+def level_configs(task: str, conditional_rule: str = "flags") -> list[dict]:
+    """The task's levels; --conditional-rule plan swaps the conditional task's."""
+    if task == "conditional" and conditional_rule == "plan":
+        return CONDITIONAL_PLAN_LEVELS
+    return DIFFICULTY_CONFIGS[task]
+
+
+def playable(tasks: list[str], num_actions: int, conditional_rule: str = "flags") -> list[tuple[str, int]]:
     """The (task, level) pairs whose symbols fit in the action space."""
-    return [(t, lv) for t in tasks for lv in range(NUM_LEVELS) if DIFFICULTY_CONFIGS[t][lv]["num_symbols"] <= num_actions]
+    return [
+        (t, lv)
+        for t in tasks
+        for lv in range(NUM_LEVELS)
+        if level_configs(t, conditional_rule)[lv]["num_symbols"] <= num_actions
+    ]
 
 
 def attribute_vocab(num_actions: int, max_episode_steps: int) -> list[int]:
@@ -293,18 +324,19 @@ class State:
         return ", ".join(shown)
 
     def to_prompt(self) -> str:
-        """The rule and the attributes it reads (the LLM parent's prompt, evaluation transcripts)."""
+        """The rule and the attributes it reads (the judge role's prompt)."""
         return f"Rule: {self.rule_text()}\n{self.shown_attributes()}"
 
 
 class DeterministicParent:
     """Task instances, transitions and rewards by rule; `oracle_action` is the rule's answer."""
 
-    def __init__(self, num_actions: int):
+    def __init__(self, num_actions: int, conditional_rule: str = "flags"):
         self.num_actions = num_actions
+        self.conditional_rule = conditional_rule
 
     def new_instance(self, task: str, level: int, rng: np.random.Generator) -> State:
-        cfg = DIFFICULTY_CONFIGS[task][level]
+        cfg = level_configs(task, self.conditional_rule)[level]
         pad = self.num_actions
         n = cfg["num_symbols"]
         values = [pad] * 3
@@ -320,6 +352,9 @@ class DeterministicParent:
             else:
                 a = int(rng.integers(span, n))
             values[:length] = [a + d * i for i in range(length)]
+        elif self.conditional_rule == "plan":
+            values[0] = int(rng.integers(0, cfg["places"]))
+            flags[: cfg["conditions"]] = [int(x) for x in rng.integers(0, 2, cfg["conditions"])]
         else:
             used = {"if": 2, "elif": 3, "nested": 3}[cfg["form"]]
             values[:used] = [int(x) for x in rng.integers(0, n, used)]
@@ -334,6 +369,8 @@ class DeterministicParent:
         if s.task_name == "sequence-next":
             items = [v for v in s.values if v != s.num_actions]
             return items[-1] + (items[1] - items[0])
+        if self.conditional_rule == "plan":  # a shape's block of four, 8 further on if red (f1 is absent at level 0)
+            return v0 + 4 * f0 + 8 * int(f1 == 1)
         form = DIFFICULTY_CONFIGS["conditional"][s.level]["form"]
         if form == "if":
             return v0 if f0 == 1 else v1
@@ -346,6 +383,35 @@ class DeterministicParent:
         if f2 == 1:
             return v2
         return DIFFICULTY_CONFIGS["conditional"][s.level]["num_symbols"] - 1 - v0
+
+    def rule_text(self, s: State) -> str:
+        """The task's rule in plain words (evaluation transcripts)."""
+        if s.task_name == "conditional" and self.conditional_rule == "plan":
+            return "the answer is v0, plus 4 if f0 (the shape) is 1 (a square), plus 8 if f1 (the colour) is 1 (red)."
+        return s.rule_text()
+
+    def in_level(self, s: State) -> bool:
+        """Whether new_instance can draw s at its task and level (how a proposed instance is checked)."""
+        cfg = DIFFICULTY_CONFIGS[s.task_name][s.level]
+        pad = self.num_actions
+        n = cfg["num_symbols"]
+        if (s.last_action, s.last_correct, s.step) != (pad, FLAG_PAD, 0):
+            return False
+        if s.task_name == "pattern-echo":
+            return 0 <= s.values[0] < cfg["target_range"] and s.values[1:] == (pad, pad) and s.flags == (FLAG_PAD,) * 3
+        if s.task_name == "sequence-next":
+            items = [v for v in s.values if v != pad]
+            if s.flags != (FLAG_PAD,) * 3 or list(s.values[: len(items)]) != items or len(items) not in cfg["lengths"]:
+                return False
+            d = items[1] - items[0]
+            answer = items[-1] + d
+            steps_ok = all(b - a == d for a, b in zip(items, items[1:]))
+            return d in cfg["steps"] and steps_ok and all(0 <= v < n for v in [*items, answer])
+        used = {"if": 2, "elif": 3, "nested": 3}[cfg["form"]]
+        c = cfg["conditions"]
+        values_ok = all(0 <= v < n for v in s.values[:used]) and all(v == pad for v in s.values[used:])
+        flags_ok = all(f in (0, 1) for f in s.flags[:c]) and all(f == FLAG_PAD for f in s.flags[c:])
+        return values_ok and flags_ok
 
     def judge(self, s: State, action: int) -> float:
         return float(action == self.oracle_action(s))
@@ -361,6 +427,154 @@ class DeterministicParent:
             reward = self.judge(s, a)
             replies.append((reward, self.transition(s, a, reward)))
         return replies
+
+
+# What the LLM parent is asked (--parent llm) --------------------------------------------------------------------------
+# The requests word for word; the client that sends them, its cache, retries and validation are in cleanrl_astral_utils.
+LLM_SYSTEM_PROMPT = (
+    'You check a child\'s answer against a rule. Reply with JSON only: {"reward": 1} if the answer '
+    'follows the rule, {"reward": 0} if it does not.'
+)
+LLM_ANSWER_EXAMPLES = 8  # --llm-examples default of the answer role (the judge's is 0)
+LLM_EXAMPLES_SEED = 12345  # the worked examples are the same fixed instances in every prompt
+# --task-source parent: each request shows 8 rule-drawn instances of the level, one per line, and the start of the next
+# line; the model completes that one line (SmolLM2-135M wanders off after one or two lines of its own), sampled at
+# temperature 1 with a seed of its own (the run's seed, task, level, request): requests differ, a rerun is cached
+LLM_TASK_EXAMPLES = 8
+LLM_TASK_TEMPERATURE = 1.0
+LLM_TASK_LINE_START = {"pattern-echo": "cue =", "sequence-next": "sequence =", "conditional": "f0 ="}
+
+
+def level_text(task: str, level: int) -> str:
+    """A level's definition in plain words (the task-generation prompt)."""
+    cfg = DIFFICULTY_CONFIGS[task][level]
+    top = cfg["num_symbols"] - 1
+    if task == "pattern-echo":
+        return f"the cue is a number from 0 to {cfg['target_range'] - 1}"
+    if task == "sequence-next":
+        lengths = " or ".join(str(k) for k in cfg["lengths"])
+        steps = ", ".join(str(d) for d in cfg["steps"])
+        return f"{lengths} numbers with a step of {steps}; every number and the next one are from 0 to {top}"
+    used = {"if": 2, "elif": 3, "nested": 3}[cfg["form"]]
+    flags = ", ".join(f"f{i}" for i in range(cfg["conditions"]))
+    values = ", ".join(f"v{i}" for i in range(used))
+    return f"the flags {flags} are 0 or 1, the values {values} are numbers from 0 to {top}"
+
+
+class ParentPrompt:
+    """The LLM parent's prompt. answer role (a completion): the rule, worked examples answered by the rule, the asked
+    state, each as `<attributes>` then `answer = <n>`. judge role (chat messages): a system message, worked examples of
+    the same task and level answered right and wrong in turn with their verdicts, then the asked (state, answer)."""
+
+    def __init__(self, rule: DeterministicParent, levels: list[tuple[str, int]], examples: int, next_state: bool):
+        self.rule = rule
+        self.levels = levels  # the (task, level) pairs that fit in the action space: where worked examples come from
+        self.examples = examples
+        self.next_state = next_state
+
+    def worked_examples(self, s: State) -> list[State]:
+        """`examples` instances drawn with a fixed seed from s's level, never s's instance. A level whose examples would
+        all be one instance (pattern-echo's level 0: two cues) takes them from the next level with the same rule: a
+        prompt that repeats one answer eight times is copied, whatever the asked state."""
+        same_rule = [lv for t, lv in self.levels if t == s.task_name and lv >= s.level]
+        same_rule = [lv for lv in same_rule if dataclasses.replace(s, level=lv).rule_text() == s.rule_text()]
+        examples = []
+        for level in same_rule:
+            rng = np.random.default_rng(LLM_EXAMPLES_SEED)
+            examples = []
+            for _ in range(100 * self.examples):  # a level with a single instance has none to give
+                if len(examples) == self.examples:
+                    break
+                e = self.rule.new_instance(s.task_name, level, rng)
+                if e.shown_attributes() != s.shown_attributes():
+                    examples.append(e)
+            if len({e.shown_attributes() for e in examples}) > 1 or self.examples < 2:
+                return examples
+        return examples
+
+    def answer_prompt(self, s: State) -> str:
+        blocks = [f"Rule: {s.rule_text()}"]
+        for e in self.worked_examples(s):
+            blocks.append(f"{e.shown_attributes()}\nanswer = {self.rule.oracle_action(e)}")
+        blocks.append(f"{s.shown_attributes()}\nanswer =")
+        return "\n\n".join(blocks)
+
+    def user_message(self, s: State, action: int) -> str:
+        message = f"{s.to_prompt()}\nanswer = {int(action)}"
+        if self.next_state:
+            message += (
+                f"\nstate = {json.dumps(s.as_dict())}\nAlso give next_state: this state with step + 1, "
+                "last_action = the answer and last_correct = your reward."
+            )
+        return message
+
+    def task_request(self, task: str, level: int, seed: int) -> dict:
+        """The task-generation request but the model: the rule, the level's definition, instances drawn by the rule, one
+        per line, and the start of one more line, which the model completes (a line is at most ~30 tokens)."""
+        rng = np.random.default_rng(LLM_EXAMPLES_SEED)
+        examples = [self.rule.new_instance(task, level, rng) for _ in range(LLM_TASK_EXAMPLES)]
+        lines = [f"Rule: {examples[0].rule_text()}", f"Instances, one per line; {level_text(task, level)}."]
+        lines += [e.shown_attributes() for e in examples]
+        lines.append(LLM_TASK_LINE_START[task])
+        prompt = "\n".join(lines)
+        return {"prompt": prompt, "temperature": LLM_TASK_TEMPERATURE, "max_tokens": 40, "seed": seed, "stop": ["\n"]}
+
+    def read_proposal(self, task: str, level: int, text: str) -> State | None:
+        """The instance the completed line names, if it is one of the level's; else None."""
+        return self.read_instance(task, level, LLM_TASK_LINE_START[task] + text.split("\n")[0])
+
+    def read_instance(self, task: str, level: int, line: str) -> State | None:
+        """The instance a line of the reply names, if it is one of the level's (what shown_attributes writes); else None."""
+        pad = self.rule.num_actions
+        values = [pad] * 3
+        flags = [FLAG_PAD] * 3
+        line = line.strip()
+        if task == "pattern-echo":
+            match = re.fullmatch(r"cue = (\d+)", line)
+            if match is None:
+                return None
+            values[0] = int(match.group(1))
+        elif task == "sequence-next":
+            match = re.fullmatch(r"sequence = (\d+(?:, \d+){0,2})", line)
+            if match is None:
+                return None
+            items = [int(x) for x in match.group(1).split(", ")]
+            values[: len(items)] = items
+        else:
+            seen = set()
+            for part in line.split(", "):
+                match = re.fullmatch(r"([fv])([0-2]) = (\d+)", part)
+                if match is None or match.group(1, 2) in seen:
+                    return None
+                seen.add(match.group(1, 2))
+                target = flags
+                if match.group(1) == "v":
+                    target = values
+                target[int(match.group(2))] = int(match.group(3))
+        s = State(TASKS.index(task), level, tuple(values), tuple(flags), pad, FLAG_PAD, 0, pad)
+        if not self.rule.in_level(s):
+            return None
+        return s
+
+    def judge_messages(self, s: State, action: int) -> list[dict]:
+        rng = np.random.default_rng(LLM_EXAMPLES_SEED)
+        shots = []
+        for i in range(self.examples):
+            e = self.rule.new_instance(s.task_name, s.level, rng)
+            a = self.rule.oracle_action(e)
+            if i % 2 == 1:
+                a = (self.rule.oracle_action(e) + 1 + i) % self.rule.num_actions
+            r = self.rule.judge(e, a)
+            verdict = {"reward": int(r)}
+            if self.next_state:
+                verdict["next_state"] = self.rule.transition(e, a, r).as_dict()
+            shots.append({"role": "user", "content": self.user_message(e, a)})
+            shots.append({"role": "assistant", "content": json.dumps(verdict)})
+        return [
+            {"role": "system", "content": LLM_SYSTEM_PROMPT},
+            *shots,
+            {"role": "user", "content": self.user_message(s, action)},
+        ]
 
 
 class BabyEnv:
@@ -479,16 +693,27 @@ class Agent(nn.Module):
             action = dist.sample()
         return ActionAndValue(action, dist.log_prob(action), dist.entropy(), self.value_head(h).squeeze(-1), h, dist.logits)
 
-    def world_model_target(self, next_x: torch.Tensor) -> torch.Tensor:
-        return next_x.float()
 
-
-def build_agent(cfg: dict) -> Agent:
-    return Agent(cfg["num_actions"], cfg["max_episode_steps"], cfg["hidden_dim"], cfg["num_layers"], cfg["num_heads"])
+def build_agent(args: Args) -> Agent:
+    return Agent(args.num_actions, args.max_episode_steps, args.hidden_dim, args.num_layers, args.num_heads)
 
 
 def num_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def agent_size(args: Args) -> int:
+    """num_parameters(build_agent(args)) counted from the shapes, without building the model (validate's check)."""
+    H = args.hidden_dim
+    A = args.num_actions
+    vocab = attribute_vocab(A, args.max_episode_steps)
+    encoder = sum(vocab) * H + len(vocab) * H
+    # a pre-norm layer: attention (in and out projections), a 2H feed-forward, two LayerNorms
+    layer = (3 * H * H + 3 * H) + (H * H + H) + (H * 2 * H + 2 * H) + (2 * H * H + H) + 4 * H
+    core = H + args.num_layers * layer + 2 * H
+    heads = (H * A + A) + (H + 1)
+    world_model = (H + A) * 2 * H + 2 * H + 2 * H * STATE_DIM + STATE_DIM
+    return encoder + core + heads + world_model
 
 
 # Rewards --------------------------------------------------------------------------------------------------------------
@@ -551,6 +776,17 @@ class CurriculumManager:
         return up
 
 
+PLAN_MASTERY_THRESHOLD = 0.8  # --curriculum-rule plan: the plan's CurriculumManager settings
+PLAN_MASTERY_WINDOW = 100
+
+
+def make_curriculum(args: Args, tasks: list[str]) -> CurriculumManager:
+    """One level per task: today's mastery rule with its flags, or the plan's settings with no review."""
+    if args.curriculum_rule == "plan":
+        return CurriculumManager(tasks, args.curriculum, args.level, PLAN_MASTERY_THRESHOLD, PLAN_MASTERY_WINDOW, 0.0)
+    return CurriculumManager(tasks, args.curriculum, args.level, args.mastery_threshold, args.mastery_window, args.review_prob)
+
+
 # Rollout --------------------------------------------------------------------------------------------------------------
 @dataclass
 class Rollout:
@@ -597,7 +833,7 @@ def collect_rollout(agent: Agent, env: BabyEnv, curriculum: CurriculumManager, a
         success |= info["success"]
         if args.pred_reward_weight != 0:
             prediction = agent.world_model(out.h, out.action)
-            pred[t] = prediction_reward(prediction, agent.world_model_target(obs[t + 1].to(device)))
+            pred[t] = prediction_reward(prediction, obs[t + 1].to(device).float())
     return Rollout(obs, actions, logprobs, values, oracle, RewardVector(goal, pred, cons), success, ep_tasks, ep_levels)
 
 
@@ -695,7 +931,7 @@ def update(agent: Agent, optimizer, ro: Rollout, adv: Advantages, args: Args, de
                 pg_loss = torch.max(pg_loss1, pg_loss2).mean()
                 v_loss = 0.5 * ((new.value - b_returns[mb]) ** 2).mean()
             # the world model is trained through the shared core: its loss shapes the representation h
-            wm_loss = F.mse_loss(agent.world_model(new.h, b_actions[mb]), agent.world_model_target(b_next[mb]))
+            wm_loss = F.mse_loss(agent.world_model(new.h, b_actions[mb]), b_next[mb].float())
             kl = torch.zeros(())
             if args.kl_coef > 0:
                 kl = kl_to_parent(new.logits, b_oracle[mb], args.kl_smoothing)
@@ -728,23 +964,24 @@ def update(agent: Agent, optimizer, ro: Rollout, adv: Advantages, args: Args, de
 
 
 # Training loop --------------------------------------------------------------------------------------------------------
-def train(args: Args, writer, parent=None, label: str = "") -> tuple[Agent, dict]:
-    """Trains one agent; returns it with the evaluation levels per task (the curriculum's final levels)."""
+def train(args: Args, writer, parent=None, checkpoints: "Checkpoints | None" = None) -> tuple[Agent, dict]:
+    """Trains one agent; returns it with the evaluation levels per task (the curriculum's final levels). `checkpoints`
+    (--checkpoint-every, --resume) saves the training state and, when resuming, restores it before the first update."""
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     tasks = task_list(args.task)
-    agent = build_agent(vars(args)).to(device)
-    if not label:
-        print(f"model parameters: {num_parameters(agent):,} (< 1M: {num_parameters(agent) < 1_000_000})")
+    agent = build_agent(args).to(device)
+    print(f"model parameters: {num_parameters(agent):,} (< 1M: {num_parameters(agent) < 1_000_000})")
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
-    curriculum = CurriculumManager(
-        tasks, args.curriculum, args.level, args.mastery_threshold, args.mastery_window, args.review_prob
-    )
+    curriculum = make_curriculum(args, tasks)
     if parent is None:
         parent = make_parent(args)
     env = BabyEnv(parent, args.num_envs, args.max_episode_steps, args.seed)
     baseline = torch.zeros(args.max_episode_steps)
-    log = TrainingLog(writer, tasks, args, label)
-    for iteration in range(1, args.num_iterations + 1):
+    log = TrainingLog(writer, tasks, args)
+    start = 1
+    if checkpoints is not None and checkpoints.resumed is not None:
+        start, baseline = checkpoints.restore(agent, optimizer, curriculum, env, log, parent)
+    for iteration in range(start, args.num_iterations + 1):
         global_step = iteration * args.batch_size
         if args.anneal_lr:
             optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / args.num_iterations) * args.learning_rate
@@ -752,9 +989,13 @@ def train(args: Args, writer, parent=None, label: str = "") -> tuple[Agent, dict
         # ROLLOUT: N whole episodes of exactly T steps (the time limit is the only episode end)
         ro = collect_rollout(agent, env, curriculum, args, device)
         rewards = torch.as_tensor(ro.rewards.total(args.goal_reward_weight, args.pred_reward_weight, args.cons_reward_weight))
-        for task, level, success in zip(ro.tasks, ro.levels, ro.success):
-            if curriculum.record(task, level, bool(success)):
-                print(f"{label}curriculum: {task} -> level {curriculum.levels[task]} at global_step={global_step}")
+        # mastery counts the rule's verdict on an episode's last answer; the plan counts the parent's last reward > 0.5
+        outcomes = ro.success
+        if args.curriculum_rule == "plan":
+            outcomes = ro.rewards.goal[-1] > 0.5
+        for task, level, outcome in zip(ro.tasks, ro.levels, outcomes):
+            if curriculum.record(task, level, bool(outcome)):
+                print(f"curriculum: {task} -> level {curriculum.levels[task]} at global_step={global_step}")
 
         # ADVANTAGES: REINFORCE's return minus the running baseline, or PPO's GAE
         adv = advantages_and_returns(rewards, ro.values, baseline, args)
@@ -765,30 +1006,41 @@ def train(args: Args, writer, parent=None, label: str = "") -> tuple[Agent, dict
 
         # LOGGING
         log.update(iteration, global_step, ro, rewards, stats, optimizer.param_groups[0]["lr"], curriculum, parent)
+        if checkpoints is not None and checkpoints.due(iteration, args):
+            checkpoints.save(args, iteration, agent, optimizer, baseline, curriculum, env, log, parent)
     return agent, dict(curriculum.levels)
 
 
-# Evaluation and representation analysis -------------------------------------------------------------------------------
+# Evaluation -----------------------------------------------------------------------------------------------------------
 class Evaluator:
     """Success rate, world-model MSE and policy entropy per (task, level); the rule judges, never an LLM."""
 
-    def __init__(self, tasks: list[str], num_actions: int, max_episode_steps: int, episodes: int, seed: int):
+    def __init__(
+        self,
+        tasks: list[str],
+        num_actions: int,
+        max_episode_steps: int,
+        episodes: int,
+        seed: int,
+        conditional_rule: str = "flags",
+    ):
         self.tasks = tasks
         self.num_actions = num_actions
         self.T = max_episode_steps
         self.episodes = episodes
         self.seed = seed
+        self.conditional_rule = conditional_rule
 
     @torch.no_grad()
     def run(self, agent: Agent | None, eval_levels: dict, greedy: bool = True, transcript: list | None = None):
         """agent=None evaluates the uniform random policy."""
-        parent = DeterministicParent(self.num_actions)
+        parent = DeterministicParent(self.num_actions, self.conditional_rule)
         n = self.episodes
         gen = torch.Generator().manual_seed(self.seed)
         per_diff = {}
         mse_all = []
         ent_all = []
-        for task, level in playable(self.tasks, self.num_actions):
+        for task, level in playable(self.tasks, self.num_actions, self.conditional_rule):
             env = BabyEnv(parent, n, self.T, self.seed + 1000 * self.tasks.index(task) + level)
             states = env.reset([task] * n, [level] * n)
             success = np.zeros(n, dtype=bool)
@@ -804,12 +1056,13 @@ class Evaluator:
                         action = torch.multinomial(torch.softmax(out.logits, -1), 1, generator=gen)[:, 0]
                 if transcript is not None and len(transcript) < 20:
                     oracle = parent.oracle_action(states[0])
-                    transcript.append(f"{states[0].to_prompt()}\n-> action {action[0].item()} (oracle {oracle})\n")
+                    shown = f"Rule: {parent.rule_text(states[0])}\n{states[0].shown_attributes()}"
+                    transcript.append(f"{shown}\n-> action {action[0].item()} (oracle {oracle})\n")
                 states, _, _, _, info = env.step(action.tolist())
                 success |= info["success"]
                 ent_all.append(ent.mean().item())
                 if agent is not None and level == eval_levels[task]:
-                    target = agent.world_model_target(states_to_tensor(states))
+                    target = states_to_tensor(states).float()
                     mse_all.append(F.mse_loss(agent.world_model(out.h, action), target).item())
             per_diff[f"{task}/level{level}"] = float(success.mean())
         final = [per_diff[f"{t}/level{eval_levels[t]}"] for t in self.tasks]
@@ -827,20 +1080,30 @@ class Evaluator:
 def evaluate(model_path: str, episodes: int | None = None, seed: int | None = None, greedy: bool = True) -> dict:
     """Evaluates a saved model; by default on the run's own episodes, so it reproduces the run's eval.json."""
     ckpt = torch.load(model_path, map_location="cpu", weights_only=False)
-    cfg = ckpt["args"]
-    agent = build_agent(cfg)
+    saved = Args(**{f.name: ckpt["args"][f.name] for f in dataclasses.fields(Args) if f.name in ckpt["args"]})
+    agent = build_agent(saved)
     agent.load_state_dict(ckpt["state_dict"])
     if episodes is None:
-        episodes = cfg["eval_episodes"]
+        episodes = saved.eval_episodes
     if seed is None:
-        seed = cfg["seed"] + EVAL_SEED_OFFSET
-    evaluator = Evaluator(task_list(cfg["task"]), cfg["num_actions"], cfg["max_episode_steps"], episodes, seed)
+        seed = saved.seed + EVAL_SEED_OFFSET
+    tasks = task_list(saved.task)
+    evaluator = Evaluator(tasks, saved.num_actions, saved.max_episode_steps, episodes, seed, saved.conditional_rule)
     return evaluator.run(agent.eval(), ckpt["eval_levels"], greedy)
 
 
+# Representation analysis: what the state embedding h holds (a default run's linear probes and t-SNE) ------------------
 @torch.no_grad()
 def representation_analysis(
-    agent: Agent, tasks: list[str], levels: dict, num_actions: int, T: int, samples: int, seed: int, png_path: str
+    agent: Agent,
+    tasks: list[str],
+    levels: dict,
+    num_actions: int,
+    T: int,
+    samples: int,
+    seed: int,
+    png_path: str,
+    conditional_rule: str = "flags",
 ) -> dict:
     """Linear-probe accuracy of each attribute from h, and a t-SNE PNG coloured by the oracle action."""
     import matplotlib
@@ -851,7 +1114,7 @@ def representation_analysis(
     from sklearn.manifold import TSNE
     from sklearn.model_selection import train_test_split
 
-    parent = DeterministicParent(num_actions)
+    parent = DeterministicParent(num_actions, conditional_rule)
     rng = np.random.default_rng(seed)
     states = []
     for i in range(samples):
@@ -897,10 +1160,10 @@ def flag(name: str) -> str:
 
 def validate(args: Args):
     """Raises ValueError (one line) for arguments that would crash late or run wrong in silence."""
-    # NaN and inf pass every range check
-    for field in dataclasses.fields(Args):
-        if field.type is float and not math.isfinite(getattr(args, field.name)):
-            raise ValueError(f"{flag(field.name)} {getattr(args, field.name)} must be a finite number")
+    for field in dataclasses.fields(args):
+        value = getattr(args, field.name)
+        if isinstance(value, float) and not math.isfinite(value):  # NaN passes any <, >
+            raise ValueError(f"--{field.name.replace('_', '-')} {value} must be a finite number")
     if not 0 <= args.seed < 2**32:
         raise ValueError(f"--seed {args.seed} must be in [0, 2**32 - 1] (the range numpy accepts)")
     if not args.exp_name.strip() or "/" in args.exp_name:
@@ -937,7 +1200,8 @@ def validate(args: Args):
     top = args.level
     if args.curriculum:
         top = NUM_LEVELS - 1
-    need = max(DIFFICULTY_CONFIGS[t][lv]["num_symbols"] for t in task_list(args.task) for lv in range(top + 1))
+    configs = [level_configs(t, args.conditional_rule) for t in task_list(args.task)]
+    need = max(levels[lv]["num_symbols"] for levels in configs for lv in range(top + 1))
     if args.num_actions < need:
         raise ValueError(
             f"--num-actions {args.num_actions} is smaller than the {need} symbols task {args.task!r} needs up to level "
@@ -947,19 +1211,36 @@ def validate(args: Args):
         raise ValueError(f"--hidden-dim {args.hidden_dim} must be divisible by --num-heads {args.num_heads}")
     if args.algorithm == "ppo" and batch % args.num_minibatches != 0:
         raise ValueError("--num-envs * --max-episode-steps must be divisible by --num-minibatches")
+    if args.checkpoint_every < 0:
+        raise ValueError(f"--checkpoint-every {args.checkpoint_every} must be >= 0 (0: no checkpoints)")
+    if args.checkpoint_every and importlib.util.find_spec("cleanrl_astral_utils") is None:  # it writes the checkpoint
+        raise ValueError("--checkpoint-every needs the cleanrl_astral_utils package: pip install -e . in the repository")
     if args.save_model and importlib.util.find_spec("cleanrl_astral_utils") is None:  # it writes the checkpoint
         raise ValueError("--save-model needs the cleanrl_astral_utils package: pip install -e . in the repository")
     if args.parent == "llm" and importlib.util.find_spec("cleanrl_astral_utils") is None:  # it holds the LLM client
         raise ValueError("--parent llm needs the cleanrl_astral_utils package: pip install -e . in the repository")
     if args.parent == "llm" and importlib.util.find_spec("openai") is None:
         raise ValueError("--parent llm needs the openai client: pip install -r requirements-llm.txt")
+    if args.conditional_rule == "plan" and args.task not in ("conditional", "all"):
+        raise ValueError("--conditional-rule plan changes the conditional task only: use --task conditional or all")
+    if args.conditional_rule == "plan" and args.parent == "llm":
+        raise ValueError("--conditional-rule plan is taught by the rule parent only (the LLM prompts state the flags rule)")
+    if args.curriculum_rule == "plan" and not args.curriculum:
+        raise ValueError("--curriculum-rule plan needs --curriculum")
+    plan_fixed = ("mastery_threshold", "mastery_window", "review_prob")
+    if args.curriculum_rule == "plan" and any(getattr(args, k) != getattr(Args, k) for k in plan_fixed):
+        raise ValueError("--curriculum-rule plan fixes the threshold (0.8), window (100) and review (none): drop --mastery-*")
+    if args.task_source == "parent" and args.parent != "llm":
+        raise ValueError("--task-source parent needs --parent llm (the rule parent's instances are the rule's)")
+    if args.task_pool_size < 1:
+        raise ValueError(f"--task-pool-size {args.task_pool_size} must be >= 1")
     if args.parent == "llm" and args.llm_role == "answer" and args.llm_next_state:
         raise ValueError("--llm-next-state needs --llm-role judge: SmolLM2-135M does not write a valid next state")
     if args.parent == "llm" and not args.llm_base_url:
         raise ValueError("--parent llm needs --llm-base-url (an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1)")
     if args.parent == "llm" and not args.llm_base_url.startswith(("http://", "https://")):
         raise ValueError(f"--llm-base-url {args.llm_base_url!r} must be an http:// or https:// URL (http://127.0.0.1:8000/v1)")
-    n_params = num_parameters(build_agent(vars(args)))
+    n_params = agent_size(args)
     if n_params >= 1_000_000:
         # the state embedding has one row per value of every attribute, the step counter included
         embeddings = sum(attribute_vocab(args.num_actions, args.max_episode_steps)) * args.hidden_dim
@@ -982,41 +1263,124 @@ def seed_everything(seed: int):
 
 def make_parent(args: Args):
     """The rule, or with --parent llm the LLM parent: the only run that needs the helper package's LLM client."""
-    rule = DeterministicParent(args.num_actions)
+    rule = DeterministicParent(args.num_actions, args.conditional_rule)
     if args.parent == "deterministic":
         return rule
     from cleanrl_astral_utils.llm import LLMParent
 
+    examples = args.llm_examples
+    if examples is None and args.llm_role == "answer":
+        examples = LLM_ANSWER_EXAMPLES
+    if examples is None:
+        examples = 0
+    prompt = ParentPrompt(rule, playable(TASKS, args.num_actions), examples, args.llm_next_state)
     vocab = attribute_vocab(args.num_actions, args.max_episode_steps)
-    return LLMParent(rule, args, TASKS, ATTRIBUTES, vocab, playable(TASKS, args.num_actions))
+    return LLMParent(rule, prompt, args, TASKS, ATTRIBUTES, vocab)
 
 
-def claim_run_dir(runs_dir: str, run_name: str) -> tuple[str, str]:
-    """(run_name, run_dir) of a new directory: runs started in the same second get __2, __3, ... (mkdir is atomic)."""
+def claim_run_dir(runs_dir, run_name):
+    """Creates runs_dir/run_name, or run_name__2, __3, ... when another run holds the name (mkdir is atomic): (name, dir)."""
+    name = run_name
+    for n in itertools.count(2):
+        try:
+            os.makedirs(os.path.join(runs_dir, name))
+            return name, os.path.join(runs_dir, name)
+        except FileExistsError:
+            name = f"{run_name}__{n}"
+        except OSError as e:
+            reason = e.strerror.lower()
+            message = f"cannot create a run directory in --runs-dir {runs_dir!r} ({reason}); pass a writable directory"
+            raise ValueError(message) from e
+
+
+class Checkpoints:
+    """--checkpoint-every: the whole training state at `path`, atomically, every `every` steps and after the last update;
+    `resumed` (--resume): such a state, restored before the first update. The random generators are part of it, so a
+    resumed run with the rule parent makes the same updates, bit for bit, as one never stopped."""
+
+    def __init__(self, path: str, every: int, resumed: dict | None = None):
+        self.path = path
+        self.every = every
+        self.resumed = resumed
+
+    def due(self, iteration: int, args: Args) -> bool:
+        """After the last update, and after each update that crosses a multiple of `every` steps."""
+        step = iteration * args.batch_size
+        return iteration == args.num_iterations or step // self.every > (step - args.batch_size) // self.every
+
+    def save(self, args: Args, iteration, agent, optimizer, baseline, curriculum, env, log, parent):
+        from cleanrl_astral_utils.files import atomic_torch_save
+
+        log.writer.flush()  # the scalars up to this update are on disk before the state that follows them
+        state = {
+            "script": SCRIPT,
+            "args": dataclasses.asdict(args),
+            "iteration": iteration,
+            "global_step": iteration * args.batch_size,
+            "agent": agent.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "baseline": baseline,
+            "levels": dict(curriculum.levels),
+            "history": {t: list(h) for t, h in curriculum.history.items()},
+            "recent_success": list(log.recent_success),
+            "recent_level": {key: list(d) for key, d in log.recent_level.items()},
+            "env_rng": env.rng.bit_generator.state,
+            "torch_rng": torch.get_rng_state(),
+            "numpy_rng": np.random.get_state(),
+            "python_rng": random.getstate(),
+        }
+        if hasattr(parent, "state_dict"):  # an LLM parent: its running totals (its answers are in the sqlite cache)
+            state["parent"] = parent.state_dict()
+        atomic_torch_save(state, self.path)
+        print(f"checkpoint written to {self.path} at global_step={state['global_step']}", flush=True)
+
+    def restore(self, agent, optimizer, curriculum, env, log, parent) -> tuple[int, torch.Tensor]:
+        """Loads the resumed state into the run's objects; (the next iteration, REINFORCE's baseline)."""
+        state = self.resumed
+        agent.load_state_dict(state["agent"])
+        optimizer.load_state_dict(state["optimizer"])
+        curriculum.levels.update(state["levels"])
+        for t, h in state["history"].items():
+            curriculum.history[t].extend(h)
+        log.recent_success.extend(state["recent_success"])
+        for key, values in state["recent_level"].items():
+            log.recent_level[key] = collections.deque(values, maxlen=100)
+        env.rng.bit_generator.state = state["env_rng"]
+        torch.set_rng_state(state["torch_rng"])
+        np.random.set_state(state["numpy_rng"])
+        random.setstate(state["python_rng"])
+        if "parent" in state:
+            parent.load_state_dict(state["parent"])
+        return state["iteration"] + 1, state["baseline"]
+
+
+def resumed_args(args: Args) -> tuple[Args, dict]:
+    """--resume: (the Args of the run the checkpoint continues, the checkpoint). --llm-base-url may name a restarted
+    server; every other flag is the run's own."""
+    if not os.path.isfile(args.resume):
+        raise ValueError(f"--resume {args.resume!r} is not a file: pass the checkpoint.pt of a run with --checkpoint-every")
     try:
-        os.makedirs(runs_dir, exist_ok=True)
-        for suffix in itertools.count(1):
-            name = run_name
-            if suffix > 1:
-                name = f"{run_name}__{suffix}"
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(os.path.join(runs_dir, name))
-                return name, os.path.join(runs_dir, name)
-    except OSError as e:  # --runs-dir itself is unusable: a file, not writable, ...
-        reason = e.strerror
-        if os.path.exists(runs_dir) and not os.path.isdir(runs_dir):
-            reason = "not a directory"
-        fail(f"cannot create a run directory in --runs-dir {runs_dir!r} ({reason}); pass a writable directory")
+        state = torch.load(args.resume, map_location="cpu", weights_only=False)
+    except Exception as e:  # whatever the file holds, it is no checkpoint
+        raise ValueError(f"--resume {args.resume!r} cannot be read as a checkpoint ({type(e).__name__})") from e
+    if not isinstance(state, dict) or state.get("script") != SCRIPT or "agent" not in state:
+        raise ValueError(f"--resume {args.resume!r} is not a checkpoint of {SCRIPT}.py")
+    saved = Args(**state["args"])
+    saved.resume = args.resume
+    # the run's directory is the checkpoint's; the default LLM cache beside it is found again
+    saved.runs_dir = os.path.dirname(os.path.dirname(os.path.abspath(args.resume)))
+    if args.llm_base_url is not None:
+        saved.llm_base_url = args.llm_base_url
+    return saved, state
 
 
 class TrainingLog:
     """The scalars of every update (charts/, losses/, reward/, curriculum/, parent/) and a progress line every 25."""
 
-    def __init__(self, writer, tasks: list[str], args: Args, label: str):
+    def __init__(self, writer, tasks: list[str], args: Args):
         self.writer = writer
         self.tasks = tasks
         self.args = args
-        self.label = label
         self.start_time = time.time()
         self.recent_success = collections.deque(maxlen=100)  # charts/success_rate: the last 100 episodes
         self.recent_level = {}
@@ -1039,43 +1403,40 @@ class TrainingLog:
             "reward/total": rewards.sum(0).mean().item(),
             **{f"curriculum/level_{t}": curriculum.levels[t] for t in self.tasks},
         }
-        if hasattr(parent, "summary"):  # an LLM parent: its running totals
-            numbers = {k: v for k, v in parent.summary().items() if isinstance(v, int | float)}
+        if hasattr(parent, "summary"):  # an LLM parent: its running totals, and the validity and diversity of its tasks
+            summary = parent.summary()
+            numbers = {k: v for k, v in summary.items() if isinstance(v, int | float)}
             scalars.update({f"parent/{k}": v for k, v in numbers.items()})
+            for where, row in summary.get("task_generation", {}).items():
+                for k in ("valid_share", "distinct", "target_entropy_bits"):
+                    scalars[f"tasks/{where}/{k}"] = row[k]
         for k, v in scalars.items():
             self.writer.add_scalar(k, v, global_step)
         if iteration % 25 == 0 or iteration == args.num_iterations:
             levels = " ".join(f"{t}:L{curriculum.levels[t]}" for t in self.tasks)
             minutes_left = (args.num_iterations - iteration) * global_step / iteration / max(sps, 1) / 60
             print(
-                f"{self.label}global_step={global_step} SPS={sps} success={scalars['charts/success_rate']:.3f} "
+                f"global_step={global_step} SPS={sps} success={scalars['charts/success_rate']:.3f} "
                 f"entropy={stats['losses/entropy']:.3f} wm_mse={stats['losses/world_model_mse']:.3f} [{levels}] "
                 f"{minutes_left:.1f} min left"
             )
 
 
 # Evaluation against the baselines, results ----------------------------------------------------------------------------
-def evaluate_with_baselines(
-    args: Args, agent: Agent, eval_levels: dict, run_dir: str, transcript: list | None
-) -> tuple[dict, dict]:
+def evaluate_with_baselines(args: Args, agent: Agent, eval_levels: dict, transcript: list | None) -> tuple[dict, dict]:
     """The agent's evaluation and each --baselines row, on the same episodes (the rule judges, never an LLM)."""
     evaluator = Evaluator(
-        task_list(args.task), args.num_actions, args.max_episode_steps, args.eval_episodes, args.seed + EVAL_SEED_OFFSET
+        task_list(args.task),
+        args.num_actions,
+        args.max_episode_steps,
+        args.eval_episodes,
+        args.seed + EVAL_SEED_OFFSET,
+        args.conditional_rule,
     )
     result = evaluator.run(agent, eval_levels, transcript=transcript)
     baselines = {}
     for name in args.baselines:
-        if name == "random":
-            baselines[name] = evaluator.run(None, eval_levels)
-            continue
-        variant = dataclasses.replace(args, kl_coef=args.kl_distill_coef)
-        if name == "rl-only":
-            variant = dataclasses.replace(args, world_model_coef=0.0, pred_reward_weight=0.0, kl_coef=0.0)
-        print(f"training baseline {name} with the same budget")
-        seed_everything(args.seed)  # as its own run with these flags would be, whatever the agent's run consumed
-        with contextlib.closing(SummaryWriter(os.path.join(run_dir, f"baseline_{name}"))) as sub:
-            b_agent, b_levels = train(variant, sub, label=f"[{name}] ")
-        baselines[name] = evaluator.run(b_agent.eval(), b_levels)
+        baselines[name] = evaluator.run(None, eval_levels)
     print(f"\n{'policy':<12} {'success':>8} {'wm_mse':>8} {'entropy':>8}  per-difficulty success")
     for name, r in {"agent": result, **baselines}.items():
         diff = " ".join(f"{k}={v:.2f}" for k, v in r["per_difficulty_success"].items())
@@ -1102,7 +1463,10 @@ def write_text_atomically(path: str, text: str):
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
+    resumed = None
     try:
+        if args.resume is not None:
+            args, resumed = resumed_args(args)
         validate(args)
     except ValueError as e:
         fail(str(e))
@@ -1116,7 +1480,16 @@ if __name__ == "__main__":
             parent.probe()
     except ValueError as e:
         fail(str(e))
-    run_name, run_dir = claim_run_dir(args.runs_dir, f"{args.task}__{args.exp_name}__{args.seed}__{int(time.time())}")
+    try:
+        if resumed is None:
+            run_name, run_dir = claim_run_dir(args.runs_dir, f"{args.task}__{args.exp_name}__{args.seed}__{int(time.time())}")
+    except ValueError as e:
+        fail(str(e))
+    purge_step = None
+    if resumed is not None:  # the run's own directory; TensorBoard drops what the stopped run logged after the checkpoint
+        run_dir = os.path.dirname(os.path.abspath(args.resume))
+        run_name = os.path.basename(run_dir)
+        purge_step = resumed["global_step"] + 1
     if args.track:
         import wandb
 
@@ -1128,7 +1501,7 @@ if __name__ == "__main__":
             name=run_name,
             save_code=True,
         )
-    writer = SummaryWriter(run_dir)
+    writer = SummaryWriter(run_dir, purge_step=purge_step)
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
     seed_everything(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
@@ -1142,7 +1515,10 @@ if __name__ == "__main__":
             shares = " ".join(f"{w}={v['accuracy']:.2f}" for w, v in check["per_level"].items())
             print(f"LLM answers equal to the rule's before training: {shares}")
 
-    agent, eval_levels = train(args, writer, parent)
+    checkpoints = None
+    if args.checkpoint_every:
+        checkpoints = Checkpoints(os.path.join(run_dir, "checkpoint.pt"), args.checkpoint_every, resumed)
+    agent, eval_levels = train(args, writer, parent, checkpoints)
 
     train_time = time.time() - t0
     agent.eval()
@@ -1163,7 +1539,7 @@ if __name__ == "__main__":
     transcript = None
     if args.capture_video:
         transcript = []
-    result, baselines = evaluate_with_baselines(args, agent, eval_levels, run_dir, transcript)
+    result, baselines = evaluate_with_baselines(args, agent, eval_levels, transcript)
     out = {
         "script": SCRIPT,
         "task": args.task,
@@ -1180,7 +1556,15 @@ if __name__ == "__main__":
     if args.analysis:
         png = os.path.join(run_dir, "tsne.png")
         out["probe_accuracy"] = representation_analysis(
-            agent, tasks, eval_levels, args.num_actions, args.max_episode_steps, args.analysis_samples, args.seed, png
+            agent,
+            tasks,
+            eval_levels,
+            args.num_actions,
+            args.max_episode_steps,
+            args.analysis_samples,
+            args.seed,
+            png,
+            args.conditional_rule,
         )
         print("linear-probe accuracy: " + " ".join(f"{k}={v:.2f}" for k, v in out["probe_accuracy"].items()))
         print(f"t-SNE written to {png}")

@@ -7,9 +7,9 @@ Two roles (`--llm-role`):
 - judge: the LLM judges each (state, action) with a JSON verdict {"reward": 0 | 1}, through the chat-completions
   endpoint. One request per distinct (state, action).
 
-The script's rule parent (`DeterministicParent`) sets the task instances and the transitions, writes the worked
-examples, and gives the reward whenever the LLM's answer is missing or invalid; this module only asks, checks and
-counts."""
+The script's rule parent (`DeterministicParent`) sets the task instances and the transitions and gives the reward
+whenever the LLM's answer is missing or invalid; the script's `ParentPrompt` writes the prompt word for word (rule,
+worked examples, asked state). This module only sends it, checks the reply, caches and counts."""
 
 import collections
 import concurrent.futures
@@ -24,14 +24,6 @@ from typing import NamedTuple
 
 import numpy as np
 import openai
-
-ANSWER_EXAMPLES = 8  # --llm-examples default of the answer role (the judge's is 0)
-EXAMPLES_SEED = 12345  # the worked examples are the same fixed instances in every prompt
-
-LLM_SYSTEM_PROMPT = (
-    'You check a child\'s answer against a rule. Reply with JSON only: {"reward": 1} if the answer '
-    'follows the rule, {"reward": 0} if it does not.'
-)
 
 
 class Reply(NamedTuple):
@@ -55,19 +47,16 @@ class LLMParent:
     """Judges actions with a model behind an OpenAI-compatible endpoint: validated, retried, cached, rule fallback.
 
     `rule` is the script's DeterministicParent: it draws task instances, makes the transitions and gives the reward of
-    every query the LLM does not answer validly. `tasks` and `attributes` name the task indices and state attributes,
-    `vocab` holds each attribute's number of values (what a proposed next state is checked against), `levels` the
-    (task, level) pairs that fit in the action space (where worked examples may come from)."""
+    every query the LLM does not answer validly. `prompt` is the script's ParentPrompt (answer_prompt, judge_messages,
+    next_state). `tasks` and `attributes` name the task indices and state attributes, `vocab` holds each attribute's
+    number of values (what a proposed next state is checked against)."""
 
-    def __init__(self, rule, args, tasks: list[str], attributes: list[str], vocab: list[int], levels: list[tuple[str, int]]):
+    def __init__(self, rule, prompt, args, tasks: list[str], attributes: list[str], vocab: list[int]):
         self.rule = rule
+        self.prompt = prompt
         self.args = args
         self.role = args.llm_role
-        self.examples = args.llm_examples
-        if self.examples is None:
-            self.examples = ANSWER_EXAMPLES if self.role == "answer" else 0
         self.tasks = tasks
-        self.levels = levels
         self.attributes = attributes
         self.vocab = vocab
         self.num_actions = args.num_actions
@@ -88,10 +77,94 @@ class LLMParent:
         self.latencies = []
         self.invalid_samples = []  # the first few distinct invalid replies, for the report
         self.prompts = {}  # the answer role's prompt of each instance shown
+        self.pools = {}  # --task-source parent: (task, level) -> the instances episodes draw from
+        self.task_stats = {}  # "<task>/level<k>" -> the pool's validity and diversity
 
-    # the rule's part: task instances, the oracle and the transitions
+    # the task instances: the rule's, or (--task-source parent) drawn from a pool the LLM proposed
     def new_instance(self, task: str, level: int, rng: np.random.Generator):
-        return self.rule.new_instance(task, level, rng)
+        if self.args.task_source == "rule":
+            return self.rule.new_instance(task, level, rng)
+        if (task, level) not in self.pools:
+            self.fill_pool(task, level)
+        pool = self.pools[(task, level)]
+        return pool[int(rng.integers(len(pool)))]
+
+    def fill_pool(self, task: str, level: int):
+        """--task-pool-size requests, each proposing one instance with a seed of its own, sent --llm-concurrency at a
+        time; a proposal that is not an instance of the level, and a request with no reply, is replaced by an instance
+        the rule draws."""
+        where = f"{task}/level{level}"
+        t = self.tasks.index(task)
+        size = self.args.task_pool_size
+        bodies = []
+        for i in range(size):
+            seed = int(np.random.SeedSequence([self.args.seed, t, level, i]).generate_state(1)[0] >> 1)
+            bodies.append({"model": self.model, **self.prompt.task_request(task, level, seed)})
+        texts = self.proposals(bodies)
+        fallback = np.random.default_rng([self.args.seed, t, level])
+        pool = []
+        valid = []
+        invalid = []
+        for text in texts:
+            s = None
+            if text is not None:
+                s = self.prompt.read_proposal(task, level, text)
+            if s is None and text is not None:
+                invalid.append(text)
+            if s is None:
+                s = self.rule.new_instance(task, level, fallback)
+            else:
+                valid.append(s)
+            pool.append(s)
+        targets = np.bincount([self.rule.oracle_action(s) for s in valid], minlength=self.num_actions)
+        p = targets[targets > 0] / max(1, len(valid))
+        self.task_stats[where] = {
+            "asked": size,
+            "valid": len(valid),
+            "invalid": len(invalid),
+            "failed": texts.count(None),
+            "valid_share": len(valid) / size,
+            "distinct": len(set(valid)),
+            "target_entropy_bits": float(-(p * np.log2(p)).sum()) + 0.0,  # + 0.0: no -0.0 for a single target
+            "invalid_samples": list(dict.fromkeys(invalid))[:5],
+        }
+        self.pools[(task, level)] = pool
+        st = self.task_stats[where]
+        print(
+            f"task pool {where}: {st['valid']}/{size} proposals valid ({st['invalid']} invalid, {st['failed']} without a "
+            f"reply, replaced by the rule's), {st['distinct']} distinct, target entropy {st['target_entropy_bits']:.2f} bits"
+        )
+
+    def proposals(self, bodies: list[dict]) -> list:
+        """The reply text of each task-generation request (completions endpoint), from the cache or asked --llm-concurrency
+        at a time with retries; None where every attempt failed. The cache is read and written in this thread only."""
+        keys = [hashlib.sha256(json.dumps([self.base_url, body, "tasks"]).encode()).hexdigest() for body in bodies]
+        texts = self.cached(keys)
+        self.stats["task_cache_hits"] += sum(k in texts for k in keys)
+        ask = [i for i, k in enumerate(keys) if k not in texts]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=self.args.llm_concurrency) as threads:
+            replies = list(threads.map(self.propose, [bodies[i] for i in ask]))
+        for i, text in zip(ask, replies):
+            self.stats["task_requests"] += 1
+            if text is None:
+                self.stats["task_requests_failed"] += 1
+                continue
+            texts[keys[i]] = text
+            self.db.execute("INSERT OR REPLACE INTO answers VALUES (?, ?)", (keys[i], text))
+        self.db.commit()
+        return [texts.get(k) for k in keys]
+
+    def propose(self, body: dict):
+        for _ in range(1 + self.args.llm_retries):
+            try:
+                text = self.send(body, chat=False)
+            except (openai.OpenAIError, OSError, ValueError, LookupError, TypeError):  # OSError: timeouts
+                continue
+            if isinstance(text, str):
+                return text
+        return None
+
+    # the rule's part: the oracle and the transitions
 
     def oracle_action(self, s) -> int:
         return self.rule.oracle_action(s)
@@ -102,37 +175,11 @@ class LLMParent:
     def transition(self, s, action: int, reward: float):
         return self.rule.transition(s, action, reward)
 
-    # the answer role: a plain few-shot completion prompt, the first integer of the reply
-    def worked_examples(self, s) -> list:
-        """--llm-examples instances drawn with a fixed seed from s's level, never s's instance. A level whose examples
-        would all be one instance (pattern-echo's level 0: two cues) takes them from the next level with the same rule:
-        a prompt that repeats one answer eight times is copied, whatever the asked state."""
-        same_rule = [lv for t, lv in self.levels if t == s.task_name and lv >= s.level]
-        same_rule = [lv for lv in same_rule if dataclasses.replace(s, level=lv).rule_text() == s.rule_text()]
-        examples = []
-        for level in same_rule:
-            rng = np.random.default_rng(EXAMPLES_SEED)
-            examples = []
-            for _ in range(100 * self.examples):  # a level with a single instance has none to give
-                if len(examples) == self.examples:
-                    break
-                e = self.new_instance(s.task_name, level, rng)
-                if e.shown_attributes() != s.shown_attributes():
-                    examples.append(e)
-            if len({e.shown_attributes() for e in examples}) > 1 or self.examples < 2:
-                return examples
-        return examples
-
+    # the answer role: the script's few-shot completion prompt, the first integer of the reply
     def answer_prompt(self, s) -> str:
-        """The rule, the worked examples answered by the rule, and the asked state, each as `<attributes>` then
-        `answer = <n>`."""
         key = (s.task, s.level, s.shown_attributes())
         if key not in self.prompts:
-            blocks = [f"Rule: {s.rule_text()}"]
-            for e in self.worked_examples(s):
-                blocks.append(f"{e.shown_attributes()}\nanswer = {self.oracle_action(e)}")
-            blocks.append(f"{s.shown_attributes()}\nanswer =")
-            self.prompts[key] = "\n\n".join(blocks)
+            self.prompts[key] = self.prompt.answer_prompt(s)
         return self.prompts[key]
 
     def answer_body(self, s) -> dict:
@@ -149,15 +196,6 @@ class LLMParent:
         return int(match.group())
 
     # the judge role: a JSON verdict on (state, action) through the chat-completions endpoint
-    def user_message(self, s, action: int) -> str:
-        message = f"{s.to_prompt()}\nanswer = {int(action)}"
-        if self.next_state:
-            message += (
-                f"\nstate = {json.dumps(s.as_dict())}\nAlso give next_state: this state with step + 1, "
-                "last_action = the answer and last_correct = your reward."
-            )
-        return message
-
     def response_format(self) -> dict | None:
         """A JSON schema of {"reward": 0 | 1} (and the next state, each attribute in range) in the endpoint's form."""
         props = {"reward": {"type": "integer", "enum": [0, 1]}}
@@ -172,20 +210,6 @@ class LLMParent:
         return None
 
     def judge_body(self, s, action: int) -> dict:
-        # worked examples: fixed instances of the same task and level, answered right and wrong in turn
-        rng = np.random.default_rng(EXAMPLES_SEED)
-        shots = []
-        for i in range(self.examples):
-            e = self.new_instance(s.task_name, s.level, rng)
-            a = self.oracle_action(e)
-            if i % 2 == 1:
-                a = (self.oracle_action(e) + 1 + i) % self.num_actions
-            r = self.judge(e, a)
-            verdict = {"reward": int(r)}
-            if self.next_state:
-                verdict["next_state"] = self.transition(e, a, r).as_dict()
-            shots.append({"role": "user", "content": self.user_message(e, a)})
-            shots.append({"role": "assistant", "content": json.dumps(verdict)})
         # max_tokens bounds a model that does not stop: the answer is about 6 tokens, 90 with the next state
         body = {"model": self.model, "temperature": 0, "max_tokens": 20}
         if self.next_state:
@@ -193,11 +217,7 @@ class LLMParent:
         fmt = self.response_format()
         if fmt:
             body["response_format"] = fmt
-        body["messages"] = [
-            {"role": "system", "content": LLM_SYSTEM_PROMPT},
-            *shots,
-            {"role": "user", "content": self.user_message(s, action)},
-        ]
+        body["messages"] = self.prompt.judge_messages(s, action)
         return body
 
     def judge_verdict(self, text, s, action: int):
@@ -249,10 +269,14 @@ class LLMParent:
 
     def request(self, s, action: int):
         """The reply's text: the completion (answer) or the chat message's content (judge)."""
-        endpoint = self.client.chat.completions
-        if self.role == "answer":
-            endpoint = self.client.completions
-        with endpoint.with_streaming_response.create(**self.body(s, action)) as reply:
+        return self.send(self.body(s, action), chat=self.role == "judge")
+
+    def send(self, body: dict, chat: bool):
+        """The text of the reply to body: the chat message's content, or the completion."""
+        endpoint = self.client.completions
+        if chat:
+            endpoint = self.client.chat.completions
+        with endpoint.with_streaming_response.create(**body) as reply:
             # the client's timeout bounds each read; this deadline bounds a reply trickled a few bytes at a time
             deadline = time.monotonic() + self.timeout
             chunks = []
@@ -261,9 +285,9 @@ class LLMParent:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"no complete reply within --llm-timeout {self.timeout} s")
         choice = json.loads(b"".join(chunks))["choices"][0]  # as leniently as the client reads
-        if self.role == "answer":
-            return choice["text"]
-        return choice["message"]["content"]
+        if chat:
+            return choice["message"]["content"]
+        return choice["text"]
 
     def ask(self, s, action: int) -> Reply:
         """The first valid reply within 1 + retries attempts, with its latency, and the invalid replies before it."""
@@ -334,6 +358,26 @@ class LLMParent:
             out.append((reward, nxt))
         return out
 
+    # what a resumed run continues: the running totals (the answers are in the sqlite cache)
+    def state_dict(self) -> dict:
+        return {
+            "stats": dict(self.stats),
+            "latencies": list(self.latencies),
+            "invalid_samples": list(self.invalid_samples),
+            "pools": {key: [s.as_list() for s in pool] for key, pool in self.pools.items()},
+            "task_stats": dict(self.task_stats),
+        }
+
+    def load_state_dict(self, state: dict):
+        self.stats = collections.Counter(state["stats"])
+        self.latencies = list(state["latencies"])
+        self.invalid_samples = list(state["invalid_samples"])
+        self.pools = {}
+        for (task, level), pool in state["pools"].items():
+            state_class = type(self.rule.new_instance(task, level, np.random.default_rng(0)))  # the script's State
+            self.pools[(task, level)] = [state_class.from_list(v, self.num_actions) for v in pool]
+        self.task_stats = dict(state["task_stats"])
+
     # what it reports
     def summary(self) -> dict:
         """Totals, and per task and level: agreement of the LLM's rewards with the rule's, the share rewarded (a judge's
@@ -348,6 +392,9 @@ class LLMParent:
         if self.latencies:
             out["latency_ms"] = float(np.mean(self.latencies))
         out["invalid_samples"] = list(self.invalid_samples)
+        if self.args.task_source == "parent":
+            out.update({k: st[k] for k in ("task_requests", "task_requests_failed", "task_cache_hits")})
+            out["task_generation"] = dict(self.task_stats)
         levels = sorted({k.rsplit("/", 1)[0] for k in st if k.count("/") == 2})
         out["per_level"] = {}
         for w in levels:
@@ -383,7 +430,7 @@ class LLMParent:
         if self.role == "judge":
             what = "a chat completion"
         try:
-            text = self.request(self.new_instance(self.tasks[0], 0, np.random.default_rng(0)), 0)
+            text = self.request(self.rule.new_instance(self.tasks[0], 0, np.random.default_rng(0)), 0)
         except Exception as e:
             raise ValueError(failed(what, e)) from e
         if not isinstance(text, str):
@@ -400,7 +447,7 @@ class LLMParent:
         self.latencies = []
         self.invalid_samples = []
         for task, level in levels:
-            states = [self.new_instance(task, level, rng) for _ in range(pairs)]
+            states = [self.rule.new_instance(task, level, rng) for _ in range(pairs)]
             wrong = [int(x) for x in rng.integers(1, self.num_actions, pairs)]
             actions = []
             for i, (s, w) in enumerate(zip(states, wrong)):

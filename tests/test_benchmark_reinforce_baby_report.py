@@ -1,13 +1,18 @@
 """Tests of benchmark/reinforce_baby_report.py on hand-made reinforce_baby runs (TensorBoard events, eval.json and
-manifest records)."""
+manifest records), and of the pre-registered curriculum comparison's verdict and runner."""
 
 import json
+import os
+import subprocess
 
 import pytest
 from benchmark_helpers import load_benchmark_script
+from helpers import REPO, SCRIPT_ENV
+from test_reinforce_baby_llm import llm_server  # noqa: F401 (the stand-in LLM server's fixture, by name below)
 from torch.utils.tensorboard import SummaryWriter
 
 reinforce_baby_report = load_benchmark_script("reinforce_baby_report")
+comparison = load_benchmark_script("reinforce_baby_curriculum_comparison")
 
 
 def _fake_baby_run(sweep, key, curves, ev=None, wall=None, exit_code=0):
@@ -99,3 +104,67 @@ def test_reinforce_baby_report_checks_the_mvp_criteria_per_seed_and_compares_met
     # no MVP runs: one line, exit 2, nothing written
     assert reinforce_baby_report.main(["--out", str(tmp_path / "empty"), "--report", str(tmp_path / "rep2")]) == 2
     assert not (tmp_path / "rep2").exists()
+
+
+# ----------------------------------------------------------------------- the pre-registered curriculum comparison
+
+
+def comparison_row(parent, rule, seed, levels, success=None, accuracy=None, fallback_share=0.0):
+    return {
+        "parent": parent,
+        "rule": rule,
+        "seed": seed,
+        "levels": dict(zip(comparison.TASKS, levels)),
+        "success": success or {},
+        "accuracy": accuracy,
+        "fallback_share": fallback_share,
+        "counted": fallback_share <= comparison.MAX_FALLBACK_SHARE,
+    }
+
+
+def test_the_comparisons_verdict_applies_the_preregistered_criteria():
+    """T: the plan's curriculum gains the LLM parent at least one level (summed over tasks) more than the rule parent;
+    W: where the parent's accuracy is below 0.95, the baby's success is at most that accuracy + 0.05."""
+    capped = {"sequence-next/level0": 0.84, "pattern-echo/level0": 1.0}
+    accuracy = {"sequence-next/level0": 0.84, "pattern-echo/level0": 1.0}
+    rows = []
+    for seed in (1, 2):
+        rows.append(comparison_row("rule", "mastery", seed, [2, 2, 1]))
+        rows.append(comparison_row("rule", "plan", seed, [2, 2, 1]))
+        rows.append(comparison_row("LLM", "mastery", seed, [2, 0, 1], capped, accuracy))
+        rows.append(comparison_row("LLM", "plan", seed, [2, 1, 1], capped, accuracy))
+    v = comparison.verdict(rows)
+    assert (v["G_LLM"], v["G_rule"], v["T"], v["W"], v["verdict"]) == (1.0, 0.0, True, True, "both")
+    # the baby better than its parent where the parent errs: not the teaching
+    better = {"sequence-next/level0": 0.95, "pattern-echo/level0": 1.0}
+    for r in rows:
+        if r["parent"] == "LLM":
+            r["success"] = better
+    assert comparison.verdict(rows)["verdict"] == "the threshold"
+    # the rule parent gains as much from the plan's curriculum: not the threshold
+    for r in rows:
+        if (r["parent"], r["rule"]) == ("rule", "plan"):
+            r["levels"]["conditional"] = 2
+    assert comparison.verdict(rows)["verdict"] == "neither"
+    # a run with more than 5% fallbacks is left out; a cell with one counted seed leaves the verdict undecided
+    rows[2]["fallback_share"] = 0.2
+    rows[2]["counted"] = False
+    assert comparison.verdict(rows)["verdict"] == "undecided"
+
+
+def test_the_comparisons_runner_runs_its_tiny_grid_and_reports(tmp_path, request):
+    """bash benchmark/reinforce_baby_curriculum_comparison.sh --tiny against the stand-in LLM server: the four cells'
+    runs (rule and LLM parent x mastery and plan curriculum) and REPORT.md with a verdict line."""
+    srv = request.getfixturevalue("llm_server")
+    script = os.path.join(REPO, "benchmark", "reinforce_baby_curriculum_comparison.sh")
+    out = tmp_path / "out"
+    cmd = ["bash", script, "--tiny", "--llm-base-url", srv.url, "--llm-model", "test-model", "--out", str(out)]
+    subprocess.run(cmd, check=True, env=SCRIPT_ENV, capture_output=True)
+    with open(out / "report" / "report.json") as f:
+        report = json.load(f)
+    cells = sorted((r["parent"], r["rule"]) for r in report["runs"])
+    assert cells == [("LLM", "mastery"), ("LLM", "plan"), ("rule", "mastery"), ("rule", "plan")]
+    assert all(r["levels"] and r["counted"] for r in report["runs"])
+    assert [r["accuracy"] is None for r in report["runs"]].count(True) == 2
+    assert report["verdict"]["verdict"] == "undecided"  # one seed per cell
+    assert "**Verdict: undecided.**" in (out / "report" / "REPORT.md").read_text()

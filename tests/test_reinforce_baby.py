@@ -180,7 +180,7 @@ def make_agent():
     return reinforce_baby.Agent(8, 3, 32, 2, 4)
 
 
-def test_world_model_target_is_the_raw_next_state_tensor():
+def test_world_model_predicts_the_raw_next_state_tensor():
     agent = make_agent()
     parent = reinforce_baby.DeterministicParent(8)
     env = reinforce_baby.BabyEnv(parent, 5, 3, seed=0)
@@ -188,8 +188,8 @@ def test_world_model_target_is_the_raw_next_state_tensor():
     actions = [1, 2, 3, 4, 5]
     next_states, _, _, _, _ = env.step(actions)
     nx = reinforce_baby.states_to_tensor(next_states)
-    target = agent.world_model_target(nx)
-    assert torch.equal(target, nx.float()) and target.shape == (5, reinforce_baby.STATE_DIM)
+    target = nx.float()
+    assert target.shape == (5, reinforce_baby.STATE_DIM)
     assert nx[:, reinforce_baby.ATTRIBUTES.index("last_action")].tolist() == actions
     pred = agent.world_model(agent.embed(reinforce_baby.states_to_tensor(states)), torch.tensor(actions))
     assert pred.shape == target.shape
@@ -203,7 +203,7 @@ def test_gradients_reach_every_parameter():
     x = reinforce_baby.states_to_tensor(states)
     action, logprob, entropy, value, h, logits = agent.get_action_and_value(x)
     nx = reinforce_baby.states_to_tensor(env.step(action.tolist())[0])
-    wm_loss = torch.nn.functional.mse_loss(agent.world_model(h, action), agent.world_model_target(nx))
+    wm_loss = torch.nn.functional.mse_loss(agent.world_model(h, action), nx.float())
     wm_loss.backward(retain_graph=True)
     # the world-model loss alone shapes the shared representation (encoder and core), not the policy head
     for name, p in agent.named_parameters():
@@ -215,6 +215,15 @@ def test_gradients_reach_every_parameter():
     loss.backward()
     for name, p in agent.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"num_actions": 8, "hidden_dim": 32, "num_layers": 1}, {"num_actions": 12, "hidden_dim": 128, "num_layers": 4}],
+)
+def test_validate_counts_the_parameters_of_the_model_it_would_build(kwargs):
+    args = reinforce_baby.Args(max_episode_steps=5, num_heads=8, **kwargs)
+    assert reinforce_baby.agent_size(args) == reinforce_baby.num_parameters(reinforce_baby.build_agent(args))
 
 
 def test_model_size_is_capped_below_one_million_parameters_and_the_error_names_the_cause():
@@ -358,9 +367,9 @@ def test_world_model_loss_pairs_each_state_and_action_with_its_own_next_state(mo
     row of the shuffled batch. If this failed, the target were the current state s_t (a model that learns that nothing
     happens), or the rows of states, actions and next states were out of step."""
     taken, next_states, perms, targets, wm_actions = [], [], [], [], []
-    real_step, real_target, real_wm = (
+    real_step, real_mse, real_wm = (
         reinforce_baby.BabyEnv.step,
-        reinforce_baby.Agent.world_model_target,
+        reinforce_baby.F.mse_loss,
         reinforce_baby.WorldModelHead.forward,
     )
     real_randperm = torch.randperm
@@ -375,9 +384,9 @@ def test_world_model_loss_pairs_each_state_and_action_with_its_own_next_state(mo
         perms.append(real_randperm(n, *args, **kwargs))
         return perms[-1]
 
-    def world_model_target(self, next_x):
-        targets.append(next_x.clone())
-        return real_target(self, next_x)
+    def mse_loss(prediction, target, *args, **kwargs):
+        targets.append(target.clone())
+        return real_mse(prediction, target, *args, **kwargs)
 
     def world_model(self, h, action):
         wm_actions.append(action.clone())
@@ -385,13 +394,13 @@ def test_world_model_loss_pairs_each_state_and_action_with_its_own_next_state(mo
 
     monkeypatch.setattr(reinforce_baby.BabyEnv, "step", step)
     monkeypatch.setattr(torch, "randperm", randperm)
-    monkeypatch.setattr(reinforce_baby.Agent, "world_model_target", world_model_target)
+    monkeypatch.setattr(reinforce_baby.F, "mse_loss", mse_loss)
     monkeypatch.setattr(reinforce_baby.WorldModelHead, "forward", world_model)
     train_tiny(max_episode_steps=2, total_timesteps=32)  # one update of 16 episodes x 2 steps
     (perm,) = [p for p in perms if len(p) == 32]
     (target,) = [t for t in targets if len(t) == 32]  # the rollout's prediction-reward calls have 16 rows
     (action,) = [a for a in wm_actions if len(a) == 32]
-    assert torch.equal(target, torch.cat(next_states)[perm])
+    assert torch.equal(target, torch.cat(next_states)[perm].float())
     assert torch.equal(action, torch.cat(taken)[perm])
     # s_{t+1} differs from s_t in every row (the step counter), so the current state cannot pass for the next
     assert not torch.equal(
@@ -535,6 +544,42 @@ def test_curriculum_levels_up_when_the_success_rate_reaches_the_threshold_exactl
     assert cm.record("pattern-echo", 0, True) and cm.levels["pattern-echo"] == 1
     perfect = reinforce_baby.CurriculumManager(["pattern-echo"], True, 2, threshold=1.0, window=5)
     assert [perfect.record("pattern-echo", 0, True) for _ in range(5)] == [False] * 4 + [True]
+
+
+class ApprovingParent(reinforce_baby.DeterministicParent):
+    """A parent that rewards every answer, right or wrong."""
+
+    def respond(self, states, actions):
+        return [(1.0, self.transition(s, a, 1.0)) for s, a in zip(states, actions)]
+
+
+def test_the_plans_curriculum_counts_the_parents_reward_over_100_episodes_without_review(monkeypatch):
+    """--curriculum-rule plan: a parent that approves every answer moves an untrained baby up one level per 100
+    episodes at its level (the window fills at the 100th: update 7 of 16 episodes; level 1 from update 8 fills it in
+    update 14), and every episode is played at the current level. The mastery rule counts the rule's verdict, so the
+    same baby stays at level 0."""
+    played = []
+    real_reset = reinforce_baby.BabyEnv.reset
+
+    def reset(self, tasks, levels):
+        played.append(list(levels))
+        return real_reset(self, tasks, levels)
+
+    monkeypatch.setattr(reinforce_baby.BabyEnv, "reset", reset)
+    plan = dict(curriculum=True, curriculum_rule="plan", total_timesteps=16 * 14)
+    _, levels, scalars = train_tiny(ApprovingParent(8), **plan)
+    assert levels == {"pattern-echo": 2}
+    level = scalars["curriculum/level_pattern-echo"]
+    assert level.index(1) == 6 and level.index(2) == 13  # after updates 7 and 14
+    assert played == [[level_at] * 16 for level_at in [0] + level[:-1]]
+    _, levels, _ = train_tiny(ApprovingParent(8), curriculum=True, total_timesteps=16 * 14)
+    assert levels == {"pattern-echo": 0}
+
+
+def test_the_plans_curriculum_is_one_flag_with_its_own_settings():
+    assert "--curriculum" in refusal(reinforce_baby.Args(curriculum_rule="plan"))
+    assert "--mastery-" in refusal(reinforce_baby.Args(curriculum=True, curriculum_rule="plan", mastery_window=50))
+    reinforce_baby.validate(reinforce_baby.Args(curriculum=True, curriculum_rule="plan"))
 
 
 def test_curriculum_counts_an_episode_at_the_level_it_was_played(monkeypatch):
@@ -686,10 +731,6 @@ def test_full_run_saves_evaluates_baselines_and_analysis(tmp_path):
         *flags,
         "--save-model",
         "--capture-video",
-        "--baselines",
-        "random",
-        "rl-only",
-        "kl-distill",
         "--runs-dir",
         str(runs),
         "--seed",
@@ -703,9 +744,7 @@ def test_full_run_saves_evaluates_baselines_and_analysis(tmp_path):
 
     with open(os.path.join(run_dir, "eval.json")) as f:
         ev = json.loads(f.read(), parse_constant=strict)
-    assert set(ev["baselines"]) == {"random", "rl-only", "kl-distill"}
-    assert "world_model_mse" not in ev["baselines"]["random"] and "world_model_mse" in ev["baselines"]["rl-only"]
-    assert all(isinstance(v, float) for v in ev["baselines"]["kl-distill"].values())
+    assert set(ev["baselines"]) == {"random"} and "world_model_mse" not in ev["baselines"]["random"]
     assert set(ev["probe_accuracy"]) >= {"task", "v0", "v1"}
     assert os.path.getsize(os.path.join(run_dir, "tsne.png")) > 1000
     assert os.path.isfile(os.path.join(run_dir, "videos", "eval_transcript.txt"))
@@ -721,26 +760,28 @@ def test_full_run_saves_evaluates_baselines_and_analysis(tmp_path):
     assert again == reinforce_baby.evaluate(model, episodes=8, seed=4 + reinforce_baby.EVAL_SEED_OFFSET)
 
 
-def test_in_process_baseline_is_the_run_its_own_flags_would_make(tmp_path):
-    """`--baselines rl-only` trains in the agent's process; it must reseed first, so that its training is the run
-    `--world-model-coef 0 --pred-reward-weight 0` would make alone with the same seed, not one that depends on how
-    much randomness the agent's run consumed."""
-    common = ["--task", "pattern-echo", *[f if f != "64" else "160" for f in TINY], "--seed", "3"]
-    run_script("reinforce_baby", *common, "--baselines", "rl-only", "--runs-dir", str(tmp_path / "with"), check=True)
-    alone = ["--world-model-coef", "0", "--pred-reward-weight", "0", "--runs-dir", str(tmp_path / "alone")]
-    run_script("reinforce_baby", *common, *alone, check=True)
-    inside = logged_scalars(os.path.join(only_run_dir(tmp_path / "with"), "baseline_rl-only"))
-    alone = logged_scalars(only_run_dir(tmp_path / "alone"))
-    for tag in ("losses/entropy", "losses/policy_loss", "charts/success_rate", "charts/episodic_return"):
-        assert inside[tag] == alone[tag], tag
-    with open(os.path.join(only_run_dir(tmp_path / "with"), "eval.json")) as f:
-        in_eval = json.load(f)["baselines"]["rl-only"]
-    with open(os.path.join(only_run_dir(tmp_path / "alone"), "eval.json")) as f:
-        alone_eval = json.load(f)
-    assert in_eval["success_rate"] == alone_eval["success_rate"]
-    assert {k: v for k, v in in_eval.items() if k.startswith("success_") and k != "success_rate"} == {
-        f"success_{k}": v for k, v in alone_eval["per_difficulty_success"].items()
-    }
+def test_the_benchmark_trains_the_baselines_as_runs_of_their_own_and_tables_them(tmp_path):
+    """benchmark/reinforce_baby_baselines.py runs the agent's command as given, as RL-only (no world model, no
+    prediction reward) and as KL-distill, one seed each, and tables the three evaluations with the random row. Each
+    baseline's logged losses show that its flags took effect."""
+    runs = tmp_path / "runs"
+    flags = ["--task", "pattern-echo", *TINY, "--seed", "3"]
+    script = os.path.join(os.path.dirname(reinforce_baby.__file__), "..", "benchmark", "reinforce_baby_baselines.py")
+    subprocess.run([sys.executable, script, "--runs-dir", str(runs), "--", *flags], check=True, env=SCRIPT_ENV)
+    with open(runs / "baselines.json") as f:
+        rows = json.load(f)
+    assert list(rows) == ["agent", "random", "rl-only", "kl-distill"]
+    logged = {}
+    for name in ("agent", "rl-only", "kl-distill"):
+        run_dir = only_run_dir(runs / name)
+        with open(os.path.join(run_dir, "eval.json")) as f:
+            ev = json.load(f)
+        assert rows[name]["success_rate"] == ev["success_rate"]
+        assert rows[name]["success_pattern-echo/level2"] == ev["per_difficulty_success"]["pattern-echo/level2"]
+        logged[name] = logged_scalars(run_dir)
+    assert all(v == 0 for _, v in logged["rl-only"]["reward/pred"]) and any(v > 0 for _, v in logged["agent"]["reward/pred"])
+    assert all(v > 0 for _, v in logged["kl-distill"]["losses/kl_to_parent"])
+    assert all(v == 0 for _, v in logged["agent"]["losses/kl_to_parent"])
 
 
 # ----------------------------------------------------------------------------------------------------- bad input
@@ -806,3 +847,62 @@ def test_num_actions_check_depends_on_the_levels_used():
     reinforce_baby.validate(reinforce_baby.Args(task="pattern-echo", num_actions=4, level=1))
     assert "--num-actions 4" in refusal(reinforce_baby.Args(task="pattern-echo", num_actions=4, level=2))
     reinforce_baby.validate(dataclasses.replace(reinforce_baby.Args(), num_actions=8, task="all", curriculum=True))
+
+
+# ------------------------------------------------------------------- the plan's conditional rule (--conditional-rule)
+
+
+def test_the_plans_conditional_rule_answers_the_shapes_block_plus_8_for_red():
+    """--conditional-rule plan: f0 the shape (0 circle, 1 square), f1 the colour (1 red), v0 the place in the block:
+    circle 0-3, square 4-7, red adds 8. Level 0 has no colour; level 2 uses all 16 actions."""
+    parent = reinforce_baby.DeterministicParent(16, "plan")
+    rng = np.random.default_rng(0)
+    answers = {0: set(), 1: set(), 2: set()}
+    for level in range(3):
+        for _ in range(400):
+            s = parent.new_instance("conditional", level, rng)
+            shape, colour = s.flags[0], s.flags[1]
+            assert shape in (0, 1) and 0 <= s.values[0] < reinforce_baby.CONDITIONAL_PLAN_LEVELS[level]["places"]
+            expected = s.values[0] + 4 * shape + 8 * (colour == 1)
+            assert parent.oracle_action(s) == expected and parent.judge(s, expected) == 1.0
+            assert s.values[1:] == (16, 16)
+            if level == 0:
+                assert colour == reinforce_baby.FLAG_PAD
+            answers[level].add(expected)
+    assert answers == {0: set(range(8)), 1: {0, 1, 4, 5, 8, 9, 12, 13}, 2: set(range(16))}
+    s = parent.new_instance("conditional", 2, rng)
+    assert "plus 8 if f1" in parent.rule_text(s) and "plus 8" not in s.rule_text()
+
+
+def test_the_plans_conditional_rule_leaves_the_models_shapes_and_weights_as_they_are():
+    """The flag changes what the conditional task asks, never the model: the same seed builds the same parameters."""
+    default = reinforce_baby.Args(task="all", num_actions=16)
+    plan = dataclasses.replace(default, conditional_rule="plan")
+    torch.manual_seed(0)
+    a = reinforce_baby.build_agent(default).state_dict()
+    torch.manual_seed(0)
+    b = reinforce_baby.build_agent(plan).state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert reinforce_baby.agent_size(plan) == reinforce_baby.agent_size(default)
+
+
+def test_a_run_with_the_plans_conditional_rule_trains_and_evaluates_its_levels(tmp_path):
+    flags = [f if f != "8" else "16" for f in TINY]
+    run_script(
+        "reinforce_baby", "--task", "conditional", "--conditional-rule", "plan", *flags, "--curriculum", "--capture-video",
+        "--runs-dir", str(tmp_path), check=True,
+    )  # fmt: skip
+    run_dir = only_run_dir(tmp_path)
+    with open(os.path.join(run_dir, "eval.json")) as f:
+        ev = json.load(f)
+    assert set(ev["per_difficulty_success"]) == {f"conditional/level{k}" for k in range(3)}
+    assert "plus 8 if f1" in open(os.path.join(run_dir, "videos", "eval_transcript.txt")).read()
+
+
+def test_the_plans_conditional_rule_needs_16_actions_the_conditional_task_and_the_rule_parent():
+    args = reinforce_baby.Args(task="conditional", conditional_rule="plan", num_actions=8)
+    assert "--num-actions 8" in refusal(args) and "16" in refusal(args)
+    reinforce_baby.validate(dataclasses.replace(args, num_actions=16))
+    assert "--task" in refusal(reinforce_baby.Args(task="pattern-echo", conditional_rule="plan", num_actions=16))
+    llm = reinforce_baby.Args(task="all", conditional_rule="plan", num_actions=16, parent="llm", llm_base_url="http://x/v1")
+    assert "rule parent" in refusal(llm)

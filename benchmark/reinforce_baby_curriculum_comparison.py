@@ -1,0 +1,170 @@
+"""Report of the pre-registered curriculum comparison of reinforce_baby
+(docs/results/reinforce_baby/curriculum_comparison/PREREGISTRATION.md): one row per run (final levels, the steps at
+which each task reached each level, evaluation success, the LLM parent's accuracy and fallbacks), the measures T and W
+and the verdict, as the pre-registration defines them. Writes REPORT.md and report.json into --report.
+
+Usage: python benchmark/reinforce_baby_curriculum_comparison.py \
+    --sweep benchmark/out/reinforce_baby_curriculum_comparison/runs --report docs/results/reinforce_baby/curriculum_comparison
+"""
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from reinforce_baby_report import TASKS, logged_runs  # noqa: E402
+
+CELLS = [("rule", "mastery"), ("rule", "plan"), ("LLM", "mastery"), ("LLM", "plan")]
+MAX_FALLBACK_SHARE = 0.05  # a run whose parent fell back more often is left out of T and W (a server fault)
+ACCURACY_BELOW = 0.95  # W looks at the levels where the parent is wrong often enough to matter
+W_MARGIN = 0.05
+T_MIN_LEVELS = 1.0
+
+
+def cell_of(key: str) -> tuple[str, str]:
+    parent = "rule"
+    if "parent_llm" in key:
+        parent = "LLM"
+    rule = "mastery"
+    if "curriculum-rule_plan" in key:
+        rule = "plan"
+    return parent, rule
+
+
+def level_steps(series: dict, task: str) -> list:
+    """The first step at which the task's level was 1 and 2 (None where it never was)."""
+    steps, levels = series[f"curriculum/level_{task}"]
+    out = []
+    for k in (1, 2):
+        reached = steps[levels >= k]
+        out.append(int(reached[0]) if len(reached) else None)
+    return out
+
+
+def run_rows(sweep: str) -> list[dict]:
+    """One row per finished run of the sweep."""
+    rows = []
+    for key, series, ev, wall in logged_runs(sweep):
+        if ev is None:
+            continue
+        parent, rule = cell_of(key)
+        row = {"key": key, "parent": parent, "rule": rule, "seed": int(key.rsplit("__s", 1)[1]), "wall_s": wall}
+        row["levels"] = {t: ev["eval_levels"][t] for t in TASKS}
+        row["level_steps"] = {t: level_steps(series, t) for t in TASKS}
+        row["success"] = ev["per_difficulty_success"]
+        row["eval_success"] = ev["success_rate"]
+        row["accuracy"] = None
+        row["fallback_share"] = 0.0
+        if "parent" in ev:
+            row["accuracy"] = {w: v.get("accuracy") for w, v in ev["parent"]["per_level"].items()}
+            row["fallback_share"] = ev["parent"]["fallbacks"] / max(1, ev["parent"]["queries"])
+        row["counted"] = row["fallback_share"] <= MAX_FALLBACK_SHARE
+        rows.append(row)
+    return rows
+
+
+def verdict(rows: list[dict]) -> dict:
+    """T, W and the verdict from the counted runs, as the pre-registration states them."""
+    counted = [r for r in rows if r["counted"]]
+    seeds = {cell: [r for r in counted if (r["parent"], r["rule"]) == cell] for cell in CELLS}
+    out = {"seeds_per_cell": {f"{p}/{r}": len(v) for (p, r), v in seeds.items()}}
+    if min(len(v) for v in seeds.values()) < 2:
+        out["verdict"] = "undecided"
+        return out
+    mean_levels = {cell: float(np.mean([sum(r["levels"].values()) for r in v])) for cell, v in seeds.items()}
+    g_llm = mean_levels[("LLM", "plan")] - mean_levels[("LLM", "mastery")]
+    g_rule = mean_levels[("rule", "plan")] - mean_levels[("rule", "mastery")]
+    out["mean_level_sum"] = {f"{p}/{r}": v for (p, r), v in mean_levels.items()}
+    out["G_LLM"] = g_llm
+    out["G_rule"] = g_rule
+    out["T"] = bool(g_llm - g_rule >= T_MIN_LEVELS)
+    s_played = []
+    a_played = []
+    for r in seeds[("LLM", "mastery")] + seeds[("LLM", "plan")]:
+        for t in TASKS:
+            for k in range(r["levels"][t] + 1):
+                w = f"{t}/level{k}"
+                a = r["accuracy"].get(w)
+                if a is not None and a < ACCURACY_BELOW:
+                    s_played.append(r["success"][w])
+                    a_played.append(a)
+    out["W_levels"] = len(s_played)
+    out["W"] = False
+    if s_played:
+        out["mean_S"] = float(np.mean(s_played))
+        out["mean_A"] = float(np.mean(a_played))
+        out["W"] = bool(out["mean_S"] <= out["mean_A"] + W_MARGIN)
+    names = {(True, True): "both", (True, False): "the threshold", (False, True): "the teaching", (False, False): "neither"}
+    out["verdict"] = names[(out["T"], out["W"])]
+    return out
+
+
+def fmt(v, spec=".2f"):
+    if v is None:
+        return "–"
+    return format(v, spec)
+
+
+def report_md(rows: list[dict], v: dict) -> str:
+    lines = [
+        "# reinforce_baby curriculum comparison: the threshold or the teaching?",
+        "",
+        "Criteria, runs and stopping rule: [PREREGISTRATION.md](PREREGISTRATION.md). Written by "
+        "`benchmark/reinforce_baby_curriculum_comparison.py`.",
+        "",
+        f"**Verdict: {v['verdict']}.**",
+        "",
+    ]
+    if "T" in v:
+        lines += [
+            f"- T: G_LLM {v['G_LLM']:+.2f} levels, G_rule {v['G_rule']:+.2f}: T is {v['T']} (needs G_LLM − G_rule ≥ 1).",
+            f"- W: over {v['W_levels']} played (task, level) pairs where the parent's accuracy is below 0.95, mean baby "
+            f"success {fmt(v.get('mean_S'))} against mean parent accuracy {fmt(v.get('mean_A'))}: W is {v['W']}.",
+            "",
+        ]
+    lines += [f"Counted runs per cell: {', '.join(f'{k} {n}' for k, n in v['seeds_per_cell'].items())}.", ""]
+    lines += [
+        "| parent | curriculum | seed | final levels (PE/SN/C) | steps to level 1 / 2 (PE; SN; C) | eval success | "
+        "fallbacks | counted | wall s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(rows, key=lambda r: (CELLS.index((r["parent"], r["rule"])), r["seed"])):
+        levels = "/".join(str(r["levels"][t]) for t in TASKS)
+        steps = "; ".join(" / ".join(fmt(s, "d") for s in r["level_steps"][t]) for t in TASKS)
+        lines.append(
+            f"| {r['parent']} | {r['rule']} | {r['seed']} | {levels} | {steps} | {r['eval_success']:.3f} | "
+            f"{r['fallback_share']:.1%} | {'yes' if r['counted'] else 'no'} | {fmt(r['wall_s'], '.0f')} |"
+        )
+    lines += ["", "Per (task, level): baby's rule-judged success / the LLM parent's accuracy (LLM runs).", ""]
+    levels = [f"{t}/level{k}" for t in TASKS for k in range(3)]
+    lines += ["| run | " + " | ".join(levels) + " |", "|---|" + "---|" * len(levels)]
+    for r in rows:
+        if r["accuracy"] is None:
+            continue
+        cells = [f"{fmt(r['success'][w])} / {fmt(r['accuracy'].get(w))}" for w in levels]
+        lines.append(f"| {r['rule']} s{r['seed']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sweep", required=True, help="benchmark.py's output directory of the comparison's runs")
+    p.add_argument("--report", required=True, help="where REPORT.md and report.json go")
+    args = p.parse_args(argv)
+    rows = run_rows(args.sweep)
+    if not rows:
+        sys.exit(f"reinforce_baby_curriculum_comparison: no finished run under {args.sweep!r}")
+    v = verdict(rows)
+    os.makedirs(args.report, exist_ok=True)
+    with open(os.path.join(args.report, "REPORT.md"), "w") as f:
+        f.write(report_md(rows, v))
+    with open(os.path.join(args.report, "report.json"), "w") as f:
+        json.dump({"runs": rows, "verdict": v}, f, indent=2)
+    print(f"verdict: {v['verdict']} ({args.report}/REPORT.md)")
+
+
+if __name__ == "__main__":
+    main()

