@@ -93,8 +93,9 @@ class Args:
     """trunk learning rate on the next-observation loss, as a multiple of aux_lr (0: only the head learns it)"""
     aux_lr: float = 1e-3
     """Adam learning rate of the value and dynamics heads"""
-    buffer_size: int = 50_000
-    """capacity of the ExperienceBuffer of meta-training transitions saved with the checkpoint (0 disables)"""
+    buffer_size: int = 10_000
+    """capacity of the ExperienceBuffer of meta-training transitions saved with the checkpoint, the transitions
+    `adapt --adaptation-mode hybrid` replays (0 disables)"""
 
     # MAML
     outer_steps: int = 200
@@ -633,7 +634,10 @@ def meta_iteration(model, args, task_params, gen, buffer, first_task_id, aux_opt
     stats = outer_update(model, tasks_data, args, outer_opt)
     v_loss, d_loss = aux_update(model, tasks_data, args, aux_opt, monitor)
 
-    return int(steps), iteration_scalars(args, returns, tasks_data, inner_l, stats, v_loss, d_loss)
+    buffer_size = 0
+    if buffer is not None:
+        buffer_size = len(buffer)
+    return int(steps), iteration_scalars(args, returns, tasks_data, inner_l, stats, v_loss, d_loss, buffer_size)
 
 
 # ------------------------------------------------------------------------------------------------ ROLLOUT
@@ -1344,7 +1348,10 @@ def start_run(args: Args, saved=None):
         )
     from torch.utils.tensorboard import SummaryWriter
 
-    writer = SummaryWriter(run_dir)
+    purge_step = None
+    if saved is not None:  # TensorBoard drops what the interrupted run logged after the checkpoint
+        purge_step = saved["training"]["global_step"] + 1
+    writer = SummaryWriter(run_dir, purge_step=purge_step)
     if saved is None:
         table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
         writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
@@ -1394,7 +1401,7 @@ def print_progress(it, args, global_step, sps, scalars, dt, elapsed):
     )
 
 
-def iteration_scalars(args, returns, tasks_data, inner_l, stats, v_loss, d_loss):
+def iteration_scalars(args, returns, tasks_data, inner_l, stats, v_loss, d_loss, buffer_size):
     """What an iteration logs: returns before, during and after adaptation, the losses, the outer step's statistics."""
     post = returns[-1].mean().item()
     scalars = {
@@ -1414,6 +1421,7 @@ def iteration_scalars(args, returns, tasks_data, inner_l, stats, v_loss, d_loss)
             "losses/dynamics_loss": d_loss,
             "meta/line_search_steps": stats["line_search_steps"],
             "meta/step_accepted": stats["accepted"],
+            "meta/buffer_size": buffer_size,
         }
     )
     if args.outer_optimizer in ("adam", "promp"):
@@ -1646,17 +1654,20 @@ class AdaptArgs:
     adapt_lr: float = 1e-2
     """adaptation learning rate"""
     adaptation_mode: tuple[str, ...] = ("standard",)
-    """one or more adapters: standard (current-task loss) | hybrid (plus replayed training transitions)"""
+    """one or more adapters: standard (loss_current: the objective on the task's own episodes) | hybrid
+    (loss_current + experience_weight x loss_experience, the same objective on a batch of the checkpoint's training
+    transitions: pg replays their actions with their stored advantages, dynamics their (obs, next_obs) pairs as the
+    plan's MSE, entropy their inputs)"""
     adapt_objective: tuple[str, ...] = ("pg",)
     """one or more objectives: pg (uses rewards) | dynamics (reward-free next-obs prediction) | entropy (Tent)"""
     strategy: str = "none"
     """registered loss strategy: none | tent (adds --tent-coef x policy entropy)"""
     tent_coef: float = 1.0
     """weight of the entropy term of the tent strategy"""
-    experience_weight: float = 1.0
-    """hybrid: weight alpha of the replayed-batch loss"""
-    experience_batch_size: int = 256
-    """hybrid: transitions per replayed batch"""
+    experience_weight: float = 0.1
+    """hybrid: alpha of loss_current + alpha x loss_experience (the replayed batch's loss)"""
+    experience_batch_size: int = 32
+    """hybrid: training transitions per replayed batch, drawn uniformly from the checkpoint's ExperienceBuffer"""
     adapt_params: str = "all"
     """parameters adapted: all | ssm (the recurrent core) | heads (policy, value, dynamics) | norm (needs --layer-norm)"""
     adapt_optimizer: str = "sgd"
@@ -1776,6 +1787,8 @@ def run_adaptation(checkpoint, aargs, writer=None):
         "online": aargs.online,
         "adapt_steps": K,
         "adapt_lr": lr,
+        "experience_weight": aargs.experience_weight,
+        "experience_batch_size": aargs.experience_batch_size,
         "no_adaptation": {"return": float(base.mean()), "ci95": mean_ci95_half_width(base)},
         "results": results,
     }

@@ -7,7 +7,7 @@ import shutil
 
 import numpy as np
 import torch
-from helpers import load_json, sha256
+from helpers import load_json, logged_scalars, only_run_dir, sha256
 from maml_fixtures import parsed_train_args, run_maml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -208,3 +208,22 @@ def test_the_pipeline_plans_workflow_runs_as_written(tmp_path):
     # the plan's "custom hyperparameters" training command, parsed (running it is the same code at another size)
     custom = parsed_train_args(["train", "--outer-steps", "200", "--tasks-per-batch", "16"])
     assert (custom.outer_steps, custom.tasks_per_batch) == (200, 16)
+
+
+def test_hybrid_plans_settings_are_the_defaults_and_the_buffer_size_is_logged(tmp_path):
+    """The hybrid plan's buffer 10,000, experience batch 32 and weight 0.1 are the defaults; meta/buffer_size logs the
+    ExperienceBuffer's size after each outer step: growing by the step's valid transitions, capped at --buffer-size,
+    ending at the size the checkpoint saves."""
+    assert maml_ssm.Args().buffer_size == 10_000
+    aargs = maml_ssm.AdaptArgs("")
+    assert (aargs.experience_batch_size, aargs.experience_weight) == (32, 0.1)
+    runs = tmp_path / "runs"
+    run_maml(["train", *SMALL, "--outer-steps", "4", "--buffer-size", "40", "--runs-dir", runs, "--save-model"])
+    (run_dir,) = glob.glob(str(runs / "*"))
+    sizes = [v for _, v in sorted(logged_scalars(run_dir)["meta/buffer_size"])]
+    ckpt = load(os.path.join(run_dir, "maml_ssm.cleanrl_model"))
+    assert len(sizes) == 4 and sizes == sorted(sizes) and sizes[0] > 0
+    assert sizes[-1] == 40 == ckpt["buffer"]["size"]
+    off = tmp_path / "off"
+    run_maml(["train", *SMALL, "--outer-steps", "1", "--buffer-size", "0", "--runs-dir", off])
+    assert logged_scalars(only_run_dir(off))["meta/buffer_size"][0][1] == 0
