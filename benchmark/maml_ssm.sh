@@ -33,6 +33,13 @@
 #                                      evaluated on 40 test tasks -> benchmark/out/maml_ssm_promp_study,
 #                                      docs/results/maml_ssm/promp_study (promp_study_table.md with the verdicts);
 #                                      6 runs, 90 CPU-minutes plus evaluation, ~50 min wall with 2 workers on an idle box
+#   benchmark/maml_ssm.sh --hybrid-benchmark  the pre-registered standard-vs-hybrid adaptation study
+#                                      (docs/results/maml_ssm/hybrid_benchmark/PREREGISTRATION.md): SSM on halfcheetah-vel
+#                                      (buffer 20,000, weight 0.1, 540 CPU-s) and cartpole-physics (buffer 5,000, weight
+#                                      0.15, 240 CPU-s), seeds 1-3, both adapters on each checkpoint -> benchmark/out/
+#                                      maml_ssm_hybrid (HYBRID_OUT), docs/results/maml_ssm/hybrid_benchmark (HYBRID_REPORT);
+#                                      ~55-62 CPU-minutes, ~40 min wall on an idle box; add --tiny for a ~1 CPU-minute
+#                                      run of the same pipeline
 #   add --report-only to rebuild the tables/PNGs from finished runs without running anything (the report is
 #   benchmark/maml_ssm_report.py); other flags (e.g. --dry-run) go to benchmark/benchmark.py, and --dry-run also
 #   skips adapt and the report
