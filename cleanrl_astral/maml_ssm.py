@@ -5,8 +5,12 @@ policy-gradient inner step with a linear feature baseline, TRPO outer step) with
 by a Linear Recurrent Unit (Orvieto et al. 2023, "Resurrecting Recurrent Neural Networks for Long Sequences").
 GRU and MLP policies with matched parameter counts serve as baselines.
 
-Usage: python cleanrl_astral/maml_ssm.py train --task point-nav-2d --save-model
-       python cleanrl_astral/maml_ssm.py eval --checkpoint runs/<run>/maml_ssm.cleanrl_model
+The file reads in CleanRL's order: Args, tasks, model, then `train` and its `meta_iteration` (ROLLOUT, ADVANTAGES,
+UPDATE), where the meta-update is `outer_update` (TRPO, ProMP or one Adam step), then `eval` and `adapt`.
+
+Usage: python cleanrl_astral/maml_ssm.py train --config basic --outer-steps 100 --tasks-per-batch 8 --ckpt-dir ckpts
+       python cleanrl_astral/maml_ssm.py eval --checkpoint ckpts/latest.cleanrl_model --episodes 50
+       python cleanrl_astral/maml_ssm.py adapt --checkpoint ckpts/latest.cleanrl_model --adaptation-mode standard hybrid
 """
 
 import dataclasses
@@ -50,7 +54,7 @@ class Args:
     torch_deterministic: bool = True
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
     cuda: bool = False
-    """accepted for CleanRL compatibility; everything runs on CPU (tiny networks, batched simulation)"""
+    """train the policy on a CUDA device when one exists (the tasks step on CPU; eval and adapt run on CPU)"""
     track: bool = False
     """if toggled, this experiment will be tracked with Weights and Biases"""
     wandb_project_name: str = "cleanrl_astral"
@@ -354,10 +358,10 @@ class LRU(nn.Module):
         gamma = torch.sqrt(1 - torch.exp(2 * log_r))  # keeps the state's scale as |lambda| -> 1
         b_re = (u @ self.B_re.T) * gamma
         b_im = (u @ self.B_im.T) * gamma
-        lag = torch.arange(T)[:, None] - torch.arange(T)[None, :]  # t - s
+        lag = torch.arange(T, device=u.device)[:, None] - torch.arange(T, device=u.device)[None, :]  # t - s
         causal = (lag >= 0).to(u.dtype)
         # lambda^k for k = 0..T-1, gathered into the (N, T, S) Toeplitz matrix lambda^(t-s)
-        pow_re, pow_im = lambda_power(log_r, phase, torch.arange(T, dtype=u.dtype)[:, None])
+        pow_re, pow_im = lambda_power(log_r, phase, torch.arange(T, dtype=u.dtype, device=u.device)[:, None])
         L_re = pow_re.T[:, lag.clamp(min=0)] * causal
         L_im = pow_im.T[:, lag.clamp(min=0)] * causal
         seg = torch.cumsum(starts.long(), 0)  # (T, B): episode segment index; a reset starts a new segment
@@ -367,7 +371,7 @@ class LRU(nn.Module):
         x_re = toeplitz_conv(L_re, b_re, same) - toeplitz_conv(L_im, b_im, same)
         x_im = toeplitz_conv(L_re, b_im, same) + toeplitz_conv(L_im, b_re, same)
         # carry of x0: lambda^(t+1) x0 while no reset has happened yet
-        p_re, p_im = lambda_power(log_r, phase, torch.arange(1, T + 1, dtype=u.dtype)[:, None])
+        p_re, p_im = lambda_power(log_r, phase, torch.arange(1, T + 1, dtype=u.dtype, device=u.device)[:, None])
         c0 = (seg == 0).to(u.dtype)[..., None]
         x0_re, x0_im = x0.chunk(2, -1)
         x_re = x_re + c0 * (p_re[:, None] * x0_re - p_im[:, None] * x0_im)
@@ -439,7 +443,7 @@ class Agent(nn.Module):
 
     def initial_state(self, n):
         width = {"ssm": 2 * self.state_size, "gru": self.hidden, "mlp": 0}[self.kind]
-        return torch.zeros(n, width, dtype=self.encoder.weight.dtype)
+        return torch.zeros(n, width, dtype=self.encoder.weight.dtype, device=self.encoder.weight.device)
 
     def make_input(self, obs, prev_action, prev_reward):
         """prev_action is a vector (one-hot for discrete actions), zero on the first step of an episode."""
@@ -565,8 +569,12 @@ def train(args: Args):
     gen = torch.Generator().manual_seed(args.seed)
     train_rng, _ = task_streams(args.seed)
     env_cls = ENV_CLASSES[args.task]
-    model = build_agent(args, env_cls)
+    device = torch.device("cpu")
+    if args.cuda and torch.cuda.is_available():
+        device = torch.device("cuda")
+    model = build_agent(args, env_cls).to(device)
     print_param_counts(model, args, env_cls)
+    print(f"device {device}")
     aux_opt = make_aux_optimizer(model, args)
     outer_opt = None
     if args.outer_optimizer in ("adam", "promp"):
@@ -656,6 +664,7 @@ def sample_task_batches(model, params, task_params, args, gen, num_steps, inner_
         # ADVANTAGES (GAE)
         for b in parts:
             b["advantages"] = compute_advantages(b, args.gamma, args.gae_lambda)
+        parts = [to_device(b, model.encoder.weight.device) for b in parts]
         if j == num_steps:
             tasks_data = [{"train": train_batches[i], "val": parts[i]} for i in range(K)]
             return tasks_data, returns
@@ -675,6 +684,7 @@ def rollout(model, params, env, horizon, adapt_every=0, adapt_on=None):
     K = len(next(iter(params.values())))
     n = env.n
     per = n // K
+    device = model.encoder.weight.device  # the tasks step on CPU, the policy acts on its device
     obs = env.reset()
     prev_a = torch.zeros(n, model.act_dim)
     prev_r = torch.zeros(n, 1)
@@ -690,8 +700,9 @@ def rollout(model, params, env, horizon, adapt_every=0, adapt_on=None):
         if adapt_every and t > 0 and t % adapt_every == 0:
             params = adapt_on(stack_steps(buf))
         inp = model.make_input(obs, prev_a, prev_r)
-        state_in = state.reshape(n, -1)  # the recurrent state this step starts from (stored for replay)
-        pi, state = map_tasks(model, act, params, inp.reshape(K, per, -1), torch.full((K, per), t == 0), state)
+        state_in = state.reshape(n, -1).cpu()  # the recurrent state this step starts from (stored for replay)
+        starts = torch.full((K, per), t == 0, device=device)
+        pi, state = map_tasks(model, act, params, inp.reshape(K, per, -1).to(device), starts, state)
         log_std = None
         if not model.discrete:
             log_std = params["log_std"].repeat_interleave(per, 0)
@@ -699,6 +710,8 @@ def rollout(model, params, env, horizon, adapt_every=0, adapt_on=None):
         action = dist.sample()
         if model.discrete:
             action = action[:, None].float()
+        logp = log_prob(dist, action, model.discrete).cpu()
+        action = action.cpu()
         next_obs, reward, done = env.step(action)
         buf["obs"].append(obs)
         buf["inputs"].append(inp)
@@ -706,7 +719,7 @@ def rollout(model, params, env, horizon, adapt_every=0, adapt_on=None):
         buf["rewards"].append(reward * alive)
         buf["masks"].append(alive.clone())
         buf["next_obs"].append(next_obs)
-        buf["logp"].append(log_prob(dist, action, model.discrete))
+        buf["logp"].append(logp)
         buf["states"].append(state_in)
         alive = alive & ~done
         prev_a = action
@@ -737,6 +750,10 @@ def stack_steps(buf):
     batch["starts"] = torch.zeros_like(batch["masks"], dtype=torch.bool)
     batch["starts"][0] = True
     return batch
+
+
+def to_device(batch, device):
+    return {k: v.to(device) for k, v in batch.items()}
 
 
 def split_batch(batch, G):
@@ -1241,7 +1258,7 @@ class FeatureMonitor:
         self.count = count
 
     def update(self, feats, masks):
-        f = feats[masks > 0].detach().float()
+        f = feats[masks > 0].detach().float().cpu()
         d = 0.0
         if self.count:
             d = self.decay
@@ -1250,7 +1267,7 @@ class FeatureMonitor:
         self.count += 1
 
     def shift(self, feats, masks):
-        f = feats[masks > 0].detach().float()
+        f = feats[masks > 0].detach().float().cpu()
         return ((f.mean(0) - self.mean).abs() / torch.sqrt(self.var + 1e-6)).mean().item()
 
 
@@ -1320,8 +1337,8 @@ def add_batch_to_buffer(buffer, batch, task_id):
     m = batch["masks"] > 0
     last = m & ~(torch.cat([batch["masks"][1:], torch.zeros_like(batch["masks"][:1])]) > 0)
     buffer.add(
-        **{k: batch[k][m] for k in ("obs", "inputs", "actions", "rewards", "next_obs", "advantages", "states")},
-        dones=last[m],
+        **{k: batch[k][m].cpu() for k in ("obs", "inputs", "actions", "rewards", "next_obs", "advantages", "states")},
+        dones=last[m].cpu(),
         task_ids=torch.full((int(m.sum()),), task_id, dtype=torch.long),
     )
 

@@ -6,6 +6,7 @@ import os
 import shutil
 
 import numpy as np
+import pytest
 import torch
 from helpers import load_json, logged_scalars, only_run_dir, sha256
 from maml_fixtures import parsed_train_args, run_maml
@@ -227,3 +228,25 @@ def test_hybrid_plans_settings_are_the_defaults_and_the_buffer_size_is_logged(tm
     off = tmp_path / "off"
     run_maml(["train", *SMALL, "--outer-steps", "1", "--buffer-size", "0", "--runs-dir", off])
     assert logged_scalars(only_run_dir(off))["meta/buffer_size"][0][1] == 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_cuda_flag_without_a_device_trains_on_cpu_as_without_it(tmp_path):
+    """--cuda where no CUDA device exists trains on CPU, to the same weights as a run without it."""
+    weights = []
+    for flag in ([], ["--cuda"]):
+        ck = tmp_path / f"ck{len(flag)}"
+        out = run_maml(["train", *SMALL, "--outer-steps", "2", "--ckpt-dir", ck, "--runs-dir", tmp_path / "runs", *flag])
+        assert "device cpu" in out.stdout
+        weights.append(load(ck / "latest.cleanrl_model")["state_dict"])
+    assert_same_tree(weights[0], weights[1], "state_dict")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_trains_the_policy_on_the_device(tmp_path):
+    """--cuda puts the policy and its batches on the CUDA device; the checkpoint evaluates on CPU."""
+    ck = tmp_path / "ck"
+    out = run_maml(["train", *SMALL, "--outer-steps", "2", "--cuda", "--ckpt-dir", ck, "--runs-dir", tmp_path / "runs"])
+    assert "device cuda" in out.stdout
+    assert load(ck / "latest.cleanrl_model")["state_dict"]["encoder.weight"].is_cuda
+    run_maml(["eval", "--checkpoint", ck / "latest.cleanrl_model"])
