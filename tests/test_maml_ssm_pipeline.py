@@ -219,12 +219,13 @@ def test_hybrid_plans_settings_are_the_defaults_and_the_buffer_size_is_logged(tm
     aargs = maml_ssm.AdaptArgs("")
     assert (aargs.experience_batch_size, aargs.experience_weight) == (32, 0.1)
     runs = tmp_path / "runs"
-    run_maml(["train", *SMALL, "--outer-steps", "4", "--buffer-size", "40", "--runs-dir", runs, "--save-model"])
+    run_maml(["train", *SMALL, "--outer-steps", "4", "--buffer-size", "100", "--runs-dir", runs, "--save-model"])
     (run_dir,) = glob.glob(str(runs / "*"))
     sizes = [v for _, v in sorted(logged_scalars(run_dir)["meta/buffer_size"])]
     ckpt = load(os.path.join(run_dir, "maml_ssm.cleanrl_model"))
-    assert len(sizes) == 4 and sizes == sorted(sizes) and sizes[0] > 0
-    assert sizes[-1] == 40 == ckpt["buffer"]["size"]
+    # one outer step adds at most 2 tasks x 3 episodes x 12 steps = 72 transitions
+    assert len(sizes) == 4 and 0 < sizes[0] <= 72 and sizes == sorted(sizes)
+    assert sizes[-1] == 100 == ckpt["buffer"]["size"]
     off = tmp_path / "off"
     run_maml(["train", *SMALL, "--outer-steps", "1", "--buffer-size", "0", "--runs-dir", off])
     assert logged_scalars(only_run_dir(off))["meta/buffer_size"][0][1] == 0
@@ -250,3 +251,38 @@ def test_cuda_trains_the_policy_on_the_device(tmp_path):
     assert "device cuda" in out.stdout
     assert load(ck / "latest.cleanrl_model")["state_dict"]["encoder.weight"].is_cuda
     run_maml(["eval", "--checkpoint", ck / "latest.cleanrl_model"])
+
+
+def test_checkpoints_carrying_adapts_settings_in_their_config_still_load(tmp_path):
+    """Older checkpoints hold adapt_steps, adapt_lr and capture_video in their training config; eval and adapt read
+    them (those fields are ignored: adapt's settings are AdaptArgs')."""
+    ck = tmp_path / "ck"
+    run_maml(["train", *SMALL, "--outer-steps", "1", "--ckpt-dir", ck, "--runs-dir", tmp_path / "runs"])
+    ckpt = load(ck / "latest.cleanrl_model")
+    ckpt["args"].update(adapt_steps=3, adapt_lr=0.1, capture_video=False)
+    old = tmp_path / "old.cleanrl_model"
+    torch.save(ckpt, old)
+    _, args, _ = maml_ssm.load_checkpoint(str(old))
+    assert args.hidden_size == 8
+    run_maml(["eval", "--checkpoint", old, "--num-tasks", "2"])
+    run_maml(["adapt", "--checkpoint", old, "--num-tasks", "2", "--adapt-steps", "1"])
+    assert load_json(tmp_path / "adapt.json")["adapt_steps"] == 1
+
+
+def test_adapt_episodes_sets_the_episodes_per_task_and_step(tmp_path, monkeypatch):
+    """adapt --episodes N runs N episodes per test task at every step; without it, the checkpoint's fast_batch_size."""
+    ck = tmp_path / "ck"
+    run_maml(["train", *SMALL, "--outer-steps", "1", "--ckpt-dir", ck, "--runs-dir", tmp_path / "runs"])
+    seen = []
+    real = maml_ssm.make_env
+
+    def spy(args, task_params, episodes_per_task, gen):
+        seen.append(episodes_per_task)
+        return real(args, task_params, episodes_per_task, gen)
+
+    monkeypatch.setattr(maml_ssm, "make_env", spy)
+    for episodes in (None, 2):
+        aargs = maml_ssm.AdaptArgs(str(ck / "latest.cleanrl_model"), num_tasks=2, adapt_steps=1, episodes=episodes)
+        res = maml_ssm.run_adaptation(aargs.checkpoint, aargs)
+        assert res["num_tasks"] == 2
+    assert seen == [3, 3, 2, 2]  # the no-adaptation rollout and the one adapter/objective pair, per call
