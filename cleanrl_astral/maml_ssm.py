@@ -2045,8 +2045,10 @@ def validate(args: Args):
     if not (0 < args.gamma <= 1 and 0 <= args.gae_lambda <= 1):
         raise ValueError("--gamma must be in (0, 1] and --gae-lambda in [0, 1]")
     # saving, checkpointing and resuming use the helper package
-    if (args.save_model or args.ckpt_dir or args.resume) and importlib.util.find_spec("cleanrl_astral_utils") is None:
-        raise ValueError("--save-model, --ckpt-dir and --resume need the cleanrl_astral_utils package: pip install -e .")
+    for name in ("save_model", "ckpt_dir", "resume"):
+        if getattr(args, name) and importlib.util.find_spec("cleanrl_astral_utils") is None:
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(f"{flag} needs the cleanrl_astral_utils package: pip install -e . in the repository")
     if args.save_model and args.eval_tasks < 2:
         raise ValueError(f"--eval-tasks {args.eval_tasks}: the evaluation after --save-model needs >= 2 tasks for its 95% CI")
     if args.goal_box and args.task != "point-nav-2d":
@@ -2218,6 +2220,8 @@ def flag_value(argv, name):
 def train_defaults(argv) -> Args:
     """What `train`'s flags override: the --config preset, or with --resume the checkpoint's own Args."""
     resume = flag_value(argv, "--resume")
+    if resume is not None and importlib.util.find_spec("cleanrl_astral_utils") is None:
+        raise ValueError("--resume needs the cleanrl_astral_utils package: pip install -e . in the repository")
     if resume is not None:
         from cleanrl_astral_utils.maml import resumed_args
 

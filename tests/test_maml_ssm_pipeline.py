@@ -4,11 +4,13 @@
 import glob
 import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
-from helpers import load_json, logged_scalars, only_run_dir, sha256
+from helpers import SCRIPT_ENV, assert_one_line_error, load_json, logged_scalars, only_run_dir, script_path, sha256
 from maml_fixtures import parsed_train_args, run_maml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -286,3 +288,15 @@ def test_adapt_episodes_sets_the_episodes_per_task_and_step(tmp_path, monkeypatc
         res = maml_ssm.run_adaptation(aargs.checkpoint, aargs)
         assert res["num_tasks"] == 2
     assert seen == [3, 3, 2, 2]  # the no-adaptation rollout and the one adapter/objective pair, per call
+
+
+@pytest.mark.parametrize("flags", [["--ckpt-dir", "ck"], ["--resume", "ck/latest.cleanrl_model"]])
+def test_ckpt_dir_and_resume_without_the_helper_package_are_one_line_before_training(flags, tmp_path):
+    """A default run needs only the script; --ckpt-dir and --resume go through cleanrl_astral_utils, so without it
+    they are refused before any work."""
+    blocked = "import runpy, sys; sys.modules['cleanrl_astral_utils'] = None; "
+    argv = [script_path("maml_ssm"), "train", *flags, "--runs-dir", str(tmp_path / "runs")]
+    code = blocked + f"sys.argv = {argv!r}; runpy.run_path(sys.argv[0], run_name='__main__')"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=SCRIPT_ENV, cwd=tmp_path, timeout=120)
+    assert_one_line_error(r, f"{flags[0]} needs the cleanrl_astral_utils package: pip install -e . in the repository")
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "ck").exists()
