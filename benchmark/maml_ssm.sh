@@ -33,6 +33,13 @@
 #                                      evaluated on 40 test tasks -> benchmark/out/maml_ssm_promp_study,
 #                                      docs/results/maml_ssm/promp_study (promp_study_table.md with the verdicts);
 #                                      6 runs, 90 CPU-minutes plus evaluation, ~50 min wall with 2 workers on an idle box
+#   benchmark/maml_ssm.sh --hybrid-benchmark  the pre-registered standard-vs-hybrid adaptation study
+#                                      (docs/results/maml_ssm/hybrid_benchmark/PREREGISTRATION.md): SSM on halfcheetah-vel
+#                                      (buffer 20,000, weight 0.1, 540 CPU-s) and cartpole-physics (buffer 5,000, weight
+#                                      0.15, 240 CPU-s), seeds 1-3, both adapters on each checkpoint -> benchmark/out/
+#                                      maml_ssm_hybrid (HYBRID_OUT), docs/results/maml_ssm/hybrid_benchmark (HYBRID_REPORT);
+#                                      ~55-62 CPU-minutes, ~40 min wall on an idle box; add --tiny for a ~1 CPU-minute
+#                                      run of the same pipeline
 #   add --report-only to rebuild the tables/PNGs from finished runs without running anything (the report is
 #   benchmark/maml_ssm_report.py); other flags (e.g. --dry-run) go to benchmark/benchmark.py, and --dry-run also
 #   skips adapt and the report
@@ -50,7 +57,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-mode=full report_only=0 dry=0
+mode=full report_only=0 dry=0 tiny=0
 extra=()
 for arg in "$@"; do
     case "$arg" in
@@ -59,6 +66,8 @@ for arg in "$@"; do
         --protocol) mode=protocol ;;
         --speed) mode=speed ;;
         --promp-study) mode=promp_study ;;
+        --hybrid-benchmark) mode=hybrid ;;
+        --tiny) tiny=1 ;;
         --report-only) report_only=1 ;;
         --dry-run) dry=1; extra+=("$arg") ;;
         *) extra+=("$arg") ;;
@@ -78,32 +87,35 @@ case "$mode" in
             cp_seeds=0 cp_steps=0 hc_seeds=0 hc_steps=0 trpo_seeds=0 trpo_budget=0 workers=1 ;;
     promp_study) out=benchmark/out/maml_ssm_promp_study report=docs/results/maml_ssm/promp_study steps=0 ssm_seeds=0
             other_seeds=0 cp_seeds=0 cp_steps=0 hc_seeds=0 hc_steps=0 trpo_seeds=3 trpo_budget=900 workers=2 ;;
+    hybrid) out=${HYBRID_OUT:-benchmark/out/maml_ssm_hybrid} report=${HYBRID_REPORT:-docs/results/maml_ssm/hybrid_benchmark}
+            steps=0 ssm_seeds=0 other_seeds=0 cp_seeds=0 cp_steps=0 hc_seeds=0 hc_steps=0 trpo_seeds=0 trpo_budget=0
+            workers=2 ;;
     quick)  out=benchmark/out/maml_ssm_quick report=benchmark/out/maml_ssm_quick/report steps=2 ssm_seeds=1 other_seeds=1
             cp_seeds=1 cp_steps=2 hc_seeds=1 hc_steps=1 trpo_seeds=1 trpo_budget=1 workers=1 ;;
 esac
 
 # second-order MAML, Adam outer step (TRPO's 11 Fisher-vector products through the inner step cost ~10x more
 # per iteration on CPU, see docs/maml_ssm.md), 10 tasks x 10 episodes per meta-batch, horizon 100, alpha 0.1
-BASE="nice -n 15 python cleanrl_astral/maml_ssm.py train --task point-nav-2d --save-model --outer-optimizer adam \
+BASE="nice -n 15 python cleanrl_astral/maml_ssm.py train --buffer-size 50000 --task point-nav-2d --save-model --outer-optimizer adam \
 --outer-lr 3e-3 --tasks-per-batch 10 --fast-batch-size 10 --inner-lr 0.1 --max-episode-steps 100 --eval-tasks 40 \
 --eval-steps 3 --outer-steps $steps"
 # cartpole-physics: held-out gravity/length ranges at test time; 5 x 5 episodes, horizon 200
-CP="nice -n 15 python cleanrl_astral/maml_ssm.py train --task cartpole-physics --save-model --outer-optimizer adam \
+CP="nice -n 15 python cleanrl_astral/maml_ssm.py train --buffer-size 50000 --task cartpole-physics --save-model --outer-optimizer adam \
 --outer-lr 3e-3 --tasks-per-batch 5 --fast-batch-size 5 --inner-lr 0.1 --max-episode-steps 200 --eval-tasks 20 \
 --eval-steps 3 --outer-steps $cp_steps"
 # halfcheetah-vel: MuJoCo steps dominate, so a small meta-batch (5 x 5 episodes, horizon 100) and ~9 min per run
-HC="nice -n 15 python cleanrl_astral/maml_ssm.py train --task halfcheetah-vel --save-model --outer-optimizer adam \
+HC="nice -n 15 python cleanrl_astral/maml_ssm.py train --buffer-size 50000 --task halfcheetah-vel --save-model --outer-optimizer adam \
 --outer-lr 3e-3 --tasks-per-batch 5 --fast-batch-size 5 --inner-lr 0.1 --max-episode-steps 100 --eval-tasks 20 \
 --eval-steps 3 --outer-steps $hc_steps"
 # the paper's outer step: TRPO (KL 0.01), 20 tasks x 20 episodes, second order, stopped by --cpu-budget; evaluated
 # with 40 episodes per task and step (the preset's --eval-episodes, the paper's test batch)
-TRPO="nice -n 15 python cleanrl_astral/maml_ssm.py train --task point-nav-2d --save-model --config paper --eval-tasks 40 \
+TRPO="nice -n 15 python cleanrl_astral/maml_ssm.py train --buffer-size 50000 --task point-nav-2d --save-model --config paper --eval-tasks 40 \
 --eval-steps 3 --outer-steps 1000 --cpu-budget $trpo_budget"
 # the protocol: --config paper on both tasks (cartpole without the point-nav goal square), every policy
-PROTO="nice -n 15 python cleanrl_astral/maml_ssm.py train --save-model --config paper --eval-tasks 40 --eval-steps 3 \
+PROTO="nice -n 15 python cleanrl_astral/maml_ssm.py train --buffer-size 50000 --save-model --config paper --eval-tasks 40 --eval-steps 3 \
 --outer-steps 100000 --cpu-budget $trpo_budget"
 # ProMP's reference configuration on the paper preset's task rules and evaluation, stopped by --cpu-budget
-PROMP="nice -n 15 python cleanrl_astral/maml_ssm.py train --task point-nav-2d --save-model --config promp --eval-tasks 40 \
+PROMP="nice -n 15 python cleanrl_astral/maml_ssm.py train --buffer-size 50000 --task point-nav-2d --save-model --config promp --eval-tasks 40 \
 --eval-steps 3 --outer-steps 100000 --cpu-budget $trpo_budget"
 ADAPT_EXTRA=""
 if [ "$mode" = quick ]; then
@@ -126,7 +138,7 @@ adapt_sweep() {
         [ -f "$ckpt" ] || continue
         [ -f "$(dirname "$ckpt")/adapt.json" ] && continue
         nice -n 15 env OMP_NUM_THREADS=1 python cleanrl_astral/maml_ssm.py adapt --checkpoint "$ckpt" --num-tasks 20 \
-            --adapt-steps 3 --adapt-lr 0.1 --adaptation-mode standard hybrid --adapt-objective pg dynamics entropy \
+            --adapt-steps 3 --adapt-lr 0.1 --experience-weight 1.0 --experience-batch-size 256 --adaptation-mode standard hybrid --adapt-objective pg dynamics entropy \
             $ADAPT_EXTRA > "$(dirname "$ckpt")/adapt.log" 2>&1 &
         pids+=($!)
         if [ "${#pids[@]}" -ge "$workers" ]; then
@@ -140,7 +152,7 @@ adapt_sweep() {
 speed_run() {
     local flags="" dir="$out/${1}_${2}/r$3"
     [ "$2" = promp ] && flags="--outer-optimizer promp --inner-estimator lvc"
-    local cmd="nice -n 15 env OMP_NUM_THREADS=1 python cleanrl_astral/maml_ssm.py train --task point-nav-2d --config paper \
+    local cmd="nice -n 15 env OMP_NUM_THREADS=1 python cleanrl_astral/maml_ssm.py train --buffer-size 50000 --task point-nav-2d --config paper \
 --policy $1 $flags --seed 1 --outer-steps ${SPEED_STEPS:-3} --log-every 1 --runs-dir $dir"
     if [ "$dry" = 1 ]; then
         echo "$cmd"
@@ -172,6 +184,39 @@ if [ "$mode" = promp_study ]; then
     [ "$report_only" = 0 ] && sweep promp_study 3 "--policy mlp | --policy ssm" "$PROMP"
     [ "$dry" = 1 ] && exit "$status"
     python benchmark/maml_ssm_report.py --promp-study --out "$out" --report "$report" || status=$?
+    exit "$status"
+fi
+# the pre-registered standard-vs-hybrid study (docs/results/maml_ssm/hybrid_benchmark/PREREGISTRATION.md): SSM on
+# halfcheetah-vel (buffer 20,000, experience weight 0.1, 540 CPU-s per run) and cartpole-physics (buffer 5,000, weight
+# 0.15, 240 CPU-s per run), seeds 1-3; both adapters on each checkpoint. --tiny: the same pipeline in ~1 CPU-minute
+if [ "$mode" = hybrid ]; then
+    hc_budget=540 cp_budget=240 hc_horizon=100 cp_horizon=200 batch=5 tasks=20 eval_tasks=20
+    outer_steps=100000  # the CPU budget stops each run
+    [ "$tiny" = 1 ] && hc_budget=1 cp_budget=1 hc_horizon=10 cp_horizon=20 batch=2 tasks=2 eval_tasks=2 outer_steps=3
+    HYB="nice -n 15 python cleanrl_astral/maml_ssm.py train --policy ssm --save-model --outer-optimizer adam \
+--outer-lr 3e-3 --tasks-per-batch $batch --fast-batch-size $batch --inner-lr 0.1 --eval-tasks $eval_tasks --eval-steps 3 \
+--outer-steps $outer_steps"
+    if [ "$report_only" = 0 ]; then
+        sweep hybrid_halfcheetah 3 "--buffer-size 20000" "$HYB --task halfcheetah-vel --max-episode-steps $hc_horizon \
+--cpu-budget $hc_budget"
+        sweep hybrid_cartpole 3 "--buffer-size 5000" "$HYB --task cartpole-physics --max-episode-steps $cp_horizon \
+--cpu-budget $cp_budget"
+        for pair in "hybrid_halfcheetah 0.1" "hybrid_cartpole 0.15"; do
+            set -- $pair
+            adapt="python cleanrl_astral/maml_ssm.py adapt --num-tasks $tasks --adapt-steps 5 --adapt-lr 0.01 \
+--adaptation-mode standard hybrid --adapt-objective pg --experience-batch-size 32 --experience-weight $2"
+            if [ "$dry" = 1 ]; then
+                echo "then on each checkpoint of $out/$1: $adapt --checkpoint CHECKPOINT"
+                continue
+            fi
+            for ckpt in "$out/$1"/runs/*/*/maml_ssm.cleanrl_model; do
+                [ -f "$(dirname "$ckpt")/adapt.json" ] && continue  # a rerun after a kill continues
+                nice -n 15 env OMP_NUM_THREADS=1 $adapt --checkpoint "$ckpt" > "$(dirname "$ckpt")/adapt.log" 2>&1 || status=$?
+            done
+        done
+    fi
+    [ "$dry" = 1 ] && exit "$status"
+    python benchmark/maml_ssm_report.py --hybrid-benchmark --out "$out" --report "$report" || status=$?
     exit "$status"
 fi
 if [ "$report_only" = 0 ] && [ "$mode" = protocol ]; then

@@ -496,20 +496,136 @@ def promp_study(runs, report):
     return text
 
 
+HYBRID_TASKS = {"hybrid_halfcheetah": "halfcheetah-vel", "hybrid_cartpole": "cartpole-physics"}
+HYBRID_STEPS = 5  # the pre-registered comparison is after 5 adaptation steps
+
+
+def t_half_width(x):
+    """Half-width of the 95% Student-t interval of the mean over seeds (NaN for fewer than two)."""
+    x = np.asarray(x, dtype=np.float64)
+    if len(x) < 2:
+        return float("nan")
+    return float(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x)))
+
+
+def hybrid_verdict(low, high):
+    """The pre-registered reading of the paired 95% CI of hybrid - standard."""
+    if low > 0:
+        return "hybrid better"
+    if high < 0:
+        return "hybrid worse"
+    if np.isnan(low):
+        return "undetermined (fewer than two seeds)"
+    return "no difference detected"
+
+
+def learned(returns):
+    """The pre-registered learning check of one run: mean post-adaptation meta-batch return over its last quarter of
+    outer steps above that over its first quarter."""
+    q = max(len(returns) // 4, 1)
+    return bool(np.mean(returns[-q:]) > np.mean(returns[:q]))
+
+
+def hybrid_benchmark(out, report):
+    """The pre-registered standard-vs-hybrid study (PREREGISTRATION.md beside the table): per task, the no-adaptation
+    row and the returns after 0..5 adaptation steps of both adapters, mean over seeds with 95% Student-t CIs, the
+    paired hybrid - standard difference after 5 steps with its verdict, and whether meta-training learned;
+    hybrid_table.md, hybrid.json and hybrid_curves.png (the meta-training curves)."""
+    os.makedirs(report, exist_ok=True)
+    summary = {}
+    lines = []
+    fig, axes = plt.subplots(1, len(HYBRID_TASKS), figsize=(10, 3.6))
+    for ax, (sweep_name, task) in zip(axes, HYBRID_TASKS.items()):
+        seeds = []
+        for ckpt in sorted(glob.glob(os.path.join(out, sweep_name, "runs", "*", "*", "maml_ssm.cleanrl_model"))):
+            adapt_path = os.path.join(os.path.dirname(ckpt), "adapt.json")
+            if not os.path.isfile(adapt_path):
+                continue
+            with open(adapt_path) as f:
+                res = json.load(f)
+            c = torch.load(ckpt, map_location="cpu", weights_only=False)
+            steps, returns = read_scalars(os.path.dirname(ckpt))["charts/episodic_return"]
+            ax.plot(steps, returns, label=f"seed {c['args']['seed']}")
+            seeds.append(
+                {
+                    "seed": c["args"]["seed"],
+                    "outer_steps_done": c["outer_steps_done"],
+                    "buffer_size": c["args"]["buffer_size"],
+                    "experience_weight": res["experience_weight"],
+                    "no_adaptation": res["no_adaptation"]["return"],
+                    "standard": [res["results"]["standard/pg"]["returns_after_steps"][str(k)] for k in range(6)],
+                    "hybrid": [res["results"]["hybrid/pg"]["returns_after_steps"][str(k)] for k in range(6)],
+                    "learned": learned(returns),
+                }
+            )
+        ax.set(title=f"{task}, SSM", xlabel="environment steps", ylabel="post-adaptation return (meta-batch)")
+        ax.legend(fontsize=7)
+        if not seeds:
+            raise ValueError(f"no adapted checkpoint under {os.path.join(out, sweep_name)}; run the study first")
+        seeds.sort(key=lambda r: r["seed"])
+        none = np.array([r["no_adaptation"] for r in seeds])
+        std = np.array([r["standard"] for r in seeds])
+        hyb = np.array([r["hybrid"] for r in seeds])
+        diff = hyb[:, HYBRID_STEPS] - std[:, HYBRID_STEPS]
+        half = t_half_width(diff)
+        verdict = hybrid_verdict(diff.mean() - half, diff.mean() + half)
+        its = [r["outer_steps_done"] for r in seeds]
+        summary[task] = {
+            "runs": seeds,
+            "difference_after_5": float(diff.mean()),
+            "difference_ci95": half,
+            "verdict": verdict,
+            "learned_all_seeds": all(r["learned"] for r in seeds),
+        }
+
+        def cells(R):
+            return " | ".join(f"{R[:, k].mean():.2f} ± {t_half_width(R[:, k]):.2f}" for k in range(6))
+
+        lines += [
+            f"### {task}: SSM, buffer {seeds[0]['buffer_size']:,}, experience weight {seeds[0]['experience_weight']}",
+            "",
+            f"{len(seeds)} seeds ({', '.join(str(r['seed']) for r in seeds)}), outer steps done {min(its)}–{max(its)}.",
+            "",
+            "| adapter | 0 steps | 1 | 2 | 3 | 4 | 5 |",
+            "|---|---|---|---|---|---|---|",
+            f"| no adaptation (θ₀) | {none.mean():.2f} ± {t_half_width(none):.2f} | | | | | |",
+            f"| standard | {cells(std)} |",
+            f"| hybrid | {cells(hyb)} |",
+            "",
+            f"Hybrid − standard after {HYBRID_STEPS} steps (paired over seeds): {diff.mean():.2f} ± {half:.2f}: "
+            f"**{verdict}**. Meta-training learned (last quarter above first quarter) in "
+            f"{sum(r['learned'] for r in seeds)} of {len(seeds)} seeds.",
+            "",
+        ]
+    lines.append("± is the 95% Student-t CI over seeds of the per-seed mean over the test tasks.")
+    fig.tight_layout()
+    fig.savefig(os.path.join(report, "hybrid_curves.png"), dpi=110)
+    plt.close(fig)
+    text = "\n".join(lines) + "\n"
+    with open(os.path.join(report, "hybrid_table.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(report, "hybrid.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    return text
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="the sweeps' output directory (benchmark/out/maml_ssm_full)")
     p.add_argument("--report", required=True, help="where the tables, JSON and PNGs go")
     p.add_argument("--speed", action="store_true", help="table the cost runs of benchmark/maml_ssm.sh --speed")
     p.add_argument("--promp-study", action="store_true", help="table the runs of benchmark/maml_ssm.sh --promp-study")
+    p.add_argument("--hybrid-benchmark", action="store_true", help="table benchmark/maml_ssm.sh --hybrid-benchmark")
     args = p.parse_args(argv)
     if not os.path.isdir(args.out):
         print(f"maml_ssm_report: --out {args.out!r} is not a directory; run benchmark/maml_ssm.sh first", file=sys.stderr)
         return 2
-    if args.speed or args.promp_study:
+    if args.speed or args.promp_study or args.hybrid_benchmark:
         try:
             if args.speed:
                 text = speed(args.out, args.report)
+            elif args.hybrid_benchmark:
+                text = hybrid_benchmark(args.out, args.report)
             else:
                 os.makedirs(args.report, exist_ok=True)
                 text = promp_study(load_runs(args.out), args.report)

@@ -5,14 +5,18 @@ policy-gradient inner step with a linear feature baseline, TRPO outer step) with
 by a Linear Recurrent Unit (Orvieto et al. 2023, "Resurrecting Recurrent Neural Networks for Long Sequences").
 GRU and MLP policies with matched parameter counts serve as baselines.
 
-Usage: python cleanrl_astral/maml_ssm.py train --task point-nav-2d --save-model
-       python cleanrl_astral/maml_ssm.py eval --checkpoint runs/<run>/maml_ssm.cleanrl_model
+The file reads in CleanRL's order: Args, tasks, model, then `train` and its `meta_iteration` (ROLLOUT, ADVANTAGES,
+UPDATE), where the meta-update is `outer_update` (TRPO, ProMP or one Adam step), then `eval` and `adapt`.
+
+Usage: python cleanrl_astral/maml_ssm.py train --config basic --outer-steps 100 --tasks-per-batch 8 --ckpt-dir ckpts
+       python cleanrl_astral/maml_ssm.py eval --checkpoint ckpts/latest.cleanrl_model --episodes 50
+       python cleanrl_astral/maml_ssm.py adapt --checkpoint ckpts/latest.cleanrl_model --adaptation-mode standard hybrid
 """
 
-import argparse
 import dataclasses
 import functools
 import importlib.util
+import itertools
 import json
 import math
 import operator
@@ -50,21 +54,25 @@ class Args:
     torch_deterministic: bool = True
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
     cuda: bool = False
-    """accepted for CleanRL compatibility; everything runs on CPU (tiny networks, batched simulation)"""
+    """train the policy on a CUDA device when one exists (the tasks step on CPU; eval and adapt run on CPU)"""
     track: bool = False
     """if toggled, this experiment will be tracked with Weights and Biases"""
     wandb_project_name: str = "cleanrl_astral"
     """the wandb's project name"""
     wandb_entity: str | None = None
     """the entity (team) of wandb's project"""
-    capture_video: bool = False
-    """not supported here (tasks are batched tensors without a renderer); setting it is an error"""
     save_model: bool = False
     """whether to save the model (and run `eval` on it) at the end of training"""
     runs_dir: str = "runs"
     """directory holding {run_name}/ with TensorBoard logs, checkpoint and eval.json"""
     config: str = "none"
-    """named preset applied before the other flags: none | basic | paper | promp (see PRESETS and docs/maml_ssm.md)"""
+    """named preset whose values are the defaults of the other flags: none | basic | paper | promp (see PRESETS)"""
+    ckpt_dir: str | None = None
+    """write a resumable checkpoint every --ckpt-every outer steps to DIR/step_N.cleanrl_model and DIR/latest.cleanrl_model"""
+    ckpt_every: int = 10
+    """outer steps between the checkpoints of --ckpt-dir (the last step is always written)"""
+    resume: str | None = None
+    """continue the run of a --ckpt-dir checkpoint: its Args, run directory, TensorBoard steps, optimizer and RNG states"""
 
     # Task
     task: str = "point-nav-2d"
@@ -89,8 +97,9 @@ class Args:
     """trunk learning rate on the next-observation loss, as a multiple of aux_lr (0: only the head learns it)"""
     aux_lr: float = 1e-3
     """Adam learning rate of the value and dynamics heads"""
-    buffer_size: int = 50_000
-    """capacity of the ExperienceBuffer of meta-training transitions saved with the checkpoint (0 disables)"""
+    buffer_size: int = 10_000
+    """capacity of the ExperienceBuffer of meta-training transitions saved with the checkpoint, the transitions
+    `adapt --adaptation-mode hybrid` replays (0 disables)"""
 
     # MAML
     outer_steps: int = 200
@@ -138,7 +147,7 @@ class Args:
     ls_backtrack_ratio: float = 0.8
     """step shrink factor of the TRPO line search"""
 
-    # Evaluation (with --save-model) and the defaults of `adapt`
+    # Evaluation (with --save-model)
     eval_tasks: int = 40
     """number of fresh test tasks evaluated after training (with --save-model)"""
     eval_steps: int = 3
@@ -147,14 +156,31 @@ class Args:
     """evaluation step size is inner_lr for the first step and inner_lr * this for later steps (paper: 0.5)"""
     eval_episodes: int | None = None
     """episodes per test task and inner step in that evaluation (default: fast_batch_size; paper: 40)"""
-    adapt_steps: int = 5
-    """default number of test-time adaptation steps of the `adapt` subcommand"""
-    adapt_lr: float = 1e-2
-    """default learning rate of the `adapt` subcommand"""
     log_every: int = 10
     """print a progress line every this many iterations"""
     num_threads: int = 1
     """torch CPU threads (the networks are tiny: extra threads mostly add contention)"""
+
+
+# `train --resume` may change these; any other flag that differs from the checkpoint's is refused
+RESUMABLE_FIELDS = (
+    "resume",
+    "outer_steps",
+    "cpu_budget",
+    "ckpt_dir",
+    "ckpt_every",
+    "save_model",
+    "runs_dir",
+    "log_every",
+    "num_threads",
+    "track",
+    "wandb_project_name",
+    "wandb_entity",
+    "eval_tasks",
+    "eval_steps",
+    "eval_later_lr_scale",
+    "eval_episodes",
+)
 
 
 # ------------------------------------------------------------------------------------------------ TASKS
@@ -332,10 +358,10 @@ class LRU(nn.Module):
         gamma = torch.sqrt(1 - torch.exp(2 * log_r))  # keeps the state's scale as |lambda| -> 1
         b_re = (u @ self.B_re.T) * gamma
         b_im = (u @ self.B_im.T) * gamma
-        lag = torch.arange(T)[:, None] - torch.arange(T)[None, :]  # t - s
+        lag = torch.arange(T, device=u.device)[:, None] - torch.arange(T, device=u.device)[None, :]  # t - s
         causal = (lag >= 0).to(u.dtype)
         # lambda^k for k = 0..T-1, gathered into the (N, T, S) Toeplitz matrix lambda^(t-s)
-        pow_re, pow_im = lambda_power(log_r, phase, torch.arange(T, dtype=u.dtype)[:, None])
+        pow_re, pow_im = lambda_power(log_r, phase, torch.arange(T, dtype=u.dtype, device=u.device)[:, None])
         L_re = pow_re.T[:, lag.clamp(min=0)] * causal
         L_im = pow_im.T[:, lag.clamp(min=0)] * causal
         seg = torch.cumsum(starts.long(), 0)  # (T, B): episode segment index; a reset starts a new segment
@@ -345,7 +371,7 @@ class LRU(nn.Module):
         x_re = toeplitz_conv(L_re, b_re, same) - toeplitz_conv(L_im, b_im, same)
         x_im = toeplitz_conv(L_re, b_im, same) + toeplitz_conv(L_im, b_re, same)
         # carry of x0: lambda^(t+1) x0 while no reset has happened yet
-        p_re, p_im = lambda_power(log_r, phase, torch.arange(1, T + 1, dtype=u.dtype)[:, None])
+        p_re, p_im = lambda_power(log_r, phase, torch.arange(1, T + 1, dtype=u.dtype, device=u.device)[:, None])
         c0 = (seg == 0).to(u.dtype)[..., None]
         x0_re, x0_im = x0.chunk(2, -1)
         x_re = x_re + c0 * (p_re[:, None] * x0_re - p_im[:, None] * x0_im)
@@ -364,6 +390,21 @@ def toeplitz_conv(L, v, same=None):
     if same is None:
         return torch.einsum("nts,sbn->tbn", L, v)
     return torch.einsum("nts,bts,sbn->tbn", L, same, v)
+
+
+class AgentOutput(NamedTuple):
+    pi: torch.Tensor
+    """the action distribution's parameters: Gaussian mean or logits (T, B, act_dim)"""
+    log_std: torch.Tensor | None = None
+    """the Gaussian's state-independent log-std (None for discrete actions)"""
+    value: torch.Tensor | None = None
+    """the diagnostic value head, on detached features (T, B)"""
+    feats: torch.Tensor | None = None
+    """the features the heads read (T, B, hidden)"""
+    next_obs: torch.Tensor | None = None
+    """the next-observation head's prediction (only when forward is given the actions)"""
+    state: torch.Tensor | None = None
+    """the recurrent state after the last step"""
 
 
 class Agent(nn.Module):
@@ -402,7 +443,7 @@ class Agent(nn.Module):
 
     def initial_state(self, n):
         width = {"ssm": 2 * self.state_size, "gru": self.hidden, "mlp": 0}[self.kind]
-        return torch.zeros(n, width, dtype=self.encoder.weight.dtype)
+        return torch.zeros(n, width, dtype=self.encoder.weight.dtype, device=self.encoder.weight.device)
 
     def make_input(self, obs, prev_action, prev_reward):
         """prev_action is a vector (one-hot for discrete actions), zero on the first step of an episode."""
@@ -411,7 +452,7 @@ class Agent(nn.Module):
         return obs
 
     def forward(self, inputs, starts, state, actions=None):
-        """inputs (T, B, in_dim), starts (T, B) bool; returns pi, log_std, value, feats, next_obs, state."""
+        """inputs (T, B, in_dim), starts (T, B) bool; next_obs only when `actions` (T, B, .) are given."""
         h = torch.tanh(self.encoder(inputs))
         if self.kind == "mlp":
             z = torch.tanh(self.core(h))
@@ -421,15 +462,20 @@ class Agent(nn.Module):
         else:
             z, state = self.gru_sequence(h, starts, state)
         feats = torch.tanh(self.fc(self.norm(z)))
-        out = {"pi": self.pi(feats), "value": self.value_head(feats.detach())[..., 0], "feats": feats, "state": state}
-        if self.log_std is not None:
-            out["log_std"] = self.log_std
+        next_obs = None
         if actions is not None:
             a = actions
             if self.discrete:
                 a = F.one_hot(actions.long()[..., 0], self.act_dim).to(feats.dtype)
-            out["next_obs"] = self.dyn_head(torch.cat([feats, a], -1))
-        return out
+            next_obs = self.dyn_head(torch.cat([feats, a], -1))
+        return AgentOutput(
+            pi=self.pi(feats),
+            log_std=self.log_std,
+            value=self.value_head(feats.detach())[..., 0],
+            feats=feats,
+            next_obs=next_obs,
+            state=state,
+        )
 
     def gru_sequence(self, h, starts, state):
         """The GRU over a sequence: one fused call when the only reset is the first step, else step by step."""
@@ -450,8 +496,8 @@ class Agent(nn.Module):
 def make_dist(out, discrete):
     # no argument validation: it branches on the values, which vmap cannot
     if discrete:
-        return torch.distributions.Categorical(logits=out["pi"], validate_args=False)
-    return torch.distributions.Normal(out["pi"], torch.exp(out["log_std"]).expand_as(out["pi"]), validate_args=False)
+        return torch.distributions.Categorical(logits=out.pi, validate_args=False)
+    return torch.distributions.Normal(out.pi, torch.exp(out.log_std).expand_as(out.pi), validate_args=False)
 
 
 def log_prob(dist, actions, discrete):
@@ -513,17 +559,22 @@ def count_params(model: nn.Module) -> int:
 
 # ------------------------------------------------------------------------------------------------ META-TRAINING
 def train(args: Args):
-    """Meta-trains a policy with MAML (`train` subcommand)."""
-    try:
-        validate(args)
-    except ValueError as e:
-        fail(str(e))
-    run_dir, writer = start_run(args)
+    """Meta-trains a policy with MAML (`train` subcommand); with --resume, continues a --ckpt-dir checkpoint's run."""
+    saved = None
+    if args.resume:
+        from cleanrl_astral_utils.maml import read_resume_state
+
+        saved = read_resume_state(args.resume, args, RESUMABLE_FIELDS)
+    run_dir, writer = start_run(args, saved)
     gen = torch.Generator().manual_seed(args.seed)
     train_rng, _ = task_streams(args.seed)
     env_cls = ENV_CLASSES[args.task]
-    model = build_agent(args, env_cls)
+    device = torch.device("cpu")
+    if args.cuda and torch.cuda.is_available():
+        device = torch.device("cuda")
+    model = build_agent(args, env_cls).to(device)
     print_param_counts(model, args, env_cls)
+    print(f"device {device}")
     aux_opt = make_aux_optimizer(model, args)
     outer_opt = None
     if args.outer_optimizer in ("adam", "promp"):
@@ -532,9 +583,13 @@ def train(args: Args):
     monitor = FeatureMonitor(model.hidden)
     train_tasks = []
     global_step = 0
-    start_time = time.time()
-    start_cpu = time.process_time()
-    for it in range(1, args.outer_steps + 1):
+    spent = {"wall": 0.0, "cpu": 0.0}
+    if saved is not None:
+        train_tasks, global_step, spent = restore_training(saved, model, aux_opt, outer_opt, buffer, monitor, gen, train_rng)
+        print(f"resumed {args.resume} after {len(train_tasks)} outer steps, {spent['cpu']:.1f} CPU-seconds spent")
+    start_time = time.time() - spent["wall"]
+    start_cpu = time.process_time() - spent["cpu"]
+    for it in range(len(train_tasks) + 1, args.outer_steps + 1):
         it_start = time.time()
         train_tasks.append(sample_tasks(args.task, train_rng, args.tasks_per_batch, "train"))
         first_task_id = (it - 1) * args.tasks_per_batch
@@ -547,23 +602,21 @@ def train(args: Args):
         log_scalars(writer, {**scalars, "meta/iteration_time": dt, "charts/SPS": sps}, global_step)
         if it % args.log_every == 0 or it == 1 or it == args.outer_steps:
             print_progress(it, args, global_step, sps, scalars, dt, time.time() - start_time)
-        if args.cpu_budget and time.process_time() - start_cpu >= args.cpu_budget:
+        out_of_budget = args.cpu_budget > 0 and time.process_time() - start_cpu >= args.cpu_budget
+        if args.ckpt_dir and (it % args.ckpt_every == 0 or it == args.outer_steps or out_of_budget):
+            times = run_times(start_time, start_cpu, train_tasks)
+            training = training_state(aux_opt, outer_opt, gen, train_rng, global_step, run_dir)
+            save_model_checkpoint(model, args, train_tasks, buffer, monitor, times, training)
+        if out_of_budget:
             print(f"--cpu-budget {args.cpu_budget:g}s reached after {it} of {args.outer_steps} outer steps")
             break
 
-    times = {
-        "train_wall_time": time.time() - start_time,
-        "train_cpu_time": time.process_time() - start_cpu,
-        "outer_steps_done": len(train_tasks),
-    }
+    times = run_times(start_time, start_cpu, train_tasks)
     log_scalars(writer, {f"meta/{k}": v for k, v in times.items()}, global_step)
     print(f"meta-training wall time {times['train_wall_time']:.1f}s, CPU time {times['train_cpu_time']:.1f}s")
     if args.save_model:
-        buffer_state = None
-        if buffer is not None:
-            buffer_state = buffer.state_dict()
-        extra = {**times, "feature_stats": vars(monitor), "buffer": buffer_state}
-        save_and_evaluate(model, args, run_dir, writer, train_tasks, extra)
+        path = save_model_checkpoint(model, args, train_tasks, buffer, monitor, times, None, run_dir)
+        evaluate_saved_model(path, writer)
     writer.close()
 
 
@@ -589,7 +642,10 @@ def meta_iteration(model, args, task_params, gen, buffer, first_task_id, aux_opt
     stats = outer_update(model, tasks_data, args, outer_opt)
     v_loss, d_loss = aux_update(model, tasks_data, args, aux_opt, monitor)
 
-    return int(steps), iteration_scalars(args, returns, tasks_data, inner_l, stats, v_loss, d_loss)
+    buffer_size = 0
+    if buffer is not None:
+        buffer_size = len(buffer)
+    return int(steps), iteration_scalars(args, returns, tasks_data, inner_l, stats, v_loss, d_loss, buffer_size)
 
 
 # ------------------------------------------------------------------------------------------------ ROLLOUT
@@ -608,6 +664,7 @@ def sample_task_batches(model, params, task_params, args, gen, num_steps, inner_
         # ADVANTAGES (GAE)
         for b in parts:
             b["advantages"] = compute_advantages(b, args.gamma, args.gae_lambda)
+        parts = [to_device(b, model.encoder.weight.device) for b in parts]
         if j == num_steps:
             tasks_data = [{"train": train_batches[i], "val": parts[i]} for i in range(K)]
             return tasks_data, returns
@@ -627,6 +684,7 @@ def rollout(model, params, env, horizon, adapt_every=0, adapt_on=None):
     K = len(next(iter(params.values())))
     n = env.n
     per = n // K
+    device = model.encoder.weight.device  # the tasks step on CPU, the policy acts on its device
     obs = env.reset()
     prev_a = torch.zeros(n, model.act_dim)
     prev_r = torch.zeros(n, 1)
@@ -634,23 +692,26 @@ def rollout(model, params, env, horizon, adapt_every=0, adapt_on=None):
     alive = torch.ones(n, dtype=torch.bool)
     buf = {k: [] for k in ("obs", "inputs", "actions", "rewards", "masks", "next_obs", "logp", "states")}
 
-    def act(p, x, start, st):  # one step of one task
-        return functional_call(model, p, (x[None], start[None], st))
+    def act(p, x, start, st):  # one step of one task; vmap returns tensors only
+        out = functional_call(model, p, (x[None], start[None], st))
+        return out.pi, out.state
 
     for t in range(horizon):
         if adapt_every and t > 0 and t % adapt_every == 0:
             params = adapt_on(stack_steps(buf))
         inp = model.make_input(obs, prev_a, prev_r)
-        state_in = state.reshape(n, -1)  # the recurrent state this step starts from (stored for replay)
-        out = map_tasks(model, act, params, inp.reshape(K, per, -1), torch.full((K, per), t == 0), state)
-        state = out["state"]
-        step_out = {"pi": out["pi"][:, 0].reshape(n, -1)}
-        if "log_std" in out:
-            step_out["log_std"] = out["log_std"].repeat_interleave(per, 0)
-        dist = make_dist(step_out, model.discrete)
+        state_in = state.reshape(n, -1).cpu()  # the recurrent state this step starts from (stored for replay)
+        starts = torch.full((K, per), t == 0, device=device)
+        pi, state = map_tasks(model, act, params, inp.reshape(K, per, -1).to(device), starts, state)
+        log_std = None
+        if not model.discrete:
+            log_std = params["log_std"].repeat_interleave(per, 0)
+        dist = make_dist(AgentOutput(pi=pi[:, 0].reshape(n, -1), log_std=log_std), model.discrete)
         action = dist.sample()
         if model.discrete:
             action = action[:, None].float()
+        logp = log_prob(dist, action, model.discrete).cpu()
+        action = action.cpu()
         next_obs, reward, done = env.step(action)
         buf["obs"].append(obs)
         buf["inputs"].append(inp)
@@ -658,7 +719,7 @@ def rollout(model, params, env, horizon, adapt_every=0, adapt_on=None):
         buf["rewards"].append(reward * alive)
         buf["masks"].append(alive.clone())
         buf["next_obs"].append(next_obs)
-        buf["logp"].append(log_prob(dist, action, model.discrete))
+        buf["logp"].append(logp)
         buf["states"].append(state_in)
         alive = alive & ~done
         prev_a = action
@@ -689,6 +750,10 @@ def stack_steps(buf):
     batch["starts"] = torch.zeros_like(batch["masks"], dtype=torch.bool)
     batch["starts"][0] = True
     return batch
+
+
+def to_device(batch, device):
+    return {k: v.to(device) for k, v in batch.items()}
 
 
 def split_batch(batch, G):
@@ -893,18 +958,21 @@ def meta_objective(model, params, tasks_data, args, old_outs=None, create_graph=
 
 def detached_dist_params(out):
     """The action distribution's parameters of a policy output, detached: the policy that sampled."""
-    return {k: out[k].detach() for k in ("pi", "log_std") if k in out}
+    log_std = None
+    if out.log_std is not None:
+        log_std = out.log_std.detach()
+    return AgentOutput(pi=out.pi.detach(), log_std=log_std)
 
 
 def kl_divergence(old, new, discrete):
     """KL(old || new) per step, summed over action dimensions."""
     if discrete:
-        lo = F.log_softmax(old["pi"], -1)
-        ln = F.log_softmax(new["pi"], -1)
+        lo = F.log_softmax(old.pi, -1)
+        ln = F.log_softmax(new.pi, -1)
         return (lo.exp() * (lo - ln)).sum(-1)
-    ls_o = old["log_std"].expand_as(old["pi"])
-    ls_n = new["log_std"].expand_as(new["pi"])
-    return (ls_n - ls_o + (torch.exp(2 * ls_o) + (old["pi"] - new["pi"]) ** 2) / (2 * torch.exp(2 * ls_n)) - 0.5).sum(-1)
+    ls_o = old.log_std.expand_as(old.pi)
+    ls_n = new.log_std.expand_as(new.pi)
+    return (ls_n - ls_o + (torch.exp(2 * ls_o) + (old.pi - new.pi) ** 2) / (2 * torch.exp(2 * ls_n)) - 0.5).sum(-1)
 
 
 def trpo_step(model, tasks_data, args):
@@ -1159,10 +1227,10 @@ def aux_update(model, tasks_data, args, aux_opt, monitor):
         b = td["val"]
         m = b["masks"]
         out = policy_out(model, dict(model.named_parameters()), b)
-        monitor.update(out["feats"], m)
+        monitor.update(out.feats, m)
         ret = torch.flip(torch.cumsum(torch.flip(b["rewards"], [0]), 0), [0])
-        v_loss = masked_mean((out["value"] - ret) ** 2, m)
-        feats = out["feats"]
+        v_loss = masked_mean((out.value - ret) ** 2, m)
+        feats = out.feats
         if args.dynamics_coef == 0:
             feats = feats.detach()
         a = b["actions"]
@@ -1190,7 +1258,7 @@ class FeatureMonitor:
         self.count = count
 
     def update(self, feats, masks):
-        f = feats[masks > 0].detach().float()
+        f = feats[masks > 0].detach().float().cpu()
         d = 0.0
         if self.count:
             d = self.decay
@@ -1199,7 +1267,7 @@ class FeatureMonitor:
         self.count += 1
 
     def shift(self, feats, masks):
-        f = feats[masks > 0].detach().float()
+        f = feats[masks > 0].detach().float().cpu()
         return ((f.mean(0) - self.mean).abs() / torch.sqrt(self.var + 1e-6)).mean().item()
 
 
@@ -1269,16 +1337,21 @@ def add_batch_to_buffer(buffer, batch, task_id):
     m = batch["masks"] > 0
     last = m & ~(torch.cat([batch["masks"][1:], torch.zeros_like(batch["masks"][:1])]) > 0)
     buffer.add(
-        **{k: batch[k][m] for k in ("obs", "inputs", "actions", "rewards", "next_obs", "advantages", "states")},
-        dones=last[m],
+        **{k: batch[k][m].cpu() for k in ("obs", "inputs", "actions", "rewards", "next_obs", "advantages", "states")},
+        dones=last[m].cpu(),
         task_ids=torch.full((int(m.sum()),), task_id, dtype=torch.long),
     )
 
 
 # ------------------------------------------------------------------------------------------------ TRAINING PLUMBING
-def start_run(args: Args):
-    """Run directory, TensorBoard writer (and wandb), threads and seeds; returns (run_dir, writer)."""
-    run_name, run_dir = claim_run_dir(args.runs_dir, f"{args.task}__{args.exp_name}__{args.seed}__{int(time.time())}")
+def start_run(args: Args, saved=None):
+    """Run directory (a resumed run's own), TensorBoard writer (and wandb), threads and seeds: (run_dir, writer)."""
+    if saved is None:
+        run_name, run_dir = claim_run_dir(args.runs_dir, f"{args.task}__{args.exp_name}__{args.seed}__{int(time.time())}")
+    else:
+        run_dir = saved["training"]["run_dir"]
+        run_name = os.path.basename(run_dir)
+        os.makedirs(run_dir, exist_ok=True)
     if args.track:
         import wandb
 
@@ -1292,9 +1365,13 @@ def start_run(args: Args):
         )
     from torch.utils.tensorboard import SummaryWriter
 
-    writer = SummaryWriter(run_dir)
-    table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
+    purge_step = None
+    if saved is not None:  # TensorBoard drops what the interrupted run logged after the checkpoint
+        purge_step = saved["training"]["global_step"] + 1
+    writer = SummaryWriter(run_dir, purge_step=purge_step)
+    if saved is None:
+        table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+        writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
     torch.set_num_threads(args.num_threads)
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -1303,22 +1380,19 @@ def start_run(args: Args):
     return run_dir, writer
 
 
-def claim_run_dir(runs_dir: str, run_name: str) -> tuple[str, str]:
-    """(run_name, run_dir) of a new directory; its atomic mkdir gives a taken name the suffix __2, __3, ..."""
-    for suffix in range(1, 10**6):
-        name = run_name
-        if suffix > 1:
-            name = f"{run_name}__{suffix}"
+def claim_run_dir(runs_dir, run_name):
+    """Creates runs_dir/run_name, or run_name__2, __3, ... when another run holds the name (mkdir is atomic): (name, dir)."""
+    name = run_name
+    for n in itertools.count(2):
         try:
             os.makedirs(os.path.join(runs_dir, name))
             return name, os.path.join(runs_dir, name)
         except FileExistsError:
-            continue
+            name = f"{run_name}__{n}"
         except OSError as e:
-            reason = e.strerror
-            if os.path.exists(runs_dir) and not os.path.isdir(runs_dir):
-                reason = "not a directory"
-            fail(f"cannot create a run directory in --runs-dir {runs_dir!r} ({reason}); pass a writable directory")
+            reason = e.strerror.lower()
+            message = f"cannot create a run directory in --runs-dir {runs_dir!r} ({reason}); pass a writable directory"
+            raise ValueError(message) from e
 
 
 def print_param_counts(model, args, env_cls):
@@ -1344,7 +1418,7 @@ def print_progress(it, args, global_step, sps, scalars, dt, elapsed):
     )
 
 
-def iteration_scalars(args, returns, tasks_data, inner_l, stats, v_loss, d_loss):
+def iteration_scalars(args, returns, tasks_data, inner_l, stats, v_loss, d_loss, buffer_size):
     """What an iteration logs: returns before, during and after adaptation, the losses, the outer step's statistics."""
     post = returns[-1].mean().item()
     scalars = {
@@ -1364,6 +1438,7 @@ def iteration_scalars(args, returns, tasks_data, inner_l, stats, v_loss, d_loss)
             "losses/dynamics_loss": d_loss,
             "meta/line_search_steps": stats["line_search_steps"],
             "meta/step_accepted": stats["accepted"],
+            "meta/buffer_size": buffer_size,
         }
     )
     if args.outer_optimizer in ("adam", "promp"):
@@ -1379,11 +1454,61 @@ def log_scalars(writer, scalars, step):
         writer.add_scalar(tag, float(v), step)
 
 
-def save_and_evaluate(model, args, run_dir, writer, train_tasks, extra):
-    """Writes the checkpoint, then evaluates it with its own eval settings, as `eval` would."""
+def run_times(start_time, start_cpu, train_tasks):
+    return {
+        "train_wall_time": time.time() - start_time,
+        "train_cpu_time": time.process_time() - start_cpu,
+        "outer_steps_done": len(train_tasks),
+    }
+
+
+def training_state(aux_opt, outer_opt, gen, train_rng, global_step, run_dir):
+    """What --resume restores besides the model, buffer and feature statistics: optimizers, every RNG, the step."""
+    outer = None
+    if outer_opt is not None:
+        outer = outer_opt.state_dict()
+    return {
+        "aux_opt": aux_opt.state_dict(),
+        "outer_opt": outer,
+        "gen": gen.get_state(),
+        "torch_rng": torch.get_rng_state(),
+        "numpy_rng": np.random.get_state(),
+        "python_rng": random.getstate(),
+        "train_rng": train_rng.bit_generator.state,
+        "global_step": global_step,
+        "run_dir": run_dir,
+    }
+
+
+def restore_training(saved, model, aux_opt, outer_opt, buffer, monitor, gen, train_rng):
+    """Puts a --ckpt-dir checkpoint's state back in place: (train_tasks, global_step, {"wall", "cpu"} time spent)."""
+    t = saved["training"]
+    model.load_state_dict(saved["state_dict"])
+    aux_opt.load_state_dict(t["aux_opt"])
+    if outer_opt is not None:
+        outer_opt.load_state_dict(t["outer_opt"])
+    if buffer is not None:
+        buffer.data = {k: v.clone() for k, v in saved["buffer"]["data"].items()}
+        buffer.pos = saved["buffer"]["pos"]
+        buffer.size = saved["buffer"]["size"]
+    for key, value in saved["feature_stats"].items():
+        setattr(monitor, key, value)
+    gen.set_state(t["gen"])
+    torch.set_rng_state(t["torch_rng"])
+    np.random.set_state(t["numpy_rng"])
+    random.setstate(t["python_rng"])
+    train_rng.bit_generator.state = t["train_rng"]
+    seen = np.asarray(saved["task_split"]["train_tasks"])
+    train_tasks = list(seen.reshape(saved["outer_steps_done"], -1, seen.shape[1]))
+    spent = {"wall": saved["train_wall_time"], "cpu": saved["train_cpu_time"]}
+    return train_tasks, t["global_step"], spent
+
+
+def save_model_checkpoint(model, args, train_tasks, buffer, monitor, times, training, run_dir=None):
+    """The checkpoint: at run_dir/{exp_name}.cleanrl_model (--save-model), or with the training state to
+    --ckpt-dir's step_N and latest files. Returns the (last) path written."""
     from cleanrl_astral_utils.maml import save_checkpoint
 
-    path = os.path.join(run_dir, f"{args.exp_name}.cleanrl_model")
     cartpole = args.task == "cartpole-physics"
     seen = np.zeros((0, 1))
     if train_tasks:
@@ -1396,8 +1521,24 @@ def save_and_evaluate(model, args, run_dir, writer, train_tasks, extra):
         "test_ranges": CARTPOLE_TEST_RANGES if cartpole else None,
         "train_tasks": seen.tolist(),
     }
-    save_checkpoint(path, model, args, split, TASK_VERSIONS[args.task], extra)
-    print(f"model saved to {path}")
+    buffer_state = None
+    if buffer is not None:
+        buffer_state = buffer.state_dict()
+    extra = {**times, "feature_stats": vars(monitor), "buffer": buffer_state}
+    paths = [os.path.join(str(run_dir), f"{args.exp_name}.cleanrl_model")]
+    if training is not None:
+        extra["training"] = training
+        os.makedirs(args.ckpt_dir, exist_ok=True)
+        paths = [os.path.join(args.ckpt_dir, f"step_{len(train_tasks)}.cleanrl_model")]
+        paths.append(os.path.join(args.ckpt_dir, "latest.cleanrl_model"))
+    for path in paths:
+        save_checkpoint(path, model, args, split, TASK_VERSIONS[args.task], extra)
+        print(f"model saved to {path}")
+    return paths[-1]
+
+
+def evaluate_saved_model(path, writer):
+    """Evaluates the checkpoint with its own eval settings, as `eval` would."""
     res = evaluate(path)
     for k, v in res["returns_after_steps"].items():  # x axis: inner updates
         writer.add_scalar("eval/return_after_steps", v, int(k))
@@ -1408,7 +1549,12 @@ def save_and_evaluate(model, args, run_dir, writer, train_tasks, extra):
 @dataclass
 class EvalArgs:
     checkpoint: str
-    """path of a .cleanrl_model written by `train --save-model`"""
+    """path of a .cleanrl_model written by `train --save-model` or `train --ckpt-dir`"""
+    config: str | None = None
+    """the checkpoint's --config (default); another one is refused: the preset was applied when it was trained"""
+    episodes: int | None = None
+    """episodes each test task runs at each of the 0..num_steps inner steps (default: the checkpoint's eval_episodes,
+    else its fast_batch_size); the run is num_tasks x (num_steps + 1) x episodes episodes"""
     eval_seed: int | None = None
     """seed of the test-task stream and the sampling (default: the checkpoint's seed)"""
     num_tasks: int | None = None
@@ -1419,20 +1565,21 @@ class EvalArgs:
     """first-step size (default: the checkpoint's inner_lr)"""
     later_lr_scale: float | None = None
     """later steps use inner_lr * this (paper: alpha then alpha/2; default: the checkpoint's eval_later_lr_scale)"""
-    fast_batch_size: int | None = None
-    """episodes per task and step (default: the checkpoint's eval_episodes, else its fast_batch_size)"""
 
 
 def evaluate_command(args: EvalArgs):
     """Returns after 0..K inner steps on fresh test tasks (`eval` subcommand); writes eval.json beside the checkpoint."""
-    checked_checkpoint(args, validate_eval)
+    validate_eval(args)
+    _, ckpt_args, _ = load_checkpoint(args.checkpoint)
+    check_config(args, ckpt_args)
+    torch.set_num_threads(1)
     result = evaluate(
         args.checkpoint,
         args.num_tasks,
         args.num_steps,
         args.inner_lr,
         args.later_lr_scale,
-        args.fast_batch_size,
+        args.episodes,
         args.eval_seed,
     )
     print(json.dumps(result))
@@ -1444,7 +1591,7 @@ def evaluate(
     num_steps=None,
     inner_lr=None,
     later_lr_scale=None,
-    fast_batch_size=None,
+    episodes=None,
     eval_seed=None,
     write=True,
 ):
@@ -1462,7 +1609,10 @@ def evaluate(
         inner_lr = args.inner_lr
     if eval_seed is None:
         eval_seed = args.seed
-    args.fast_batch_size = fast_batch_size or args.eval_episodes or args.fast_batch_size
+    if episodes is None:
+        episodes = args.eval_episodes
+    if episodes is not None:
+        args.fast_batch_size = episodes
     torch.manual_seed(eval_seed)
     gen = torch.Generator().manual_seed(eval_seed)
     tasks = sample_tasks(args.task, task_streams(eval_seed)[1], num_tasks, "test")
@@ -1482,7 +1632,7 @@ def load_checkpoint(path):
     """(model, args, ckpt) of a checkpoint this script can evaluate, or a ValueError with a one-line reason."""
     from cleanrl_astral_utils.maml import check_task_split, read_checkpoint
 
-    ckpt = read_checkpoint(path, "maml_ssm", [f.name for f in dataclasses.fields(Args)])
+    ckpt = read_checkpoint(path, "maml_ssm", Args)
     args = Args(**ckpt["args"])
     try:
         validate(args)
@@ -1506,27 +1656,35 @@ def load_checkpoint(path):
 @dataclass
 class AdaptArgs:
     checkpoint: str
-    """path of a .cleanrl_model written by `train --save-model`"""
+    """path of a .cleanrl_model written by `train --save-model` or `train --ckpt-dir`"""
+    config: str | None = None
+    """the checkpoint's --config (default); another one is refused: the preset was applied when it was trained"""
+    episodes: int | None = None
+    """episodes each test task runs at each of the 0..adapt_steps steps, per adapter and objective (default: the
+    checkpoint's fast_batch_size); the run is num_tasks x (adapt_steps + 1) x episodes episodes per adapter and objective"""
     eval_seed: int | None = None
     """seed of the test-task stream and the sampling (default: the checkpoint's seed)"""
     num_tasks: int = 20
     """number of fresh test tasks"""
-    adapt_steps: int | None = None
-    """adaptation steps K (default: the checkpoint's adapt_steps); returns are reported after 0..K steps"""
-    adapt_lr: float | None = None
-    """adaptation learning rate (default: the checkpoint's adapt_lr)"""
+    adapt_steps: int = 5
+    """adaptation steps K; returns are reported after 0..K steps"""
+    adapt_lr: float = 1e-2
+    """adaptation learning rate"""
     adaptation_mode: tuple[str, ...] = ("standard",)
-    """one or more adapters: standard (current-task loss) | hybrid (plus replayed training transitions)"""
+    """one or more adapters: standard (loss_current: the objective on the task's own episodes) | hybrid
+    (loss_current + experience_weight x loss_experience, the same objective on a batch of the checkpoint's training
+    transitions: pg replays their actions with their stored advantages, dynamics their (obs, next_obs) pairs as the
+    plan's MSE, entropy their inputs)"""
     adapt_objective: tuple[str, ...] = ("pg",)
     """one or more objectives: pg (uses rewards) | dynamics (reward-free next-obs prediction) | entropy (Tent)"""
     strategy: str = "none"
     """registered loss strategy: none | tent (adds --tent-coef x policy entropy)"""
     tent_coef: float = 1.0
     """weight of the entropy term of the tent strategy"""
-    experience_weight: float = 1.0
-    """hybrid: weight alpha of the replayed-batch loss"""
-    experience_batch_size: int = 256
-    """hybrid: transitions per replayed batch"""
+    experience_weight: float = 0.1
+    """hybrid: alpha of loss_current + alpha x loss_experience (the replayed batch's loss)"""
+    experience_batch_size: int = 32
+    """hybrid: training transitions per replayed batch, drawn uniformly from the checkpoint's ExperienceBuffer"""
     adapt_params: str = "all"
     """parameters adapted: all | ssm (the recurrent core) | heads (policy, value, dynamics) | norm (needs --layer-norm)"""
     adapt_optimizer: str = "sgd"
@@ -1545,17 +1703,15 @@ class AdaptArgs:
     """adapt during the episode every --online-every env steps instead of between episode batches"""
     online_every: int = 20
     """online mode: env steps between adaptation steps"""
-    fast_batch_size: int | None = None
-    """episodes per task and step (default: the checkpoint's fast_batch_size)"""
 
 
 def adapt_command(args: AdaptArgs):
     """Test-time adaptation (`adapt` subcommand): standard/hybrid x pg/dynamics/entropy; writes adapt.json."""
-    model, ckpt = checked_checkpoint(args, validate_adapt)
-    try:
-        validate_adapt_against(args, model, ckpt)
-    except ValueError as e:
-        fail(str(e))
+    validate_adapt(args)
+    model, ckpt_args, ckpt = load_checkpoint(args.checkpoint)
+    check_config(args, ckpt_args)
+    validate_adapt_against(args, model, ckpt)
+    torch.set_num_threads(1)
     from torch.utils.tensorboard import SummaryWriter
 
     from cleanrl_astral_utils.maml import write_adapt_report
@@ -1573,7 +1729,7 @@ def adapt_command(args: AdaptArgs):
 
 def run_adaptation(checkpoint, aargs, writer=None):
     """Returns on fresh test tasks after 0..K adaptation steps for every adapter x objective."""
-    from cleanrl_astral_utils.maml import ci95, summarise
+    from cleanrl_astral_utils.maml import mean_ci95_half_width, summarise
 
     model, args, ckpt = load_checkpoint(checkpoint)
     buffer = None
@@ -1584,12 +1740,8 @@ def run_adaptation(checkpoint, aargs, writer=None):
     if fs and fs["count"] > 0:  # --outer-steps 0 has none
         monitor = FeatureMonitor(len(fs["mean"]), **fs)
     K = aargs.adapt_steps
-    if K is None:
-        K = args.adapt_steps
     lr = aargs.adapt_lr
-    if lr is None:
-        lr = args.adapt_lr
-    n_eps = aargs.fast_batch_size
+    n_eps = aargs.episodes
     if n_eps is None:
         n_eps = args.fast_batch_size
     seed = aargs.eval_seed
@@ -1652,7 +1804,9 @@ def run_adaptation(checkpoint, aargs, writer=None):
         "online": aargs.online,
         "adapt_steps": K,
         "adapt_lr": lr,
-        "no_adaptation": {"return": float(base.mean()), "ci95": ci95(base)},
+        "experience_weight": aargs.experience_weight,
+        "experience_batch_size": aargs.experience_batch_size,
+        "no_adaptation": {"return": float(base.mean()), "ci95": mean_ci95_half_width(base)},
         "results": results,
     }
 
@@ -1773,7 +1927,7 @@ def objective_loss(model, params, batch, objective, max_importance_weight=10.0):
         inputs = torch.cat([inputs[..., :-1], torch.zeros_like(inputs[..., -1:])], -1)
     out = functional_call(model, params, (inputs, batch["starts"], start_state(model, batch)), {"actions": batch["actions"]})
     if objective == "dynamics":
-        return masked_mean(((out["next_obs"] - batch["next_obs"]) ** 2).mean(-1), m), out
+        return masked_mean(((out.next_obs - batch["next_obs"]) ** 2).mean(-1), m), out
     return masked_mean(entropy(out, model.discrete), m), out
 
 
@@ -1801,7 +1955,7 @@ def tent_strategy(loss, out, masks, adapter):
 STRATEGIES = {"none": no_strategy, "tent": tent_strategy}
 
 
-def register_strategy(name):
+def register_adaptation_strategy(name):
     """Decorator: STRATEGIES[name] = the decorated function."""
 
     def register(fn):
@@ -1838,7 +1992,7 @@ def monitor_stats(model, params, batch, monitor):
     m = batch["masks"]
     stats = {"entropy": masked_mean(ent, m).item(), "confidence": masked_mean(torch.exp(-ent), m).item()}
     if monitor is not None:
-        stats["feature_shift"] = monitor.shift(out["feats"], m)
+        stats["feature_shift"] = monitor.shift(out.feats, m)
     return stats
 
 
@@ -1852,23 +2006,34 @@ def log_adaptation(writer, tag, step_logs, per_step, mon):
 
 # ------------------------------------------------------------------------------------------------ VALIDATION
 def validate(args: Args):
-    """Raises ValueError with a one-line reason when these Args would crash late or run wrong."""
-    check_finite_and_seeds(args)
-    for name in ("inner_lr", "outer_lr", "aux_lr", "adapt_lr", "max_kl", "eval_later_lr_scale"):
-        check_positive(args, name)
+    """Refuses, in one line (ValueError), the settings that would crash late or train wrong in silence."""
+    for field in dataclasses.fields(args):
+        value = getattr(args, field.name)
+        if isinstance(value, float) and not math.isfinite(value):  # NaN passes any <, >
+            raise ValueError(f"--{field.name.replace('_', '-')} {value} must be a finite number")
+    if not 0 <= args.seed < 2**32:
+        raise ValueError(f"--seed {args.seed} must be in [0, 2**32 - 1]")
+    for name in ("inner_lr", "outer_lr", "aux_lr", "max_kl", "eval_later_lr_scale"):
+        if not getattr(args, name) > 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     for name in ("tasks_per_batch", "fast_batch_size", "max_episode_steps", "hidden_size", "state_size", "eval_tasks"):
-        check_at_least(args, name, 1)
-    for name in ("cg_iters", "num_threads", "ls_max_steps", "log_every", "eval_episodes", "promp_steps"):
-        check_at_least(args, name, 1)
-    for name in ("outer_steps", "num_inner_steps", "eval_steps", "adapt_steps", "buffer_size", "dynamics_coef"):
-        check_at_least(args, name, 0)
-    for name in ("cg_damping", "cpu_budget", "inner_kl_coef"):
-        check_at_least(args, name, 0)
-    check_choice(args, "task", TASKS)
-    check_choice(args, "policy", POLICIES)
-    check_choice(args, "outer_optimizer", OUTER_OPTIMIZERS)
-    check_choice(args, "inner_estimator", INNER_ESTIMATORS)
-    check_choice(args, "config", PRESETS)
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    for name in ("cg_iters", "num_threads", "ls_max_steps", "log_every", "promp_steps", "ckpt_every"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.eval_episodes is not None and args.eval_episodes < 1:
+        raise ValueError(f"--eval-episodes must be >= 1, got {args.eval_episodes}")
+    for name in ("outer_steps", "num_inner_steps", "eval_steps", "buffer_size", "dynamics_coef", "cg_damping"):
+        if getattr(args, name) < 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    for name in ("cpu_budget", "inner_kl_coef"):
+        if getattr(args, name) < 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    choices = {"task": TASKS, "policy": POLICIES, "outer_optimizer": OUTER_OPTIMIZERS, "inner_estimator": INNER_ESTIMATORS}
+    for name, allowed in {**choices, "config": tuple(PRESETS)}.items():
+        if getattr(args, name) not in allowed:
+            raise ValueError(f"unknown --{name.replace('_', '-')} {getattr(args, name)!r}; choose one of {', '.join(allowed)}")
     if not args.exp_name.strip() or "/" in args.exp_name:
         raise ValueError(f"--exp-name {args.exp_name!r} must be a non-empty name without '/'")
     if not 0 < args.ls_backtrack_ratio < 1:
@@ -1879,55 +2044,83 @@ def validate(args: Args):
         raise ValueError(f"--cg-subsample must be in (0, 1], got {args.cg_subsample}")
     if not (0 < args.gamma <= 1 and 0 <= args.gae_lambda <= 1):
         raise ValueError("--gamma must be in (0, 1] and --gae-lambda in [0, 1]")
-    if args.save_model and importlib.util.find_spec("cleanrl_astral_utils") is None:  # it saves and evaluates the policy
-        raise ValueError("--save-model needs the cleanrl_astral_utils package: pip install -e . in the repository")
+    # saving, checkpointing and resuming use the helper package
+    for name in ("save_model", "ckpt_dir", "resume"):
+        if getattr(args, name) and importlib.util.find_spec("cleanrl_astral_utils") is None:
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(f"{flag} needs the cleanrl_astral_utils package: pip install -e . in the repository")
     if args.save_model and args.eval_tasks < 2:
         raise ValueError(f"--eval-tasks {args.eval_tasks}: the evaluation after --save-model needs >= 2 tasks for its 95% CI")
     if args.goal_box and args.task != "point-nav-2d":
         raise ValueError(
             f"--goal-box only applies to --task point-nav-2d, not {args.task}; drop it (or --no-goal-box with --config paper)"
         )
-    if args.capture_video:
-        raise ValueError("--capture-video is not supported: the tasks are batched tensors without a renderer")
     if args.task == "halfcheetah-vel" and not mujoco_available():
         raise ValueError(f"--task halfcheetah-vel needs the 'mujoco' package: pip install {MUJOCO_PIN}")
 
 
 def validate_eval(args: EvalArgs):
-    """Raises ValueError with a one-line reason for bad `eval` arguments (the checkpoint is checked on loading)."""
-    check_finite_and_seeds(args)
-    check_positive(args, "inner_lr")
-    check_positive(args, "later_lr_scale")
-    check_at_least(args, "num_tasks", 2)  # a confidence interval needs two tasks
-    check_at_least(args, "fast_batch_size", 1)
-    check_at_least(args, "num_steps", 0)
+    """Refuses bad `eval` arguments in one line (ValueError); the checkpoint is checked on loading."""
+    for field in dataclasses.fields(args):
+        value = getattr(args, field.name)
+        if isinstance(value, float) and not math.isfinite(value):  # NaN passes any <, >
+            raise ValueError(f"--{field.name.replace('_', '-')} {value} must be a finite number")
+    if args.eval_seed is not None and not 0 <= args.eval_seed < 2**32:
+        raise ValueError(f"--eval-seed {args.eval_seed} must be in [0, 2**32 - 1]")
+    for name in ("inner_lr", "later_lr_scale"):
+        if getattr(args, name) is not None and not getattr(args, name) > 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.num_tasks is not None and args.num_tasks < 2:  # a confidence interval needs two tasks
+        raise ValueError(f"--num-tasks must be >= 2, got {args.num_tasks}")
+    if args.episodes is not None and args.episodes < 1:
+        raise ValueError(f"--episodes must be >= 1, got {args.episodes}")
+    if args.num_steps is not None and args.num_steps < 0:
+        raise ValueError(f"--num-steps must be >= 0, got {args.num_steps}")
 
 
 def validate_adapt(args: AdaptArgs):
-    """Raises ValueError with a one-line reason for bad `adapt` arguments (validate_adapt_against checks the
-    checkpoint)."""
-    check_finite_and_seeds(args)
+    """Refuses bad `adapt` arguments in one line (ValueError); validate_adapt_against checks them with the checkpoint."""
+    for field in dataclasses.fields(args):
+        value = getattr(args, field.name)
+        if isinstance(value, float) and not math.isfinite(value):  # NaN passes any <, >
+            raise ValueError(f"--{field.name.replace('_', '-')} {value} must be a finite number")
+    if args.eval_seed is not None and not 0 <= args.eval_seed < 2**32:
+        raise ValueError(f"--eval-seed {args.eval_seed} must be in [0, 2**32 - 1]")
     for name in ("adapt_lr", "grad_clip", "max_step_norm", "trust_region"):
-        check_positive(args, name)
-    check_at_least(args, "num_tasks", 2)  # a confidence interval needs two tasks
+        if not getattr(args, name) > 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.num_tasks < 2:  # a confidence interval needs two tasks
+        raise ValueError(f"--num-tasks must be >= 2, got {args.num_tasks}")
     # an importance cap below 1 would scale on-policy steps
-    for name in ("experience_batch_size", "online_every", "max_importance_weight", "fast_batch_size"):
-        check_at_least(args, name, 1)
+    for name in ("experience_batch_size", "online_every", "max_importance_weight"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.episodes is not None and args.episodes < 1:
+        raise ValueError(f"--episodes must be >= 1, got {args.episodes}")
     for name in ("adapt_steps", "experience_weight", "ema_decay"):
-        check_at_least(args, name, 0)
-    check_choice(args, "adaptation_mode", ADAPTERS)
-    check_choice(args, "adapt_objective", OBJECTIVES)
-    check_choice(args, "strategy", STRATEGIES)
-    check_choice(args, "adapt_params", PARAM_GROUPS)
-    check_choice(args, "adapt_optimizer", ("sgd", "adam"))
+        if getattr(args, name) < 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     if not args.adaptation_mode or not args.adapt_objective:
         raise ValueError("--adaptation-mode and --adapt-objective each need at least one value")
+    choices = {"adaptation_mode": ADAPTERS, "adapt_objective": OBJECTIVES, "strategy": STRATEGIES}
+    choices = {**choices, "adapt_params": PARAM_GROUPS, "adapt_optimizer": ("sgd", "adam")}
+    for name, allowed in choices.items():
+        for value in tyro_tuple(getattr(args, name)):
+            if value not in allowed:
+                raise ValueError(f"unknown --{name.replace('_', '-')} {value!r}; choose one of {', '.join(allowed)}")
     if args.ema_decay >= 1:
         raise ValueError(f"--ema-decay must be in [0, 1), got {args.ema_decay}")
 
 
+def tyro_tuple(value):
+    """A flag's value as a tuple: the multi-valued flags give tuples, the others one value."""
+    if isinstance(value, tuple):
+        return value
+    return (value,)
+
+
 def validate_adapt_against(args: AdaptArgs, model, ckpt):
-    """Raises ValueError with a one-line reason for `adapt` options this checkpoint cannot serve."""
+    """Refuses, in one line (ValueError), `adapt` options this checkpoint cannot serve."""
     horizon = ckpt["args"]["max_episode_steps"]
     buf = ckpt.get("buffer")
     if args.online and args.online_every >= horizon:
@@ -1954,62 +2147,14 @@ def validate_adapt_against(args: AdaptArgs, model, ckpt):
         ExperienceBuffer.from_state_dict(buf, model.initial_state(1).shape[1])
 
 
+def check_config(args, ckpt_args):
+    """Refuses an `eval`/`adapt` --config other than the one the checkpoint was trained with."""
+    if args.config is not None and args.config != ckpt_args.config:
+        raise ValueError(f"--config {args.config} contradicts the checkpoint's own --config {ckpt_args.config}; drop it")
+
+
 def mujoco_available() -> bool:
     return importlib.util.find_spec("mujoco") is not None
-
-
-def check_finite_and_seeds(args):
-    """NaN and inf pass every bound; a seed outside numpy's range fails after the run directory exists."""
-    for field in dataclasses.fields(args):
-        value = getattr(args, field.name)
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"{flag(field.name)} {value} must be a finite number")
-    for name in ("seed", "eval_seed"):
-        value = getattr(args, name, None)
-        if value is not None and not 0 <= value < 2**32:
-            raise ValueError(f"{flag(name)} {value} must be in [0, 2**32 - 1]")
-
-
-def check_positive(args, name):
-    value = getattr(args, name)
-    if value is not None and not value > 0:
-        raise ValueError(f"{flag(name)} must be positive, got {value}")
-
-
-def check_at_least(args, name, lo):
-    value = getattr(args, name)
-    if value is not None and value < lo:
-        raise ValueError(f"{flag(name)} must be >= {lo}, got {value}")
-
-
-def check_choice(args, name, choices):
-    values = getattr(args, name)
-    if not isinstance(values, tuple):
-        values = (values,)
-    for value in values:
-        if value not in choices:
-            raise ValueError(f"unknown {flag(name)} {value!r}; choose one of {', '.join(choices)}")
-
-
-def flag(name):
-    return "--" + name.replace("_", "-")
-
-
-def fail(msg: str):
-    """A one-line error (exit status 2)."""
-    print(f"maml_ssm.py: error: {msg}", file=sys.stderr)
-    sys.exit(2)
-
-
-def checked_checkpoint(args, validate_args):
-    """Validates eval/adapt arguments and their checkpoint before any work: (model, ckpt) or a one-line error."""
-    try:
-        validate_args(args)
-        model, _, ckpt = load_checkpoint(args.checkpoint)
-    except ValueError as e:
-        fail(str(e))
-    torch.set_num_threads(1)
-    return model, ckpt
 
 
 # ------------------------------------------------------------------------------------------------ COMMAND LINE
@@ -2024,8 +2169,6 @@ PRESETS = {
         tasks_per_batch=8,
         num_inner_steps=1,
         inner_lr=1e-2,
-        adapt_steps=5,
-        adapt_lr=1e-2,
     ),
     # MAML paper, 2D navigation, with its code's goal box and step-counted batches; its test batch is 4,000 steps
     "paper": dict(
@@ -2059,25 +2202,59 @@ PRESETS = {
         fill_steps=True,
     ),
 }
+COMMANDS = ("train", "eval", "adapt")
+USAGE = "usage: maml_ssm.py {train,eval,adapt} [--help] [flags]"
+
+
+def flag_value(argv, name):
+    """The value of the last `name VALUE` or `name=VALUE` in argv, or None."""
+    value = None
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            value = argv[i + 1]
+        if arg.startswith(name + "="):
+            value = arg[len(name) + 1 :]
+    return value
 
 
 def train_defaults(argv) -> Args:
-    """The Args defaults of `train`: the --config preset's values, which every flag still overrides."""
-    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    pre.add_argument("--config", default="none")
-    config = pre.parse_known_args(argv)[0].config
+    """What `train`'s flags override: the --config preset, or with --resume the checkpoint's own Args."""
+    resume = flag_value(argv, "--resume")
+    if resume is not None and importlib.util.find_spec("cleanrl_astral_utils") is None:
+        raise ValueError("--resume needs the cleanrl_astral_utils package: pip install -e . in the repository")
+    if resume is not None:
+        from cleanrl_astral_utils.maml import resumed_args
+
+        return resumed_args(resume, Args)
+    config = flag_value(argv, "--config")
+    if config is None:
+        config = "none"
     if config not in PRESETS:
-        fail(f"unknown --config {config!r}; choose one of {', '.join(PRESETS)}")
-    return dataclasses.replace(Args(), config=config, **PRESETS[config])
+        raise ValueError(f"unknown --config {config!r}; choose one of {', '.join(PRESETS)}")
+    return Args(config=config, **PRESETS[config])
 
 
 def main(argv):
-    commands = {
-        "train": functools.partial(train, args=train_defaults(argv)),
-        "eval": evaluate_command,
-        "adapt": adapt_command,
-    }
-    tyro.extras.subcommand_cli_from_dict(commands, args=argv, prog="maml_ssm.py", config=(tyro.conf.OmitArgPrefixes,))
+    """One tyro parse of the subcommand's Args (train: over the --config preset's values), validated, then run."""
+    if not argv or argv[0] not in COMMANDS:
+        print(USAGE)
+        if argv and argv[0] in ("-h", "--help"):
+            sys.exit(0)
+        sys.exit(2)
+    command = argv[0]
+    prog = f"maml_ssm.py {command}"
+    try:
+        if command == "train":
+            args = tyro.cli(Args, args=argv[1:], default=train_defaults(argv), prog=prog)
+            validate(args)
+            train(args)
+        if command == "eval":
+            evaluate_command(tyro.cli(EvalArgs, args=argv[1:], prog=prog))
+        if command == "adapt":
+            adapt_command(tyro.cli(AdaptArgs, args=argv[1:], prog=prog))
+    except ValueError as e:
+        print(f"maml_ssm.py: error: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

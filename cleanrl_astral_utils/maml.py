@@ -28,8 +28,14 @@ def save_checkpoint(path, model, args, task_split, task_version, extra=None):
     atomic_torch_save(ckpt, path)
 
 
-def read_checkpoint(path, script, config_fields):
-    """The checkpoint dict written by `script`, or a ValueError with a one-line reason."""
+# config fields that older checkpoints carry and the script's Args do not: `adapt`'s settings live in its own Args,
+# and video capture does not exist for batched tensor tasks
+RETIRED_FIELDS = ("adapt_steps", "adapt_lr", "capture_video")
+
+
+def read_checkpoint(path, script, args_cls):
+    """The checkpoint dict written by `script` (its config without RETIRED_FIELDS), or a ValueError with a one-line
+    reason."""
     if not os.path.isfile(path):
         raise ValueError(f"checkpoint {path!r} does not exist")
     try:
@@ -39,9 +45,32 @@ def read_checkpoint(path, script, config_fields):
     if not isinstance(ckpt, dict) or ckpt.get("script") != script:
         raise ValueError(f"{path!r} is not a {script} checkpoint")
     missing = [k for k in ("state_dict", "args", "task_split") if k not in ckpt]
-    unknown = set(ckpt.get("args", {})) - set(config_fields)
+    config = {k: v for k, v in ckpt.get("args", {}).items() if k not in RETIRED_FIELDS}
+    unknown = set(config) - {f.name for f in dataclasses.fields(args_cls)}
     if missing or unknown:
         raise ValueError(f"checkpoint {path!r} lacks {missing} or has unknown config fields {sorted(unknown)}")
+    ckpt["args"] = config
+    return ckpt
+
+
+def resumed_args(path, args_cls):
+    """The Args of the run a --ckpt-dir checkpoint holds, with `resume` set to it: the defaults `train --resume` parses
+    its flags over."""
+    ckpt = read_checkpoint(path, "maml_ssm", args_cls)
+    return args_cls(**{**ckpt["args"], "resume": path})
+
+
+def read_resume_state(path, args, resumable_fields):
+    """The checkpoint `train --resume` continues, or a ValueError with a one-line reason: it holds no training state,
+    or a flag outside `resumable_fields` differs from the run's own."""
+    ckpt = read_checkpoint(path, "maml_ssm", type(args))
+    if "training" not in ckpt:
+        raise ValueError(f"--resume {path!r} holds no training state: resume from a checkpoint of train --ckpt-dir")
+    for field in dataclasses.fields(args):
+        saved = ckpt["args"].get(field.name, field.default)
+        if field.name not in resumable_fields and getattr(args, field.name) != saved:
+            flag = "--" + field.name.replace("_", "-")
+            raise ValueError(f"--resume keeps the run's settings: {flag} {getattr(args, field.name)} differs from its {saved}")
     return ckpt
 
 
@@ -67,7 +96,7 @@ def check_task_split(ckpt, task, task_version, check_ranges, ranges):
 
 
 # ------------------------------------------------------------------------------------------------ REPORTS
-def ci95(x):
+def mean_ci95_half_width(x):
     """Half-width of the normal 95% confidence interval of the mean: 1.96 sample sd / sqrt(n) (0 for one value)."""
     x = np.asarray(x, dtype=np.float64)
     if len(x) < 2:
@@ -79,7 +108,7 @@ def summarise(per_step):
     """{"returns_after_steps": mean over tasks, "ci95": its 95% CI half-width}, keyed by the step as a string."""
     return {
         "returns_after_steps": {str(k): float(r.mean()) for k, r in enumerate(per_step)},
-        "ci95": {str(k): ci95(r) for k, r in enumerate(per_step)},
+        "ci95": {str(k): mean_ci95_half_width(r) for k, r in enumerate(per_step)},
     }
 
 

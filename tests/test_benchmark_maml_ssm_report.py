@@ -2,9 +2,13 @@
 
 import dataclasses
 import json
+import subprocess
 
+import numpy as np
+import pytest
 import torch
 from benchmark_helpers import load_benchmark_script
+from helpers import REPO, SCRIPT_ENV
 from torch.utils.tensorboard import SummaryWriter
 
 import cleanrl_astral.maml_ssm as maml_ssm
@@ -133,3 +137,57 @@ def test_maml_ssm_report_refuses_runs_of_an_older_task_version(tmp_path, capsys)
     assert "older point-nav-2d (version 1)" in err and "delete its sweep directory" in err
     assert not (tmp_path / "rep").exists()  # nothing written from a mix of task versions
     assert maml_ssm_report.main(["--out", str(tmp_path / "missing"), "--report", str(tmp_path / "rep")]) == 2
+
+
+def test_hybrid_verdict_reads_the_paired_ci_as_preregistered():
+    assert maml_ssm_report.hybrid_verdict(0.1, 2.0) == "hybrid better"
+    assert maml_ssm_report.hybrid_verdict(-2.0, -0.1) == "hybrid worse"
+    assert maml_ssm_report.hybrid_verdict(-0.1, 2.0) == "no difference detected"
+    assert maml_ssm_report.t_half_width([1.0, 2.0, 3.0]) == pytest.approx(4.302652729911275 / np.sqrt(3))
+    assert maml_ssm_report.learned([0.0, 0.0, 1.0, 1.0]) and not maml_ssm_report.learned([1.0, 1.0, 0.0, 0.0])
+
+
+def test_hybrid_benchmark_dry_run_lists_the_preregistered_grid(tmp_path):
+    """--dry-run prints the study's commands: SSM on halfcheetah-vel (buffer 20,000, 540 CPU-s) and cartpole-physics
+    (buffer 5,000, 240 CPU-s), seeds 1-3, then adapt with both adapters at experience weights 0.1 and 0.15."""
+    env = {**SCRIPT_ENV, "HYBRID_OUT": str(tmp_path / "out"), "HYBRID_REPORT": str(tmp_path / "report")}
+    run = subprocess.run(
+        ["bash", "benchmark/maml_ssm.sh", "--hybrid-benchmark", "--dry-run"], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
+    train = [line for line in run.stdout.splitlines() if "maml_ssm.py train" in line]
+    assert len(train) == 6
+    for line in train:
+        assert "--policy ssm" in line and "--save-model" in line
+    hc = [line for line in train if "--task halfcheetah-vel" in line]
+    cp = [line for line in train if "--task cartpole-physics" in line]
+    assert sorted(line.split("--seed ")[1].split()[0] for line in hc) == ["1", "2", "3"]
+    assert all("--buffer-size 20000" in line and "--cpu-budget 540" in line for line in hc)
+    assert sorted(line.split("--seed ")[1].split()[0] for line in cp) == ["1", "2", "3"]
+    assert all("--buffer-size 5000" in line and "--cpu-budget 240" in line for line in cp)
+    adapt = [line for line in run.stdout.splitlines() if "maml_ssm.py adapt" in line]
+    assert len(adapt) == 2 and all("--adaptation-mode standard hybrid" in line for line in adapt)
+    assert "--experience-weight 0.1" in adapt[0] and "--experience-weight 0.15" in adapt[1]
+    assert not (tmp_path / "report").exists()
+
+
+def test_hybrid_benchmark_tiny_runs_the_whole_study_and_its_report(tmp_path):
+    """--tiny runs the study's pipeline at a few outer steps: six trained checkpoints, adapt.json with both adapters
+    beside each, and the report's table, JSON and learning-curve PNG."""
+    env = {**SCRIPT_ENV, "HYBRID_OUT": str(tmp_path / "out"), "HYBRID_REPORT": str(tmp_path / "report")}
+    run = subprocess.run(
+        ["bash", "benchmark/maml_ssm.sh", "--hybrid-benchmark", "--tiny"], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    summary = json.loads((tmp_path / "report" / "hybrid.json").read_text())
+    assert set(summary) == {"halfcheetah-vel", "cartpole-physics"}
+    for task, weight, buffer in (("halfcheetah-vel", 0.1, 20000), ("cartpole-physics", 0.15, 5000)):
+        runs = summary[task]["runs"]
+        assert [r["seed"] for r in runs] == [1, 2, 3]
+        assert all(r["experience_weight"] == weight and r["buffer_size"] == buffer for r in runs)
+        assert all(len(r["standard"]) == 6 and len(r["hybrid"]) == 6 for r in runs)
+        diff = np.mean([r["hybrid"][5] - r["standard"][5] for r in runs])
+        assert summary[task]["difference_after_5"] == pytest.approx(diff)
+    table = (tmp_path / "report" / "hybrid_table.md").read_text()
+    assert "| no adaptation (θ₀) |" in table and "| hybrid |" in table and "Hybrid − standard after 5 steps" in table
+    assert (tmp_path / "report" / "hybrid_curves.png").stat().st_size > 10_000

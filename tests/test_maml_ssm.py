@@ -172,14 +172,14 @@ def test_step_by_step_equals_sequence_scan(kind):
     state, pis = state0, []
     for t in range(T):
         out = agent(inp[t : t + 1], starts[t : t + 1], state)
-        pis.append(out["pi"][0])
-        state = out["state"]
-    assert torch.allclose(a["pi"], torch.stack(pis), atol=1e-10) and torch.allclose(a["state"], state, atol=1e-10)
+        pis.append(out.pi[0])
+        state = out.state
+    assert torch.allclose(a.pi, torch.stack(pis), atol=1e-10) and torch.allclose(a.state, state, atol=1e-10)
     if kind != "mlp":
         # the two paths must not be trivially equal: the state has to matter
         c = agent(inp, starts, torch.zeros_like(state0))
         assert not torch.allclose(
-            a["pi"][: int(starts.long().argmax(0).min()) + 1], c["pi"][: int(starts.long().argmax(0).min()) + 1]
+            a.pi[: int(starts.long().argmax(0).min()) + 1], c.pi[: int(starts.long().argmax(0).min()) + 1]
         )
 
 
@@ -191,12 +191,12 @@ def test_state_reset_at_episode_boundary(kind):
     inp = torch.randn(T, B, 6, dtype=torch.float64)
     starts = torch.zeros(T, B, dtype=torch.bool)
     starts[0], starts[k] = True, True
-    full = agent(inp, starts, torch.randn_like(agent.initial_state(B)))["pi"]
-    fresh = agent(inp[k:], starts[k:], agent.initial_state(B))["pi"]
+    full = agent(inp, starts, torch.randn_like(agent.initial_state(B))).pi
+    fresh = agent(inp[k:], starts[k:], agent.initial_state(B)).pi
     assert torch.allclose(full[k:], fresh, atol=1e-10)
     no_reset = starts.clone()
     no_reset[k] = False
-    assert not torch.allclose(agent(inp, no_reset, agent.initial_state(B))["pi"][k:], fresh, atol=1e-6)
+    assert not torch.allclose(agent(inp, no_reset, agent.initial_state(B)).pi[k:], fresh, atol=1e-6)
 
 
 def test_ssm_block_is_gelu_of_the_lru_plus_its_input():
@@ -214,7 +214,7 @@ def test_ssm_block_is_gelu_of_the_lru_plus_its_input():
         y, _ = model.core.scan(h, model.initial_state(3), starts)
         expected = torch.tanh(model.fc(F.gelu(y) + h))
         without = torch.tanh(model.fc(F.gelu(y)))
-    assert torch.allclose(out["feats"], expected, atol=1e-12)
+    assert torch.allclose(out.feats, expected, atol=1e-12)
     assert (expected - without).abs().max() > 1e-2
 
 
@@ -229,7 +229,7 @@ def test_value_head_reads_detached_features():
     starts[0] = True
     out = model(inp, starts, model.initial_state(3))
     names = [n for n, _ in model.named_parameters()]
-    grads = torch.autograd.grad(out["value"].sum(), list(model.parameters()), allow_unused=True)
+    grads = torch.autograd.grad(out.value.sum(), list(model.parameters()), allow_unused=True)
     for n, g in zip(names, grads):
         if n.startswith("value_head."):
             assert g is not None and g.abs().sum() > 0, n
@@ -493,10 +493,10 @@ def test_logged_aux_losses_average_over_valid_steps(tmp_path, monkeypatch):
         msk = b["masks"]
         padded += int((msk == 0).sum())
         togo = torch.flip(torch.cumsum(torch.flip(b["rewards"], [0]), 0), [0])
-        v_exp.append(((((out["value"] - togo) ** 2) * msk).sum() / msk.sum()).item())
+        v_exp.append(((((out.value - togo) ** 2) * msk).sum() / msk.sum()).item())
         a = F.one_hot(b["actions"].long()[..., 0], 2).float()
         with torch.no_grad():
-            pred = F.linear(torch.cat([out["feats"], a], -1), dyn["weight"], dyn["bias"])
+            pred = F.linear(torch.cat([out.feats, a], -1), dyn["weight"], dyn["bias"])
         err = ((pred - b["next_obs"]) ** 2).mean(-1)
         d_exp.append(((err * msk).sum() / msk.sum()).item())
         assert (err * (1 - msk)).sum() > 0  # the padded steps' error is not zero: including them would show
@@ -700,7 +700,7 @@ def test_eval_episodes_sets_the_evaluation_batch(trained_ckpt, monkeypatch, tmp_
     )
     ckpt = torch.load(trained_ckpt, weights_only=False)
     maml_ssm.evaluate(trained_ckpt, 2, 1, write=False)
-    maml_ssm.evaluate(trained_ckpt, 2, 1, fast_batch_size=3, write=False)
+    maml_ssm.evaluate(trained_ckpt, 2, 1, episodes=3, write=False)
     ckpt["args"]["eval_episodes"] = 5
     with_default = str(tmp_path / "eval5.cleanrl_model")
     torch.save(ckpt, with_default)
@@ -710,7 +710,7 @@ def test_eval_episodes_sets_the_evaluation_batch(trained_ckpt, monkeypatch, tmp_
     assert "--eval-episodes must be >= 1" in validation_error(maml_ssm.validate, maml_ssm.Args(eval_episodes=0))
 
 
-def test_ci95_is_1_96_sample_sd_over_sqrt_n():
+def test_mean_ci95_half_width_is_1_96_sample_sd_over_sqrt_n():
     """The evaluation's 95% interval half-width is 1.96 s / sqrt(n) with s the sample standard deviation (n - 1 in
     its denominator), computed here by hand on five known per-task returns. The population sd, or sqrt(n - 1)
     under it, is off by more than 10% at n = 5; a single task has no interval (0)."""
@@ -718,9 +718,9 @@ def test_ci95_is_1_96_sample_sd_over_sqrt_n():
     n, mean = len(x), sum(x) / len(x)
     s = (sum((v - mean) ** 2 for v in x) / (n - 1)) ** 0.5
     expected = 1.96 * s / n**0.5
-    assert maml.ci95(x) == pytest.approx(expected, rel=1e-12)
-    assert maml.ci95(np.array(x, dtype=np.float32)) == pytest.approx(expected, rel=1e-6)
-    assert maml.ci95([4.0]) == 0.0 and expected > 1.0
+    assert maml.mean_ci95_half_width(x) == pytest.approx(expected, rel=1e-12)
+    assert maml.mean_ci95_half_width(np.array(x, dtype=np.float32)) == pytest.approx(expected, rel=1e-6)
+    assert maml.mean_ci95_half_width([4.0]) == 0.0 and expected > 1.0
 
 
 def test_evaluate_reports_ci95_of_the_per_task_returns(tmp_path, monkeypatch):
@@ -787,7 +787,7 @@ def test_validate_args_rejects_bad_values(monkeypatch):
 def test_config_preset_is_overridable_flag_by_flag():
     a = parsed_train_args(["train", "--config", "basic", "--inner-lr", "0.5"])
     assert (a.seed, a.fast_batch_size, a.max_episode_steps, a.outer_steps, a.tasks_per_batch) == (42, 8, 200, 50, 8)
-    assert a.inner_lr == 0.5 and a.adapt_lr == 1e-2 and a.config == "basic"
+    assert a.inner_lr == 0.5 and a.seed == 42 and a.config == "basic"
     assert parsed_train_args(["train"]).seed == 1
 
 

@@ -187,9 +187,9 @@ def test_replayed_transition_continues_from_its_stored_recurrent_state(policy):
             {"actions": rows["actions"][None]},
         )
     mask = batch["masks"] > 0
-    assert torch.allclose(one["pi"][0], seq["pi"][mask], atol=1e-5)
-    assert torch.allclose(one["next_obs"][0], seq["next_obs"][mask], atol=1e-5)
-    assert not torch.allclose(fresh["pi"][0], seq["pi"][mask], atol=1e-3)
+    assert torch.allclose(one.pi[0], seq.pi[mask], atol=1e-5)
+    assert torch.allclose(one.next_obs[0], seq.next_obs[mask], atol=1e-5)
+    assert not torch.allclose(fresh.pi[0], seq.pi[mask], atol=1e-3)
     # replay_as_batch feeds exactly these stored states: its pg loss equals the in-sequence one
     rb = maml_ssm.replay_as_batch(rows)
     l_replay, _ = maml_ssm.objective_loss(model, theta, rb, "pg")
@@ -393,7 +393,7 @@ def test_strategy_registry_and_tent_adds_entropy():
     model, _, data = tiny_setup(dtype=torch.float32)
     assert {"none", "tent"} <= set(maml_ssm.STRATEGIES)
 
-    @maml_ssm.register_strategy("double_for_test")
+    @maml_ssm.register_adaptation_strategy("double_for_test")
     def double(loss, out, masks, adapter):
         return 2 * loss
 

@@ -30,7 +30,7 @@ def pad(batch, lengths):
 
 
 def gaussian(out):
-    return torch.distributions.Normal(out["pi"], torch.exp(out["log_std"]).expand_as(out["pi"]))
+    return torch.distributions.Normal(out.pi, torch.exp(out.log_std).expand_as(out.pi))
 
 
 def flat_params(model):
@@ -252,7 +252,7 @@ def test_advantages_are_gae_on_the_linear_baseline_normalised_over_valid_steps(f
     valid = raw[masks > 0]
     assert adv[masks > 0].tolist() == pytest.approx(((valid - valid.mean()) / (valid.std() + 1e-8)).tolist(), abs=1e-5)
     assert torch.all(adv[masks == 0] == 0)
-    # a batch of one valid step (adapt --online --online-every 1 --fast-batch-size 1) has a NaN std, which would make
+    # a batch of one valid step (adapt --online --online-every 1 --episodes 1) has a NaN std, which would make
     # every parameter NaN after the step (no guard compares NaN); it is centred to 0 instead
     monkeypatch.setattr(maml_ssm, "linear_baseline", lambda batch, g: values[:, :1] * batch["masks"].double())
     one = {"obs": torch.zeros(5, 1, 2), "masks": torch.tensor([[1.0], [0.0], [0.0], [0.0], [0.0]]), "rewards": rewards[:, :1]}
@@ -269,7 +269,7 @@ def test_functional_inner_update_equals_manual_sgd_on_copied_module():
     clone = copy.deepcopy(model)
     opt = torch.optim.SGD(clone.parameters(), lr=0.3)
     out = clone(batch["inputs"], batch["starts"], clone.initial_state(batch["masks"].shape[1]))
-    dist = torch.distributions.Normal(out["pi"], torch.exp(clone.log_std))
+    dist = torch.distributions.Normal(out.pi, torch.exp(clone.log_std))
     logp = dist.log_prob(batch["actions"]).sum(-1)
     loss = -(logp * batch["advantages"] * batch["masks"]).sum() / batch["masks"].sum()
     opt.zero_grad()
@@ -605,7 +605,7 @@ def reference_meta_kl_and_loss(model, params, data, inner_lr):
             gs = torch.autograd.grad(maml_ssm.inner_loss(model, p, b), list(p.values()), create_graph=True, allow_unused=True)
             p = {k: p[k] - inner_lr * (g if g is not None else 0.0) for (k, g) in zip(p, gs)}
         out, val = maml_ssm.policy_out(model, p, td["val"]), td["val"]
-        old = {k: out[k].detach() for k in ("pi", "log_std")}
+        old = maml_ssm.AgentOutput(pi=out.pi.detach(), log_std=out.log_std.detach())
         new_d, old_d = gaussian(out), gaussian(old)
         ratio = torch.exp(new_d.log_prob(val["actions"]).sum(-1) - old_d.log_prob(val["actions"]).sum(-1))
         mask = val["masks"]
@@ -802,8 +802,8 @@ def test_kl_penalty_gradient_has_the_right_sign_and_scale_against_a_finite_diffe
     for old, td in zip(olds, data):
         b = td["train"][0]
         out = maml_ssm.policy_out(model, theta1, b)
-        new = torch.distributions.Normal(out["pi"], torch.exp(out["log_std"]).expand_as(out["pi"]))
-        ref = torch.distributions.Normal(old["train"][0]["pi"], torch.exp(old["train"][0]["log_std"]).expand_as(out["pi"]))
+        new = torch.distributions.Normal(out.pi, torch.exp(out.log_std).expand_as(out.pi))
+        ref = torch.distributions.Normal(old["train"][0].pi, torch.exp(old["train"][0].log_std).expand_as(out.pi))
         kls.append(maml_ssm.masked_mean(torch.distributions.kl_divergence(ref, new).sum(-1), b["masks"]))
     assert objective.inner_kl.item() == pytest.approx(torch.stack(kls).mean().item(), rel=1e-10)
     assert objective.kl_penalty.item() == pytest.approx(0.7 * objective.inner_kl.item(), rel=1e-12)
@@ -852,7 +852,7 @@ def test_lvc_gradient_is_the_score_function_gradient_in_expectation_and_its_curv
     }
 
     def probs(p):
-        return torch.softmax(maml_ssm.policy_out(model, p, {**batch, "masks": torch.ones(1, 3)})["pi"][0, 0], -1)
+        return torch.softmax(maml_ssm.policy_out(model, p, {**batch, "masks": torch.ones(1, 3)}).pi[0, 0], -1)
 
     pi = probs(params)
     batch["masks"] = pi.detach().reshape(1, 3)  # masked_mean = sum_a pi(a) x_a: the exact expectation
