@@ -32,12 +32,11 @@ import tyro
 from torch.distributions.categorical import Categorical
 from torch.utils.tensorboard import SummaryWriter
 
-from cleanrl_astral_utils import tta  # reports, analysis, results files, plots, resuming
-from cleanrl_astral_utils.cartpole import KINDS
-
 SCRIPT = os.path.basename(__file__)[: -len(".py")]
 ASTRAL_SCRIPT = "ppo_gru_astral"
 ASTRAL_FORMAT = 1
+# the two ways an evaluation acts: greedy, or sampled from the policy
+KINDS = ("deterministic", "sampled")
 Control = Literal["none", "gate", "context", "all", "tent"]
 CONTROLS = ("none", "gate", "context", "all", "tent")
 
@@ -749,6 +748,8 @@ def ceiling(agent, target, hide_velocity, settings, seeds, episodes):
 def swap_gates(mean_gates, targets):
     """The swap's fixed gates: `sign+1` / `sign-1`, the mean of the mean learned gates of that force sign's training
     modes (each mode weighs the same), then `mode{k}`, each training mode's own mean learned gate."""
+    from cleanrl_astral_utils import tta  # reports, analysis, results files, plots, resuming
+
     training = [t for t in targets if not t["held_out"]]
     gates = {}
     for sign in sorted({t["physics"][2] for t in training}, reverse=True):
@@ -771,6 +772,8 @@ def gate_swap(agent, targets, hide_velocity, episodes, seed):
     """The swap intervention: the learned gate's episodes in every target (env and torch seed 100000 + seed + 1000 ·
     position, as clamp's), their mean gates grouped by force sign and by mode, then every target with the gate fixed to
     each group's mean gate, on the same episodes."""
+    from cleanrl_astral_utils import tta  # reports, analysis, results files, plots, resuming
+
     eval_seeds = [100_000 + seed + 1000 * position for position in range(len(targets))]
     learned = {}
     for target, eval_seed in zip(targets, eval_seeds):
@@ -1050,6 +1053,8 @@ class Run(NamedTuple):
 
 def prepare(args):
     """Checks the flags and the checkpoint, and claims the run directory (or takes the stopped run's): a Run."""
+    from cleanrl_astral_utils import tta  # reports, analysis, results files, plots, resuming
+
     validate(args)
     model_path = find_checkpoint(args)
     ckpt, agent = load_astral_checkpoint(model_path)
@@ -1078,6 +1083,8 @@ class Outcome(NamedTuple):
 def adapt(args, run, writer):
     """The adapt subcommand: per target, the evaluation before, the ceiling, then every control and seed adapted on the
     same episodes and evaluated after; tta.json is written after every target."""
+    from cleanrl_astral_utils import tta  # reports, analysis, results files, plots, resuming
+
     report = run.report
     hide_velocity = run.ckpt["args"]["hide_velocity"]
     settings = {}
@@ -1149,6 +1156,8 @@ def adapt(args, run, writer):
 
 def clamp(args, run, writer):
     """The clamp subcommand: every target with the gate clamped to each slot, to uniform and learned; clamp.json."""
+    from cleanrl_astral_utils import tta  # reports, analysis, results files, plots, resuming
+
     settings = gate_settings(run.ckpt["args"]["num_abstractions"], 1)
     settings["learned"] = None
     runs = {}
@@ -1182,6 +1191,8 @@ def clamp(args, run, writer):
 def swap(args, run, writer):
     """The swap subcommand: the learned gate's routing, then every target with the gate fixed to each group's mean
     learned gate; swap.json."""
+    from cleanrl_astral_utils import tta  # reports, analysis, results files, plots, resuming
+
     swapped = gate_swap(run.agent, run.targets, run.ckpt["args"]["hide_velocity"], args.eval_episodes, args.seed)
     report = tta.swap_report(run.report, swapped.gates, swapped.routing, swapped.runs, run.targets)
     columns = report["columns"]
@@ -1238,6 +1249,8 @@ if __name__ == "__main__":
     torch.set_num_threads(1)  # fastest for this small network; every evaluation and adaptation seeds torch and its envs
     subcommand = {"adapt": adapt, "clamp": clamp, "swap": swap}[args.subcommand]
     outcome = subcommand(args, run, writer)
+    from cleanrl_astral_utils import tta
+
     # eval.json: headline numbers averaged over the targets, for benchmark/report.py's tables (per target: results_path)
     tta.write_results(
         {"script": SCRIPT, "subcommand": args.subcommand, "targets": [t["name"] for t in run.targets], **outcome.headline},
