@@ -39,6 +39,13 @@ PAPER = [-40.41, -11.68, -3.33, -3.23]  # MAML paper, Table 4: 2D navigation aft
 TRPO_MLP_STEP1 = [-6.49, -6.86, -7.04, -6.91, -6.58]
 
 
+def save_figure(fig, path):
+    """Writes a finished figure to path and frees it."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def arm_of(a):
     """The row a run belongs to, from its saved config: runs of one arm differ only in the seed."""
     if a["outer_steps"] == 0:
@@ -119,9 +126,7 @@ def point_nav(runs, report):
     ax.set_ylabel("return (40 fresh test tasks)")
     ax.set_title("point-nav-2d: return after k adaptation steps")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(os.path.join(report, "point_nav_adaptation.png"), dpi=110)
-    plt.close(fig)
+    save_figure(fig, os.path.join(report, "point_nav_adaptation.png"))
     return arms, "\n".join(lines) + "\n\n± is the std across seeds (several seeds) or the 95% CI over test tasks (one seed).\n"
 
 
@@ -150,9 +155,7 @@ def training_curves(runs, report):
     axes[0].set_ylabel("mean return")
     if axes[1].get_legend_handles_labels()[0]:
         axes[1].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(os.path.join(report, "point_nav_training.png"), dpi=110)
-    plt.close(fig)
+    save_figure(fig, os.path.join(report, "point_nav_training.png"))
     return drawn
 
 
@@ -253,9 +256,7 @@ def protocol(runs, report):
             title=task, xticks=range(4), xlabel="inner gradient steps on the test task", ylabel="return (95% CI over seeds)"
         )
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(os.path.join(report, "protocol.png"), dpi=110)
-    plt.close(fig)
+    save_figure(fig, os.path.join(report, "protocol.png"))
     text = "\n".join(lines) + "\n\n± is the 95% Student-t CI over seeds of the per-seed mean over test tasks.\n"
     with open(os.path.join(report, "protocol_table.md"), "w") as f:
         f.write(text)
@@ -325,10 +326,8 @@ def adapt_tables(out, report):
         ax.set_ylabel(f"return ({res0['num_tasks']} test tasks per seed)")
         ax.set_title(f"{task}, {arm}: adapt, {len(items)} seed(s), bars = std across seeds", fontsize=9)
         ax.legend(fontsize=7)
-        fig.tight_layout()
         slug = "".join(ch if ch.isalnum() else "_" for ch in arm.lower())
-        fig.savefig(os.path.join(report, f"adapt_summary_{task}_{slug}.png"), dpi=110)
-        plt.close(fig)
+        save_figure(fig, os.path.join(report, f"adapt_summary_{task}_{slug}.png"))
     # one table per adapt.json: returns after 0..K steps, mean ± 95% CI over test tasks
     for path, res, a in adapts:
         seed = a["seed"]
@@ -468,9 +467,7 @@ def promp_study(runs, report):
     ax.set(xticks=range(4), xlabel="inner gradient steps on the test task", ylabel="return (95% CI over seeds)")
     ax.set_title("point-nav-2d, 15 CPU-minutes per run")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(os.path.join(report, "promp_study.png"), dpi=110)
-    plt.close(fig)
+    save_figure(fig, os.path.join(report, "promp_study.png"))
     diff, diff_half = welch_ci95([r[1] for r in summary["mlp"]["per_seed"]], trpo)
     c1 = diff + diff_half >= 0
     mlp = np.array(summary["mlp"]["mean"])
@@ -598,9 +595,7 @@ def hybrid_benchmark(out, report):
             "",
         ]
     lines.append("± is the 95% Student-t CI over seeds of the per-seed mean over the test tasks.")
-    fig.tight_layout()
-    fig.savefig(os.path.join(report, "hybrid_curves.png"), dpi=110)
-    plt.close(fig)
+    save_figure(fig, os.path.join(report, "hybrid_curves.png"))
     text = "\n".join(lines) + "\n"
     with open(os.path.join(report, "hybrid_table.md"), "w") as f:
         f.write(text)

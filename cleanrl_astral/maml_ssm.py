@@ -2059,14 +2059,19 @@ def validate(args: Args):
         raise ValueError(f"--task halfcheetah-vel needs the 'mujoco' package: pip install {MUJOCO_PIN}")
 
 
-def validate_eval(args: EvalArgs):
-    """Refuses bad `eval` arguments in one line (ValueError); the checkpoint is checked on loading."""
+def validate_test_time(args):
+    """The checks `eval` and `adapt` share: every float finite, and an evaluation seed numpy accepts."""
     for field in dataclasses.fields(args):
         value = getattr(args, field.name)
         if isinstance(value, float) and not math.isfinite(value):  # NaN passes any <, >
             raise ValueError(f"--{field.name.replace('_', '-')} {value} must be a finite number")
     if args.eval_seed is not None and not 0 <= args.eval_seed < 2**32:
         raise ValueError(f"--eval-seed {args.eval_seed} must be in [0, 2**32 - 1]")
+
+
+def validate_eval(args: EvalArgs):
+    """Refuses bad `eval` arguments in one line (ValueError); the checkpoint is checked on loading."""
+    validate_test_time(args)
     for name in ("inner_lr", "later_lr_scale"):
         if getattr(args, name) is not None and not getattr(args, name) > 0:
             raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
@@ -2080,12 +2085,7 @@ def validate_eval(args: EvalArgs):
 
 def validate_adapt(args: AdaptArgs):
     """Refuses bad `adapt` arguments in one line (ValueError); validate_adapt_against checks them with the checkpoint."""
-    for field in dataclasses.fields(args):
-        value = getattr(args, field.name)
-        if isinstance(value, float) and not math.isfinite(value):  # NaN passes any <, >
-            raise ValueError(f"--{field.name.replace('_', '-')} {value} must be a finite number")
-    if args.eval_seed is not None and not 0 <= args.eval_seed < 2**32:
-        raise ValueError(f"--eval-seed {args.eval_seed} must be in [0, 2**32 - 1]")
+    validate_test_time(args)
     for name in ("adapt_lr", "grad_clip", "max_step_norm", "trust_region"):
         if not getattr(args, name) > 0:
             raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
