@@ -46,6 +46,16 @@ def save_figure(fig, path):
     plt.close(fig)
 
 
+def write_table_and_json(report, stem, lines, summary):
+    """Writes <stem>_table.md from the table's lines and <stem>.json from summary; returns the table's text."""
+    text = "\n".join(lines) + "\n"
+    with open(os.path.join(report, f"{stem}_table.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(report, f"{stem}.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    return text
+
+
 def arm_of(a):
     """The row a run belongs to, from its saved config: runs of one arm differ only in the seed."""
     if a["outer_steps"] == 0:
@@ -400,13 +410,8 @@ def speed(out, report):
         lines.append(
             f"| {name} | {np.mean(r['per_round']):.2f} ({min(r['per_round']):.2f}–{max(r['per_round']):.2f}) | {aim} |"
         )
-    text = "\n".join(lines) + "\n"
     os.makedirs(report, exist_ok=True)
-    with open(os.path.join(report, "speed_table.md"), "w") as f:
-        f.write(text)
-    with open(os.path.join(report, "speed.json"), "w") as f:
-        json.dump({"arms": arms, "ratios": ratios}, f, indent=2)
-    return text
+    return write_table_and_json(report, "speed", lines, {"arms": arms, "ratios": ratios})
 
 
 def welch_ci95(a, b):
@@ -485,12 +490,7 @@ def promp_study(runs, report):
         + " / ".join(f"{d:.2f}" for d in (ssm - mlp)[1:])
         + f" after 1 / 2 / 3 steps: **{'pass' if c2 else 'fail'}**.",
     ]
-    text = "\n".join(lines) + "\n"
-    with open(os.path.join(report, "promp_study_table.md"), "w") as f:
-        f.write(text)
-    with open(os.path.join(report, "promp_study.json"), "w") as f:
-        json.dump(summary, f, indent=2)
-    return text
+    return write_table_and_json(report, "promp_study", lines, summary)
 
 
 HYBRID_TASKS = {"hybrid_halfcheetah": "halfcheetah-vel", "hybrid_cartpole": "cartpole-physics"}
@@ -596,12 +596,7 @@ def hybrid_benchmark(out, report):
         ]
     lines.append("± is the 95% Student-t CI over seeds of the per-seed mean over the test tasks.")
     save_figure(fig, os.path.join(report, "hybrid_curves.png"))
-    text = "\n".join(lines) + "\n"
-    with open(os.path.join(report, "hybrid_table.md"), "w") as f:
-        f.write(text)
-    with open(os.path.join(report, "hybrid.json"), "w") as f:
-        json.dump(summary, f, indent=2)
-    return text
+    return write_table_and_json(report, "hybrid", lines, summary)
 
 
 def main(argv=None):

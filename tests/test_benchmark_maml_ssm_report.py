@@ -191,3 +191,11 @@ def test_hybrid_benchmark_tiny_runs_the_whole_study_and_its_report(tmp_path):
     table = (tmp_path / "report" / "hybrid_table.md").read_text()
     assert "| no adaptation (θ₀) |" in table and "| hybrid |" in table and "Hybrid − standard after 5 steps" in table
     assert (tmp_path / "report" / "hybrid_curves.png").stat().st_size > 10_000
+
+
+def test_every_study_table_is_written_beside_its_json(tmp_path):
+    """The speed, ProMP and hybrid reports write <stem>_table.md (the lines, one per row) and <stem>.json (the summary)."""
+    text = maml_ssm_report.write_table_and_json(str(tmp_path), "speed", ["| a |", "| b |"], {"ratios": [1.5]})
+    assert text == "| a |\n| b |\n"
+    assert (tmp_path / "speed_table.md").read_text() == text
+    assert json.loads((tmp_path / "speed.json").read_text()) == {"ratios": [1.5]}
