@@ -12,6 +12,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # one thread per run: the networks are tiny, and `pytest -n 2` must not oversubscribe 2 cores; wandb never goes online
 SCRIPT_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
+# What decides the last digits of a float on x86-64 besides the code: torch's kernel dispatch, MKL's code path and
+# oneDNN's instruction set (torch runs GELU through oneDNN). Pinned to paths that every x86-64 CPU has, a run gives the
+# same bits on AVX2 and AVX-512 machines, Intel or AMD; a test that compares with a recording runs its script so.
+PINNED_ARITHMETIC = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "SSE41"}
 
 
 def script_path(name):

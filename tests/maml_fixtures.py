@@ -46,9 +46,9 @@ TINY_ARGS = dict(
 )
 
 
-def run_maml(args, check=True, cwd=REPO):
+def run_maml(args, check=True, cwd=REPO, env=None):
     """maml_ssm.py with the command line `args` in a subprocess; fails the test on a non-zero exit if `check`."""
-    return run_script("maml_ssm", *args, check=check, cwd=cwd)
+    return run_script("maml_ssm", *args, check=check, cwd=cwd, env=env)
 
 
 def train_tiny(runs, *extra):

@@ -6,12 +6,14 @@ import copy
 import dataclasses
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import REPO, load_json, logged_scalars, only_run_dir
+from helpers import PINNED_ARITHMETIC, REPO, SCRIPT_ENV, load_json, logged_scalars, only_run_dir
 from maml_fixtures import TINY, parsed_train_args, run_maml, tiny_setup, validation_error
 
 import cleanrl_astral.maml_ssm as maml_ssm
@@ -913,16 +915,31 @@ def test_promp_preset_is_promps_reference_configuration_and_every_value_is_a_fla
         assert needle in validation_error(maml_ssm.validate, maml_ssm.Args(**kwargs)), kwargs
 
 
+def test_the_pinned_arithmetic_reaches_torch_and_onednn():
+    """A run under PINNED_ARITHMETIC takes torch's default kernels and oneDNN's SSE4.1 code (the GELU of the SSM's
+    mixer runs there), whatever the CPU offers; were torch or oneDNN to stop reading these variables, the recorded
+    run below would again depend on the machine, and this test says why."""
+    probe = "import torch; print(torch.backends.cpu.get_cpu_capability()); torch.nn.functional.gelu(torch.ones(2, 1, 3, 8))"
+    env = {**SCRIPT_ENV, **PINNED_ARITHMETIC, "ONEDNN_VERBOSE": "1"}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout
+    lines = out.splitlines()
+    assert lines[0] == "DEFAULT"
+    gelu = [line for line in lines if ",eltwise," in line and "gelu" in line]
+    assert gelu and all(",jit:sse41," in line for line in gelu), out[-2000:]
+
+
 @pytest.mark.parametrize("policy", ["mlp", "ssm"])
 def test_trpo_reproduces_the_recorded_tiny_run_bit_for_bit(policy, tmp_path):
     """The default outer optimizer (TRPO) with the default inner estimator gives every logged scalar (but wall-clock
     ones) and eval.json of the tiny run to the last bit, as recorded in tests/data/maml_ssm_trpo_tiny.json from the
-    TRPO-only script. Determinism is per machine kind: the recording is from x86-64 with the pinned torch."""
+    TRPO-only script. Both run under PINNED_ARITHMETIC, so the recording holds on every x86-64 machine with the
+    pinned packages; without the pin, the last digits follow the CPU's SIMD paths."""
     with open(os.path.join(REPO, "tests", "data", "maml_ssm_trpo_tiny.json")) as f:
         reference = json.load(f)
     runs = tmp_path / "runs"
     run_maml(
-        ["train", "--task", "point-nav-2d", "--policy", policy, "--save-model", "--seed", "1", "--runs-dir", str(runs), *TINY]
+        ["train", "--task", "point-nav-2d", "--policy", policy, "--save-model", "--seed", "1", "--runs-dir", str(runs), *TINY],
+        env={**SCRIPT_ENV, **PINNED_ARITHMETIC},
     )
     run_dir = only_run_dir(runs)
     scalars = logged_scalars(run_dir)
