@@ -111,6 +111,9 @@ class Args:
     """worked examples before each query, answered by the rule; default: 8 with --llm-role answer, 0 with judge"""
     llm_response_format: Literal["json-object", "json-schema", "none"] = "json-object"
     """judge's structured output: llama.cpp's {"type": "json_object", "schema": ...}, the OpenAI API's json_schema, or none"""
+    llm_answer_format: Literal["grammar", "free"] = "grammar"
+    """answer role: grammar (the reply is constrained to one of the actions' numbers by a GBNF grammar, llama.cpp's
+    `grammar` field) or free (unconstrained text; the first integer is read)"""
     task_source: Literal["rule", "parent"] = "rule"
     """who draws the task instances: the rule, or (with --parent llm) the LLM, into a pool per task and level"""
     task_pool_size: int = 32
@@ -1473,13 +1476,18 @@ if __name__ == "__main__":
     args.batch_size = args.num_envs * args.max_episode_steps
     args.num_iterations = max(1, args.total_timesteps // args.batch_size)
     tasks = task_list(args.task)
-    # with --parent llm the cache is opened and the endpoint probed here: an unusable one fails before any work
+    # with --parent llm the cache is opened and the endpoint probed here: an unusable one fails before any work, and
+    # leaves no cache file behind
     try:
         parent = make_parent(args)
-        if args.parent == "llm":
-            parent.probe()
     except ValueError as e:
         fail(str(e))
+    if args.parent == "llm":
+        try:
+            parent.probe()
+        except ValueError as e:
+            parent.discard()
+            fail(str(e))
     try:
         if resumed is None:
             run_name, run_dir = claim_run_dir(args.runs_dir, f"{args.task}__{args.exp_name}__{args.seed}__{int(time.time())}")

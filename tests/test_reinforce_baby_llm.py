@@ -4,6 +4,7 @@ task generation with its level check, pools and budget), and the same parent aga
 llama.cpp's OpenAI-compatible server, from requirements-llm.txt).
 """
 
+import collections
 import dataclasses
 import http.server
 import importlib.util
@@ -204,7 +205,9 @@ def test_llm_parent_failures_fall_back_to_the_rule(llm_server, tmp_path, mode, r
     """Every kind of failed answer costs an attempt and ends in the rule's reward, never in an exception: an answer
     without a number or out of the action range, malformed JSON, a null or list content (refusals, tool calls), a reply
     that is not HTTP, an HTML page, an HTTP error, an answer slower than --llm-timeout, and a reply dripped a few bytes at
-    a time past --llm-timeout. Replies that came back but were invalid are counted apart (invalid_answers)."""
+    a time past --llm-timeout. Replies that came back but were invalid are counted apart (invalid_answers), and the
+    fallbacks they caused apart from those of requests that got no reply (a server fault). The stand-in ignores the
+    answer role's grammar (the default), as an endpoint without one does: its replies are read as free text."""
     llm_server.mode = mode
     timeout = 2.0
     if mode in ("slow", "drip"):
@@ -220,9 +223,31 @@ def test_llm_parent_failures_fall_back_to_the_rule(llm_server, tmp_path, mode, r
     came_back = mode in ("malformed", "bad_reward", "null", "parts")
     assert parent.summary()["invalid_answers"] == 2 * requests * came_back
     assert (len(parent.summary()["invalid_samples"]) > 0) == came_back
+    assert parent.summary()["fallbacks_unparsed"] == 2 * came_back
+    assert parent.summary()["fallbacks_failed"] == 2 * (not came_back)
     # failures are not cached: the next identical query asks again
     parent.respond([s], [wrong])
     assert llm_server.count == 2 * requests + 2 and parent.stats["fallbacks"] == 3 and parent.stats["cache_hits"] == 0
+
+
+@pytest.mark.parametrize("num_actions", [8, 16])
+def test_the_answer_role_constrains_the_reply_to_the_actions_by_default_and_free_text_reproduces_the_old_requests(
+    llm_server, tmp_path, num_actions
+):
+    """By default the completion request carries llama.cpp's `grammar` field, a GBNF rule that admits an optional space
+    and one action's number, 0 .. num_actions - 1, and nothing else; --llm-answer-format free sends the same request
+    without it (the documented runs' requests, the same cache keys). Both are read by the same parser."""
+    parent = make_llm_parent(llm_server, tmp_path, num_actions=num_actions)
+    s, right, wrong = instance(parent)
+    parent.respond([s], [right])
+    sent = llm_server.last_body
+    numbers = " | ".join(f'"{a}"' for a in range(num_actions))
+    assert sent["grammar"] == f'root ::= " "? ({numbers})'
+    assert llm_server.last_path.endswith("/completions") and parent.stats["judged"] == 1
+    free = make_llm_parent(llm_server, tmp_path, name="free.sqlite", num_actions=num_actions, llm_answer_format="free")
+    free.respond([s], [right])
+    assert llm_server.last_body == {k: v for k, v in sent.items() if k != "grammar"} and free.stats["judged"] == 1
+    assert free.cache_key(s, right) != parent.cache_key(s, right)
 
 
 def echo_prompt_blocks(prompt):
@@ -398,10 +423,14 @@ def test_llm_cache_key_holds_what_changes_an_answer_or_its_validity(llm_server, 
 
 def test_the_requests_for_fixed_states_are_the_stored_ones_byte_for_byte(tmp_path):
     """The request of each role for fixed states (prompt, worked examples, settings) and its cache key equal the stored
-    reference, so the sqlite cache keeps serving the documented runs; a changed word of the prompt fails here."""
+    reference, so the sqlite cache keeps serving the documented runs (the answer role's with --llm-answer-format free);
+    a changed word of the prompt fails here. The constrained answer requests (the default) are pinned beside them, and
+    the judge's are those of the default answer format."""
     with open(os.path.join(os.path.dirname(__file__), "data", "reinforce_baby_llm_requests.json")) as f:
         reference = json.load(f)
-    assert len(reference) == 36
+    assert len(reference) == 45
+    kinds = collections.Counter((ref["role"], ref["llm_answer_format"], "grammar" in ref["body"]) for ref in reference)
+    assert kinds == {("answer", "free", False): 9, ("answer", "grammar", True): 9, ("judge", "grammar", False): 27}
     for ref in reference:
         args = reinforce_baby.Args(
             num_actions=8,
@@ -412,6 +441,7 @@ def test_the_requests_for_fixed_states_are_the_stored_ones_byte_for_byte(tmp_pat
             llm_role=ref["role"],
             llm_next_state=ref["llm_next_state"],
             llm_examples=ref["llm_examples"],
+            llm_answer_format=ref["llm_answer_format"],
             llm_cache=str(tmp_path / "cache.sqlite"),
         )
         parent = reinforce_baby.make_parent(args)
@@ -612,6 +642,27 @@ def test_an_unusable_endpoint_is_a_one_line_error_before_any_work(llm_server, tm
     )
     assert_one_line_error(result, needle)
     assert url in result.stderr and not (tmp_path / "runs").exists()
+
+
+def test_a_failed_llm_start_leaves_nothing_behind_and_an_existing_cache_as_it_was(llm_server, tmp_path):
+    """The probe fails (the model is not served) after the cache was opened: the default cache in --runs-dir, and the
+    directories made for it, are removed; what the runs directory held stays, and so does an existing --llm-cache."""
+    flags = ["--parent", "llm", "--llm-base-url", llm_server.url, "--llm-model", "no-such-model"]
+    runs = tmp_path / "new" / "runs"
+    assert_one_line_error(run_script("reinforce_baby", *flags, "--runs-dir", str(runs)), "is not served at")
+    assert not (tmp_path / "new").exists()
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "other_run").mkdir()
+    assert_one_line_error(run_script("reinforce_baby", *flags, "--runs-dir", str(runs)), "is not served at")
+    assert sorted(os.listdir(runs)) == ["other_run"]
+    cache = tmp_path / "shared.sqlite"
+    parent = make_llm_parent(llm_server, tmp_path, name=cache.name)
+    parent.respond(*[[x] for x in instance(parent)[:2]])
+    before = cache.read_bytes()
+    result = run_script("reinforce_baby", *flags, "--runs-dir", str(runs), "--llm-cache", str(cache))
+    assert_one_line_error(result, "is not served at")
+    assert cache.read_bytes() == before and sorted(os.listdir(runs)) == ["other_run"]
 
 
 @pytest.mark.parametrize("kind", ["directory", "not-sqlite"])
