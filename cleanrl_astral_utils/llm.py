@@ -486,16 +486,10 @@ class LLMParent:
         if not isinstance(text, str):
             raise ValueError(f"{where}: {what} had no text")
 
-    def check_agreement(self, levels: list[tuple[str, int]], pairs: int, seed: int = 0) -> dict:
-        """summary() over `pairs` seeded (state, action) per (task, level) of `levels`, half right; the running totals
-        are kept."""
-        stats = self.stats.copy()
-        latencies = list(self.latencies)
-        samples = list(self.invalid_samples)
+    def agreement_pairs(self, levels: list[tuple[str, int]], pairs: int, seed: int = 0) -> list[tuple[list, list[int]]]:
+        """(states, actions) per (task, level) of `levels`: `pairs` seeded states, every other action the rule's."""
         rng = np.random.default_rng(seed)
-        self.stats = collections.Counter()
-        self.latencies = []
-        self.invalid_samples = []
+        out = []
         for task, level in levels:
             states = [self.rule.new_instance(task, level, rng) for _ in range(pairs)]
             wrong = [int(x) for x in rng.integers(1, self.num_actions, pairs)]
@@ -505,6 +499,19 @@ class LLMParent:
                 if i % 2 == 0:
                     shift = 0
                 actions.append((self.oracle_action(s) + shift) % self.num_actions)
+            out.append((states, actions))
+        return out
+
+    def check_agreement(self, levels: list[tuple[str, int]], pairs: int, seed: int = 0) -> dict:
+        """summary() over `pairs` seeded (state, action) per (task, level) of `levels`, half right; the running totals
+        are kept."""
+        stats = self.stats.copy()
+        latencies = list(self.latencies)
+        samples = list(self.invalid_samples)
+        self.stats = collections.Counter()
+        self.latencies = []
+        self.invalid_samples = []
+        for states, actions in self.agreement_pairs(levels, pairs, seed):
             self.respond(states, actions)
         result = self.summary()
         self.stats = stats
