@@ -137,6 +137,8 @@ class Args:
     """total environment steps"""
     learning_rate: float = 3e-3
     """Adam learning rate"""
+    adam_eps: float = 1e-5
+    """Adam's epsilon (the plan: PyTorch's default, 1e-8)"""
     anneal_lr: bool = False
     """if toggled, the learning rate decays linearly to 0"""
     num_envs: int = 32
@@ -147,6 +149,8 @@ class Args:
     """GAE lambda (ppo)"""
     baseline_decay: float = 0.9
     """running-mean baseline: b <- decay * b + (1 - decay) * mean return (reinforce)"""
+    baseline_update: Literal["after", "before"] = "after"
+    """reinforce: the batch's returns enter the baseline after its advantages are computed, or before (the plan)"""
     norm_adv: bool = True
     """if toggled, advantages are divided by their batch standard deviation"""
     ent_coef: float = 0.03
@@ -172,7 +176,7 @@ class Args:
     vf_coef: float = 0.5
     """ppo: value loss coefficient"""
     max_grad_norm: float = 0.5
-    """gradient clipping norm"""
+    """gradient clipping norm; 0: no clipping (the plan's REINFORCE)"""
 
     # Evaluation
     eval_episodes: int = 200
@@ -697,6 +701,10 @@ class Agent(nn.Module):
         return ActionAndValue(action, dist.log_prob(action), dist.entropy(), self.value_head(h).squeeze(-1), h, dist.logits)
 
 
+def make_optimizer(agent: Agent, args: Args) -> torch.optim.Adam:
+    return torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps)
+
+
 def build_agent(args: Args) -> Agent:
     return Agent(args.num_actions, args.max_episode_steps, args.hidden_dim, args.num_layers, args.num_heads)
 
@@ -863,12 +871,15 @@ class Advantages(NamedTuple):
 
 
 def advantages_and_returns(rewards: torch.Tensor, values: torch.Tensor, baseline: torch.Tensor, args: Args) -> Advantages:
-    """REINFORCE: the return against the earlier batches' baseline, which takes this batch in only afterwards. PPO: GAE."""
+    """REINFORCE: the return against the earlier batches' baseline, which takes this batch in only afterwards
+    (--baseline-update before: the baseline with this batch in, the plan's order). PPO: GAE."""
     if args.algorithm == "reinforce":
         returns = reinforce_returns(rewards, args.gamma)
-        advantages = returns - baseline.unsqueeze(1)
         new_baseline = args.baseline_decay * baseline + (1 - args.baseline_decay) * returns.mean(1)
-        return Advantages(advantages, returns, new_baseline)
+        against = baseline
+        if args.baseline_update == "before":
+            against = new_baseline
+        return Advantages(returns - against.unsqueeze(1), returns, new_baseline)
     advantages = gae(rewards, values, args.gamma, args.gae_lambda)
     return Advantages(advantages, advantages + values[:-1], baseline)
 
@@ -947,7 +958,8 @@ def update(agent: Agent, optimizer, ro: Rollout, adv: Advantages, args: Args, de
             )
             optimizer.zero_grad()
             loss.backward()
-            nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+            if args.max_grad_norm > 0:
+                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
             optimizer.step()
             stats = {
                 "losses/policy_loss": pg_loss.item(),
@@ -974,7 +986,7 @@ def train(args: Args, writer, parent=None, checkpoints: "Checkpoints | None" = N
     tasks = task_list(args.task)
     agent = build_agent(args).to(device)
     print(f"model parameters: {num_parameters(agent):,} (< 1M: {num_parameters(agent) < 1_000_000})")
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    optimizer = make_optimizer(agent, args)
     curriculum = make_curriculum(args, tasks)
     if parent is None:
         parent = make_parent(args)
@@ -1176,9 +1188,11 @@ def validate(args: Args):
     for name in counts:
         if getattr(args, name) < 1:
             raise ValueError(f"{flag(name)} must be >= 1")
-    for name in ("learning_rate", "llm_timeout", "clip_coef", "max_grad_norm"):
+    for name in ("learning_rate", "llm_timeout", "clip_coef", "adam_eps"):
         if not getattr(args, name) > 0:
             raise ValueError(f"{flag(name)} {getattr(args, name)} must be positive")
+    if args.max_grad_norm < 0:
+        raise ValueError(f"--max-grad-norm {args.max_grad_norm} must be >= 0 (0: no clipping)")
     for name in ("llm_retries", "llm_check_pairs"):
         if not getattr(args, name) >= 0:
             raise ValueError(f"{flag(name)} {getattr(args, name)} must be >= 0")

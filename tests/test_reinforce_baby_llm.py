@@ -20,7 +20,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from helpers import assert_one_line_error, logged_scalars, only_run_dir, run_script
+from helpers import SCRIPT_ENV, assert_one_line_error, logged_scalars, only_run_dir, run_script
 from test_reinforce_baby import TINY, RecordingWriter, refusal, train_tiny
 
 import cleanrl_astral.reinforce_baby as reinforce_baby
@@ -820,6 +820,33 @@ def test_a_real_model_constrained_by_the_grammar_answers_every_state_its_free_an
     parsed = {fmt: p.summary()["judged"] / len(states) for fmt, p in parents.items()}
     assert parsed["grammar"] == 1.0 and parents["grammar"].summary()["fallbacks"] == 0, parsed
     assert parsed["free"] <= 0.5 and parents["free"].summary()["fallbacks_unparsed"] >= len(states) / 2, parsed
+
+
+def test_the_constrained_comparisons_runner_runs_its_grid_continues_a_stopped_run_and_reports(llm_server, tmp_path):
+    """bash benchmark/reinforce_baby_curriculum_comparison_constrained.sh --tiny against the stand-in: the four cells'
+    runs with checkpoints and the answer role's grammar, and the report with unparsed answers and server faults apart.
+    Started again after a run lost its eval.json (stopped after its last checkpoint), it continues that run from its
+    checkpoint.pt in the same directory and leaves the finished ones alone."""
+    script = os.path.join(os.path.dirname(__file__), "..", "benchmark", "reinforce_baby_curriculum_comparison_constrained.sh")
+    out = tmp_path / "out"
+    cmd = ["bash", script, "--tiny", "--llm-base-url", llm_server.url, "--llm-model", "test-model", "--out", str(out)]
+    subprocess.run(cmd, check=True, env=SCRIPT_ENV, capture_output=True)
+    report = json.loads((out / "report" / "report.json").read_text())
+    assert sorted((r["parent"], r["rule"]) for r in report["runs"]) == [
+        ("LLM", "mastery"), ("LLM", "plan"), ("rule", "mastery"), ("rule", "plan")
+    ]  # fmt: skip
+    assert all(r["counted"] and r["unparsed_share"] == 0 and r["failed_share"] == 0 for r in report["runs"])
+    assert "fallbacks (unparsed / server faults)" in (out / "report" / "REPORT.md").read_text()
+    assert any("grammar" in body for body in map(json.dumps, [llm_server.last_body]))
+    stopped = out / "runs" / "runs" / "parent_llm__curriculum-rule_mastery__s1"
+    run_dir = only_run_dir(stopped)
+    assert os.path.isfile(os.path.join(run_dir, "checkpoint.pt"))
+    os.remove(os.path.join(run_dir, "eval.json"))
+    finished = {p: p.stat().st_mtime_ns for p in (out / "runs" / "runs").glob("*/*/eval.json")}
+    subprocess.run(cmd, check=True, env=SCRIPT_ENV, capture_output=True)
+    assert only_run_dir(stopped) == run_dir and os.path.isfile(os.path.join(run_dir, "eval.json"))
+    assert "resumed from" in (out / "logs" / "parent_llm__curriculum-rule_mastery__s1.log").read_text()
+    assert {p: p.stat().st_mtime_ns for p in finished} == finished
 
 
 def fake_sweep_run(sweep, key, curves, ev, wall):
