@@ -11,5 +11,7 @@ for ent in 0.01 0.03; do
     python benchmark/benchmark.py --command "$MVP --ent-coef $ent" --num-seeds 10 --start-seed 1 --workers 1 --resume \
         --output "$out/ent$ent" || status=$?
 done
-python benchmark/reinforce_baby_entropy.py --out "$out" --report docs/results/reinforce_baby/entropy_mvp || status=$?
+python benchmark/reinforce_baby_mvp_seeds.py --title "the entropy bonus, the plan's 0.01 against the script's 0.03" \
+    --command "$MVP" --sweep "--ent-coef 0.01=$out/ent0.01" --sweep "--ent-coef 0.03=$out/ent0.03" \
+    --report docs/results/reinforce_baby/entropy_mvp || status=$?
 exit "$status"
