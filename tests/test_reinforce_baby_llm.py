@@ -20,6 +20,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from benchmark_helpers import load_benchmark_script
 from helpers import SCRIPT_ENV, assert_one_line_error, logged_scalars, only_run_dir, run_script
 from test_reinforce_baby import TINY, RecordingWriter, refusal, train_tiny
 
@@ -862,6 +863,25 @@ def fake_sweep_run(sweep, key, curves, ev, wall):
     (run_dir / "eval.json").write_text(json.dumps(ev))
     with open(sweep / "manifest.jsonl", "a") as f:
         f.write(json.dumps({"runs_dir": str(run_dir.parent), "exit_code": 0, "wall_time_s": wall}) + "\n")
+
+
+def test_the_constrained_registration_limits_unparsed_answers_and_server_faults_apart(tmp_path):
+    """The constrained comparison's report counts a run whose unparsed answers are at most 1% of its queries and whose
+    server faults are at most 0.5%; the free registration counts every run at most 5% fallbacks in all. Each of the
+    three runs below is within the one limit and over the other, so swapped limits, or the two kinds added up, fail."""
+    comparison = load_benchmark_script("reinforce_baby_curriculum_comparison")
+    levels = {t: 0 for t in reinforce_baby.TASKS}
+    curves = {"charts/success_rate": [(320, 0.5)], **{f"curriculum/level_{t}": [(320, 0)] for t in reinforce_baby.TASKS}}
+    for seed, (unparsed, failed) in enumerate([(8, 0), (0, 8), (20, 0), (6, 4)], start=1):
+        parent = {"queries": 1000, "fallbacks": unparsed + failed, "fallbacks_unparsed": unparsed, "fallbacks_failed": failed}
+        parent["per_level"] = {}
+        ev = {"eval_levels": levels, "per_difficulty_success": {}, "success_rate": 0.5, "parent": parent}
+        fake_sweep_run(tmp_path, f"c0__g2_parent_llm__s{seed}", curves, ev, 1.0)
+    constrained = comparison.run_rows(str(tmp_path), comparison.REGISTRATIONS["constrained"])
+    assert [(r["unparsed_share"], r["failed_share"], r["counted"]) for r in constrained] == [
+        (0.008, 0.0, True), (0.0, 0.008, False), (0.02, 0.0, False), (0.006, 0.004, True)
+    ]  # fmt: skip
+    assert all(r["counted"] for r in comparison.run_rows(str(tmp_path), comparison.REGISTRATIONS["free"]))
 
 
 def test_the_llm_report_tables_the_agreement_per_role_and_each_runs_parent_statistics(tmp_path):
