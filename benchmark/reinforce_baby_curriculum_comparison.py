@@ -1,7 +1,10 @@
-"""Report of the pre-registered curriculum comparison of reinforce_baby
-(docs/results/reinforce_baby/curriculum_comparison/PREREGISTRATION.md): one row per run (final levels, the steps at
+"""Report of a pre-registered curriculum comparison of reinforce_baby: one row per run (final levels, the steps at
 which each task reached each level, evaluation success, the LLM parent's accuracy and fallbacks), the measures T and W
 and the verdict, as the pre-registration defines them. Writes REPORT.md and report.json into --report.
+--registration names the pre-registration whose stopping rule applies: free-text answers
+(docs/results/reinforce_baby/curriculum_comparison/PREREGISTRATION.md: a run with more than 5% fallbacks is left out)
+or constrained ones (.../curriculum_comparison_constrained/PREREGISTRATION.md: unparsed answers and server faults
+each have a limit of their own).
 
 Usage: python benchmark/reinforce_baby_curriculum_comparison.py \
     --sweep benchmark/out/reinforce_baby_curriculum_comparison/runs --report docs/results/reinforce_baby/curriculum_comparison
@@ -11,6 +14,7 @@ import argparse
 import json
 import os
 import sys
+from typing import NamedTuple
 
 import numpy as np
 
@@ -18,10 +22,24 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from reinforce_baby_report import TASKS, logged_runs  # noqa: E402
 
 CELLS = [("rule", "mastery"), ("rule", "plan"), ("LLM", "mastery"), ("LLM", "plan")]
-MAX_FALLBACK_SHARE = 0.05  # a run whose parent fell back more often is left out of T and W (a server fault)
+MAX_FALLBACK_SHARE = 0.05  # free answers: a run whose parent fell back more often is left out of T and W
 ACCURACY_BELOW = 0.95  # W looks at the levels where the parent is wrong often enough to matter
 W_MARGIN = 0.05
 T_MIN_LEVELS = 1.0
+
+
+class Limits(NamedTuple):
+    """The largest share of a run's queries that may fall back for the run to count; None: no limit of that kind."""
+
+    fallbacks: float | None  # every fallback together
+    unparsed: float | None  # replies that came back but held no action
+    failed: float | None  # requests without a reply (server faults)
+
+
+REGISTRATIONS = {
+    "free": Limits(MAX_FALLBACK_SHARE, None, None),
+    "constrained": Limits(None, 0.01, 0.005),
+}
 
 
 def cell_of(key: str) -> tuple[str, str]:
@@ -44,8 +62,8 @@ def level_steps(series: dict, task: str) -> list:
     return out
 
 
-def run_rows(sweep: str) -> list[dict]:
-    """One row per finished run of the sweep."""
+def run_rows(sweep: str, limits: Limits = REGISTRATIONS["free"]) -> list[dict]:
+    """One row per finished run of the sweep; `counted` by the registration's limits."""
     rows = []
     for key, series, ev, wall in logged_runs(sweep):
         if ev is None:
@@ -57,11 +75,17 @@ def run_rows(sweep: str) -> list[dict]:
         row["success"] = ev["per_difficulty_success"]
         row["eval_success"] = ev["success_rate"]
         row["accuracy"] = None
-        row["fallback_share"] = 0.0
+        shares = {"fallbacks": 0.0, "unparsed": 0.0, "failed": 0.0}
         if "parent" in ev:
+            queries = max(1, ev["parent"]["queries"])
             row["accuracy"] = {w: v.get("accuracy") for w, v in ev["parent"]["per_level"].items()}
-            row["fallback_share"] = ev["parent"]["fallbacks"] / max(1, ev["parent"]["queries"])
-        row["counted"] = row["fallback_share"] <= MAX_FALLBACK_SHARE
+            shares["fallbacks"] = ev["parent"]["fallbacks"] / queries
+            shares["unparsed"] = ev["parent"].get("fallbacks_unparsed", 0) / queries
+            shares["failed"] = ev["parent"].get("fallbacks_failed", 0) / queries
+        row["fallback_share"] = shares["fallbacks"]
+        row["unparsed_share"] = shares["unparsed"]
+        row["failed_share"] = shares["failed"]
+        row["counted"] = all(limit is None or shares[k] <= limit for k, limit in limits._asdict().items())
         rows.append(row)
     return rows
 
@@ -108,7 +132,7 @@ def fmt(v, spec=".2f"):
     return format(v, spec)
 
 
-def report_md(rows: list[dict], v: dict) -> str:
+def report_md(rows: list[dict], v: dict, limits: Limits = REGISTRATIONS["free"]) -> str:
     lines = [
         "# reinforce_baby curriculum comparison: the threshold or the teaching?",
         "",
@@ -126,17 +150,23 @@ def report_md(rows: list[dict], v: dict) -> str:
             "",
         ]
     lines += [f"Counted runs per cell: {', '.join(f'{k} {n}' for k, n in v['seeds_per_cell'].items())}.", ""]
+    fallbacks_header = "fallbacks"
+    if limits.fallbacks is None:
+        fallbacks_header = "fallbacks (unparsed / server faults)"
     lines += [
         "| parent | curriculum | seed | final levels (PE/SN/C) | steps to level 1 / 2 (PE; SN; C) | eval success | "
-        "fallbacks | counted | wall s |",
+        f"{fallbacks_header} | counted | wall s |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in sorted(rows, key=lambda r: (CELLS.index((r["parent"], r["rule"])), r["seed"])):
         levels = "/".join(str(r["levels"][t]) for t in TASKS)
         steps = "; ".join(" / ".join(fmt(s, "d") for s in r["level_steps"][t]) for t in TASKS)
+        fallbacks = f"{r['fallback_share']:.1%}"
+        if limits.fallbacks is None:
+            fallbacks += f" ({r['unparsed_share']:.1%} / {r['failed_share']:.1%})"
         lines.append(
             f"| {r['parent']} | {r['rule']} | {r['seed']} | {levels} | {steps} | {r['eval_success']:.3f} | "
-            f"{r['fallback_share']:.1%} | {'yes' if r['counted'] else 'no'} | {fmt(r['wall_s'], '.0f')} |"
+            f"{fallbacks} | {'yes' if r['counted'] else 'no'} | {fmt(r['wall_s'], '.0f')} |"
         )
     lines += ["", "Per (task, level): baby's rule-judged success / the LLM parent's accuracy (LLM runs).", ""]
     levels = [f"{t}/level{k}" for t in TASKS for k in range(3)]
@@ -153,14 +183,16 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sweep", required=True, help="benchmark.py's output directory of the comparison's runs")
     p.add_argument("--report", required=True, help="where REPORT.md and report.json go")
+    p.add_argument("--registration", choices=sorted(REGISTRATIONS), default="free", help="whose stopping rule applies")
     args = p.parse_args(argv)
-    rows = run_rows(args.sweep)
+    limits = REGISTRATIONS[args.registration]
+    rows = run_rows(args.sweep, limits)
     if not rows:
         sys.exit(f"reinforce_baby_curriculum_comparison: no finished run under {args.sweep!r}")
     v = verdict(rows)
     os.makedirs(args.report, exist_ok=True)
     with open(os.path.join(args.report, "REPORT.md"), "w") as f:
-        f.write(report_md(rows, v))
+        f.write(report_md(rows, v, limits))
     with open(os.path.join(args.report, "report.json"), "w") as f:
         json.dump({"runs": rows, "verdict": v}, f, indent=2)
     print(f"verdict: {v['verdict']} ({args.report}/REPORT.md)")

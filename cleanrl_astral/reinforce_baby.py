@@ -111,6 +111,9 @@ class Args:
     """worked examples before each query, answered by the rule; default: 8 with --llm-role answer, 0 with judge"""
     llm_response_format: Literal["json-object", "json-schema", "none"] = "json-object"
     """judge's structured output: llama.cpp's {"type": "json_object", "schema": ...}, the OpenAI API's json_schema, or none"""
+    llm_answer_format: Literal["grammar", "free"] = "grammar"
+    """answer role: grammar (the reply is constrained to one of the actions' numbers by a GBNF grammar, llama.cpp's
+    `grammar` field) or free (unconstrained text; the first integer is read)"""
     task_source: Literal["rule", "parent"] = "rule"
     """who draws the task instances: the rule, or (with --parent llm) the LLM, into a pool per task and level"""
     task_pool_size: int = 32
@@ -134,6 +137,8 @@ class Args:
     """total environment steps"""
     learning_rate: float = 3e-3
     """Adam learning rate"""
+    adam_eps: float = 1e-5
+    """Adam's epsilon (the plan: PyTorch's default, 1e-8)"""
     anneal_lr: bool = False
     """if toggled, the learning rate decays linearly to 0"""
     num_envs: int = 32
@@ -144,6 +149,8 @@ class Args:
     """GAE lambda (ppo)"""
     baseline_decay: float = 0.9
     """running-mean baseline: b <- decay * b + (1 - decay) * mean return (reinforce)"""
+    baseline_update: Literal["after", "before"] = "after"
+    """reinforce: the batch's returns enter the baseline after its advantages are computed, or before (the plan)"""
     norm_adv: bool = True
     """if toggled, advantages are divided by their batch standard deviation"""
     ent_coef: float = 0.03
@@ -169,7 +176,7 @@ class Args:
     vf_coef: float = 0.5
     """ppo: value loss coefficient"""
     max_grad_norm: float = 0.5
-    """gradient clipping norm"""
+    """gradient clipping norm; 0: no clipping (the plan's REINFORCE)"""
 
     # Evaluation
     eval_episodes: int = 200
@@ -694,6 +701,10 @@ class Agent(nn.Module):
         return ActionAndValue(action, dist.log_prob(action), dist.entropy(), self.value_head(h).squeeze(-1), h, dist.logits)
 
 
+def make_optimizer(agent: Agent, args: Args) -> torch.optim.Adam:
+    return torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps)
+
+
 def build_agent(args: Args) -> Agent:
     return Agent(args.num_actions, args.max_episode_steps, args.hidden_dim, args.num_layers, args.num_heads)
 
@@ -860,12 +871,15 @@ class Advantages(NamedTuple):
 
 
 def advantages_and_returns(rewards: torch.Tensor, values: torch.Tensor, baseline: torch.Tensor, args: Args) -> Advantages:
-    """REINFORCE: the return against the earlier batches' baseline, which takes this batch in only afterwards. PPO: GAE."""
+    """REINFORCE: the return against the earlier batches' baseline, which takes this batch in only afterwards
+    (--baseline-update before: the baseline with this batch in, the plan's order). PPO: GAE."""
     if args.algorithm == "reinforce":
         returns = reinforce_returns(rewards, args.gamma)
-        advantages = returns - baseline.unsqueeze(1)
         new_baseline = args.baseline_decay * baseline + (1 - args.baseline_decay) * returns.mean(1)
-        return Advantages(advantages, returns, new_baseline)
+        against = baseline
+        if args.baseline_update == "before":
+            against = new_baseline
+        return Advantages(returns - against.unsqueeze(1), returns, new_baseline)
     advantages = gae(rewards, values, args.gamma, args.gae_lambda)
     return Advantages(advantages, advantages + values[:-1], baseline)
 
@@ -944,7 +958,8 @@ def update(agent: Agent, optimizer, ro: Rollout, adv: Advantages, args: Args, de
             )
             optimizer.zero_grad()
             loss.backward()
-            nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+            if args.max_grad_norm > 0:
+                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
             optimizer.step()
             stats = {
                 "losses/policy_loss": pg_loss.item(),
@@ -971,7 +986,7 @@ def train(args: Args, writer, parent=None, checkpoints: "Checkpoints | None" = N
     tasks = task_list(args.task)
     agent = build_agent(args).to(device)
     print(f"model parameters: {num_parameters(agent):,} (< 1M: {num_parameters(agent) < 1_000_000})")
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    optimizer = make_optimizer(agent, args)
     curriculum = make_curriculum(args, tasks)
     if parent is None:
         parent = make_parent(args)
@@ -1173,9 +1188,11 @@ def validate(args: Args):
     for name in counts:
         if getattr(args, name) < 1:
             raise ValueError(f"{flag(name)} must be >= 1")
-    for name in ("learning_rate", "llm_timeout", "clip_coef", "max_grad_norm"):
+    for name in ("learning_rate", "llm_timeout", "clip_coef", "adam_eps"):
         if not getattr(args, name) > 0:
             raise ValueError(f"{flag(name)} {getattr(args, name)} must be positive")
+    if args.max_grad_norm < 0:
+        raise ValueError(f"--max-grad-norm {args.max_grad_norm} must be >= 0 (0: no clipping)")
     for name in ("llm_retries", "llm_check_pairs"):
         if not getattr(args, name) >= 0:
             raise ValueError(f"{flag(name)} {getattr(args, name)} must be >= 0")
@@ -1473,13 +1490,18 @@ if __name__ == "__main__":
     args.batch_size = args.num_envs * args.max_episode_steps
     args.num_iterations = max(1, args.total_timesteps // args.batch_size)
     tasks = task_list(args.task)
-    # with --parent llm the cache is opened and the endpoint probed here: an unusable one fails before any work
+    # with --parent llm the cache is opened and the endpoint probed here: an unusable one fails before any work, and
+    # leaves no cache file behind
     try:
         parent = make_parent(args)
-        if args.parent == "llm":
-            parent.probe()
     except ValueError as e:
         fail(str(e))
+    if args.parent == "llm":
+        try:
+            parent.probe()
+        except ValueError as e:
+            parent.discard()
+            fail(str(e))
     try:
         if resumed is None:
             run_name, run_dir = claim_run_dir(args.runs_dir, f"{args.task}__{args.exp_name}__{args.seed}__{int(time.time())}")

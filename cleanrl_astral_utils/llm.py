@@ -3,7 +3,9 @@ cache and the rule as fallback, and the statistics it reports (queries, fallback
 
 Two roles (`--llm-role`):
 - answer: the LLM states the right action for a state, through the completions endpoint, from a plain few-shot
-  prompt; the goal reward is 1 where the child's action equals that answer. One request per distinct state.
+  prompt; the goal reward is 1 where the child's action equals that answer. One request per distinct state. By default
+  (`--llm-answer-format grammar`) the request carries a GBNF grammar (llama.cpp's `grammar` field) that admits only
+  the actions' numbers; an endpoint that ignores it is read as free text, the first integer.
 - judge: the LLM judges each (state, action) with a JSON verdict {"reward": 0 | 1}, through the chat-completions
   endpoint. One request per distinct (state, action).
 
@@ -25,11 +27,24 @@ from typing import NamedTuple
 import numpy as np
 import openai
 
+# request fields the openai client has no parameter for, sent as they are (llama.cpp's server reads them)
+EXTRA_FIELDS = ("grammar",)
+
 
 class Reply(NamedTuple):
     text: str | None  # the first valid reply; None when every attempt failed
     latency_ms: float  # of the valid reply's request
     invalid: list  # the replies that came back but were not valid (unparsable, out of range, malformed)
+
+
+def missing_paths(path: str) -> list[str]:
+    """path and each of its missing parent directories, innermost first: what opening a cache at path creates."""
+    missing = []
+    p = os.path.abspath(path)
+    while not os.path.lexists(p):
+        missing.append(p)
+        p = os.path.dirname(p)
+    return missing
 
 
 def open_cache(path: str) -> sqlite3.Connection:
@@ -71,7 +86,9 @@ class LLMParent:
             timeout=args.llm_timeout,
             max_retries=0,
         )
-        self.db = open_cache(args.llm_cache or os.path.join(args.runs_dir, "llm_cache.sqlite"))
+        cache = args.llm_cache or os.path.join(args.runs_dir, "llm_cache.sqlite")
+        self.created = missing_paths(cache)  # what discard() removes
+        self.db = open_cache(cache)
         # running totals; "<task>/level<k>/..." keys per task and level
         self.stats = collections.Counter()
         self.latencies = []
@@ -182,9 +199,17 @@ class LLMParent:
             self.prompts[key] = self.prompt.answer_prompt(s)
         return self.prompts[key]
 
+    def answer_grammar(self) -> str:
+        """GBNF admitting an optional space, then one action's number: what the prompt's `answer =` asks for."""
+        actions = " | ".join(f'"{a}"' for a in range(self.num_actions))
+        return f'root ::= " "? ({actions})'
+
     def answer_body(self, s) -> dict:
         # the answer is one number: a few tokens, and the line ends it
-        return {"model": self.model, "prompt": self.answer_prompt(s), "temperature": 0, "max_tokens": 8, "stop": ["\n"]}
+        body = {"model": self.model, "prompt": self.answer_prompt(s), "temperature": 0, "max_tokens": 8, "stop": ["\n"]}
+        if self.args.llm_answer_format == "grammar":
+            body["grammar"] = self.answer_grammar()
+        return body
 
     def parse_answer(self, text) -> int | None:
         """The first integer of the reply if it is an action, None otherwise."""
@@ -276,7 +301,9 @@ class LLMParent:
         endpoint = self.client.completions
         if chat:
             endpoint = self.client.chat.completions
-        with endpoint.with_streaming_response.create(**body) as reply:
+        fields = {k: v for k, v in body.items() if k not in EXTRA_FIELDS}
+        extra = {k: v for k, v in body.items() if k in EXTRA_FIELDS}
+        with endpoint.with_streaming_response.create(**fields, extra_body=extra or None) as reply:
             # the client's timeout bounds each read; this deadline bounds a reply trickled a few bytes at a time
             deadline = time.monotonic() + self.timeout
             chunks = []
@@ -321,6 +348,8 @@ class LLMParent:
         for i in reversed(range(len(keys))):
             if keys[i] not in answers:
                 first[keys[i]] = i  # the key's first index
+        # why a key asked now has no valid answer: "unparsed" (replies came, none valid) or "failed" (no reply at all)
+        unanswered = {}
 
         def ask_index(i):
             return self.ask(states[i], actions[i])
@@ -335,6 +364,10 @@ class LLMParent:
                     answers[keys[i]] = reply.text
                     self.latencies.append(reply.latency_ms)
                     self.db.execute("INSERT OR REPLACE INTO answers VALUES (?, ?)", (keys[i], reply.text))
+                elif reply.invalid:
+                    unanswered[keys[i]] = "unparsed"
+                else:
+                    unanswered[keys[i]] = "failed"
         self.db.commit()
         out = []
         for s, a, k in zip(states, actions, keys):
@@ -349,6 +382,8 @@ class LLMParent:
             if parsed is not None and self.role == "answer":
                 counts += ["right_answers"] * int(self.parse_answer(answers[k]) == self.oracle_action(s))
             self.stats.update(counts + [f"{where}/{c}" for c in counts])
+            if parsed is None:  # the totals only: the server's faults apart from replies the parser could not read
+                self.stats[f"fallbacks_{unanswered.get(k, 'unparsed')}"] += 1
             reward = rule
             nxt = None
             if parsed is not None:
@@ -385,6 +420,8 @@ class LLMParent:
         st = self.stats
         out = {"role": self.role}
         out.update({k: st[k] for k in ("queries", "judged", "fallbacks", "invalid_answers", "cache_hits")})
+        out["fallbacks_unparsed"] = st["fallbacks_unparsed"]  # replies came back, none valid
+        out["fallbacks_failed"] = st["fallbacks_failed"]  # no reply within the attempts: a server fault
         out["agreement"] = st["agreements"] / max(1, st["judged"])
         if self.role == "answer":  # a query that fell back (an answer out of range, no number, no reply) is not right
             out["accuracy"] = st["right_answers"] / max(1, st["queries"])
@@ -410,6 +447,16 @@ class LLMParent:
             out["per_level"][w] = row
         return out
 
+    def discard(self):
+        """Closes the cache and removes the file and directories opening it created: a run that fails to start leaves
+        nothing behind."""
+        self.db.close()
+        for p in self.created:
+            if os.path.isdir(p) and not os.listdir(p):  # a directory something else wrote into stays
+                os.rmdir(p)
+            elif os.path.lexists(p):
+                os.remove(p)
+
     def probe(self):
         """Raises ValueError (one line) saying what is wrong with the endpoint: one listing and one request of the role,
         asked before any training."""
@@ -432,20 +479,17 @@ class LLMParent:
         try:
             text = self.request(self.rule.new_instance(self.tasks[0], 0, np.random.default_rng(0)), 0)
         except Exception as e:
-            raise ValueError(failed(what, e)) from e
+            message = failed(what, e)
+            if self.role == "answer" and self.args.llm_answer_format == "grammar":
+                message += " (an endpoint without llama.cpp's grammar field needs --llm-answer-format free)"
+            raise ValueError(message) from e
         if not isinstance(text, str):
             raise ValueError(f"{where}: {what} had no text")
 
-    def check_agreement(self, levels: list[tuple[str, int]], pairs: int, seed: int = 0) -> dict:
-        """summary() over `pairs` seeded (state, action) per (task, level) of `levels`, half right; the running totals
-        are kept."""
-        stats = self.stats.copy()
-        latencies = list(self.latencies)
-        samples = list(self.invalid_samples)
+    def agreement_pairs(self, levels: list[tuple[str, int]], pairs: int, seed: int = 0) -> list[tuple[list, list[int]]]:
+        """(states, actions) per (task, level) of `levels`: `pairs` seeded states, every other action the rule's."""
         rng = np.random.default_rng(seed)
-        self.stats = collections.Counter()
-        self.latencies = []
-        self.invalid_samples = []
+        out = []
         for task, level in levels:
             states = [self.rule.new_instance(task, level, rng) for _ in range(pairs)]
             wrong = [int(x) for x in rng.integers(1, self.num_actions, pairs)]
@@ -455,6 +499,19 @@ class LLMParent:
                 if i % 2 == 0:
                     shift = 0
                 actions.append((self.oracle_action(s) + shift) % self.num_actions)
+            out.append((states, actions))
+        return out
+
+    def check_agreement(self, levels: list[tuple[str, int]], pairs: int, seed: int = 0) -> dict:
+        """summary() over `pairs` seeded (state, action) per (task, level) of `levels`, half right; the running totals
+        are kept."""
+        stats = self.stats.copy()
+        latencies = list(self.latencies)
+        samples = list(self.invalid_samples)
+        self.stats = collections.Counter()
+        self.latencies = []
+        self.invalid_samples = []
+        for states, actions in self.agreement_pairs(levels, pairs, seed):
             self.respond(states, actions)
         result = self.summary()
         self.stats = stats

@@ -305,10 +305,13 @@ def test_reinforce_learns_pattern_echo_quickly():
     assert np.mean(ent[-10:]) < np.mean(ent[:10])
 
 
-def test_reinforce_advantage_is_the_return_minus_the_baseline_of_earlier_batches(monkeypatch):
+@pytest.mark.parametrize("order", ["after", "before"])
+def test_reinforce_advantage_is_the_return_minus_the_baseline_of_earlier_batches(monkeypatch, order):
     """REINFORCE's advantage is G_t - b_t, b the running mean of the earlier batches' returns, and b is updated with
     this batch's returns only afterwards. If this failed, either nothing were subtracted (a noisier gradient), or b
-    were updated first, so that it holds this batch's own returns (which depend on its actions: a biased gradient)."""
+    were updated first, so that it holds this batch's own returns (which depend on its actions: a biased gradient).
+    --baseline-update before is the plan's order: b takes this batch's returns in first, and the advantage is G_t minus
+    that b; either order fails the other's expectation."""
     returns_seen, advantages_seen = [], []
     real_returns, real_scale = reinforce_baby.reinforce_returns, reinforce_baby.scale_advantages
 
@@ -323,15 +326,56 @@ def test_reinforce_advantage_is_the_return_minus_the_baseline_of_earlier_batches
     monkeypatch.setattr(reinforce_baby, "reinforce_returns", reinforce_returns)
     monkeypatch.setattr(reinforce_baby, "scale_advantages", scale_advantages)
     decay = 0.8
-    train_tiny(max_episode_steps=2, total_timesteps=96, baseline_decay=decay)
+    train_tiny(max_episode_steps=2, total_timesteps=96, baseline_decay=decay, baseline_update=order)
     assert len(returns_seen) == len(advantages_seen) == 3
     baseline = torch.zeros(2)
     for returns, adv in zip(returns_seen, advantages_seen):
-        expected = (returns - baseline.unsqueeze(1)).reshape(-1)
+        updated = decay * baseline + (1 - decay) * returns.mean(1)
+        against = {"after": baseline, "before": updated}[order]
+        expected = (returns - against.unsqueeze(1)).reshape(-1)
         # the update's minibatch is a permutation of the batch
         assert torch.allclose(adv.sort().values, expected.sort().values, atol=1e-6)
-        baseline = decay * baseline + (1 - decay) * returns.mean(1)
+        baseline = updated
     assert baseline.abs().min() > 0.05  # a baseline that matters
+
+
+@pytest.mark.parametrize("max_grad_norm", [0.5, 0.0])
+def test_the_gradient_is_clipped_at_max_grad_norm_and_not_at_all_with_0(monkeypatch, max_grad_norm):
+    """Every update clips the gradient norm at --max-grad-norm (0.5 by default); --max-grad-norm 0 (the plan's
+    REINFORCE) clips nothing, rather than zeroing the gradient, and the weights still move."""
+    calls = []
+    real_clip = torch.nn.utils.clip_grad_norm_
+
+    def clip(parameters, max_norm, *a, **kw):
+        calls.append(max_norm)
+        return real_clip(parameters, max_norm, *a, **kw)
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip)
+    reinforce_baby.seed_everything(1)
+    before = [
+        p.detach().clone()
+        for p in reinforce_baby.build_agent(reinforce_baby.Args(num_actions=8, hidden_dim=32, num_layers=1)).parameters()
+    ]
+    agent, _, _ = train_tiny(total_timesteps=48, max_grad_norm=max_grad_norm)
+    assert calls == [0.5] * 3 * (max_grad_norm > 0)
+    assert any(not torch.equal(a, b) for a, b in zip(before, agent.parameters()))
+
+
+@pytest.mark.parametrize("eps", [1e-5, 1e-8])
+def test_adams_epsilon_is_adam_eps(monkeypatch, eps):
+    """The one optimizer train builds is Adam with --adam-eps (1e-5 by default; the plan's is PyTorch's 1e-8)."""
+    built = []
+    real_adam = torch.optim.Adam
+
+    class RecordingAdam(real_adam):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            built.append(self)
+
+    monkeypatch.setattr(torch.optim, "Adam", RecordingAdam)
+    train_tiny(adam_eps=eps)
+    assert [opt.param_groups[0]["eps"] for opt in built] == [eps]
+    assert reinforce_baby.Args().adam_eps == 1e-5
 
 
 def test_world_model_loss_of_the_update_reaches_the_shared_representation(monkeypatch):
@@ -822,6 +866,8 @@ def test_bad_input_fails_with_one_line_before_any_work(tmp_path, flags, needle):
         ({"baseline_decay": 2.0}, "--baseline-decay 2.0 must be in [0, 1)"),
         ({"mastery_threshold": 0.0}, "--mastery-threshold 0.0 must be in (0, 1]"),
         ({"clip_coef": 0.0}, "--clip-coef 0.0 must be positive"),
+        ({"adam_eps": 0.0}, "--adam-eps 0.0 must be positive"),
+        ({"max_grad_norm": -0.5}, "--max-grad-norm -0.5 must be >= 0 (0: no clipping)"),
         ({"llm_retries": -1}, "--llm-retries -1 must be >= 0"),
         ({"llm_timeout": 0.0}, "--llm-timeout 0.0 must be positive"),
         ({"llm_concurrency": 0}, "--llm-concurrency must be >= 1"),

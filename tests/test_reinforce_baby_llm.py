@@ -4,6 +4,7 @@ task generation with its level check, pools and budget), and the same parent aga
 llama.cpp's OpenAI-compatible server, from requirements-llm.txt).
 """
 
+import collections
 import dataclasses
 import http.server
 import importlib.util
@@ -19,7 +20,8 @@ import time
 import numpy as np
 import pytest
 import torch
-from helpers import assert_one_line_error, logged_scalars, only_run_dir, run_script
+from benchmark_helpers import load_benchmark_script
+from helpers import SCRIPT_ENV, assert_one_line_error, logged_scalars, only_run_dir, run_script
 from test_reinforce_baby import TINY, RecordingWriter, refusal, train_tiny
 
 import cleanrl_astral.reinforce_baby as reinforce_baby
@@ -204,7 +206,9 @@ def test_llm_parent_failures_fall_back_to_the_rule(llm_server, tmp_path, mode, r
     """Every kind of failed answer costs an attempt and ends in the rule's reward, never in an exception: an answer
     without a number or out of the action range, malformed JSON, a null or list content (refusals, tool calls), a reply
     that is not HTTP, an HTML page, an HTTP error, an answer slower than --llm-timeout, and a reply dripped a few bytes at
-    a time past --llm-timeout. Replies that came back but were invalid are counted apart (invalid_answers)."""
+    a time past --llm-timeout. Replies that came back but were invalid are counted apart (invalid_answers), and the
+    fallbacks they caused apart from those of requests that got no reply (a server fault). The stand-in ignores the
+    answer role's grammar (the default), as an endpoint without one does: its replies are read as free text."""
     llm_server.mode = mode
     timeout = 2.0
     if mode in ("slow", "drip"):
@@ -220,9 +224,31 @@ def test_llm_parent_failures_fall_back_to_the_rule(llm_server, tmp_path, mode, r
     came_back = mode in ("malformed", "bad_reward", "null", "parts")
     assert parent.summary()["invalid_answers"] == 2 * requests * came_back
     assert (len(parent.summary()["invalid_samples"]) > 0) == came_back
+    assert parent.summary()["fallbacks_unparsed"] == 2 * came_back
+    assert parent.summary()["fallbacks_failed"] == 2 * (not came_back)
     # failures are not cached: the next identical query asks again
     parent.respond([s], [wrong])
     assert llm_server.count == 2 * requests + 2 and parent.stats["fallbacks"] == 3 and parent.stats["cache_hits"] == 0
+
+
+@pytest.mark.parametrize("num_actions", [8, 16])
+def test_the_answer_role_constrains_the_reply_to_the_actions_by_default_and_free_text_reproduces_the_old_requests(
+    llm_server, tmp_path, num_actions
+):
+    """By default the completion request carries llama.cpp's `grammar` field, a GBNF rule that admits an optional space
+    and one action's number, 0 .. num_actions - 1, and nothing else; --llm-answer-format free sends the same request
+    without it (the documented runs' requests, the same cache keys). Both are read by the same parser."""
+    parent = make_llm_parent(llm_server, tmp_path, num_actions=num_actions)
+    s, right, wrong = instance(parent)
+    parent.respond([s], [right])
+    sent = llm_server.last_body
+    numbers = " | ".join(f'"{a}"' for a in range(num_actions))
+    assert sent["grammar"] == f'root ::= " "? ({numbers})'
+    assert llm_server.last_path.endswith("/completions") and parent.stats["judged"] == 1
+    free = make_llm_parent(llm_server, tmp_path, name="free.sqlite", num_actions=num_actions, llm_answer_format="free")
+    free.respond([s], [right])
+    assert llm_server.last_body == {k: v for k, v in sent.items() if k != "grammar"} and free.stats["judged"] == 1
+    assert free.cache_key(s, right) != parent.cache_key(s, right)
 
 
 def echo_prompt_blocks(prompt):
@@ -398,10 +424,14 @@ def test_llm_cache_key_holds_what_changes_an_answer_or_its_validity(llm_server, 
 
 def test_the_requests_for_fixed_states_are_the_stored_ones_byte_for_byte(tmp_path):
     """The request of each role for fixed states (prompt, worked examples, settings) and its cache key equal the stored
-    reference, so the sqlite cache keeps serving the documented runs; a changed word of the prompt fails here."""
+    reference, so the sqlite cache keeps serving the documented runs (the answer role's with --llm-answer-format free);
+    a changed word of the prompt fails here. The constrained answer requests (the default) are pinned beside them, and
+    the judge's are those of the default answer format."""
     with open(os.path.join(os.path.dirname(__file__), "data", "reinforce_baby_llm_requests.json")) as f:
         reference = json.load(f)
-    assert len(reference) == 36
+    assert len(reference) == 45
+    kinds = collections.Counter((ref["role"], ref["llm_answer_format"], "grammar" in ref["body"]) for ref in reference)
+    assert kinds == {("answer", "free", False): 9, ("answer", "grammar", True): 9, ("judge", "grammar", False): 27}
     for ref in reference:
         args = reinforce_baby.Args(
             num_actions=8,
@@ -412,6 +442,7 @@ def test_the_requests_for_fixed_states_are_the_stored_ones_byte_for_byte(tmp_pat
             llm_role=ref["role"],
             llm_next_state=ref["llm_next_state"],
             llm_examples=ref["llm_examples"],
+            llm_answer_format=ref["llm_answer_format"],
             llm_cache=str(tmp_path / "cache.sqlite"),
         )
         parent = reinforce_baby.make_parent(args)
@@ -614,6 +645,27 @@ def test_an_unusable_endpoint_is_a_one_line_error_before_any_work(llm_server, tm
     assert url in result.stderr and not (tmp_path / "runs").exists()
 
 
+def test_a_failed_llm_start_leaves_nothing_behind_and_an_existing_cache_as_it_was(llm_server, tmp_path):
+    """The probe fails (the model is not served) after the cache was opened: the default cache in --runs-dir, and the
+    directories made for it, are removed; what the runs directory held stays, and so does an existing --llm-cache."""
+    flags = ["--parent", "llm", "--llm-base-url", llm_server.url, "--llm-model", "no-such-model"]
+    runs = tmp_path / "new" / "runs"
+    assert_one_line_error(run_script("reinforce_baby", *flags, "--runs-dir", str(runs)), "is not served at")
+    assert not (tmp_path / "new").exists()
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "other_run").mkdir()
+    assert_one_line_error(run_script("reinforce_baby", *flags, "--runs-dir", str(runs)), "is not served at")
+    assert sorted(os.listdir(runs)) == ["other_run"]
+    cache = tmp_path / "shared.sqlite"
+    parent = make_llm_parent(llm_server, tmp_path, name=cache.name)
+    parent.respond(*[[x] for x in instance(parent)[:2]])
+    before = cache.read_bytes()
+    result = run_script("reinforce_baby", *flags, "--runs-dir", str(runs), "--llm-cache", str(cache))
+    assert_one_line_error(result, "is not served at")
+    assert cache.read_bytes() == before and sorted(os.listdir(runs)) == ["other_run"]
+
+
 @pytest.mark.parametrize("kind", ["directory", "not-sqlite"])
 def test_an_unusable_llm_cache_is_a_one_line_error_before_any_work(llm_server, tmp_path, kind):
     cache = tmp_path / "cache"
@@ -745,6 +797,59 @@ def test_a_real_model_answers_pattern_echo_as_the_rule_does(real_server, tmp_pat
     assert scalars["parent/cache_hits"][-1] == 48  # the 8 cues of level 2 were all answered above
 
 
+def test_a_real_model_constrained_by_the_grammar_answers_every_state_its_free_answer_left_unparsed(real_server, tmp_path):
+    """SmolLM2-135M, answer role, on every other one of the 11 agreement states whose free answer did not parse
+    (measured: all 11 answered ' 8', out of the 8 actions; docs/results/reinforce_baby/answer_format.md), 3 of
+    sequence-next and 3 of conditional: with the grammar (the default) every answer parses, without it at most half do
+    (0 of 11 measured), so the assertion on the grammar fails without it."""
+    url, _ = real_server
+    with open(os.path.join(os.path.dirname(__file__), "data", "reinforce_baby_llm_unparsed_states.json")) as f:
+        measured = [reinforce_baby.State.from_list(v, 8) for v in json.load(f)]
+    assert len(measured) == 11
+    states = measured[::2]
+    parents = {}
+    for fmt in ("free", "grammar"):
+        args = reinforce_baby.Args(
+            task="all", curriculum=True, num_actions=8, parent="llm", llm_base_url=url, llm_model="smollm2-135m",
+            llm_answer_format=fmt, llm_timeout=120.0, llm_retries=0, llm_concurrency=1,
+            llm_cache=str(tmp_path / f"{fmt}.sqlite"),
+        )  # fmt: skip
+        parents[fmt] = reinforce_baby.make_parent(args)
+    for s in states:  # one state in both formats after another: the server reuses the prompt it has just read
+        for parent in parents.values():
+            parent.respond([s], [parent.oracle_action(s)])
+    parsed = {fmt: p.summary()["judged"] / len(states) for fmt, p in parents.items()}
+    assert parsed["grammar"] == 1.0 and parents["grammar"].summary()["fallbacks"] == 0, parsed
+    assert parsed["free"] <= 0.5 and parents["free"].summary()["fallbacks_unparsed"] >= len(states) / 2, parsed
+
+
+def test_the_constrained_comparisons_runner_runs_its_grid_continues_a_stopped_run_and_reports(llm_server, tmp_path):
+    """bash benchmark/reinforce_baby_curriculum_comparison_constrained.sh --tiny against the stand-in: the four cells'
+    runs with checkpoints and the answer role's grammar, and the report with unparsed answers and server faults apart.
+    Started again after a run lost its eval.json (stopped after its last checkpoint), it continues that run from its
+    checkpoint.pt in the same directory and leaves the finished ones alone."""
+    script = os.path.join(os.path.dirname(__file__), "..", "benchmark", "reinforce_baby_curriculum_comparison_constrained.sh")
+    out = tmp_path / "out"
+    cmd = ["bash", script, "--tiny", "--llm-base-url", llm_server.url, "--llm-model", "test-model", "--out", str(out)]
+    subprocess.run(cmd, check=True, env=SCRIPT_ENV, capture_output=True)
+    report = json.loads((out / "report" / "report.json").read_text())
+    assert sorted((r["parent"], r["rule"]) for r in report["runs"]) == [
+        ("LLM", "mastery"), ("LLM", "plan"), ("rule", "mastery"), ("rule", "plan")
+    ]  # fmt: skip
+    assert all(r["counted"] and r["unparsed_share"] == 0 and r["failed_share"] == 0 for r in report["runs"])
+    assert "fallbacks (unparsed / server faults)" in (out / "report" / "REPORT.md").read_text()
+    assert "grammar" in llm_server.last_body  # the LLM runs' last request: the answer role's default
+    stopped = out / "runs" / "runs" / "parent_llm__curriculum-rule_mastery__s1"
+    run_dir = only_run_dir(stopped)
+    assert os.path.isfile(os.path.join(run_dir, "checkpoint.pt"))
+    os.remove(os.path.join(run_dir, "eval.json"))
+    finished = {p: p.stat().st_mtime_ns for p in (out / "runs" / "runs").glob("*/*/eval.json")}
+    subprocess.run(cmd, check=True, env=SCRIPT_ENV, capture_output=True)
+    assert only_run_dir(stopped) == run_dir and os.path.isfile(os.path.join(run_dir, "eval.json"))
+    assert "resumed from" in (out / "logs" / "parent_llm__curriculum-rule_mastery__s1.log").read_text()
+    assert {p: p.stat().st_mtime_ns for p in finished} == finished
+
+
 def fake_sweep_run(sweep, key, curves, ev, wall):
     """A run as benchmark.py leaves it: sweep/runs/<key>/<run_name>/ with TensorBoard events ({tag: [(step, value)]})
     and eval.json, and its record in the sweep's manifest."""
@@ -758,6 +863,25 @@ def fake_sweep_run(sweep, key, curves, ev, wall):
     (run_dir / "eval.json").write_text(json.dumps(ev))
     with open(sweep / "manifest.jsonl", "a") as f:
         f.write(json.dumps({"runs_dir": str(run_dir.parent), "exit_code": 0, "wall_time_s": wall}) + "\n")
+
+
+def test_the_constrained_registration_limits_unparsed_answers_and_server_faults_apart(tmp_path):
+    """The constrained comparison's report counts a run whose unparsed answers are at most 1% of its queries and whose
+    server faults are at most 0.5%; the free registration counts every run at most 5% fallbacks in all. Each of the
+    three runs below is within the one limit and over the other, so swapped limits, or the two kinds added up, fail."""
+    comparison = load_benchmark_script("reinforce_baby_curriculum_comparison")
+    levels = {t: 0 for t in reinforce_baby.TASKS}
+    curves = {"charts/success_rate": [(320, 0.5)], **{f"curriculum/level_{t}": [(320, 0)] for t in reinforce_baby.TASKS}}
+    for seed, (unparsed, failed) in enumerate([(8, 0), (0, 8), (20, 0), (6, 4)], start=1):
+        parent = {"queries": 1000, "fallbacks": unparsed + failed, "fallbacks_unparsed": unparsed, "fallbacks_failed": failed}
+        parent["per_level"] = {}
+        ev = {"eval_levels": levels, "per_difficulty_success": {}, "success_rate": 0.5, "parent": parent}
+        fake_sweep_run(tmp_path, f"c0__g2_parent_llm__s{seed}", curves, ev, 1.0)
+    constrained = comparison.run_rows(str(tmp_path), comparison.REGISTRATIONS["constrained"])
+    assert [(r["unparsed_share"], r["failed_share"], r["counted"]) for r in constrained] == [
+        (0.008, 0.0, True), (0.0, 0.008, False), (0.02, 0.0, False), (0.006, 0.004, True)
+    ]  # fmt: skip
+    assert all(r["counted"] for r in comparison.run_rows(str(tmp_path), comparison.REGISTRATIONS["free"]))
 
 
 def test_the_llm_report_tables_the_agreement_per_role_and_each_runs_parent_statistics(tmp_path):
