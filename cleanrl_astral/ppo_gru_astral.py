@@ -1236,6 +1236,11 @@ def validate(args):
     ):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+    for name in CARTPOLE_ONLY_FLAGS:
+        if args.env_id != DEFAULT_ENV_ID and getattr(args, name) != getattr(Args(), name):
+            raise ValueError(f"--{name.replace('_', '-')} applies to --env-id {DEFAULT_ENV_ID} only, not {args.env_id}")
+    if args.env_id != DEFAULT_ENV_ID:
+        env_spaces(args.env_id)  # an id gymnasium cannot make, or a Box action space: one line
     num_modes = len(MODE_PRESETS[args.modes_preset])
     held_out = HELD_OUT_MODES[args.modes_preset]
     num_train = num_modes - len(held_out)
@@ -1278,11 +1283,6 @@ def validate(args):
         )
     if args.capture_video and not args.save_model:
         raise ValueError("--capture-video records evaluation episodes; add --save-model")
-    for name in CARTPOLE_ONLY_FLAGS:
-        if args.env_id != DEFAULT_ENV_ID and getattr(args, name) != getattr(Args(), name):
-            raise ValueError(f"--{name.replace('_', '-')} applies to --env-id {DEFAULT_ENV_ID} only, not {args.env_id}")
-    if args.env_id != DEFAULT_ENV_ID:
-        env_spaces(args.env_id)  # an id gymnasium cannot make, or a Box action space: one line
     if args.env_id != DEFAULT_ENV_ID and args.lambda_supervised > 0:
         raise ValueError(f"--lambda-supervised supervises the gate with the true mode; --env-id {args.env_id} has none")
     if args.save_model and importlib.util.find_spec("cleanrl_astral_utils") is None:  # it saves and evaluates the agent

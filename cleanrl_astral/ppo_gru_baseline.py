@@ -807,6 +807,11 @@ def validate(args):
     for name in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "hidden_size", "eval_episodes"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+    for name in CARTPOLE_ONLY_FLAGS:
+        if args.env_id != DEFAULT_ENV_ID and getattr(args, name) != getattr(Args(), name):
+            raise ValueError(f"--{name.replace('_', '-')} applies to --env-id {DEFAULT_ENV_ID} only, not {args.env_id}")
+    if args.env_id != DEFAULT_ENV_ID:
+        env_spaces(args.env_id)  # an id gymnasium cannot make, or a Box action space: one line
     num_modes = len(MODE_PRESETS[args.modes_preset])
     held_out = HELD_OUT_MODES[args.modes_preset]
     num_train = num_modes - len(held_out)
@@ -849,11 +854,6 @@ def validate(args):
         )
     if args.capture_video and not args.save_model:
         raise ValueError("--capture-video records evaluation episodes; add --save-model")
-    for name in CARTPOLE_ONLY_FLAGS:
-        if args.env_id != DEFAULT_ENV_ID and getattr(args, name) != getattr(Args(), name):
-            raise ValueError(f"--{name.replace('_', '-')} applies to --env-id {DEFAULT_ENV_ID} only, not {args.env_id}")
-    if args.env_id != DEFAULT_ENV_ID:
-        env_spaces(args.env_id)  # an id gymnasium cannot make, or a Box action space: one line
     if args.save_model and importlib.util.find_spec("cleanrl_astral_utils") is None:  # it saves and evaluates the agent
         raise ValueError("--save-model needs the cleanrl_astral_utils package: pip install -e . in the repository")
 
