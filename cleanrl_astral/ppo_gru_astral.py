@@ -64,7 +64,8 @@ class Args:
     # Environment
     env_id: str = "NonStationaryCartPole"
     """the environment: NonStationaryCartPole (this file's, the default) or any gymnasium id with Discrete or MultiDiscrete
-    actions (`popgym-*` ids import popgym); the flags up to --oracle apply to NonStationaryCartPole only"""
+    actions (`popgym-*` ids import popgym); --modes-preset, --hide-velocity, --fixed-mode, --mode-share, --switch-prob,
+    --oracle and --capture-video apply to NonStationaryCartPole only"""
     modes_preset: Literal["seed3", "inverted4", "mirror4"] = "seed3"
     """physics modes: `seed3` (three gravity/length settings), `inverted4` (seed3 plus inverted force) or `mirror4`
     (two physics x force sign ±1, plus a held-out mode 4 that is only evaluated)"""

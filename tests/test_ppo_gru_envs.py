@@ -260,21 +260,22 @@ def test_the_scripts_share_the_env_code_as_one_text():
 RUN = ["--env-id", "CartPole-v1", "--num-envs", "64", "--num-steps", "64", "--num-minibatches", "2", "--hidden-size", "8"]
 
 
+def saved_run(tmp_path, name, total_timesteps):
+    """The run directory of a saved and evaluated `name` run on CartPole-v1 (4,096-step updates, one epoch each)."""
+    flags = [*RUN, "--update-epochs", "1", "--total-timesteps", total_timesteps, "--save-model", "--eval-episodes", "4"]
+    run_script(name, *flags, "--runs-dir", tmp_path, check=True, env=SCRIPT_ENV)
+    return only_run_dir(tmp_path)
+
+
 @pytest.fixture(scope="module")
 def baseline_run(tmp_path_factory):
-    """A baseline run just over two MMER periods (33 updates of 4,096 steps), saved and evaluated."""
-    runs = tmp_path_factory.mktemp("baseline_env")
-    flags = [*RUN, "--update-epochs", "1", "--total-timesteps", "135168", "--save-model", "--eval-episodes", "4"]
-    run_script("ppo_gru_baseline", *flags, "--runs-dir", runs, check=True, env=SCRIPT_ENV)
-    return only_run_dir(runs)
+    """A baseline run just over two MMER periods (33 updates of 4,096 steps)."""
+    return saved_run(tmp_path_factory.mktemp("baseline_env"), "ppo_gru_baseline", 135168)
 
 
 @pytest.fixture(scope="module")
 def astral_run(tmp_path_factory):
-    runs = tmp_path_factory.mktemp("astral_env")
-    flags = [*RUN, "--update-epochs", "1", "--total-timesteps", "8192", "--save-model", "--eval-episodes", "4"]
-    run_script("ppo_gru_astral", *flags, "--runs-dir", runs, check=True, env=SCRIPT_ENV)
-    return only_run_dir(runs)
+    return saved_run(tmp_path_factory.mktemp("astral_env"), "ppo_gru_astral", 8192)
 
 
 def test_a_run_logs_mmer_at_its_cadence_and_no_mode_metric(baseline_run):
