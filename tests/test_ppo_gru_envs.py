@@ -5,12 +5,14 @@ refusals, --no-prev-reward, MMER and its cadence, and what a run on such an env 
 import collections
 import copy
 import dataclasses
+import subprocess
+import sys
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from helpers import SCRIPT_ENV, assert_one_line_error, load_json, logged_scalars, only_run_dir, run_script
+from helpers import REPO, SCRIPT_ENV, assert_one_line_error, load_json, logged_scalars, only_run_dir, run_script
 
 import cleanrl_astral.ppo_gru_astral as ppo_gru_astral
 import cleanrl_astral.ppo_gru_baseline as ppo_gru_baseline
@@ -320,3 +322,20 @@ def test_tta_gating_refuses_a_checkpoint_of_another_env(astral_run):
         tta_gating.load_astral_checkpoint(model)
     result = run_script("tta_gating", "adapt", "--checkpoint", model, "--runs-dir", f"{astral_run}/tta")
     assert_one_line_error(result, "was trained on --env-id CartPole-v1")
+
+
+def test_popgym_is_imported_for_popgym_ids_only():
+    """A fresh interpreter: importing the script or making another id leaves popgym unimported; a popgym-* id imports
+    it and its env is made (Discrete(4) observations, one-hot; Discrete(4) actions)."""
+    code = (
+        "import sys\n"
+        "import cleanrl_astral.ppo_gru_baseline as m\n"
+        "m.env_spaces('CartPole-v1')\n"
+        "assert 'popgym' not in sys.modules\n"
+        "assert m.env_spaces('popgym-RepeatPreviousEasy-v0') == (4, 4)\n"
+        "assert 'popgym' in sys.modules\n"
+        "obs, _ = m.GymVectorEnv('popgym-RepeatPreviousEasy-v0', 2).reset(seed=0)\n"
+        "assert obs.dtype.name == 'float32' and obs.shape == (2, 4) and (obs.sum(1) == 1).all()\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=SCRIPT_ENV, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
