@@ -22,6 +22,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
+import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
@@ -62,7 +63,9 @@ class Args:
 
     # Environment
     env_id: str = "NonStationaryCartPole"
-    """name used in the run name"""
+    """the environment: NonStationaryCartPole (this file's, the default) or any gymnasium id with Discrete or MultiDiscrete
+    actions (`popgym-*` ids import popgym); --modes-preset, --hide-velocity, --fixed-mode, --mode-share, --switch-prob,
+    --oracle and --capture-video apply to NonStationaryCartPole only"""
     modes_preset: Literal["seed3", "inverted4", "mirror4"] = "seed3"
     """physics modes: `seed3` (three gravity/length settings), `inverted4` (seed3 plus inverted force) or `mirror4`
     (two physics x force sign ±1, plus a held-out mode 4 that is only evaluated)"""
@@ -78,7 +81,9 @@ class Args:
     """`gru`: recurrent agent; `none`: GRU state zeroed every step (memoryless control, same parameters)"""
     oracle: bool = False
     """append the true mode one-hot to the agent's input (the upper-bound control)"""
-
+    prev_reward: bool = True
+    """the agent's input holds the previous reward; `--no-prev-reward` drops that channel (POPGym's agents saw only the
+    previous action, and in some of its tasks the reward gives the answer away)"""
     # Algorithm
     design: Literal["script", "plan"] = "script"
     """`script`: this file's network and settings; `plan`: the plan's network (ReLU layers of width --hidden-size,
@@ -310,6 +315,85 @@ class RewardScaler:
         return rewards / np.sqrt(self.return_rms.var + 1e-8)
 
 
+# ANY GYMNASIUM ENVIRONMENT: --env-id other than NonStationaryCartPole
+DEFAULT_ENV_ID = "NonStationaryCartPole"
+# the flags that only mean something for NonStationaryCartPole: another --env-id refuses them unless left at the default
+CARTPOLE_ONLY_FLAGS = ("modes_preset", "hide_velocity", "fixed_mode", "mode_share", "switch_prob", "oracle", "capture_video")
+MMER_EVERY = 65536  # POPGym's cadence: MMER is sampled every 65,536 steps and at the end of the run
+
+
+class EnvSpaces(NamedTuple):
+    obs_dim: int  # the flattened observation's size
+    num_actions: int  # a Discrete's n, a MultiDiscrete's product of nvec
+
+
+def make_gym_env(env_id):
+    """gymnasium.make(env_id), its observation flattened; importing popgym registers the `popgym-*` ids, so those ids (and
+    only those) import it."""
+    if env_id.startswith("popgym-"):
+        import popgym  # noqa: F401
+
+    return gym.wrappers.FlattenObservation(gym.make(env_id))
+
+
+def env_spaces(env_id):
+    """The EnvSpaces of `env_id`, or a ValueError (one line) for an id gymnasium cannot make or an action space this file
+    does not support."""
+    try:
+        env = make_gym_env(env_id)
+    except (gym.error.Error, ModuleNotFoundError) as e:
+        raise ValueError(f"--env-id {env_id} cannot be made: {e}") from e
+    action_space = env.action_space
+    obs_dim = gym.spaces.flatdim(env.observation_space)
+    env.close()
+    if isinstance(action_space, gym.spaces.Discrete):
+        return EnvSpaces(obs_dim, int(action_space.n))
+    if isinstance(action_space, gym.spaces.MultiDiscrete):
+        return EnvSpaces(obs_dim, int(np.prod(action_space.nvec)))
+    raise ValueError(
+        f"--env-id {env_id} has a {type(action_space).__name__} action space; only Discrete and MultiDiscrete are supported"
+    )
+
+
+def env_action(space, index):
+    """The env's action for each action index (N,): a Discrete's start + index; a MultiDiscrete's digits of the index in the
+    mixed radix nvec (the first digit the most significant) plus its start, shaped as nvec."""
+    if isinstance(space, gym.spaces.Discrete):
+        return space.start + index
+    digits = np.stack(np.unravel_index(index, space.nvec.flatten()), -1)
+    return (digits + space.start.flatten()).reshape(len(index), *space.nvec.shape)
+
+
+class GymVectorEnv:
+    """`num_envs` copies of `env_id` (make_gym_env) in a SyncVectorEnv seeded seed + i, returning what
+    NonStationaryCartPole returns: float32 observations (N, obs_dim), rewards, terminated, truncated and info. Actions
+    are indices into one Discrete (env_action maps them). Autoreset is same-step: where an episode ends, the returned
+    observation is already the next episode's first, and info["final_obs"] holds the ended one's last. The env has no
+    hidden mode: info["mode"] is 0 for every env, and nothing is reported per mode."""
+
+    def __init__(self, env_id, num_envs):
+        self.num_envs = num_envs
+        self.envs = gym.vector.SyncVectorEnv(
+            [functools.partial(make_gym_env, env_id) for _ in range(num_envs)],
+            autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+        )
+        self.action_space = self.envs.single_action_space
+        self.mode = np.zeros(num_envs, dtype=int)
+
+    def reset(self, seed=None):
+        obs, _ = self.envs.reset(seed=seed)
+        return obs.astype(np.float32), {"mode": self.mode.copy()}
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.envs.step(env_action(self.action_space, action))
+        obs = obs.astype(np.float32)
+        final_obs = obs.copy()
+        for i in np.flatnonzero(info.get("_final_obs", np.zeros(self.num_envs, dtype=bool))):
+            final_obs[i] = info["final_obs"][i]
+        step_info = {"final_obs": final_obs, "final_mode": self.mode.copy(), "mode": self.mode.copy()}
+        return obs, reward.astype(np.float64), terminated, truncated, step_info
+
+
 # AGENT
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
     torch.nn.init.orthogonal_(layer.weight, std)
@@ -409,6 +493,7 @@ class Agent(nn.Module):
         orthonormal=False,
         gumbel_tau=None,
         design="script",
+        prev_reward=True,
     ):
         super().__init__()
         self.obs_dim = obs_dim
@@ -417,7 +502,8 @@ class Agent(nn.Module):
         self.memory = memory
         self.oracle = oracle
         self.bottleneck = bottleneck
-        self.input_dim = obs_dim + num_actions + 1
+        self.prev_reward = prev_reward
+        self.input_dim = obs_dim + num_actions + int(prev_reward)
         if oracle:
             self.input_dim += num_modes
         self.hidden_size = hidden_size
@@ -448,7 +534,9 @@ class Agent(nn.Module):
     def build_input(self, obs, prev_action, prev_reward, mode):
         """obs (..., obs_dim), prev_action (...) with -1 for "none", prev_reward (...), mode (...) -> input."""
         prev_onehot = torch.nn.functional.one_hot((prev_action + 1).long(), self.num_actions + 1)[..., 1:].float()
-        parts = [obs.float(), prev_onehot, prev_reward.float().unsqueeze(-1)]
+        parts = [obs.float(), prev_onehot]
+        if self.prev_reward:
+            parts.append(prev_reward.float().unsqueeze(-1))
         if self.oracle:
             parts.append(torch.nn.functional.one_hot(mode.long(), self.num_modes).float())
         return torch.cat(parts, dim=-1)
@@ -498,16 +586,21 @@ class Agent(nn.Module):
         )
 
 
-def agent_from_args(args, num_modes):
+def agent_from_args(args, num_modes, spaces=None):
+    """The agent of `args`; `spaces`, another --env-id's EnvSpaces (NonStationaryCartPole's when None)."""
     obs_dim = 4
     if args.hide_velocity:
         obs_dim = 2
+    num_actions = 2
+    if spaces is not None:
+        obs_dim = spaces.obs_dim
+        num_actions = spaces.num_actions
     gumbel_tau = None
     if args.hard_gate:
         gumbel_tau = args.gumbel_tau
     return Agent(
         obs_dim,
-        2,
+        num_actions,
         num_modes,
         args.hidden_size,
         args.memory,
@@ -519,6 +612,7 @@ def agent_from_args(args, num_modes):
         args.slot_init == "orthonormal",
         gumbel_tau,
         args.design,
+        args.prev_reward,
     )
 
 
@@ -879,6 +973,14 @@ def episode_slot_metrics(weights, labels, starts, ages, num_labels):
     return {"episode_nmi": mutual_information(counts)[1], "gate_stability": (stable.sum() / keep.sum()).item()}
 
 
+def slot_usage(weights):
+    """usage_w{k}: slot k's mean gate weight over the (T, N, K) `weights`; the slots/ scalars of an env without modes."""
+    usage = {}
+    for k, w in enumerate(weights.flatten(0, 1).mean(0).tolist()):
+        usage[f"usage_w{k}"] = w
+    return usage
+
+
 def batch_slot_metrics(batch, num_modes, num_slots, latent, latent_of_mode):
     """What the slots/ scalars of one update report about the acted gate: usage overall (usage_w{k}) and per true mode
     (mode{m}_w{k}), step-level MI and NMI with the mode, and episode-level NMI with the mode and with the action latent."""
@@ -889,8 +991,7 @@ def batch_slot_metrics(batch, num_modes, num_slots, latent, latent_of_mode):
         labels = latent_of_mode[batch["modes"].long()]
         by_latent = episode_slot_metrics(batch["weights"], labels, batch["starts"], batch["ages"], 2)
         slots[f"episode_nmi_{latent}"] = by_latent["episode_nmi"]
-    for k, w in enumerate(weights.mean(0).tolist()):
-        slots[f"usage_w{k}"] = w
+    slots.update(slot_usage(batch["weights"]))
     for mode in step_modes.unique().tolist():
         for k, w in enumerate(weights[step_modes == mode].mean(0).tolist()):
             slots[f"mode{mode}_w{k}"] = w
@@ -908,14 +1009,32 @@ LOSS_TAGS = ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl
 
 
 def log_episodes(writer, episodes, global_step, num_envs, recent, recent_by_mode):
-    """charts/episodic_return, _length and _mode{k} of each finished episode, at the global step where it ended."""
+    """charts/episodic_return, _length and (for the modes in recent_by_mode, none for an env without modes) _mode{k} of
+    each finished episode, at the global step where it ended."""
     for ep_return, ep_length, ep_mode, ep_end in episodes:
         recent.append(ep_return)
-        recent_by_mode[ep_mode].append(ep_return)
         end_step = global_step + (ep_end + 1) * num_envs
         writer.add_scalar("charts/episodic_return", ep_return, end_step)
         writer.add_scalar("charts/episodic_length", ep_length, end_step)
-        writer.add_scalar(f"charts/episodic_return_mode{ep_mode}", ep_return, end_step)
+        if ep_mode in recent_by_mode:
+            recent_by_mode[ep_mode].append(ep_return)
+            writer.add_scalar(f"charts/episodic_return_mode{ep_mode}", ep_return, end_step)
+
+
+def mmer_due(previous_step, global_step, final):
+    """Whether MMER is sampled after the update that took the run from previous_step to global_step: it crossed a multiple
+    of MMER_EVERY steps, or it is the run's last."""
+    return final or global_step // MMER_EVERY > previous_step // MMER_EVERY
+
+
+def log_mmer(writer, mmer, recent, global_step):
+    """POPGym's MMER: the max of the last one and the mean return of `recent` (the last 100 training episodes), logged as
+    charts/mmer; unchanged and not logged before the first episode ends."""
+    if not recent:
+        return mmer
+    mmer = max(mmer, float(np.mean(recent)))
+    writer.add_scalar("charts/mmer", mmer, global_step)
+    return mmer
 
 
 def log_update(writer, stats, slots, learning_rate, sps, global_step):
@@ -942,7 +1061,9 @@ def print_progress(iteration, num_iterations, global_step, sps, recent, recent_b
         else:
             by_mode.append(f"m{k} -")
     mean_return = np.mean(recent or [np.nan])
-    nmi = f"slot NMI {slots['mode_slot_nmi']:.2f}, episode NMI {slots['episode_nmi']:.2f}"
+    nmi = "no mode"
+    if "mode_slot_nmi" in slots:
+        nmi = f"slot NMI {slots['mode_slot_nmi']:.2f}, episode NMI {slots['episode_nmi']:.2f}"
     if latent is not None:
         nmi += f" (vs {latent.replace('_', ' ')} {slots[f'episode_nmi_{latent}']:.2f})"
     minutes_left = (num_iterations - iteration) * global_step / iteration / max(sps, 1) / 60
@@ -956,7 +1077,7 @@ def evaluate(model_path, episodes_per_mode=10, modes=None, deterministic=True, s
     physics works). Returns {"returns": {mode: returns}, "slot_weights", "slot_counts": mode × slot mean gate and argmax
     counts, "mode_slot_mi", "mode_slot_nmi": step-level, "slots": episode-level metrics and probe accuracies against the
     mode and the preset's action latent, "held_out_routing", "action_latent"}; the metrics over the trained modes (all of
-    `modes` when given)."""
+    `modes` when given). A checkpoint of another --env-id: {"returns": {0: the returns of `episodes_per_mode` episodes}}."""
     from cleanrl_astral_utils import cartpole
 
     checkpoint = cartpole.load_checkpoint(model_path, SCRIPT, CHECKPOINT_FORMAT)
@@ -970,8 +1091,13 @@ def evaluate(model_path, episodes_per_mode=10, modes=None, deterministic=True, s
         modes = train_modes
     else:
         modes = [tuple(float(v) for v in mode) for mode in modes]
-    agent = agent_from_args(train_args, len(train_modes)).to(device)
+    spaces = None
+    if train_args.env_id != DEFAULT_ENV_ID:
+        spaces = env_spaces(train_args.env_id)
+    agent = agent_from_args(train_args, len(train_modes), spaces).to(device)
     agent.load_state_dict(checkpoint["state_dict"])
+    if spaces is not None:  # no mode: none of the slot metrics against it
+        return {"returns": {0: env_returns(agent, train_args.env_id, episodes_per_mode, seed, deterministic)}}
     returns = {}
     steps = []
     for k in range(len(modes)):
@@ -1056,6 +1182,29 @@ def video_step(agent, env, carry):
     return ended
 
 
+def env_returns(agent, env_id, episodes, seed, deterministic):
+    """The returns of the first episodes of `episodes` envs of `env_id` (GymVectorEnv), seeded seed + i."""
+    first = first_episodes(agent, GymVectorEnv(env_id, episodes), seed, deterministic)[0]
+    return np.array([episode_return for episode_return, _, _ in first])
+
+
+def env_report(script, model_path, env_id, episodes, returns_by_kind, mmer):
+    """eval.json of an env without modes: per kind (deterministic, sampled) the mean, std and every return of `episodes`
+    episodes, and the run's MMER."""
+    report = {"script": script, "checkpoint": model_path, "env_id": env_id, "episodes": episodes, "mmer": mmer}
+    for kind, returns in returns_by_kind.items():
+        report[kind] = {"mean": float(np.mean(returns)), "std": float(np.std(returns)), "returns": returns.tolist()}
+    return report
+
+
+def log_env_report(writer, report, global_step):
+    """TensorBoard eval/episodic_return_{kind} and one printed line per kind of an env_report."""
+    for kind in ("deterministic", "sampled"):
+        entry = report[kind]
+        writer.add_scalar(f"eval/episodic_return_{kind}", entry["mean"], global_step)
+        print(f"eval {report['env_id']} ({report['episodes']} episodes): {kind} {entry['mean']:.3f} ± {entry['std']:.3f}")
+
+
 def checkpoint_args(checkpoint):
     """The Args a checkpoint was trained with; one saved without `sharpen_gate` trained with the sharpening gate entropy."""
     return Args(**{"sharpen_gate": True, **checkpoint["args"]})
@@ -1088,6 +1237,11 @@ def validate(args):
     ):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+    for name in CARTPOLE_ONLY_FLAGS:
+        if args.env_id != DEFAULT_ENV_ID and getattr(args, name) != getattr(Args(), name):
+            raise ValueError(f"--{name.replace('_', '-')} applies to --env-id {DEFAULT_ENV_ID} only, not {args.env_id}")
+    if args.env_id != DEFAULT_ENV_ID:
+        env_spaces(args.env_id)  # an id gymnasium cannot make, or a Box action space: one line
     num_modes = len(MODE_PRESETS[args.modes_preset])
     held_out = HELD_OUT_MODES[args.modes_preset]
     num_train = num_modes - len(held_out)
@@ -1130,6 +1284,8 @@ def validate(args):
         )
     if args.capture_video and not args.save_model:
         raise ValueError("--capture-video records evaluation episodes; add --save-model")
+    if args.env_id != DEFAULT_ENV_ID and args.lambda_supervised > 0:
+        raise ValueError(f"--lambda-supervised supervises the gate with the true mode; --env-id {args.env_id} has none")
     if args.save_model and importlib.util.find_spec("cleanrl_astral_utils") is None:  # it saves and evaluates the agent
         raise ValueError("--save-model needs the cleanrl_astral_utils package: pip install -e . in the repository")
     if args.slot_init == "orthonormal" and args.num_abstractions > args.slot_dim:
@@ -1179,6 +1335,11 @@ if __name__ == "__main__":
         sys.exit(2)
     modes = MODE_PRESETS[args.modes_preset]
     held_out = HELD_OUT_MODES[args.modes_preset]
+    spaces = None
+    if args.env_id != DEFAULT_ENV_ID:  # no mode
+        modes = []
+        held_out = []
+        spaces = env_spaces(args.env_id)
     args.batch_size = int(args.num_envs * args.num_steps)
     args.minibatch_size = int(args.batch_size // args.num_minibatches)
     args.num_iterations = args.total_timesteps // args.batch_size
@@ -1206,24 +1367,28 @@ if __name__ == "__main__":
     torch.set_num_threads(1)  # fastest for this small network
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
-    envs = NonStationaryCartPole(
-        args.num_envs,
-        modes,
-        args.hide_velocity,
-        args.fixed_mode,
-        args.switch_prob,
-        held_out=held_out,
-        mode_share=args.mode_share,
-        mode_names=MODE_NAMES[args.modes_preset],
-    )
-    agent = agent_from_args(args, len(modes)).to(device)
+    if spaces is None:
+        envs = NonStationaryCartPole(
+            args.num_envs,
+            modes,
+            args.hide_velocity,
+            args.fixed_mode,
+            args.switch_prob,
+            held_out=held_out,
+            mode_share=args.mode_share,
+            mode_names=MODE_NAMES[args.modes_preset],
+        )
+    else:
+        envs = GymVectorEnv(args.env_id, args.num_envs)
+    agent = agent_from_args(args, len(modes), spaces).to(device)
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps)
     reward_scaler = None
     if args.norm_reward:
         reward_scaler = RewardScaler(args.num_envs, args.gamma)
     carry = new_carry(envs, agent, args.seed, device)
     recent = deque(maxlen=100)
-    recent_by_mode = {k: deque(maxlen=100) for k in envs.train_modes.tolist()}
+    recent_by_mode = {k: deque(maxlen=100) for k in range(len(modes)) if k not in held_out}
+    mmer = float("-inf")
     latent = ACTION_LATENT[args.modes_preset]
     latent_of_mode = None
     if latent is not None:
@@ -1254,8 +1419,13 @@ if __name__ == "__main__":
 
         # LOGGING
         sps = int(global_step / (time.time() - start_time))
-        slots = batch_slot_metrics(batch, len(modes), args.num_abstractions, latent, latent_of_mode)
+        if spaces is None:
+            slots = batch_slot_metrics(batch, len(modes), args.num_abstractions, latent, latent_of_mode)
+        else:
+            slots = slot_usage(batch["weights"])
         log_update(writer, stats, slots, optimizer.param_groups[0]["lr"], sps, global_step)
+        if mmer_due(global_step - args.batch_size, global_step, iteration == args.num_iterations):
+            mmer = log_mmer(writer, mmer, recent, global_step)
         if iteration % max(1, args.num_iterations // 50) == 0 or iteration == args.num_iterations:
             print_progress(iteration, args.num_iterations, global_step, sps, recent, recent_by_mode, slots, latent)
 
@@ -1265,6 +1435,16 @@ if __name__ == "__main__":
         model_path = os.path.join(run_dir, f"{args.exp_name}.cleanrl_model")
         cartpole.save_checkpoint(model_path, SCRIPT, CHECKPOINT_FORMAT, args, modes, run_name, agent, reward_scaler)
         print(f"model saved to {model_path}")
+    if args.save_model and spaces is not None:
+        returns_by_kind = {}
+        for kind in cartpole.KINDS:
+            returns_by_kind[kind] = evaluate(
+                model_path, args.eval_episodes, deterministic=kind == "deterministic", seed=args.seed + 100_000, device=device
+            )["returns"][0]
+        report = env_report(SCRIPT, model_path, args.env_id, args.eval_episodes, returns_by_kind, mmer)
+        log_env_report(writer, report, global_step)
+        cartpole.write_eval_json(report, run_dir)
+    if args.save_model and spaces is None:
         evaluations = {}
         for kind in cartpole.KINDS:
             video_dir = None

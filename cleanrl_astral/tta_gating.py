@@ -350,6 +350,7 @@ class Agent(nn.Module):
         orthonormal=False,
         gumbel_tau=None,
         design="script",
+        prev_reward=True,
     ):
         super().__init__()
         self.obs_dim = obs_dim
@@ -358,7 +359,8 @@ class Agent(nn.Module):
         self.memory = memory
         self.oracle = oracle
         self.bottleneck = bottleneck
-        self.input_dim = obs_dim + num_actions + 1
+        self.prev_reward = prev_reward
+        self.input_dim = obs_dim + num_actions + int(prev_reward)
         if oracle:
             self.input_dim += num_modes
         self.hidden_size = hidden_size
@@ -389,7 +391,9 @@ class Agent(nn.Module):
     def build_input(self, obs, prev_action, prev_reward, mode):
         """obs (..., obs_dim), prev_action (...) with -1 for "none", prev_reward (...), mode (...) -> input."""
         prev_onehot = torch.nn.functional.one_hot((prev_action + 1).long(), self.num_actions + 1)[..., 1:].float()
-        parts = [obs.float(), prev_onehot, prev_reward.float().unsqueeze(-1)]
+        parts = [obs.float(), prev_onehot]
+        if self.prev_reward:
+            parts.append(prev_reward.float().unsqueeze(-1))
         if self.oracle:
             parts.append(torch.nn.functional.one_hot(mode.long(), self.num_modes).float())
         return torch.cat(parts, dim=-1)
@@ -439,16 +443,21 @@ class Agent(nn.Module):
         )
 
 
-def agent_from_args(args, num_modes):
+def agent_from_args(args, num_modes, spaces=None):
+    """The agent of `args`; `spaces`, another --env-id's EnvSpaces (NonStationaryCartPole's when None)."""
     obs_dim = 4
     if args.hide_velocity:
         obs_dim = 2
+    num_actions = 2
+    if spaces is not None:
+        obs_dim = spaces.obs_dim
+        num_actions = spaces.num_actions
     gumbel_tau = None
     if args.hard_gate:
         gumbel_tau = args.gumbel_tau
     return Agent(
         obs_dim,
-        2,
+        num_actions,
         num_modes,
         args.hidden_size,
         args.memory,
@@ -460,6 +469,7 @@ def agent_from_args(args, num_modes):
         args.slot_init == "orthonormal",
         gumbel_tau,
         args.design,
+        args.prev_reward,
     )
 
 
@@ -797,7 +807,7 @@ CHECKPOINT_ARGS = set(
     total_timesteps learning_rate num_envs num_steps anneal_lr gamma gae_lambda num_minibatches update_epochs
     norm_adv clip_coef clip_vloss ent_coef vf_coef max_grad_norm target_kl norm_reward lambda_w_ent lambda_lb
     lambda_orth lambda_consistency lambda_supervised batch_size minibatch_size num_iterations diagnostics_every
-    resume checkpoint_every torch_threads modes""".split()
+    resume checkpoint_every torch_threads modes prev_reward""".split()
 )
 # what a checkpoint saved without these arguments was trained with (the gate entropy: the sharpening variant)
 CHECKPOINT_DEFAULTS = {
@@ -807,6 +817,7 @@ CHECKPOINT_DEFAULTS = {
     "hard_gate": False,
     "gumbel_tau": 1.0,
     "slot_init": "random",
+    "prev_reward": True,
 }
 
 
@@ -853,6 +864,10 @@ def load_astral_checkpoint(path):
         )
     ckpt["args"] = {**CHECKPOINT_DEFAULTS, **ckpt["args"]}
     a = ckpt["args"]
+    if a.get("env_id", "NonStationaryCartPole") != "NonStationaryCartPole":
+        raise ValueError(
+            f"checkpoint {path!r} was trained on --env-id {a['env_id']}; {SCRIPT}.py gates NonStationaryCartPole's modes"
+        )
     allowed = {"memory": ("gru", "none"), "modes_preset": tuple(HELD_OUT_MODES), "design": ("script", "plan")}
     unknown_keys = sorted(set(a) - CHECKPOINT_ARGS) + [k for k, values in allowed.items() if a.get(k) not in values]
     unknown = ", ".join(f"--{k.replace('_', '-')} {a.get(k)}" for k in unknown_keys)
