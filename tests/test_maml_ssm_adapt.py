@@ -707,3 +707,14 @@ def test_online_mode_is_validated_and_names_its_report(trained_ckpt):
     run_maml(["adapt", "--checkpoint", trained_ckpt, *flags])
     res = json.load(open(os.path.join(os.path.dirname(trained_ckpt), "adapt_online_during_only.json")))
     assert res["online"] and res["online_mode"] == "during-only"
+
+
+def test_hybrid_refuses_a_checkpoint_without_a_buffer(trained_ckpt):
+    """train fills a buffer whatever adapt will do; a checkpoint without one (--buffer-size 0) serves `standard` only."""
+    model, _, ckpt = maml_ssm.load_checkpoint(trained_ckpt)
+    assert ckpt["buffer"]["size"] > 0
+    hybrid = maml_ssm.AdaptArgs(trained_ckpt, adaptation_mode=("standard", "hybrid"))
+    for buffer in (None, {**ckpt["buffer"], "size": 0}):
+        with pytest.raises(ValueError, match="--adaptation-mode hybrid needs a checkpoint with a non-empty ExperienceBuffer"):
+            maml_ssm.validate_adapt_against(hybrid, model, {**ckpt, "buffer": buffer})
+    assert maml_ssm.validate_adapt_against(maml_ssm.AdaptArgs(trained_ckpt), model, {**ckpt, "buffer": None}) is None
