@@ -67,7 +67,8 @@ def gate_records(sweep):
 
 def table(records):
     lines = [
-        "| run | seed | mean gate per mode (slot weights) | entropy of each mode's mean gate (nats) | per-step gate entropy, last update |",
+        "| run | seed | mean gate per mode (slot weights) | entropy of each mode's mean gate (nats) "
+        "| per-step gate entropy, last update |",
         "|-|-|-|-|-|",
     ]
     for r in sorted(records.values(), key=lambda r: (r["exp_name"], r["seed"])):

@@ -1977,7 +1977,8 @@ def register_adaptation_strategy(name):
 
 PARAM_GROUPS = {"all": ("",), "ssm": ("core.",), "heads": ("pi.", "log_std", "value_head.", "dyn_head."), "norm": ("norm.",)}
 OBJECTIVES = ("pg", "dynamics", "entropy")
-ONLINE_MODES = ("plan", "during-only")  # with --online: the pipeline plan's (K steps, then online in the last rollout) | online only
+# with --online: the pipeline plan's (K steps between batches, then online in the last rollout) | online steps only
+ONLINE_MODES = ("plan", "during-only")
 
 
 def select_params(names, which):

@@ -75,7 +75,9 @@ def test_current_defaults_are_trained_with_the_plans_sign_beside_phase_c():
     assert [f"--seed {s} " in c for s, c in zip(range(1, 6), seed3)] == [True] * 5
     assert [f"--seed {s} " in c for s, c in zip(range(6, 11), phase_c)] == [True] * 5
     assert all("--total-timesteps 500000" in c and "--modes-preset seed3" in c for c in seed3)
-    frozen = "--modes-preset mirror4 --mode-share balanced --save-model --eval-episodes 20 --hide-velocity --num-abstractions 4"
+    frozen = (
+        "--modes-preset mirror4 --mode-share balanced --save-model --eval-episodes 20 --hide-velocity --num-abstractions 4"
+    )
     assert all("--total-timesteps 2000000" in c and frozen in c and "--slot-init orthonormal" in c for c in phase_c)
 
 

@@ -103,7 +103,8 @@ def test_missing_link_targets_are_found(tmp_path):
     (tmp_path / "benchmark" / "run.sh").write_text("")
     (tmp_path / "docs" / "page.md").write_text(
         "[ok](results/x/eval.json) [folder](results/x) [anchor](results/x/eval.json#top) [url](https://example.org/a.md)\n"
-        "[same page](#section) `benchmark/run.sh` `benchmark/out/{name}` `benchmark/out/sweep` `tests/test_gone.py::test_a` `abc1234:docs/gone.md`\n"
+        "[same page](#section) `benchmark/run.sh` `benchmark/out/{name}` `benchmark/out/sweep`\n"
+        "`tests/test_gone.py::test_a` `abc1234:docs/gone.md`\n"
         "![figure](results/x/curve.png) [runs](../runs/run1/eval.json) `benchmark/gone.sh`\n"
         "[ref]: results/x/missing.md\n"
         "```bash\n[in code](nowhere.md) `benchmark/nowhere.sh`\n```\n"
