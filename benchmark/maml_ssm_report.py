@@ -523,11 +523,11 @@ def learned(returns):
     return bool(np.mean(returns[-q:]) > np.mean(returns[:q]))
 
 
-def hybrid_benchmark(out, report):
+def hybrid_benchmark(out, report, objective="pg"):
     """The pre-registered standard-vs-hybrid study (PREREGISTRATION.md beside the table): per task, the no-adaptation
-    row and the returns after 0..5 adaptation steps of both adapters, mean over seeds with 95% Student-t CIs, the
-    paired hybrid - standard difference after 5 steps with its verdict, and whether meta-training learned;
-    hybrid_table.md, hybrid.json and hybrid_curves.png (the meta-training curves)."""
+    row and the returns after 0..5 adaptation steps of both adapters with `objective`, mean over seeds with 95%
+    Student-t CIs, the paired hybrid - standard difference after 5 steps with its verdict, and whether meta-training
+    learned; hybrid_table.md, hybrid.json and hybrid_curves.png (the meta-training curves)."""
     os.makedirs(report, exist_ok=True)
     summary = {}
     lines = []
@@ -550,8 +550,8 @@ def hybrid_benchmark(out, report):
                     "buffer_size": c["args"]["buffer_size"],
                     "experience_weight": res["experience_weight"],
                     "no_adaptation": res["no_adaptation"]["return"],
-                    "standard": [res["results"]["standard/pg"]["returns_after_steps"][str(k)] for k in range(6)],
-                    "hybrid": [res["results"]["hybrid/pg"]["returns_after_steps"][str(k)] for k in range(6)],
+                    "standard": [res["results"][f"standard/{objective}"]["returns_after_steps"][str(k)] for k in range(6)],
+                    "hybrid": [res["results"][f"hybrid/{objective}"]["returns_after_steps"][str(k)] for k in range(6)],
                     "learned": learned(returns),
                 }
             )
@@ -578,8 +578,11 @@ def hybrid_benchmark(out, report):
         def cells(R):
             return " | ".join(f"{R[:, k].mean():.2f} ± {t_half_width(R[:, k]):.2f}" for k in range(6))
 
+        title = f"### {task}: SSM, buffer {seeds[0]['buffer_size']:,}, experience weight {seeds[0]['experience_weight']}"
+        if objective != "pg":
+            title += f", objective `{objective}`"
         lines += [
-            f"### {task}: SSM, buffer {seeds[0]['buffer_size']:,}, experience weight {seeds[0]['experience_weight']}",
+            title,
             "",
             f"{len(seeds)} seeds ({', '.join(str(r['seed']) for r in seeds)}), outer steps done {min(its)}–{max(its)}.",
             "",
@@ -606,6 +609,7 @@ def main(argv=None):
     p.add_argument("--speed", action="store_true", help="table the cost runs of benchmark/maml_ssm.sh --speed")
     p.add_argument("--promp-study", action="store_true", help="table the runs of benchmark/maml_ssm.sh --promp-study")
     p.add_argument("--hybrid-benchmark", action="store_true", help="table benchmark/maml_ssm.sh --hybrid-benchmark")
+    p.add_argument("--objective", default="pg", help="--hybrid-benchmark: the adapt objective to table (pg, dynamics)")
     args = p.parse_args(argv)
     if not os.path.isdir(args.out):
         print(f"maml_ssm_report: --out {args.out!r} is not a directory; run benchmark/maml_ssm.sh first", file=sys.stderr)
@@ -615,7 +619,7 @@ def main(argv=None):
             if args.speed:
                 text = speed(args.out, args.report)
             elif args.hybrid_benchmark:
-                text = hybrid_benchmark(args.out, args.report)
+                text = hybrid_benchmark(args.out, args.report, args.objective)
             else:
                 os.makedirs(args.report, exist_ok=True)
                 text = promp_study(load_runs(args.out), args.report)

@@ -1678,8 +1678,8 @@ class AdaptArgs:
     adapt_objective: tuple[str, ...] = ("pg",)
     """one or more objectives: pg (uses rewards) | dynamics (reward-free next-obs prediction) | entropy (Tent)"""
     strategy: str = "none"
-    """registered loss strategy: none | tent (adds --tent-coef x policy entropy)"""
-    tent_coef: float = 1.0
+    """registered loss strategy: none | tent (adds --tent-coef x policy entropy; 0.01 is the plan's example weight)"""
+    tent_coef: float = 0.01
     """weight of the entropy term of the tent strategy"""
     experience_weight: float = 0.1
     """hybrid: alpha of loss_current + alpha x loss_experience (the replayed batch's loss)"""
@@ -1700,7 +1700,12 @@ class AdaptArgs:
     max_importance_weight: float = 10.0
     """truncation (>= 1) of the weight pi_theta / pi_acting of pg on episodes acted by other parameters (EMA, online)"""
     online: bool = False
-    """adapt during the episode every --online-every env steps instead of between episode batches"""
+    """adapt during the rollout every --online-every env steps; --online-mode says whether the --adapt-steps steps
+    between episode batches run too"""
+    online_mode: str = "plan"
+    """with --online: plan (the pipeline plan's: the --adapt-steps steps run between batches before the last rollout,
+    as without --online, then the last rollout, the one after K steps, adapts online during it) | during-only (no
+    step between batches: each of the K + 1 rollouts adapts online, from where the previous one left off)"""
     online_every: int = 20
     """online mode: env steps between adaptation steps"""
 
@@ -1719,6 +1724,8 @@ def adapt_command(args: AdaptArgs):
     stem = "adapt"
     if args.online:
         stem = "adapt_online"
+        if args.online_mode == "during-only":
+            stem = "adapt_online_during_only"
     stem = os.path.join(os.path.dirname(os.path.abspath(args.checkpoint)), stem)
     writer = SummaryWriter(stem + "_tb")
     res = run_adaptation(args.checkpoint, args, writer)
@@ -1771,18 +1778,20 @@ def run_adaptation(checkpoint, aargs, writer=None):
             step_logs = []
             mon = []
             online = functools.partial(adapt_step, adapters, objective, args, step_logs, online=True)
-            online_every = 0
-            if aargs.online:
-                online_every = aargs.online_every
+            during_only = aargs.online and aargs.online_mode == "during-only"
             for k in range(K + 1):
                 acting = stack_params([ad.acting_params() for ad in adapters])
+                online_every = 0
+                # plan: only the rollout after the K steps adapts online; during-only: every rollout does
+                if aargs.online and (during_only or k == K):
+                    online_every = aargs.online_every
                 batch = rollout(model, acting, env, args.max_episode_steps, online_every, online)
                 per_step.append(task_returns(batch))
                 stats = []
                 for ad, part in zip(adapters, split_batch(batch, len(tasks))):
                     stats.append(monitor_stats(model, ad.acting_params(), part, monitor))
                 mon.append({key: float(np.mean([st[key] for st in stats])) for key in stats[0]})
-                if k < K and not aargs.online:
+                if k < K and not during_only:
                     adapt_step(adapters, objective, args, step_logs, batch)
             name = f"{mode}/{objective}"
             guard_fired_frac = 0.0
@@ -1802,6 +1811,7 @@ def run_adaptation(checkpoint, aargs, writer=None):
         "task": args.task,
         "num_tasks": len(tasks),
         "online": aargs.online,
+        "online_mode": aargs.online_mode if aargs.online else None,
         "adapt_steps": K,
         "adapt_lr": lr,
         "experience_weight": aargs.experience_weight,
@@ -1967,6 +1977,8 @@ def register_adaptation_strategy(name):
 
 PARAM_GROUPS = {"all": ("",), "ssm": ("core.",), "heads": ("pi.", "log_std", "value_head.", "dyn_head."), "norm": ("norm.",)}
 OBJECTIVES = ("pg", "dynamics", "entropy")
+# with --online: the pipeline plan's (K steps between batches, then online in the last rollout) | online steps only
+ONLINE_MODES = ("plan", "during-only")
 
 
 def select_params(names, which):
@@ -2103,13 +2115,15 @@ def validate_adapt(args: AdaptArgs):
     if not args.adaptation_mode or not args.adapt_objective:
         raise ValueError("--adaptation-mode and --adapt-objective each need at least one value")
     choices = {"adaptation_mode": ADAPTERS, "adapt_objective": OBJECTIVES, "strategy": STRATEGIES}
-    choices = {**choices, "adapt_params": PARAM_GROUPS, "adapt_optimizer": ("sgd", "adam")}
+    choices = {**choices, "adapt_params": PARAM_GROUPS, "adapt_optimizer": ("sgd", "adam"), "online_mode": ONLINE_MODES}
     for name, allowed in choices.items():
         for value in tyro_tuple(getattr(args, name)):
             if value not in allowed:
                 raise ValueError(f"unknown --{name.replace('_', '-')} {value!r}; choose one of {', '.join(allowed)}")
     if args.ema_decay >= 1:
         raise ValueError(f"--ema-decay must be in [0, 1), got {args.ema_decay}")
+    if args.online_mode == "during-only" and not args.online:
+        raise ValueError("--online-mode during-only needs --online")
 
 
 def tyro_tuple(value):

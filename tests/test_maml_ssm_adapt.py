@@ -403,6 +403,8 @@ def test_strategy_registry_and_tent_adds_entropy():
     dbl, _ = adapter(model, data, objective="dynamics", strategy="double_for_test")
     ent, _ = adapter(model, data, objective="entropy")
     assert tent.loss(batch).item() == pytest.approx(base.loss(batch).item() + 0.5 * ent.loss(batch).item(), rel=1e-5)
+    default, _ = adapter(model, data, objective="dynamics", strategy="tent")  # the plan's example weight, 0.01
+    assert default.loss(batch).item() == pytest.approx(base.loss(batch).item() + 0.01 * ent.loss(batch).item(), rel=1e-5)
     assert dbl.loss(batch).item() == pytest.approx(2 * base.loss(batch).item(), rel=1e-6)
     del maml_ssm.STRATEGIES["double_for_test"]
 
@@ -644,3 +646,75 @@ def test_adapt_online_and_bad_input(trained_ckpt):
         maml_ssm.validate_adapt, maml_ssm.AdaptArgs(trained_ckpt, eval_seed=-1)
     )
     assert validation_error(maml_ssm.validate_adapt, maml_ssm.AdaptArgs(trained_ckpt)) is None
+
+
+def adaptation_events(ckpt, monkeypatch, **kw):
+    """run_adaptation with its rollouts and adaptation steps recorded: per rollout after the no-adaptation level, the
+    online steps taken during it and the between-batch steps taken after it, and the run's result."""
+    events = []
+    real_rollout = maml_ssm.rollout
+    real_step = maml_ssm.adapt_step
+
+    def rollout_spy(*args, **kwargs):
+        events.append("rollout")
+        return real_rollout(*args, **kwargs)
+
+    def step_spy(*args, online=False, **kwargs):
+        events.append("online" if online else "between")
+        return real_step(*args, online=online, **kwargs)
+
+    monkeypatch.setattr(maml_ssm, "rollout", rollout_spy)
+    monkeypatch.setattr(maml_ssm, "adapt_step", step_spy)
+    res = adapt(ckpt, **kw)
+    assert events[:2] == ["rollout", "rollout"], events  # the no-adaptation level acts with theta_0 alone
+    per_rollout = []
+    for event in events[1:]:
+        if event == "rollout":
+            per_rollout.append({"online": 0, "between": 0})
+        else:
+            per_rollout[-1][event] += 1
+    return per_rollout, res
+
+
+def test_online_plan_runs_the_k_steps_then_adapts_during_the_last_rollout(trained_ckpt, monkeypatch):
+    """--online (the pipeline plan's): the --adapt-steps gradient steps run between batches as without --online, then
+    the rollout after them adapts online; --online-mode during-only takes no step between batches and adapts online in
+    every rollout. Entries 0..K-1 of the plan's run are the between-batch run's; entry K adds the online updates."""
+    kw = dict(adapt_steps=2, adapt_lr=0.5, online_every=2)
+    plan, plan_res = adaptation_events(trained_ckpt, monkeypatch, online=True, **kw)
+    assert [r["between"] for r in plan] == [1, 1, 0], plan
+    assert [r["online"] > 0 for r in plan] == [False, False, True], plan
+    during, during_res = adaptation_events(trained_ckpt, monkeypatch, online=True, online_mode="during-only", **kw)
+    assert [r["between"] for r in during] == [0, 0, 0], during
+    assert all(r["online"] > 0 for r in during), during
+    offline, offline_res = adaptation_events(trained_ckpt, monkeypatch, **kw)
+    assert offline == [{"online": 0, "between": 1}, {"online": 0, "between": 1}, {"online": 0, "between": 0}]
+    assert (plan_res["online_mode"], during_res["online_mode"], offline_res["online_mode"]) == ("plan", "during-only", None)
+    plan_curve = plan_res["results"]["standard/pg"]["returns_after_steps"]
+    offline_curve = offline_res["results"]["standard/pg"]["returns_after_steps"]
+    assert [plan_curve[k] for k in "01"] == [offline_curve[k] for k in "01"]
+    assert plan_curve["2"] != offline_curve["2"]
+
+
+def test_online_mode_is_validated_and_names_its_report(trained_ckpt):
+    assert "--online-mode during-only needs --online" in validation_error(
+        maml_ssm.validate_adapt, maml_ssm.AdaptArgs(trained_ckpt, online_mode="during-only")
+    )
+    assert "unknown --online-mode" in validation_error(
+        maml_ssm.validate_adapt, maml_ssm.AdaptArgs(trained_ckpt, online=True, online_mode="before")
+    )
+    flags = ["--num-tasks", "2", "--adapt-steps", "1", "--online", "--online-every", "2", "--online-mode", "during-only"]
+    run_maml(["adapt", "--checkpoint", trained_ckpt, *flags])
+    res = json.load(open(os.path.join(os.path.dirname(trained_ckpt), "adapt_online_during_only.json")))
+    assert res["online"] and res["online_mode"] == "during-only"
+
+
+def test_hybrid_refuses_a_checkpoint_without_a_buffer(trained_ckpt):
+    """train fills a buffer whatever adapt will do; a checkpoint without one (--buffer-size 0) serves `standard` only."""
+    model, _, ckpt = maml_ssm.load_checkpoint(trained_ckpt)
+    assert ckpt["buffer"]["size"] > 0
+    hybrid = maml_ssm.AdaptArgs(trained_ckpt, adaptation_mode=("standard", "hybrid"))
+    for buffer in (None, {**ckpt["buffer"], "size": 0}):
+        with pytest.raises(ValueError, match="--adaptation-mode hybrid needs a checkpoint with a non-empty ExperienceBuffer"):
+            maml_ssm.validate_adapt_against(hybrid, model, {**ckpt, "buffer": buffer})
+    assert maml_ssm.validate_adapt_against(maml_ssm.AdaptArgs(trained_ckpt), model, {**ckpt, "buffer": None}) is None
