@@ -16,9 +16,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-# The flags that switch in one of the script's choices under --design plan. --slot-dim and the Config's flags exist;
-# FiLM, gate and initialisation have no flag of their own yet: the names below are the ones this study expects
-# ppo_gru_astral.py to gain, and `single`/`pair` refuse to start while `--help` does not list them.
+# The flags that switch in one of the script's choices under --design plan; `single`/`pair` refuse to start while
+# ppo_gru_astral.py's `--help` does not list one of them.
 FILM_IDENTITY="${ASTRAL_FILM_IDENTITY---film-design script}"    # one Linear(d, 2H), gamma = 1 + ...: identity at z = 0
 TANH_GATE="${ASTRAL_TANH_GATE---gate-design script}"            # Linear(H, 64) - tanh - Linear(64, K), last std 0.01
 ORTHOGONAL_INIT="${ASTRAL_ORTHOGONAL_INIT---init orthogonal}"   # layer_init of encoder and heads, orthogonal GRU

@@ -1,14 +1,18 @@
 """Tests of the one-change study's tools: benchmark/astral_one_change_entropy.py (per-mode gate weights, their entropy and
 the last per-step gate entropy of each run) and benchmark/astral_one_change.sh (its commands and refusals)."""
 
+import dataclasses
 import json
 import math
 import os
 import subprocess
+import sys
 
 from benchmark_helpers import load_benchmark_script
 from helpers import REPO, SCRIPT_ENV
 from torch.utils.tensorboard import SummaryWriter
+
+import cleanrl_astral.ppo_gru_astral as ppo_gru_astral
 
 entropy_report = load_benchmark_script("astral_one_change_entropy")
 
@@ -86,3 +90,46 @@ def test_arms_without_their_flag_or_pair_are_refused_before_any_run():
     assert r.returncode == 2 and "ppo_gru_astral.py has no --no-such-flag" in r.stderr and "python " not in r.stdout
     r = run_study("pair", "--dry-run")
     assert r.returncode == 2 and "set ASTRAL_PAIR" in r.stderr
+
+
+def test_each_single_arm_is_the_plans_design_with_exactly_its_part_switched(monkeypatch):
+    """`single` runs six arms x seeds 1-5; parsed as ppo_gru_astral.py parses them, each arm's Args differ from the plan
+    arm's in its own fields only (and in the run's name and seed)."""
+    r = run_study("single", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    commands = [line.split("  # ")[0].split() for line in r.stdout.splitlines() if line.startswith("python ")]
+    assert len(commands) == 30
+    parsed = {}
+    for command in commands:
+        monkeypatch.setattr(sys, "argv", ["prog", *command[2:]])
+        args = ppo_gru_astral.parse_args()
+        parsed.setdefault(args.exp_name, []).append(args)
+    assert {name: [a.seed for a in runs] for name, runs in parsed.items()} == {
+        name: [1, 2, 3, 4, 5]
+        for name in ("plan", "film_identity", "tanh_gate", "slots_32", "orthogonal_init", "script_config")
+    }
+    plan = parsed["plan"][0]
+    assert (plan.design, plan.total_timesteps, plan.modes_preset, plan.save_model) == ("plan", 500000, "seed3", True)
+    expected = {
+        "film_identity": {"film_design": "script"},
+        "tanh_gate": {"gate_design": "script"},
+        "slots_32": {"slot_dim": 32},
+        "orthogonal_init": {"init": "orthogonal"},
+        "script_config": {
+            "hidden_size": 128,
+            "num_envs": 32,
+            "learning_rate": 1e-3,
+            "adam_eps": 1e-5,
+            "anneal_lr": True,
+            "norm_reward": True,
+            "clip_vloss": True,
+        },
+    }
+    for name, fields in expected.items():
+        arm = parsed[name][0]
+        changed = {
+            f.name: getattr(arm, f.name)
+            for f in dataclasses.fields(arm)
+            if getattr(arm, f.name) != getattr(plan, f.name) and f.name not in ("exp_name", "runs_dir")
+        }
+        assert changed == fields, name

@@ -184,3 +184,92 @@ def test_a_plan_design_run_saves_a_checkpoint_that_evaluates(script, tmp_path):
     module = {"ppo_gru_astral": ppo_gru_astral, "ppo_gru_baseline": ppo_gru_baseline}[script]
     out = module.evaluate(f"{run_dir}/{script}.cleanrl_model", episodes_per_mode=1)
     assert set(out["returns"]) == {0, 1, 2}
+
+
+def is_orthogonal(weight, std):
+    """weight (out, in) is std times a matrix with orthonormal rows (out <= in) or columns (out > in)."""
+    gram = weight @ weight.T
+    if weight.shape[0] > weight.shape[1]:
+        gram = weight.T @ weight
+    return torch.allclose(gram, std**2 * torch.eye(len(gram)), atol=1e-5 * max(std**2, 1.0))
+
+
+def plan_agent(**flags):
+    """The plan's design from seed 3, with `flags` (--film-design, --gate-design, --init) switching in a part."""
+    torch.manual_seed(3)
+    return ppo_gru_astral.agent_from_args(ppo_gru_astral.Args(design="plan", **ppo_gru_astral.PLAN_CONFIG, **flags), 3)
+
+
+def assert_plan_heads(agent, orthogonal):
+    """ReLU heads of width d; CleanRL's orthogonal init (policy std 0.01, value 1.0, zero biases) or PyTorch's."""
+    assert [type(m) for m in (*agent.actor, *agent.critic)] == [nn.Linear, nn.ReLU, nn.Linear] * 2
+    assert agent.actor[0].weight.shape == (D, D) and agent.critic[0].weight.shape == (D, D)
+    layers = {agent.encoder[0]: np.sqrt(2), agent.actor[0]: np.sqrt(2), agent.actor[2]: 0.01, agent.critic[2]: 1.0}
+    for layer, std in layers.items():
+        assert is_orthogonal(layer.weight.detach(), std) == orthogonal
+        assert bool(layer.bias.abs().max() == 0) == orthogonal
+    assert bool(agent.gru.bias_ih.abs().max() == 0) == orthogonal
+    assert is_orthogonal(agent.gru.weight_hh.detach(), 1.0) == orthogonal
+
+
+def test_each_network_flag_switches_exactly_its_part_of_the_plans_design():
+    """Under --design plan: --film-design script puts in the script's FiLM (one orthogonal Linear(d, 2H), the identity
+    at z = 0), --gate-design script the script's gate (Linear(H, 64)-tanh-Linear(64, K), last layer std 0.01),
+    --init orthogonal CleanRL's init of encoder, GRU and heads; everything else stays the plan's. Modules built before
+    the switched one are the plan agent's bit for bit (same seed, same draws)."""
+    plan = plan_agent()
+    plan_state = plan.state_dict()
+
+    film = plan_agent(film_design="script")
+    assert isinstance(film.film.net, nn.Linear) and film.film.net.weight.shape == (2 * D, D)
+    assert is_orthogonal(film.film.net.weight.detach(), 1.0) and film.film.net.bias.abs().max() == 0
+    h = torch.randn(5, D)
+    torch.testing.assert_close(film.film(h, torch.zeros(5, D)), h, rtol=0, atol=0)
+    for name in ("encoder.0.weight", "gru.weight_hh", "bank.slots", "bank.gate.0.weight", "bank.gate.2.bias"):
+        assert torch.equal(film.state_dict()[name], plan_state[name]), name
+    assert [type(m) for m in film.bank.gate] == [nn.Linear, nn.ReLU, nn.Linear]
+    assert_plan_heads(film, orthogonal=False)
+
+    gate = plan_agent(gate_design="script")
+    assert [type(m) for m in gate.bank.gate] == [nn.Linear, nn.Tanh, nn.Linear]
+    assert gate.bank.gate[0].weight.shape == (64, D) and gate.bank.gate[2].weight.shape == (3, 64)
+    assert is_orthogonal(gate.bank.gate[0].weight.detach(), np.sqrt(2)) and is_orthogonal(
+        gate.bank.gate[2].weight.detach(), 0.01
+    )
+    for name in ("encoder.0.weight", "gru.weight_hh", "bank.slots"):
+        assert torch.equal(gate.state_dict()[name], plan_state[name]), name
+    assert [type(m) for m in gate.film.net] == [nn.Linear, nn.ReLU, nn.Linear] and not gate.film.identity_at_zero
+    assert_plan_heads(gate, orthogonal=False)
+
+    init = plan_agent(init="orthogonal")
+    assert [type(m) for m in init.encoder] == [nn.Linear, nn.ReLU]
+    assert_plan_heads(init, orthogonal=True)
+    assert [type(m) for m in init.bank.gate] == [nn.Linear, nn.ReLU, nn.Linear] and not init.film.identity_at_zero
+    assert init.bank.gate[2].bias.abs().max() > 0 and init.film.net[2].bias.abs().max() > 0  # PyTorch's, not layer_init
+    assert_plan_heads(plan, orthogonal=False)
+
+
+@pytest.mark.parametrize("design", ["script", "plan"])
+def test_the_network_flags_follow_design_unless_given(design, monkeypatch):
+    """Not given, --film-design, --gate-design and --init are the design's own: the same agent, parameter for parameter,
+    as the one with the design's values given; given, each also switches the script's design to the plan's part."""
+    config = {}
+    own = {"film_design": "script", "gate_design": "script", "init": "orthogonal"}
+    if design == "plan":
+        config = ppo_gru_astral.PLAN_CONFIG
+        own = {"film_design": "plan", "gate_design": "plan", "init": "default"}
+    torch.manual_seed(0)
+    implicit = ppo_gru_astral.agent_from_args(ppo_gru_astral.Args(design=design, **config), 3).state_dict()
+    torch.manual_seed(0)
+    explicit = ppo_gru_astral.agent_from_args(ppo_gru_astral.Args(design=design, **config, **own), 3).state_dict()
+    assert list(implicit) == list(explicit) and all(torch.equal(implicit[k], explicit[k]) for k in implicit)
+    monkeypatch.setattr(sys, "argv", ["prog", "--design", design, "--film-design", "plan", "--init", "default"])
+    args = ppo_gru_astral.parse_args()
+    assert (args.film_design, args.gate_design, args.init, args.hidden_size) == (
+        "plan",
+        None,
+        "default",
+        config.get("hidden_size", 128),
+    )
+    agent = ppo_gru_astral.agent_from_args(args, 3)
+    assert isinstance(agent.film.net, nn.Sequential) and agent.encoder[0].bias.abs().max() > 0
