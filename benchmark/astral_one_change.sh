@@ -10,7 +10,8 @@
 #   benchmark/astral_one_change.sh tta       expected results 3 and 4 on the plan's task: adapt-plan and clamp on the
 #                                            plan-design arm's seed3 checkpoints (K = 3)
 #   benchmark/astral_one_change.sh report    per-mode tables; archive of each run's marker and eval.json, and of its
-#                                            last logged per-step gate entropy, into docs/results/ppo_gru_astral/one_change
+#                                            last logged per-step gate entropy, into docs/results/ppo_gru_astral/one_change;
+#                                            criteria 1, 3 and 4 and the pair rule (astral_one_change_compare.py)
 #   add --quick to any of them: one seed, a tiny budget, output under benchmark/out/astral_one_change_quick. Other
 #   arguments go to benchmark.py (e.g. --dry-run, which prints the commands and runs nothing).
 set -uo pipefail
@@ -109,6 +110,14 @@ case "$part" in
                     --title "One change at a time: $sweep_dir" || status=$?
                 python benchmark/astral_one_change_entropy.py "$out/$sweep_dir" "$report_dir/${sweep_dir}_runs" || status=$?
             done
+            # criteria 1, 3 and 4 and the pair rule over the archived arms, beside the script's design
+            archives=()
+            for sweep_dir in current_seed3 single pair; do
+                [ -d "$report_dir/${sweep_dir}_runs/markers" ] && archives+=("$report_dir/${sweep_dir}_runs")
+            done
+            if [ -d "$report_dir/single_runs/markers" ]; then
+                python benchmark/astral_one_change_compare.py "${archives[@]}" || status=$?
+            fi
             if [ -d "$out/current_phase_c" ]; then
                 python benchmark/astral_study_report.py --phase C --sweep "$out/current_phase_c" \
                     --archive "$report_dir/current_phase_c_runs" > /dev/null || status=$?

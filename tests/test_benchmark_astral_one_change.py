@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 from benchmark_helpers import load_benchmark_script
 from helpers import REPO, SCRIPT_ENV
 from torch.utils.tensorboard import SummaryWriter
@@ -133,3 +134,51 @@ def test_each_single_arm_is_the_plans_design_with_exactly_its_part_switched(monk
             if getattr(arm, f.name) != getattr(plan, f.name) and f.name not in ("exp_name", "runs_dir")
         }
         assert changed == fields, name
+
+
+compare = load_benchmark_script("astral_one_change_compare")
+
+
+def archived_arm(archive, name, returns_by_seed):
+    """An archive of `name`'s runs as `astral_one_change.sh report` writes it: marker and eval.json per run key."""
+    for seed, returns in returns_by_seed.items():
+        key = f"{name}__s{seed}"
+        os.makedirs(os.path.join(archive, "markers"), exist_ok=True)
+        os.makedirs(os.path.join(archive, "eval"), exist_ok=True)
+        argv = ["python", "cleanrl_astral/ppo_gru_astral.py", "--exp-name", name, "--seed", str(seed)]
+        with open(os.path.join(archive, "markers", f"{key}.json"), "w") as f:
+            json.dump({"run_key": key, "seed": seed, "argv": argv}, f)
+        per_mode = {str(k): {"deterministic": {"mean": r}} for k, r in enumerate(returns)}
+        with open(os.path.join(archive, "eval", f"{key}.json"), "w") as f:
+            json.dump({"held_out_modes": [], "per_mode": per_mode}, f)
+
+
+def test_compare_scores_criteria_and_picks_the_pair_by_the_registered_rule(tmp_path, capsys):
+    """Criterion 1 per mode (>= 475 in >= 4 of 5 seeds); arm - plan with a Welch interval; the pair: the two single
+    arms with the highest mean, a tie broken by more cells >= 475, then by the table's order."""
+    archive = str(tmp_path / "single_runs")
+    seeds = range(1, 6)
+    archived_arm(archive, "plan", {s: [100.0 + s, 120.0, 130.0] for s in seeds})
+    # mean 400 with 8 solved cells, and mean 400 with 10 solved cells: the second wins the tie
+    archived_arm(archive, "film_identity", {s: [500.0, 500.0, 200.0] if s <= 4 else [470.0, 470.0, 260.0] for s in seeds})
+    archived_arm(archive, "tanh_gate", {s: [500.0, 500.0, 200.0] for s in seeds})
+    # every mode >= 475 in 4 of 5 seeds: passes criterion 1 with a lower mean than the tie above
+    archived_arm(archive, "slots_32", {s: [500.0, 480.0, 476.0] if s <= 4 else [0.0, 0.0, 0.0] for s in seeds})
+    archived_arm(archive, "script_config", {s: [300.0, 300.0, 300.0] for s in seeds})
+    arms = compare.read_archives([archive])
+    summaries = {name: compare.arm_summary(runs) for name, runs in arms.items()}
+    assert summaries["slots_32"]["criterion_1"] and not summaries["tanh_gate"]["criterion_1"]
+    assert summaries["slots_32"]["seeds_solved_per_mode"] == [4, 4, 4] and summaries["slots_32"]["seeds_all_modes"] == 4
+    assert summaries["film_identity"]["mean"] == summaries["tanh_gate"]["mean"] == 400.0
+    assert compare.pair_choice(summaries) == ["tanh_gate", "film_identity"]
+    text, verdict = compare.difference(summaries["script_config"], summaries["plan"])
+    plan_means = [(100.0 + s + 120.0 + 130.0) / 3 for s in seeds]
+    assert text == f"{300.0 - np.mean(plan_means):+.1f} ± {compare.welch_ci95([300.0] * 5, plan_means)[1]:.1f}"
+    assert verdict == "better"
+    assert compare.difference(summaries["plan"], summaries["script_config"])[1] == "worse"
+    assert compare.difference(summaries["film_identity"], summaries["tanh_gate"])[1] == "no difference detected"
+    assert compare.main([archive]) == 0
+    out = capsys.readouterr().out
+    assert 'Pair rule: tanh_gate and film_identity, ASTRAL_PAIR="--gate-design script --film-design script".' in out
+    assert "Verdict: the plan's design fails because of the choices of slots_32; each alone repairs it." in out
+    assert compare.main([str(tmp_path / "none")]) == 2
