@@ -104,6 +104,8 @@ def pair_choice(summaries):
 
 def verdict_text(summaries):
     """The registered verdict, from the single arms (and the pair arm where it ran)."""
+    if not any(name in summaries for name in SINGLE_ARMS):
+        return "no single arm has run"
     repairing = [name for name in SINGLE_ARMS if name in summaries and summaries[name]["criterion_1"]]
     if repairing:
         return f"the plan's design fails because of the choices of {', '.join(repairing)}; each alone repairs it"
