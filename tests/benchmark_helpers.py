@@ -5,10 +5,9 @@ benchmark/ is a folder of scripts, not a package; the rest (REPO, the environmen
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 
-from helpers import REPO, SCRIPT_ENV
+from helpers import REPO, run_python
 
 BENCHMARK_DIR = os.path.join(REPO, "benchmark")
 
@@ -31,16 +30,8 @@ def load_benchmark_script(name):
 
 
 def run_benchmark_script(name, *args, check=False, timeout=600, cwd=REPO, env=None):
-    """Runs benchmark/{name}.py with `args` in a subprocess, as a user would; returns the CompletedProcess."""
-    return subprocess.run(
-        [sys.executable, benchmark_path(name), *map(str, args)],
-        cwd=cwd,
-        env=env or SCRIPT_ENV,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=check,
-    )
+    """Runs benchmark/{name}.py with `args` in a process of its own, as a user would; returns the CompletedProcess."""
+    return run_python([benchmark_path(name), *map(str, args)], check=check, timeout=timeout, cwd=cwd, env=env)
 
 
 def run_benchmark(*args, env=None, cwd=REPO):

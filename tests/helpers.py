@@ -1,11 +1,18 @@
 """What the test files share: running a script as a user would, and reading what a run wrote."""
 
+import atexit
 import glob
 import hashlib
 import json
 import os
+import select
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -24,16 +31,94 @@ def script_path(name):
 
 
 def run_script(name, *args, check=False, timeout=600, cwd=REPO, env=None):
-    """Runs cleanrl_astral/{name}.py with `args` in a subprocess, as a user would; returns the CompletedProcess."""
-    return subprocess.run(
-        [sys.executable, script_path(name), *map(str, args)],
-        cwd=cwd,
-        env=env or SCRIPT_ENV,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=check,
-    )
+    """Runs cleanrl_astral/{name}.py with `args` in a process of its own, as a user would; returns the
+    CompletedProcess."""
+    return run_python([script_path(name), *map(str, args)], check=check, timeout=timeout, cwd=cwd, env=env)
+
+
+def run_python(argv, check=False, timeout=600, cwd=REPO, env=None):
+    """`python *argv` with stdout and stderr captured as text; returns the CompletedProcess. In the scripts' test
+    environment (env None or SCRIPT_ENV) the run is a fork of tests/forkserver.py, which has imported torch and the
+    rest once for all runs of this test process; any other environment, or TESTS_NO_FORKSERVER=1, starts a new
+    interpreter."""
+    if env not in (None, SCRIPT_ENV) or os.environ.get("TESTS_NO_FORKSERVER") == "1":
+        command = [sys.executable, *argv]
+        return subprocess.run(
+            command, cwd=cwd, env=env or SCRIPT_ENV, capture_output=True, text=True, timeout=timeout, check=check
+        )
+    return ForkServer.get().run(argv, cwd=cwd, timeout=timeout, check=check)
+
+
+class ForkServer:
+    """The client of tests/forkserver.py: one server per test process, started on first use."""
+
+    _server = None
+
+    @classmethod
+    def get(cls):
+        if cls._server is None or cls._server.proc.poll() is not None:
+            cls._server = cls()
+        return cls._server
+
+    def __init__(self):
+        server = os.path.join(REPO, "tests", "forkserver.py")
+        self.proc = subprocess.Popen(
+            [sys.executable, server], cwd=REPO, env=SCRIPT_ENV, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        self.pending = b""
+        self.lock = threading.Lock()
+        self.tmp = tempfile.mkdtemp(prefix="forkserver_")
+        atexit.register(self.close)
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def read_message(self, deadline):
+        """The server's next JSON line; None if `deadline` (time.monotonic()) passes first."""
+        while b"\n" not in self.pending:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            ready, _, _ = select.select([self.proc.stdout], [], [], left)
+            if not ready:
+                return None
+            chunk = os.read(self.proc.stdout.fileno(), 65536)
+            if not chunk:
+                raise RuntimeError(f"tests/forkserver.py ended (exit code {self.proc.wait()})")
+            self.pending += chunk
+        line, self.pending = self.pending.split(b"\n", 1)
+        return json.loads(line)
+
+    def run(self, argv, cwd, timeout, check):
+        with self.lock:
+            return self.run_one(argv, cwd, timeout, check)
+
+    def run_one(self, argv, cwd, timeout, check):
+        out = os.path.join(self.tmp, "stdout")
+        err = os.path.join(self.tmp, "stderr")
+        request = {"argv": [os.fspath(a) for a in argv], "cwd": os.fspath(cwd), "stdout": out, "stderr": err}
+        self.proc.stdin.write((json.dumps(request) + "\n").encode())
+        self.proc.stdin.flush()
+        pid = self.read_message(None)["pid"]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        ended = self.read_message(deadline)
+        if ended is None:
+            os.kill(pid, signal.SIGKILL)
+            self.read_message(None)
+        with open(out) as f:
+            stdout = f.read()
+        with open(err) as f:
+            stderr = f.read()
+        command = [sys.executable, *request["argv"]]
+        if ended is None:
+            raise subprocess.TimeoutExpired(command, timeout, output=stdout, stderr=stderr)
+        result = subprocess.CompletedProcess(command, ended["returncode"], stdout, stderr)
+        if check:
+            result.check_returncode()
+        return result
 
 
 def logged_scalars(run_dir):
