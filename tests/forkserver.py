@@ -26,7 +26,6 @@ import gymnasium  # noqa: F401
 import gymnasium.wrappers.utils  # noqa: F401
 import matplotlib
 import numpy as np
-import openai  # noqa: F401
 import torch
 import torch._dynamo  # noqa: F401  (imported by the first optimizer a run builds: ~2 CPU-s)
 import torch.distributions.categorical  # noqa: F401
@@ -35,6 +34,10 @@ import torch.nn  # noqa: F401
 import tyro  # noqa: F401
 from torch.utils.tensorboard import SummaryWriter  # noqa: F401
 
+try:
+    import openai  # noqa: F401  (the LLM parent's client, from requirements-llm.txt)
+except ImportError:
+    pass
 matplotlib.use("Agg")  # what the scripts' plots choose, and what matplotlib picks itself without a display
 import matplotlib.pyplot  # noqa: E402, F401
 
