@@ -3,8 +3,9 @@
 Reads every finished run of the sweeps (benchmark.py's completion markers), each run's last `charts/mmer` (its MMER) and
 wall time, and the paper's values (--paper, a CSV: env_id, paper_gru_mmer, paper_best_mmer, paper_best_model, source);
 writes into --output: report.md (one row per environment: the paper's GRU and best model, the GRU baseline with a 95%
-CI over seeds, the memoryless control, ASTRAL, steps and wall time, and the registered criterion's verdict), runs.csv
-(one row per run), summary.json and mmer_curves.png (charts/mmer against steps, every run).
+CI over seeds and its evaluation from eval.json, the memoryless control, ASTRAL, steps and wall time, the registered
+criterion's verdict, and the two registered side questions: does the task need memory, and what does ASTRAL's bank
+cost), runs.csv (one row per run), summary.json and mmer_curves.png (charts/mmer against steps, every run).
 
 Usage: python benchmark/popgym_check_report.py --sweeps benchmark/out/popgym_check/gru benchmark/out/popgym_check/memory_none \
            benchmark/out/popgym_check/astral --paper docs/results/ppo_gru_baseline/popgym/paper_mmer.csv \
@@ -31,6 +32,9 @@ AGENTS = {  # exp_name -> the report's name for the agent
 SOLVED = 0.95  # criterion 1: an MMER of at least this counts as solved where the paper's GRU reached 1.0
 SOLVED_SEEDS = 2  # ... in at least this many seeds
 MARGIN = 0.05  # criterion 2: elsewhere, the mean over seeds at least the paper's GRU MMER minus this
+MEMORY_MARGIN = 0.1  # side question: the task needs memory where the memoryless MMER is this far below the GRU's
+BANK_MMER = 0.05  # side question: the bank costs MMER where ASTRAL's mean is this far below the GRU's mean
+BANK_WALL = 1.25  # ... or wall time where an ASTRAL run takes more than this many times a GRU run
 
 
 def read_runs(sweeps):
@@ -43,6 +47,12 @@ def read_runs(sweeps):
             (run_dir,) = record["run_dirs"]
             env_id, exp_name = os.path.basename(run_dir).split("__")[:2]
             curve = read_scalars(run_dir)["charts/mmer"]
+            evaluation = {"deterministic": None, "sampled": None}
+            eval_path = os.path.join(run_dir, "eval.json")
+            if os.path.exists(eval_path):
+                with open(eval_path) as f:
+                    record_eval = json.load(f)
+                evaluation = {policy: record_eval[policy]["mean"] for policy in evaluation}
             runs.append(
                 {
                     "env_id": env_id,
@@ -52,6 +62,8 @@ def read_runs(sweeps):
                     "mmer": float(curve[1][-1]),
                     "wall_time_s": record["wall_time_s"],
                     "curve": curve,
+                    "eval_deterministic": evaluation["deterministic"],
+                    "eval_sampled": evaluation["sampled"],
                 }
             )
     return runs
@@ -88,6 +100,29 @@ def verdict(mmers, paper_gru):
     return f"mean ≥ {paper_gru - MARGIN:.2f}", f"{result} (mean {mean:.3f}, {mean - paper_gru:+.3f} from the paper)"
 
 
+def needs_memory(memoryless, gru_same_step):
+    """The registered side question: is the memoryless MMER below the GRU's mean MMER at the same step by more than 0.1?"""
+    gap = round(gru_same_step - memoryless, 9)  # no float noise at the registered limit
+    answer = "no"
+    if gap > MEMORY_MARGIN:
+        answer = "yes"
+    return f"{answer} (GRU {gap:+.3f})"
+
+
+def bank_cost(astral, gru):
+    """The registered side question on ASTRAL's runs against the GRU's: its cost in MMER and in wall time, or "none"."""
+    mmer_gap = round(float(np.mean([r["mmer"] for r in astral]) - np.mean([r["mmer"] for r in gru])), 9)
+    wall_ratio = round(float(np.mean([r["wall_time_s"] for r in astral]) / np.mean([r["wall_time_s"] for r in gru])), 9)
+    costs = []
+    if mmer_gap < -BANK_MMER:
+        costs.append(f"MMER {mmer_gap:+.3f}")
+    if wall_ratio > BANK_WALL:
+        costs.append(f"wall time {wall_ratio:.2f}×")
+    if not costs:
+        return f"none (MMER {mmer_gap:+.3f}, wall time {wall_ratio:.2f}×)"
+    return ", ".join(costs)
+
+
 def cell(values):
     agg = aggregate(values)
     if agg["n"] == 0:
@@ -101,6 +136,15 @@ def mmer_at(run, step):
     """The run's MMER at its last sample at or below `step`."""
     steps, values = run["curve"]
     return float(values[steps <= step][-1])
+
+
+def eval_cell(runs):
+    """The mean over seeds of the evaluation's mean return, deterministic / sampled (it decides nothing)."""
+    values = [(r["eval_deterministic"], r["eval_sampled"]) for r in runs if r["eval_deterministic"] is not None]
+    if not values:
+        return "–"
+    deterministic, sampled = np.mean(values, axis=0)
+    return f"{deterministic:.3f} / {sampled:.3f}"
 
 
 def wall_cell(runs):
@@ -128,9 +172,14 @@ def build(runs, paper):
             criterion, result = verdict([r["mmer"] for r in gru], entry["paper_gru_mmer"])
         steps = sorted({r["steps"] for r in gru})
         memoryless = cell([r["mmer"] for r in by_agent["memoryless"]])
+        memory = "–"
         if by_agent["memoryless"] and gru:
-            same_step = [mmer_at(r, by_agent["memoryless"][0]["steps"]) for r in gru]
-            memoryless += f"; GRU at its steps {np.mean(same_step):.3f}"
+            same_step = float(np.mean([mmer_at(r, by_agent["memoryless"][0]["steps"]) for r in gru]))
+            memoryless += f"; GRU at its steps {same_step:.3f}"
+            memory = needs_memory(float(np.mean([r["mmer"] for r in by_agent["memoryless"]])), same_step)
+        cost = "–"
+        if by_agent["ASTRAL"] and gru:
+            cost = bank_cost(by_agent["ASTRAL"], gru)
         best = f"{paper_cell(entry['paper_best_mmer'])} ({entry['paper_best_model'] or '–'})"
         rows.append(
             [
@@ -138,6 +187,7 @@ def build(runs, paper):
                 paper_cell(entry["paper_gru_mmer"]),
                 best,
                 cell([r["mmer"] for r in gru]),
+                eval_cell(gru),
                 memoryless,
                 cell([r["mmer"] for r in by_agent["ASTRAL"]]),
                 ", ".join(f"{s:,}" for s in steps) or "–",
@@ -145,10 +195,14 @@ def build(runs, paper):
                 wall_cell(by_agent["ASTRAL"]),
                 criterion,
                 result,
+                memory,
+                cost,
             ]
         )
         summary[env_id] = {name: [r["mmer"] for r in agent_runs] for name, agent_runs in by_agent.items()}
         summary[env_id]["verdict"] = result
+        summary[env_id]["needs_memory"] = memory
+        summary[env_id]["astral_cost"] = cost
     return rows, summary
 
 
@@ -173,7 +227,11 @@ def plot(runs, paper, path):
         ax.set_ylim(-1.05, 1.05)
         if i == 0:
             ax.set_ylabel("MMER (sampled every 65,536 steps)")
-            ax.legend(fontsize=7)
+    legend = {}  # one entry per agent over every panel: an agent may run on some environments only
+    for ax in fig.axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    fig.axes[0].legend(list(legend.values()), list(legend), fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -188,16 +246,24 @@ def main(argv=None):
     paper = read_paper(args.paper)
     rows, summary = build(runs, paper)
     os.makedirs(args.output, exist_ok=True)
-    header = ["environment", "paper GRU", "paper best (model)", "GRU baseline MMER [95% CI]", "memoryless", "ASTRAL"]
-    header += ["steps", "wall time per GRU run", "per ASTRAL run", "criterion", "verdict"]
+    header = ["environment", "paper GRU", "paper best (model)", "GRU baseline MMER [95% CI]"]
+    header += ["GRU eval, deterministic / sampled", "memoryless", "ASTRAL"]
+    header += ["steps", "wall time per GRU run", "per ASTRAL run", "criterion", "verdict", "needs memory", "ASTRAL's cost"]
     table = markdown_table(header, rows)
+    legend = (
+        "A row without the paper's values has no verdict (PREREGISTRATION.md, \"The paper's numbers\"). Needs memory:"
+        f" the memoryless MMER is more than {MEMORY_MARGIN} below the GRU's mean MMER at the same step (the gap in"
+        f" brackets). ASTRAL's cost: its mean MMER more than {BANK_MMER} below the GRU's, or its wall time per run more"
+        f" than {BANK_WALL}× the GRU's. The evaluation (10 episodes after training, mean over seeds) decides nothing."
+    )
     with open(os.path.join(args.output, "report.md"), "w") as f:
-        f.write("# POPGym check: MMER against the POPGym paper's GRU\n\n" + table + "\n")
+        f.write("# POPGym check: MMER against the POPGym paper's GRU\n\n" + table + "\n\n" + legend + "\n")
     with open(os.path.join(args.output, "runs.csv"), "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["env_id", "agent", "seed", "steps", "mmer", "wall_time_s"])
+        columns = ["env_id", "agent", "seed", "steps", "mmer", "wall_time_s", "eval_deterministic", "eval_sampled"]
+        writer.writerow(columns)
         for r in sorted(runs, key=lambda r: (r["env_id"], r["agent"], r["seed"])):
-            writer.writerow([r["env_id"], r["agent"], r["seed"], r["steps"], r["mmer"], r["wall_time_s"]])
+            writer.writerow([r[column] for column in columns])
     with open(os.path.join(args.output, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     plot(runs, paper, os.path.join(args.output, "mmer_curves.png"))
