@@ -1,6 +1,7 @@
 """Report of a pre-registered curriculum comparison of reinforce_baby: one row per run (final levels, the steps at
 which each task reached each level, evaluation success, the LLM parent's accuracy and fallbacks), the measures T and W
-and the verdict, as the pre-registration defines them. Writes REPORT.md and report.json into --report.
+and the verdict, as the pre-registration defines them. Writes REPORT.md, report.json and levels.png (each run's final
+levels per cell, and W's success-against-accuracy pairs) into --report.
 --registration names the pre-registration whose stopping rule applies: free-text answers
 (docs/results/reinforce_baby/curriculum_comparison/PREREGISTRATION.md: a run with more than 5% fallbacks is left out)
 or constrained ones (.../curriculum_comparison_constrained/PREREGISTRATION.md: unparsed answers and server faults
@@ -90,6 +91,56 @@ def run_rows(sweep: str, limits: Limits = REGISTRATIONS["free"]) -> list[dict]:
     return rows
 
 
+def played_pairs(rows: list[dict]) -> list[tuple[float, float]]:
+    """(baby's success, parent's accuracy) at every (task, level) an LLM-parent run played (level <= its final level)
+    where the parent's accuracy is below ACCURACY_BELOW: the pairs criterion W averages."""
+    pairs = []
+    for r in rows:
+        for t in TASKS:
+            for k in range(r["levels"][t] + 1):
+                w = f"{t}/level{k}"
+                a = r["accuracy"].get(w)
+                if a is not None and a < ACCURACY_BELOW:
+                    pairs.append((r["success"][w], a))
+    return pairs
+
+
+def plot(rows: list[dict], path: str) -> None:
+    """levels.png: the final levels summed over the tasks per run in each cell (T's measure), and the baby's success
+    against the parent's accuracy at every played (task, level) of the counted LLM runs (W's pairs)."""
+    from matplotlib.figure import Figure  # no pyplot: no GUI backend and no global figure state
+
+    fig = Figure(figsize=(10, 3.8))
+    ax = fig.add_subplot(1, 2, 1)
+    for i, cell in enumerate(CELLS):
+        runs = [r for r in rows if (r["parent"], r["rule"]) == cell]
+        sums = [sum(r["levels"].values()) for r in runs]
+        counted = [sum(r["levels"].values()) for r in runs if r["counted"]]
+        if counted:
+            ax.bar(i, np.mean(counted), color="tab:blue", alpha=0.3)
+        offsets = np.linspace(-0.15, 0.15, max(1, len(runs)))
+        colours = ["tab:blue" if r["counted"] else "tab:red" for r in runs]
+        ax.scatter(i + offsets[: len(runs)], sums, color=colours, zorder=3)
+    ax.set_xticks(range(len(CELLS)), [f"{p}\n{r}" for p, r in CELLS])
+    ax.set_ylabel("final levels, summed over the 3 tasks")
+    ax.set_title("per run (red: left out); bar: mean of the counted", fontsize=9)
+    ax = fig.add_subplot(1, 2, 2)
+    for rule, marker in (("mastery", "o"), ("plan", "s")):
+        pairs = played_pairs([r for r in rows if r["counted"] and r["parent"] == "LLM" and r["rule"] == rule])
+        if pairs:
+            ax.scatter([a for _, a in pairs], [s for s, _ in pairs], marker=marker, alpha=0.7, label=f"LLM parent, {rule}")
+    ax.plot([0, 1], [0, 1], color="k", lw=1, label="success = accuracy")
+    ax.plot([0, 1], [W_MARGIN, 1 + W_MARGIN], color="k", lw=1, ls="--", label=f"accuracy + {W_MARGIN} (W's bound)")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("parent's accuracy at the (task, level)")
+    ax.set_ylabel("baby's rule-judged greedy success")
+    ax.set_title(f"played levels where the parent is right < {ACCURACY_BELOW}", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def verdict(rows: list[dict]) -> dict:
     """T, W and the verdict from the counted runs, as the pre-registration states them."""
     counted = [r for r in rows if r["counted"]]
@@ -105,16 +156,9 @@ def verdict(rows: list[dict]) -> dict:
     out["G_LLM"] = g_llm
     out["G_rule"] = g_rule
     out["T"] = bool(g_llm - g_rule >= T_MIN_LEVELS)
-    s_played = []
-    a_played = []
-    for r in seeds[("LLM", "mastery")] + seeds[("LLM", "plan")]:
-        for t in TASKS:
-            for k in range(r["levels"][t] + 1):
-                w = f"{t}/level{k}"
-                a = r["accuracy"].get(w)
-                if a is not None and a < ACCURACY_BELOW:
-                    s_played.append(r["success"][w])
-                    a_played.append(a)
+    pairs = played_pairs(seeds[("LLM", "mastery")] + seeds[("LLM", "plan")])
+    s_played = [s for s, _ in pairs]
+    a_played = [a for _, a in pairs]
     out["W_levels"] = len(s_played)
     out["W"] = False
     if s_played:
@@ -195,6 +239,7 @@ def main(argv=None):
         f.write(report_md(rows, v, limits))
     with open(os.path.join(args.report, "report.json"), "w") as f:
         json.dump({"runs": rows, "verdict": v}, f, indent=2)
+    plot(rows, os.path.join(args.report, "levels.png"))
     print(f"verdict: {v['verdict']} ({args.report}/REPORT.md)")
 
 

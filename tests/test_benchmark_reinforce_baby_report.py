@@ -168,3 +168,19 @@ def test_the_comparisons_runner_runs_its_tiny_grid_and_reports(tmp_path, request
     assert [r["accuracy"] is None for r in report["runs"]].count(True) == 2
     assert report["verdict"]["verdict"] == "undecided"  # one seed per cell
     assert "**Verdict: undecided.**" in (out / "report" / "REPORT.md").read_text()
+    assert (out / "report" / "levels.png").stat().st_size > 0
+
+
+def test_w_pairs_are_the_played_levels_where_the_parent_errs():
+    """W's pairs: every level up to the run's final one, where the parent's accuracy is known and below 0.95."""
+    success = {"sequence-next/level0": 0.7, "sequence-next/level1": 0.2, "pattern-echo/level0": 1.0, "conditional/level0": 0.5}
+    accuracy = {
+        "sequence-next/level0": 0.84,
+        "sequence-next/level1": 0.2,
+        "pattern-echo/level0": 1.0,
+        "conditional/level0": 0.55,
+    }
+    row = comparison_row("LLM", "plan", 1, [0, 0, 0], success, accuracy)
+    assert sorted(comparison.played_pairs([row])) == [(0.5, 0.55), (0.7, 0.84)]  # sequence-next level 1 not played
+    row["levels"]["sequence-next"] = 1
+    assert sorted(comparison.played_pairs([row])) == [(0.2, 0.2), (0.5, 0.55), (0.7, 0.84)]
