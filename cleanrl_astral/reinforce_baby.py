@@ -175,6 +175,8 @@ class Args:
     """ppo: surrogate clipping coefficient"""
     vf_coef: float = 0.5
     """ppo: value loss coefficient"""
+    bootstrap_time_limit: bool = False
+    """ppo: if toggled, GAE bootstraps the value of the state after the time limit; by default nothing is earned after it"""
     max_grad_norm: float = 0.5
     """gradient clipping norm; 0: no clipping (the plan's REINFORCE)"""
 
@@ -691,6 +693,9 @@ class Agent(nn.Module):
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         return self.core(self.encoder(x))
 
+    def get_value(self, x) -> torch.Tensor:
+        return self.value_head(self.embed(x)).squeeze(-1)
+
     def get_action_and_value(self, x, action=None, greedy=False) -> ActionAndValue:
         h = self.embed(x)
         dist = torch.distributions.Categorical(logits=self.action_head(h))
@@ -806,7 +811,7 @@ class Rollout:
     obs: torch.Tensor  # (T + 1, N, STATE_DIM)
     actions: torch.Tensor  # (T, N)
     logprobs: torch.Tensor  # (T, N)
-    values: torch.Tensor  # (T + 1, N); values[T] stays 0: nothing is earned after the time limit
+    values: torch.Tensor  # (T + 1, N); values[T] is 0 (nothing is earned after the time limit) or V(obs[T])
     oracle: torch.Tensor  # (T, N) the rule's answers (the KL-distill target)
     rewards: RewardVector  # (T, N) each
     success: np.ndarray  # (N,) the rule's verdict on each episode's final answer
@@ -845,12 +850,15 @@ def collect_rollout(agent: Agent, env: BabyEnv, curriculum: CurriculumManager, a
         if args.pred_reward_weight != 0:
             prediction = agent.world_model(out.h, out.action)
             pred[t] = prediction_reward(prediction, obs[t + 1].to(device).float())
+    if args.bootstrap_time_limit:
+        values[T] = agent.get_value(obs[T].to(device)).cpu()
     return Rollout(obs, actions, logprobs, values, oracle, RewardVector(goal, pred, cons), success, ep_tasks, ep_levels)
 
 
 # Advantages -----------------------------------------------------------------------------------------------------------
 def gae(rewards: torch.Tensor, values: torch.Tensor, gamma: float, lam: float) -> torch.Tensor:
-    """GAE over (T, N) with values[T] = 0: the horizon is fixed and observed, so nothing is earned after it."""
+    """GAE over (T, N) rewards and (T + 1, N) values; values[T] is 0 unless --bootstrap-time-limit (the horizon is
+    fixed and observed, so nothing is earned after it)."""
     adv = torch.zeros_like(rewards)
     last = torch.zeros_like(rewards[0])
     for t in reversed(range(rewards.shape[0])):
@@ -1191,6 +1199,8 @@ def validate(args: Args):
     for name in ("learning_rate", "llm_timeout", "clip_coef", "adam_eps"):
         if not getattr(args, name) > 0:
             raise ValueError(f"{flag(name)} {getattr(args, name)} must be positive")
+    if args.bootstrap_time_limit and args.algorithm != "ppo":
+        raise ValueError("--bootstrap-time-limit is for --algorithm ppo: reinforce has no value to bootstrap")
     if args.max_grad_norm < 0:
         raise ValueError(f"--max-grad-norm {args.max_grad_norm} must be >= 0 (0: no clipping)")
     for name in ("llm_retries", "llm_check_pairs"):

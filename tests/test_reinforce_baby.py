@@ -541,6 +541,47 @@ def test_ppo_ratio_uses_the_stored_log_probs_and_the_value_target_is_advantage_p
     assert later["losses/approx_kl"][0] > 1e-6
 
 
+def test_ppo_bootstraps_the_value_after_the_time_limit_only_when_asked(monkeypatch):
+    """By default nothing is earned after the time limit: GAE gets values[T] = 0. With --bootstrap-time-limit it gets
+    V(obs[T]), the value head's estimate of the state the last action led to, and the rest of the rollout is the same
+    (the value is read without drawing from the random stream)."""
+    rollouts = []
+    for bootstrap in (False, True):
+        args = reinforce_baby.Args(task="pattern-echo", num_actions=8, hidden_dim=32, num_layers=1, num_envs=16)
+        args.algorithm = "ppo"
+        args.max_episode_steps = 2
+        args.bootstrap_time_limit = bootstrap
+        reinforce_baby.seed_everything(1)
+        agent = reinforce_baby.build_agent(args)
+        env = reinforce_baby.BabyEnv(reinforce_baby.DeterministicParent(8), args.num_envs, args.max_episode_steps, 1)
+        curriculum = reinforce_baby.make_curriculum(args, ["pattern-echo"])
+        rollouts.append((agent, reinforce_baby.collect_rollout(agent, env, curriculum, args, "cpu")))
+    (_, plain), (agent, boot) = rollouts
+    assert torch.equal(plain.values[:2], boot.values[:2]) and torch.equal(plain.obs, boot.obs)
+    assert torch.equal(plain.values[2], torch.zeros(16))
+    with torch.no_grad():
+        assert torch.allclose(boot.values[2], agent.get_value(boot.obs[2]))
+    assert boot.values[2].abs().min() > 0
+    # the last step's advantage moves by gamma * V(obs[T]) (lambda enters the earlier steps only through it)
+    rewards = torch.ones(2, 16)
+    adv_plain = reinforce_baby.gae(rewards, plain.values, 0.99, 0.95)
+    adv_boot = reinforce_baby.gae(rewards, boot.values, 0.99, 0.95)
+    assert torch.allclose(adv_boot[1] - adv_plain[1], 0.99 * boot.values[2])
+    # and train passes the rollout's values to GAE as they are: 0 at T by default
+    seen = []
+    real_gae = reinforce_baby.gae
+    monkeypatch.setattr(reinforce_baby, "gae", lambda r, v, g, lam: seen.append(v.clone()) or real_gae(r, v, g, lam))
+    train_tiny(algorithm="ppo", max_episode_steps=2, total_timesteps=32)
+    train_tiny(algorithm="ppo", max_episode_steps=2, total_timesteps=32, bootstrap_time_limit=True)
+    assert torch.equal(seen[0][2], torch.zeros(16)) and seen[1][2].abs().min() > 0
+
+
+def test_bootstrap_time_limit_is_refused_without_a_value_to_bootstrap():
+    error = refusal(reinforce_baby.Args(bootstrap_time_limit=True))
+    assert error == "--bootstrap-time-limit is for --algorithm ppo: reinforce has no value to bootstrap"
+    reinforce_baby.validate(reinforce_baby.Args(bootstrap_time_limit=True, algorithm="ppo"))
+
+
 # ---------------------------------------------------------------------------------------------------- curriculum
 
 
