@@ -2,8 +2,9 @@
 # reinforce_baby's parent-taught features trained once each (registered; one sweep at a time, one run at a time):
 #   task-source       the MVP (10k steps) and the curriculum (all tasks, 80k steps) with SmolLM2-135M as the parent
 #                     (constrained answers) drawing the tasks (--task-source parent) beside the rule drawing them
-#                     (--task-source rule), seeds 1..3; the pools' validity and diversity are in each eval.json
-#                     (parent.task_generation). About 2-4 hours of wall time, the server on its own thread.
+#                     (--task-source rule), seeds 1..3; the pools' validity and diversity (each eval.json's
+#                     parent.task_generation) and the babies side by side in features/task_source.md. About 15 minutes
+#                     of wall time, the server on its own thread.
 #   conditional-plan  the conditional task's curriculum with the rule parent, 16 actions, 80k steps, the plan's rule
 #                     (--conditional-rule plan) beside the flag rules, seeds 1..3. About 5 CPU-minutes.
 #   plan-reinforce    the locked MVP at the plan's REINFORCE settings (lr 1e-3, entropy 0.01, world model 1.0, raw
@@ -51,6 +52,8 @@ if [ "$only" = task-source ]; then
         --title "reinforce_baby curriculum, SmolLM2 parent: rule-drawn against parent-drawn tasks" || status=$?
     python benchmark/report.py --sweep "$out/mvp" --output "$report/task_source_mvp" \
         --title "reinforce_baby MVP, SmolLM2 parent: rule-drawn against parent-drawn tasks" || status=$?
+    python benchmark/reinforce_baby_task_source_report.py --sweep "MVP=$out/mvp" --sweep "curriculum=$out/curriculum" \
+        --output "$report/task_source.md" || status=$?
 fi
 if [ "$only" = conditional-plan ]; then
     sweep curriculum 3 "python cleanrl_astral/reinforce_baby.py --task conditional --curriculum --num-actions 16 --no-analysis --total-timesteps 80000" \

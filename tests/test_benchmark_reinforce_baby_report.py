@@ -13,6 +13,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 reinforce_baby_report = load_benchmark_script("reinforce_baby_report")
 comparison = load_benchmark_script("reinforce_baby_curriculum_comparison")
+task_source = load_benchmark_script("reinforce_baby_task_source_report")
 
 
 def _fake_baby_run(sweep, key, curves, ev=None, wall=None, exit_code=0):
@@ -184,3 +185,45 @@ def test_w_pairs_are_the_played_levels_where_the_parent_errs():
     assert sorted(comparison.played_pairs([row])) == [(0.5, 0.55), (0.7, 0.84)]  # sequence-next level 1 not played
     row["levels"]["sequence-next"] = 1
     assert sorted(comparison.played_pairs([row])) == [(0.2, 0.2), (0.5, 0.55), (0.7, 0.84)]
+
+
+# ----------------------------------------------------------------------- the task-source runs
+
+
+def test_task_source_report_sets_the_rule_drawn_runs_beside_the_parent_drawn_ones_with_their_pools(tmp_path):
+    """Each run's source from its run key, success as mean ± sd over seeds, and every pool a parent-drawn run built,
+    per seed, in the order of the seeds; a run without eval.json (unfinished) is left out."""
+    sweep = tmp_path / "curriculum"
+    curves = {"charts/success_rate": [(100, 0.5)]}
+    levels = {"pattern-echo": 2, "sequence-next": 1, "conditional": 0}
+    pool = {"asked": 32, "valid": 16, "valid_share": 0.5, "distinct": 3, "target_entropy_bits": 1.5}
+    for seed, success in ((1, 0.6), (2, 0.8)):
+        ev = {"success_rate": success, "eval_levels": levels, "parent": {"accuracy": 0.9, "queries": 100, "fallbacks": 0}}
+        _fake_baby_run(sweep, f"c0__g0_task-source_rule__s{seed}", curves, ev, wall=10.0)
+        parent = dict(ev["parent"], task_generation={"sequence-next/level1": dict(pool, valid_share=0.25 * seed)})
+        if seed == 2:
+            parent["task_generation"]["pattern-echo/level0"] = pool
+            parent["fallbacks"] = 3
+        _fake_baby_run(
+            sweep, f"c0__g1_task-source_parent__s{seed}", curves, dict(ev, success_rate=success / 2, parent=parent), wall=20.0
+        )
+    _fake_baby_run(sweep, "c0__g1_task-source_parent__s3", curves)  # not finished
+    out = tmp_path / "report" / "task_source.md"
+    task_source.main(["--sweep", f"curriculum={sweep}", "--output", str(out)])
+    text = out.read_text()
+    assert "| curriculum | rule | 1, 2 | 0.700 ± 0.100 | 3, 3 | 0.900 ± 0.000 | 0.0% at most | 10 |" in text
+    assert "| curriculum | parent | 1, 2 | 0.350 ± 0.050 | 3, 3 | 0.900 ± 0.000 | 3.0% at most | 20 |" in text
+    pools = [line for line in text.splitlines() if line.startswith("| curriculum | pattern-echo") or "sequence-next/" in line]
+    assert pools == [
+        "| curriculum | pattern-echo/level0 | 1 | 0.50 | 3 | 1.50 |",
+        "| curriculum | sequence-next/level1 | 2 | 0.25, 0.50 | 3, 3 | 1.50, 1.50 |",
+    ]
+    saved = json.loads((tmp_path / "report" / "task_source.json").read_text())
+    assert [r["seed"] for r in saved["curriculum"]] == [1, 2, 1, 2]
+    assert "curve" not in saved["curriculum"][0]  # the curves go into the plot only
+    assert (tmp_path / "report" / "task_source.png").stat().st_size > 0
+
+
+def test_task_source_report_names_a_run_key_without_a_task_source():
+    with pytest.raises(ValueError, match="no --task-source"):
+        task_source.source_of("c0__g0_base__s1")
