@@ -146,8 +146,13 @@ def main(argv=None):
     args = p.parse_args(argv)
     sweeps = {}
     for item in args.sweep:
-        name, _, path = item.partition("=")
-        sweeps[name] = runs_of(path)
+        name, sep, path = item.partition("=")
+        if not sep or not os.path.isdir(path):
+            sys.exit(f"reinforce_baby_task_source_report: --sweep {item!r} must be NAME=DIR with DIR a benchmark.py output")
+        try:
+            sweeps[name] = runs_of(path)
+        except ValueError as e:  # a run key without --task-source: not a task-source sweep
+            sys.exit(f"reinforce_baby_task_source_report: {path}: {e}")
     if not any(sweeps.values()):
         sys.exit("reinforce_baby_task_source_report: no finished run in the sweeps")
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)

@@ -78,7 +78,7 @@ def test_criteria_thresholds(mmers, paper_gru, expected):
 
 @pytest.mark.parametrize(
     "memoryless, gru, expected",
-    [(0.3, 0.401, "yes"), (0.3, 0.399, "no"), (-0.5, 1.0, "yes"), (0.6, 0.6, "no")],
+    [(0.3, 0.401, "yes"), (0.3, 0.4, "no"), (0.3, 0.399, "no"), (-0.5, 1.0, "yes"), (0.6, 0.6, "no")],
 )
 def test_needs_memory_is_a_gap_of_more_than_0_1_at_the_same_step(memoryless, gru, expected):
     assert report.needs_memory(memoryless, gru).startswith(expected)

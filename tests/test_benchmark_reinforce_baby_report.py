@@ -224,6 +224,17 @@ def test_task_source_report_sets_the_rule_drawn_runs_beside_the_parent_drawn_one
     assert (tmp_path / "report" / "task_source.png").stat().st_size > 0
 
 
-def test_task_source_report_names_a_run_key_without_a_task_source():
+def test_task_source_report_refuses_a_bad_sweep_in_one_line(tmp_path):
     with pytest.raises(ValueError, match="no --task-source"):
         task_source.source_of("c0__g0_base__s1")
+    out = str(tmp_path / "report.md")
+    with pytest.raises(SystemExit, match="must be NAME=DIR") as refused:
+        task_source.main(["--sweep", str(tmp_path), "--output", out])
+    assert "\n" not in str(refused.value)
+    with pytest.raises(SystemExit, match="must be NAME=DIR"):
+        task_source.main(["--sweep", f"MVP={tmp_path / 'missing'}", "--output", out])
+    other = tmp_path / "other"
+    _fake_baby_run(other, "c0__g0_base__s1", {"charts/success_rate": [(100, 0.5)]}, {"success_rate": 0.5}, wall=1.0)
+    with pytest.raises(SystemExit, match="no --task-source in the run key") as refused:
+        task_source.main(["--sweep", f"MVP={other}", "--output", out])
+    assert "\n" not in str(refused.value) and not os.path.exists(out)
