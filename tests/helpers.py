@@ -5,6 +5,7 @@ import glob
 import hashlib
 import json
 import os
+import platform
 import select
 import shutil
 import signal
@@ -20,9 +21,31 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # one thread per run: the networks are tiny, and `pytest -n 2` must not oversubscribe 2 cores; wandb never goes online
 SCRIPT_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
 # What decides the last digits of a float on x86-64 besides the code: torch's kernel dispatch, MKL's code path and
-# oneDNN's instruction set (torch runs GELU through oneDNN). Pinned to paths that every x86-64 CPU has, a run gives the
-# same bits on AVX2 and AVX-512 machines, Intel or AMD; a test that compares with a recording runs its script so.
+# oneDNN's instruction set (torch runs GELU through oneDNN). Pinned to paths that every x86-64 CPU has, a run narrows
+# its dependence on the CPU but does not remove it: torch's `default` kernels give other last digits on an AMD EPYC
+# than on an Intel Xeon. A test that compares with a recording runs its script so, and compares bit for bit only with a
+# recording made on its own machine kind (`machine_kind()`), with a tolerance otherwise.
 PINNED_ARITHMETIC = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "SSE41"}
+
+
+def machine_kind():
+    """The CPU's vendor, its widest vector extension and AMX, e.g. "GenuineIntel avx512 amx" or "AuthenticAMD avx2":
+    what tells two x86-64 machines whose pinned runs may differ in the last digits. Off Linux, the platform's name."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return platform.machine()
+    vendor = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("vendor_id")), platform.machine())
+    flags = set(next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), []))
+    kind = [vendor]
+    if "avx512f" in flags:
+        kind.append("avx512")
+    elif "avx2" in flags:
+        kind.append("avx2")
+    if "amx_tile" in flags:
+        kind.append("amx")
+    return " ".join(kind)
 
 
 def script_path(name):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import PINNED_ARITHMETIC, REPO, SCRIPT_ENV, load_json, logged_scalars, only_run_dir
+from helpers import PINNED_ARITHMETIC, REPO, SCRIPT_ENV, load_json, logged_scalars, machine_kind, only_run_dir
 from maml_fixtures import TINY, parsed_train_args, run_maml, tiny_setup, validation_error
 
 import cleanrl_astral.maml_ssm as maml_ssm
@@ -918,7 +918,7 @@ def test_promp_preset_is_promps_reference_configuration_and_every_value_is_a_fla
 def test_the_pinned_arithmetic_reaches_torch_and_onednn():
     """A run under PINNED_ARITHMETIC takes torch's default kernels and oneDNN's SSE4.1 code (the GELU of the SSM's
     mixer runs there), whatever the CPU offers; were torch or oneDNN to stop reading these variables, the recorded
-    run below would again depend on the machine, and this test says why."""
+    run below would depend on more of the machine than its kind, and this test says why."""
     probe = "import torch; print(torch.backends.cpu.get_cpu_capability()); torch.nn.functional.gelu(torch.ones(2, 1, 3, 8))"
     env = {**SCRIPT_ENV, **PINNED_ARITHMETIC, "ONEDNN_VERBOSE": "1"}
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout
@@ -928,14 +928,23 @@ def test_the_pinned_arithmetic_reaches_torch_and_onednn():
     assert gelu and all(",jit:sse41," in line for line in gelu), out[-2000:]
 
 
+# Across machine kinds a recorded run drifts in its last digits. Measured on an AMD EPYC (AVX2) against the Intel
+# recording, the tiny run under four kernel paths (pinned, pinned with ATen's AVX2 kernels, unpinned, unpinned with
+# ATen's default kernels) differed by at most 4.8e-6 relative, and by at most 1.9e-8 on the outer loss, which is zero in
+# exact arithmetic at a TRPO step's start. The tolerance is 20 times the relative spread and 50 times the absolute one;
+# a change to the method (the inner step's sign, a surrogate term) moves these values by far more.
+RECORDED_RTOL = 1e-4
+RECORDED_ATOL = 1e-6
+
+
 @pytest.mark.parametrize("policy", ["mlp", "ssm"])
-def test_trpo_reproduces_the_recorded_tiny_run_bit_for_bit(policy, tmp_path):
+def test_trpo_reproduces_the_recorded_tiny_run(policy, tmp_path):
     """The default outer optimizer (TRPO) with the default inner estimator gives every logged scalar (but wall-clock
-    ones) and eval.json of the tiny run to the last bit, as recorded in tests/data/maml_ssm_trpo_tiny.json from the
-    TRPO-only script. Both run under PINNED_ARITHMETIC, so the recording holds on every x86-64 machine with the
-    pinned packages; without the pin, the last digits follow the CPU's SIMD paths."""
+    ones) and eval.json of the tiny run as recorded in tests/data/maml_ssm_trpo_tiny.json from the TRPO-only script:
+    to the last bit on the machine kind a recording names, within RECORDED_RTOL of every other recording. Both run
+    under PINNED_ARITHMETIC."""
     with open(os.path.join(REPO, "tests", "data", "maml_ssm_trpo_tiny.json")) as f:
-        reference = json.load(f)
+        recordings = json.load(f)["recordings"]
     runs = tmp_path / "runs"
     run_maml(
         ["train", "--task", "point-nav-2d", "--policy", policy, "--save-model", "--seed", "1", "--runs-dir", str(runs), *TINY],
@@ -943,9 +952,27 @@ def test_trpo_reproduces_the_recorded_tiny_run_bit_for_bit(policy, tmp_path):
     )
     run_dir = only_run_dir(runs)
     scalars = logged_scalars(run_dir)
-    for tag, values in reference["untimed_scalars"][policy].items():
-        assert [list(x) for x in scalars[tag]] == values, tag
-    assert load_json(os.path.join(run_dir, "eval.json")) == reference["eval"][policy]
+    evaluation = load_json(os.path.join(run_dir, "eval.json"))
+    kind = machine_kind()
+    for recording in recordings:
+        for tag, values in recording["untimed_scalars"][policy].items():
+            logged = [list(x) for x in scalars[tag]]
+            if recording["machine_kind"] == kind:
+                assert logged == values, (kind, tag)
+            else:
+                assert [step for step, _ in logged] == [step for step, _ in values], tag
+                expected = pytest.approx([value for _, value in values], rel=RECORDED_RTOL, abs=RECORDED_ATOL)
+                assert [value for _, value in logged] == expected, (recording["machine_kind"], tag)
+        if recording["machine_kind"] == kind:
+            assert evaluation == recording["eval"][policy], kind
+        else:
+            recorded = recording["eval"][policy]
+            assert evaluation.keys() == recorded.keys()
+            for key, value in recorded.items():
+                if isinstance(value, dict):
+                    assert evaluation[key] == pytest.approx(value, rel=RECORDED_RTOL, abs=RECORDED_ATOL), key
+                else:
+                    assert evaluation[key] == value, key
 
 
 @pytest.mark.parametrize("policy,task", [("mlp", "point-nav-2d"), ("ssm", "cartpole-physics"), ("gru", "point-nav-2d")])

@@ -434,8 +434,12 @@ def test_reinforce_loss_reaches_only_the_adapted_parameters_and_ascends_the_obje
 
     before = objective()
     assert before == pytest.approx(-loss.item(), abs=1e-6)  # the replay reproduces the acted log-probs
-    torch.optim.SGD(params, lr=0.05).step()
-    assert objective() > before
+    # The gate's gradient is small (|g|^2 ~ 1e-7 to 1e-6), and float32 rounding moves the objective by up to ~5e-8 across
+    # kernel paths: a step sized to a first-order gain of 1e-5 stays in the linear regime and rises far above that noise.
+    squared_norm = sum(float((p.grad**2).sum()) for p in params)
+    predicted_gain = 1e-5
+    torch.optim.SGD(params, lr=predicted_gain / squared_norm).step()
+    assert objective() - before > 0.5 * predicted_gain
 
 
 def test_reinforce_loss_is_minus_the_mean_of_log_prob_times_the_normalised_return():
