@@ -16,8 +16,8 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from maml_ssm_report import welch_ci95  # noqa: E402  (benchmark/, this file's directory)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from cleanrl_astral_utils.stats import welch_diff_ci95  # noqa: E402
 
 SOLVED = 475.0
 PLAN = "plan"
@@ -85,7 +85,7 @@ def difference(arm, reference):
         diff = float(a.mean() - b.mean())
         half = 0.0
     else:
-        diff, half = welch_ci95(a, b)
+        diff, half = welch_diff_ci95(a, b)
     verdict = "no difference detected"
     if diff - half > 0:
         verdict = "better"

@@ -23,9 +23,8 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from tta_summary import ci95  # noqa: E402  (benchmark/, this file's directory)
-
 from cleanrl_astral.ppo_gru_baseline import HELD_OUT_MODES  # noqa: E402  (the baseline's eval.json does not name them)
+from cleanrl_astral_utils.stats import t_ci95_half_width  # noqa: E402
 
 SOLVED = 475.0  # criterion 1: the return of a solved mode
 MARGIN = 25.0  # criterion 1: the loss to the baseline allowed in any training mode
@@ -284,7 +283,7 @@ def adaptation_criterion(paths, name):
         gain, gap = np.array(values).T
         half = math.inf  # one seed has no CI: it cannot exclude 0
         if len(gain) > 1:
-            half = ci95(gain)
+            half = t_ci95_half_width(gain)
         ok = bool(gain.mean() - half > 0 and gain.mean() >= GAIN_SHARE * gap.mean())
         passed.setdefault(control, []).append(ok)
         lines.append(

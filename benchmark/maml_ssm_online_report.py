@@ -16,8 +16,8 @@ import sys
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from maml_ssm_report import t_half_width  # noqa: E402  (benchmark/, this file's directory)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from cleanrl_astral_utils.stats import t_ci95_half_width  # noqa: E402
 
 TASKS = {"online_point_nav": "point-nav-2d", "online_cartpole": "cartpole-physics"}
 ARMS = {"between": "adapt.json", "online": "adapt_online.json", "during_only": "adapt_online_during_only.json"}
@@ -70,17 +70,19 @@ def task_section(task, runs):
         "|---" * (K + 2) + "|",
     ]
     none = np.array([r["no_adaptation"] for r in runs])
-    lines.append(f"| no adaptation (θ₀) | {none.mean():.2f} ± {t_half_width(none):.2f} |" + " |" * K)
+    lines.append(f"| no adaptation (θ₀) | {none.mean():.2f} ± {t_ci95_half_width(none):.2f} |" + " |" * K)
     for arm, label in LABELS.items():
         R = np.array([r[arm] for r in runs])
         lines.append(
-            f"| {label} | " + " | ".join(f"{R[:, k].mean():.2f} ± {t_half_width(R[:, k]):.2f}" for k in range(K + 1)) + " |"
+            f"| {label} | "
+            + " | ".join(f"{R[:, k].mean():.2f} ± {t_ci95_half_width(R[:, k]):.2f}" for k in range(K + 1))
+            + " |"
         )
     lines.append("")
     between = np.array([r["between"][K] for r in runs])
     for arm in ("online", "during_only"):
         diff = np.array([r[arm][K] for r in runs]) - between
-        half = t_half_width(diff)
+        half = t_ci95_half_width(diff)
         summary[f"{arm}_minus_between"] = {"mean": float(diff.mean()), "ci95": half, "verdict": verdict(diff.mean(), half)}
         lines.append(
             f"{LABELS[arm]} − between batches after {K} steps (paired over seeds): {diff.mean():.2f} ± {half:.2f}: "

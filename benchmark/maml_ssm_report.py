@@ -25,13 +25,16 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
-from scipy import stats
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "cleanrl_astral"))
 sys.path.insert(0, os.path.join(REPO, "benchmark"))
 from maml_ssm import TASK_VERSIONS  # noqa: E402
 from report import read_scalars  # noqa: E402
+
+from cleanrl_astral_utils.stats import t_ci95_half_width, welch_diff_ci95  # noqa: E402
+
+welch_ci95 = welch_diff_ci95  # the name tests/test_maml_ssm.py reads
 
 PAPER = [-40.41, -11.68, -3.33, -3.23]  # MAML paper, Table 4: 2D navigation after 0 / 1 / 2 / 3 steps
 # the documented TRPO MLP rows (docs/maml_ssm.md, --config paper, 900 CPU-s, seeds 1-5): return after one step per seed,
@@ -137,7 +140,11 @@ def point_nav(runs, report):
     ax.set_title("point-nav-2d: return after k adaptation steps")
     ax.legend(fontsize=7)
     save_figure(fig, os.path.join(report, "point_nav_adaptation.png"))
-    return arms, "\n".join(lines) + "\n\n± is the std across seeds (several seeds) or the 95% CI over test tasks (one seed).\n"
+    caption = (
+        "± is the sample std across seeds (several seeds) or the normal 95% CI, 1.96 sample sd / √n, over test tasks "
+        "(one seed).\n"
+    )
+    return arms, "\n".join(lines) + "\n\n" + caption
 
 
 def training_curves(runs, report):
@@ -223,7 +230,10 @@ def other_tasks(runs):
                     + " | ".join(f"{r['ret'][k]:.2f} ± {r['ci'][k]:.2f}" for k in ks)
                     + f" | {r['wall']:.0f} | {r['cpu']:.0f} |\n"
                 )
-            text += "\nFirst row: mean ± std across seeds (no ± with one seed); seed rows: ± 95% CI over test tasks.\n"
+            text += (
+                "\nFirst row: mean ± std across seeds (no ± with one seed); seed rows: ± the normal 95% CI, 1.96 sample "
+                "sd / √n, over test tasks.\n"
+            )
     return others, text
 
 
@@ -249,7 +259,7 @@ def protocol(runs, report):
     for ax, task in zip(axes[0], sorted(rows)):
         for policy, rs in sorted(rows[task].items()):
             R, its = np.array([r[1] for r in rs]), [r[2] for r in rs]
-            half = stats.t.ppf(0.975, len(rs) - 1) * R.std(0, ddof=1) / np.sqrt(len(rs)) if len(rs) > 1 else np.zeros(4)
+            half = t_ci95_half_width(R, axis=0, below_two=0.0)
             summary.setdefault(task, {})[policy] = {
                 "seeds": sorted(r[0] for r in rs),
                 "mean": R.mean(0).tolist(),
@@ -414,16 +424,6 @@ def speed(out, report):
     return write_table_and_json(report, "speed", lines, {"arms": arms, "ratios": ratios})
 
 
-def welch_ci95(a, b):
-    """(mean(a) - mean(b), half-width of its 95% Welch t-interval) over seeds."""
-    a = np.asarray(a, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
-    va = a.var(ddof=1) / len(a)
-    vb = b.var(ddof=1) / len(b)
-    dof = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    return float(a.mean() - b.mean()), float(stats.t.ppf(0.975, dof) * np.sqrt(va + vb))
-
-
 def promp_study(runs, report):
     """The pre-registered ProMP comparison (docs/maml_ssm.md): per policy, the returns after 0..3 steps over seeds with
     95% Student-t CIs, and the verdict of each criterion; promp_study_table.md, promp_study.json, promp_study.png, and a
@@ -451,7 +451,7 @@ def promp_study(runs, report):
         rs = sorted(rows[policy])
         R = np.array([r[1] for r in rs])
         its = [r[2] for r in rs]
-        half = stats.t.ppf(0.975, len(rs) - 1) * R.std(0, ddof=1) / np.sqrt(len(rs))
+        half = t_ci95_half_width(R, axis=0)
         summary[policy] = {
             "seeds": [r[0] for r in rs],
             "per_seed": R.tolist(),
@@ -466,14 +466,14 @@ def promp_study(runs, report):
         )
         ax.errorbar(range(4), R.mean(0), yerr=half, marker="o", capsize=3, label=f"{policy.upper()}, ProMP")
     trpo = np.array(TRPO_MLP_STEP1)
-    trpo_half = stats.t.ppf(0.975, len(trpo) - 1) * trpo.std(ddof=1) / np.sqrt(len(trpo))
+    trpo_half = t_ci95_half_width(trpo)
     lines.append(f"| MLP, TRPO (documented rows) | {len(trpo)} | | | {trpo.mean():.2f} ± {trpo_half:.2f} | | |")
     ax.errorbar([1], [trpo.mean()], yerr=[trpo_half], marker="s", capsize=3, color="grey", label="MLP, TRPO (documented)")
     ax.set(xticks=range(4), xlabel="inner gradient steps on the test task", ylabel="return (95% CI over seeds)")
     ax.set_title("point-nav-2d, 15 CPU-minutes per run")
     ax.legend(fontsize=7)
     save_figure(fig, os.path.join(report, "promp_study.png"))
-    diff, diff_half = welch_ci95([r[1] for r in summary["mlp"]["per_seed"]], trpo)
+    diff, diff_half = welch_diff_ci95([r[1] for r in summary["mlp"]["per_seed"]], trpo)
     c1 = diff + diff_half >= 0
     mlp = np.array(summary["mlp"]["mean"])
     ssm = np.array(summary["ssm"]["mean"])
@@ -497,14 +497,6 @@ HYBRID_TASKS = {"hybrid_halfcheetah": "halfcheetah-vel", "hybrid_cartpole": "car
 HYBRID_STEPS = 5  # the pre-registered comparison is after 5 adaptation steps
 
 
-def t_half_width(x):
-    """Half-width of the 95% Student-t interval of the mean over seeds (NaN for fewer than two)."""
-    x = np.asarray(x, dtype=np.float64)
-    if len(x) < 2:
-        return float("nan")
-    return float(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x)))
-
-
 def hybrid_verdict(low, high):
     """The pre-registered reading of the paired 95% CI of hybrid - standard."""
     if low > 0:
@@ -521,6 +513,50 @@ def learned(returns):
     outer steps above that over its first quarter."""
     q = max(len(returns) // 4, 1)
     return bool(np.mean(returns[-q:]) > np.mean(returns[:q]))
+
+
+def hybrid_section(task, seeds, objective):
+    """One task's part of the standard-vs-hybrid study from its runs (sorted by seed): the summary entry (runs, the
+    paired hybrid - standard difference after HYBRID_STEPS steps with its 95% Student-t CI and verdict, whether every
+    seed learned) and the table's lines."""
+    none = np.array([r["no_adaptation"] for r in seeds])
+    std = np.array([r["standard"] for r in seeds])
+    hyb = np.array([r["hybrid"] for r in seeds])
+    diff = hyb[:, HYBRID_STEPS] - std[:, HYBRID_STEPS]
+    half = t_ci95_half_width(diff)
+    verdict = hybrid_verdict(diff.mean() - half, diff.mean() + half)
+    its = [r["outer_steps_done"] for r in seeds]
+    entry = {
+        "runs": seeds,
+        "difference_after_5": float(diff.mean()),
+        "difference_ci95": half,
+        "verdict": verdict,
+        "learned_all_seeds": all(r["learned"] for r in seeds),
+    }
+
+    def cells(R):
+        return " | ".join(f"{R[:, k].mean():.2f} ± {t_ci95_half_width(R[:, k]):.2f}" for k in range(6))
+
+    title = f"### {task}: SSM, buffer {seeds[0]['buffer_size']:,}, experience weight {seeds[0]['experience_weight']}"
+    if objective != "pg":
+        title += f", objective `{objective}`"
+    lines = [
+        title,
+        "",
+        f"{len(seeds)} seeds ({', '.join(str(r['seed']) for r in seeds)}), outer steps done {min(its)}–{max(its)}.",
+        "",
+        "| adapter | 0 steps | 1 | 2 | 3 | 4 | 5 |",
+        "|---|---|---|---|---|---|---|",
+        f"| no adaptation (θ₀) | {none.mean():.2f} ± {t_ci95_half_width(none):.2f} | | | | | |",
+        f"| standard | {cells(std)} |",
+        f"| hybrid | {cells(hyb)} |",
+        "",
+        f"Hybrid − standard after {HYBRID_STEPS} steps (paired over seeds): {diff.mean():.2f} ± {half:.2f}: "
+        f"**{verdict}**. Meta-training learned (last quarter above first quarter) in "
+        f"{sum(r['learned'] for r in seeds)} of {len(seeds)} seeds.",
+        "",
+    ]
+    return entry, lines
 
 
 def hybrid_benchmark(out, report, objective="pg"):
@@ -560,43 +596,8 @@ def hybrid_benchmark(out, report, objective="pg"):
         if not seeds:
             raise ValueError(f"no adapted checkpoint under {os.path.join(out, sweep_name)}; run the study first")
         seeds.sort(key=lambda r: r["seed"])
-        none = np.array([r["no_adaptation"] for r in seeds])
-        std = np.array([r["standard"] for r in seeds])
-        hyb = np.array([r["hybrid"] for r in seeds])
-        diff = hyb[:, HYBRID_STEPS] - std[:, HYBRID_STEPS]
-        half = t_half_width(diff)
-        verdict = hybrid_verdict(diff.mean() - half, diff.mean() + half)
-        its = [r["outer_steps_done"] for r in seeds]
-        summary[task] = {
-            "runs": seeds,
-            "difference_after_5": float(diff.mean()),
-            "difference_ci95": half,
-            "verdict": verdict,
-            "learned_all_seeds": all(r["learned"] for r in seeds),
-        }
-
-        def cells(R):
-            return " | ".join(f"{R[:, k].mean():.2f} ± {t_half_width(R[:, k]):.2f}" for k in range(6))
-
-        title = f"### {task}: SSM, buffer {seeds[0]['buffer_size']:,}, experience weight {seeds[0]['experience_weight']}"
-        if objective != "pg":
-            title += f", objective `{objective}`"
-        lines += [
-            title,
-            "",
-            f"{len(seeds)} seeds ({', '.join(str(r['seed']) for r in seeds)}), outer steps done {min(its)}–{max(its)}.",
-            "",
-            "| adapter | 0 steps | 1 | 2 | 3 | 4 | 5 |",
-            "|---|---|---|---|---|---|---|",
-            f"| no adaptation (θ₀) | {none.mean():.2f} ± {t_half_width(none):.2f} | | | | | |",
-            f"| standard | {cells(std)} |",
-            f"| hybrid | {cells(hyb)} |",
-            "",
-            f"Hybrid − standard after {HYBRID_STEPS} steps (paired over seeds): {diff.mean():.2f} ± {half:.2f}: "
-            f"**{verdict}**. Meta-training learned (last quarter above first quarter) in "
-            f"{sum(r['learned'] for r in seeds)} of {len(seeds)} seeds.",
-            "",
-        ]
+        summary[task], section = hybrid_section(task, seeds, objective)
+        lines += section
     lines.append("± is the 95% Student-t CI over seeds of the per-seed mean over the test tasks.")
     save_figure(fig, os.path.join(report, "hybrid_curves.png"))
     return write_table_and_json(report, "hybrid", lines, summary)

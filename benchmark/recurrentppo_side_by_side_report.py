@@ -185,7 +185,7 @@ def main(argv=None):
             ]
         )
         summary[f"{agent} @ {budget}"] = {key: [r[key] for r in runs] for key in ("deterministic", "sampled", "wall_time_s")}
-    header = ["budget", "agent", "mode 0, deterministic [95% CI]", "sampled", "seeds ≥ 475", "wall time"]
+    header = ["budget", "agent", "mode 0, deterministic [95% Student-t CI]", "sampled", "seeds ≥ 475", "wall time"]
     header += ["steps to a mean-100 of 475", "seconds to it"]
     by_budget = verdicts(groups)
     summary["verdicts"] = {str(budget): pairs for budget, pairs in by_budget.items()}

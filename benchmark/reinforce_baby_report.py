@@ -26,6 +26,9 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from report import read_scalars  # noqa: E402  TensorBoard's own reader: the run's own events, purges applied
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from cleanrl_astral_utils.stats import population_sd  # noqa: E402
+
 TASKS = ["pattern-echo", "sequence-next", "conditional"]
 MATCHED_STEPS = [10000, 20000, 40000, 60000, 80000]
 
@@ -88,7 +91,7 @@ def yn(b):
 
 
 def ms(xs):
-    return f"{np.mean(xs):.2f} ± {np.std(xs):.2f}" if len(xs) else "–"
+    return f"{np.mean(xs):.2f} ± {population_sd(xs):.2f}" if len(xs) else "–"
 
 
 # ------------------------------------------------------------------------------------------------ MVP
@@ -235,9 +238,10 @@ def curriculum_table(by_method):
             + f" | {ms([ev['world_model_mse'] for ev in evs])} | {ms([w for _, _, w in done])} |"
         )
     return (
-        "Matched steps (from the training curves; `levels` = sum of the three tasks' levels, max 6):\n\n"
+        "Matched steps (from the training curves; `levels` = sum of the three tasks' levels, max 6; each cell mean ± "
+        "population sd, ddof 0, over runs):\n\n"
         + "\n".join(mt)
-        + "\n\nFinal greedy evaluation (200 episodes per task and level) of the runs that finished:"
+        + "\n\nFinal greedy evaluation (200 episodes per task and level) of the runs that finished, mean ± population sd:"
         "\n\n" + "\n".join(ft) + "\n"
     )
 
@@ -252,7 +256,7 @@ def curriculum_curves(by_method, path):
         lvl = np.array([sum(np.interp(grid, *s[f"curriculum/level_{t}"]) for t in TASKS) for _, s, _, _ in runs])
         for ax, y in zip(axes, [succ, lvl]):
             ax.plot(grid, y.mean(0), label=f"{method} ({len(runs)} seeds)")
-            ax.fill_between(grid, y.mean(0) - y.std(0), y.mean(0) + y.std(0), alpha=0.2)
+            ax.fill_between(grid, y.mean(0) - population_sd(y, axis=0), y.mean(0) + population_sd(y, axis=0), alpha=0.2)
     axes[0].set_title("success rate (last 100 episodes, at the levels being trained)", fontsize=10)
     axes[1].set_title("curriculum progress: sum of the three tasks' levels (max 6)", fontsize=10)
     for ax in axes:
@@ -370,8 +374,8 @@ def llm_runs_table(rows, successes):
 
 
 def per_level_table(rows):
-    """Per task and level (mean ± sd over seeds): the LLM parent's accuracy in training, and the baby's greedy eval
-    success, which every run measures at every task and level, with the rule and with the LLM as parent. Where the
+    """Per task and level (mean ± population sd over seeds): the LLM parent's accuracy in training, and the baby's greedy
+    eval success, which every run measures at every task and level, with the rule and with the LLM as parent. Where the
     parent's accuracy falls, the LLM-taught baby's success falls with it: where the small parent's knowledge ends."""
     accuracy = {}
     success = {"deterministic": {}, "LLM": {}}
@@ -390,7 +394,7 @@ def per_level_table(rows):
         return TASKS.index(task) if task in TASKS else len(TASKS), task, int(level)
 
     head = "| task / level | LLM's accuracy in training (runs) | eval success, rule parent | eval success, LLM parent |"
-    lines = [head, "|---|---|---|---|"]
+    lines = ["Mean ± population sd (ddof 0) over runs.", "", head, "|---|---|---|---|"]
     for where in sorted(cells, key=order):
         acc = accuracy.get(where, [])
         acc_cell = f"{ms(acc)} ({len(acc)})" if acc else "– (0)"

@@ -1,7 +1,7 @@
 """Report of reinforce_baby's task-source runs (`benchmark/reinforce_baby_features.sh --only task-source`): the babies
 taught on tasks the rule draws (`--task-source rule`) beside tasks the LLM parent draws (`--task-source parent`), and
 the parent's pools. Reads every finished run (eval.json) of each sweep and writes --output (markdown) and the same
-numbers as JSON beside it: per sweep and task source, the seeds, the final greedy success (mean ± sd over seeds), the
+numbers as JSON beside it: per sweep and task source, the seeds, the final greedy success (mean ± population sd), the
 final levels summed over the tasks, the parent's answer accuracy and fallbacks, and the wall time; per sweep, task and
 level, each pool's valid share, distinct valid instances and the entropy of the rule's answers over them, per seed;
 and a PNG beside it of the training success against steps with each source's evaluation.
@@ -21,6 +21,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from reinforce_baby_report import TASKS, logged_runs  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from cleanrl_astral_utils.stats import population_sd  # noqa: E402
 
 SOURCES = ("rule", "parent")
 
@@ -60,7 +63,7 @@ def runs_of(sweep: str) -> list[dict]:
 def mean_sd(values) -> str:
     if not values:
         return "–"
-    return f"{np.mean(values):.3f} ± {np.std(values):.3f}"
+    return f"{np.mean(values):.3f} ± {population_sd(values):.3f}"
 
 
 def listed(values, spec) -> str:

@@ -28,8 +28,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-from scipy import stats  # noqa: E402
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from cleanrl_astral_utils.stats import population_sd, t_ci95_half_width  # noqa: E402
 
 RETURN_TAG = "charts/episodic_return"
 MODE_TAG = re.compile(r"^charts/episodic_return_mode(\d+)$")
@@ -203,7 +205,7 @@ def aggregate(values: list[float]) -> dict:
     if n == 1:
         return {"n": 1, "mean": mean, "std": np.nan, "ci95_low": np.nan, "ci95_high": np.nan}
     std = float(x.std(ddof=1))
-    half = float(stats.t.ppf(0.975, n - 1) * std / np.sqrt(n))
+    half = t_ci95_half_width(x)
     return {"n": n, "mean": mean, "std": std, "ci95_low": mean - half, "ci95_high": mean + half}
 
 
@@ -256,7 +258,7 @@ def mean_std_curve(runs: list[tuple[np.ndarray, np.ndarray]], smooth: int, point
         smoothed = pd.Series(values).rolling(smooth, min_periods=1).mean().to_numpy()
         curves.append(np.interp(grid, steps, smoothed))
     curves = np.stack(curves)
-    return MeanCurve(grid, curves.mean(0), curves.std(0))
+    return MeanCurve(grid, curves.mean(0), population_sd(curves, axis=0))
 
 
 def plot_curves(groups: dict, tag: str, path: str, title: str, smooth: int) -> bool:

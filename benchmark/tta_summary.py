@@ -1,6 +1,6 @@
 """Tables of the tta_gating benchmark (`benchmark/tta_gating.sh --budget`): one row per training seed x control for
-every adapt sweep, a pooled row per control (gain over `none`, mean and 95% CI over training seeds; with a ceiling, the
-gain as a fraction of the ceiling's headroom), and the clamp matrix per checkpoint x target (with the run's clamp
+every adapt sweep, a pooled row per control (gain over `none`, mean and 95% Student-t CI over training seeds; with a
+ceiling, the gain as a fraction of the ceiling's headroom), and the clamp matrix per checkpoint x target (with the run's clamp
 specificity when it has one); for the ASTRAL study's sweeps (`--study`), the verdicts of its criteria 3 and 4. Reads
 the tta.json / clamp.json files of the sweeps; writes markdown.
 
@@ -21,7 +21,9 @@ import re
 import sys
 
 import numpy as np
-from scipy import stats
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from cleanrl_astral_utils.stats import t_ci95_half_width  # noqa: E402
 
 ADAPT_SWEEPS = [
     ("adapt_inverted", "inverted force (mode 3) of the inverted4 --hide-velocity agents, episodic"),
@@ -38,12 +40,9 @@ STUDY_CONFIGS, STUDY_SEEDS = ("frozen", "ceiling"), range(6, 16)  # the ASTRAL s
 SETTINGS = {"g0": "seed3", "g1": "seed3 `--hide-velocity`", "g2": "inverted4 `--hide-velocity`"}
 
 
-def ci95(x):
-    """Half-width of the Student-t 95% CI of the mean (0 for fewer than two values)."""
-    x = np.asarray(x, dtype=float)
-    if len(x) < 2:
-        return 0.0
-    return float(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
+def mean_t_ci(x):
+    """The text "mean ± half-width of the 95% Student-t CI of the mean" of x (± 0.0 for a single value)."""
+    return fmt(np.mean(x), t_ci95_half_width(x, below_two=0.0))
 
 
 def fmt(m, h=None):
@@ -80,7 +79,7 @@ def adapt_tables(root):
         lines += [
             f"\n### {title}\n",
             f"`{sweep}`: {len(files)} runs, training seeds "
-            f"{', '.join(str(x) for x in seeds)}; per row mean ± 95% CI over the adaptation seeds.\n",
+            f"{', '.join(str(x) for x in seeds)}; per row mean ± 95% Student-t CI over the adaptation seeds.\n",
             "| checkpoint | training seed | target | control | before (sampled) | during (mean of episodes) | after (sampled) "
             "| after (deterministic) | gain over `none`, after (sampled) | ceiling (sampled) | gain / (ceiling − before) |",
             "|---|---|---|---|---|---|---|---|---|---|---|",
@@ -97,22 +96,22 @@ def adapt_tables(root):
                     after_s = np.array(c["after_per_seed"]["sampled"])
                     after_d = np.array(c["after_per_seed"]["deterministic"])
                     gain = after_s - none_after  # paired: same evaluation episodes per adaptation seed
-                    g = "—" if control == "none" else fmt(gain.mean(), ci95(gain))
+                    g = "—" if control == "none" else mean_t_ci(gain)
                     ceiling = res.get("ceiling")
                     # the headroom of the same evaluation episodes: the best fixed gate minus the unadapted agent
                     gap = ceiling["sampled"]["mean"] - before["mean"] if ceiling else None
                     fraction = gain.mean() / gap if gap and gap > 0 and control != "none" else None
                     lines.append(
                         f"| {setting} | {s} | {labels[target]} | {control} | {fmt(before['mean'], before['ci95'])} | "
-                        f"{fmt(during.mean(), ci95(during))} | {fmt(after_s.mean(), ci95(after_s))} | "
-                        f"{fmt(after_d.mean(), ci95(after_d))} | {g} | "
+                        f"{mean_t_ci(during)} | {mean_t_ci(after_s)} | "
+                        f"{mean_t_ci(after_d)} | {g} | "
                         f"{'—' if not ceiling else fmt(ceiling['sampled']['mean']) + ' (' + ceiling['best'] + ')'} | "
                         f"{'—' if fraction is None else f'{fraction:.2f}'} |"
                     )
                     pooled.setdefault((setting, labels[target], control), []).append((gain.mean(), fraction))
         lines += [
             "",
-            "Pooled over training seeds (each seed's mean paired gain; 95% CI over training seeds):",
+            "Pooled over training seeds (each seed's mean paired gain; 95% Student-t CI over training seeds):",
             "",
             "| checkpoint | target | control | training seeds | gain over `none`, after (sampled) | seeds with gain > 0 "
             "| gain / headroom (mean over seeds with headroom) |",
@@ -122,7 +121,9 @@ def adapt_tables(root):
             if control == "none":
                 continue
             gains, fractions = np.array([g for g, _ in rows]), [f for _, f in rows if f is not None]
-            pooled_gain = fmt(gains.mean(), ci95(gains)) if len(gains) > 1 else f"{gains.mean():.1f} (one seed: no CI)"
+            pooled_gain = (
+                fmt(gains.mean(), t_ci95_half_width(gains)) if len(gains) > 1 else f"{gains.mean():.1f} (one seed: no CI)"
+            )
             fraction = f"{np.mean(fractions):.2f} ({len(fractions)} seeds)" if fractions else "—"
             lines.append(
                 f"| {setting} | {target} | {control} | {len(gains)} | {pooled_gain} | "
@@ -199,8 +200,8 @@ def study_criteria(root):
         if adapt:
             lines += [
                 "Criterion 3: per target, each training seed's gain over `none` (sampled, mean over its adaptation seeds) "
-                "and its gap (ceiling − unadapted, 0 when negative); a target passes when the 95% CI of the mean gain "
-                "lies above 0 and the mean gain is ≥ 50% of the mean gap.\n",
+                "and its gap (ceiling − unadapted, 0 when negative); a target passes when the 95% Student-t CI of the mean "
+                "gain lies above 0 and the mean gain is ≥ 50% of the mean gap.\n",
                 "| control | target | training seeds | gain over `none` | mean gap | gain / gap | target |",
                 "|---|---|---|---|---|---|---|",
             ]
@@ -210,7 +211,7 @@ def study_criteria(root):
                 for target in targets:
                     gains, gaps = np.array(by_target.get(target, [(math.nan, math.nan)])).T
                     complete &= len(gains) >= len(STUDY_SEEDS)  # every target of every control has every training seed
-                    half = ci95(gains) if len(gains) > 1 else math.inf  # one seed has no CI: it cannot exclude 0
+                    half = t_ci95_half_width(gains) if len(gains) > 1 else math.inf  # one seed has no CI: it cannot exclude 0
                     ok = bool(gains.mean() - half > 0 and gains.mean() >= 0.5 * gaps.mean())  # NaN (missing): False
                     verdicts.append(ok)
                     fraction = f"{gains.mean() / gaps.mean():.2f}" if gaps.mean() > 0 else "no headroom"
@@ -306,8 +307,8 @@ def phase_c_swap(root, baseline_eval):
             totals.append(
                 f"- {label}, {len(rows)} seeds: the signs on disjoint slots in {disjoint} (one slot each in {splits}), mode 4 "
                 f"to a slot of its sign in {routed}; episode NMI "
-                f"against the sign {fmt(np.mean(nmi), ci95(nmi))} (mean ± 95% CI over seeds); swap effect by sign "
-                f"{fmt(np.mean(sign_det), ci95(sign_det))} deterministic, {fmt(np.mean(sign_sampled), ci95(sign_sampled))} "
+                f"against the sign {mean_t_ci(nmi)} (mean ± 95% Student-t CI over seeds); swap effect by sign "
+                f"{mean_t_ci(sign_det)} deterministic, {mean_t_ci(sign_sampled)} "
                 "sampled."
             )
     lines += ["", *totals, "", "GRU baseline (c1), sign probe from h:"]

@@ -3,13 +3,12 @@
 
 import dataclasses
 import json
-import math
 import os
 
-import numpy as np
 import torch
 
 from cleanrl_astral_utils.files import atomic_torch_save, atomic_write_json
+from cleanrl_astral_utils.stats import normal_ci95_half_width
 
 
 # ------------------------------------------------------------------------------------------------ CHECKPOINTS
@@ -96,12 +95,7 @@ def check_task_split(ckpt, task, task_version, check_ranges, ranges):
 
 
 # ------------------------------------------------------------------------------------------------ REPORTS
-def mean_ci95_half_width(x):
-    """Half-width of the normal 95% confidence interval of the mean: 1.96 sample sd / sqrt(n) (0 for one value)."""
-    x = np.asarray(x, dtype=np.float64)
-    if len(x) < 2:
-        return 0.0
-    return float(1.96 * x.std(ddof=1) / math.sqrt(len(x)))
+mean_ci95_half_width = normal_ci95_half_width  # 1.96 sample sd / sqrt(n) over tasks (cleanrl_astral_utils.stats)
 
 
 def summarise(per_step):

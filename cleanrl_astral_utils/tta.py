@@ -14,21 +14,14 @@ import torch
 
 from cleanrl_astral_utils.cartpole import KINDS, mutual_information
 from cleanrl_astral_utils.files import atomic_torch_save, atomic_write_json
+from cleanrl_astral_utils.stats import mean_t_ci95
 
 # flags that do not change a single number: a resumed run may differ from the stopped one in these
 RESUME_FREE_ARGS = {"resume", "track", "wandb_project_name", "wandb_entity", "runs_dir"}
 
 
 # STATISTICS
-def mean_ci(values):
-    """Mean and half-width of the 95% Student-t confidence interval of the mean (None with one value)."""
-    from scipy import stats  # a second to import; only the summaries need it
-
-    v = np.asarray(values, dtype=np.float64)
-    half = None
-    if len(v) > 1:
-        half = float(stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / np.sqrt(len(v)))
-    return {"mean": float(v.mean()), "ci95": half, "n": int(len(v))}
+mean_ci = mean_t_ci95  # the mean and its 95% Student-t CI, {"mean", "ci95", "n"} (cleanrl_astral_utils.stats)
 
 
 # REPORTS

@@ -173,7 +173,7 @@ def test_compare_scores_criteria_and_picks_the_pair_by_the_registered_rule(tmp_p
     assert compare.pair_choice(summaries) == ["tanh_gate", "film_identity"]
     text, verdict = compare.difference(summaries["script_config"], summaries["plan"])
     plan_means = [(100.0 + s + 120.0 + 130.0) / 3 for s in seeds]
-    assert text == f"{300.0 - np.mean(plan_means):+.1f} ± {compare.welch_ci95([300.0] * 5, plan_means)[1]:.1f}"
+    assert text == f"{300.0 - np.mean(plan_means):+.1f} ± {compare.welch_diff_ci95([300.0] * 5, plan_means)[1]:.1f}"
     assert verdict == "better"
     assert compare.difference(summaries["plan"], summaries["script_config"])[1] == "worse"
     assert compare.difference(summaries["film_identity"], summaries["tanh_gate"])[1] == "no difference detected"

@@ -57,7 +57,7 @@ def test_online_report_pairs_each_online_arm_with_between_batches_after_k_steps(
     task = summary["point-nav-2d"]
     assert [r["seed"] for r in task["runs"]] == [1, 2, 3]
     online = task["online_minus_between"]
-    assert online["mean"] == pytest.approx(3.0) and online["ci95"] == pytest.approx(online_report.t_half_width([2, 3, 4]))
+    assert online["mean"] == pytest.approx(3.0) and online["ci95"] == pytest.approx(online_report.t_ci95_half_width([2, 3, 4]))
     assert online["verdict"] == "higher"  # 3 ± 2.48
     during = task["during_only_minus_between"]
     assert during["mean"] == pytest.approx(1.0) and during["verdict"] == "no difference detected"  # 1 ± 2.48

@@ -143,7 +143,7 @@ def test_hybrid_verdict_reads_the_paired_ci_as_preregistered():
     assert maml_ssm_report.hybrid_verdict(0.1, 2.0) == "hybrid better"
     assert maml_ssm_report.hybrid_verdict(-2.0, -0.1) == "hybrid worse"
     assert maml_ssm_report.hybrid_verdict(-0.1, 2.0) == "no difference detected"
-    assert maml_ssm_report.t_half_width([1.0, 2.0, 3.0]) == pytest.approx(4.302652729911275 / np.sqrt(3))
+    assert maml_ssm_report.t_ci95_half_width([1.0, 2.0, 3.0]) == pytest.approx(4.302652729911275 / np.sqrt(3))
     assert maml_ssm_report.learned([0.0, 0.0, 1.0, 1.0]) and not maml_ssm_report.learned([1.0, 1.0, 0.0, 0.0])
 
 
