@@ -33,6 +33,9 @@ NMI_SCREEN = 0.3  # Phase B's stopping rule: episode-level NMI in 2/3 seeds
 NMI_PASS = 0.5  # criterion 2 (Phase C): episode-level NMI in 8/10 seeds
 GAIN_SHARE = 0.5  # criterion 3: the mean gain over `none` must reach this share of the mean gap to the best fixed gate
 SPECIFICITY = 200.0  # criterion 4: the clamp specificity of a seed that passes
+# the one-change study's question 1 (docs/results/ppo_gru_astral/one_change/PREREGISTRATION.md): the current defaults,
+# scored by criteria 1 and 2 only; frozen_plan_sign against the baseline runs of the same seeds
+QUESTION_1_ARMS = ("script_plan_sign", "frozen_plan_sign")
 
 
 def read_json(path):
@@ -210,9 +213,10 @@ def phase_b_criteria(groups):
 
 
 def phase_c_criteria(groups):
-    """Phase C: criteria 1 and 2 and the wall time of the frozen configuration, of the ceiling and of the plan's design."""
+    """Phase C: criteria 1 and 2 and the wall time of the frozen configuration, of the ceiling and of the plan's design;
+    criteria 1 and 2 only of the one-change study's question 1 arms (QUESTION_1_ARMS)."""
     lines = []
-    for label in [g for g in groups if g.split(" (")[0] in ("frozen", "ceiling", "plan")]:
+    for label in [g for g in groups if g.split(" (")[0] in ("frozen", "ceiling", "plan") + QUESTION_1_ARMS]:
         runs = groups[label]
         baseline = groups.get(label.replace(label.split(" (")[0], "baseline"))
         train = np.array([r["train"] for r in runs])
@@ -228,6 +232,8 @@ def phase_c_criteria(groups):
             f"{'PASS' if nmi >= need else 'FAIL'} {label} criterion 2: "
             f"episode-level NMI >= {NMI_PASS} in {nmi} of {len(runs)} seeds"
         )
+        if label.split(" (")[0] in QUESTION_1_ARMS:
+            continue
         lines.append(
             f"{label} criteria 3 and 4 (adaptation gain, clamp specificity) are measured by tta_gating.py on these checkpoints"
         )

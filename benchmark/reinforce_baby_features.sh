@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# reinforce_baby's parent-taught features trained once each (registered; one sweep at a time, one run at a time):
+# reinforce_baby's parent-taught features trained once each (not registered: a grid, seeds and budgets fixed before the
+# runs, no measure or verdict rule; one sweep at a time, one run at a time):
 #   task-source       the MVP (10k steps) and the curriculum (all tasks, 80k steps) with SmolLM2-135M as the parent
 #                     (constrained answers) drawing the tasks (--task-source parent) beside the rule drawing them
 #                     (--task-source rule), seeds 1..3; the pools' validity and diversity (each eval.json's
-#                     parent.task_generation) and the babies side by side in features/task_source.md. About 15 minutes
-#                     of wall time, the server on its own thread.
+#                     parent.task_generation) and the babies side by side in features/task_source.md. Expected 2-4
+#                     hours of wall time before the runs; they took about 15 minutes, the server on its own thread.
 #   conditional-plan  the conditional task's curriculum with the rule parent, 16 actions, 80k steps, the plan's rule
 #                     (--conditional-rule plan) beside the flag rules, seeds 1..3. About 5 CPU-minutes.
 #   plan-reinforce    the locked MVP at the plan's REINFORCE settings (lr 1e-3, entropy 0.01, world model 1.0, raw

@@ -75,7 +75,8 @@ def report(sweeps: dict[str, list[dict]]) -> str:
         "# reinforce_baby: tasks drawn by the rule against tasks drawn by the SmolLM2 parent",
         "",
         "Written by `benchmark/reinforce_baby_task_source_report.py` from `bash benchmark/reinforce_baby_features.sh --only "
-        "task-source`. Success: the rule-judged greedy evaluation at the run's final levels (mean ± sd over seeds); "
+        "task-source`, runs with no registered measure or verdict (post hoc Welch tests: [post_hoc.md](post_hoc.md)). "
+        "Success: the rule-judged greedy evaluation at the run's final levels (mean ± population sd, ddof 0, over seeds); "
         "levels: the final levels summed over the tasks a run plays (the MVP plays pattern-echo at level 2); "
         "accuracy: the parent's answers against the rule over the training queries. Evaluation always uses the rule's "
         "instances.",

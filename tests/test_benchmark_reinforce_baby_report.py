@@ -238,3 +238,47 @@ def test_task_source_report_refuses_a_bad_sweep_in_one_line(tmp_path):
     with pytest.raises(SystemExit, match="no --task-source in the run key") as refused:
         task_source.main(["--sweep", f"MVP={other}", "--output", out])
     assert "\n" not in str(refused.value) and not os.path.exists(out)
+
+
+def write_runs_csv(path, groups, column="eval_success_rate"):
+    """A report.py runs.csv with one row per (grid point, seed) and the one metric column."""
+    lines = [f"method,grid,seed,{column}"]
+    for grid, values in groups.items():
+        lines += [f"m,{grid},{seed},{value}" for seed, value in enumerate(values, start=1)]
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_ppo_departures_verdicts_follow_the_registered_rule(tmp_path, capsys):
+    """Supported: the script's mean higher by >= 0.05 with disjoint 95% Student-t CIs; the reverse: the plan's is better;
+    disjoint CIs less than 0.05 apart, or overlapping ones: no difference measured."""
+    departures = load_benchmark_script("reinforce_baby_ppo_departures_report")
+    script = [0.80, 0.81, 0.79, 0.80, 0.80]
+    assert departures.verdict(script, [0.30, 0.31, 0.29, 0.30, 0.30]) == "the script's setting is supported"
+    assert departures.verdict(script, [0.90, 0.91, 0.89, 0.90, 0.90]) == "the plan's setting is better"
+    assert departures.verdict(script, [0.76, 0.761, 0.759, 0.76, 0.76]) == "no difference measured"  # 0.04 apart
+    assert departures.verdict(script, [0.50, 1.00, 0.60, 0.95, 0.70]) == "no difference measured"  # CIs overlap
+    csv_path = write_runs_csv(tmp_path / "runs.csv", {"–": script, "--plan-flag": [0.30, 0.31, 0.29, 0.30, 0.30]})
+    assert departures.main([csv_path]) == 0
+    assert "| `--plan-flag` | 0.300, 0.310, 0.290, 0.300, 0.300 |" in capsys.readouterr().out
+    no_defaults = write_runs_csv(tmp_path / "other.csv", {"--plan-flag": script})
+    assert departures.main([no_defaults]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_welch_post_hoc_compares_each_grid_point_with_the_first(tmp_path, capsys):
+    from scipy import stats
+
+    post_hoc = load_benchmark_script("welch_post_hoc")
+    a = [1.0, 0.9, 0.95]
+    b = [0.5, 0.7, 0.45]
+    csv_path = write_runs_csv(tmp_path / "runs.csv", {"--source rule": a, "--source parent": b})
+    (comparison,) = post_hoc.compare("MVP", csv_path, "eval_success_rate")
+    assert (comparison.reference, comparison.other) == ("--source rule", "--source parent")
+    assert comparison.p == pytest.approx(stats.ttest_ind(b, a, equal_var=False).pvalue)
+    assert comparison.difference == pytest.approx(sum(b) / 3 - sum(a) / 3)
+    assert post_hoc.main(["--column", "eval_success_rate", "--csv", f"MVP={csv_path}"]) == 0
+    assert "Post hoc, not registered" in capsys.readouterr().out
+    one_grid = write_runs_csv(tmp_path / "one.csv", {"--source rule": a})
+    with pytest.raises(SystemExit, match="fewer than two grid points"):
+        post_hoc.main(["--column", "eval_success_rate", "--csv", f"MVP={one_grid}"])
