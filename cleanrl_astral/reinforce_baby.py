@@ -19,7 +19,6 @@ import math
 import os
 import pathlib
 import random
-import re
 import sys
 import time
 from dataclasses import dataclass
@@ -197,7 +196,7 @@ class Args:
     """number of updates (computed at runtime)"""
 
 
-# Environment ----------------------------------------------------------------------------------------------------------
+# ENVIRONMENT: the symbolic tasks, their levels and states
 TASKS = ["pattern-echo", "sequence-next", "conditional"]
 # every level names the number of symbols it uses: --num-actions must cover the levels a run visits
 DIFFICULTY_CONFIGS = {
@@ -337,15 +336,15 @@ class State:
         return f"Rule: {self.rule_text()}\n{self.shown_attributes()}"
 
 
+# PARENT: task instances, transitions and rewards by rule (--parent llm: an LLM, the rule as its fallback)
 class DeterministicParent:
     """Task instances, transitions and rewards by rule; `oracle_action` is the rule's answer."""
 
-    def __init__(self, num_actions: int, conditional_rule: str = "flags"):
+    def __init__(self, num_actions: int):
         self.num_actions = num_actions
-        self.conditional_rule = conditional_rule
 
     def new_instance(self, task: str, level: int, rng: np.random.Generator) -> State:
-        cfg = level_configs(task, self.conditional_rule)[level]
+        cfg = DIFFICULTY_CONFIGS[task][level]
         pad = self.num_actions
         n = cfg["num_symbols"]
         values = [pad] * 3
@@ -361,9 +360,6 @@ class DeterministicParent:
             else:
                 a = int(rng.integers(span, n))
             values[:length] = [a + d * i for i in range(length)]
-        elif self.conditional_rule == "plan":
-            values[0] = int(rng.integers(0, cfg["places"]))
-            flags[: cfg["conditions"]] = [int(x) for x in rng.integers(0, 2, cfg["conditions"])]
         else:
             used = {"if": 2, "elif": 3, "nested": 3}[cfg["form"]]
             values[:used] = [int(x) for x in rng.integers(0, n, used)]
@@ -378,8 +374,6 @@ class DeterministicParent:
         if s.task_name == "sequence-next":
             items = [v for v in s.values if v != s.num_actions]
             return items[-1] + (items[1] - items[0])
-        if self.conditional_rule == "plan":  # a shape's block of four, 8 further on if red (f1 is absent at level 0)
-            return v0 + 4 * f0 + 8 * int(f1 == 1)
         form = DIFFICULTY_CONFIGS["conditional"][s.level]["form"]
         if form == "if":
             return v0 if f0 == 1 else v1
@@ -395,8 +389,6 @@ class DeterministicParent:
 
     def rule_text(self, s: State) -> str:
         """The task's rule in plain words (evaluation transcripts)."""
-        if s.task_name == "conditional" and self.conditional_rule == "plan":
-            return "the answer is v0, plus 4 if f0 (the shape) is 1 (a square), plus 8 if f1 (the colour) is 1 (red)."
         return s.rule_text()
 
     def in_level(self, s: State) -> bool:
@@ -438,154 +430,58 @@ class DeterministicParent:
         return replies
 
 
-# What the LLM parent is asked (--parent llm) --------------------------------------------------------------------------
-# The requests word for word; the client that sends them, its cache, retries and validation are in cleanrl_astral_utils.
-LLM_SYSTEM_PROMPT = (
-    'You check a child\'s answer against a rule. Reply with JSON only: {"reward": 1} if the answer '
-    'follows the rule, {"reward": 0} if it does not.'
-)
-LLM_ANSWER_EXAMPLES = 8  # --llm-examples default of the answer role (the judge's is 0)
-LLM_EXAMPLES_SEED = 12345  # the worked examples are the same fixed instances in every prompt
-# --task-source parent: each request shows 8 rule-drawn instances of the level, one per line, and the start of the next
-# line; the model completes that one line (SmolLM2-135M wanders off after one or two lines of its own), sampled at
-# temperature 1 with a seed of its own (the run's seed, task, level, request): requests differ, a rerun is cached
-LLM_TASK_EXAMPLES = 8
-LLM_TASK_TEMPERATURE = 1.0
-LLM_TASK_LINE_START = {"pattern-echo": "cue =", "sequence-next": "sequence =", "conditional": "f0 ="}
+class PlanConditionalParent(DeterministicParent):
+    """--conditional-rule plan: the conditional task is the plan's shape/colour rule read literally
+    (CONDITIONAL_PLAN_LEVELS); the other tasks are the rule parent's."""
 
-
-def level_text(task: str, level: int) -> str:
-    """A level's definition in plain words (the task-generation prompt)."""
-    cfg = DIFFICULTY_CONFIGS[task][level]
-    top = cfg["num_symbols"] - 1
-    if task == "pattern-echo":
-        return f"the cue is a number from 0 to {cfg['target_range'] - 1}"
-    if task == "sequence-next":
-        lengths = " or ".join(str(k) for k in cfg["lengths"])
-        steps = ", ".join(str(d) for d in cfg["steps"])
-        return f"{lengths} numbers with a step of {steps}; every number and the next one are from 0 to {top}"
-    used = {"if": 2, "elif": 3, "nested": 3}[cfg["form"]]
-    flags = ", ".join(f"f{i}" for i in range(cfg["conditions"]))
-    values = ", ".join(f"v{i}" for i in range(used))
-    return f"the flags {flags} are 0 or 1, the values {values} are numbers from 0 to {top}"
-
-
-class ParentPrompt:
-    """The LLM parent's prompt. answer role (a completion): the rule, worked examples answered by the rule, the asked
-    state, each as `<attributes>` then `answer = <n>`. judge role (chat messages): a system message, worked examples of
-    the same task and level answered right and wrong in turn with their verdicts, then the asked (state, answer)."""
-
-    def __init__(self, rule: DeterministicParent, levels: list[tuple[str, int]], examples: int, next_state: bool):
-        self.rule = rule
-        self.levels = levels  # the (task, level) pairs that fit in the action space: where worked examples come from
-        self.examples = examples
-        self.next_state = next_state
-
-    def worked_examples(self, s: State) -> list[State]:
-        """`examples` instances drawn with a fixed seed from s's level, never s's instance. A level whose examples would
-        all be one instance (pattern-echo's level 0: two cues) takes them from the next level with the same rule: a
-        prompt that repeats one answer eight times is copied, whatever the asked state."""
-        same_rule = [lv for t, lv in self.levels if t == s.task_name and lv >= s.level]
-        same_rule = [lv for lv in same_rule if dataclasses.replace(s, level=lv).rule_text() == s.rule_text()]
-        examples = []
-        for level in same_rule:
-            rng = np.random.default_rng(LLM_EXAMPLES_SEED)
-            examples = []
-            for _ in range(100 * self.examples):  # a level with a single instance has none to give
-                if len(examples) == self.examples:
-                    break
-                e = self.rule.new_instance(s.task_name, level, rng)
-                if e.shown_attributes() != s.shown_attributes():
-                    examples.append(e)
-            if len({e.shown_attributes() for e in examples}) > 1 or self.examples < 2:
-                return examples
-        return examples
-
-    def answer_prompt(self, s: State) -> str:
-        blocks = [f"Rule: {s.rule_text()}"]
-        for e in self.worked_examples(s):
-            blocks.append(f"{e.shown_attributes()}\nanswer = {self.rule.oracle_action(e)}")
-        blocks.append(f"{s.shown_attributes()}\nanswer =")
-        return "\n\n".join(blocks)
-
-    def user_message(self, s: State, action: int) -> str:
-        message = f"{s.to_prompt()}\nanswer = {int(action)}"
-        if self.next_state:
-            message += (
-                f"\nstate = {json.dumps(s.as_dict())}\nAlso give next_state: this state with step + 1, "
-                "last_action = the answer and last_correct = your reward."
-            )
-        return message
-
-    def task_request(self, task: str, level: int, seed: int) -> dict:
-        """The task-generation request but the model: the rule, the level's definition, instances drawn by the rule, one
-        per line, and the start of one more line, which the model completes (a line is at most ~30 tokens)."""
-        rng = np.random.default_rng(LLM_EXAMPLES_SEED)
-        examples = [self.rule.new_instance(task, level, rng) for _ in range(LLM_TASK_EXAMPLES)]
-        lines = [f"Rule: {examples[0].rule_text()}", f"Instances, one per line; {level_text(task, level)}."]
-        lines += [e.shown_attributes() for e in examples]
-        lines.append(LLM_TASK_LINE_START[task])
-        prompt = "\n".join(lines)
-        return {"prompt": prompt, "temperature": LLM_TASK_TEMPERATURE, "max_tokens": 40, "seed": seed, "stop": ["\n"]}
-
-    def read_proposal(self, task: str, level: int, text: str) -> State | None:
-        """The instance the completed line names, if it is one of the level's; else None."""
-        return self.read_instance(task, level, LLM_TASK_LINE_START[task] + text.split("\n")[0])
-
-    def read_instance(self, task: str, level: int, line: str) -> State | None:
-        """The instance a line of the reply names, if it is one of the level's (what shown_attributes writes); else None."""
-        pad = self.rule.num_actions
-        values = [pad] * 3
+    def new_instance(self, task: str, level: int, rng: np.random.Generator) -> State:
+        if task != "conditional":
+            return super().new_instance(task, level, rng)
+        cfg = CONDITIONAL_PLAN_LEVELS[level]
+        values = [self.num_actions] * 3
         flags = [FLAG_PAD] * 3
-        line = line.strip()
-        if task == "pattern-echo":
-            match = re.fullmatch(r"cue = (\d+)", line)
-            if match is None:
-                return None
-            values[0] = int(match.group(1))
-        elif task == "sequence-next":
-            match = re.fullmatch(r"sequence = (\d+(?:, \d+){0,2})", line)
-            if match is None:
-                return None
-            items = [int(x) for x in match.group(1).split(", ")]
-            values[: len(items)] = items
-        else:
-            seen = set()
-            for part in line.split(", "):
-                match = re.fullmatch(r"([fv])([0-2]) = (\d+)", part)
-                if match is None or match.group(1, 2) in seen:
-                    return None
-                seen.add(match.group(1, 2))
-                target = flags
-                if match.group(1) == "v":
-                    target = values
-                target[int(match.group(2))] = int(match.group(3))
-        s = State(TASKS.index(task), level, tuple(values), tuple(flags), pad, FLAG_PAD, 0, pad)
-        if not self.rule.in_level(s):
-            return None
-        return s
+        values[0] = int(rng.integers(0, cfg["places"]))
+        flags[: cfg["conditions"]] = [int(x) for x in rng.integers(0, 2, cfg["conditions"])]
+        return State(TASKS.index(task), level, tuple(values), tuple(flags), self.num_actions, FLAG_PAD, 0, self.num_actions)
 
-    def judge_messages(self, s: State, action: int) -> list[dict]:
-        rng = np.random.default_rng(LLM_EXAMPLES_SEED)
-        shots = []
-        for i in range(self.examples):
-            e = self.rule.new_instance(s.task_name, s.level, rng)
-            a = self.rule.oracle_action(e)
-            if i % 2 == 1:
-                a = (self.rule.oracle_action(e) + 1 + i) % self.rule.num_actions
-            r = self.rule.judge(e, a)
-            verdict = {"reward": int(r)}
-            if self.next_state:
-                verdict["next_state"] = self.rule.transition(e, a, r).as_dict()
-            shots.append({"role": "user", "content": self.user_message(e, a)})
-            shots.append({"role": "assistant", "content": json.dumps(verdict)})
-        return [
-            {"role": "system", "content": LLM_SYSTEM_PROMPT},
-            *shots,
-            {"role": "user", "content": self.user_message(s, action)},
-        ]
+    def oracle_action(self, s: State) -> int:
+        if s.task_name != "conditional":
+            return super().oracle_action(s)
+        # a shape's block of four, 8 further on if red (f1 is absent at level 0)
+        return s.values[0] + 4 * s.flags[0] + 8 * int(s.flags[1] == 1)
+
+    def rule_text(self, s: State) -> str:
+        if s.task_name != "conditional":
+            return super().rule_text(s)
+        return "the answer is v0, plus 4 if f0 (the shape) is 1 (a square), plus 8 if f1 (the colour) is 1 (red)."
 
 
+def rule_parent(num_actions: int, conditional_rule: str = "flags") -> DeterministicParent:
+    """The rule parent of --conditional-rule."""
+    if conditional_rule == "plan":
+        return PlanConditionalParent(num_actions)
+    return DeterministicParent(num_actions)
+
+
+def make_parent(args: Args):
+    """The rule, or with --parent llm the LLM parent: the only run that needs the helper package's LLM client."""
+    rule = rule_parent(args.num_actions, args.conditional_rule)
+    if args.parent == "deterministic":
+        return rule
+    from cleanrl_astral_utils.llm import LLM_ANSWER_EXAMPLES, LLMParent, ParentPrompt, PromptSymbols
+
+    examples = args.llm_examples
+    if examples is None and args.llm_role == "answer":
+        examples = LLM_ANSWER_EXAMPLES
+    if examples is None:
+        examples = 0
+    symbols = PromptSymbols(State, TASKS, DIFFICULTY_CONFIGS, FLAG_PAD)
+    prompt = ParentPrompt(rule, playable(TASKS, args.num_actions), examples, args.llm_next_state, symbols)
+    vocab = attribute_vocab(args.num_actions, args.max_episode_steps)
+    return LLMParent(rule, prompt, args, TASKS, ATTRIBUTES, vocab)
+
+
+# EPISODES: a batch of fixed-length episodes the parent judges
 class BabyEnv:
     """A batch of `num_envs` synchronous episodes of fixed length; the parent judges every step."""
 
@@ -620,7 +516,7 @@ def states_to_tensor(states: list[State]) -> torch.Tensor:
     return torch.tensor([s.as_list() for s in states], dtype=torch.long)
 
 
-# Model ----------------------------------------------------------------------------------------------------------------
+# AGENT: a randomly initialised transformer with a world model
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
@@ -732,7 +628,7 @@ def agent_size(args: Args) -> int:
     return encoder + core + heads + world_model
 
 
-# Rewards --------------------------------------------------------------------------------------------------------------
+# REWARDS
 @dataclass
 class RewardVector:
     """The plan's reward components, kept apart so each is logged under reward/...; `total` weighs them."""
@@ -757,18 +653,28 @@ def prediction_reward(pred: torch.Tensor, target: torch.Tensor) -> np.ndarray:
     return torch.exp(-((pred - target) ** 2).mean(-1)).cpu().numpy()
 
 
-# Curriculum -----------------------------------------------------------------------------------------------------------
+# CURRICULUM
 class CurriculumManager:
-    """Per task, the level goes up once the success rate over the last `window` episodes at it reaches `threshold`."""
+    """Per task, the level goes up once the success rate over the last `window` episodes at it reaches `threshold`. An
+    episode succeeds by the rule's verdict on its last answer, or (`parent_rewarded`, the plan's) by the parent's last
+    reward above 0.5."""
 
     def __init__(
-        self, tasks: list[str], enabled: bool, fixed_level: int, threshold: float, window: int, review_prob: float = 0.0
+        self,
+        tasks: list[str],
+        enabled: bool,
+        fixed_level: int,
+        threshold: float,
+        window: int,
+        review_prob: float = 0.0,
+        parent_rewarded: bool = False,
     ):
         self.tasks = tasks
         self.enabled = enabled
         self.threshold = threshold
         self.window = window
         self.review_prob = review_prob
+        self.parent_rewarded = parent_rewarded
         self.levels = {t: (0 if enabled else fixed_level) for t in tasks}
         self.history = {t: collections.deque(maxlen=window) for t in tasks}
 
@@ -778,6 +684,12 @@ class CurriculumManager:
         if self.enabled and current > 0 and rng.random() < self.review_prob:
             return int(rng.integers(0, current))
         return current
+
+    def outcomes(self, success: np.ndarray, last_goal_reward: np.ndarray) -> np.ndarray:
+        """What mastery counts of each episode of a batch."""
+        if self.parent_rewarded:
+            return last_goal_reward > 0.5
+        return success
 
     def record(self, task: str, level: int, success: bool) -> bool:
         """Adds one episode's outcome; returns True when this episode made the task level up."""
@@ -797,13 +709,14 @@ PLAN_MASTERY_WINDOW = 100
 
 
 def make_curriculum(args: Args, tasks: list[str]) -> CurriculumManager:
-    """One level per task: today's mastery rule with its flags, or the plan's settings with no review."""
+    """One level per task: the mastery rule with its flags, or (--curriculum-rule plan) the plan's settings, no review,
+    counting the parent's rewards."""
     if args.curriculum_rule == "plan":
-        return CurriculumManager(tasks, args.curriculum, args.level, PLAN_MASTERY_THRESHOLD, PLAN_MASTERY_WINDOW, 0.0)
+        return CurriculumManager(tasks, args.curriculum, args.level, PLAN_MASTERY_THRESHOLD, PLAN_MASTERY_WINDOW, 0.0, True)
     return CurriculumManager(tasks, args.curriculum, args.level, args.mastery_threshold, args.mastery_window, args.review_prob)
 
 
-# Rollout --------------------------------------------------------------------------------------------------------------
+# ROLLOUT
 @dataclass
 class Rollout:
     """N whole episodes of T steps: obs[t] is the state acted in at step t, obs[t + 1] the state it led to."""
@@ -855,7 +768,7 @@ def collect_rollout(agent: Agent, env: BabyEnv, curriculum: CurriculumManager, a
     return Rollout(obs, actions, logprobs, values, oracle, RewardVector(goal, pred, cons), success, ep_tasks, ep_levels)
 
 
-# Advantages -----------------------------------------------------------------------------------------------------------
+# ADVANTAGES
 def gae(rewards: torch.Tensor, values: torch.Tensor, gamma: float, lam: float) -> torch.Tensor:
     """GAE over (T, N) rewards and (T + 1, N) values; values[T] is 0 unless --bootstrap-time-limit (the horizon is
     fixed and observed, so nothing is earned after it)."""
@@ -872,35 +785,37 @@ def reinforce_returns(rewards: torch.Tensor, gamma: float) -> torch.Tensor:
     return gae(rewards, torch.zeros(rewards.shape[0] + 1, *rewards.shape[1:]), gamma, 1.0)
 
 
-class Advantages(NamedTuple):
-    advantages: torch.Tensor  # (T, N)
-    returns: torch.Tensor  # (T, N): PPO's value target
-    baseline: torch.Tensor  # (T,): REINFORCE's running-mean baseline for the next batch
+def reinforce_advantages(rewards: torch.Tensor, baseline: torch.Tensor, args: Args) -> tuple[torch.Tensor, torch.Tensor]:
+    """(advantages, the baseline for the next batch): the return minus the running-mean baseline (per time step) of the
+    earlier batches, which takes this batch in only afterwards; --baseline-update before takes it in first (the plan's
+    order)."""
+    returns = reinforce_returns(rewards, args.gamma)
+    new_baseline = args.baseline_decay * baseline + (1 - args.baseline_decay) * returns.mean(1)
+    against = baseline
+    if args.baseline_update == "before":
+        against = new_baseline
+    return returns - against.unsqueeze(1), new_baseline
 
 
-def advantages_and_returns(rewards: torch.Tensor, values: torch.Tensor, baseline: torch.Tensor, args: Args) -> Advantages:
-    """REINFORCE: the return against the earlier batches' baseline, which takes this batch in only afterwards
-    (--baseline-update before: the baseline with this batch in, the plan's order). PPO: GAE."""
-    if args.algorithm == "reinforce":
-        returns = reinforce_returns(rewards, args.gamma)
-        new_baseline = args.baseline_decay * baseline + (1 - args.baseline_decay) * returns.mean(1)
-        against = baseline
-        if args.baseline_update == "before":
-            against = new_baseline
-        return Advantages(returns - against.unsqueeze(1), returns, new_baseline)
+def ppo_advantages(rewards: torch.Tensor, values: torch.Tensor, args: Args) -> tuple[torch.Tensor, torch.Tensor]:
+    """(advantages, returns): GAE, and the value target it implies."""
     advantages = gae(rewards, values, args.gamma, args.gae_lambda)
-    return Advantages(advantages, advantages + values[:-1], baseline)
+    return advantages, advantages + values[:-1]
 
 
-# Update ---------------------------------------------------------------------------------------------------------------
-def scale_advantages(adv: torch.Tensor, algorithm: str) -> torch.Tensor:
-    """PPO: centre and divide by the std. REINFORCE: the baseline centres; a std of 0 would scale them by 1e8."""
-    if algorithm == "ppo":
-        return (adv - adv.mean()) / (adv.std() + 1e-8)
+# UPDATE
+def scale_advantages(adv: torch.Tensor) -> torch.Tensor:
+    """REINFORCE's advantages divided by their std; the baseline centres them. A std of 0 (every return of the batch
+    equal) would scale them by 1e8: they are left as they are."""
     std = adv.std()
     if std > 1e-6:
         return adv / (std + 1e-8)
     return adv
+
+
+def normalize_advantages(adv: torch.Tensor) -> torch.Tensor:
+    """PPO's advantages centred and divided by their std, as CleanRL's."""
+    return (adv - adv.mean()) / (adv.std() + 1e-8)
 
 
 def kl_to_parent(logits: torch.Tensor, oracle: torch.Tensor, smoothing: float) -> torch.Tensor:
@@ -912,46 +827,73 @@ def kl_to_parent(logits: torch.Tensor, oracle: torch.Tensor, smoothing: float) -
     return (torch.special.xlogy(p, p) - p * F.log_softmax(logits, -1)).sum(-1).mean()
 
 
-def update(agent: Agent, optimizer, ro: Rollout, adv: Advantages, args: Args, device) -> dict:
-    """REINFORCE: one gradient step on the whole batch. PPO: epochs x minibatches of the clipped surrogate."""
+def reinforce_update(agent: Agent, optimizer, ro: Rollout, advantages: torch.Tensor, args: Args, device) -> dict:
+    """One gradient step on the whole batch: the policy gradient, the entropy bonus, the world model's loss and
+    (--kl-coef) the KL to the parent."""
+    b_obs = ro.obs[:-1].flatten(0, 1).to(device)
+    b_next = ro.obs[1:].flatten(0, 1).to(device)
+    b_actions = ro.actions.flatten(0, 1).to(device)
+    b_adv = advantages.flatten(0, 1).to(device)
+    b_oracle = ro.oracle.flatten(0, 1).to(device)
+    # the batch in a random order, as PPO's single minibatch: the order sets the last bits of the sums
+    perm = torch.randperm(args.batch_size)
+    new = agent.get_action_and_value(b_obs[perm], b_actions[perm])
+    adv = b_adv[perm]
+    if args.norm_adv and args.batch_size > 1:
+        adv = scale_advantages(adv)
+    pg_loss = -(adv * new.logprob).mean()
+    # the world model is trained through the shared core: its loss shapes the representation h
+    wm_loss = F.mse_loss(agent.world_model(new.h, b_actions[perm]), b_next[perm].float())
+    kl = torch.zeros(())
+    if args.kl_coef > 0:
+        kl = kl_to_parent(new.logits, b_oracle[perm], args.kl_smoothing)
+    loss = pg_loss - args.ent_coef * new.entropy.mean() + args.world_model_coef * wm_loss + args.kl_coef * kl
+    optimizer.zero_grad()
+    loss.backward()
+    if args.max_grad_norm > 0:
+        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+    optimizer.step()
+    return {
+        "losses/policy_loss": pg_loss.item(),
+        "losses/value_loss": 0.0,  # no value function; logged, as approx_kl, so both algorithms' runs hold the same tags
+        "losses/entropy": new.entropy.mean().item(),
+        "losses/approx_kl": 0.0,
+        "losses/world_model_mse": wm_loss.item(),
+        "losses/kl_to_parent": kl.item(),
+    }
+
+
+def ppo_update(agent: Agent, optimizer, ro: Rollout, advantages, returns, args: Args, device) -> dict:
+    """--update-epochs x --num-minibatches steps of the clipped surrogate, the value loss, the entropy bonus, the world
+    model's loss and (--kl-coef) the KL to the parent."""
     b_obs = ro.obs[:-1].flatten(0, 1).to(device)
     b_next = ro.obs[1:].flatten(0, 1).to(device)
     b_actions = ro.actions.flatten(0, 1).to(device)
     b_logprobs = ro.logprobs.flatten(0, 1).to(device)
-    b_adv = adv.advantages.flatten(0, 1).to(device)
-    b_returns = adv.returns.flatten(0, 1).to(device)
+    b_adv = advantages.flatten(0, 1).to(device)
+    b_returns = returns.flatten(0, 1).to(device)
     b_oracle = ro.oracle.flatten(0, 1).to(device)
     b_values = ro.values[:-1].flatten(0, 1).to(device)
-    epochs = 1
-    num_minibatches = 1
-    if args.algorithm == "ppo":
-        epochs = args.update_epochs
-        num_minibatches = args.num_minibatches
-    mb_size = args.batch_size // num_minibatches
+    mb_size = args.batch_size // args.num_minibatches
     clipfracs = []
     stats = {}
-    for _ in range(epochs):
+    for _ in range(args.update_epochs):
         perm = torch.randperm(args.batch_size)
         for start in range(0, args.batch_size, mb_size):
             mb = perm[start : start + mb_size]
             new = agent.get_action_and_value(b_obs[mb], b_actions[mb])
             mb_adv = b_adv[mb]
             if args.norm_adv and len(mb) > 1:
-                mb_adv = scale_advantages(mb_adv, args.algorithm)
-            if args.algorithm == "reinforce":
-                pg_loss = -(mb_adv * new.logprob).mean()
-                v_loss = torch.zeros(())
-                approx_kl = torch.zeros(())
-            else:
-                logratio = new.logprob - b_logprobs[mb]
-                ratio = logratio.exp()
-                with torch.no_grad():
-                    approx_kl = ((ratio - 1) - logratio).mean()
-                    clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean().item())
-                pg_loss1 = -mb_adv * ratio
-                pg_loss2 = -mb_adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)
-                pg_loss = torch.max(pg_loss1, pg_loss2).mean()
-                v_loss = 0.5 * ((new.value - b_returns[mb]) ** 2).mean()
+                mb_adv = normalize_advantages(mb_adv)
+            logratio = new.logprob - b_logprobs[mb]
+            ratio = logratio.exp()
+            with torch.no_grad():
+                approx_kl = ((ratio - 1) - logratio).mean()
+                clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean().item())
+            pg_loss1 = -mb_adv * ratio
+            pg_loss2 = -mb_adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)
+            pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+            v_loss = 0.5 * ((new.value - b_returns[mb]) ** 2).mean()
             # the world model is trained through the shared core: its loss shapes the representation h
             wm_loss = F.mse_loss(agent.world_model(new.h, b_actions[mb]), b_next[mb].float())
             kl = torch.zeros(())
@@ -977,19 +919,19 @@ def update(agent: Agent, optimizer, ro: Rollout, adv: Advantages, args: Args, de
                 "losses/world_model_mse": wm_loss.item(),
                 "losses/kl_to_parent": kl.item(),
             }
-    if args.algorithm == "ppo":
-        var_y = b_returns.var()
-        stats["losses/clipfrac"] = float(np.mean(clipfracs))
-        stats["losses/explained_variance"] = 0.0
-        if var_y > 0:
-            stats["losses/explained_variance"] = (1 - (b_returns - b_values).var() / var_y).item()
+    var_y = b_returns.var()
+    stats["losses/clipfrac"] = float(np.mean(clipfracs))
+    stats["losses/explained_variance"] = 0.0
+    if var_y > 0:
+        stats["losses/explained_variance"] = (1 - (b_returns - b_values).var() / var_y).item()
     return stats
 
 
-# Training loop --------------------------------------------------------------------------------------------------------
-def train(args: Args, writer, parent=None, checkpoints: "Checkpoints | None" = None) -> tuple[Agent, dict]:
+# TRAINING LOOP
+def train(args: Args, writer, parent=None, checkpoints=None) -> tuple[Agent, dict]:
     """Trains one agent; returns it with the evaluation levels per task (the curriculum's final levels). `checkpoints`
-    (--checkpoint-every, --resume) saves the training state and, when resuming, restores it before the first update."""
+    (--checkpoint-every, --resume: cleanrl_astral_utils.baby.Checkpoints) saves the training state and, when resuming,
+    restores it before the first update."""
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     tasks = task_list(args.task)
     agent = build_agent(args).to(device)
@@ -1012,20 +954,22 @@ def train(args: Args, writer, parent=None, checkpoints: "Checkpoints | None" = N
         # ROLLOUT: N whole episodes of exactly T steps (the time limit is the only episode end)
         ro = collect_rollout(agent, env, curriculum, args, device)
         rewards = torch.as_tensor(ro.rewards.total(args.goal_reward_weight, args.pred_reward_weight, args.cons_reward_weight))
-        # mastery counts the rule's verdict on an episode's last answer; the plan counts the parent's last reward > 0.5
-        outcomes = ro.success
-        if args.curriculum_rule == "plan":
-            outcomes = ro.rewards.goal[-1] > 0.5
-        for task, level, outcome in zip(ro.tasks, ro.levels, outcomes):
+
+        # CURRICULUM: each episode counts at the level it was played; a task levels up on mastery
+        for task, level, outcome in zip(ro.tasks, ro.levels, curriculum.outcomes(ro.success, ro.rewards.goal[-1])):
             if curriculum.record(task, level, bool(outcome)):
                 print(f"curriculum: {task} -> level {curriculum.levels[task]} at global_step={global_step}")
 
-        # ADVANTAGES: REINFORCE's return minus the running baseline, or PPO's GAE
-        adv = advantages_and_returns(rewards, ro.values, baseline, args)
-        baseline = adv.baseline
-
-        # UPDATE
-        stats = update(agent, optimizer, ro, adv, args, device)
+        if args.algorithm == "reinforce":
+            # ADVANTAGES: the return minus the running baseline of the earlier batches
+            advantages, baseline = reinforce_advantages(rewards, baseline, args)
+            # UPDATE: one gradient step on the whole batch
+            stats = reinforce_update(agent, optimizer, ro, advantages, args, device)
+        else:
+            # ADVANTAGES (GAE)
+            advantages, returns = ppo_advantages(rewards, ro.values, args)
+            # UPDATE: epochs x minibatches of the clipped surrogate
+            stats = ppo_update(agent, optimizer, ro, advantages, returns, args, device)
 
         # LOGGING
         log.update(iteration, global_step, ro, rewards, stats, optimizer.param_groups[0]["lr"], curriculum, parent)
@@ -1034,7 +978,7 @@ def train(args: Args, writer, parent=None, checkpoints: "Checkpoints | None" = N
     return agent, dict(curriculum.levels)
 
 
-# Evaluation -----------------------------------------------------------------------------------------------------------
+# EVALUATION
 class Evaluator:
     """Success rate, world-model MSE and policy entropy per (task, level); the rule judges, never an LLM."""
 
@@ -1057,7 +1001,7 @@ class Evaluator:
     @torch.no_grad()
     def run(self, agent: Agent | None, eval_levels: dict, greedy: bool = True, transcript: list | None = None):
         """agent=None evaluates the uniform random policy."""
-        parent = DeterministicParent(self.num_actions, self.conditional_rule)
+        parent = rule_parent(self.num_actions, self.conditional_rule)
         n = self.episodes
         gen = torch.Generator().manual_seed(self.seed)
         per_diff = {}
@@ -1115,7 +1059,132 @@ def evaluate(model_path: str, episodes: int | None = None, seed: int | None = No
     return evaluator.run(agent.eval(), ckpt["eval_levels"], greedy)
 
 
-# Representation analysis: what the state embedding h holds (a default run's linear probes and t-SNE) ------------------
+# LOGGING
+class TrainingLog:
+    """The scalars of every update (charts/, losses/, reward/, curriculum/, parent/) and a progress line every 25."""
+
+    def __init__(self, writer, tasks: list[str], args: Args):
+        self.writer = writer
+        self.tasks = tasks
+        self.args = args
+        self.start_time = time.time()
+        self.recent_success = collections.deque(maxlen=100)  # charts/success_rate: the last 100 episodes
+        self.recent_level = {}
+
+    def update(self, iteration, global_step, ro: Rollout, rewards, stats, learning_rate, curriculum, parent):
+        args = self.args
+        for task, level, success in zip(ro.tasks, ro.levels, ro.success):
+            self.recent_success.append(float(success))
+            self.recent_level.setdefault((task, level), collections.deque(maxlen=100)).append(float(success))
+        sps = int(global_step / max(time.time() - self.start_time, 1e-9))
+        scalars = {
+            "charts/success_rate": float(np.mean(self.recent_success)),
+            **{f"charts/success_rate_{t}_level{lv}": float(np.mean(d)) for (t, lv), d in self.recent_level.items()},
+            "charts/episodic_return": rewards.sum(0).mean().item(),
+            "charts/episodic_length": float(args.max_episode_steps),
+            "charts/SPS": sps,
+            "charts/learning_rate": learning_rate,
+            **stats,
+            **{f"reward/{k}": float(getattr(ro.rewards, k).sum(0).mean()) for k in ("goal", "pred", "cons")},
+            "reward/total": rewards.sum(0).mean().item(),
+            **{f"curriculum/level_{t}": curriculum.levels[t] for t in self.tasks},
+        }
+        if hasattr(parent, "summary"):  # an LLM parent: its running totals, and the validity and diversity of its tasks
+            summary = parent.summary()
+            numbers = {k: v for k, v in summary.items() if isinstance(v, int | float)}
+            scalars.update({f"parent/{k}": v for k, v in numbers.items()})
+            for where, row in summary.get("task_generation", {}).items():
+                for k in ("valid_share", "distinct", "target_entropy_bits"):
+                    scalars[f"tasks/{where}/{k}"] = row[k]
+        for k, v in scalars.items():
+            self.writer.add_scalar(k, v, global_step)
+        if iteration % 25 == 0 or iteration == args.num_iterations:
+            levels = " ".join(f"{t}:L{curriculum.levels[t]}" for t in self.tasks)
+            minutes_left = (args.num_iterations - iteration) * global_step / iteration / max(sps, 1) / 60
+            print(
+                f"global_step={global_step} SPS={sps} success={scalars['charts/success_rate']:.3f} "
+                f"entropy={stats['losses/entropy']:.3f} wm_mse={stats['losses/world_model_mse']:.3f} [{levels}] "
+                f"{minutes_left:.1f} min left"
+            )
+
+
+# RESULTS: the evaluation against the baselines, the representation analysis, eval.json
+def evaluate_with_baselines(args: Args, agent: Agent, eval_levels: dict, transcript: list | None) -> tuple[dict, dict]:
+    """The agent's evaluation and each --baselines row, on the same episodes (the rule judges, never an LLM)."""
+    evaluator = Evaluator(
+        task_list(args.task),
+        args.num_actions,
+        args.max_episode_steps,
+        args.eval_episodes,
+        args.seed + EVAL_SEED_OFFSET,
+        args.conditional_rule,
+    )
+    result = evaluator.run(agent, eval_levels, transcript=transcript)
+    baselines = {}
+    for name in args.baselines:
+        baselines[name] = evaluator.run(None, eval_levels)
+    print(f"\n{'policy':<12} {'success':>8} {'wm_mse':>8} {'entropy':>8}  per-difficulty success")
+    for name, r in {"agent": result, **baselines}.items():
+        diff = " ".join(f"{k}={v:.2f}" for k, v in r["per_difficulty_success"].items())
+        mse = "-"
+        if r["world_model_mse"] is not None:
+            mse = f"{r['world_model_mse']:.3f}"
+        print(f"{name:<12} {r['success_rate']:>8.3f} {mse:>8} {r['policy_entropy']:>8.3f}  {diff}")
+    # eval.json's rows: flat, and without a world-model MSE where there is none (random)
+    rows = {}
+    for name, r in baselines.items():
+        rows[name] = {"success_rate": r["success_rate"], "policy_entropy": r["policy_entropy"]}
+        if r["world_model_mse"] is not None:
+            rows[name]["world_model_mse"] = r["world_model_mse"]
+        rows[name].update({f"success_{k}": v for k, v in r["per_difficulty_success"].items()})
+    return result, rows
+
+
+def evaluate_run(args: Args, run_dir: str, writer, agent: Agent, eval_levels: dict, parent, check, train_time: float) -> dict:
+    """The trained agent and the baselines on the same episodes, the representation analysis, the transcripts
+    (--capture-video) and eval.json; returns what eval.json holds."""
+    transcript = None
+    if args.capture_video:
+        transcript = []
+    result, baselines = evaluate_with_baselines(args, agent, eval_levels, transcript)
+    out = {
+        "script": SCRIPT,
+        "task": args.task,
+        **result,
+        "baselines": baselines,
+        "train_time_s": train_time,
+        "eval_levels": eval_levels,
+        "num_parameters": num_parameters(agent),
+    }
+    if args.parent == "llm":
+        out["parent"] = parent.summary()
+    if check is not None:
+        out["llm_agreement_check"] = check
+    if args.analysis:
+        png = os.path.join(run_dir, "tsne.png")
+        out["probe_accuracy"] = representation_analysis(
+            agent,
+            task_list(args.task),
+            eval_levels,
+            args.num_actions,
+            args.max_episode_steps,
+            args.analysis_samples,
+            args.seed,
+            png,
+            args.conditional_rule,
+        )
+        print("linear-probe accuracy: " + " ".join(f"{k}={v:.2f}" for k, v in out["probe_accuracy"].items()))
+        print(f"t-SNE written to {png}")
+    if transcript is not None:
+        pathlib.Path(run_dir, "videos").mkdir(exist_ok=True)
+        pathlib.Path(run_dir, "videos", "eval_transcript.txt").write_text("\n".join(transcript))
+    for k in ("success_rate", "world_model_mse", "policy_entropy"):
+        writer.add_scalar(f"eval/{k}", result[k], args.total_timesteps)
+    write_text_atomically(os.path.join(run_dir, "eval.json"), json.dumps(out, indent=2))
+    print(f"eval.json written to {run_dir}")
+    return out
+
+
 @torch.no_grad()
 def representation_analysis(
     agent: Agent,
@@ -1137,7 +1206,7 @@ def representation_analysis(
     from sklearn.manifold import TSNE
     from sklearn.model_selection import train_test_split
 
-    parent = DeterministicParent(num_actions, conditional_rule)
+    parent = rule_parent(num_actions, conditional_rule)
     rng = np.random.default_rng(seed)
     states = []
     for i in range(samples):
@@ -1176,7 +1245,14 @@ def representation_analysis(
     return probes
 
 
-# Arguments, parents, run directory, logging ---------------------------------------------------------------------------
+def write_text_atomically(path: str, text: str):
+    """A temporary file, then a rename: a run killed while writing never leaves a half-written file behind."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    pathlib.Path(tmp).write_text(text)
+    os.replace(tmp, path)
+
+
+# PLUMBING: VALIDATION, THE PARENT'S START-UP AND THE RUN DIRECTORY
 def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -1288,21 +1364,17 @@ def seed_everything(seed: int):
     torch.manual_seed(seed)
 
 
-def make_parent(args: Args):
-    """The rule, or with --parent llm the LLM parent: the only run that needs the helper package's LLM client."""
-    rule = DeterministicParent(args.num_actions, args.conditional_rule)
-    if args.parent == "deterministic":
-        return rule
-    from cleanrl_astral_utils.llm import LLMParent
-
-    examples = args.llm_examples
-    if examples is None and args.llm_role == "answer":
-        examples = LLM_ANSWER_EXAMPLES
-    if examples is None:
-        examples = 0
-    prompt = ParentPrompt(rule, playable(TASKS, args.num_actions), examples, args.llm_next_state)
-    vocab = attribute_vocab(args.num_actions, args.max_episode_steps)
-    return LLMParent(rule, prompt, args, TASKS, ATTRIBUTES, vocab)
+def start_parent(args: Args):
+    """The run's parent. With --parent llm the cache is opened and the endpoint probed here: an unusable one fails (a
+    ValueError) before any work and leaves no cache file behind."""
+    parent = make_parent(args)
+    if args.parent == "llm":
+        try:
+            parent.probe()
+        except ValueError:
+            parent.discard()
+            raise
+    return parent
 
 
 def claim_run_dir(runs_dir, run_name):
@@ -1320,199 +1392,21 @@ def claim_run_dir(runs_dir, run_name):
             raise ValueError(message) from e
 
 
-class Checkpoints:
-    """--checkpoint-every: the whole training state at `path`, atomically, every `every` steps and after the last update;
-    `resumed` (--resume): such a state, restored before the first update. The random generators are part of it, so a
-    resumed run with the rule parent makes the same updates, bit for bit, as one never stopped."""
-
-    def __init__(self, path: str, every: int, resumed: dict | None = None):
-        self.path = path
-        self.every = every
-        self.resumed = resumed
-
-    def due(self, iteration: int, args: Args) -> bool:
-        """After the last update, and after each update that crosses a multiple of `every` steps."""
-        step = iteration * args.batch_size
-        return iteration == args.num_iterations or step // self.every > (step - args.batch_size) // self.every
-
-    def save(self, args: Args, iteration, agent, optimizer, baseline, curriculum, env, log, parent):
-        from cleanrl_astral_utils.files import atomic_torch_save
-
-        log.writer.flush()  # the scalars up to this update are on disk before the state that follows them
-        state = {
-            "script": SCRIPT,
-            "args": dataclasses.asdict(args),
-            "iteration": iteration,
-            "global_step": iteration * args.batch_size,
-            "agent": agent.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "baseline": baseline,
-            "levels": dict(curriculum.levels),
-            "history": {t: list(h) for t, h in curriculum.history.items()},
-            "recent_success": list(log.recent_success),
-            "recent_level": {key: list(d) for key, d in log.recent_level.items()},
-            "env_rng": env.rng.bit_generator.state,
-            "torch_rng": torch.get_rng_state(),
-            "numpy_rng": np.random.get_state(),
-            "python_rng": random.getstate(),
-        }
-        if hasattr(parent, "state_dict"):  # an LLM parent: its running totals (its answers are in the sqlite cache)
-            state["parent"] = parent.state_dict()
-        atomic_torch_save(state, self.path)
-        print(f"checkpoint written to {self.path} at global_step={state['global_step']}", flush=True)
-
-    def restore(self, agent, optimizer, curriculum, env, log, parent) -> tuple[int, torch.Tensor]:
-        """Loads the resumed state into the run's objects; (the next iteration, REINFORCE's baseline)."""
-        state = self.resumed
-        agent.load_state_dict(state["agent"])
-        optimizer.load_state_dict(state["optimizer"])
-        curriculum.levels.update(state["levels"])
-        for t, h in state["history"].items():
-            curriculum.history[t].extend(h)
-        log.recent_success.extend(state["recent_success"])
-        for key, values in state["recent_level"].items():
-            log.recent_level[key] = collections.deque(values, maxlen=100)
-        env.rng.bit_generator.state = state["env_rng"]
-        torch.set_rng_state(state["torch_rng"])
-        np.random.set_state(state["numpy_rng"])
-        random.setstate(state["python_rng"])
-        if "parent" in state:
-            parent.load_state_dict(state["parent"])
-        return state["iteration"] + 1, state["baseline"]
-
-
-def resumed_args(args: Args) -> tuple[Args, dict]:
-    """--resume: (the Args of the run the checkpoint continues, the checkpoint). --llm-base-url may name a restarted
-    server; every other flag is the run's own."""
-    if not os.path.isfile(args.resume):
-        raise ValueError(f"--resume {args.resume!r} is not a file: pass the checkpoint.pt of a run with --checkpoint-every")
-    try:
-        state = torch.load(args.resume, map_location="cpu", weights_only=False)
-    except Exception as e:  # whatever the file holds, it is no checkpoint
-        raise ValueError(f"--resume {args.resume!r} cannot be read as a checkpoint ({type(e).__name__})") from e
-    if not isinstance(state, dict) or state.get("script") != SCRIPT or "agent" not in state:
-        raise ValueError(f"--resume {args.resume!r} is not a checkpoint of {SCRIPT}.py")
-    saved = Args(**state["args"])
-    saved.resume = args.resume
-    # the run's directory is the checkpoint's; the default LLM cache beside it is found again
-    saved.runs_dir = os.path.dirname(os.path.dirname(os.path.abspath(args.resume)))
-    if args.llm_base_url is not None:
-        saved.llm_base_url = args.llm_base_url
-    return saved, state
-
-
-class TrainingLog:
-    """The scalars of every update (charts/, losses/, reward/, curriculum/, parent/) and a progress line every 25."""
-
-    def __init__(self, writer, tasks: list[str], args: Args):
-        self.writer = writer
-        self.tasks = tasks
-        self.args = args
-        self.start_time = time.time()
-        self.recent_success = collections.deque(maxlen=100)  # charts/success_rate: the last 100 episodes
-        self.recent_level = {}
-
-    def update(self, iteration, global_step, ro: Rollout, rewards, stats, learning_rate, curriculum, parent):
-        args = self.args
-        for task, level, success in zip(ro.tasks, ro.levels, ro.success):
-            self.recent_success.append(float(success))
-            self.recent_level.setdefault((task, level), collections.deque(maxlen=100)).append(float(success))
-        sps = int(global_step / max(time.time() - self.start_time, 1e-9))
-        scalars = {
-            "charts/success_rate": float(np.mean(self.recent_success)),
-            **{f"charts/success_rate_{t}_level{lv}": float(np.mean(d)) for (t, lv), d in self.recent_level.items()},
-            "charts/episodic_return": rewards.sum(0).mean().item(),
-            "charts/episodic_length": float(args.max_episode_steps),
-            "charts/SPS": sps,
-            "charts/learning_rate": learning_rate,
-            **stats,
-            **{f"reward/{k}": float(getattr(ro.rewards, k).sum(0).mean()) for k in ("goal", "pred", "cons")},
-            "reward/total": rewards.sum(0).mean().item(),
-            **{f"curriculum/level_{t}": curriculum.levels[t] for t in self.tasks},
-        }
-        if hasattr(parent, "summary"):  # an LLM parent: its running totals, and the validity and diversity of its tasks
-            summary = parent.summary()
-            numbers = {k: v for k, v in summary.items() if isinstance(v, int | float)}
-            scalars.update({f"parent/{k}": v for k, v in numbers.items()})
-            for where, row in summary.get("task_generation", {}).items():
-                for k in ("valid_share", "distinct", "target_entropy_bits"):
-                    scalars[f"tasks/{where}/{k}"] = row[k]
-        for k, v in scalars.items():
-            self.writer.add_scalar(k, v, global_step)
-        if iteration % 25 == 0 or iteration == args.num_iterations:
-            levels = " ".join(f"{t}:L{curriculum.levels[t]}" for t in self.tasks)
-            minutes_left = (args.num_iterations - iteration) * global_step / iteration / max(sps, 1) / 60
-            print(
-                f"global_step={global_step} SPS={sps} success={scalars['charts/success_rate']:.3f} "
-                f"entropy={stats['losses/entropy']:.3f} wm_mse={stats['losses/world_model_mse']:.3f} [{levels}] "
-                f"{minutes_left:.1f} min left"
-            )
-
-
-# Evaluation against the baselines, results ----------------------------------------------------------------------------
-def evaluate_with_baselines(args: Args, agent: Agent, eval_levels: dict, transcript: list | None) -> tuple[dict, dict]:
-    """The agent's evaluation and each --baselines row, on the same episodes (the rule judges, never an LLM)."""
-    evaluator = Evaluator(
-        task_list(args.task),
-        args.num_actions,
-        args.max_episode_steps,
-        args.eval_episodes,
-        args.seed + EVAL_SEED_OFFSET,
-        args.conditional_rule,
-    )
-    result = evaluator.run(agent, eval_levels, transcript=transcript)
-    baselines = {}
-    for name in args.baselines:
-        baselines[name] = evaluator.run(None, eval_levels)
-    print(f"\n{'policy':<12} {'success':>8} {'wm_mse':>8} {'entropy':>8}  per-difficulty success")
-    for name, r in {"agent": result, **baselines}.items():
-        diff = " ".join(f"{k}={v:.2f}" for k, v in r["per_difficulty_success"].items())
-        mse = "-"
-        if r["world_model_mse"] is not None:
-            mse = f"{r['world_model_mse']:.3f}"
-        print(f"{name:<12} {r['success_rate']:>8.3f} {mse:>8} {r['policy_entropy']:>8.3f}  {diff}")
-    # eval.json's rows: flat, and without a world-model MSE where there is none (random)
-    rows = {}
-    for name, r in baselines.items():
-        rows[name] = {"success_rate": r["success_rate"], "policy_entropy": r["policy_entropy"]}
-        if r["world_model_mse"] is not None:
-            rows[name]["world_model_mse"] = r["world_model_mse"]
-        rows[name].update({f"success_{k}": v for k, v in r["per_difficulty_success"].items()})
-    return result, rows
-
-
-def write_text_atomically(path: str, text: str):
-    """A temporary file, then a rename: a run killed while writing never leaves a half-written file behind."""
-    tmp = f"{path}.tmp.{os.getpid()}"
-    pathlib.Path(tmp).write_text(text)
-    os.replace(tmp, path)
-
-
 if __name__ == "__main__":
     args = tyro.cli(Args)
     resumed = None
     try:
         if args.resume is not None:
-            args, resumed = resumed_args(args)
+            from cleanrl_astral_utils.baby import resumed_args
+
+            args, resumed = resumed_args(args, Args, SCRIPT)
         validate(args)
     except ValueError as e:
         fail(str(e))
     args.batch_size = args.num_envs * args.max_episode_steps
     args.num_iterations = max(1, args.total_timesteps // args.batch_size)
-    tasks = task_list(args.task)
-    # with --parent llm the cache is opened and the endpoint probed here: an unusable one fails before any work, and
-    # leaves no cache file behind
     try:
-        parent = make_parent(args)
-    except ValueError as e:
-        fail(str(e))
-    if args.parent == "llm":
-        try:
-            parent.probe()
-        except ValueError as e:
-            parent.discard()
-            fail(str(e))
-    try:
+        parent = start_parent(args)
         if resumed is None:
             run_name, run_dir = claim_run_dir(args.runs_dir, f"{args.task}__{args.exp_name}__{args.seed}__{int(time.time())}")
     except ValueError as e:
@@ -1540,16 +1434,13 @@ if __name__ == "__main__":
     t0 = time.time()
     check = None
     if args.parent == "llm" and args.llm_check_pairs:
-        check = parent.check_agreement(playable(tasks, args.num_actions), args.llm_check_pairs, args.seed)
-        shares = " ".join(f"{w}={v['agreement']:.2f}" for w, v in check["per_level"].items())
-        print(f"LLM agreement with the rule before training ({args.llm_check_pairs} pairs per task and level): {shares}")
-        if args.llm_role == "answer":
-            shares = " ".join(f"{w}={v['accuracy']:.2f}" for w, v in check["per_level"].items())
-            print(f"LLM answers equal to the rule's before training: {shares}")
-
+        check = parent.agreement_report(playable(task_list(args.task), args.num_actions), args.llm_check_pairs, args.seed)
     checkpoints = None
     if args.checkpoint_every:
-        checkpoints = Checkpoints(os.path.join(run_dir, "checkpoint.pt"), args.checkpoint_every, resumed)
+        from cleanrl_astral_utils.baby import Checkpoints
+
+        checkpoints = Checkpoints(os.path.join(run_dir, "checkpoint.pt"), args.checkpoint_every, SCRIPT, resumed)
+
     agent, eval_levels = train(args, writer, parent, checkpoints)
 
     train_time = time.time() - t0
@@ -1566,45 +1457,5 @@ if __name__ == "__main__":
         }
         atomic_torch_save(saved, model_path)
         print(f"model saved to {model_path}")
-
-    # EVALUATION: the trained agent and the baselines in one table
-    transcript = None
-    if args.capture_video:
-        transcript = []
-    result, baselines = evaluate_with_baselines(args, agent, eval_levels, transcript)
-    out = {
-        "script": SCRIPT,
-        "task": args.task,
-        **result,
-        "baselines": baselines,
-        "train_time_s": train_time,
-        "eval_levels": eval_levels,
-        "num_parameters": num_parameters(agent),
-    }
-    if args.parent == "llm":
-        out["parent"] = parent.summary()
-    if check is not None:
-        out["llm_agreement_check"] = check
-    if args.analysis:
-        png = os.path.join(run_dir, "tsne.png")
-        out["probe_accuracy"] = representation_analysis(
-            agent,
-            tasks,
-            eval_levels,
-            args.num_actions,
-            args.max_episode_steps,
-            args.analysis_samples,
-            args.seed,
-            png,
-            args.conditional_rule,
-        )
-        print("linear-probe accuracy: " + " ".join(f"{k}={v:.2f}" for k, v in out["probe_accuracy"].items()))
-        print(f"t-SNE written to {png}")
-    if transcript is not None:
-        pathlib.Path(run_dir, "videos").mkdir(exist_ok=True)
-        pathlib.Path(run_dir, "videos", "eval_transcript.txt").write_text("\n".join(transcript))
-    for k in ("success_rate", "world_model_mse", "policy_entropy"):
-        writer.add_scalar(f"eval/{k}", result[k], args.total_timesteps)
-    write_text_atomically(os.path.join(run_dir, "eval.json"), json.dumps(out, indent=2))
-    print(f"eval.json written to {run_dir}")
+    evaluate_run(args, run_dir, writer, agent, eval_levels, parent, check, train_time)
     writer.close()

@@ -10,8 +10,8 @@ Two roles (`--llm-role`):
   endpoint. One request per distinct (state, action).
 
 The script's rule parent (`DeterministicParent`) sets the task instances and the transitions and gives the reward
-whenever the LLM's answer is missing or invalid; the script's `ParentPrompt` writes the prompt word for word (rule,
-worked examples, asked state). This module only sends it, checks the reply, caches and counts."""
+whenever the LLM's answer is missing or invalid. `ParentPrompt` writes the prompt word for word (rule, worked examples,
+asked state) from what the script passes in; `LLMParent` sends it, checks the reply, caches and counts."""
 
 import collections
 import concurrent.futures
@@ -31,6 +31,167 @@ import openai
 EXTRA_FIELDS = ("grammar",)
 
 
+# THE PROMPTS: the LLM parent's requests word for word. The script's State, rule and level definitions, which they read,
+# are passed in (PromptSymbols); State.to_prompt, the judge's view of a state, is the script's.
+LLM_SYSTEM_PROMPT = (
+    'You check a child\'s answer against a rule. Reply with JSON only: {"reward": 1} if the answer '
+    'follows the rule, {"reward": 0} if it does not.'
+)
+LLM_ANSWER_EXAMPLES = 8  # --llm-examples default of the answer role (the judge's is 0)
+LLM_EXAMPLES_SEED = 12345  # the worked examples are the same fixed instances in every prompt
+# --task-source parent: each request shows 8 rule-drawn instances of the level, one per line, and the start of the next
+# line; the model completes that one line (SmolLM2-135M wanders off after one or two lines of its own), sampled at
+# temperature 1 with a seed of its own (the run's seed, task, level, request): requests differ, a rerun is cached
+LLM_TASK_EXAMPLES = 8
+LLM_TASK_TEMPERATURE = 1.0
+LLM_TASK_LINE_START = {"pattern-echo": "cue =", "sequence-next": "sequence =", "conditional": "f0 ="}
+
+
+def level_text(task: str, cfg: dict) -> str:
+    """A level's definition (`cfg`, its entry in the script's DIFFICULTY_CONFIGS) in plain words (the task-generation
+    prompt)."""
+    top = cfg["num_symbols"] - 1
+    if task == "pattern-echo":
+        return f"the cue is a number from 0 to {cfg['target_range'] - 1}"
+    if task == "sequence-next":
+        lengths = " or ".join(str(k) for k in cfg["lengths"])
+        steps = ", ".join(str(d) for d in cfg["steps"])
+        return f"{lengths} numbers with a step of {steps}; every number and the next one are from 0 to {top}"
+    used = {"if": 2, "elif": 3, "nested": 3}[cfg["form"]]
+    flags = ", ".join(f"f{i}" for i in range(cfg["conditions"]))
+    values = ", ".join(f"v{i}" for i in range(used))
+    return f"the flags {flags} are 0 or 1, the values {values} are numbers from 0 to {top}"
+
+
+class PromptSymbols(NamedTuple):
+    """What the prompts read of the script: its State class, task names, difficulty configs and absent-flag value."""
+
+    state_type: type
+    tasks: list[str]
+    configs: dict
+    flag_pad: int
+
+
+class ParentPrompt:
+    """The LLM parent's prompt. answer role (a completion): the rule, worked examples answered by the rule, the asked
+    state, each as `<attributes>` then `answer = <n>`. judge role (chat messages): a system message, worked examples of
+    the same task and level answered right and wrong in turn with their verdicts, then the asked (state, answer)."""
+
+    def __init__(self, rule, levels: list[tuple[str, int]], examples: int, next_state: bool, symbols: "PromptSymbols"):
+        self.rule = rule
+        self.levels = levels  # the (task, level) pairs that fit in the action space: where worked examples come from
+        self.examples = examples
+        self.next_state = next_state
+        self.symbols = symbols
+
+    def worked_examples(self, s) -> list:
+        """`examples` instances drawn with a fixed seed from s's level, never s's instance. A level whose examples would
+        all be one instance (pattern-echo's level 0: two cues) takes them from the next level with the same rule: a
+        prompt that repeats one answer eight times is copied, whatever the asked state."""
+        same_rule = [lv for t, lv in self.levels if t == s.task_name and lv >= s.level]
+        same_rule = [lv for lv in same_rule if dataclasses.replace(s, level=lv).rule_text() == s.rule_text()]
+        examples = []
+        for level in same_rule:
+            rng = np.random.default_rng(LLM_EXAMPLES_SEED)
+            examples = []
+            for _ in range(100 * self.examples):  # a level with a single instance has none to give
+                if len(examples) == self.examples:
+                    break
+                e = self.rule.new_instance(s.task_name, level, rng)
+                if e.shown_attributes() != s.shown_attributes():
+                    examples.append(e)
+            if len({e.shown_attributes() for e in examples}) > 1 or self.examples < 2:
+                return examples
+        return examples
+
+    def answer_prompt(self, s) -> str:
+        blocks = [f"Rule: {s.rule_text()}"]
+        for e in self.worked_examples(s):
+            blocks.append(f"{e.shown_attributes()}\nanswer = {self.rule.oracle_action(e)}")
+        blocks.append(f"{s.shown_attributes()}\nanswer =")
+        return "\n\n".join(blocks)
+
+    def user_message(self, s, action: int) -> str:
+        message = f"{s.to_prompt()}\nanswer = {int(action)}"
+        if self.next_state:
+            message += (
+                f"\nstate = {json.dumps(s.as_dict())}\nAlso give next_state: this state with step + 1, "
+                "last_action = the answer and last_correct = your reward."
+            )
+        return message
+
+    def task_request(self, task: str, level: int, seed: int) -> dict:
+        """The task-generation request but the model: the rule, the level's definition, instances drawn by the rule, one
+        per line, and the start of one more line, which the model completes (a line is at most ~30 tokens)."""
+        rng = np.random.default_rng(LLM_EXAMPLES_SEED)
+        examples = [self.rule.new_instance(task, level, rng) for _ in range(LLM_TASK_EXAMPLES)]
+        definition = level_text(task, self.symbols.configs[task][level])
+        lines = [f"Rule: {examples[0].rule_text()}", f"Instances, one per line; {definition}."]
+        lines += [e.shown_attributes() for e in examples]
+        lines.append(LLM_TASK_LINE_START[task])
+        prompt = "\n".join(lines)
+        return {"prompt": prompt, "temperature": LLM_TASK_TEMPERATURE, "max_tokens": 40, "seed": seed, "stop": ["\n"]}
+
+    def read_proposal(self, task: str, level: int, text: str) -> object | None:
+        """The instance the completed line names, if it is one of the level's; else None."""
+        return self.read_instance(task, level, LLM_TASK_LINE_START[task] + text.split("\n")[0])
+
+    def read_instance(self, task: str, level: int, line: str) -> object | None:
+        """The instance a line of the reply names, if it is one of the level's (what shown_attributes writes); else None."""
+        pad = self.rule.num_actions
+        flag_pad = self.symbols.flag_pad
+        values = [pad] * 3
+        flags = [flag_pad] * 3
+        line = line.strip()
+        if task == "pattern-echo":
+            match = re.fullmatch(r"cue = (\d+)", line)
+            if match is None:
+                return None
+            values[0] = int(match.group(1))
+        elif task == "sequence-next":
+            match = re.fullmatch(r"sequence = (\d+(?:, \d+){0,2})", line)
+            if match is None:
+                return None
+            items = [int(x) for x in match.group(1).split(", ")]
+            values[: len(items)] = items
+        else:
+            seen = set()
+            for part in line.split(", "):
+                match = re.fullmatch(r"([fv])([0-2]) = (\d+)", part)
+                if match is None or match.group(1, 2) in seen:
+                    return None
+                seen.add(match.group(1, 2))
+                target = flags
+                if match.group(1) == "v":
+                    target = values
+                target[int(match.group(2))] = int(match.group(3))
+        s = self.symbols.state_type(self.symbols.tasks.index(task), level, tuple(values), tuple(flags), pad, flag_pad, 0, pad)
+        if not self.rule.in_level(s):
+            return None
+        return s
+
+    def judge_messages(self, s, action: int) -> list[dict]:
+        rng = np.random.default_rng(LLM_EXAMPLES_SEED)
+        shots = []
+        for i in range(self.examples):
+            e = self.rule.new_instance(s.task_name, s.level, rng)
+            a = self.rule.oracle_action(e)
+            if i % 2 == 1:
+                a = (self.rule.oracle_action(e) + 1 + i) % self.rule.num_actions
+            r = self.rule.judge(e, a)
+            verdict = {"reward": int(r)}
+            if self.next_state:
+                verdict["next_state"] = self.rule.transition(e, a, r).as_dict()
+            shots.append({"role": "user", "content": self.user_message(e, a)})
+            shots.append({"role": "assistant", "content": json.dumps(verdict)})
+        return [
+            {"role": "system", "content": LLM_SYSTEM_PROMPT},
+            *shots,
+            {"role": "user", "content": self.user_message(s, action)},
+        ]
+
+
+# THE CLIENT
 class Reply(NamedTuple):
     text: str | None  # the first valid reply; None when every attempt failed
     latency_ms: float  # of the valid reply's request
@@ -62,7 +223,7 @@ class LLMParent:
     """Judges actions with a model behind an OpenAI-compatible endpoint: validated, retried, cached, rule fallback.
 
     `rule` is the script's DeterministicParent: it draws task instances, makes the transitions and gives the reward of
-    every query the LLM does not answer validly. `prompt` is the script's ParentPrompt (answer_prompt, judge_messages,
+    every query the LLM does not answer validly. `prompt` is a ParentPrompt (answer_prompt, judge_messages,
     next_state). `tasks` and `attributes` name the task indices and state attributes, `vocab` holds each attribute's
     number of values (what a proposed next state is checked against)."""
 
@@ -501,6 +662,16 @@ class LLMParent:
                 actions.append((self.oracle_action(s) + shift) % self.num_actions)
             out.append((states, actions))
         return out
+
+    def agreement_report(self, levels: list[tuple[str, int]], pairs: int, seed: int) -> dict:
+        """--llm-check-pairs: check_agreement, printed per task and level; returns it (eval.json's llm_agreement_check)."""
+        check = self.check_agreement(levels, pairs, seed)
+        shares = " ".join(f"{w}={v['agreement']:.2f}" for w, v in check["per_level"].items())
+        print(f"LLM agreement with the rule before training ({pairs} pairs per task and level): {shares}")
+        if self.role == "answer":
+            shares = " ".join(f"{w}={v['accuracy']:.2f}" for w, v in check["per_level"].items())
+            print(f"LLM answers equal to the rule's before training: {shares}")
+        return check
 
     def check_agreement(self, levels: list[tuple[str, int]], pairs: int, seed: int = 0) -> dict:
         """summary() over `pairs` seeded (state, action) per (task, level) of `levels`, half right; the running totals

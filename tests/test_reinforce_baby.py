@@ -262,10 +262,10 @@ def test_reinforce_advantages_are_scaled_only_when_the_returns_differ():
     when every return in the batch is equal (all 0/1 episodes succeeded or all failed), where the std is 0 and the
     division would blow them up by 1e8. PPO's are centred and scaled as usual."""
     same = torch.full((32,), 0.7)
-    assert torch.equal(reinforce_baby.scale_advantages(same, "reinforce"), same)
+    assert torch.equal(reinforce_baby.scale_advantages(same), same)
     mixed = torch.tensor([0.5, -0.5, 0.5, 1.5])
-    assert torch.allclose(reinforce_baby.scale_advantages(mixed, "reinforce"), mixed / mixed.std(), rtol=1e-6)
-    ppo = reinforce_baby.scale_advantages(mixed, "ppo")
+    assert torch.allclose(reinforce_baby.scale_advantages(mixed), mixed / mixed.std(), rtol=1e-6)
+    ppo = reinforce_baby.normalize_advantages(mixed)
     assert ppo.mean().abs() < 1e-6 and ppo.std() == pytest.approx(1.0, abs=1e-5)
 
 
@@ -319,9 +319,9 @@ def test_reinforce_advantage_is_the_return_minus_the_baseline_of_earlier_batches
         returns_seen.append(real_returns(rewards, gamma))
         return returns_seen[-1]
 
-    def scale_advantages(adv, algorithm):
+    def scale_advantages(adv):
         advantages_seen.append(adv.detach().clone())
-        return real_scale(adv, algorithm)
+        return real_scale(adv)
 
     monkeypatch.setattr(reinforce_baby, "reinforce_returns", reinforce_returns)
     monkeypatch.setattr(reinforce_baby, "scale_advantages", scale_advantages)
@@ -785,13 +785,22 @@ def test_smoke_per_task_and_algorithm(tmp_path, task, algorithm, extra):
 
 
 def test_a_default_run_needs_only_its_own_file(tmp_path):
-    """A run with the rule parent imports nothing from this repository: with the helper package and the script's own
-    package made unimportable, the script alone (run as a file) trains, evaluates and writes eval.json."""
+    """A run with the rule parent imports nothing from this repository: the script copied alone into an empty
+    directory, with the helper package and the script's own package made unimportable, trains, evaluates, runs the
+    representation analysis (on by default) and writes eval.json."""
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    script = alone / os.path.basename(reinforce_baby.__file__)
+    script.write_text(open(reinforce_baby.__file__).read())
     blocked = "import runpy, sys; sys.modules['cleanrl_astral_utils'] = sys.modules['cleanrl_astral'] = None; "
-    argv = [reinforce_baby.__file__, "--task", "pattern-echo", *TINY, "--runs-dir", str(tmp_path)]
+    flags = [f for f in TINY if f != "--no-analysis"] + ["--analysis-samples", "40"]
+    argv = [str(script), "--task", "pattern-echo", *flags, "--runs-dir", str(tmp_path / "runs")]
     code = blocked + f"sys.argv = {argv!r}; runpy.run_path(sys.argv[0], run_name='__main__')"
-    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, env=SCRIPT_ENV, cwd=tmp_path)
-    assert os.path.isfile(os.path.join(only_run_dir(tmp_path), "eval.json"))
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, env=SCRIPT_ENV, cwd=alone)
+    run_dir = only_run_dir(tmp_path / "runs")
+    with open(os.path.join(run_dir, "eval.json")) as f:
+        assert "probe_accuracy" in json.load(f)
+    assert os.path.isfile(os.path.join(run_dir, "tsne.png"))
 
 
 def test_runs_started_in_the_same_second_get_directories_of_their_own(tmp_path, occupied_run_names):
@@ -942,7 +951,7 @@ def test_num_actions_check_depends_on_the_levels_used():
 def test_the_plans_conditional_rule_answers_the_shapes_block_plus_8_for_red():
     """--conditional-rule plan: f0 the shape (0 circle, 1 square), f1 the colour (1 red), v0 the place in the block:
     circle 0-3, square 4-7, red adds 8. Level 0 has no colour; level 2 uses all 16 actions."""
-    parent = reinforce_baby.DeterministicParent(16, "plan")
+    parent = reinforce_baby.PlanConditionalParent(16)
     rng = np.random.default_rng(0)
     answers = {0: set(), 1: set(), 2: set()}
     for level in range(3):

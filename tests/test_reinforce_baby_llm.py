@@ -25,6 +25,7 @@ from helpers import SCRIPT_ENV, assert_one_line_error, logged_scalars, only_run_
 from test_reinforce_baby import TINY, RecordingWriter, refusal, train_tiny
 
 import cleanrl_astral.reinforce_baby as reinforce_baby
+import cleanrl_astral_utils.llm as llm
 
 
 class FakeLLM(http.server.BaseHTTPRequestHandler):
@@ -968,7 +969,10 @@ def test_the_llm_report_sets_the_parents_accuracy_beside_the_babys_success_per_t
 # ------------------------------------------------------------------ task generation (--task-source parent)
 
 RULE = reinforce_baby.DeterministicParent(8)
-PROMPT = reinforce_baby.ParentPrompt(RULE, reinforce_baby.playable(reinforce_baby.TASKS, 8), 8, False)
+SYMBOLS = llm.PromptSymbols(
+    reinforce_baby.State, reinforce_baby.TASKS, reinforce_baby.DIFFICULTY_CONFIGS, reinforce_baby.FLAG_PAD
+)
+PROMPT = llm.ParentPrompt(RULE, reinforce_baby.playable(reinforce_baby.TASKS, 8), 8, False, SYMBOLS)
 
 
 def test_every_instance_the_rule_draws_is_in_its_level_and_is_read_back_from_its_line():

@@ -3,14 +3,19 @@ resumed ends exactly where the same run never stopped ends; bad --resume input i
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 from helpers import SCRIPT_ENV, logged_scalars, only_run_dir, run_script, script_path
-from test_reinforce_baby import TINY, assert_refused
+from test_reinforce_baby import TINY, RecordingWriter, assert_refused
+
+import cleanrl_astral.reinforce_baby as reinforce_baby
+from cleanrl_astral_utils.baby import Checkpoints
 
 # a curriculum whose levels and mastery windows change during the run, so that restoring them matters: with a low
 # threshold a task levels up as soon as its window fills, so a window restored empty would level it up later
@@ -109,3 +114,40 @@ def test_a_bad_resume_path_is_a_one_line_error(tmp_path, kind):
 
 def test_a_negative_checkpoint_interval_is_refused(tmp_path):
     assert_refused(run_script("reinforce_baby", *TINY, "--checkpoint-every", "-1", "--runs-dir", str(tmp_path)), "-1")
+
+
+class FlushingWriter(RecordingWriter):
+    def flush(self):
+        pass
+
+
+def test_a_checkpoint_restores_every_random_generator(tmp_path):
+    """The environment's generator and the global ones of torch, numpy and Python are in the checkpoint and are restored:
+    what each draws after the restore repeats what it drew after the save. If one were left out, a resumed run would
+    draw other episodes or other minibatch orders than the run never stopped."""
+    args = reinforce_baby.Args(task="pattern-echo", num_actions=8, hidden_dim=32, num_layers=1, num_envs=16)
+    args.batch_size = args.num_envs * args.max_episode_steps
+    args.num_iterations = 2
+
+    def run_objects():
+        agent = reinforce_baby.build_agent(args)
+        optimizer = reinforce_baby.make_optimizer(agent, args)
+        curriculum = reinforce_baby.make_curriculum(args, ["pattern-echo"])
+        parent = reinforce_baby.DeterministicParent(8)
+        env = reinforce_baby.BabyEnv(parent, args.num_envs, args.max_episode_steps, args.seed)
+        log = reinforce_baby.TrainingLog(FlushingWriter(), ["pattern-echo"], args)
+        return agent, optimizer, curriculum, env, log, parent
+
+    def draws(env):
+        return [env.rng.random(), torch.rand(1).item(), np.random.random(), random.random()]
+
+    reinforce_baby.seed_everything(3)
+    agent, optimizer, curriculum, env, log, parent = run_objects()
+    path = str(tmp_path / "checkpoint.pt")
+    Checkpoints(path, 16, "reinforce_baby").save(args, 1, agent, optimizer, torch.zeros(1), curriculum, env, log, parent)
+    after_save = draws(env)
+    reinforce_baby.seed_everything(4)
+    agent, optimizer, curriculum, env, log, parent = run_objects()
+    resumed = torch.load(path, weights_only=False)
+    Checkpoints(path, 16, "reinforce_baby", resumed).restore(agent, optimizer, curriculum, env, log, parent)
+    assert draws(env) == after_save
