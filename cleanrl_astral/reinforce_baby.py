@@ -1396,6 +1396,8 @@ if __name__ == "__main__":
     args = tyro.cli(Args)
     resumed = None
     try:
+        if args.resume is not None and importlib.util.find_spec("cleanrl_astral_utils") is None:  # it reads the checkpoint
+            raise ValueError("--resume needs the cleanrl_astral_utils package: pip install -e . in the repository")
         if args.resume is not None:
             from cleanrl_astral_utils.baby import resumed_args
 
