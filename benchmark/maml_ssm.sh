@@ -23,12 +23,13 @@
 #                                      30 runs, ~8 CPU-hours plus evaluation, ~4.5 h wall with 2 workers on an idle box
 #   benchmark/maml_ssm.sh --quick      smoke flavour of every code path (a few minutes) -> benchmark/out/maml_ssm_quick
 #   benchmark/maml_ssm.sh --speed      cost of a meta-iteration: --config paper point-nav-2d, seed 1, MLP and SSM, each
-#                                      with TRPO and with ProMP (--outer-optimizer promp --inner-estimator lvc, the same
-#                                      20 x 20 meta-batch), $SPEED_ROUNDS rounds (3) of $SPEED_STEPS iterations (3), the
+#                                      with TRPO and with ProMP (maml_ssm_promp.py --config paper --tasks-per-batch 20, the
+#                                      same 20 x 20 meta-batch), $SPEED_ROUNDS rounds (3) of $SPEED_STEPS iterations (3), the
 #                                      TRPO/ProMP pair of a policy run back to back (order alternating by round), one
 #                                      run at a time -> benchmark/out/maml_ssm_speed, docs/results/maml_ssm/speed
 #                                      (speed_table.md); ~12 min on an idle machine (12 runs, ~220 CPU-s per round)
-#   benchmark/maml_ssm.sh --promp-study  the pre-registered ProMP comparison (docs/maml_ssm.md): --config promp on
+#   benchmark/maml_ssm.sh --promp-study  the pre-registered ProMP comparison (docs/maml_ssm_promp.md): maml_ssm_promp.py
+#                                      --config paper on
 #                                      point-nav-2d, MLP and SSM, seeds 1-3, each stopped by --cpu-budget 900, then
 #                                      evaluated on 40 test tasks -> benchmark/out/maml_ssm_promp_study,
 #                                      docs/results/maml_ssm/promp_study (promp_study_table.md with the verdicts);
@@ -115,7 +116,7 @@ TRPO="nice -n 15 python cleanrl_astral/maml_ssm.py train --buffer-size 50000 --t
 PROTO="nice -n 15 python cleanrl_astral/maml_ssm.py train --buffer-size 50000 --save-model --config paper --eval-tasks 40 --eval-steps 3 \
 --outer-steps 100000 --cpu-budget $trpo_budget"
 # ProMP's reference configuration on the paper preset's task rules and evaluation, stopped by --cpu-budget
-PROMP="nice -n 15 python cleanrl_astral/maml_ssm.py train --buffer-size 50000 --task point-nav-2d --save-model --config promp --eval-tasks 40 \
+PROMP="nice -n 15 python cleanrl_astral/maml_ssm_promp.py train --buffer-size 50000 --task point-nav-2d --save-model --config paper --eval-tasks 40 \
 --eval-steps 3 --outer-steps 100000 --cpu-budget $trpo_budget"
 ADAPT_EXTRA=""
 if [ "$mode" = quick ]; then
@@ -150,9 +151,9 @@ adapt_sweep() {
 }
 # one cost run: policy, optimizer, round
 speed_run() {
-    local flags="" dir="$out/${1}_${2}/r$3"
-    [ "$2" = promp ] && flags="--outer-optimizer promp --inner-estimator lvc"
-    local cmd="nice -n 15 env OMP_NUM_THREADS=1 python cleanrl_astral/maml_ssm.py train --buffer-size 50000 --task point-nav-2d --config paper \
+    local script=maml_ssm.py flags="" dir="$out/${1}_${2}/r$3"
+    [ "$2" = promp ] && script=maml_ssm_promp.py flags="--tasks-per-batch 20"
+    local cmd="nice -n 15 env OMP_NUM_THREADS=1 python cleanrl_astral/$script train --buffer-size 50000 --task point-nav-2d --config paper \
 --policy $1 $flags --seed 1 --outer-steps ${SPEED_STEPS:-3} --log-every 1 --runs-dir $dir"
     if [ "$dry" = 1 ]; then
         echo "$cmd"

@@ -1,7 +1,8 @@
 """Tables and plots of the maml_ssm benchmark (`benchmark/maml_ssm.sh`). Reads every finished run under --out
-(`<sweep>/runs/<run>/<run_name>/maml_ssm.cleanrl_model` with its eval.json and adapt.json) and writes into --report:
-point_nav_table.md (point-nav arms next to the MAML paper's Table 4, then cartpole-physics / halfcheetah-vel, then
-the `adapt` tables), the JSON behind them, point_nav_adaptation.png, point_nav_training.png and the adapt figures.
+(`<sweep>/runs/<run>/<run_name>/maml_ssm.cleanrl_model`, or maml_ssm_promp.cleanrl_model, with its eval.json and
+adapt.json) and writes into --report: point_nav_table.md (point-nav arms next to the MAML paper's Table 4, then
+cartpole-physics / halfcheetah-vel, then the `adapt` tables), the JSON behind them, point_nav_adaptation.png,
+point_nav_training.png and the adapt figures.
 
 With --speed it tables the cost of a meta-iteration instead (benchmark/maml_ssm.sh --speed), with --promp-study the
 pre-registered ProMP comparison and its verdicts (benchmark/maml_ssm.sh --promp-study).
@@ -77,7 +78,7 @@ def arm_of(a):
 def load_runs(out):
     """[(checkpoint path, checkpoint dict, eval.json dict)]; refuses runs of an older version of a task."""
     runs = []
-    for ckpt in sorted(glob.glob(os.path.join(out, "*", "runs", "*", "*", "maml_ssm.cleanrl_model"))):
+    for ckpt in sorted(glob.glob(os.path.join(out, "*", "runs", "*", "*", "maml_ssm*.cleanrl_model"))):
         c = torch.load(ckpt, map_location="cpu", weights_only=False)
         if c.get("task_version", 1) != TASK_VERSIONS[c["args"]["task"]]:  # never pool old dynamics with current
             raise ValueError(
@@ -431,7 +432,8 @@ def promp_study(runs, report):
     rows = {}
     for ckpt, c, ev in runs:
         a = c["args"]
-        if a["outer_optimizer"] != "promp" or a["task"] != "point-nav-2d":
+        promp = c.get("script") == "maml_ssm_promp" or a.get("outer_optimizer") == "promp"
+        if not promp or a["task"] != "point-nav-2d":
             continue
         # every run's eval.json beside the table, to be committed with it
         shutil.copy(

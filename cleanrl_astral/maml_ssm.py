@@ -6,7 +6,7 @@ by a Linear Recurrent Unit (Orvieto et al. 2023, "Resurrecting Recurrent Neural 
 GRU and MLP policies with matched parameter counts serve as baselines.
 
 The file reads in CleanRL's order: Args, tasks, model, then `train` and its `meta_iteration` (ROLLOUT, ADVANTAGES,
-UPDATE), where the meta-update is `outer_update` (TRPO, ProMP or one Adam step), then `eval` and `adapt`.
+UPDATE), where the meta-update is `outer_update` (TRPO or one Adam step), then `eval` and `adapt`.
 
 Usage: python cleanrl_astral/maml_ssm.py train --config basic --outer-steps 100 --tasks-per-batch 8 --ckpt-dir ckpts
        python cleanrl_astral/maml_ssm.py eval --checkpoint ckpts/latest.cleanrl_model --episodes 50
@@ -37,12 +37,12 @@ from torch.utils._pytree import tree_map
 
 TASKS = ("point-nav-2d", "cartpole-physics", "halfcheetah-vel")
 POLICIES = ("ssm", "gru", "mlp")
-OUTER_OPTIMIZERS = ("trpo", "adam", "promp")
-INNER_ESTIMATORS = ("reinforce", "lvc")
+OUTER_OPTIMIZERS = ("trpo", "adam")
 # cartpole-physics: (gravity, pole half-length) ranges; train and test boxes are disjoint in both coordinates
 CARTPOLE_TRAIN_RANGES = ((7.0, 11.0), (0.3, 0.6))
 CARTPOLE_TEST_RANGES = ((11.5, 14.0), (0.65, 0.9))
 MUJOCO_PIN = "mujoco==4.0.0"
+SCRIPT = "maml_ssm"  # the name its checkpoints carry
 
 
 @dataclass
@@ -66,7 +66,7 @@ class Args:
     runs_dir: str = "runs"
     """directory holding {run_name}/ with TensorBoard logs, checkpoint and eval.json"""
     config: str = "none"
-    """named preset whose values are the defaults of the other flags: none | basic | paper | promp (see PRESETS)"""
+    """named preset whose values are the defaults of the other flags: none | basic | paper (see PRESETS)"""
     ckpt_dir: str | None = None
     """write a resumable checkpoint every --ckpt-every outer steps to DIR/step_N.cleanrl_model and DIR/latest.cleanrl_model"""
     ckpt_every: int = 10
@@ -122,18 +122,10 @@ class Args:
     """discount factor"""
     gae_lambda: float = 1.0
     """lambda of generalised advantage estimation"""
-    inner_estimator: str = "reinforce"
-    """inner objective: reinforce (-E[log pi A], the MAML paper's) | lvc (ProMP's low-variance curvature estimator)"""
     outer_optimizer: str = "trpo"
-    """outer update: trpo (KL trust region, as in the paper) | adam (one step) | promp (ProMP's clipped surrogate)"""
+    """outer update: trpo (KL trust region, as in the paper) | adam (one step); ProMP is maml_ssm_promp.py"""
     outer_lr: float = 1e-3
-    """Adam learning rate of the outer update (--outer-optimizer adam and promp)"""
-    promp_steps: int = 5
-    """ProMP: Adam steps on each meta-batch, without re-sampling"""
-    clip_coef: float = 0.3
-    """ProMP: clip range epsilon of the likelihood ratio of the adapted policy"""
-    inner_kl_coef: float = 5e-4
-    """ProMP: weight of KL(policy that sampled the pre-update episodes || pre-update policy), a fixed penalty"""
+    """Adam learning rate of the outer update (--outer-optimizer adam)"""
     max_kl: float = 0.01
     """TRPO trust-region size"""
     cg_iters: int = 10
@@ -160,27 +152,6 @@ class Args:
     """print a progress line every this many iterations"""
     num_threads: int = 1
     """torch CPU threads (the networks are tiny: extra threads mostly add contention)"""
-
-
-# `train --resume` may change these; any other flag that differs from the checkpoint's is refused
-RESUMABLE_FIELDS = (
-    "resume",
-    "outer_steps",
-    "cpu_budget",
-    "ckpt_dir",
-    "ckpt_every",
-    "save_model",
-    "runs_dir",
-    "log_every",
-    "num_threads",
-    "track",
-    "wandb_project_name",
-    "wandb_entity",
-    "eval_tasks",
-    "eval_steps",
-    "eval_later_lr_scale",
-    "eval_episodes",
-)
 
 
 # ------------------------------------------------------------------------------------------------ TASKS
@@ -564,7 +535,7 @@ def train(args: Args):
     if args.resume:
         from cleanrl_astral_utils.maml import read_resume_state
 
-        saved = read_resume_state(args.resume, args, RESUMABLE_FIELDS)
+        saved = read_resume_state(args.resume, args, SCRIPT)
     run_dir, writer = start_run(args, saved)
     gen = torch.Generator().manual_seed(args.seed)
     train_rng, _ = task_streams(args.seed)
@@ -577,7 +548,7 @@ def train(args: Args):
     print(f"device {device}")
     aux_opt = make_aux_optimizer(model, args)
     outer_opt = None
-    if args.outer_optimizer in ("adam", "promp"):
+    if args.outer_optimizer == "adam":
         outer_opt = torch.optim.Adam(model.parameters(), lr=args.outer_lr)
     buffer = make_buffer(args, model, env_cls)
     monitor = FeatureMonitor(model.hidden)
@@ -585,6 +556,8 @@ def train(args: Args):
     global_step = 0
     spent = {"wall": 0.0, "cpu": 0.0}
     if saved is not None:
+        from cleanrl_astral_utils.maml import restore_training
+
         train_tasks, global_step, spent = restore_training(saved, model, aux_opt, outer_opt, buffer, monitor, gen, train_rng)
         print(f"resumed {args.resume} after {len(train_tasks)} outer steps, {spent['cpu']:.1f} CPU-seconds spent")
     start_time = time.time() - spent["wall"]
@@ -604,6 +577,8 @@ def train(args: Args):
             print_progress(it, args, global_step, sps, scalars, dt, time.time() - start_time)
         out_of_budget = args.cpu_budget > 0 and time.process_time() - start_cpu >= args.cpu_budget
         if args.ckpt_dir and (it % args.ckpt_every == 0 or it == args.outer_steps or out_of_budget):
+            from cleanrl_astral_utils.maml import training_state
+
             times = run_times(start_time, start_cpu, train_tasks)
             training = training_state(aux_opt, outer_opt, gen, train_rng, global_step, run_dir)
             save_model_checkpoint(model, args, train_tasks, buffer, monitor, times, training)
@@ -672,7 +647,7 @@ def sample_task_batches(model, params, task_params, args, gen, num_steps, inner_
         adapted = []
         for i, b in enumerate(parts):
             train_batches[i].append(b)
-            theta_prime = inner_update(model, take(task_p, i), b, inner_lrs[j], False, args.inner_estimator)
+            theta_prime = inner_update(model, take(task_p, i), b, inner_lrs[j], False)
             adapted.append(clone_params(theta_prime))
         task_p = stack_params(adapted)
 
@@ -870,18 +845,18 @@ def linear_baseline(batch, gamma, reg=1e-5):
 
 
 # ------------------------------------------------------------------------------------------------ INNER STEP
-def inner_loop(model, params, train_batches, lr, first_order, create_graph=True, estimator="reinforce"):
+def inner_loop(model, params, train_batches, lr, first_order, create_graph=True):
     """theta' after one inner step on each of a task's fast batches."""
     for b in train_batches:
-        params = inner_update(model, params, b, lr, create_graph and not first_order, estimator)
+        params = inner_update(model, params, b, lr, create_graph and not first_order)
     return params
 
 
-def inner_update(model, params, batch, lr, create_graph, estimator="reinforce"):
+def inner_update(model, params, batch, lr, create_graph):
     """theta' = theta - lr * grad inner_loss(theta); differentiable in theta unless create_graph is False."""
 
     def loss_of(p):
-        return inner_loss(model, p, batch, estimator)
+        return inner_loss(model, p, batch)
 
     g = grad(loss_of)(params)
     if create_graph:
@@ -889,18 +864,10 @@ def inner_update(model, params, batch, lr, create_graph, estimator="reinforce"):
     return {k: params[k] - lr * g[k].detach() for k in params}
 
 
-def inner_loss(model, params, batch, estimator="reinforce"):
-    """The inner objective on GAE advantages (from rewards through the linear baseline). reinforce: -E[log pi(a|s) A].
-    lvc (ProMP's low-variance curvature estimator): -E[pi(a|s) / pi_old(a|s) A], pi_old the policy that sampled the
-    batch, batch["old_logp"] if given, else pi with its gradient stopped. Both have the same gradient at pi = pi_old;
-    lvc's Hessian adds E[grad log pi grad log pi^T A], which reinforce drops."""
+def inner_loss(model, params, batch):
+    """The inner objective, -E[log pi(a|s) A] on GAE advantages (from rewards through the linear baseline)."""
     logp = log_prob(make_dist(policy_out(model, params, batch), model.discrete), batch["actions"], model.discrete)
-    if estimator == "reinforce":
-        return -masked_mean(logp * batch["advantages"], batch["masks"])
-    old_logp = logp.detach()
-    if "old_logp" in batch:
-        old_logp = batch["old_logp"]
-    return -masked_mean(torch.exp(logp - old_logp) * batch["advantages"], batch["masks"])
+    return -masked_mean(logp * batch["advantages"], batch["masks"])
 
 
 def policy_out(model, params, batch):
@@ -920,11 +887,9 @@ def masked_mean(x, masks):
 
 # ------------------------------------------------------------------------------------------------ OUTER UPDATE
 def outer_update(model, tasks_data, args, outer_opt):
-    """UPDATE: the meta step, TRPO (as in the paper), ProMP, or one Adam step on TRPO's meta-objective."""
+    """UPDATE: the meta step, TRPO (as in the paper) or one Adam step on TRPO's meta-objective."""
     if args.outer_optimizer == "trpo":
         return trpo_step(model, tasks_data, args)
-    if args.outer_optimizer == "promp":
-        return promp_step(model, tasks_data, args, outer_opt)
     loss, _, old_outs = meta_objective(model, dict(model.named_parameters()), tasks_data, args)
     outer_opt.zero_grad()
     loss.backward()
@@ -941,7 +906,7 @@ def meta_objective(model, params, tasks_data, args, old_outs=None, create_graph=
     with torch.set_grad_enabled(create_graph and torch.is_grad_enabled()):
         for i, td in enumerate(tasks_data):
             val = td["val"]
-            adapted = inner_loop(model, params, td["train"], args.inner_lr, args.first_order, True, args.inner_estimator)
+            adapted = inner_loop(model, params, td["train"], args.inner_lr, args.first_order, True)
             out = policy_out(model, adapted, val)
             if old_outs is None:
                 old = detached_dist_params(out)
@@ -1037,7 +1002,7 @@ def fisher_product(model, tasks_data, args):
         p = dict(model.named_parameters())
         for b in td["train"]:
             q = leaf_params(p)
-            p = inner_update(model, q, b, args.inner_lr, not args.first_order, args.inner_estimator)
+            p = inner_update(model, q, b, args.inner_lr, not args.first_order)
             chain.append((q, p))
         q = leaf_params(p)
         out = policy_out(model, q, td["val"])
@@ -1095,114 +1060,6 @@ def conjugate_gradient(Avp, b, iters, tol=1e-10):
 def kl_radius_step(step_dir, f_step_dir, max_kl):
     """The multiple s of step_dir with 0.5 s^T F s = max_kl; f_step_dir = F step_dir."""
     return step_dir * torch.sqrt(2 * max_kl / (step_dir @ f_step_dir + 1e-12))
-
-
-def promp_step(model, tasks_data, args, outer_opt):
-    """ProMP outer update (Rothfuss et al. 2019): --promp-steps Adam steps on one meta-batch, each on the clipped
-    surrogate of the adapted policy plus the inner KL penalty, with theta' recomputed from theta every step."""
-    olds = None
-    first_loss = None
-    for _ in range(args.promp_steps):
-        objective = promp_objective(model, dict(model.named_parameters()), tasks_data, args, olds)
-        if olds is None:  # the first step's policies are the ones that sampled the meta-batch
-            olds = objective.olds
-            first_loss = objective.loss.item()
-        outer_opt.zero_grad()
-        objective.loss.backward()
-        outer_opt.step()
-    after = promp_objective(model, dict(model.named_parameters()), tasks_data, args, olds, create_graph=False)
-    return {
-        "outer_loss": first_loss,
-        "approx_kl": after.outer_kl.item(),
-        "line_search_steps": 0,
-        "accepted": 1.0,
-        "inner_kl": after.inner_kl.item(),
-        "clipfrac": after.clipfrac.item(),
-    }
-
-
-class PrompObjective(NamedTuple):
-    loss: torch.Tensor
-    """surrogate + kl_penalty, what the Adam steps minimise"""
-    surrogate: torch.Tensor
-    """mean over tasks of the clipped surrogate of the adapted policy"""
-    kl_penalty: torch.Tensor
-    """--inner-kl-coef x inner_kl"""
-    inner_kl: torch.Tensor
-    """mean over tasks and inner steps of KL(policy that sampled the step's episodes || the policy before the step)"""
-    outer_kl: torch.Tensor
-    """mean over tasks of KL(policy that sampled the post-update episodes || adapted policy) on them"""
-    clipfrac: torch.Tensor
-    """fraction of valid post-update steps whose ratio is outside [1 - clip, 1 + clip]"""
-    ratios: list
-    """per task, the likelihood ratios pi_theta' / pi_old on its post-update episodes"""
-    olds: list
-    """per task, {"train": [sampling policy of each inner step's batch], "val": that of the post-update batch}"""
-
-
-def promp_objective(model, params, tasks_data, args, olds=None, create_graph=True):
-    """ProMP's meta-objective at params. `olds` holds the policies that sampled the meta-batch; None takes them
-    from this evaluation (at the parameters that sampled, each likelihood ratio is then exactly 1)."""
-    surrogates = []
-    inner_kls = []
-    outer_kls = []
-    ratios = []
-    clipped = []
-    new_olds = []
-    with torch.set_grad_enabled(create_graph and torch.is_grad_enabled()):
-        for i, td in enumerate(tasks_data):
-            task_olds = {"train": []}
-            p = params
-            for j, b in enumerate(td["train"]):
-                # KL(sampler || pre-update policy) on the episodes the inner step learns from
-                out = policy_out(model, p, b)
-                old = detached_dist_params(out)
-                if olds is not None:
-                    old = olds[i]["train"][j]
-                task_olds["train"].append(old)
-                inner_kls.append(masked_mean(kl_divergence(old, out, model.discrete), b["masks"]))
-                old_logp = log_prob(make_dist(old, model.discrete), b["actions"], model.discrete)
-                p = inner_update(
-                    model, p, {**b, "old_logp": old_logp}, args.inner_lr, not args.first_order, args.inner_estimator
-                )
-            val = td["val"]
-            out = policy_out(model, p, val)
-            old = detached_dist_params(out)
-            if olds is not None:
-                old = olds[i]["val"]
-            task_olds["val"] = old
-            new_olds.append(task_olds)
-            new_logp = log_prob(make_dist(out, model.discrete), val["actions"], model.discrete)
-            old_logp = log_prob(make_dist(old, model.discrete), val["actions"], model.discrete)
-            surrogate, ratio = clipped_surrogate(new_logp, old_logp, val["advantages"], val["masks"], args.clip_coef)
-            surrogates.append(surrogate)
-            ratios.append(ratio)
-            outer_kls.append(masked_mean(kl_divergence(old, out, model.discrete), val["masks"]))
-            clipped.append(masked_mean(((ratio - 1).abs() > args.clip_coef).float(), val["masks"]))
-    inner_kl = torch.zeros(())
-    if inner_kls:
-        inner_kl = torch.stack(inner_kls).mean()
-    surrogate = torch.stack(surrogates).mean()
-    kl_penalty = args.inner_kl_coef * inner_kl
-    return PrompObjective(
-        loss=surrogate + kl_penalty,
-        surrogate=surrogate,
-        kl_penalty=kl_penalty,
-        inner_kl=inner_kl,
-        outer_kl=torch.stack(outer_kls).mean(),
-        clipfrac=torch.stack(clipped).mean(),
-        ratios=ratios,
-        olds=new_olds,
-    )
-
-
-def clipped_surrogate(new_logp, old_logp, advantages, masks, clip_coef):
-    """PPO's clipped objective over valid steps, -E[min(r A, clip(r, 1 - eps, 1 + eps) A)] with r = pi_new / pi_old;
-    returns (loss, r). A ratio that left the clip range in the advantage's direction gets no gradient."""
-    ratio = torch.exp(new_logp - old_logp)
-    unclipped = ratio * advantages
-    clipped = torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef) * advantages
-    return -masked_mean(torch.min(unclipped, clipped), masks), ratio
 
 
 # ------------------------------------------------------------------------------------------------ AUXILIARY HEADS
@@ -1441,11 +1298,8 @@ def iteration_scalars(args, returns, tasks_data, inner_l, stats, v_loss, d_loss,
             "meta/buffer_size": buffer_size,
         }
     )
-    if args.outer_optimizer in ("adam", "promp"):
+    if args.outer_optimizer == "adam":
         scalars["charts/learning_rate"] = args.outer_lr
-    if args.outer_optimizer == "promp":
-        scalars["losses/inner_kl"] = stats["inner_kl"]
-        scalars["losses/clipfrac"] = stats["clipfrac"]
     return scalars
 
 
@@ -1460,48 +1314,6 @@ def run_times(start_time, start_cpu, train_tasks):
         "train_cpu_time": time.process_time() - start_cpu,
         "outer_steps_done": len(train_tasks),
     }
-
-
-def training_state(aux_opt, outer_opt, gen, train_rng, global_step, run_dir):
-    """What --resume restores besides the model, buffer and feature statistics: optimizers, every RNG, the step."""
-    outer = None
-    if outer_opt is not None:
-        outer = outer_opt.state_dict()
-    return {
-        "aux_opt": aux_opt.state_dict(),
-        "outer_opt": outer,
-        "gen": gen.get_state(),
-        "torch_rng": torch.get_rng_state(),
-        "numpy_rng": np.random.get_state(),
-        "python_rng": random.getstate(),
-        "train_rng": train_rng.bit_generator.state,
-        "global_step": global_step,
-        "run_dir": run_dir,
-    }
-
-
-def restore_training(saved, model, aux_opt, outer_opt, buffer, monitor, gen, train_rng):
-    """Puts a --ckpt-dir checkpoint's state back in place: (train_tasks, global_step, {"wall", "cpu"} time spent)."""
-    t = saved["training"]
-    model.load_state_dict(saved["state_dict"])
-    aux_opt.load_state_dict(t["aux_opt"])
-    if outer_opt is not None:
-        outer_opt.load_state_dict(t["outer_opt"])
-    if buffer is not None:
-        buffer.data = {k: v.clone() for k, v in saved["buffer"]["data"].items()}
-        buffer.pos = saved["buffer"]["pos"]
-        buffer.size = saved["buffer"]["size"]
-    for key, value in saved["feature_stats"].items():
-        setattr(monitor, key, value)
-    gen.set_state(t["gen"])
-    torch.set_rng_state(t["torch_rng"])
-    np.random.set_state(t["numpy_rng"])
-    random.setstate(t["python_rng"])
-    train_rng.bit_generator.state = t["train_rng"]
-    seen = np.asarray(saved["task_split"]["train_tasks"])
-    train_tasks = list(seen.reshape(saved["outer_steps_done"], -1, seen.shape[1]))
-    spent = {"wall": saved["train_wall_time"], "cpu": saved["train_cpu_time"]}
-    return train_tasks, t["global_step"], spent
 
 
 def save_model_checkpoint(model, args, train_tasks, buffer, monitor, times, training, run_dir=None):
@@ -1532,7 +1344,7 @@ def save_model_checkpoint(model, args, train_tasks, buffer, monitor, times, trai
         paths = [os.path.join(args.ckpt_dir, f"step_{len(train_tasks)}.cleanrl_model")]
         paths.append(os.path.join(args.ckpt_dir, "latest.cleanrl_model"))
     for path in paths:
-        save_checkpoint(path, model, args, split, TASK_VERSIONS[args.task], extra)
+        save_checkpoint(path, model, args, split, TASK_VERSIONS[args.task], extra, SCRIPT)
         print(f"model saved to {path}")
     return paths[-1]
 
@@ -1628,11 +1440,12 @@ def evaluate(
     return result
 
 
-def load_checkpoint(path):
-    """(model, args, ckpt) of a checkpoint this script can evaluate, or a ValueError with a one-line reason."""
+def load_checkpoint(path, also=()):
+    """(model, args, ckpt) of a checkpoint this script (or a script of `also`) wrote, or a ValueError with a one-line
+    reason."""
     from cleanrl_astral_utils.maml import check_task_split, read_checkpoint
 
-    ckpt = read_checkpoint(path, "maml_ssm", Args)
+    ckpt = read_checkpoint(path, SCRIPT, Args, also)
     args = Args(**ckpt["args"])
     try:
         validate(args)
@@ -1713,7 +1526,7 @@ class AdaptArgs:
 def adapt_command(args: AdaptArgs):
     """Test-time adaptation (`adapt` subcommand): standard/hybrid x pg/dynamics/entropy; writes adapt.json."""
     validate_adapt(args)
-    model, ckpt_args, ckpt = load_checkpoint(args.checkpoint)
+    model, ckpt_args, ckpt = load_checkpoint(args.checkpoint, ADAPTS_CHECKPOINTS_OF)
     check_config(args, ckpt_args)
     validate_adapt_against(args, model, ckpt)
     torch.set_num_threads(1)
@@ -1738,7 +1551,7 @@ def run_adaptation(checkpoint, aargs, writer=None):
     """Returns on fresh test tasks after 0..K adaptation steps for every adapter x objective."""
     from cleanrl_astral_utils.maml import mean_ci95_half_width, summarise
 
-    model, args, ckpt = load_checkpoint(checkpoint)
+    model, args, ckpt = load_checkpoint(checkpoint, ADAPTS_CHECKPOINTS_OF)
     buffer = None
     if ckpt.get("buffer"):
         buffer = ExperienceBuffer.from_state_dict(ckpt["buffer"], model.initial_state(1).shape[1])
@@ -1920,6 +1733,8 @@ class HybridAdapter(StandardAdapter):
 
 
 ADAPTERS = {"standard": StandardAdapter, "hybrid": HybridAdapter}
+# `adapt` adapts the policies ProMP meta-trains too: maml_ssm_promp.py's tasks, policies and rollout are this file's
+ADAPTS_CHECKPOINTS_OF = ("maml_ssm_promp",)
 
 
 def objective_loss(model, params, batch, objective, max_importance_weight=10.0):
@@ -2031,7 +1846,7 @@ def validate(args: Args):
     for name in ("tasks_per_batch", "fast_batch_size", "max_episode_steps", "hidden_size", "state_size", "eval_tasks"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    for name in ("cg_iters", "num_threads", "ls_max_steps", "log_every", "promp_steps", "ckpt_every"):
+    for name in ("cg_iters", "num_threads", "ls_max_steps", "log_every", "ckpt_every"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.eval_episodes is not None and args.eval_episodes < 1:
@@ -2039,10 +1854,11 @@ def validate(args: Args):
     for name in ("outer_steps", "num_inner_steps", "eval_steps", "buffer_size", "dynamics_coef", "cg_damping"):
         if getattr(args, name) < 0:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
-    for name in ("cpu_budget", "inner_kl_coef"):
-        if getattr(args, name) < 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
-    choices = {"task": TASKS, "policy": POLICIES, "outer_optimizer": OUTER_OPTIMIZERS, "inner_estimator": INNER_ESTIMATORS}
+    if args.cpu_budget < 0:
+        raise ValueError(f"--cpu-budget must be >= 0, got {args.cpu_budget}")
+    if args.outer_optimizer == "promp":
+        raise ValueError("--outer-optimizer promp: ProMP trains with cleanrl_astral/maml_ssm_promp.py")
+    choices = {"task": TASKS, "policy": POLICIES, "outer_optimizer": OUTER_OPTIMIZERS}
     for name, allowed in {**choices, "config": tuple(PRESETS)}.items():
         if getattr(args, name) not in allowed:
             raise ValueError(f"unknown --{name.replace('_', '-')} {getattr(args, name)!r}; choose one of {', '.join(allowed)}")
@@ -2050,8 +1866,6 @@ def validate(args: Args):
         raise ValueError(f"--exp-name {args.exp_name!r} must be a non-empty name without '/'")
     if not 0 < args.ls_backtrack_ratio < 1:
         raise ValueError(f"--ls-backtrack-ratio must be in (0, 1), got {args.ls_backtrack_ratio}")
-    if not 0 < args.clip_coef < 1:
-        raise ValueError(f"--clip-coef must be in (0, 1), got {args.clip_coef}")
     if not 0 < args.cg_subsample <= 1:
         raise ValueError(f"--cg-subsample must be in (0, 1], got {args.cg_subsample}")
     if not (0 < args.gamma <= 1 and 0 <= args.gae_lambda <= 1):
@@ -2197,24 +2011,6 @@ PRESETS = {
         goal_box=True,
         fill_steps=True,
     ),
-    # ProMP's reference point-mass configuration (Rothfuss et al. 2019) on the paper preset's task rules (goal box,
-    # step-counted batches) and evaluation, so that it compares with `paper` on the optimizer alone
-    "promp": dict(
-        outer_optimizer="promp",
-        inner_estimator="lvc",
-        promp_steps=5,
-        clip_coef=0.3,
-        outer_lr=1e-3,
-        inner_lr=0.1,
-        inner_kl_coef=5e-4,
-        tasks_per_batch=40,
-        fast_batch_size=20,
-        max_episode_steps=100,
-        num_inner_steps=1,
-        eval_episodes=40,
-        goal_box=True,
-        fill_steps=True,
-    ),
 }
 COMMANDS = ("train", "eval", "adapt")
 USAGE = "usage: maml_ssm.py {train,eval,adapt} [--help] [flags]"
@@ -2239,10 +2035,12 @@ def train_defaults(argv) -> Args:
     if resume is not None:
         from cleanrl_astral_utils.maml import resumed_args
 
-        return resumed_args(resume, Args)
+        return resumed_args(resume, Args, SCRIPT)
     config = flag_value(argv, "--config")
     if config is None:
         config = "none"
+    if config == "promp":
+        raise ValueError("--config promp: ProMP trains with cleanrl_astral/maml_ssm_promp.py")
     if config not in PRESETS:
         raise ValueError(f"unknown --config {config!r}; choose one of {', '.join(PRESETS)}")
     return Args(config=config, **PRESETS[config])

@@ -1,10 +1,13 @@
-"""What maml_ssm.py needs besides the method: writing and refusing checkpoints, the evaluation and adaptation reports
-(eval.json, adapt.json, their 95% CIs and plots). maml_ssm.py imports it only where a run saves or evaluates a model."""
+"""What maml_ssm.py and maml_ssm_promp.py need besides the method: writing and refusing checkpoints, the state `train
+--resume` restores, the evaluation and adaptation reports (eval.json, adapt.json, their 95% CIs and plots). The scripts
+import it only where a run saves, resumes or evaluates a model."""
 
 import dataclasses
 import json
 import os
+import random
 
+import numpy as np
 import torch
 
 from cleanrl_astral_utils.files import atomic_torch_save, atomic_write_json
@@ -12,12 +15,13 @@ from cleanrl_astral_utils.stats import normal_ci95_half_width
 
 
 # ------------------------------------------------------------------------------------------------ CHECKPOINTS
-def save_checkpoint(path, model, args, task_split, task_version, extra=None):
-    """The model's weights, its full config, the task split and version, and `extra`, written atomically."""
+def save_checkpoint(path, model, args, task_split, task_version, extra=None, script="maml_ssm"):
+    """The model's weights, its full config, the task split and version, and `extra`, written atomically; `script`
+    names the script that wrote it."""
     ckpt = {
         "state_dict": model.state_dict(),
         "args": dataclasses.asdict(args),
-        "script": "maml_ssm",
+        "script": script,
         "task_split": task_split,
         "param_count": sum(p.numel() for p in model.parameters()),
         "task_version": task_version,
@@ -27,52 +31,133 @@ def save_checkpoint(path, model, args, task_split, task_version, extra=None):
     atomic_torch_save(ckpt, path)
 
 
-# config fields that older checkpoints carry and the script's Args do not: `adapt`'s settings live in its own Args,
-# and video capture does not exist for batched tensor tasks
-RETIRED_FIELDS = ("adapt_steps", "adapt_lr", "capture_video")
+# per script, config fields that its older checkpoints carry and its Args do not: `adapt`'s settings live in its own
+# Args, video capture does not exist for batched tensor tasks, and ProMP with its LVC inner estimator is maml_ssm_promp.py
+RETIRED_FIELDS = {
+    "maml_ssm": ("adapt_steps", "adapt_lr", "capture_video", "inner_estimator", "promp_steps", "clip_coef", "inner_kl_coef"),
+    "maml_ssm_promp": (),
+}
 
 
-def read_checkpoint(path, script, args_cls):
-    """The checkpoint dict written by `script` (its config without RETIRED_FIELDS), or a ValueError with a one-line
-    reason."""
+def read_checkpoint(path, script, args_cls, also=()):
+    """The checkpoint dict written by `script` or a script of `also` (its config without the fields `args_cls` lacks
+    that RETIRED_FIELDS[script] lists), or a ValueError with a one-line reason."""
     if not os.path.isfile(path):
         raise ValueError(f"checkpoint {path!r} does not exist")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # corrupted or not a torch file
         raise ValueError(f"cannot read checkpoint {path!r}: {type(e).__name__}") from e
-    if not isinstance(ckpt, dict) or ckpt.get("script") != script:
+    if not isinstance(ckpt, dict):
         raise ValueError(f"{path!r} is not a {script} checkpoint")
+    if ckpt.get("script") in RETIRED_FIELDS and ckpt.get("script") not in (script, *also):
+        raise ValueError(f"{path!r} is a {ckpt['script']} checkpoint: run cleanrl_astral/{ckpt['script']}.py on it")
+    if ckpt.get("script") not in (script, *also):
+        raise ValueError(f"{path!r} is not a {script} checkpoint")
+    config = ckpt.get("args", {})
+    # ProMP and its LVC inner estimator are cleanrl_astral/maml_ssm_promp.py's, whose checkpoints carry its own config
+    if ckpt["script"] == "maml_ssm" and config.get("outer_optimizer") == "promp":
+        raise ValueError(f"{path!r} was trained with ProMP by maml_ssm.py: retrain it with cleanrl_astral/maml_ssm_promp.py")
+    if ckpt["script"] == "maml_ssm" and config.get("inner_estimator", "reinforce") != "reinforce":
+        raise ValueError(
+            f"{path!r} was trained with the LVC inner estimator: retrain it with cleanrl_astral/maml_ssm_promp.py"
+        )
     missing = [k for k in ("state_dict", "args", "task_split") if k not in ckpt]
-    config = {k: v for k, v in ckpt.get("args", {}).items() if k not in RETIRED_FIELDS}
-    unknown = set(config) - {f.name for f in dataclasses.fields(args_cls)}
+    fields = {f.name for f in dataclasses.fields(args_cls)}
+    config = {k: v for k, v in config.items() if k in fields or k not in RETIRED_FIELDS[script]}
+    unknown = set(config) - fields
     if missing or unknown:
         raise ValueError(f"checkpoint {path!r} lacks {missing} or has unknown config fields {sorted(unknown)}")
     ckpt["args"] = config
     return ckpt
 
 
-def resumed_args(path, args_cls):
+# ------------------------------------------------------------------------------------------------ RESUME
+# `train --resume` may change these; any other flag that differs from the checkpoint's is refused
+RESUMABLE_FIELDS = (
+    "resume",
+    "outer_steps",
+    "cpu_budget",
+    "ckpt_dir",
+    "ckpt_every",
+    "save_model",
+    "runs_dir",
+    "log_every",
+    "num_threads",
+    "track",
+    "wandb_project_name",
+    "wandb_entity",
+    "eval_tasks",
+    "eval_steps",
+    "eval_later_lr_scale",
+    "eval_episodes",
+)
+
+
+def resumed_args(path, args_cls, script):
     """The Args of the run a --ckpt-dir checkpoint holds, with `resume` set to it: the defaults `train --resume` parses
     its flags over."""
-    ckpt = read_checkpoint(path, "maml_ssm", args_cls)
+    ckpt = read_checkpoint(path, script, args_cls)
     return args_cls(**{**ckpt["args"], "resume": path})
 
 
-def read_resume_state(path, args, resumable_fields):
+def read_resume_state(path, args, script):
     """The checkpoint `train --resume` continues, or a ValueError with a one-line reason: it holds no training state,
-    or a flag outside `resumable_fields` differs from the run's own."""
-    ckpt = read_checkpoint(path, "maml_ssm", type(args))
+    or a flag outside RESUMABLE_FIELDS differs from the run's own."""
+    ckpt = read_checkpoint(path, script, type(args))
     if "training" not in ckpt:
         raise ValueError(f"--resume {path!r} holds no training state: resume from a checkpoint of train --ckpt-dir")
     for field in dataclasses.fields(args):
         saved = ckpt["args"].get(field.name, field.default)
-        if field.name not in resumable_fields and getattr(args, field.name) != saved:
+        if field.name not in RESUMABLE_FIELDS and getattr(args, field.name) != saved:
             flag = "--" + field.name.replace("_", "-")
             raise ValueError(f"--resume keeps the run's settings: {flag} {getattr(args, field.name)} differs from its {saved}")
     return ckpt
 
 
+def training_state(aux_opt, outer_opt, gen, train_rng, global_step, run_dir):
+    """What --resume restores besides the model, buffer and feature statistics: optimizers, every RNG, the step."""
+    outer = None
+    if outer_opt is not None:
+        outer = outer_opt.state_dict()
+    return {
+        "aux_opt": aux_opt.state_dict(),
+        "outer_opt": outer,
+        "gen": gen.get_state(),
+        "torch_rng": torch.get_rng_state(),
+        "numpy_rng": np.random.get_state(),
+        "python_rng": random.getstate(),
+        "train_rng": train_rng.bit_generator.state,
+        "global_step": global_step,
+        "run_dir": run_dir,
+    }
+
+
+def restore_training(saved, model, aux_opt, outer_opt, buffer, monitor, gen, train_rng):
+    """Puts a --ckpt-dir checkpoint's state back in place: (train_tasks, global_step, {"wall", "cpu"} time spent)."""
+    t = saved["training"]
+    model.load_state_dict(saved["state_dict"])
+    aux_opt.load_state_dict(t["aux_opt"])
+    if outer_opt is not None:
+        outer_opt.load_state_dict(t["outer_opt"])
+    if buffer is not None:
+        buffer.data = {k: v.clone() for k, v in saved["buffer"]["data"].items()}
+        buffer.pos = saved["buffer"]["pos"]
+        buffer.size = saved["buffer"]["size"]
+    for key, value in saved["feature_stats"].items():
+        setattr(monitor, key, value)
+    gen.set_state(t["gen"])
+    torch.set_rng_state(t["torch_rng"])
+    np.random.set_state(t["numpy_rng"])
+    random.setstate(t["python_rng"])
+    train_rng.bit_generator.state = t["train_rng"]
+    seen = np.asarray(saved["task_split"]["train_tasks"])
+    train_tasks = list(seen.reshape(saved["outer_steps_done"], -1, seen.shape[1]))
+    spent = {"wall": saved["train_wall_time"], "cpu": saved["train_cpu_time"]}
+    return train_tasks, t["global_step"], spent
+
+
+# ------------------------------------------------------------------------------------------------ TASK SPLIT
 def check_task_split(ckpt, task, task_version, check_ranges, ranges):
     """A ValueError with a one-line reason when the checkpoint's tasks are not the ones this script runs: another task
     in its split than in its config, other train/test ranges (`ranges`: {split key: ranges}), another task version."""

@@ -46,9 +46,35 @@ TINY_ARGS = dict(
 )
 
 
+# TINY without TRPO's own flags: the budget of maml_ssm_promp.py
+TINY_PROMP = [
+    "--outer-steps",
+    "2",
+    "--tasks-per-batch",
+    "2",
+    "--fast-batch-size",
+    "3",
+    "--max-episode-steps",
+    "12",
+    "--hidden-size",
+    "8",
+    "--state-size",
+    "4",
+    "--eval-tasks",
+    "3",
+    "--eval-steps",
+    "2",
+]
+
+
 def run_maml(args, check=True, cwd=REPO, env=None):
     """maml_ssm.py with the command line `args` in a subprocess; fails the test on a non-zero exit if `check`."""
     return run_script("maml_ssm", *args, check=check, cwd=cwd, env=env)
+
+
+def run_promp(args, check=True, cwd=REPO, env=None):
+    """maml_ssm_promp.py with the command line `args` in a subprocess, as run_maml."""
+    return run_script("maml_ssm_promp", *args, check=check, cwd=cwd, env=env)
 
 
 def train_tiny(runs, *extra):
@@ -70,12 +96,22 @@ def cartpole_ckpt(tmp_path_factory):
 
 
 def tiny_setup(
-    policy="ssm", T=10, n_tasks=2, per=3, num_steps=1, inner_lr=0.5, dtype=torch.float64, seed=0, task="point-nav-2d"
+    policy="ssm",
+    T=10,
+    n_tasks=2,
+    per=3,
+    num_steps=1,
+    inner_lr=0.5,
+    dtype=torch.float64,
+    seed=0,
+    task="point-nav-2d",
+    script=maml_ssm,
 ):
     """A tiny problem (point-nav unless told): model (in `dtype`), args and per-task batches ({"train": [num_steps],
-    "val"}) sampled by the script's own sampler with `inner_lr` at every step, as meta-training does."""
+    "val"}) sampled by the sampler of `script` (maml_ssm unless told) with `inner_lr` at every step, as meta-training
+    does."""
     torch.manual_seed(seed)
-    args = maml_ssm.Args(
+    args = script.Args(
         task=task,
         policy=policy,
         hidden_size=6,
@@ -86,12 +122,12 @@ def tiny_setup(
         inner_lr=inner_lr,
         num_inner_steps=num_steps,
     )
-    model = maml_ssm.build_agent(args, maml_ssm.ENV_CLASSES[task])
-    rng, _ = maml_ssm.task_streams(seed)
-    tasks = maml_ssm.sample_tasks(args.task, rng, n_tasks, "train")
+    model = script.build_agent(args, script.ENV_CLASSES[task])
+    rng, _ = script.task_streams(seed)
+    tasks = script.sample_tasks(args.task, rng, n_tasks, "train")
     theta = {k: v.detach() for k, v in model.named_parameters()}
     gen = torch.Generator().manual_seed(seed)
-    data, _ = maml_ssm.sample_task_batches(model, theta, tasks, args, gen, num_steps, [inner_lr] * num_steps)
+    data, _ = script.sample_task_batches(model, theta, tasks, args, gen, num_steps, [inner_lr] * num_steps)
     model = model.to(dtype)
     for td in data:
         for b in td["train"] + [td["val"]]:
@@ -110,14 +146,15 @@ def validation_error(validate, args):
     return None
 
 
-def parsed_train_args(argv):
-    """The Args `maml_ssm.py train ...` (argv) would train with: the command line through tyro and the presets."""
+def parsed_train_args(argv, script=maml_ssm):
+    """The Args `maml_ssm.py train ...` (argv; or the `script` module's) would train with: the command line through
+    tyro and the presets."""
     seen = []
 
-    def capture(args: maml_ssm.Args):
+    def capture(args):
         seen.append(args)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(maml_ssm, "train", capture)
-        maml_ssm.main(argv)
+        patch.setattr(script, "train", capture)
+        script.main(argv)
     return seen[0]
