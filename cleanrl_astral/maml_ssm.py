@@ -5,8 +5,9 @@ policy-gradient inner step with a linear feature baseline, TRPO outer step) with
 by a Linear Recurrent Unit (Orvieto et al. 2023, "Resurrecting Recurrent Neural Networks for Long Sequences").
 GRU and MLP policies with matched parameter counts serve as baselines.
 
-The file reads in CleanRL's order: Args, tasks, model, then `train` and its `meta_iteration` (ROLLOUT, ADVANTAGES,
-UPDATE), where the meta-update is `outer_update` (TRPO or one Adam step), then `eval` and `adapt`.
+The file reads in CleanRL's order: Args, tasks, model, the rollout and GAE, the inner step, the meta-objective, TRPO's
+step (or one Adam step), then `train`, whose loop reads ROLLOUT, UPDATE, LOGGING, then `eval` and `adapt`; the plumbing
+a default run needs comes after the method. ProMP is maml_ssm_promp.py, beside this file.
 
 Usage: python cleanrl_astral/maml_ssm.py train --config basic --outer-steps 100 --tasks-per-batch 8 --ckpt-dir ckpts
        python cleanrl_astral/maml_ssm.py eval --checkpoint ckpts/latest.cleanrl_model --episodes 50
@@ -154,7 +155,7 @@ class Args:
     """torch CPU threads (the networks are tiny: extra threads mostly add contention)"""
 
 
-# ------------------------------------------------------------------------------------------------ TASKS
+# ENVIRONMENT
 def sample_tasks(task: str, rng: np.random.Generator, n: int, split: str) -> np.ndarray:
     """Task parameters, one row per task: goal (x, y) | (gravity, half-length) | target velocity."""
     if task == "point-nav-2d":
@@ -294,7 +295,7 @@ def make_env(args: Args, task_params: np.ndarray, episodes_per_task: int, gen: t
     return ENV_CLASSES[args.task](rows, gen)
 
 
-# ------------------------------------------------------------------------------------------------ MODEL
+# AGENT
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
@@ -490,140 +491,7 @@ def build_agent(args: Args, env_cls) -> Agent:
     return Agent(args.policy, *spec, width, args.state_size, args.in_context, args.layer_norm)
 
 
-def policy_width(args: Args, env_cls) -> int:
-    """The SSM uses --hidden-size; gru/mlp get the width whose parameter count is closest to the SSM's."""
-    if args.policy == "ssm":
-        return args.hidden_size
-    spec = (env_cls.obs_dim, env_cls.act_dim, env_cls.discrete, args.state_size, args.in_context, args.layer_norm)
-    target = agent_param_count("ssm", *spec[:3], args.hidden_size, *spec[3:])
-    hi = 4
-    while agent_param_count(args.policy, *spec[:3], hi, *spec[3:]) < target:  # counts grow with the width
-        hi *= 2
-    best = 4
-    best_gap = abs(agent_param_count(args.policy, *spec[:3], best, *spec[3:]) - target)
-    for w in range(5, hi + 1):
-        gap = abs(agent_param_count(args.policy, *spec[:3], w, *spec[3:]) - target)
-        if gap < best_gap:  # strictly closer: the smaller width wins a tie
-            best = w
-            best_gap = gap
-    return best
-
-
-def agent_param_count(kind, obs_dim, act_dim, discrete, w, n_state, in_context, layer_norm=False):
-    """Closed form of count_params(Agent(...)) so the width search does not build hundreds of networks."""
-    in_dim = obs_dim
-    if in_context:
-        in_dim = obs_dim + act_dim + 1
-    core = {"ssm": 2 * n_state + 4 * n_state * w + w, "gru": 6 * w * w + 6 * w, "mlp": w * w + w}[kind]
-    heads = (w * act_dim + act_dim) + (w + 1) + ((w + act_dim) * obs_dim + obs_dim)
-    if not discrete:
-        heads += act_dim
-    norm = 0
-    if layer_norm:
-        norm = 2 * w
-    return in_dim * w + w + core + norm + (w * w + w) + heads
-
-
-def count_params(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
-# ------------------------------------------------------------------------------------------------ META-TRAINING
-def train(args: Args):
-    """Meta-trains a policy with MAML (`train` subcommand); with --resume, continues a --ckpt-dir checkpoint's run."""
-    saved = None
-    if args.resume:
-        from cleanrl_astral_utils.maml import read_resume_state
-
-        saved = read_resume_state(args.resume, args, SCRIPT)
-    run_dir, writer = start_run(args, saved)
-    gen = torch.Generator().manual_seed(args.seed)
-    train_rng, _ = task_streams(args.seed)
-    env_cls = ENV_CLASSES[args.task]
-    device = torch.device("cpu")
-    if args.cuda and torch.cuda.is_available():
-        device = torch.device("cuda")
-    model = build_agent(args, env_cls).to(device)
-    print_param_counts(model, args, env_cls)
-    print(f"device {device}")
-    aux_opt = make_aux_optimizer(model, args)
-    outer_opt = None
-    if args.outer_optimizer == "adam":
-        outer_opt = torch.optim.Adam(model.parameters(), lr=args.outer_lr)
-    buffer = make_buffer(args, model, env_cls)
-    monitor = FeatureMonitor(model.hidden)
-    train_tasks = []
-    global_step = 0
-    spent = {"wall": 0.0, "cpu": 0.0}
-    if saved is not None:
-        from cleanrl_astral_utils.maml import restore_training
-
-        train_tasks, global_step, spent = restore_training(saved, model, aux_opt, outer_opt, buffer, monitor, gen, train_rng)
-        print(f"resumed {args.resume} after {len(train_tasks)} outer steps, {spent['cpu']:.1f} CPU-seconds spent")
-    start_time = time.time() - spent["wall"]
-    start_cpu = time.process_time() - spent["cpu"]
-    for it in range(len(train_tasks) + 1, args.outer_steps + 1):
-        it_start = time.time()
-        train_tasks.append(sample_tasks(args.task, train_rng, args.tasks_per_batch, "train"))
-        first_task_id = (it - 1) * args.tasks_per_batch
-        steps, scalars = meta_iteration(model, args, train_tasks[-1], gen, buffer, first_task_id, aux_opt, outer_opt, monitor)
-
-        # LOGGING
-        global_step += steps
-        dt = time.time() - it_start
-        sps = int(global_step / (time.time() - start_time))
-        log_scalars(writer, {**scalars, "meta/iteration_time": dt, "charts/SPS": sps}, global_step)
-        if it % args.log_every == 0 or it == 1 or it == args.outer_steps:
-            print_progress(it, args, global_step, sps, scalars, dt, time.time() - start_time)
-        out_of_budget = args.cpu_budget > 0 and time.process_time() - start_cpu >= args.cpu_budget
-        if args.ckpt_dir and (it % args.ckpt_every == 0 or it == args.outer_steps or out_of_budget):
-            from cleanrl_astral_utils.maml import training_state
-
-            times = run_times(start_time, start_cpu, train_tasks)
-            training = training_state(aux_opt, outer_opt, gen, train_rng, global_step, run_dir)
-            save_model_checkpoint(model, args, train_tasks, buffer, monitor, times, training)
-        if out_of_budget:
-            print(f"--cpu-budget {args.cpu_budget:g}s reached after {it} of {args.outer_steps} outer steps")
-            break
-
-    times = run_times(start_time, start_cpu, train_tasks)
-    log_scalars(writer, {f"meta/{k}": v for k, v in times.items()}, global_step)
-    print(f"meta-training wall time {times['train_wall_time']:.1f}s, CPU time {times['train_cpu_time']:.1f}s")
-    if args.save_model:
-        path = save_model_checkpoint(model, args, train_tasks, buffer, monitor, times, None, run_dir)
-        evaluate_saved_model(path, writer)
-    writer.close()
-
-
-def meta_iteration(model, args, task_params, gen, buffer, first_task_id, aux_opt, outer_opt, monitor):
-    """One meta-training iteration on a meta-batch of tasks; returns (env steps taken, scalars to log)."""
-    # ROLLOUT: fast batches with theta (and theta after j inner updates), then post-adaptation batches
-    theta = {k: v.detach() for k, v in model.named_parameters()}
-    inner_lrs = [args.inner_lr] * args.num_inner_steps
-    tasks_data, returns = sample_task_batches(model, theta, task_params, args, gen, args.num_inner_steps, inner_lrs)
-    if buffer is not None:  # task id = index of the task in the checkpoint's task_split["train_tasks"]
-        for i, td in enumerate(tasks_data):
-            add_batch_to_buffer(buffer, td["val"], first_task_id + i)
-    steps = 0
-    for td in tasks_data:
-        for b in td["train"] + [td["val"]]:
-            steps += b["masks"].sum().item()
-    inner_l = float("nan")
-    if args.num_inner_steps:
-        with torch.no_grad():  # before the outer step, which updates theta's storage in place
-            inner_l = np.mean([inner_loss(model, theta, td["train"][0]).item() for td in tasks_data])
-
-    # UPDATE
-    stats = outer_update(model, tasks_data, args, outer_opt)
-    v_loss, d_loss = aux_update(model, tasks_data, args, aux_opt, monitor)
-
-    buffer_size = 0
-    if buffer is not None:
-        buffer_size = len(buffer)
-    return int(steps), iteration_scalars(args, returns, tasks_data, inner_l, stats, v_loss, d_loss, buffer_size)
-
-
-# ------------------------------------------------------------------------------------------------ ROLLOUT
+# ROLLOUT
 def sample_task_batches(model, params, task_params, args, gen, num_steps, inner_lrs):
     """Per task: fast batches sampled after 0..num_steps-1 inner steps, then the post-adaptation "val" batch."""
     K = len(task_params)
@@ -791,7 +659,7 @@ def stack_params(plist):
     return {k: torch.stack([p[k] for p in plist]) for k in plist[0]}
 
 
-# ------------------------------------------------------------------------------------------------ ADVANTAGES (GAE)
+# ADVANTAGES (GAE)
 def compute_advantages(batch, gamma, gae_lambda):
     """GAE with the linear baseline, normalised over the task's valid steps."""
     values = linear_baseline(batch, gamma)
@@ -844,7 +712,7 @@ def linear_baseline(batch, gamma, reg=1e-5):
     return (X @ w) * masks
 
 
-# ------------------------------------------------------------------------------------------------ INNER STEP
+# INNER STEP
 def inner_loop(model, params, train_batches, lr, first_order, create_graph=True):
     """theta' after one inner step on each of a task's fast batches."""
     for b in train_batches:
@@ -885,19 +753,7 @@ def masked_mean(x, masks):
     return (x * masks).sum() / masks.sum()
 
 
-# ------------------------------------------------------------------------------------------------ OUTER UPDATE
-def outer_update(model, tasks_data, args, outer_opt):
-    """UPDATE: the meta step, TRPO (as in the paper) or one Adam step on TRPO's meta-objective."""
-    if args.outer_optimizer == "trpo":
-        return trpo_step(model, tasks_data, args)
-    loss, _, old_outs = meta_objective(model, dict(model.named_parameters()), tasks_data, args)
-    outer_opt.zero_grad()
-    loss.backward()
-    outer_opt.step()
-    _, kl, _ = meta_objective(model, dict(model.named_parameters()), tasks_data, args, old_outs, create_graph=False)
-    return {"outer_loss": loss.item(), "approx_kl": kl.item(), "line_search_steps": 0, "accepted": 1.0}
-
-
+# META-OBJECTIVE
 def meta_objective(model, params, tasks_data, args, old_outs=None, create_graph=True):
     """Mean over tasks of -E[pi_theta'/pi_old A] on post-adaptation episodes, and of KL(old || new) there."""
     losses = []
@@ -940,6 +796,7 @@ def kl_divergence(old, new, discrete):
     return (ls_n - ls_o + (torch.exp(2 * ls_o) + (old.pi - new.pi) ** 2) / (2 * torch.exp(2 * ls_n)) - 0.5).sum(-1)
 
 
+# UPDATE: TRPO'S OUTER STEP, OR ONE ADAM STEP
 def trpo_step(model, tasks_data, args):
     """TRPO outer update: conjugate-gradient natural gradient, KL-radius scaling, backtracking line search."""
     plist = list(model.parameters())
@@ -1062,7 +919,17 @@ def kl_radius_step(step_dir, f_step_dir, max_kl):
     return step_dir * torch.sqrt(2 * max_kl / (step_dir @ f_step_dir + 1e-12))
 
 
-# ------------------------------------------------------------------------------------------------ AUXILIARY HEADS
+def adam_step(model, tasks_data, args, outer_opt):
+    """--outer-optimizer adam: one Adam step on TRPO's meta-objective, without its trust region."""
+    loss, _, old_outs = meta_objective(model, dict(model.named_parameters()), tasks_data, args)
+    outer_opt.zero_grad()
+    loss.backward()
+    outer_opt.step()
+    _, kl, _ = meta_objective(model, dict(model.named_parameters()), tasks_data, args, old_outs, create_graph=False)
+    return {"outer_loss": loss.item(), "approx_kl": kl.item(), "line_search_steps": 0, "accepted": 1.0}
+
+
+# AUXILIARY HEADS
 def make_aux_optimizer(model, args):
     """Adam on the value and dynamics heads; the trunk's rate, not a loss weight, scales the dynamics loss (Adam
     ignores a loss's scale)."""
@@ -1128,7 +995,7 @@ class FeatureMonitor:
         return ((f.mean(0) - self.mean).abs() / torch.sqrt(self.var + 1e-6)).mean().item()
 
 
-# ------------------------------------------------------------------------------------------------ EXPERIENCE BUFFER
+# EXPERIENCE BUFFER
 class ExperienceBuffer:
     """Ring buffer of meta-training transitions, with the policy input, advantage and recurrent state acted from;
     saved with the checkpoint for `adapt --adaptation-mode hybrid`."""
@@ -1200,164 +1067,101 @@ def add_batch_to_buffer(buffer, batch, task_id):
     )
 
 
-# ------------------------------------------------------------------------------------------------ TRAINING PLUMBING
-def start_run(args: Args, saved=None):
-    """Run directory (a resumed run's own), TensorBoard writer (and wandb), threads and seeds: (run_dir, writer)."""
-    if saved is None:
-        run_name, run_dir = claim_run_dir(args.runs_dir, f"{args.task}__{args.exp_name}__{args.seed}__{int(time.time())}")
-    else:
-        run_dir = saved["training"]["run_dir"]
-        run_name = os.path.basename(run_dir)
-        os.makedirs(run_dir, exist_ok=True)
-    if args.track:
-        import wandb
+# META-TRAINING
+def train(args: Args):
+    """Meta-trains a policy with MAML (`train` subcommand); with --resume, continues a --ckpt-dir checkpoint's run."""
+    saved = None
+    if args.resume:
+        from cleanrl_astral_utils.maml import read_resume_state
 
-        wandb.init(
-            project=args.wandb_project_name,
-            entity=args.wandb_entity,
-            sync_tensorboard=True,
-            config=vars(args),
-            name=run_name,
-            save_code=True,
-        )
-    from torch.utils.tensorboard import SummaryWriter
-
-    purge_step = None
-    if saved is not None:  # TensorBoard drops what the interrupted run logged after the checkpoint
-        purge_step = saved["training"]["global_step"] + 1
-    writer = SummaryWriter(run_dir, purge_step=purge_step)
-    if saved is None:
-        table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
-        writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
-    torch.set_num_threads(args.num_threads)
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    return run_dir, writer
-
-
-def claim_run_dir(runs_dir, run_name):
-    """Creates runs_dir/run_name, or run_name__2, __3, ... when another run holds the name (mkdir is atomic): (name, dir)."""
-    name = run_name
-    for n in itertools.count(2):
-        try:
-            os.makedirs(os.path.join(runs_dir, name))
-            return name, os.path.join(runs_dir, name)
-        except FileExistsError:
-            name = f"{run_name}__{n}"
-        except OSError as e:
-            reason = e.strerror.lower()
-            message = f"cannot create a run directory in --runs-dir {runs_dir!r} ({reason}); pass a writable directory"
-            raise ValueError(message) from e
-
-
-def print_param_counts(model, args, env_cls):
-    spec = (env_cls.obs_dim, env_cls.act_dim, env_cls.discrete)
-    counts = {}
-    for kind in POLICIES:
-        width = policy_width(dataclasses.replace(args, policy=kind), env_cls)
-        counts[kind] = agent_param_count(kind, *spec, width, args.state_size, args.in_context, args.layer_norm)
-    print(
-        f"policy {args.policy} (width {model.hidden}): {count_params(model)} parameters; matched counts "
-        f"ssm {counts['ssm']} gru {counts['gru']} mlp {counts['mlp']}; obs/act/discrete {spec}"
-    )
-
-
-def print_progress(it, args, global_step, sps, scalars, dt, elapsed):
-    """One progress line. The time left assumes all --outer-steps run; a --cpu-budget can end the run sooner."""
-    print(
-        f"iter {it}/{args.outer_steps} step {global_step} SPS {sps} "
-        f"pre {scalars['meta/pre_adapt_return']:.2f} post {scalars['meta/post_adapt_return']:.2f} "
-        f"kl {scalars['losses/approx_kl']:.4f} ls {scalars['meta/line_search_steps']} {dt:.2f}s/it "
-        f"elapsed {elapsed:.0f}s, {elapsed / it * (args.outer_steps - it) / 60:.1f} min left",
-        flush=True,
-    )
-
-
-def iteration_scalars(args, returns, tasks_data, inner_l, stats, v_loss, d_loss, buffer_size):
-    """What an iteration logs: returns before, during and after adaptation, the losses, the outer step's statistics."""
-    post = returns[-1].mean().item()
-    scalars = {
-        "meta/pre_adapt_return": returns[0].mean().item(),
-        "meta/post_adapt_return": post,
-    }
-    for j in range(1, len(returns) - 1):
-        scalars[f"meta/return_after_{j}_steps"] = returns[j].mean().item()
-    scalars.update(
-        {
-            "charts/episodic_return": post,
-            "charts/episodic_length": tasks_data[0]["val"]["masks"].sum(0).mean().item(),
-            "losses/inner_loss": inner_l,
-            "losses/outer_loss": stats["outer_loss"],
-            "losses/approx_kl": stats["approx_kl"],
-            "losses/value_loss": v_loss,
-            "losses/dynamics_loss": d_loss,
-            "meta/line_search_steps": stats["line_search_steps"],
-            "meta/step_accepted": stats["accepted"],
-            "meta/buffer_size": buffer_size,
-        }
-    )
+        saved = read_resume_state(args.resume, args, SCRIPT)
+    run_dir, writer = start_run(args, saved)
+    gen = torch.Generator().manual_seed(args.seed)
+    train_rng, _ = task_streams(args.seed)
+    env_cls = ENV_CLASSES[args.task]
+    device = torch.device("cpu")
+    if args.cuda and torch.cuda.is_available():
+        device = torch.device("cuda")
+    model = build_agent(args, env_cls).to(device)
+    print_param_counts(model, args, env_cls)
+    print(f"device {device}")
+    aux_opt = make_aux_optimizer(model, args)
+    outer_opt = None
     if args.outer_optimizer == "adam":
-        scalars["charts/learning_rate"] = args.outer_lr
-    return scalars
+        outer_opt = torch.optim.Adam(model.parameters(), lr=args.outer_lr)
+    buffer = make_buffer(args, model, env_cls)
+    monitor = FeatureMonitor(model.hidden)
+    train_tasks = []
+    global_step = 0
+    spent = {"wall": 0.0, "cpu": 0.0}
+    if saved is not None:
+        from cleanrl_astral_utils.maml import restore_training
+
+        train_tasks, global_step, spent = restore_training(saved, model, aux_opt, outer_opt, buffer, monitor, gen, train_rng)
+        print(f"resumed {args.resume} after {len(train_tasks)} outer steps, {spent['cpu']:.1f} CPU-seconds spent")
+    start_time = time.time() - spent["wall"]
+    start_cpu = time.process_time() - spent["cpu"]
+    for it in range(len(train_tasks) + 1, args.outer_steps + 1):
+        it_start = time.time()
+        task_params = sample_tasks(args.task, train_rng, args.tasks_per_batch, "train")
+        train_tasks.append(task_params)
+
+        # ROLLOUT: per task, fast batches with theta (and theta after j inner steps), then the post-adaptation batch;
+        # each batch gets its ADVANTAGES (GAE) as it is sampled, since the inner step that follows needs them
+        theta = {k: v.detach() for k, v in model.named_parameters()}
+        inner_lrs = [args.inner_lr] * args.num_inner_steps
+        tasks_data, returns = sample_task_batches(model, theta, task_params, args, gen, args.num_inner_steps, inner_lrs)
+        if buffer is not None:  # task id = index of the task in the checkpoint's task_split["train_tasks"]
+            for i, td in enumerate(tasks_data):
+                add_batch_to_buffer(buffer, td["val"], (it - 1) * args.tasks_per_batch + i)
+        steps = 0
+        for td in tasks_data:
+            for b in td["train"] + [td["val"]]:
+                steps += b["masks"].sum().item()
+        inner_l = float("nan")
+        if args.num_inner_steps:
+            with torch.no_grad():  # before the outer step, which updates theta's storage in place
+                inner_l = np.mean([inner_loss(model, theta, td["train"][0]).item() for td in tasks_data])
+
+        # UPDATE: the meta step on the post-adaptation episodes, then one step of the value and dynamics heads
+        if args.outer_optimizer == "trpo":
+            stats = trpo_step(model, tasks_data, args)
+        else:
+            stats = adam_step(model, tasks_data, args, outer_opt)
+        v_loss, d_loss = aux_update(model, tasks_data, args, aux_opt, monitor)
+
+        # LOGGING
+        global_step += int(steps)
+        buffer_size = 0
+        if buffer is not None:
+            buffer_size = len(buffer)
+        scalars = iteration_scalars(args, returns, tasks_data, inner_l, stats, v_loss, d_loss, buffer_size)
+        dt = time.time() - it_start
+        sps = int(global_step / (time.time() - start_time))
+        log_scalars(writer, {**scalars, "meta/iteration_time": dt, "charts/SPS": sps}, global_step)
+        if it % args.log_every == 0 or it == 1 or it == args.outer_steps:
+            print_progress(it, args, global_step, sps, scalars, dt, time.time() - start_time)
+        out_of_budget = args.cpu_budget > 0 and time.process_time() - start_cpu >= args.cpu_budget
+        if args.ckpt_dir and (it % args.ckpt_every == 0 or it == args.outer_steps or out_of_budget):
+            from cleanrl_astral_utils.maml import training_state
+
+            times = run_times(start_time, start_cpu, train_tasks)
+            training = training_state(aux_opt, outer_opt, gen, train_rng, global_step, run_dir)
+            save_model_checkpoint(model, args, train_tasks, buffer, monitor, times, training)
+        if out_of_budget:
+            print(f"--cpu-budget {args.cpu_budget:g}s reached after {it} of {args.outer_steps} outer steps")
+            break
+
+    times = run_times(start_time, start_cpu, train_tasks)
+    log_scalars(writer, {f"meta/{k}": v for k, v in times.items()}, global_step)
+    print(f"meta-training wall time {times['train_wall_time']:.1f}s, CPU time {times['train_cpu_time']:.1f}s")
+    if args.save_model:
+        path = save_model_checkpoint(model, args, train_tasks, buffer, monitor, times, None, run_dir)
+        evaluate_saved_model(path, writer)
+    writer.close()
 
 
-def log_scalars(writer, scalars, step):
-    for tag, v in scalars.items():
-        writer.add_scalar(tag, float(v), step)
-
-
-def run_times(start_time, start_cpu, train_tasks):
-    return {
-        "train_wall_time": time.time() - start_time,
-        "train_cpu_time": time.process_time() - start_cpu,
-        "outer_steps_done": len(train_tasks),
-    }
-
-
-def save_model_checkpoint(model, args, train_tasks, buffer, monitor, times, training, run_dir=None):
-    """The checkpoint: at run_dir/{exp_name}.cleanrl_model (--save-model), or with the training state to
-    --ckpt-dir's step_N and latest files. Returns the (last) path written."""
-    from cleanrl_astral_utils.maml import save_checkpoint
-
-    cartpole = args.task == "cartpole-physics"
-    seen = np.zeros((0, 1))
-    if train_tasks:
-        seen = np.concatenate(train_tasks)
-    split = {
-        "task": args.task,
-        "train_stream": [args.seed, 0],
-        "test_stream": [args.seed, 1],
-        "train_ranges": CARTPOLE_TRAIN_RANGES if cartpole else None,
-        "test_ranges": CARTPOLE_TEST_RANGES if cartpole else None,
-        "train_tasks": seen.tolist(),
-    }
-    buffer_state = None
-    if buffer is not None:
-        buffer_state = buffer.state_dict()
-    extra = {**times, "feature_stats": vars(monitor), "buffer": buffer_state}
-    paths = [os.path.join(str(run_dir), f"{args.exp_name}.cleanrl_model")]
-    if training is not None:
-        extra["training"] = training
-        os.makedirs(args.ckpt_dir, exist_ok=True)
-        paths = [os.path.join(args.ckpt_dir, f"step_{len(train_tasks)}.cleanrl_model")]
-        paths.append(os.path.join(args.ckpt_dir, "latest.cleanrl_model"))
-    for path in paths:
-        save_checkpoint(path, model, args, split, TASK_VERSIONS[args.task], extra, SCRIPT)
-        print(f"model saved to {path}")
-    return paths[-1]
-
-
-def evaluate_saved_model(path, writer):
-    """Evaluates the checkpoint with its own eval settings, as `eval` would."""
-    res = evaluate(path)
-    for k, v in res["returns_after_steps"].items():  # x axis: inner updates
-        writer.add_scalar("eval/return_after_steps", v, int(k))
-    print(f"eval: {json.dumps(res)}")
-
-
-# ------------------------------------------------------------------------------------------------ EVALUATION
+# EVALUATION
 @dataclass
 class EvalArgs:
     checkpoint: str
@@ -1465,7 +1269,7 @@ def load_checkpoint(path, also=()):
     return model, args, ckpt
 
 
-# ------------------------------------------------------------------------------------------------ TEST-TIME ADAPTATION
+# TEST-TIME ADAPTATION
 @dataclass
 class AdaptArgs:
     checkpoint: str
@@ -1831,7 +1635,202 @@ def log_adaptation(writer, tag, step_logs, per_step, mon):
         log_scalars(writer, {tag + key: v for key, v in {"return_after_steps": r.mean(), **row}.items()}, k)
 
 
-# ------------------------------------------------------------------------------------------------ VALIDATION
+# PLUMBING: PARAMETER-COUNT MATCHING, THE RUN DIRECTORY, PROGRESS, CHECKPOINTS
+def policy_width(args: Args, env_cls) -> int:
+    """The SSM uses --hidden-size; gru/mlp get the width whose parameter count is closest to the SSM's."""
+    if args.policy == "ssm":
+        return args.hidden_size
+    spec = (env_cls.obs_dim, env_cls.act_dim, env_cls.discrete, args.state_size, args.in_context, args.layer_norm)
+    target = agent_param_count("ssm", *spec[:3], args.hidden_size, *spec[3:])
+    hi = 4
+    while agent_param_count(args.policy, *spec[:3], hi, *spec[3:]) < target:  # counts grow with the width
+        hi *= 2
+    best = 4
+    best_gap = abs(agent_param_count(args.policy, *spec[:3], best, *spec[3:]) - target)
+    for w in range(5, hi + 1):
+        gap = abs(agent_param_count(args.policy, *spec[:3], w, *spec[3:]) - target)
+        if gap < best_gap:  # strictly closer: the smaller width wins a tie
+            best = w
+            best_gap = gap
+    return best
+
+
+def agent_param_count(kind, obs_dim, act_dim, discrete, w, n_state, in_context, layer_norm=False):
+    """Closed form of count_params(Agent(...)) so the width search does not build hundreds of networks."""
+    in_dim = obs_dim
+    if in_context:
+        in_dim = obs_dim + act_dim + 1
+    core = {"ssm": 2 * n_state + 4 * n_state * w + w, "gru": 6 * w * w + 6 * w, "mlp": w * w + w}[kind]
+    heads = (w * act_dim + act_dim) + (w + 1) + ((w + act_dim) * obs_dim + obs_dim)
+    if not discrete:
+        heads += act_dim
+    norm = 0
+    if layer_norm:
+        norm = 2 * w
+    return in_dim * w + w + core + norm + (w * w + w) + heads
+
+
+def count_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def start_run(args: Args, saved=None):
+    """Run directory (a resumed run's own), TensorBoard writer (and wandb), threads and seeds: (run_dir, writer)."""
+    if saved is None:
+        run_name, run_dir = claim_run_dir(args.runs_dir, f"{args.task}__{args.exp_name}__{args.seed}__{int(time.time())}")
+    else:
+        run_dir = saved["training"]["run_dir"]
+        run_name = os.path.basename(run_dir)
+        os.makedirs(run_dir, exist_ok=True)
+    if args.track:
+        import wandb
+
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=vars(args),
+            name=run_name,
+            save_code=True,
+        )
+    from torch.utils.tensorboard import SummaryWriter
+
+    purge_step = None
+    if saved is not None:  # TensorBoard drops what the interrupted run logged after the checkpoint
+        purge_step = saved["training"]["global_step"] + 1
+    writer = SummaryWriter(run_dir, purge_step=purge_step)
+    if saved is None:
+        table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+        writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
+    torch.set_num_threads(args.num_threads)
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    return run_dir, writer
+
+
+def claim_run_dir(runs_dir, run_name):
+    """Creates runs_dir/run_name, or run_name__2, __3, ... when another run holds the name (mkdir is atomic): (name, dir)."""
+    name = run_name
+    for n in itertools.count(2):
+        try:
+            os.makedirs(os.path.join(runs_dir, name))
+            return name, os.path.join(runs_dir, name)
+        except FileExistsError:
+            name = f"{run_name}__{n}"
+        except OSError as e:
+            reason = e.strerror.lower()
+            message = f"cannot create a run directory in --runs-dir {runs_dir!r} ({reason}); pass a writable directory"
+            raise ValueError(message) from e
+
+
+def print_param_counts(model, args, env_cls):
+    spec = (env_cls.obs_dim, env_cls.act_dim, env_cls.discrete)
+    counts = {}
+    for kind in POLICIES:
+        width = policy_width(dataclasses.replace(args, policy=kind), env_cls)
+        counts[kind] = agent_param_count(kind, *spec, width, args.state_size, args.in_context, args.layer_norm)
+    print(
+        f"policy {args.policy} (width {model.hidden}): {count_params(model)} parameters; matched counts "
+        f"ssm {counts['ssm']} gru {counts['gru']} mlp {counts['mlp']}; obs/act/discrete {spec}"
+    )
+
+
+def print_progress(it, args, global_step, sps, scalars, dt, elapsed):
+    """One progress line. The time left assumes all --outer-steps run; a --cpu-budget can end the run sooner."""
+    print(
+        f"iter {it}/{args.outer_steps} step {global_step} SPS {sps} "
+        f"pre {scalars['meta/pre_adapt_return']:.2f} post {scalars['meta/post_adapt_return']:.2f} "
+        f"kl {scalars['losses/approx_kl']:.4f} ls {scalars['meta/line_search_steps']} {dt:.2f}s/it "
+        f"elapsed {elapsed:.0f}s, {elapsed / it * (args.outer_steps - it) / 60:.1f} min left",
+        flush=True,
+    )
+
+
+def iteration_scalars(args, returns, tasks_data, inner_l, stats, v_loss, d_loss, buffer_size):
+    """What an iteration logs: returns before, during and after adaptation, the losses, the outer step's statistics."""
+    post = returns[-1].mean().item()
+    scalars = {
+        "meta/pre_adapt_return": returns[0].mean().item(),
+        "meta/post_adapt_return": post,
+    }
+    for j in range(1, len(returns) - 1):
+        scalars[f"meta/return_after_{j}_steps"] = returns[j].mean().item()
+    scalars.update(
+        {
+            "charts/episodic_return": post,
+            "charts/episodic_length": tasks_data[0]["val"]["masks"].sum(0).mean().item(),
+            "losses/inner_loss": inner_l,
+            "losses/outer_loss": stats["outer_loss"],
+            "losses/approx_kl": stats["approx_kl"],
+            "losses/value_loss": v_loss,
+            "losses/dynamics_loss": d_loss,
+            "meta/line_search_steps": stats["line_search_steps"],
+            "meta/step_accepted": stats["accepted"],
+            "meta/buffer_size": buffer_size,
+        }
+    )
+    if args.outer_optimizer == "adam":
+        scalars["charts/learning_rate"] = args.outer_lr
+    return scalars
+
+
+def log_scalars(writer, scalars, step):
+    for tag, v in scalars.items():
+        writer.add_scalar(tag, float(v), step)
+
+
+def run_times(start_time, start_cpu, train_tasks):
+    return {
+        "train_wall_time": time.time() - start_time,
+        "train_cpu_time": time.process_time() - start_cpu,
+        "outer_steps_done": len(train_tasks),
+    }
+
+
+def save_model_checkpoint(model, args, train_tasks, buffer, monitor, times, training, run_dir=None):
+    """The checkpoint: at run_dir/{exp_name}.cleanrl_model (--save-model), or with the training state to
+    --ckpt-dir's step_N and latest files. Returns the (last) path written."""
+    from cleanrl_astral_utils.maml import save_checkpoint
+
+    cartpole = args.task == "cartpole-physics"
+    seen = np.zeros((0, 1))
+    if train_tasks:
+        seen = np.concatenate(train_tasks)
+    split = {
+        "task": args.task,
+        "train_stream": [args.seed, 0],
+        "test_stream": [args.seed, 1],
+        "train_ranges": CARTPOLE_TRAIN_RANGES if cartpole else None,
+        "test_ranges": CARTPOLE_TEST_RANGES if cartpole else None,
+        "train_tasks": seen.tolist(),
+    }
+    buffer_state = None
+    if buffer is not None:
+        buffer_state = buffer.state_dict()
+    extra = {**times, "feature_stats": vars(monitor), "buffer": buffer_state}
+    paths = [os.path.join(str(run_dir), f"{args.exp_name}.cleanrl_model")]
+    if training is not None:
+        extra["training"] = training
+        os.makedirs(args.ckpt_dir, exist_ok=True)
+        paths = [os.path.join(args.ckpt_dir, f"step_{len(train_tasks)}.cleanrl_model")]
+        paths.append(os.path.join(args.ckpt_dir, "latest.cleanrl_model"))
+    for path in paths:
+        save_checkpoint(path, model, args, split, TASK_VERSIONS[args.task], extra, SCRIPT)
+        print(f"model saved to {path}")
+    return paths[-1]
+
+
+def evaluate_saved_model(path, writer):
+    """Evaluates the checkpoint with its own eval settings, as `eval` would."""
+    res = evaluate(path)
+    for k, v in res["returns_after_steps"].items():  # x axis: inner updates
+        writer.add_scalar("eval/return_after_steps", v, int(k))
+    print(f"eval: {json.dumps(res)}")
+
+
+# VALIDATION
 def validate(args: Args):
     """Refuses, in one line (ValueError), the settings that would crash late or train wrong in silence."""
     for field in dataclasses.fields(args):
@@ -1985,7 +1984,7 @@ def mujoco_available() -> bool:
     return importlib.util.find_spec("mujoco") is not None
 
 
-# ------------------------------------------------------------------------------------------------ COMMAND LINE
+# COMMAND LINE
 # `train --config NAME` makes these the defaults; every flag still overrides them
 PRESETS = {
     "none": {},
@@ -2012,6 +2011,8 @@ PRESETS = {
         fill_steps=True,
     ),
 }
+
+
 COMMANDS = ("train", "eval", "adapt")
 USAGE = "usage: maml_ssm.py {train,eval,adapt} [--help] [flags]"
 
