@@ -3,6 +3,7 @@ estimator) and step, its command line and preset, its copies of maml_ssm.py's ta
 checkpoints in `maml_ssm.py adapt`, and the pre-registered ProMP study's report."""
 
 import ast
+import copy
 import dataclasses
 import json
 import os
@@ -294,6 +295,30 @@ def test_kl_penalty_gradient_has_the_right_sign_and_scale_against_a_finite_diffe
     analytic = sum((g_pen[k] * v[k]).sum() for k in names).item()
     assert analytic == pytest.approx(fd, rel=1e-5), (analytic, fd)
     assert abs(analytic) > 1e-6
+
+
+@pytest.mark.parametrize("estimator", ["lvc", "reinforce"])
+def test_inner_update_is_one_sgd_step_down_the_inner_loss(estimator):
+    """theta' = theta - lr grad L: with either estimator, one SGD step of a copied module on -E[log pi A] (the LVC
+    loss has that gradient where pi is the sampler), in the direction that lowers the loss."""
+    model, args, data = tiny_setup(policy="mlp", inner_lr=0.3, script=maml_ssm_promp)
+    batch = data[0]["train"][0]
+    theta = dict(model.named_parameters())
+    new = maml_ssm_promp.inner_update(model, theta, batch, 0.3, False, estimator)
+    clone = copy.deepcopy(model)
+    opt = torch.optim.SGD(clone.parameters(), lr=0.3)
+    out = clone(batch["inputs"], batch["starts"], clone.initial_state(batch["masks"].shape[1]))
+    logp = torch.distributions.Normal(out.pi, torch.exp(clone.log_std)).log_prob(batch["actions"]).sum(-1)
+    loss = -(logp * batch["advantages"] * batch["masks"]).sum() / batch["masks"].sum()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    for k, p in clone.named_parameters():
+        assert torch.allclose(new[k], p, atol=1e-12), k
+    with torch.no_grad():
+        lower = maml_ssm_promp.inner_loss(model, {k: v.detach() for k, v in new.items()}, batch)
+        start = maml_ssm_promp.inner_loss(model, theta, batch)
+    assert lower.item() < start.item()
 
 
 def test_lvc_gradient_is_the_score_function_gradient_in_expectation_and_its_curvature_is_exact():
