@@ -50,18 +50,18 @@ def read_checkpoint(path, script, args_cls, also=()):
         raise ValueError(f"cannot read checkpoint {path!r}: {type(e).__name__}") from e
     if not isinstance(ckpt, dict):
         raise ValueError(f"{path!r} is not a {script} checkpoint")
+    config = ckpt.get("args", {})
+    # ProMP and its LVC inner estimator are cleanrl_astral/maml_ssm_promp.py's, whose checkpoints carry its own config
+    if ckpt.get("script") == "maml_ssm" and config.get("outer_optimizer") == "promp":
+        raise ValueError(f"{path!r} was trained with ProMP by maml_ssm.py: retrain it with cleanrl_astral/maml_ssm_promp.py")
+    if ckpt.get("script") == "maml_ssm" and config.get("inner_estimator", "reinforce") != "reinforce":
+        raise ValueError(
+            f"{path!r} was trained with the LVC inner estimator: retrain it with cleanrl_astral/maml_ssm_promp.py"
+        )
     if ckpt.get("script") in RETIRED_FIELDS and ckpt.get("script") not in (script, *also):
         raise ValueError(f"{path!r} is a {ckpt['script']} checkpoint: run cleanrl_astral/{ckpt['script']}.py on it")
     if ckpt.get("script") not in (script, *also):
         raise ValueError(f"{path!r} is not a {script} checkpoint")
-    config = ckpt.get("args", {})
-    # ProMP and its LVC inner estimator are cleanrl_astral/maml_ssm_promp.py's, whose checkpoints carry its own config
-    if ckpt["script"] == "maml_ssm" and config.get("outer_optimizer") == "promp":
-        raise ValueError(f"{path!r} was trained with ProMP by maml_ssm.py: retrain it with cleanrl_astral/maml_ssm_promp.py")
-    if ckpt["script"] == "maml_ssm" and config.get("inner_estimator", "reinforce") != "reinforce":
-        raise ValueError(
-            f"{path!r} was trained with the LVC inner estimator: retrain it with cleanrl_astral/maml_ssm_promp.py"
-        )
     missing = [k for k in ("state_dict", "args", "task_split") if k not in ckpt]
     fields = {f.name for f in dataclasses.fields(args_cls)}
     config = {k: v for k, v in config.items() if k in fields or k not in RETIRED_FIELDS[script]}

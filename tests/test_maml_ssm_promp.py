@@ -7,11 +7,13 @@ import copy
 import dataclasses
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
-from helpers import REPO, assert_one_line_error, load_json, logged_scalars, only_run_dir
+from helpers import REPO, SCRIPT_ENV, assert_one_line_error, load_json, logged_scalars, only_run_dir
 from maml_fixtures import TINY, TINY_PROMP, parsed_train_args, run_maml, run_promp, tiny_setup, validation_error
 
 import cleanrl_astral.maml_ssm as maml_ssm
@@ -127,6 +129,28 @@ def test_promp_is_refused_by_maml_ssm_in_one_line_naming_its_file(tmp_path):
     assert "maml_ssm_promp.py" in validation_error(maml_ssm.validate, maml_ssm.Args(outer_optimizer="promp"))
 
 
+def test_a_default_promp_train_run_imports_nothing_from_the_helper_package(tmp_path):
+    """`train` without --save-model needs only its own file; with it, the helper package writes the checkpoint."""
+    code = (
+        "import runpy, sys\n"
+        "sys.argv = sys.argv[1:]\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+        "print('helper imported:', any(n.startswith('cleanrl_astral_utils') for n in sys.modules))\n"
+    )
+    script = os.path.join(REPO, "cleanrl_astral", "maml_ssm_promp.py")
+    for extra, imported in (([], False), (["--save-model"], True)):
+        runs = tmp_path / f"runs{len(extra)}"
+        out = subprocess.run(
+            [sys.executable, "-c", code, script, "train", "--runs-dir", str(runs), *TINY_PROMP, *extra],
+            cwd=REPO,
+            env=SCRIPT_ENV,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert f"helper imported: {imported}" in out.stdout, out.stdout[-2000:]
+
+
 @pytest.fixture(scope="module")
 def promp_ckpt(tmp_path_factory):
     runs = tmp_path_factory.mktemp("runs")
@@ -170,9 +194,10 @@ def test_a_maml_ssm_checkpoint_with_promps_settings_loads_unless_it_trained_with
             loaded, loaded_args, _ = maml_ssm.load_checkpoint(path)
             assert loaded_args.policy == "mlp" and not hasattr(loaded_args, "promp_steps")
             continue
-        with pytest.raises(ValueError, match=refusal) as e:
-            maml_ssm.load_checkpoint(path)
-        assert "\n" not in str(e.value)
+        for script in (maml_ssm, maml_ssm_promp):  # maml_ssm_promp.py cannot take it either: its config is another
+            with pytest.raises(ValueError, match=refusal) as e:
+                script.load_checkpoint(path)
+            assert "\n" not in str(e.value)
 
 
 def test_resume_continues_a_promp_run_bit_for_bit(tmp_path):
