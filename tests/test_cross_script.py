@@ -18,6 +18,7 @@ COMMANDS = {
     "ppo_gru_astral": ("ppo_gru_astral", []),
     "reinforce_baby": ("reinforce_baby", []),
     "maml_ssm": ("maml_ssm", ["train"]),
+    "maml_ssm_promp": ("maml_ssm_promp", ["train"]),
     "tta_gating_adapt": ("tta_gating", ["adapt", "--checkpoint", "missing.cleanrl_model"]),
     "tta_gating_clamp": ("tta_gating", ["clamp", "--checkpoint", "missing.cleanrl_model"]),
     "sb3_peers": ("sb3_peers", []),
@@ -54,6 +55,7 @@ NEEDS_HELPER_PACKAGE = [
     ("ppo_gru_baseline", ["--save-model"], "--save-model needs"),
     ("ppo_gru_astral", ["--save-model"], "--save-model needs"),
     ("maml_ssm", ["train", "--save-model"], "--save-model needs"),
+    ("maml_ssm_promp", ["train", "--save-model"], "--save-model needs"),
     ("reinforce_baby", ["--save-model"], "--save-model needs"),
     ("reinforce_baby", ["--parent", "llm", "--llm-base-url", "http://127.0.0.1:9/v1"], "--parent llm needs"),
 ]
