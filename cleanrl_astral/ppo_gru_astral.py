@@ -710,32 +710,21 @@ class SlotTerms(NamedTuple):
     """None unless --lambda-supervised > 0 (the diagnostic ceiling)"""
 
 
-def slot_terms(probs, slots, batch, mb, supervised):
-    """The slot terms of minibatch `mb` from its replayed gate probabilities; the supervised one only if `supervised`."""
-    starts = batch["starts"][:, mb]
-    ages = batch["ages"][:, mb]
-    # in this order: autograd sums the terms' gradients into the gate in the order the terms were built
-    w_ent = weight_entropy(probs)
-    load_balance = load_balance_entropy(probs)
-    orthogonality = orthogonality_penalty(slots)
-    consistency = episode_consistency(probs, starts, ages)
-    supervised_ce = None
-    if supervised:
-        supervised_ce = supervised_gate_loss(probs, batch["modes"][:, mb], ages)
-    return SlotTerms(w_ent, load_balance, orthogonality, consistency, supervised_ce)
-
-
 # ROLLOUT
 def new_carry(envs, agent, seed, device):
-    """What one step hands to the next: the agent's next input, its GRU state and the running episode totals."""
+    """What one step hands to the next: the agent's next input, where an episode starts, its GRU state, the true mode and
+    the running episode totals. The first input has no previous action (-1) and no previous reward."""
     obs, info = envs.reset(seed=seed)
     n = envs.num_envs
     return {
-        "obs": obs,
+        "x": agent.build_input(
+            torch.as_tensor(obs, device=device),
+            torch.as_tensor(np.full(n, -1), device=device),
+            torch.as_tensor(np.zeros(n), device=device),
+            torch.as_tensor(info["mode"], device=device),
+        ),
         "start": np.ones(n, dtype=bool),
         "state": torch.zeros(n, agent.hidden_size, device=device),
-        "prev_action": np.full(n, -1),
-        "prev_reward": np.zeros(n),
         "mode": info["mode"],
         "episode_mode": info["mode"].copy(),
         "episode_return": np.zeros(n),
@@ -743,21 +732,10 @@ def new_carry(envs, agent, seed, device):
     }
 
 
-def carry_input(agent, carry):
-    """The agent's input for the carried observation, previous action/reward and mode."""
-    device = carry["state"].device
-    return agent.build_input(
-        torch.as_tensor(carry["obs"], device=device),
-        torch.as_tensor(carry["prev_action"], device=device),
-        torch.as_tensor(carry["prev_reward"], device=device),
-        torch.as_tensor(carry["mode"], device=device),
-    )
-
-
 def env_step(agent, envs, carry, deterministic=False):
     """One step of every environment, shared by the rollout, the evaluation and the video. Returns what the batch keeps
     of it (and the slot metrics read), what the environments returned, and the ended episodes' (return, length, mode)."""
-    x = carry_input(agent, carry)
+    x = carry["x"]
     start = torch.as_tensor(carry["start"], dtype=torch.float32, device=x.device)
     with torch.no_grad():
         out = agent.get_action_and_value(x[None], carry["state"], start[None], deterministic=deterministic)
@@ -788,11 +766,16 @@ def env_step(agent, envs, carry, deterministic=False):
     carry["episode_length"][done] = 0
     carry["episode_mode"][done] = info["mode"][done]
     # same-step autoreset: where done, obs opens the next episode: no previous action / reward, and a zeroed GRU state
-    carry["obs"] = obs
+    prev_action = np.where(done, -1, acted)
+    prev_reward = np.where(done, 0.0, reward)
+    carry["x"] = agent.build_input(
+        torch.as_tensor(obs, device=x.device),
+        torch.as_tensor(prev_action, device=x.device),
+        torch.as_tensor(prev_reward, device=x.device),
+        torch.as_tensor(info["mode"], device=x.device),
+    )
     carry["start"] = done
     carry["mode"] = info["mode"]
-    carry["prev_action"] = np.where(done, -1, acted)
-    carry["prev_reward"] = np.where(done, 0.0, reward)
     return step, outcome, episodes
 
 
@@ -896,7 +879,16 @@ def ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args
 
             entropy_loss = out.entropy.mean()
             ppo_loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-            terms = slot_terms(out.probs, agent.bank.slots, batch, mb, args.lambda_supervised > 0)
+            # the slot terms on the replayed gate, in this order: autograd sums the terms' gradients into the gate in the
+            # order the terms were built
+            w_ent = weight_entropy(out.probs)
+            load_balance = load_balance_entropy(out.probs)
+            orthogonality = orthogonality_penalty(agent.bank.slots)
+            consistency = episode_consistency(out.probs, batch["starts"][:, mb], batch["ages"][:, mb])
+            supervised_ce = None
+            if args.lambda_supervised > 0:
+                supervised_ce = supervised_gate_loss(out.probs, batch["modes"][:, mb], batch["ages"][:, mb])
+            terms = SlotTerms(w_ent, load_balance, orthogonality, consistency, supervised_ce)
             # the plan's per-step gate entropy is a bonus (spread gates); --sharpen-gate makes it a penalty (sharp gates)
             w_ent_sign = -1.0
             if args.sharpen_gate:
@@ -1014,7 +1006,10 @@ def slot_usage(weights):
 
 def batch_slot_metrics(batch, num_modes, num_slots, latent, latent_of_mode):
     """What the slots/ scalars of one update report about the acted gate: usage overall (usage_w{k}) and per true mode
-    (mode{m}_w{k}), step-level MI and NMI with the mode, and episode-level NMI with the mode and with the action latent."""
+    (mode{m}_w{k}), step-level MI and NMI with the mode, and episode-level NMI with the mode and with the action latent;
+    the usage alone for an env without modes (num_modes 0)."""
+    if not num_modes:
+        return slot_usage(batch["weights"])
     weights = batch["weights"].flatten(0, 1)
     step_modes = batch["modes"].flatten()
     slots = episode_slot_metrics(batch["weights"], batch["modes"], batch["starts"], batch["ages"], num_modes)
@@ -1219,23 +1214,6 @@ def env_returns(agent, env_id, episodes, seed, deterministic):
     return np.array([episode_return for episode_return, _, _ in first])
 
 
-def env_report(script, model_path, env_id, episodes, returns_by_kind, mmer):
-    """eval.json of an env without modes: per kind (deterministic, sampled) the mean, std and every return of `episodes`
-    episodes, and the run's MMER."""
-    report = {"script": script, "checkpoint": model_path, "env_id": env_id, "episodes": episodes, "mmer": mmer}
-    for kind, returns in returns_by_kind.items():
-        report[kind] = {"mean": float(np.mean(returns)), "std": float(np.std(returns)), "returns": returns.tolist()}
-    return report
-
-
-def log_env_report(writer, report, global_step):
-    """TensorBoard eval/episodic_return_{kind} and one printed line per kind of an env_report."""
-    for kind in ("deterministic", "sampled"):
-        entry = report[kind]
-        writer.add_scalar(f"eval/episodic_return_{kind}", entry["mean"], global_step)
-        print(f"eval {report['env_id']} ({report['episodes']} episodes): {kind} {entry['mean']:.3f} ± {entry['std']:.3f}")
-
-
 def checkpoint_args(checkpoint):
     """The Args a checkpoint was trained with; one saved without `sharpen_gate` trained with the sharpening gate entropy."""
     return Args(**{"sharpen_gate": True, **checkpoint["args"]})
@@ -1364,13 +1342,6 @@ if __name__ == "__main__":
     except ValueError as e:
         print(f"{SCRIPT}.py: error: {e}", file=sys.stderr)
         sys.exit(2)
-    modes = MODE_PRESETS[args.modes_preset]
-    held_out = HELD_OUT_MODES[args.modes_preset]
-    spaces = None
-    if args.env_id != DEFAULT_ENV_ID:  # no mode
-        modes = []
-        held_out = []
-        spaces = env_spaces(args.env_id)
     args.batch_size = int(args.num_envs * args.num_steps)
     args.minibatch_size = int(args.batch_size // args.num_minibatches)
     args.num_iterations = args.total_timesteps // args.batch_size
@@ -1398,7 +1369,10 @@ if __name__ == "__main__":
     torch.set_num_threads(1)  # fastest for this small network
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
-    if spaces is None:
+    if args.env_id == DEFAULT_ENV_ID:
+        modes = MODE_PRESETS[args.modes_preset]
+        held_out = HELD_OUT_MODES[args.modes_preset]
+        spaces = None
         envs = NonStationaryCartPole(
             args.num_envs,
             modes,
@@ -1409,7 +1383,10 @@ if __name__ == "__main__":
             mode_share=args.mode_share,
             mode_names=MODE_NAMES[args.modes_preset],
         )
-    else:
+    else:  # any gymnasium id: no hidden mode
+        modes = []
+        held_out = []
+        spaces = env_spaces(args.env_id)
         envs = GymVectorEnv(args.env_id, args.num_envs)
     agent = agent_from_args(args, len(modes), spaces).to(device)
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps)
@@ -1439,7 +1416,7 @@ if __name__ == "__main__":
         # ADVANTAGES (GAE)
         with torch.no_grad():
             next_start = torch.as_tensor(carry["start"], dtype=torch.float32, device=device)
-            next_value = agent.get_value(carry_input(agent, carry)[None], carry["state"], next_start[None])[0]
+            next_value = agent.get_value(carry["x"][None], carry["state"], next_start[None])[0]
             advantages, returns = compute_gae(
                 batch["rewards"], batch["values"], batch["starts"], next_value, next_start, args.gamma, args.gae_lambda
             )
@@ -1450,10 +1427,7 @@ if __name__ == "__main__":
 
         # LOGGING
         sps = int(global_step / (time.time() - start_time))
-        if spaces is None:
-            slots = batch_slot_metrics(batch, len(modes), args.num_abstractions, latent, latent_of_mode)
-        else:
-            slots = slot_usage(batch["weights"])
+        slots = batch_slot_metrics(batch, len(modes), args.num_abstractions, latent, latent_of_mode)
         log_update(writer, stats, slots, optimizer.param_groups[0]["lr"], sps, global_step)
         if mmer_due(global_step - args.batch_size, global_step, iteration == args.num_iterations):
             mmer = log_mmer(writer, mmer, recent, global_step)
@@ -1466,43 +1440,7 @@ if __name__ == "__main__":
         model_path = os.path.join(run_dir, f"{args.exp_name}.cleanrl_model")
         cartpole.save_checkpoint(model_path, SCRIPT, CHECKPOINT_FORMAT, args, modes, run_name, agent, reward_scaler)
         print(f"model saved to {model_path}")
-    if args.save_model and spaces is not None:
-        returns_by_kind = {}
-        for kind in cartpole.KINDS:
-            returns_by_kind[kind] = evaluate(
-                model_path, args.eval_episodes, deterministic=kind == "deterministic", seed=args.seed + 100_000, device=device
-            )["returns"][0]
-        report = env_report(SCRIPT, model_path, args.env_id, args.eval_episodes, returns_by_kind, mmer)
-        log_env_report(writer, report, global_step)
-        cartpole.write_eval_json(report, run_dir)
-    if args.save_model and spaces is None:
-        evaluations = {}
-        for kind in cartpole.KINDS:
-            video_dir = None
-            if kind == "deterministic" and args.capture_video:
-                video_dir = os.path.join(run_dir, "videos")
-            evaluations[kind] = evaluate(
-                model_path,
-                args.eval_episodes,
-                deterministic=kind == "deterministic",
-                seed=args.seed + 100_000,
-                video_dir=video_dir,
-                device=device,
-            )
-        returns_by_kind = {kind: evaluation["returns"] for kind, evaluation in evaluations.items()}
-        report = cartpole.returns_report(SCRIPT, model_path, args.eval_episodes, modes, held_out, returns_by_kind)
-        cartpole.add_slot_report(report, evaluations)
-        report["slot_heatmap"] = os.path.join(run_dir, "slot_heatmap.png")
-        cartpole.plot_slot_heatmap(
-            np.array(report["slot_weights_deterministic"]),
-            report["slot_heatmap"],
-            cartpole.heatmap_title(run_name, report),
-            modes,
-            held_out,
-        )
-        cartpole.log_report(writer, report, global_step)
-        cartpole.print_returns(report)
-        cartpole.print_slot_summary(report)
-        cartpole.write_eval_json(report, run_dir)
+        run = cartpole.Run(SCRIPT, args, modes, held_out, run_name, run_dir, writer, global_step, mmer)
+        cartpole.report_evaluation(run, evaluate, model_path, device=device)
 
     writer.close()

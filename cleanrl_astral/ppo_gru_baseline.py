@@ -461,15 +461,19 @@ def agent_from_args(args, num_modes, spaces=None):
 
 # ROLLOUT
 def new_carry(envs, agent, seed, device):
-    """What one step hands to the next: the agent's next input, its GRU state and the running episode totals."""
+    """What one step hands to the next: the agent's next input, where an episode starts, its GRU state, the true mode and
+    the running episode totals. The first input has no previous action (-1) and no previous reward."""
     obs, info = envs.reset(seed=seed)
     n = envs.num_envs
     return {
-        "obs": obs,
+        "x": agent.build_input(
+            torch.as_tensor(obs, device=device),
+            torch.as_tensor(np.full(n, -1), device=device),
+            torch.as_tensor(np.zeros(n), device=device),
+            torch.as_tensor(info["mode"], device=device),
+        ),
         "start": np.ones(n, dtype=bool),
         "state": torch.zeros(n, agent.hidden_size, device=device),
-        "prev_action": np.full(n, -1),
-        "prev_reward": np.zeros(n),
         "mode": info["mode"],
         "episode_mode": info["mode"].copy(),
         "episode_return": np.zeros(n),
@@ -477,22 +481,11 @@ def new_carry(envs, agent, seed, device):
     }
 
 
-def carry_input(agent, carry):
-    """The agent's input for the carried observation, previous action/reward and mode."""
-    device = carry["state"].device
-    return agent.build_input(
-        torch.as_tensor(carry["obs"], device=device),
-        torch.as_tensor(carry["prev_action"], device=device),
-        torch.as_tensor(carry["prev_reward"], device=device),
-        torch.as_tensor(carry["mode"], device=device),
-    )
-
-
 def env_step(agent, envs, carry, deterministic=False):
     """One step of every environment, shared by the rollout, the evaluation and the video: the agent acts on the carried
     input, the environments step, and the carry moves on. Returns what the batch keeps of the step (input, start flag,
     action, log-prob, value, true mode), what the environments returned, and the episodes that ended (return, length, mode)."""
-    x = carry_input(agent, carry)
+    x = carry["x"]
     start = torch.as_tensor(carry["start"], dtype=torch.float32, device=x.device)
     with torch.no_grad():
         action, logprob, _, value, carry["state"] = agent.get_action_and_value(
@@ -519,11 +512,16 @@ def env_step(agent, envs, carry, deterministic=False):
     carry["episode_length"][done] = 0
     carry["episode_mode"][done] = info["mode"][done]
     # same-step autoreset: where done, obs opens the next episode: no previous action / reward, and the state is zeroed
-    carry["obs"] = obs
+    prev_action = np.where(done, -1, acted)
+    prev_reward = np.where(done, 0.0, reward)
+    carry["x"] = agent.build_input(
+        torch.as_tensor(obs, device=x.device),
+        torch.as_tensor(prev_action, device=x.device),
+        torch.as_tensor(prev_reward, device=x.device),
+        torch.as_tensor(info["mode"], device=x.device),
+    )
     carry["start"] = done
     carry["mode"] = info["mode"]
-    carry["prev_action"] = np.where(done, -1, acted)
-    carry["prev_reward"] = np.where(done, 0.0, reward)
     return step, outcome, episodes
 
 
@@ -673,15 +671,6 @@ def log_mmer(writer, mmer, recent, global_step):
     return mmer
 
 
-def log_update(writer, stats, learning_rate, sps, global_step):
-    """The learning rate, the losses, SPS and the replay check (debug/first_minibatch_ratio_error)."""
-    writer.add_scalar("charts/learning_rate", learning_rate, global_step)
-    for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "explained_variance"):
-        writer.add_scalar(f"losses/{key}", stats[key], global_step)
-    writer.add_scalar("debug/first_minibatch_ratio_error", stats["first_minibatch_ratio_error"], global_step)
-    writer.add_scalar("charts/SPS", sps, global_step)
-
-
 def print_progress(iteration, num_iterations, global_step, sps, recent, recent_by_mode):
     by_mode = []
     for k, returns in recent_by_mode.items():
@@ -771,23 +760,6 @@ def env_returns(agent, env_id, episodes, seed, deterministic):
     """The returns of the first episodes of `episodes` envs of `env_id` (GymVectorEnv), seeded seed + i."""
     first = first_episodes(agent, GymVectorEnv(env_id, episodes), seed, deterministic)[0]
     return np.array([episode_return for episode_return, _, _ in first])
-
-
-def env_report(script, model_path, env_id, episodes, returns_by_kind, mmer):
-    """eval.json of an env without modes: per kind (deterministic, sampled) the mean, std and every return of `episodes`
-    episodes, and the run's MMER."""
-    report = {"script": script, "checkpoint": model_path, "env_id": env_id, "episodes": episodes, "mmer": mmer}
-    for kind, returns in returns_by_kind.items():
-        report[kind] = {"mean": float(np.mean(returns)), "std": float(np.std(returns)), "returns": returns.tolist()}
-    return report
-
-
-def log_env_report(writer, report, global_step):
-    """TensorBoard eval/episodic_return_{kind} and one printed line per kind of an env_report."""
-    for kind in ("deterministic", "sampled"):
-        entry = report[kind]
-        writer.add_scalar(f"eval/episodic_return_{kind}", entry["mean"], global_step)
-        print(f"eval {report['env_id']} ({report['episodes']} episodes): {kind} {entry['mean']:.3f} ± {entry['std']:.3f}")
 
 
 # PLUMBING: VALIDATION AND THE RUN DIRECTORY
@@ -890,13 +862,6 @@ if __name__ == "__main__":
     except ValueError as e:
         print(f"{SCRIPT}.py: error: {e}", file=sys.stderr)
         sys.exit(2)
-    modes = MODE_PRESETS[args.modes_preset]
-    held_out = HELD_OUT_MODES[args.modes_preset]
-    spaces = None
-    if args.env_id != DEFAULT_ENV_ID:  # no mode
-        modes = []
-        held_out = []
-        spaces = env_spaces(args.env_id)
     args.batch_size = int(args.num_envs * args.num_steps)
     args.minibatch_size = int(args.batch_size // args.num_minibatches)
     args.num_iterations = args.total_timesteps // args.batch_size
@@ -924,7 +889,10 @@ if __name__ == "__main__":
     torch.set_num_threads(1)  # fastest for this small network
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
-    if spaces is None:
+    if args.env_id == DEFAULT_ENV_ID:
+        modes = MODE_PRESETS[args.modes_preset]
+        held_out = HELD_OUT_MODES[args.modes_preset]
+        spaces = None
         envs = NonStationaryCartPole(
             args.num_envs,
             modes,
@@ -935,7 +903,10 @@ if __name__ == "__main__":
             mode_share=args.mode_share,
             mode_names=MODE_NAMES[args.modes_preset],
         )
-    else:
+    else:  # any gymnasium id: no hidden mode
+        modes = []
+        held_out = []
+        spaces = env_spaces(args.env_id)
         envs = GymVectorEnv(args.env_id, args.num_envs)
     agent = agent_from_args(args, len(modes), spaces).to(device)
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps)
@@ -961,7 +932,7 @@ if __name__ == "__main__":
         # ADVANTAGES (GAE)
         with torch.no_grad():
             next_start = torch.as_tensor(carry["start"], dtype=torch.float32, device=device)
-            next_value = agent.get_value(carry_input(agent, carry)[None], carry["state"], next_start[None])[0]
+            next_value = agent.get_value(carry["x"][None], carry["state"], next_start[None])[0]
             advantages, returns = compute_gae(
                 batch["rewards"], batch["values"], batch["starts"], next_value, next_start, args.gamma, args.gae_lambda
             )
@@ -971,7 +942,11 @@ if __name__ == "__main__":
 
         # LOGGING
         sps = int(global_step / (time.time() - start_time))
-        log_update(writer, stats, optimizer.param_groups[0]["lr"], sps, global_step)
+        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+        for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "explained_variance"):
+            writer.add_scalar(f"losses/{key}", stats[key], global_step)
+        writer.add_scalar("debug/first_minibatch_ratio_error", stats["first_minibatch_ratio_error"], global_step)
+        writer.add_scalar("charts/SPS", sps, global_step)
         if mmer_due(global_step - args.batch_size, global_step, iteration == args.num_iterations):
             mmer = log_mmer(writer, mmer, recent, global_step)
         if iteration % max(1, args.num_iterations // 50) == 0 or iteration == args.num_iterations:
@@ -983,37 +958,7 @@ if __name__ == "__main__":
         model_path = os.path.join(run_dir, f"{args.exp_name}.cleanrl_model")
         cartpole.save_checkpoint(model_path, SCRIPT, CHECKPOINT_FORMAT, args, modes, run_name, agent, reward_scaler)
         print(f"model saved to {model_path}")
-    if args.save_model and spaces is not None:
-        returns_by_kind = {}
-        for kind in cartpole.KINDS:
-            returns_by_kind[kind] = evaluate(
-                model_path, args.eval_episodes, deterministic=kind == "deterministic", seed=args.seed + 100_000, device=device
-            )["returns"][0]
-        report = env_report(SCRIPT, model_path, args.env_id, args.eval_episodes, returns_by_kind, mmer)
-        log_env_report(writer, report, global_step)
-        cartpole.write_eval_json(report, run_dir)
-    if args.save_model and spaces is None:
-        evaluations = {}
-        for kind in cartpole.KINDS:
-            video_dir = None
-            if kind == "deterministic" and args.capture_video:
-                video_dir = os.path.join(run_dir, "videos")
-            evaluations[kind] = evaluate(
-                model_path,
-                args.eval_episodes,
-                deterministic=kind == "deterministic",
-                seed=args.seed + 100_000,
-                video_dir=video_dir,
-                device=device,
-            )
-        returns_by_kind = {kind: evaluation["returns"] for kind, evaluation in evaluations.items()}
-        report = cartpole.returns_report(SCRIPT, model_path, args.eval_episodes, modes, held_out, returns_by_kind)
-        report["action_latent"] = ACTION_LATENT[args.modes_preset]
-        for kind, evaluation in evaluations.items():
-            report[f"probes_{kind}"] = evaluation["probes"]
-        cartpole.log_report(writer, report, global_step)
-        cartpole.print_returns(report)
-        cartpole.print_probes(report)
-        cartpole.write_eval_json(report, run_dir)
+        run = cartpole.Run(SCRIPT, args, modes, held_out, run_name, run_dir, writer, global_step, mmer)
+        cartpole.report_evaluation(run, evaluate, model_path, ACTION_LATENT[args.modes_preset], device=device)
 
     writer.close()

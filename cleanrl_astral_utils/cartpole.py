@@ -157,6 +157,91 @@ def print_slot_summary(report):
     print(f"deterministic evaluation: {slot_summary(report)}")
 
 
+def env_report(script, model_path, env_id, episodes, returns_by_kind, mmer):
+    """eval.json of an env without modes: per kind (deterministic, sampled) the mean, std and every return of `episodes`
+    episodes, and the run's MMER."""
+    report = {"script": script, "checkpoint": model_path, "env_id": env_id, "episodes": episodes, "mmer": mmer}
+    for kind, returns in returns_by_kind.items():
+        report[kind] = {"mean": float(np.mean(returns)), "std": float(np.std(returns)), "returns": returns.tolist()}
+    return report
+
+
+def log_env_report(writer, report, global_step):
+    """TensorBoard eval/episodic_return_{kind} and one printed line per kind of an env_report."""
+    for kind in ("deterministic", "sampled"):
+        entry = report[kind]
+        writer.add_scalar(f"eval/episodic_return_{kind}", entry["mean"], global_step)
+        print(f"eval {report['env_id']} ({report['episodes']} episodes): {kind} {entry['mean']:.3f} ± {entry['std']:.3f}")
+
+
+class Run(NamedTuple):
+    """What a training run hands to its evaluation report."""
+
+    script: str
+    args: object
+    """the run's Args"""
+    modes: list
+    """the trained physics modes ([] for an env without modes)"""
+    held_out: list
+    run_name: str
+    run_dir: str
+    writer: object
+    global_step: int
+    mmer: float
+    """the run's MMER (charts/mmer), reported for an env without modes"""
+
+
+def report_evaluation(run, evaluate, model_path, action_latent=None, device="cpu"):
+    """A --save-model run's evaluation: the saved agent played by the script's `evaluate` for each kind (deterministic,
+    sampled) on seed + 100000, the deterministic one filmed with --capture-video, then eval.json, its TensorBoard scalars
+    and printed lines; ASTRAL's slot figures and heatmap where the evaluation has them, the GRU baseline's probe line
+    (with `action_latent`, the preset's) where it does not."""
+    args = run.args
+    evaluations = {}
+    for kind in KINDS:
+        video_dir = None
+        if kind == "deterministic" and args.capture_video:
+            video_dir = os.path.join(run.run_dir, "videos")
+        evaluations[kind] = evaluate(
+            model_path,
+            args.eval_episodes,
+            deterministic=kind == "deterministic",
+            seed=args.seed + 100_000,
+            video_dir=video_dir,
+            device=device,
+        )
+    if not run.modes:  # another --env-id: no mode
+        returns_by_kind = {kind: evaluation["returns"][0] for kind, evaluation in evaluations.items()}
+        report = env_report(run.script, model_path, args.env_id, args.eval_episodes, returns_by_kind, run.mmer)
+        log_env_report(run.writer, report, run.global_step)
+        write_eval_json(report, run.run_dir)
+        return
+    returns_by_kind = {kind: evaluation["returns"] for kind, evaluation in evaluations.items()}
+    report = returns_report(run.script, model_path, args.eval_episodes, run.modes, run.held_out, returns_by_kind)
+    slots = "slot_weights" in evaluations["deterministic"]
+    if slots:
+        add_slot_report(report, evaluations)
+        report["slot_heatmap"] = os.path.join(run.run_dir, "slot_heatmap.png")
+        plot_slot_heatmap(
+            np.array(report["slot_weights_deterministic"]),
+            report["slot_heatmap"],
+            heatmap_title(run.run_name, report),
+            run.modes,
+            run.held_out,
+        )
+    else:
+        report["action_latent"] = action_latent
+        for kind, evaluation in evaluations.items():
+            report[f"probes_{kind}"] = evaluation["probes"]
+    log_report(run.writer, report, run.global_step)
+    print_returns(report)
+    if slots:
+        print_slot_summary(report)
+    else:
+        print_probes(report)
+    write_eval_json(report, run.run_dir)
+
+
 def write_eval_json(report, run_dir):
     """run_dir/eval.json, atomically."""
     atomic_write_json(report, os.path.join(run_dir, "eval.json"), indent=1)

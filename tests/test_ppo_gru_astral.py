@@ -939,7 +939,7 @@ def test_the_cartpole_scripts_share_their_helpers_as_one_text():
     claim = {helper_text(module, "def claim_run_dir(", "\n\n\n") for module in (*scripts, tta_gating)}
     assert len(claim) == 1
     for module in scripts:
-        assert '    carry["prev_reward"] = np.where(done, 0.0, reward)\n' in inspect.getsource(module)
+        assert "    prev_reward = np.where(done, 0.0, reward)\n" in inspect.getsource(module)
     package = helper_text(cartpole, "def mutual_information(", "\n\n\n")
     assert helper_text(ppo_gru_astral, "def mutual_information(", "\n\n\n") == package
     assert inspect.getsource(cartpole).count("def mutual_information(") == 1

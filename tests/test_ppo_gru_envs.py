@@ -254,7 +254,7 @@ def test_the_scripts_share_the_env_code_as_one_text():
 
     for name in ("EnvSpaces", "make_gym_env", "env_spaces", "env_action", "GymVectorEnv", "log_episodes", "mmer_due"):
         assert inspect.getsource(getattr(ppo_gru_baseline, name)) == inspect.getsource(getattr(ppo_gru_astral, name)), name
-    for name in ("log_mmer", "env_returns", "env_report", "log_env_report"):
+    for name in ("log_mmer", "env_returns"):
         assert inspect.getsource(getattr(ppo_gru_baseline, name)) == inspect.getsource(getattr(ppo_gru_astral, name)), name
 
 
