@@ -585,6 +585,51 @@ def evaluate_target(agent, target, hide_velocity, episodes, deterministic, seed,
     return Evaluation(returns, weight_sum / steps, episode_weight_sum / episode_steps[:, None])
 
 
+# FIXED GATES: the learned gate, or a gate held fixed (the ceiling's and the interventions')
+class GateReturns(NamedTuple):
+    means: dict
+    """{setting: {kind: [mean return per seed]}}"""
+    runs: dict
+    """{setting: {kind: [Evaluation per seed]}}"""
+
+
+def gate_returns(agent, target, hide_velocity, settings, seeds, episodes, kinds=KINDS):
+    """Evaluations of named gate settings (None: the learned gate) on the target, every seed and kind."""
+    runs = {}
+    for name, weights in settings.items():
+        runs[name] = {}
+        for kind in kinds:
+            deterministic = kind == "deterministic"
+            runs[name][kind] = [
+                evaluate_target(agent, target, hide_velocity, episodes, deterministic, s, weights) for s in seeds
+            ]
+    means = {
+        name: {kind: [float(run.returns.mean()) for run in per_seed] for kind, per_seed in by_kind.items()}
+        for name, by_kind in runs.items()
+    }
+    return GateReturns(means, runs)
+
+
+def gate_settings(num_slots, resolution):
+    """Named fixed gates: the one-hots `slot{k}`, mixtures with weights in multiples of 1/resolution, `uniform` (1/K)."""
+    settings = {f"slot{k}": torch.eye(num_slots)[k] for k in range(num_slots)}
+    for parts in itertools.product(range(resolution), repeat=num_slots):
+        if sum(parts) == resolution and len(set(parts)) > 1:
+            weights = torch.tensor(parts, dtype=torch.float32) / resolution
+            settings["mix[" + " ".join(f"{w:.2g}" for w in weights.tolist()) + "]"] = weights
+    settings["uniform"] = torch.full((num_slots,), 1.0 / num_slots)
+    return settings
+
+
+def ceiling(agent, target, hide_velocity, settings, seeds, episodes):
+    """The best of the fixed gates `settings` by mean sampled return on the evaluation episodes: ({"best", "per_setting"
+    (sampled returns per seed)}); its statistics are added by the report."""
+    means = gate_returns(agent, target, hide_velocity, settings, seeds, episodes, ("sampled",)).means
+    per_setting = {name: by_kind["sampled"] for name, by_kind in means.items()}
+    best = max(per_setting, key=lambda name: np.mean(per_setting[name]))
+    return {"best": best, "per_setting": per_setting}
+
+
 # ADAPTATION LOSSES
 def discounted_returns(rewards, gamma, bootstrap=0.0):
     out = np.zeros(len(rewards))
@@ -731,52 +776,121 @@ def adaptation_episode(agent, anchor, env, mode, env_seed, control, optimizer, a
     return episode_return, updates
 
 
-# INTERVENTIONS: fixed gates
-class GateReturns(NamedTuple):
-    means: dict
-    """{setting: {kind: [mean return per seed]}}"""
-    runs: dict
-    """{setting: {kind: [Evaluation per seed]}}"""
+# THE ADAPT SUBCOMMAND
+class Outcome(NamedTuple):
+    results_path: str
+    figure: str
+    headline: dict
+    """eval.json's numbers, averaged over the targets"""
 
 
-def gate_returns(agent, target, hide_velocity, settings, seeds, episodes, kinds=KINDS):
-    """Evaluations of named gate settings (None: the learned gate) on the target, every seed and kind."""
+def adapt(args, run, writer):
+    """The adapt subcommand: per target, the evaluation before, the ceiling, then every control and seed adapted on the
+    same episodes and evaluated after; tta.json is written after every target."""
+    from cleanrl_astral_utils import tta  # reports, analysis, results files, plots, resuming
+
+    report = run.report
+    hide_velocity = run.ckpt["args"]["hide_velocity"]
+    settings = {}
+    if args.ceiling_resolution:
+        settings = gate_settings(run.ckpt["args"]["num_abstractions"], args.ceiling_resolution)
+    seeds = [args.seed + i for i in range(args.num_seeds)]
+    report.update(controls=args.controls, seeds=seeds, episodes=args.episodes, online=args.online)
+    report.update(reward_scale=run.reward_scale)
+    report.setdefault("results", {})
+    results_path = os.path.join(run.run_dir, "tta.json")
+    model_file = os.path.join(run.run_dir, f"{args.exp_name}.cleanrl_model")
+    saved = tta.saved_adapted(model_file, args.save_model)
+    workload = tta.adapt_workload(args, len(run.targets) - len(report["results"]), len(settings))
+    print(tta.describe_workload(workload, run.agent, policy_step, hide_velocity, results_path, run.run_dir), flush=True)
+    for position, target in enumerate(run.targets):
+        if target["name"] in report["results"]:
+            continue  # finished by the stopped run this one resumes
+        # the same evaluation episodes (env and torch seeds) before, after and for the ceiling: every comparison is paired
+        eval_seeds = [100_000 + 10_000 * seed + 1000 * position for seed in seeds]
+        before = gate_returns(run.agent, target, hide_velocity, {"learned": None}, eval_seeds, args.eval_episodes)
+        result = {"before": before.means["learned"], "ceiling": None, "controls": {}}
+        if settings:
+            result["ceiling"] = ceiling(run.agent, target, hide_velocity, settings, eval_seeds, args.eval_episodes)
+        for control in args.controls:
+            entry = tta.new_control_entry()
+            for i, (seed, eval_seed) in enumerate(zip(seeds, eval_seeds)):
+                # ROLLOUT and UPDATE: adaptation_episode, every episode
+                adapted = adaptation(run.ckpt, target, control, seed, args, run.reward_scale)
+                after = gate_returns(
+                    adapted.agent.eval(), target, hide_velocity, {"learned": None}, [eval_seed], args.eval_episodes
+                )
+                tta.add_seed(entry, after.means["learned"], after.runs["learned"], adapted.returns, adapted.updates)
+                if args.save_model:
+                    saved.append(
+                        {"target": target["name"], "seed": seed, "control": control, "state_dict": adapted.agent.state_dict()}
+                    )
+                print(
+                    f"{target['name']} seed {seed} {control:>7}: before {before.means['learned']['sampled'][i]:6.1f} "
+                    f"during {np.mean(adapted.returns):6.1f} after {entry['after_per_seed']['sampled'][-1]:6.1f} "
+                    f"(sampled; {adapted.updates} updates)",
+                    flush=True,
+                )
+            result["controls"][control] = entry
+        result = tta.summarise_target(result)
+
+        # LOGGING
+        tta.log_adapt_target(writer, target["name"], result, args.episodes)
+        report["results"][target["name"]] = result
+        if args.save_model:  # before the results: a target found in tta.json has its agents saved
+            tta.save_adapted(saved, report, run.ckpt, SCRIPT, model_file)
+        tta.write_results(report, results_path)  # per finished target: a stopped run keeps it
+    figure = os.path.join(run.run_dir, "adaptation_curves.png")
+    mode_of_update = "per-episode"
+    if args.online:
+        mode_of_update = "online"
+    tta.plot_adaptation_curves(
+        report["results"],
+        run.targets,
+        args.controls,
+        figure,
+        f"{run.run_name}\nadaptation on {run.ckpt['run_name']} ({args.num_seeds} seeds, {mode_of_update} updates)",
+    )
+    report["finished"] = True
+    tta.write_results(report, results_path)
+    return Outcome(results_path, figure, tta.adapt_headline(report))
+
+
+# INTERVENTIONS: the clamp and the gate swap, subcommands of their own
+def clamp(args, run, writer):
+    """The clamp subcommand: every target with the gate clamped to each slot, to uniform and learned; clamp.json."""
+    from cleanrl_astral_utils import tta  # reports, analysis, results files, plots, resuming
+
+    settings = gate_settings(run.ckpt["args"]["num_abstractions"], 1)
+    settings["learned"] = None
     runs = {}
-    for name, weights in settings.items():
-        runs[name] = {}
-        for kind in kinds:
-            deterministic = kind == "deterministic"
-            runs[name][kind] = [
-                evaluate_target(agent, target, hide_velocity, episodes, deterministic, s, weights) for s in seeds
-            ]
-    means = {
-        name: {kind: [float(run.returns.mean()) for run in per_seed] for kind, per_seed in by_kind.items()}
-        for name, by_kind in runs.items()
-    }
-    return GateReturns(means, runs)
+    for position, target in enumerate(run.targets):
+        eval_seed = 100_000 + args.seed + 1000 * position
+        runs[target["name"]] = gate_returns(
+            run.agent, target, run.ckpt["args"]["hide_velocity"], settings, [eval_seed], args.eval_episodes
+        ).runs
+    report = tta.clamp_report(run.report, runs, run.targets, list(settings), run.ckpt["args"]["num_abstractions"])
+
+    # LOGGING
+    tta.log_cells(writer, "clamp", report, run.targets)
+    for kind in KINDS:
+        specificity = report["specificity"][kind]
+        if specificity["score"] is not None:
+            writer.add_scalar(f"tta/clamp_specificity_{kind}", specificity["score"], 0)
+        print(f"clamp specificity, {kind}: {specificity['score']}, matching {specificity['matching']}")
+    results_path = os.path.join(run.run_dir, "clamp.json")
+    figure = os.path.join(run.run_dir, "clamp_heatmap.png")
+    tta.plot_heatmap(
+        tta.return_matrix(report["results"], run.targets, list(settings)),
+        [t["label"] for t in run.targets],
+        list(settings),
+        figure,
+        f"{run.run_name}\nreturn with the gate clamped, {args.eval_episodes} episodes per cell ({run.ckpt['run_name']})",
+    )
+    tta.write_results(report, results_path)
+    return Outcome(results_path, figure, tta.clamp_headline(report))
 
 
-def gate_settings(num_slots, resolution):
-    """Named fixed gates: the one-hots `slot{k}`, mixtures with weights in multiples of 1/resolution, `uniform` (1/K)."""
-    settings = {f"slot{k}": torch.eye(num_slots)[k] for k in range(num_slots)}
-    for parts in itertools.product(range(resolution), repeat=num_slots):
-        if sum(parts) == resolution and len(set(parts)) > 1:
-            weights = torch.tensor(parts, dtype=torch.float32) / resolution
-            settings["mix[" + " ".join(f"{w:.2g}" for w in weights.tolist()) + "]"] = weights
-    settings["uniform"] = torch.full((num_slots,), 1.0 / num_slots)
-    return settings
-
-
-def ceiling(agent, target, hide_velocity, settings, seeds, episodes):
-    """The best of the fixed gates `settings` by mean sampled return on the evaluation episodes: ({"best", "per_setting"
-    (sampled returns per seed)}); its statistics are added by the report."""
-    means = gate_returns(agent, target, hide_velocity, settings, seeds, episodes, ("sampled",)).means
-    per_setting = {name: by_kind["sampled"] for name, by_kind in means.items()}
-    best = max(per_setting, key=lambda name: np.mean(per_setting[name]))
-    return {"best": best, "per_setting": per_setting}
-
-
-# INTERVENTIONS: the gate swap
 def swap_gates(mean_gates, targets):
     """The swap's fixed gates: `sign+1` / `sign-1`, the mean of the mean learned gates of that force sign's training
     modes (each mode weighs the same), then `mode{k}`, each training mode's own mean learned gate."""
@@ -818,6 +932,41 @@ def gate_swap(agent, targets, hide_velocity, episodes, seed):
         runs[target["name"]] = gate_returns(agent, target, hide_velocity, gates, [eval_seed], episodes).runs
         runs[target["name"]]["learned"] = learned[target["name"]]["learned"]
     return Swap(gates, tta.gate_routing(episode_gates, mean_gates, targets), runs)
+
+
+def swap(args, run, writer):
+    """The swap subcommand: the learned gate's routing, then every target with the gate fixed to each group's mean
+    learned gate; swap.json."""
+    from cleanrl_astral_utils import tta  # reports, analysis, results files, plots, resuming
+
+    swapped = gate_swap(run.agent, run.targets, run.ckpt["args"]["hide_velocity"], args.eval_episodes, args.seed)
+    report = tta.swap_report(run.report, swapped.gates, swapped.routing, swapped.runs, run.targets)
+    columns = report["columns"]
+
+    # LOGGING
+    tta.log_cells(writer, "swap", report, run.targets)
+    for kind in KINDS:
+        for grouping, effect in report["swap_effect"][kind].items():
+            if effect["value"] is not None:
+                writer.add_scalar(f"tta/swap_effect_{grouping}_{kind}", effect["value"], 0)
+    writer.add_scalar("tta/gate_episode_nmi_mode", swapped.routing["episode_nmi_mode"], 0)
+    writer.add_scalar("tta/gate_episode_nmi_sign", swapped.routing["episode_nmi_sign"], 0)
+    for name, entry in swapped.routing["held_out"].items():
+        if entry["to_sign_slot"] is not None:
+            writer.add_scalar(f"tta/held_out_to_sign_slot_{name}", float(entry["to_sign_slot"]), 0)
+    print(tta.describe_swap(report))
+    results_path = os.path.join(run.run_dir, "swap.json")
+    figure = os.path.join(run.run_dir, "swap_heatmap.png")
+    tta.plot_heatmap(
+        tta.return_matrix(report["results"], run.targets, columns),
+        [t["label"] for t in run.targets],
+        columns,
+        figure,
+        f"{run.run_name}\nreturn with the gate fixed to a group's mean learned gate, {args.eval_episodes} episodes per "
+        f"cell ({run.ckpt['run_name']})",
+    )
+    tta.write_results(report, results_path)
+    return Outcome(results_path, figure, tta.swap_headline(report))
 
 
 # CHECKPOINT AND TARGETS
@@ -1062,27 +1211,6 @@ def claim_run_dir(runs_dir, run_name):
             raise ValueError(message) from e
 
 
-def seconds_per_step(agent, hide_velocity, batch, backward):
-    """Wall-clock seconds of one acting step of `batch` envs (with `backward`, its share of a backward pass), timed on 64
-    steps of zero inputs by a copy of the agent: the basis of the time estimate printed at start."""
-    agent = copy.deepcopy(agent)
-    obs = np.zeros((batch, 2 if hide_velocity else 4), np.float32)
-    state = torch.zeros(batch, agent.hidden_size)
-    none = np.full(batch, -1)
-    zeros = np.zeros(batch)
-    starts = np.ones(batch)
-    logprobs = []
-    begin = time.perf_counter()
-    with torch.set_grad_enabled(backward):
-        for _ in range(64):
-            step = policy_step(agent, obs, none, zeros, zeros, state, starts)
-            state = step.state
-            logprobs.append(step.dist.log_prob(torch.zeros(batch, dtype=torch.long)))
-        if backward:
-            torch.cat(logprobs).sum().backward()
-    return (time.perf_counter() - begin) / 64
-
-
 class Run(NamedTuple):
     """What every subcommand starts from."""
 
@@ -1120,156 +1248,6 @@ def prepare(args):
     return Run(ckpt, agent, targets, reward_scale, report, run_name, run_dir)
 
 
-class Outcome(NamedTuple):
-    results_path: str
-    figure: str
-    headline: dict
-    """eval.json's numbers, averaged over the targets"""
-
-
-def adapt(args, run, writer):
-    """The adapt subcommand: per target, the evaluation before, the ceiling, then every control and seed adapted on the
-    same episodes and evaluated after; tta.json is written after every target."""
-    from cleanrl_astral_utils import tta  # reports, analysis, results files, plots, resuming
-
-    report = run.report
-    hide_velocity = run.ckpt["args"]["hide_velocity"]
-    settings = {}
-    if args.ceiling_resolution:
-        settings = gate_settings(run.ckpt["args"]["num_abstractions"], args.ceiling_resolution)
-    seeds = [args.seed + i for i in range(args.num_seeds)]
-    report.update(controls=args.controls, seeds=seeds, episodes=args.episodes, online=args.online)
-    report.update(reward_scale=run.reward_scale)
-    report.setdefault("results", {})
-    results_path = os.path.join(run.run_dir, "tta.json")
-    model_file = os.path.join(run.run_dir, f"{args.exp_name}.cleanrl_model")
-    saved = tta.saved_adapted(model_file, args.save_model)
-    workload = tta.adapt_workload(args, len(run.targets) - len(report["results"]), len(settings))
-    adapt_step = seconds_per_step(run.agent, hide_velocity, 1, backward=True)
-    eval_step = seconds_per_step(run.agent, hide_velocity, args.eval_episodes, backward=False)
-    print(tta.describe_workload(workload, adapt_step, eval_step, results_path, run.run_dir), flush=True)
-    for position, target in enumerate(run.targets):
-        if target["name"] in report["results"]:
-            continue  # finished by the stopped run this one resumes
-        # the same evaluation episodes (env and torch seeds) before, after and for the ceiling: every comparison is paired
-        eval_seeds = [100_000 + 10_000 * seed + 1000 * position for seed in seeds]
-        before = gate_returns(run.agent, target, hide_velocity, {"learned": None}, eval_seeds, args.eval_episodes)
-        result = {"before": before.means["learned"], "ceiling": None, "controls": {}}
-        if settings:
-            result["ceiling"] = ceiling(run.agent, target, hide_velocity, settings, eval_seeds, args.eval_episodes)
-        for control in args.controls:
-            entry = tta.new_control_entry()
-            for i, (seed, eval_seed) in enumerate(zip(seeds, eval_seeds)):
-                # ROLLOUT and UPDATE: adaptation_episode, every episode
-                adapted = adaptation(run.ckpt, target, control, seed, args, run.reward_scale)
-                after = gate_returns(
-                    adapted.agent.eval(), target, hide_velocity, {"learned": None}, [eval_seed], args.eval_episodes
-                )
-                tta.add_seed(entry, after.means["learned"], after.runs["learned"], adapted.returns, adapted.updates)
-                if args.save_model:
-                    saved.append(
-                        {"target": target["name"], "seed": seed, "control": control, "state_dict": adapted.agent.state_dict()}
-                    )
-                print(
-                    f"{target['name']} seed {seed} {control:>7}: before {before.means['learned']['sampled'][i]:6.1f} "
-                    f"during {np.mean(adapted.returns):6.1f} after {entry['after_per_seed']['sampled'][-1]:6.1f} "
-                    f"(sampled; {adapted.updates} updates)",
-                    flush=True,
-                )
-            result["controls"][control] = entry
-        result = tta.summarise_target(result)
-
-        # LOGGING
-        tta.log_adapt_target(writer, target["name"], result, args.episodes)
-        report["results"][target["name"]] = result
-        if args.save_model:  # before the results: a target found in tta.json has its agents saved
-            tta.save_adapted(saved, report, run.ckpt, SCRIPT, model_file)
-        tta.write_results(report, results_path)  # per finished target: a stopped run keeps it
-    figure = os.path.join(run.run_dir, "adaptation_curves.png")
-    mode_of_update = "per-episode"
-    if args.online:
-        mode_of_update = "online"
-    tta.plot_adaptation_curves(
-        report["results"],
-        run.targets,
-        args.controls,
-        figure,
-        f"{run.run_name}\nadaptation on {run.ckpt['run_name']} ({args.num_seeds} seeds, {mode_of_update} updates)",
-    )
-    report["finished"] = True
-    tta.write_results(report, results_path)
-    return Outcome(results_path, figure, tta.adapt_headline(report))
-
-
-def clamp(args, run, writer):
-    """The clamp subcommand: every target with the gate clamped to each slot, to uniform and learned; clamp.json."""
-    from cleanrl_astral_utils import tta  # reports, analysis, results files, plots, resuming
-
-    settings = gate_settings(run.ckpt["args"]["num_abstractions"], 1)
-    settings["learned"] = None
-    runs = {}
-    for position, target in enumerate(run.targets):
-        eval_seed = 100_000 + args.seed + 1000 * position
-        runs[target["name"]] = gate_returns(
-            run.agent, target, run.ckpt["args"]["hide_velocity"], settings, [eval_seed], args.eval_episodes
-        ).runs
-    report = tta.clamp_report(run.report, runs, run.targets, list(settings), run.ckpt["args"]["num_abstractions"])
-
-    # LOGGING
-    tta.log_cells(writer, "clamp", report, run.targets)
-    for kind in KINDS:
-        specificity = report["specificity"][kind]
-        if specificity["score"] is not None:
-            writer.add_scalar(f"tta/clamp_specificity_{kind}", specificity["score"], 0)
-        print(f"clamp specificity, {kind}: {specificity['score']}, matching {specificity['matching']}")
-    results_path = os.path.join(run.run_dir, "clamp.json")
-    figure = os.path.join(run.run_dir, "clamp_heatmap.png")
-    tta.plot_heatmap(
-        tta.return_matrix(report["results"], run.targets, list(settings)),
-        [t["label"] for t in run.targets],
-        list(settings),
-        figure,
-        f"{run.run_name}\nreturn with the gate clamped, {args.eval_episodes} episodes per cell ({run.ckpt['run_name']})",
-    )
-    tta.write_results(report, results_path)
-    return Outcome(results_path, figure, tta.clamp_headline(report))
-
-
-def swap(args, run, writer):
-    """The swap subcommand: the learned gate's routing, then every target with the gate fixed to each group's mean
-    learned gate; swap.json."""
-    from cleanrl_astral_utils import tta  # reports, analysis, results files, plots, resuming
-
-    swapped = gate_swap(run.agent, run.targets, run.ckpt["args"]["hide_velocity"], args.eval_episodes, args.seed)
-    report = tta.swap_report(run.report, swapped.gates, swapped.routing, swapped.runs, run.targets)
-    columns = report["columns"]
-
-    # LOGGING
-    tta.log_cells(writer, "swap", report, run.targets)
-    for kind in KINDS:
-        for grouping, effect in report["swap_effect"][kind].items():
-            if effect["value"] is not None:
-                writer.add_scalar(f"tta/swap_effect_{grouping}_{kind}", effect["value"], 0)
-    writer.add_scalar("tta/gate_episode_nmi_mode", swapped.routing["episode_nmi_mode"], 0)
-    writer.add_scalar("tta/gate_episode_nmi_sign", swapped.routing["episode_nmi_sign"], 0)
-    for name, entry in swapped.routing["held_out"].items():
-        if entry["to_sign_slot"] is not None:
-            writer.add_scalar(f"tta/held_out_to_sign_slot_{name}", float(entry["to_sign_slot"]), 0)
-    print(tta.describe_swap(report))
-    results_path = os.path.join(run.run_dir, "swap.json")
-    figure = os.path.join(run.run_dir, "swap_heatmap.png")
-    tta.plot_heatmap(
-        tta.return_matrix(report["results"], run.targets, columns),
-        [t["label"] for t in run.targets],
-        columns,
-        figure,
-        f"{run.run_name}\nreturn with the gate fixed to a group's mean learned gate, {args.eval_episodes} episodes per "
-        f"cell ({run.ckpt['run_name']})",
-    )
-    tta.write_results(report, results_path)
-    return Outcome(results_path, figure, tta.swap_headline(report))
-
-
 if __name__ == "__main__":
     args = tyro.extras.subcommand_cli_from_dict(SUBCOMMANDS)
     try:
@@ -1294,8 +1272,12 @@ if __name__ == "__main__":
         "hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
     )
     torch.set_num_threads(1)  # fastest for this small network; every evaluation and adaptation seeds torch and its envs
-    subcommand = {"adapt": adapt, "clamp": clamp, "swap": swap}[args.subcommand]
-    outcome = subcommand(args, run, writer)
+    if args.subcommand == "adapt":  # adapt-full and adapt-plan too: their Args are AdaptArgs with other defaults
+        outcome = adapt(args, run, writer)
+    elif args.subcommand == "clamp":
+        outcome = clamp(args, run, writer)
+    else:
+        outcome = swap(args, run, writer)
     from cleanrl_astral_utils import tta
 
     # eval.json: headline numbers averaged over the targets, for benchmark/report.py's tables (per target: results_path)

@@ -2,7 +2,9 @@
 for eval.json), results files written atomically after every finished target so that a stopped `adapt` run keeps them
 and `--resume` continues it, the planned workload, and the plots."""
 
+import copy
 import os
+import time
 from typing import NamedTuple
 
 import matplotlib
@@ -457,8 +459,32 @@ def adapt_workload(args, num_targets, num_ceiling_settings):
     )
 
 
-def describe_workload(workload, adapt_step, eval_step, results_path, run_dir):
-    """The plan printed at start: how much is played, and the time it takes at most (every episode 500 steps long)."""
+def seconds_per_step(agent, policy_step, hide_velocity, batch, backward):
+    """Wall-clock seconds of one acting step (tta_gating.py's `policy_step`) of `batch` envs (with `backward`, its share
+    of a backward pass), timed on 64 steps of zero inputs by a copy of the agent: the basis of the time estimate."""
+    agent = copy.deepcopy(agent)
+    obs = np.zeros((batch, 2 if hide_velocity else 4), np.float32)
+    state = torch.zeros(batch, agent.hidden_size)
+    none = np.full(batch, -1)
+    zeros = np.zeros(batch)
+    starts = np.ones(batch)
+    logprobs = []
+    begin = time.perf_counter()
+    with torch.set_grad_enabled(backward):
+        for _ in range(64):
+            step = policy_step(agent, obs, none, zeros, zeros, state, starts)
+            state = step.state
+            logprobs.append(step.dist.log_prob(torch.zeros(batch, dtype=torch.long)))
+        if backward:
+            torch.cat(logprobs).sum().backward()
+    return (time.perf_counter() - begin) / 64
+
+
+def describe_workload(workload, agent, policy_step, hide_velocity, results_path, run_dir):
+    """The plan printed at start: how much is played, and the time it takes at most (every episode 500 steps long), an
+    adaptation step and an evaluation step of `agent` timed now (seconds_per_step)."""
+    adapt_step = seconds_per_step(agent, policy_step, hide_velocity, 1, backward=True)
+    eval_step = seconds_per_step(agent, policy_step, hide_velocity, workload.eval_episodes, backward=False)
     longest = workload.adaptation_episodes * 500 * adapt_step + workload.evaluations * 500 * eval_step
     return (
         f"planned: {workload.targets} targets, {workload.adaptation_episodes} adaptation episodes and "
