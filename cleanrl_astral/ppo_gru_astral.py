@@ -88,15 +88,6 @@ class Args:
     design: Literal["script", "plan"] = "script"
     """`script`: this file's network and settings; `plan`: the plan's network (ReLU layers of width --hidden-size,
     PyTorch's default initialisation) and the plan's Config as the defaults (PLAN_CONFIG), each flag still overriding"""
-    film_design: Literal["script", "plan"] | None = None
-    """the FiLM of one design inside the other (default: --design's). `script`: (γ - 1, β) = Linear(d, 2H) of z,
-    orthogonal std 1.0, the identity at z = 0; `plan`: (γ, β) = Linear(d, H) - ReLU - Linear(H, 2H) of z, PyTorch's init"""
-    gate_design: Literal["script", "plan"] | None = None
-    """the gate of one design inside the other (default: --design's). `script`: Linear(H, 64) - tanh - Linear(64, K),
-    orthogonal, last layer std 0.01 (near uniform at the start); `plan`: Linear(H, H) - ReLU - Linear(H, K), PyTorch's init"""
-    init: Literal["orthogonal", "default"] | None = None
-    """the initialisation of encoder, GRU and heads (default: --design's). `orthogonal`: CleanRL's layer_init (std √2,
-    policy 0.01, value 1.0) and orthogonal GRU weights with zero biases; `default`: PyTorch's"""
     total_timesteps: int = 500000
     """total timesteps of the experiment"""
     learning_rate: float = 1e-3
@@ -410,13 +401,6 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
     return layer
 
 
-def maybe_layer_init(layer, orthogonal, std=np.sqrt(2)):
-    """layer_init(layer, std) when `orthogonal`, else the layer as PyTorch initialised it."""
-    if orthogonal:
-        return layer_init(layer, std)
-    return layer
-
-
 class AbstractionBank(nn.Module):
     """K learnable slots A and a gate p = softmax(g(h) / τ): z = wᵀA with w = p or, given `gumbel_tau`, the hard gate's
     straight-through Gumbel-softmax one-hot of argmax(g(h)/τ + noise), so only the chosen slot's row gets gradient."""
@@ -451,21 +435,27 @@ class AbstractionBank(nn.Module):
 
 
 class FiLM(nn.Module):
-    """h' = γ ⊙ h + β. The script's: (γ - 1, β) = Linear(z), so a zero z leaves h unchanged. The plan's:
-    (γ, β) = Linear(d, d) - ReLU - Linear(d, 2H) of z, so a zero z gives γ and β of the layers' biases."""
+    """h' = γ ⊙ h + β with (γ - 1, β) = Linear(z): a zero z leaves h unchanged."""
 
-    def __init__(self, slot_dim, hidden_size, design="script"):
+    def __init__(self, slot_dim, hidden_size):
         super().__init__()
-        self.identity_at_zero = design != "plan"
-        if design == "plan":
-            self.net = nn.Sequential(nn.Linear(slot_dim, hidden_size), nn.ReLU(), nn.Linear(hidden_size, 2 * hidden_size))
-        else:
-            self.net = layer_init(nn.Linear(slot_dim, 2 * hidden_size), std=1.0)
+        self.net = layer_init(nn.Linear(slot_dim, 2 * hidden_size), std=1.0)
 
     def forward(self, h, z):
         gamma, beta = self.net(z).chunk(2, dim=-1)
-        if self.identity_at_zero:
-            gamma = 1.0 + gamma
+        return (1.0 + gamma) * h + beta
+
+
+class PlanFiLM(nn.Module):
+    """The plan's FiLM: h' = γ ⊙ h + β with (γ, β) = Linear(d, d) - ReLU - Linear(d, 2H) of z, PyTorch's default
+    initialisation; a zero z gives γ and β of the layers' biases."""
+
+    def __init__(self, slot_dim, hidden_size):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(slot_dim, hidden_size), nn.ReLU(), nn.Linear(hidden_size, 2 * hidden_size))
+
+    def forward(self, h, z):
+        gamma, beta = self.net(z).chunk(2, dim=-1)
         return gamma * h + beta
 
 
@@ -510,9 +500,6 @@ class Agent(nn.Module):
         gumbel_tau=None,
         design="script",
         prev_reward=True,
-        film_design="script",
-        gate_design="script",
-        init="orthogonal",
     ):
         super().__init__()
         self.obs_dim = obs_dim
@@ -526,34 +513,33 @@ class Agent(nn.Module):
         if oracle:
             self.input_dim += num_modes
         self.hidden_size = hidden_size
-        # the script's network: tanh layers, heads 64 wide; the plan's: ReLU layers of width d. `init`: CleanRL's
-        # orthogonal layer_init and an orthogonal GRU with zero biases, or PyTorch's default initialisation
-        activation = nn.Tanh
-        head_width = 64
-        if design == "plan":
-            activation = nn.ReLU
-            head_width = hidden_size
-        orthogonal = init == "orthogonal"
-        self.encoder = nn.Sequential(maybe_layer_init(nn.Linear(self.input_dim, hidden_size), orthogonal), activation())
-        self.gru = nn.GRUCell(hidden_size, hidden_size)
-        if orthogonal:
+        if design == "plan":  # the plan's network: ReLU layers of width d, PyTorch's default initialisation
+            self.encoder = nn.Sequential(nn.Linear(self.input_dim, hidden_size), nn.ReLU())
+            self.gru = nn.GRUCell(hidden_size, hidden_size)
+            self.bank = AbstractionBank(hidden_size, num_abstractions, slot_dim, tau, orthonormal, gumbel_tau, "plan")
+            self.film = PlanFiLM(slot_dim, hidden_size)
+            self.actor = nn.Sequential(nn.Linear(hidden_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, num_actions))
+            self.critic = nn.Sequential(nn.Linear(hidden_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, 1))
+        else:  # the script's network: tanh layers, heads 64 wide, CleanRL's layer_init, an orthogonal GRU with zero biases
+            self.encoder = nn.Sequential(layer_init(nn.Linear(self.input_dim, hidden_size)), nn.Tanh())
+            self.gru = nn.GRUCell(hidden_size, hidden_size)
             for name, param in self.gru.named_parameters():
                 if "bias" in name:
                     nn.init.constant_(param, 0)
                 else:
                     nn.init.orthogonal_(param, 1.0)
-        self.bank = AbstractionBank(hidden_size, num_abstractions, slot_dim, tau, orthonormal, gumbel_tau, gate_design)
-        self.film = FiLM(slot_dim, hidden_size, film_design)
-        self.actor = nn.Sequential(
-            maybe_layer_init(nn.Linear(hidden_size, head_width), orthogonal),
-            activation(),
-            maybe_layer_init(nn.Linear(head_width, num_actions), orthogonal, std=0.01),
-        )
-        self.critic = nn.Sequential(
-            maybe_layer_init(nn.Linear(hidden_size, head_width), orthogonal),
-            activation(),
-            maybe_layer_init(nn.Linear(head_width, 1), orthogonal, std=1.0),
-        )
+            self.bank = AbstractionBank(hidden_size, num_abstractions, slot_dim, tau, orthonormal, gumbel_tau)
+            self.film = FiLM(slot_dim, hidden_size)
+            self.actor = nn.Sequential(
+                layer_init(nn.Linear(hidden_size, 64)),
+                nn.Tanh(),
+                layer_init(nn.Linear(64, num_actions), std=0.01),
+            )
+            self.critic = nn.Sequential(
+                layer_init(nn.Linear(hidden_size, 64)),
+                nn.Tanh(),
+                layer_init(nn.Linear(64, 1), std=1.0),
+            )
 
     def build_input(self, obs, prev_action, prev_reward, mode):
         """obs (..., obs_dim), prev_action (...) with -1 for "none", prev_reward (...), mode (...) -> input."""
@@ -610,12 +596,8 @@ class Agent(nn.Module):
         )
 
 
-DESIGN_INIT = {"script": "orthogonal", "plan": "default"}  # --init's value when it follows --design
-
-
 def agent_from_args(args, num_modes, spaces=None):
-    """The agent of `args`; `spaces`, another --env-id's EnvSpaces (NonStationaryCartPole's when None). --film-design,
-    --gate-design and --init follow --design where they are not given."""
+    """The agent of `args`; `spaces`, another --env-id's EnvSpaces (NonStationaryCartPole's when None)."""
     obs_dim = 4
     if args.hide_velocity:
         obs_dim = 2
@@ -641,9 +623,6 @@ def agent_from_args(args, num_modes, spaces=None):
         gumbel_tau,
         args.design,
         args.prev_reward,
-        args.film_design or args.design,
-        args.gate_design or args.design,
-        args.init or DESIGN_INIT[args.design],
     )
 
 
@@ -1215,8 +1194,16 @@ def env_returns(agent, env_id, episodes, seed, deterministic):
 
 
 def checkpoint_args(checkpoint):
-    """The Args a checkpoint was trained with; one saved without `sharpen_gate` trained with the sharpening gate entropy."""
-    return Args(**{"sharpen_gate": True, **checkpoint["args"]})
+    """The Args a checkpoint was trained with; one saved without `sharpen_gate` trained with the sharpening gate entropy.
+    A checkpoint of commit 9ecf7db holds the one-change study's --film-design, --gate-design and --init: None is the
+    design's own network; another value is one of that study's networks, which only that commit builds."""
+    saved = {"sharpen_gate": True, **checkpoint["args"]}
+    for name in ("film_design", "gate_design", "init"):
+        value = saved.pop(name, None)
+        if value is not None:
+            flag = name.replace("_", "-")
+            raise ValueError(f"the checkpoint was trained with --{flag} {value}; its network is built at commit 9ecf7db")
+    return Args(**saved)
 
 
 # PLUMBING: VALIDATION AND THE RUN DIRECTORY

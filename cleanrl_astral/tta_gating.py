@@ -258,13 +258,6 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
     return layer
 
 
-def maybe_layer_init(layer, orthogonal, std=np.sqrt(2)):
-    """layer_init(layer, std) when `orthogonal`, else the layer as PyTorch initialised it."""
-    if orthogonal:
-        return layer_init(layer, std)
-    return layer
-
-
 class AbstractionBank(nn.Module):
     """K learnable slots A and a gate p = softmax(g(h) / τ): z = wᵀA with w = p or, given `gumbel_tau`, the hard gate's
     straight-through Gumbel-softmax one-hot of argmax(g(h)/τ + noise), so only the chosen slot's row gets gradient."""
@@ -299,21 +292,27 @@ class AbstractionBank(nn.Module):
 
 
 class FiLM(nn.Module):
-    """h' = γ ⊙ h + β. The script's: (γ - 1, β) = Linear(z), so a zero z leaves h unchanged. The plan's:
-    (γ, β) = Linear(d, d) - ReLU - Linear(d, 2H) of z, so a zero z gives γ and β of the layers' biases."""
+    """h' = γ ⊙ h + β with (γ - 1, β) = Linear(z): a zero z leaves h unchanged."""
 
-    def __init__(self, slot_dim, hidden_size, design="script"):
+    def __init__(self, slot_dim, hidden_size):
         super().__init__()
-        self.identity_at_zero = design != "plan"
-        if design == "plan":
-            self.net = nn.Sequential(nn.Linear(slot_dim, hidden_size), nn.ReLU(), nn.Linear(hidden_size, 2 * hidden_size))
-        else:
-            self.net = layer_init(nn.Linear(slot_dim, 2 * hidden_size), std=1.0)
+        self.net = layer_init(nn.Linear(slot_dim, 2 * hidden_size), std=1.0)
 
     def forward(self, h, z):
         gamma, beta = self.net(z).chunk(2, dim=-1)
-        if self.identity_at_zero:
-            gamma = 1.0 + gamma
+        return (1.0 + gamma) * h + beta
+
+
+class PlanFiLM(nn.Module):
+    """The plan's FiLM: h' = γ ⊙ h + β with (γ, β) = Linear(d, d) - ReLU - Linear(d, 2H) of z, PyTorch's default
+    initialisation; a zero z gives γ and β of the layers' biases."""
+
+    def __init__(self, slot_dim, hidden_size):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(slot_dim, hidden_size), nn.ReLU(), nn.Linear(hidden_size, 2 * hidden_size))
+
+    def forward(self, h, z):
+        gamma, beta = self.net(z).chunk(2, dim=-1)
         return gamma * h + beta
 
 
@@ -358,9 +357,6 @@ class Agent(nn.Module):
         gumbel_tau=None,
         design="script",
         prev_reward=True,
-        film_design="script",
-        gate_design="script",
-        init="orthogonal",
     ):
         super().__init__()
         self.obs_dim = obs_dim
@@ -374,34 +370,33 @@ class Agent(nn.Module):
         if oracle:
             self.input_dim += num_modes
         self.hidden_size = hidden_size
-        # the script's network: tanh layers, heads 64 wide; the plan's: ReLU layers of width d. `init`: CleanRL's
-        # orthogonal layer_init and an orthogonal GRU with zero biases, or PyTorch's default initialisation
-        activation = nn.Tanh
-        head_width = 64
-        if design == "plan":
-            activation = nn.ReLU
-            head_width = hidden_size
-        orthogonal = init == "orthogonal"
-        self.encoder = nn.Sequential(maybe_layer_init(nn.Linear(self.input_dim, hidden_size), orthogonal), activation())
-        self.gru = nn.GRUCell(hidden_size, hidden_size)
-        if orthogonal:
+        if design == "plan":  # the plan's network: ReLU layers of width d, PyTorch's default initialisation
+            self.encoder = nn.Sequential(nn.Linear(self.input_dim, hidden_size), nn.ReLU())
+            self.gru = nn.GRUCell(hidden_size, hidden_size)
+            self.bank = AbstractionBank(hidden_size, num_abstractions, slot_dim, tau, orthonormal, gumbel_tau, "plan")
+            self.film = PlanFiLM(slot_dim, hidden_size)
+            self.actor = nn.Sequential(nn.Linear(hidden_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, num_actions))
+            self.critic = nn.Sequential(nn.Linear(hidden_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, 1))
+        else:  # the script's network: tanh layers, heads 64 wide, CleanRL's layer_init, an orthogonal GRU with zero biases
+            self.encoder = nn.Sequential(layer_init(nn.Linear(self.input_dim, hidden_size)), nn.Tanh())
+            self.gru = nn.GRUCell(hidden_size, hidden_size)
             for name, param in self.gru.named_parameters():
                 if "bias" in name:
                     nn.init.constant_(param, 0)
                 else:
                     nn.init.orthogonal_(param, 1.0)
-        self.bank = AbstractionBank(hidden_size, num_abstractions, slot_dim, tau, orthonormal, gumbel_tau, gate_design)
-        self.film = FiLM(slot_dim, hidden_size, film_design)
-        self.actor = nn.Sequential(
-            maybe_layer_init(nn.Linear(hidden_size, head_width), orthogonal),
-            activation(),
-            maybe_layer_init(nn.Linear(head_width, num_actions), orthogonal, std=0.01),
-        )
-        self.critic = nn.Sequential(
-            maybe_layer_init(nn.Linear(hidden_size, head_width), orthogonal),
-            activation(),
-            maybe_layer_init(nn.Linear(head_width, 1), orthogonal, std=1.0),
-        )
+            self.bank = AbstractionBank(hidden_size, num_abstractions, slot_dim, tau, orthonormal, gumbel_tau)
+            self.film = FiLM(slot_dim, hidden_size)
+            self.actor = nn.Sequential(
+                layer_init(nn.Linear(hidden_size, 64)),
+                nn.Tanh(),
+                layer_init(nn.Linear(64, num_actions), std=0.01),
+            )
+            self.critic = nn.Sequential(
+                layer_init(nn.Linear(hidden_size, 64)),
+                nn.Tanh(),
+                layer_init(nn.Linear(64, 1), std=1.0),
+            )
 
     def build_input(self, obs, prev_action, prev_reward, mode):
         """obs (..., obs_dim), prev_action (...) with -1 for "none", prev_reward (...), mode (...) -> input."""
@@ -458,12 +453,8 @@ class Agent(nn.Module):
         )
 
 
-DESIGN_INIT = {"script": "orthogonal", "plan": "default"}  # --init's value when it follows --design
-
-
 def agent_from_args(args, num_modes, spaces=None):
-    """The agent of `args`; `spaces`, another --env-id's EnvSpaces (NonStationaryCartPole's when None). --film-design,
-    --gate-design and --init follow --design where they are not given."""
+    """The agent of `args`; `spaces`, another --env-id's EnvSpaces (NonStationaryCartPole's when None)."""
     obs_dim = 4
     if args.hide_velocity:
         obs_dim = 2
@@ -489,9 +480,6 @@ def agent_from_args(args, num_modes, spaces=None):
         gumbel_tau,
         args.design,
         args.prev_reward,
-        args.film_design or args.design,
-        args.gate_design or args.design,
-        args.init or DESIGN_INIT[args.design],
     )
 
 
@@ -989,9 +977,6 @@ CHECKPOINT_DEFAULTS = {
     "gumbel_tau": 1.0,
     "slot_init": "random",
     "prev_reward": True,
-    "film_design": None,  # None: --design's
-    "gate_design": None,
-    "init": None,
 }
 
 
@@ -1046,9 +1031,10 @@ def load_astral_checkpoint(path):
         "memory": ("gru", "none"),
         "modes_preset": tuple(HELD_OUT_MODES),
         "design": ("script", "plan"),
-        "film_design": (None, "script", "plan"),
-        "gate_design": (None, "script", "plan"),
-        "init": (None, "orthogonal", "default"),
+        # a commit 9ecf7db checkpoint saves the one-change study's switches: None is the design's own network
+        "film_design": (None,),
+        "gate_design": (None,),
+        "init": (None,),
     }
     unknown_keys = sorted(set(a) - CHECKPOINT_ARGS) + [k for k, values in allowed.items() if a.get(k) not in values]
     unknown = ", ".join(f"--{k.replace('_', '-')} {a.get(k)}" for k in unknown_keys)

@@ -1,6 +1,7 @@
 """The plan's design (--design plan) of ppo_gru_astral.py and ppo_gru_baseline.py: its network, where FiLM's gamma and beta
 enter, its Config as the defaults, and the script's recurrent replay kept under it."""
 
+import dataclasses
 import sys
 
 import numpy as np
@@ -71,7 +72,7 @@ def test_plan_film_is_gamma_times_h_plus_beta_without_an_identity():
     """The plan's FiLM: (gamma, beta) = chunk of its MLP's output, gamma the first half, h' = gamma * h + beta; nothing
     is added to gamma, so a zero gamma removes h. The script's FiLM adds 1 to gamma (identity at a zero z)."""
     torch.manual_seed(0)
-    film = ppo_gru_astral.FiLM(8, 5, design="plan")
+    film = ppo_gru_astral.PlanFiLM(8, 5)
     assert [type(layer) for layer in film.net] == [nn.Linear, nn.ReLU, nn.Linear]
     assert film.net[0].weight.shape == (5, 8) and film.net[2].weight.shape == (10, 5)
     h = torch.randn(4, 5)
@@ -194,16 +195,10 @@ def is_orthogonal(weight, std):
     return torch.allclose(gram, std**2 * torch.eye(len(gram)), atol=1e-5 * max(std**2, 1.0))
 
 
-def plan_agent(**flags):
-    """The plan's design from seed 3, with `flags` (--film-design, --gate-design, --init) switching in a part."""
-    torch.manual_seed(3)
-    return ppo_gru_astral.agent_from_args(ppo_gru_astral.Args(design="plan", **ppo_gru_astral.PLAN_CONFIG, **flags), 3)
-
-
-def assert_plan_heads(agent, orthogonal):
-    """ReLU heads of width d; CleanRL's orthogonal init (policy std 0.01, value 1.0, zero biases) or PyTorch's."""
-    assert [type(m) for m in (*agent.actor, *agent.critic)] == [nn.Linear, nn.ReLU, nn.Linear] * 2
-    assert agent.actor[0].weight.shape == (D, D) and agent.critic[0].weight.shape == (D, D)
+def assert_heads(agent, width, orthogonal):
+    """Heads Linear(H, width)-act-Linear(width, out); CleanRL's orthogonal init (policy std 0.01, value 1.0, zero biases)
+    of encoder, heads and GRU, or PyTorch's."""
+    assert agent.actor[0].weight.shape == (width, agent.hidden_size) and agent.critic[2].weight.shape == (1, width)
     layers = {agent.encoder[0]: np.sqrt(2), agent.actor[0]: np.sqrt(2), agent.actor[2]: 0.01, agent.critic[2]: 1.0}
     for layer, std in layers.items():
         assert is_orthogonal(layer.weight.detach(), std) == orthogonal
@@ -212,64 +207,53 @@ def assert_plan_heads(agent, orthogonal):
     assert is_orthogonal(agent.gru.weight_hh.detach(), 1.0) == orthogonal
 
 
-def test_each_network_flag_switches_exactly_its_part_of_the_plans_design():
-    """Under --design plan: --film-design script puts in the script's FiLM (one orthogonal Linear(d, 2H), the identity
-    at z = 0), --gate-design script the script's gate (Linear(H, 64)-tanh-Linear(64, K), last layer std 0.01),
-    --init orthogonal CleanRL's init of encoder, GRU and heads; everything else stays the plan's. Modules built before
-    the switched one are the plan agent's bit for bit (same seed, same draws)."""
-    plan = plan_agent()
-    plan_state = plan.state_dict()
+def test_each_design_is_its_own_network():
+    """The script's design: tanh layers, heads 64 wide, CleanRL's orthogonal init and an orthogonal GRU with zero biases,
+    the gate Linear(H, 64)-tanh-Linear(64, K) with last layer std 0.01, FiLM one orthogonal Linear(d, 2H) that is the
+    identity at z = 0. The plan's: ReLU layers of width d, PyTorch's init, the gate and FiLM MLPs, no identity."""
+    torch.manual_seed(3)
+    script = ppo_gru_astral.agent_from_args(ppo_gru_astral.Args(), 3)
+    assert [type(m) for m in (*script.encoder, *script.actor, *script.critic)] == [nn.Linear, nn.Tanh] + [
+        nn.Linear,
+        nn.Tanh,
+        nn.Linear,
+    ] * 2
+    assert_heads(script, 64, orthogonal=True)
+    assert [type(m) for m in script.bank.gate] == [nn.Linear, nn.Tanh, nn.Linear]
+    assert script.bank.gate[0].weight.shape == (64, 128) and script.bank.gate[2].weight.shape == (3, 64)
+    assert is_orthogonal(script.bank.gate[0].weight.detach(), np.sqrt(2))
+    assert is_orthogonal(script.bank.gate[2].weight.detach(), 0.01)
+    assert isinstance(script.film, ppo_gru_astral.FiLM) and script.film.net.weight.shape == (2 * 128, 32)
+    assert is_orthogonal(script.film.net.weight.detach(), 1.0) and script.film.net.bias.abs().max() == 0
+    h = torch.randn(5, 128)
+    torch.testing.assert_close(script.film(h, torch.zeros(5, 32)), h, rtol=0, atol=0)
 
-    film = plan_agent(film_design="script")
-    assert isinstance(film.film.net, nn.Linear) and film.film.net.weight.shape == (2 * D, D)
-    assert is_orthogonal(film.film.net.weight.detach(), 1.0) and film.film.net.bias.abs().max() == 0
-    h = torch.randn(5, D)
-    torch.testing.assert_close(film.film(h, torch.zeros(5, D)), h, rtol=0, atol=0)
-    for name in ("encoder.0.weight", "gru.weight_hh", "bank.slots", "bank.gate.0.weight", "bank.gate.2.bias"):
-        assert torch.equal(film.state_dict()[name], plan_state[name]), name
-    assert [type(m) for m in film.bank.gate] == [nn.Linear, nn.ReLU, nn.Linear]
-    assert_plan_heads(film, orthogonal=False)
-
-    gate = plan_agent(gate_design="script")
-    assert [type(m) for m in gate.bank.gate] == [nn.Linear, nn.Tanh, nn.Linear]
-    assert gate.bank.gate[0].weight.shape == (64, D) and gate.bank.gate[2].weight.shape == (3, 64)
-    assert is_orthogonal(gate.bank.gate[0].weight.detach(), np.sqrt(2)) and is_orthogonal(
-        gate.bank.gate[2].weight.detach(), 0.01
-    )
-    for name in ("encoder.0.weight", "gru.weight_hh", "bank.slots"):
-        assert torch.equal(gate.state_dict()[name], plan_state[name]), name
-    assert [type(m) for m in gate.film.net] == [nn.Linear, nn.ReLU, nn.Linear] and not gate.film.identity_at_zero
-    assert_plan_heads(gate, orthogonal=False)
-
-    init = plan_agent(init="orthogonal")
-    assert [type(m) for m in init.encoder] == [nn.Linear, nn.ReLU]
-    assert_plan_heads(init, orthogonal=True)
-    assert [type(m) for m in init.bank.gate] == [nn.Linear, nn.ReLU, nn.Linear] and not init.film.identity_at_zero
-    assert init.bank.gate[2].bias.abs().max() > 0 and init.film.net[2].bias.abs().max() > 0  # PyTorch's, not layer_init
-    assert_plan_heads(plan, orthogonal=False)
+    torch.manual_seed(3)
+    plan = ppo_gru_astral.agent_from_args(ppo_gru_astral.Args(design="plan", **ppo_gru_astral.PLAN_CONFIG), 3)
+    assert [type(m) for m in (*plan.encoder, *plan.actor, *plan.critic)] == [nn.Linear, nn.ReLU] + [
+        nn.Linear,
+        nn.ReLU,
+        nn.Linear,
+    ] * 2
+    assert_heads(plan, D, orthogonal=False)
+    assert [type(m) for m in plan.bank.gate] == [nn.Linear, nn.ReLU, nn.Linear]
+    assert plan.bank.gate[2].bias.abs().max() > 0
+    assert isinstance(plan.film, ppo_gru_astral.PlanFiLM) and plan.film.net[2].bias.abs().max() > 0
 
 
-@pytest.mark.parametrize("design", ["script", "plan"])
-def test_the_network_flags_follow_design_unless_given(design, monkeypatch):
-    """Not given, --film-design, --gate-design and --init are the design's own: the same agent, parameter for parameter,
-    as the one with the design's values given; given, each also switches the script's design to the plan's part."""
-    config = {}
-    own = {"film_design": "script", "gate_design": "script", "init": "orthogonal"}
-    if design == "plan":
-        config = ppo_gru_astral.PLAN_CONFIG
-        own = {"film_design": "plan", "gate_design": "plan", "init": "default"}
+def test_a_checkpoint_with_a_one_change_switch_is_refused_naming_its_commit():
+    """Commit 9ecf7db saved --film-design, --gate-design and --init with every checkpoint: None (its design's own
+    network) loads as that design; a switched part is refused in one line naming the commit, not built as another agent."""
     torch.manual_seed(0)
-    implicit = ppo_gru_astral.agent_from_args(ppo_gru_astral.Args(design=design, **config), 3).state_dict()
-    torch.manual_seed(0)
-    explicit = ppo_gru_astral.agent_from_args(ppo_gru_astral.Args(design=design, **config, **own), 3).state_dict()
-    assert list(implicit) == list(explicit) and all(torch.equal(implicit[k], explicit[k]) for k in implicit)
-    monkeypatch.setattr(sys, "argv", ["prog", "--design", design, "--film-design", "plan", "--init", "default"])
-    args = ppo_gru_astral.parse_args()
-    assert (args.film_design, args.gate_design, args.init, args.hidden_size) == (
-        "plan",
-        None,
-        "default",
-        config.get("hidden_size", 128),
-    )
-    agent = ppo_gru_astral.agent_from_args(args, 3)
-    assert isinstance(agent.film.net, nn.Sequential) and agent.encoder[0].bias.abs().max() > 0
+    args = ppo_gru_astral.Args(design="plan", **ppo_gru_astral.PLAN_CONFIG)
+    trained = ppo_gru_astral.agent_from_args(args, 3)
+    saved = {**dataclasses.asdict(args), "film_design": None, "gate_design": None, "init": None}
+    ckpt = {"args": saved, "state_dict": trained.state_dict()}
+    loaded = ppo_gru_astral.agent_from_args(ppo_gru_astral.checkpoint_args(ckpt), 3)
+    loaded.load_state_dict(ckpt["state_dict"])
+    assert repr(loaded) == repr(trained)
+    for name, value in (("film_design", "script"), ("gate_design", "script"), ("init", "orthogonal")):
+        switched = {"args": {**saved, name: value}, "state_dict": trained.state_dict()}
+        flag = name.replace("_", "-")
+        with pytest.raises(ValueError, match=f"--{flag} {value}.*9ecf7db"):
+            ppo_gru_astral.checkpoint_args(switched)

@@ -138,9 +138,9 @@ def test_agent_and_environment_are_the_training_scripts_text():
     copied = [
         "NonStationaryCartPole",
         "layer_init",
-        "maybe_layer_init",
         "AbstractionBank",
         "FiLM",
+        "PlanFiLM",
         "Modulated",
         "ActionAndValue",
         "Agent",
@@ -148,7 +148,6 @@ def test_agent_and_environment_are_the_training_scripts_text():
     for name in [*copied, "agent_from_args", "claim_run_dir"]:
         assert inspect.getsource(getattr(tta_gating, name)) == inspect.getsource(getattr(ppo_gru_astral, name)), name
     assert tta_gating.HELD_OUT_MODES == ppo_gru_astral.HELD_OUT_MODES
-    assert tta_gating.DESIGN_INIT == ppo_gru_astral.DESIGN_INIT
 
 
 # a run of a few thousand steps per option: the forward-pass options alone and together, the plan's design, and the
@@ -265,25 +264,27 @@ def test_a_checkpoint_with_the_gate_entropy_sign_keeps_it(checkpoint, tmp_path):
     assert tta_gating.load_astral_checkpoint(sharpening)[0]["args"]["sharpen_gate"] is True
 
 
-def test_a_checkpoint_with_one_part_switched_loads_as_that_agent(checkpoint, tmp_path):
-    """A plan-design checkpoint trained with --film-design script, --gate-design script or --init orthogonal loads as that
-    network, its weights in place; saved without the three fields, it is its design's own network."""
+def test_a_checkpoint_holding_the_one_change_switches_loads_as_its_design_or_is_refused(checkpoint, tmp_path):
+    """A plan-design checkpoint of commit 9ecf7db holds --film-design, --gate-design and --init as None: it loads as the
+    plan's network, its weights in place. One trained with a switched part (that commit's one-change study) is refused,
+    not built as another agent."""
     base = torch.load(checkpoint, weights_only=True)
-    for flags in ({"film_design": "script"}, {"gate_design": "script"}, {"init": "orthogonal"}, {}):
-        args = ppo_gru_astral.Args(design="plan", **ppo_gru_astral.PLAN_CONFIG, **flags)
-        torch.manual_seed(0)
-        trained = ppo_gru_astral.agent_from_args(args, 3)
-        ckpt = {**base, "args": dataclasses.asdict(args), "state_dict": trained.state_dict()}
-        if not flags:
-            for name in ("film_design", "gate_design", "init"):
-                del ckpt["args"][name]
-        path = tmp_path / "switched.cleanrl_model"
-        torch.save(ckpt, path)
-        _, agent = tta_gating.load_astral_checkpoint(str(path))
-        assert repr(agent.film) == repr(trained.film) and repr(agent.bank.gate) == repr(trained.bank.gate), flags
-        assert all(torch.equal(agent.state_dict()[k], v) for k, v in trained.state_dict().items())
-        assert isinstance(agent.film.net, torch.nn.Linear) == ("film_design" in flags)
-        assert isinstance(agent.bank.gate[1], torch.nn.Tanh) == ("gate_design" in flags)
+    args = ppo_gru_astral.Args(design="plan", **ppo_gru_astral.PLAN_CONFIG)
+    torch.manual_seed(0)
+    trained = ppo_gru_astral.agent_from_args(args, 3)
+    saved = {**dataclasses.asdict(args), "film_design": None, "gate_design": None, "init": None}
+    path = tmp_path / "plan.cleanrl_model"
+    torch.save({**base, "args": saved, "state_dict": trained.state_dict()}, path)
+    _, agent = tta_gating.load_astral_checkpoint(str(path))
+    assert repr(agent.film) == repr(trained.film) and repr(agent.bank.gate) == repr(trained.bank.gate)
+    assert all(torch.equal(agent.state_dict()[k], v) for k, v in trained.state_dict().items())
+    assert isinstance(agent.film, tta_gating.PlanFiLM) and isinstance(agent.bank.gate[1], torch.nn.ReLU)
+    for name, value in (("film_design", "script"), ("gate_design", "script"), ("init", "orthogonal")):
+        switched = tmp_path / f"{name}.cleanrl_model"
+        torch.save({**base, "args": {**saved, name: value}, "state_dict": trained.state_dict()}, switched)
+        flag = name.replace("_", "-")
+        with pytest.raises(ValueError, match=f"--{flag} {value}"):
+            tta_gating.load_astral_checkpoint(str(switched))
 
 
 # --- the gate, the clamp and the context -----------------------------------------------------------------------------
