@@ -9,44 +9,7 @@ from helpers import REPO, run_script
 
 import cleanrl_astral.maml_ssm as maml_ssm
 
-# a few seconds per run: 2 iterations of 2 tasks x 3 episodes of 12 steps, a tiny SSM, short TRPO
-TINY = [
-    "--outer-steps",
-    "2",
-    "--tasks-per-batch",
-    "2",
-    "--fast-batch-size",
-    "3",
-    "--max-episode-steps",
-    "12",
-    "--hidden-size",
-    "8",
-    "--state-size",
-    "4",
-    "--cg-iters",
-    "3",
-    "--ls-max-steps",
-    "3",
-    "--eval-tasks",
-    "3",
-    "--eval-steps",
-    "2",
-]
-TINY_ARGS = dict(
-    outer_steps=1,
-    tasks_per_batch=2,
-    fast_batch_size=3,
-    max_episode_steps=12,
-    hidden_size=8,
-    state_size=4,
-    cg_iters=3,
-    ls_max_steps=3,
-    eval_tasks=3,
-    eval_steps=2,
-)
-
-
-# TINY without TRPO's own flags: the budget of maml_ssm_promp.py
+# a few seconds per run: 2 iterations of 2 tasks x 3 episodes of 12 steps, a tiny SSM; the budget of maml_ssm_promp.py
 TINY_PROMP = [
     "--outer-steps",
     "2",
@@ -65,6 +28,22 @@ TINY_PROMP = [
     "--eval-steps",
     "2",
 ]
+
+# the same budget with a short TRPO: the budget of maml_ssm.py
+TINY = [*TINY_PROMP, "--cg-iters", "3", "--ls-max-steps", "3"]
+
+TINY_ARGS = dict(
+    outer_steps=1,
+    tasks_per_batch=2,
+    fast_batch_size=3,
+    max_episode_steps=12,
+    hidden_size=8,
+    state_size=4,
+    cg_iters=3,
+    ls_max_steps=3,
+    eval_tasks=3,
+    eval_steps=2,
+)
 
 
 def run_maml(args, check=True, cwd=REPO, env=None):
