@@ -28,14 +28,17 @@ SCRIPT_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
 PINNED_ARITHMETIC = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "SSE41"}
 
 
-def machine_kind():
+def machine_kind(cpuinfo=None):
     """The CPU's vendor, its widest vector extension and AMX, e.g. "GenuineIntel avx512 amx" or "AuthenticAMD avx2":
-    what tells two x86-64 machines whose pinned runs may differ in the last digits. Off Linux, the platform's name."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return platform.machine()
+    what tells two x86-64 machines whose pinned runs may differ in the last digits. Read from `cpuinfo` (the text of
+    /proc/cpuinfo; this machine's when None). Off Linux, the platform's name."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return platform.machine()
+    lines = cpuinfo.splitlines()
     vendor = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("vendor_id")), platform.machine())
     flags = set(next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), []))
     kind = [vendor]

@@ -742,6 +742,20 @@ def test_the_pinned_arithmetic_reaches_torch_and_onednn():
     assert gelu and all(",jit:sse41," in line for line in gelu), out[-2000:]
 
 
+def test_machine_kind_tells_the_kinds_the_recordings_name():
+    """The kind is vendor, widest vector extension and AMX: an AVX-512 AMD EPYC is neither recording's kind, so its run is
+    compared with the tolerance; each recording's CPU gives the kind the recording names."""
+    intel = "vendor_id\t: GenuineIntel\nflags\t\t: fpu sse2 avx avx2 fma avx512f avx512bw amx_bf16 amx_tile amx_int8\n"
+    amd_avx2 = "vendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx avx2 fma\n"
+    amd_avx512 = "vendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx avx2 fma avx512f avx512bw\n"
+    assert machine_kind(intel) == "GenuineIntel avx512 amx"
+    assert machine_kind(amd_avx2) == "AuthenticAMD avx2"
+    assert machine_kind(amd_avx512) == "AuthenticAMD avx512"
+    with open(os.path.join(REPO, "tests", "data", "maml_ssm_trpo_tiny.json")) as f:
+        kinds = [r["machine_kind"] for r in json.load(f)["recordings"]]
+    assert kinds == [machine_kind(intel), machine_kind(amd_avx2)]
+
+
 # Across machine kinds a recorded run drifts in its last digits. Measured on an AMD EPYC (AVX2) against the Intel
 # recording, the tiny run under four kernel paths (pinned, pinned with ATen's AVX2 kernels, unpinned, unpinned with
 # ATen's default kernels) differed by at most 4.8e-6 relative, and by at most 1.9e-8 on the outer loss, which is zero in
