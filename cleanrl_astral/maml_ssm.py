@@ -20,7 +20,6 @@ import importlib.util
 import itertools
 import json
 import math
-import operator
 import os
 import random
 import sys
@@ -34,7 +33,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 import tyro
 from torch.func import functional_call, grad, vmap
-from torch.utils._pytree import tree_map
 
 TASKS = ("point-nav-2d", "cartpole-physics", "halfcheetah-vel")
 POLICIES = ("ssm", "gru", "mlp")
@@ -496,18 +494,22 @@ def sample_task_batches(model, params, task_params, args, gen, num_steps, inner_
     """Per task: fast batches sampled after 0..num_steps-1 inner steps, then the post-adaptation "val" batch."""
     K = len(task_params)
     env = make_env(args, task_params, args.fast_batch_size, gen)
-    task_p = per_task(params, K)
+    # one copy of theta per task (a view), stacked along dim 0 as the adapted parameters are
+    task_p = {k: v.expand(K, *v.shape) for k, v in params.items()}
     train_batches = [[] for _ in range(K)]
     returns = []
     for j in range(num_steps + 1):
-        parts = split_batch(rollout(model, task_p, env, args.max_episode_steps), K)
+        batch = rollout(model, task_p, env, args.max_episode_steps)
+        per = batch["masks"].shape[1] // K  # rows grouped by task
+        parts = [{k: v[:, i * per : (i + 1) * per] for k, v in batch.items()} for i in range(K)]
         if args.fill_steps:
             parts = fill_to_steps(model, parts, task_p, task_params, args, gen)
-        returns.append(torch.stack([episode_returns(b).mean() for b in parts]))
+        returns.append(torch.stack([(b["rewards"] * b["masks"]).sum(0).mean() for b in parts]))
         # ADVANTAGES (GAE)
         for b in parts:
             b["advantages"] = compute_advantages(b, args.gamma, args.gae_lambda)
-        parts = [to_device(b, model.encoder.weight.device) for b in parts]
+        device = model.encoder.weight.device
+        parts = [{k: v.to(device) for k, v in b.items()} for b in parts]
         if j == num_steps:
             tasks_data = [{"train": train_batches[i], "val": parts[i]} for i in range(K)]
             return tasks_data, returns
@@ -515,9 +517,10 @@ def sample_task_batches(model, params, task_params, args, gen, num_steps, inner_
         adapted = []
         for i, b in enumerate(parts):
             train_batches[i].append(b)
-            theta_prime = inner_update(model, take(task_p, i), b, inner_lrs[j], False)
-            adapted.append(clone_params(theta_prime))
-        task_p = stack_params(adapted)
+            theta_i = {k: v[i] for k, v in task_p.items()}
+            theta_prime = inner_update(model, theta_i, b, inner_lrs[j], False)
+            adapted.append({k: v.detach().clone() for k, v in theta_prime.items()})
+        task_p = {k: torch.stack([p[k] for p in adapted]) for k in adapted[0]}
 
 
 @torch.no_grad()
@@ -545,7 +548,13 @@ def rollout(model, params, env, horizon, adapt_every=0, adapt_on=None):
         inp = model.make_input(obs, prev_a, prev_r)
         state_in = state.reshape(n, -1).cpu()  # the recurrent state this step starts from (stored for replay)
         starts = torch.full((K, per), t == 0, device=device)
-        pi, state = map_tasks(model, act, params, inp.reshape(K, per, -1).to(device), starts, state)
+        x = inp.reshape(K, per, -1).to(device)
+        if model.kind == "gru":  # the GRU's fused kernel cannot be vmapped: one task at a time
+            outs = [act({k: v[i] for k, v in params.items()}, x[i], starts[i], state[i]) for i in range(K)]
+            pi = torch.stack([o[0] for o in outs])
+            state = torch.stack([o[1] for o in outs])
+        else:
+            pi, state = vmap(act)(params, x, starts, state)
         log_std = None
         if not model.discrete:
             log_std = params["log_std"].repeat_interleave(per, 0)
@@ -575,28 +584,12 @@ def rollout(model, params, env, horizon, adapt_every=0, adapt_on=None):
     return stack_steps(buf)
 
 
-def map_tasks(model, fn, *args):
-    """fn over dim 0 (the task) as one vmapped call; the GRU's fused kernel cannot be vmapped, so it loops."""
-    if model.kind != "gru":
-        return vmap(fn)(*args)
-    outs = [fn(*tree_map(operator.itemgetter(i), args)) for i in range(len(args[1]))]
-    return tree_map(stack_leaves, *outs)
-
-
-def stack_leaves(*xs):
-    return torch.stack(xs)
-
-
 def stack_steps(buf):
     batch = {k: torch.stack(v) for k, v in buf.items()}
     batch["masks"] = batch["masks"].float()
     batch["starts"] = torch.zeros_like(batch["masks"], dtype=torch.bool)
     batch["starts"][0] = True
     return batch
-
-
-def to_device(batch, device):
-    return {k: v.to(device) for k, v in batch.items()}
 
 
 def split_batch(batch, G):
@@ -635,10 +628,6 @@ def pad_steps(v, T):
     if v.shape[0] < T:
         return torch.cat([v, v.new_zeros((T - v.shape[0], *v.shape[1:]))])
     return v
-
-
-def episode_returns(batch):
-    return (batch["rewards"] * batch["masks"]).sum(0)
 
 
 def per_task(params, K):
@@ -713,20 +702,9 @@ def linear_baseline(batch, gamma, reg=1e-5):
 
 
 # INNER STEP
-def inner_loop(model, params, train_batches, lr, first_order, create_graph=True):
-    """theta' after one inner step on each of a task's fast batches."""
-    for b in train_batches:
-        params = inner_update(model, params, b, lr, create_graph and not first_order)
-    return params
-
-
 def inner_update(model, params, batch, lr, create_graph):
     """theta' = theta - lr * grad inner_loss(theta); differentiable in theta unless create_graph is False."""
-
-    def loss_of(p):
-        return inner_loss(model, p, batch)
-
-    g = grad(loss_of)(params)
+    g = grad(inner_loss, argnums=1)(model, params, batch)
     if create_graph:
         return {k: params[k] - lr * g[k] for k in params}
     return {k: params[k] - lr * g[k].detach() for k in params}
@@ -761,8 +739,10 @@ def meta_objective(model, params, tasks_data, args, old_outs=None, create_graph=
     outs = []
     with torch.set_grad_enabled(create_graph and torch.is_grad_enabled()):
         for i, td in enumerate(tasks_data):
+            adapted = params
+            for b in td["train"]:  # theta' after one inner step on each of the task's fast batches
+                adapted = inner_update(model, adapted, b, args.inner_lr, not args.first_order)
             val = td["val"]
-            adapted = inner_loop(model, params, td["train"], args.inner_lr, args.first_order, True)
             out = policy_out(model, adapted, val)
             if old_outs is None:
                 old = detached_dist_params(out)
@@ -805,9 +785,11 @@ def trpo_step(model, tasks_data, args):
     keep = range(len(tasks_data))
     if args.cg_subsample < 1:  # the Fisher of a random subset of the tasks (other maths)
         keep = torch.randperm(len(tasks_data))[: max(1, round(args.cg_subsample * len(tasks_data)))].tolist()
-    fvp = fisher_product(model, [tasks_data[i] for i in keep], args)
+    stages = fisher_graphs(model, [tasks_data[i] for i in keep], args)
+    fvp = functools.partial(fisher_product, stages, args.cg_damping)
     step_dir = conjugate_gradient(fvp, -g, args.cg_iters)
-    step = kl_radius_step(step_dir, fvp(step_dir), args.max_kl)
+    # the multiple of step_dir at the trust region's edge, 0.5 s^T F s = max_kl
+    step = step_dir * torch.sqrt(2 * args.max_kl / (step_dir @ fvp(step_dir) + 1e-12))
     old_flat = torch.cat([p.detach().reshape(-1) for p in plist])
     # LINE SEARCH: the largest fraction of the step that lowers the surrogate within the KL bound, else no step
     frac = 1.0
@@ -847,53 +829,47 @@ def flat_grad(out, plist, **kw):
     return torch.cat(flat)
 
 
-def fisher_product(model, tasks_data, args):
-    """v -> F v + damping v, F the Hessian at theta of the mean KL(old || pi_theta'). The KL's gradient in theta' is zero
-    there, so F = mean_i A_i^T G_i A_i: G_i the Hessian of task i's KL in theta', A_i = d theta'/d theta = prod_j (I -
-    alpha H_j), H_j an inner loss's (symmetric) Hessian. A product is 2J + 1 second-order vjps through graphs built once."""
-    sizes = [p.numel() for p in model.parameters()]
-    # per task, one (leaf, output) stage per inner step, then (theta' leaf, gradient of the KL in theta')
+def fisher_graphs(model, tasks_data, args):
+    """The graphs fisher_product goes through, built once per outer step: per task, one (leaves, outputs) stage per
+    inner step (theta' of the step's input, detached into leaves that require grad), then (theta' leaves, the gradient
+    of the task's KL(old || pi_theta') in theta')."""
     stages = []
     for td in tasks_data:
         chain = []
         p = dict(model.named_parameters())
         for b in td["train"]:
-            q = leaf_params(p)
+            q = {k: v.detach().requires_grad_() for k, v in p.items()}
             p = inner_update(model, q, b, args.inner_lr, not args.first_order)
             chain.append((q, p))
-        q = leaf_params(p)
+        q = {k: v.detach().requires_grad_() for k, v in p.items()}
         out = policy_out(model, q, td["val"])
         kl = masked_mean(kl_divergence(detached_dist_params(out), out, model.discrete), td["val"]["masks"])
         kl_grad = torch.autograd.grad(kl, list(q.values()), create_graph=True, allow_unused=True)
         chain.append((q, dict(zip(q, kl_grad))))
         stages.append(chain)
+    return stages
 
-    def vjp(j, vs):
-        """Every task's v^T d(output of stage j) / d(its leaf), in one backward call."""
+
+def fisher_product(stages, damping, v):
+    """F v + damping v, F the Hessian at theta of the mean KL(old || pi_theta'). The KL's gradient in theta' is zero
+    there, so F = mean_i A_i^T G_i A_i: G_i the Hessian of task i's KL in theta', A_i = d theta'/d theta = prod_j (I -
+    alpha H_j), H_j an inner loss's (symmetric) Hessian. So: A_i v (each A_j is symmetric: a vjp too), then G_i, then
+    A_i^T, 2J + 1 second-order vjps through fisher_graphs' stages, each one backward call for every task at once."""
+    sizes = [q.numel() for q in stages[0][0][0].values()]
+    vs = [v] * len(stages)
+    J = len(stages[0]) - 1
+    for j in [*range(J + 1), *reversed(range(J))]:
+        # every task's v^T d(output of stage j) / d(its leaves)
         outs = []
         us = []
-        for s, v in zip(stages, vs):
-            for o, u in zip(s[j][1].values(), v.split(sizes)):
+        for chain, v_i in zip(stages, vs):
+            for o, u in zip(chain[j][1].values(), v_i.split(sizes)):
                 if o is not None:
                     outs.append(o)
                     us.append(u.view_as(o))
-        leaves = [q for s in stages for q in s[j][0].values()]
-        return list(flat_grad(outs, leaves, grad_outputs=us, retain_graph=True).split(sum(sizes)))
-
-    def fvp(v):
-        """A_i v (each A_j is symmetric: a vjp too), then G_i, then A_i^T, averaged over tasks."""
-        vs = [v] * len(stages)
-        J = len(stages[0]) - 1
-        for j in [*range(J + 1), *reversed(range(J))]:
-            vs = vjp(j, vs)
-        return torch.stack(vs).mean(0) + args.cg_damping * v
-
-    return fvp
-
-
-def leaf_params(params):
-    """Detached copies that require grad: the inputs of one stage of fisher_product's graphs."""
-    return {k: v.detach().requires_grad_() for k, v in params.items()}
+        leaves = [q for chain in stages for q in chain[j][0].values()]
+        vs = list(flat_grad(outs, leaves, grad_outputs=us, retain_graph=True).split(sum(sizes)))
+    return torch.stack(vs).mean(0) + damping * v
 
 
 def conjugate_gradient(Avp, b, iters, tol=1e-10):
@@ -912,11 +888,6 @@ def conjugate_gradient(Avp, b, iters, tol=1e-10):
         p = r + (rr_new / rr) * p
         rr = rr_new
     return x
-
-
-def kl_radius_step(step_dir, f_step_dir, max_kl):
-    """The multiple s of step_dir with 0.5 s^T F s = max_kl; f_step_dir = F step_dir."""
-    return step_dir * torch.sqrt(2 * max_kl / (step_dir @ f_step_dir + 1e-12))
 
 
 def adam_step(model, tasks_data, args, outer_opt):
@@ -1138,7 +1109,8 @@ def train(args: Args):
         scalars = iteration_scalars(args, returns, tasks_data, inner_l, stats, v_loss, d_loss, buffer_size)
         dt = time.time() - it_start
         sps = int(global_step / (time.time() - start_time))
-        log_scalars(writer, {**scalars, "meta/iteration_time": dt, "charts/SPS": sps}, global_step)
+        for tag, value in {**scalars, "meta/iteration_time": dt, "charts/SPS": sps}.items():
+            writer.add_scalar(tag, float(value), global_step)
         if it % args.log_every == 0 or it == 1 or it == args.outer_steps:
             print_progress(it, args, global_step, sps, scalars, dt, time.time() - start_time)
         out_of_budget = args.cpu_budget > 0 and time.process_time() - start_cpu >= args.cpu_budget
@@ -1380,7 +1352,7 @@ def run_adaptation(checkpoint, aargs, writer=None):
         return make_env(args, tasks, n_eps, torch.Generator().manual_seed(seed))
 
     def task_returns(batch):
-        return episode_returns(batch).reshape(len(tasks), n_eps).mean(1).numpy()
+        return (batch["rewards"] * batch["masks"]).sum(0).reshape(len(tasks), n_eps).mean(1).numpy()
 
     # the no-adaptation level: theta_0 on the episodes every run starts with
     base = task_returns(rollout(model, per_task(theta0, len(tasks)), seeded_env(), args.max_episode_steps))

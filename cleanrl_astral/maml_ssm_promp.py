@@ -18,7 +18,6 @@ import importlib.util
 import itertools
 import json
 import math
-import operator
 import os
 import random
 import sys
@@ -32,7 +31,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 import tyro
 from torch.func import functional_call, grad, vmap
-from torch.utils._pytree import tree_map
 
 TASKS = ("point-nav-2d", "cartpole-physics", "halfcheetah-vel")
 POLICIES = ("ssm", "gru", "mlp")
@@ -521,18 +519,22 @@ def sample_task_batches(model, params, task_params, args, gen, num_steps, inner_
     """Per task: fast batches sampled after 0..num_steps-1 inner steps, then the post-adaptation "val" batch."""
     K = len(task_params)
     env = make_env(args, task_params, args.fast_batch_size, gen)
-    task_p = per_task(params, K)
+    # one copy of theta per task (a view), stacked along dim 0 as the adapted parameters are
+    task_p = {k: v.expand(K, *v.shape) for k, v in params.items()}
     train_batches = [[] for _ in range(K)]
     returns = []
     for j in range(num_steps + 1):
-        parts = split_batch(rollout(model, task_p, env, args.max_episode_steps), K)
+        batch = rollout(model, task_p, env, args.max_episode_steps)
+        per = batch["masks"].shape[1] // K  # rows grouped by task
+        parts = [{k: v[:, i * per : (i + 1) * per] for k, v in batch.items()} for i in range(K)]
         if args.fill_steps:
             parts = fill_to_steps(model, parts, task_p, task_params, args, gen)
-        returns.append(torch.stack([episode_returns(b).mean() for b in parts]))
+        returns.append(torch.stack([(b["rewards"] * b["masks"]).sum(0).mean() for b in parts]))
         # ADVANTAGES (GAE)
         for b in parts:
             b["advantages"] = compute_advantages(b, args.gamma, args.gae_lambda)
-        parts = [to_device(b, model.encoder.weight.device) for b in parts]
+        device = model.encoder.weight.device
+        parts = [{k: v.to(device) for k, v in b.items()} for b in parts]
         if j == num_steps:
             tasks_data = [{"train": train_batches[i], "val": parts[i]} for i in range(K)]
             return tasks_data, returns
@@ -540,9 +542,10 @@ def sample_task_batches(model, params, task_params, args, gen, num_steps, inner_
         adapted = []
         for i, b in enumerate(parts):
             train_batches[i].append(b)
-            theta_prime = inner_update(model, take(task_p, i), b, inner_lrs[j], False, args.inner_estimator)
-            adapted.append(clone_params(theta_prime))
-        task_p = stack_params(adapted)
+            theta_i = {k: v[i] for k, v in task_p.items()}
+            theta_prime = inner_update(model, theta_i, b, inner_lrs[j], False, args.inner_estimator)
+            adapted.append({k: v.detach().clone() for k, v in theta_prime.items()})
+        task_p = {k: torch.stack([p[k] for p in adapted]) for k in adapted[0]}
 
 
 @torch.no_grad()
@@ -570,7 +573,13 @@ def rollout(model, params, env, horizon, adapt_every=0, adapt_on=None):
         inp = model.make_input(obs, prev_a, prev_r)
         state_in = state.reshape(n, -1).cpu()  # the recurrent state this step starts from (stored for replay)
         starts = torch.full((K, per), t == 0, device=device)
-        pi, state = map_tasks(model, act, params, inp.reshape(K, per, -1).to(device), starts, state)
+        x = inp.reshape(K, per, -1).to(device)
+        if model.kind == "gru":  # the GRU's fused kernel cannot be vmapped: one task at a time
+            outs = [act({k: v[i] for k, v in params.items()}, x[i], starts[i], state[i]) for i in range(K)]
+            pi = torch.stack([o[0] for o in outs])
+            state = torch.stack([o[1] for o in outs])
+        else:
+            pi, state = vmap(act)(params, x, starts, state)
         log_std = None
         if not model.discrete:
             log_std = params["log_std"].repeat_interleave(per, 0)
@@ -600,28 +609,12 @@ def rollout(model, params, env, horizon, adapt_every=0, adapt_on=None):
     return stack_steps(buf)
 
 
-def map_tasks(model, fn, *args):
-    """fn over dim 0 (the task) as one vmapped call; the GRU's fused kernel cannot be vmapped, so it loops."""
-    if model.kind != "gru":
-        return vmap(fn)(*args)
-    outs = [fn(*tree_map(operator.itemgetter(i), args)) for i in range(len(args[1]))]
-    return tree_map(stack_leaves, *outs)
-
-
-def stack_leaves(*xs):
-    return torch.stack(xs)
-
-
 def stack_steps(buf):
     batch = {k: torch.stack(v) for k, v in buf.items()}
     batch["masks"] = batch["masks"].float()
     batch["starts"] = torch.zeros_like(batch["masks"], dtype=torch.bool)
     batch["starts"][0] = True
     return batch
-
-
-def to_device(batch, device):
-    return {k: v.to(device) for k, v in batch.items()}
 
 
 def split_batch(batch, G):
@@ -662,15 +655,6 @@ def pad_steps(v, T):
     return v
 
 
-def episode_returns(batch):
-    return (batch["rewards"] * batch["masks"]).sum(0)
-
-
-def per_task(params, K):
-    """One copy of theta for each of K tasks (a view), stacked as adapted parameters are."""
-    return {k: v.expand(K, *v.shape) for k, v in params.items()}
-
-
 def take(tensors, idx):
     """Entries idx along dim 0 of every tensor of a dict: task(s) of stacked parameters, rows of a buffer."""
     return {k: v[idx] for k, v in tensors.items()}
@@ -678,10 +662,6 @@ def take(tensors, idx):
 
 def clone_params(params):
     return {k: v.detach().clone() for k, v in params.items()}
-
-
-def stack_params(plist):
-    return {k: torch.stack([p[k] for p in plist]) for k in plist[0]}
 
 
 # ADVANTAGES (GAE)
@@ -740,11 +720,7 @@ def linear_baseline(batch, gamma, reg=1e-5):
 # INNER STEP
 def inner_update(model, params, batch, lr, create_graph, estimator="reinforce"):
     """theta' = theta - lr * grad inner_loss(theta); differentiable in theta unless create_graph is False."""
-
-    def loss_of(p):
-        return inner_loss(model, p, batch, estimator)
-
-    g = grad(loss_of)(params)
+    g = grad(inner_loss, argnums=1)(model, params, batch, estimator)
     if create_graph:
         return {k: params[k] - lr * g[k] for k in params}
     return {k: params[k] - lr * g[k].detach() for k in params}
@@ -1111,7 +1087,8 @@ def train(args: Args):
         scalars = iteration_scalars(args, returns, tasks_data, inner_l, stats, v_loss, d_loss, buffer_size)
         dt = time.time() - it_start
         sps = int(global_step / (time.time() - start_time))
-        log_scalars(writer, {**scalars, "meta/iteration_time": dt, "charts/SPS": sps}, global_step)
+        for tag, value in {**scalars, "meta/iteration_time": dt, "charts/SPS": sps}.items():
+            writer.add_scalar(tag, float(value), global_step)
         if it % args.log_every == 0 or it == 1 or it == args.outer_steps:
             print_progress(it, args, global_step, sps, scalars, dt, time.time() - start_time)
         out_of_budget = args.cpu_budget > 0 and time.process_time() - start_cpu >= args.cpu_budget

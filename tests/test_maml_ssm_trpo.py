@@ -336,7 +336,9 @@ def test_surrogate_is_the_exact_importance_weighted_mean_over_valid_steps():
     expected, log_ratios = [], []
     for td, o in zip(data, old):
         val = td["val"]
-        p = maml_ssm.inner_loop(model, theta1, td["train"], args.inner_lr, args.first_order, create_graph=False)
+        p = theta1
+        for b in td["train"]:
+            p = maml_ssm.inner_update(model, p, b, args.inner_lr, create_graph=False)
         out = maml_ssm.policy_out(model, p, val)
         log_ratio = gaussian(out).log_prob(val["actions"]).sum(-1) - gaussian(o).log_prob(val["actions"]).sum(-1)
         valid = val["masks"] > 0
@@ -355,7 +357,9 @@ def test_mean_kl_averages_over_valid_steps_only():
     expected = []
     for td, o in zip(data, old):
         val = td["val"]
-        p = maml_ssm.inner_loop(model, theta1, td["train"], args.inner_lr, args.first_order, create_graph=False)
+        p = theta1
+        for b in td["train"]:
+            p = maml_ssm.inner_update(model, p, b, args.inner_lr, create_graph=False)
         kl = torch.distributions.kl_divergence(gaussian(o), gaussian(maml_ssm.policy_out(model, p, val))).sum(-1)
         expected.append(kl[val["masks"] > 0].mean())
     _, kl, _ = maml_ssm.meta_objective(model, theta1, data, args, old, create_graph=False)
@@ -480,17 +484,35 @@ def test_fisher_vector_product_adds_exactly_the_damping(monkeypatch):
     assert torch.equal(flat_params(model), theta0)
 
 
-def test_trpo_first_trial_step_has_the_kl_radius():
-    """The line search starts from the step whose quadratic KL estimate 0.5 s^T F s is --max-kl (rllab's
-    scaling); a step of twice the radius makes the first trials overshoot and wastes meta-objective passes."""
-    gen = torch.Generator().manual_seed(0)
-    a = torch.randn(6, 6, generator=gen, dtype=torch.float64)
-    fisher = a @ a.T + 0.1 * torch.eye(6, dtype=torch.float64)
-    direction = torch.randn(6, generator=gen, dtype=torch.float64)
+def test_trpo_first_trial_step_has_the_kl_radius(monkeypatch):
+    """The line search starts from the step along the conjugate-gradient direction whose quadratic KL estimate
+    0.5 s^T F s is --max-kl (rllab's scaling), F the damped Fisher-vector product of the step; a step of twice the
+    radius makes the first trials overshoot and wastes meta-objective passes."""
+    model, args, data = tiny_setup()
+    theta0 = flat_params(model)
+    direction = torch.randn(theta0.shape, generator=torch.Generator().manual_seed(0), dtype=theta0.dtype)
+    set_params = torch.nn.utils.vector_to_parameters
+    seen = {}
+    trials = []
+
+    def fixed_direction(fvp, b, iters):
+        seen["f_direction"] = fvp(direction)
+        return direction
+
+    def record(vec, params):
+        trials.append(vec.detach().clone())
+        set_params(vec, params)
+
+    monkeypatch.setattr(maml_ssm, "conjugate_gradient", fixed_direction)
+    monkeypatch.setattr(torch.nn.utils, "vector_to_parameters", record)
     for max_kl in (0.01, 0.003):
-        step = maml_ssm.kl_radius_step(direction, fisher @ direction, max_kl)
-        assert (0.5 * step @ fisher @ step).item() == pytest.approx(max_kl, rel=1e-9)
+        trials.clear()
+        maml_ssm.trpo_step(model, data, dataclasses.replace(args, max_kl=max_kl, ls_max_steps=1))
+        set_params(theta0, model.parameters())
+        step = trials[0] - theta0
+        scale = step.norm() / direction.norm()
         assert torch.allclose(step / step.norm(), direction / direction.norm())
+        assert (0.5 * scale**2 * direction @ seen["f_direction"]).item() == pytest.approx(max_kl, rel=1e-9)
 
 
 def test_trpo_step_respects_trust_region_and_improves():
@@ -668,7 +690,7 @@ def test_fisher_product_through_the_inner_steps_equals_the_double_backward_of_th
     products = {}
     for first_order in (False, True):
         a = dataclasses.replace(args, first_order=first_order)
-        ref, fv = double_backward(a), maml_ssm.fisher_product(model, data, a)(v)
+        ref, fv = double_backward(a), maml_ssm.fisher_product(maml_ssm.fisher_graphs(model, data, a), a.cg_damping, v)
         assert (ref - a.cg_damping * v).abs().max() > 1e-3
         assert torch.allclose(fv, ref, rtol=1e-8, atol=1e-10), (first_order, (fv - ref).abs().max())
         products[first_order] = fv
