@@ -1157,7 +1157,7 @@ class EvalArgs:
 
 def evaluate_command(args: EvalArgs):
     """Returns after 0..K inner steps on fresh test tasks (`eval` subcommand); writes eval.json beside the checkpoint."""
-    validate_eval(args)
+    validate(args)
     _, ckpt_args, _ = load_checkpoint(args.checkpoint)
     check_config(args, ckpt_args)
     torch.set_num_threads(1)
@@ -1301,7 +1301,7 @@ class AdaptArgs:
 
 def adapt_command(args: AdaptArgs):
     """Test-time adaptation (`adapt` subcommand): standard/hybrid x pg/dynamics/entropy; writes adapt.json."""
-    validate_adapt(args)
+    validate(args)
     model, ckpt_args, ckpt = load_checkpoint(args.checkpoint, ADAPTS_CHECKPOINTS_OF)
     check_config(args, ckpt_args)
     validate_adapt_against(args, model, ckpt)
@@ -1803,12 +1803,58 @@ def evaluate_saved_model(path, writer):
 
 
 # VALIDATION
-def validate(args: Args):
-    """Refuses, in one line (ValueError), the settings that would crash late or train wrong in silence."""
+def validate(args):
+    """Refuses, in one line (ValueError), the settings that would crash late or run wrong in silence: `train`'s Args,
+    `eval`'s EvalArgs and `adapt`'s AdaptArgs (the checkpoint is checked on loading, and by validate_adapt_against)."""
     for field in dataclasses.fields(args):
         value = getattr(args, field.name)
         if isinstance(value, float) and not math.isfinite(value):  # NaN passes any <, >
             raise ValueError(f"--{field.name.replace('_', '-')} {value} must be a finite number")
+    if not isinstance(args, Args) and args.eval_seed is not None and not 0 <= args.eval_seed < 2**32:
+        raise ValueError(f"--eval-seed {args.eval_seed} must be in [0, 2**32 - 1]")
+    if isinstance(args, EvalArgs):
+        for name in ("inner_lr", "later_lr_scale"):
+            if getattr(args, name) is not None and not getattr(args, name) > 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+        if args.num_tasks is not None and args.num_tasks < 2:  # a confidence interval needs two tasks
+            raise ValueError(f"--num-tasks must be >= 2, got {args.num_tasks}")
+        if args.episodes is not None and args.episodes < 1:
+            raise ValueError(f"--episodes must be >= 1, got {args.episodes}")
+        if args.num_steps is not None and args.num_steps < 0:
+            raise ValueError(f"--num-steps must be >= 0, got {args.num_steps}")
+        return
+    if isinstance(args, AdaptArgs):
+        for name in ("adapt_lr", "grad_clip", "max_step_norm", "trust_region"):
+            if not getattr(args, name) > 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+        if args.num_tasks < 2:  # a confidence interval needs two tasks
+            raise ValueError(f"--num-tasks must be >= 2, got {args.num_tasks}")
+        # an importance cap below 1 would scale on-policy steps
+        for name in ("experience_batch_size", "online_every", "max_importance_weight"):
+            if getattr(args, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+        if args.episodes is not None and args.episodes < 1:
+            raise ValueError(f"--episodes must be >= 1, got {args.episodes}")
+        for name in ("adapt_steps", "experience_weight", "ema_decay"):
+            if getattr(args, name) < 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+        if not args.adaptation_mode or not args.adapt_objective:
+            raise ValueError("--adaptation-mode and --adapt-objective each need at least one value")
+        choices = {"adaptation_mode": ADAPTERS, "adapt_objective": OBJECTIVES, "strategy": STRATEGIES}
+        choices = {**choices, "adapt_params": PARAM_GROUPS, "adapt_optimizer": ("sgd", "adam"), "online_mode": ONLINE_MODES}
+        for name, allowed in choices.items():
+            values = getattr(args, name)
+            if not isinstance(values, tuple):  # the multi-valued flags give tuples, the others one value
+                values = (values,)
+            for value in values:
+                if value not in allowed:
+                    raise ValueError(f"unknown --{name.replace('_', '-')} {value!r}; choose one of {', '.join(allowed)}")
+        if args.ema_decay >= 1:
+            raise ValueError(f"--ema-decay must be in [0, 1), got {args.ema_decay}")
+        if args.online_mode == "during-only" and not args.online:
+            raise ValueError("--online-mode during-only needs --online")
+        return
+    # `train`'s Args
     if not 0 <= args.seed < 2**32:
         raise ValueError(f"--seed {args.seed} must be in [0, 2**32 - 1]")
     for name in ("inner_lr", "outer_lr", "aux_lr", "max_kl", "eval_later_lr_scale"):
@@ -1854,68 +1900,6 @@ def validate(args: Args):
         )
     if args.task == "halfcheetah-vel" and not mujoco_available():
         raise ValueError(f"--task halfcheetah-vel needs the 'mujoco' package: pip install {MUJOCO_PIN}")
-
-
-def validate_test_time(args):
-    """The checks `eval` and `adapt` share: every float finite, and an evaluation seed numpy accepts."""
-    for field in dataclasses.fields(args):
-        value = getattr(args, field.name)
-        if isinstance(value, float) and not math.isfinite(value):  # NaN passes any <, >
-            raise ValueError(f"--{field.name.replace('_', '-')} {value} must be a finite number")
-    if args.eval_seed is not None and not 0 <= args.eval_seed < 2**32:
-        raise ValueError(f"--eval-seed {args.eval_seed} must be in [0, 2**32 - 1]")
-
-
-def validate_eval(args: EvalArgs):
-    """Refuses bad `eval` arguments in one line (ValueError); the checkpoint is checked on loading."""
-    validate_test_time(args)
-    for name in ("inner_lr", "later_lr_scale"):
-        if getattr(args, name) is not None and not getattr(args, name) > 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if args.num_tasks is not None and args.num_tasks < 2:  # a confidence interval needs two tasks
-        raise ValueError(f"--num-tasks must be >= 2, got {args.num_tasks}")
-    if args.episodes is not None and args.episodes < 1:
-        raise ValueError(f"--episodes must be >= 1, got {args.episodes}")
-    if args.num_steps is not None and args.num_steps < 0:
-        raise ValueError(f"--num-steps must be >= 0, got {args.num_steps}")
-
-
-def validate_adapt(args: AdaptArgs):
-    """Refuses bad `adapt` arguments in one line (ValueError); validate_adapt_against checks them with the checkpoint."""
-    validate_test_time(args)
-    for name in ("adapt_lr", "grad_clip", "max_step_norm", "trust_region"):
-        if not getattr(args, name) > 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if args.num_tasks < 2:  # a confidence interval needs two tasks
-        raise ValueError(f"--num-tasks must be >= 2, got {args.num_tasks}")
-    # an importance cap below 1 would scale on-policy steps
-    for name in ("experience_batch_size", "online_every", "max_importance_weight"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.episodes is not None and args.episodes < 1:
-        raise ValueError(f"--episodes must be >= 1, got {args.episodes}")
-    for name in ("adapt_steps", "experience_weight", "ema_decay"):
-        if getattr(args, name) < 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
-    if not args.adaptation_mode or not args.adapt_objective:
-        raise ValueError("--adaptation-mode and --adapt-objective each need at least one value")
-    choices = {"adaptation_mode": ADAPTERS, "adapt_objective": OBJECTIVES, "strategy": STRATEGIES}
-    choices = {**choices, "adapt_params": PARAM_GROUPS, "adapt_optimizer": ("sgd", "adam"), "online_mode": ONLINE_MODES}
-    for name, allowed in choices.items():
-        for value in tyro_tuple(getattr(args, name)):
-            if value not in allowed:
-                raise ValueError(f"unknown --{name.replace('_', '-')} {value!r}; choose one of {', '.join(allowed)}")
-    if args.ema_decay >= 1:
-        raise ValueError(f"--ema-decay must be in [0, 1), got {args.ema_decay}")
-    if args.online_mode == "during-only" and not args.online:
-        raise ValueError("--online-mode during-only needs --online")
-
-
-def tyro_tuple(value):
-    """A flag's value as a tuple: the multi-valued flags give tuples, the others one value."""
-    if isinstance(value, tuple):
-        return value
-    return (value,)
 
 
 def validate_adapt_against(args: AdaptArgs, model, ckpt):

@@ -6,8 +6,8 @@ surrogate of the adapted policy plus a KL penalty on the inner step. The tasks, 
 with matched parameter counts) and the rollout are maml_ssm.py's, as identical text; `maml_ssm.py adapt` adapts this
 file's checkpoints.
 
-The file reads in CleanRL's order: Args, tasks, model, the inner step, ProMP's objective and step, then `train`
-(ROLLOUT, UPDATE, LOGGING) and `eval`.
+The file reads in CleanRL's order: Args, tasks, model, the rollout and GAE, the inner step, ProMP's objective and step,
+then `train` (ROLLOUT, UPDATE, LOGGING) and `eval`; the plumbing a default run needs comes after the method.
 
 Usage: python cleanrl_astral/maml_ssm_promp.py train --config paper --outer-steps 100 --save-model
        python cleanrl_astral/maml_ssm_promp.py eval --checkpoint runs/RUN/maml_ssm_promp.cleanrl_model --episodes 40
@@ -474,44 +474,6 @@ def build_agent(args: Args, env_cls) -> Agent:
     width = policy_width(args, env_cls)
     spec = (env_cls.obs_dim, env_cls.act_dim, env_cls.discrete)
     return Agent(args.policy, *spec, width, args.state_size, args.in_context, args.layer_norm)
-
-
-def policy_width(args: Args, env_cls) -> int:
-    """The SSM uses --hidden-size; gru/mlp get the width whose parameter count is closest to the SSM's."""
-    if args.policy == "ssm":
-        return args.hidden_size
-    spec = (env_cls.obs_dim, env_cls.act_dim, env_cls.discrete, args.state_size, args.in_context, args.layer_norm)
-    target = agent_param_count("ssm", *spec[:3], args.hidden_size, *spec[3:])
-    hi = 4
-    while agent_param_count(args.policy, *spec[:3], hi, *spec[3:]) < target:  # counts grow with the width
-        hi *= 2
-    best = 4
-    best_gap = abs(agent_param_count(args.policy, *spec[:3], best, *spec[3:]) - target)
-    for w in range(5, hi + 1):
-        gap = abs(agent_param_count(args.policy, *spec[:3], w, *spec[3:]) - target)
-        if gap < best_gap:  # strictly closer: the smaller width wins a tie
-            best = w
-            best_gap = gap
-    return best
-
-
-def agent_param_count(kind, obs_dim, act_dim, discrete, w, n_state, in_context, layer_norm=False):
-    """Closed form of count_params(Agent(...)) so the width search does not build hundreds of networks."""
-    in_dim = obs_dim
-    if in_context:
-        in_dim = obs_dim + act_dim + 1
-    core = {"ssm": 2 * n_state + 4 * n_state * w + w, "gru": 6 * w * w + 6 * w, "mlp": w * w + w}[kind]
-    heads = (w * act_dim + act_dim) + (w + 1) + ((w + act_dim) * obs_dim + obs_dim)
-    if not discrete:
-        heads += act_dim
-    norm = 0
-    if layer_norm:
-        norm = 2 * w
-    return in_dim * w + w + core + norm + (w * w + w) + heads
-
-
-def count_params(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
 
 
 # ROLLOUT
@@ -1135,7 +1097,7 @@ class EvalArgs:
 
 def evaluate_command(args: EvalArgs):
     """Returns after 0..K inner steps on fresh test tasks (`eval` subcommand); writes eval.json beside the checkpoint."""
-    validate_eval(args)
+    validate(args)
     _, ckpt_args, _ = load_checkpoint(args.checkpoint)
     check_config(args, ckpt_args)
     torch.set_num_threads(1)
@@ -1219,7 +1181,45 @@ def load_checkpoint(path, also=()):
     return model, args, ckpt
 
 
-# PLUMBING: THE RUN DIRECTORY, PROGRESS, CHECKPOINTS
+# PLUMBING: PARAMETER-COUNT MATCHING, THE RUN DIRECTORY, PROGRESS, CHECKPOINTS
+def policy_width(args: Args, env_cls) -> int:
+    """The SSM uses --hidden-size; gru/mlp get the width whose parameter count is closest to the SSM's."""
+    if args.policy == "ssm":
+        return args.hidden_size
+    spec = (env_cls.obs_dim, env_cls.act_dim, env_cls.discrete, args.state_size, args.in_context, args.layer_norm)
+    target = agent_param_count("ssm", *spec[:3], args.hidden_size, *spec[3:])
+    hi = 4
+    while agent_param_count(args.policy, *spec[:3], hi, *spec[3:]) < target:  # counts grow with the width
+        hi *= 2
+    best = 4
+    best_gap = abs(agent_param_count(args.policy, *spec[:3], best, *spec[3:]) - target)
+    for w in range(5, hi + 1):
+        gap = abs(agent_param_count(args.policy, *spec[:3], w, *spec[3:]) - target)
+        if gap < best_gap:  # strictly closer: the smaller width wins a tie
+            best = w
+            best_gap = gap
+    return best
+
+
+def agent_param_count(kind, obs_dim, act_dim, discrete, w, n_state, in_context, layer_norm=False):
+    """Closed form of count_params(Agent(...)) so the width search does not build hundreds of networks."""
+    in_dim = obs_dim
+    if in_context:
+        in_dim = obs_dim + act_dim + 1
+    core = {"ssm": 2 * n_state + 4 * n_state * w + w, "gru": 6 * w * w + 6 * w, "mlp": w * w + w}[kind]
+    heads = (w * act_dim + act_dim) + (w + 1) + ((w + act_dim) * obs_dim + obs_dim)
+    if not discrete:
+        heads += act_dim
+    norm = 0
+    if layer_norm:
+        norm = 2 * w
+    return in_dim * w + w + core + norm + (w * w + w) + heads
+
+
+def count_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
 def start_run(args: Args, saved=None):
     """Run directory (a resumed run's own), TensorBoard writer (and wandb), threads and seeds: (run_dir, writer)."""
     if saved is None:
@@ -1378,12 +1378,27 @@ def evaluate_saved_model(path, writer):
 
 
 # VALIDATION
-def validate(args: Args):
-    """Refuses, in one line (ValueError), the settings that would crash late or train wrong in silence."""
+def validate(args):
+    """Refuses, in one line (ValueError), the settings that would crash late or run wrong in silence: `train`'s Args,
+    `eval`'s EvalArgs (the checkpoint is checked on loading)."""
     for field in dataclasses.fields(args):
         value = getattr(args, field.name)
         if isinstance(value, float) and not math.isfinite(value):  # NaN passes any <, >
             raise ValueError(f"--{field.name.replace('_', '-')} {value} must be a finite number")
+    if not isinstance(args, Args) and args.eval_seed is not None and not 0 <= args.eval_seed < 2**32:
+        raise ValueError(f"--eval-seed {args.eval_seed} must be in [0, 2**32 - 1]")
+    if isinstance(args, EvalArgs):
+        for name in ("inner_lr", "later_lr_scale"):
+            if getattr(args, name) is not None and not getattr(args, name) > 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+        if args.num_tasks is not None and args.num_tasks < 2:  # a confidence interval needs two tasks
+            raise ValueError(f"--num-tasks must be >= 2, got {args.num_tasks}")
+        if args.episodes is not None and args.episodes < 1:
+            raise ValueError(f"--episodes must be >= 1, got {args.episodes}")
+        if args.num_steps is not None and args.num_steps < 0:
+            raise ValueError(f"--num-steps must be >= 0, got {args.num_steps}")
+        return
+    # `train`'s Args
     if not 0 <= args.seed < 2**32:
         raise ValueError(f"--seed {args.seed} must be in [0, 2**32 - 1]")
     for name in ("inner_lr", "outer_lr", "aux_lr", "eval_later_lr_scale"):
@@ -1426,30 +1441,6 @@ def validate(args: Args):
         )
     if args.task == "halfcheetah-vel" and not mujoco_available():
         raise ValueError(f"--task halfcheetah-vel needs the 'mujoco' package: pip install {MUJOCO_PIN}")
-
-
-def validate_test_time(args):
-    """The checks `eval` and `adapt` share: every float finite, and an evaluation seed numpy accepts."""
-    for field in dataclasses.fields(args):
-        value = getattr(args, field.name)
-        if isinstance(value, float) and not math.isfinite(value):  # NaN passes any <, >
-            raise ValueError(f"--{field.name.replace('_', '-')} {value} must be a finite number")
-    if args.eval_seed is not None and not 0 <= args.eval_seed < 2**32:
-        raise ValueError(f"--eval-seed {args.eval_seed} must be in [0, 2**32 - 1]")
-
-
-def validate_eval(args: EvalArgs):
-    """Refuses bad `eval` arguments in one line (ValueError); the checkpoint is checked on loading."""
-    validate_test_time(args)
-    for name in ("inner_lr", "later_lr_scale"):
-        if getattr(args, name) is not None and not getattr(args, name) > 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if args.num_tasks is not None and args.num_tasks < 2:  # a confidence interval needs two tasks
-        raise ValueError(f"--num-tasks must be >= 2, got {args.num_tasks}")
-    if args.episodes is not None and args.episodes < 1:
-        raise ValueError(f"--episodes must be >= 1, got {args.episodes}")
-    if args.num_steps is not None and args.num_steps < 0:
-        raise ValueError(f"--num-steps must be >= 0, got {args.num_steps}")
 
 
 def check_config(args, ckpt_args):

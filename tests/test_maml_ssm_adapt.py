@@ -565,7 +565,7 @@ def test_adapt_passes_behaviour_log_probs_with_ema_and_online(trained_ckpt, monk
     adapt(ckpt, adapt_steps=1, ema_decay=0.5)
     assert seen and all(b["behaviour_logp"] is not None and torch.equal(b["behaviour_logp"], b["logp"]) for _, b in seen)
     assert "--max-importance-weight must be >= 1" in validation_error(
-        maml_ssm.validate_adapt, maml_ssm.AdaptArgs(ckpt, max_importance_weight=0.5)
+        maml_ssm.validate, maml_ssm.AdaptArgs(ckpt, max_importance_weight=0.5)
     )
     seen.clear()
     adapt(ckpt, adapt_steps=0, online=True, online_every=3, adapt_lr=0.5)
@@ -612,9 +612,7 @@ def test_adapt_online_and_bad_input(trained_ckpt):
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1 and "unknown --adaptation-mode" in lines[0], res.stderr
     # the same validator, in process (the subprocess above proves it is wired to one line + exit 2)
-    assert "--adapt-lr must be positive" in validation_error(
-        maml_ssm.validate_adapt, maml_ssm.AdaptArgs(trained_ckpt, adapt_lr=0.0)
-    )
+    assert "--adapt-lr must be positive" in validation_error(maml_ssm.validate, maml_ssm.AdaptArgs(trained_ckpt, adapt_lr=0.0))
     # entropy on a Gaussian policy has a gradient for the log-std only: with the core's parameters it was a traceback
     res = run_maml(
         ["adapt", "--checkpoint", trained_ckpt, "--adapt-objective", "entropy", "--adapt-params", "ssm"], check=False
@@ -631,21 +629,17 @@ def test_adapt_online_and_bad_input(trained_ckpt):
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1 and "no step would adapt" in lines[0], res.stderr
     assert "unknown --adapt-params" in validation_error(
-        maml_ssm.validate_adapt, maml_ssm.AdaptArgs(trained_ckpt, adapt_params="bias")
+        maml_ssm.validate, maml_ssm.AdaptArgs(trained_ckpt, adapt_params="bias")
     )
     assert "unknown --adapt-objective" in validation_error(
-        maml_ssm.validate_adapt, maml_ssm.AdaptArgs(trained_ckpt, adapt_objective=("reward",))
+        maml_ssm.validate, maml_ssm.AdaptArgs(trained_ckpt, adapt_objective=("reward",))
     )
-    assert "at least one value" in validation_error(
-        maml_ssm.validate_adapt, maml_ssm.AdaptArgs(trained_ckpt, adapt_objective=())
-    )
+    assert "at least one value" in validation_error(maml_ssm.validate, maml_ssm.AdaptArgs(trained_ckpt, adapt_objective=()))
     assert "--trust-region nan must be a finite" in validation_error(
-        maml_ssm.validate_adapt, maml_ssm.AdaptArgs(trained_ckpt, trust_region=float("nan"))
+        maml_ssm.validate, maml_ssm.AdaptArgs(trained_ckpt, trust_region=float("nan"))
     )
-    assert "--eval-seed -1 must be in" in validation_error(
-        maml_ssm.validate_adapt, maml_ssm.AdaptArgs(trained_ckpt, eval_seed=-1)
-    )
-    assert validation_error(maml_ssm.validate_adapt, maml_ssm.AdaptArgs(trained_ckpt)) is None
+    assert "--eval-seed -1 must be in" in validation_error(maml_ssm.validate, maml_ssm.AdaptArgs(trained_ckpt, eval_seed=-1))
+    assert validation_error(maml_ssm.validate, maml_ssm.AdaptArgs(trained_ckpt)) is None
 
 
 def adaptation_events(ckpt, monkeypatch, **kw):
@@ -698,10 +692,10 @@ def test_online_plan_runs_the_k_steps_then_adapts_during_the_last_rollout(traine
 
 def test_online_mode_is_validated_and_names_its_report(trained_ckpt):
     assert "--online-mode during-only needs --online" in validation_error(
-        maml_ssm.validate_adapt, maml_ssm.AdaptArgs(trained_ckpt, online_mode="during-only")
+        maml_ssm.validate, maml_ssm.AdaptArgs(trained_ckpt, online_mode="during-only")
     )
     assert "unknown --online-mode" in validation_error(
-        maml_ssm.validate_adapt, maml_ssm.AdaptArgs(trained_ckpt, online=True, online_mode="before")
+        maml_ssm.validate, maml_ssm.AdaptArgs(trained_ckpt, online=True, online_mode="before")
     )
     flags = ["--num-tasks", "2", "--adapt-steps", "1", "--online", "--online-every", "2", "--online-mode", "during-only"]
     run_maml(["adapt", "--checkpoint", trained_ckpt, *flags])

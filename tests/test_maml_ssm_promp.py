@@ -81,8 +81,6 @@ SHARED = (
     "run_times",
     "save_model_checkpoint",
     "evaluate_saved_model",
-    "validate_test_time",
-    "validate_eval",
     "check_config",
     "mujoco_available",
     "flag_value",
