@@ -1336,7 +1336,6 @@ def run_adaptation(checkpoint, aargs, writer=None):
     if fs and fs["count"] > 0:  # --outer-steps 0 has none
         monitor = FeatureMonitor(len(fs["mean"]), **fs)
     K = aargs.adapt_steps
-    lr = aargs.adapt_lr
     n_eps = aargs.episodes
     if n_eps is None:
         n_eps = args.fast_batch_size
@@ -1345,41 +1344,37 @@ def run_adaptation(checkpoint, aargs, writer=None):
         seed = args.seed
     tasks = sample_tasks(args.task, task_streams(seed)[1], aargs.num_tasks, "test")
     theta0 = clone_params(dict(model.named_parameters()))
-
-    def seeded_env():
-        """Runs with the same parameters see the same episodes: both generators restart from `seed`."""
-        torch.manual_seed(seed)
-        return make_env(args, tasks, n_eps, torch.Generator().manual_seed(seed))
-
-    def task_returns(batch):
-        return (batch["rewards"] * batch["masks"]).sum(0).reshape(len(tasks), n_eps).mean(1).numpy()
+    # --online: plan adapts online in the rollout after the K steps only; during-only in every rollout, with no step
+    # between batches
+    during_only = aargs.online and aargs.online_mode == "during-only"
 
     # the no-adaptation level: theta_0 on the episodes every run starts with
-    base = task_returns(rollout(model, per_task(theta0, len(tasks)), seeded_env(), args.max_episode_steps))
+    batch = rollout(model, per_task(theta0, len(tasks)), seeded_env(args, tasks, n_eps, seed), args.max_episode_steps)
+    base = task_returns(batch, len(tasks))
     results = {}
     for mode in aargs.adaptation_mode:
         for objective in aargs.adapt_objective:
-            env = seeded_env()
+            env = seeded_env(args, tasks, n_eps, seed)
             # replay draws from its own generator, so hybrid and standard see the same episodes
             replay_gen = torch.Generator().manual_seed(int(np.random.default_rng([seed, 2]).integers(2**62)))
-            adapters = [ADAPTERS[mode](model, theta0, aargs, objective, lr, buffer, replay_gen) for _ in tasks]
+            adapters = [ADAPTERS[mode](model, theta0, aargs, objective, aargs.adapt_lr, buffer, replay_gen) for _ in tasks]
             per_step = []
             step_logs = []
             mon = []
-            online = functools.partial(adapt_step, adapters, objective, args, step_logs, online=True)
-            during_only = aargs.online and aargs.online_mode == "during-only"
+            # with --online the rollout calls this every --online-every env steps with the segment it has gathered
+            adapt_online = functools.partial(adapt_step, adapters, objective, args, step_logs, online=True)
             for k in range(K + 1):
                 acting = stack_params([ad.acting_params() for ad in adapters])
                 online_every = 0
-                # plan: only the rollout after the K steps adapts online; during-only: every rollout does
                 if aargs.online and (during_only or k == K):
                     online_every = aargs.online_every
-                batch = rollout(model, acting, env, args.max_episode_steps, online_every, online)
-                per_step.append(task_returns(batch))
+                batch = rollout(model, acting, env, args.max_episode_steps, online_every, adapt_online)
+                per_step.append(task_returns(batch, len(tasks)))
                 stats = []
                 for ad, part in zip(adapters, split_batch(batch, len(tasks))):
                     stats.append(monitor_stats(model, ad.acting_params(), part, monitor))
                 mon.append({key: float(np.mean([st[key] for st in stats])) for key in stats[0]})
+                # every task's adapter takes one step on its own rows of the batch
                 if k < K and not during_only:
                     adapt_step(adapters, objective, args, step_logs, batch)
             name = f"{mode}/{objective}"
@@ -1402,12 +1397,23 @@ def run_adaptation(checkpoint, aargs, writer=None):
         "online": aargs.online,
         "online_mode": aargs.online_mode if aargs.online else None,
         "adapt_steps": K,
-        "adapt_lr": lr,
+        "adapt_lr": aargs.adapt_lr,
         "experience_weight": aargs.experience_weight,
         "experience_batch_size": aargs.experience_batch_size,
         "no_adaptation": {"return": float(base.mean()), "ci95": mean_ci95_half_width(base)},
         "results": results,
     }
+
+
+def seeded_env(args, tasks, n_eps, seed):
+    """Runs with the same parameters see the same episodes: both generators restart from `seed`."""
+    torch.manual_seed(seed)
+    return make_env(args, tasks, n_eps, torch.Generator().manual_seed(seed))
+
+
+def task_returns(batch, num_tasks):
+    """Each task's mean episode return: the batch holds num_tasks x episodes episodes, task-major."""
+    return (batch["rewards"] * batch["masks"]).sum(0).reshape(num_tasks, -1).mean(1).numpy()
 
 
 def adapt_step(adapters, objective, args, step_logs, batch, online=False):
@@ -1454,12 +1460,18 @@ class StandardAdapter:
         return None
 
     def loss(self, batch, replay=None):
+        """loss_current, the objective on the task's episodes; with a replayed batch (hybrid), plus experience_weight x
+        loss_experience, the same objective on the checkpoint's training transitions."""
+        loss_current = self.strategy_loss(batch)
+        if replay is None or self.aargs.experience_weight == 0:
+            return loss_current
+        loss_experience = self.strategy_loss(replay)
+        return loss_current + self.aargs.experience_weight * loss_experience
+
+    def strategy_loss(self, batch):
+        """The objective on `batch`, as the registered strategy shapes it (none; tent adds the policy's entropy)."""
         loss, out = objective_loss(self.model, self.params, batch, self.objective, self.aargs.max_importance_weight)
-        loss = STRATEGIES[self.aargs.strategy](loss, out, batch["masks"], self)
-        w = self.aargs.experience_weight
-        if replay is None or w == 0:
-            return loss
-        return loss + w * self.loss(replay)
+        return STRATEGIES[self.aargs.strategy](loss, out, batch["masks"], self)
 
     def drift(self):
         """Distance from the meta-learned theta_0, which the trust region bounds."""
@@ -1467,7 +1479,7 @@ class StandardAdapter:
 
     def step(self, batch):
         a = self.aargs
-        replay = self.replay_batch()
+        replay = self.replay_batch()  # hybrid: training transitions from the ExperienceBuffer; standard: none
         loss = self.loss(batch, replay)
         leaves = [self.params[k] for k in self.names]
         grads = []
