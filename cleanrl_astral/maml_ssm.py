@@ -1101,18 +1101,35 @@ def train(args: Args):
             stats = adam_step(model, tasks_data, args, outer_opt)
         v_loss, d_loss = aux_update(model, tasks_data, args, aux_opt, monitor)
 
-        # LOGGING
+        # LOGGING: returns before, during and after adaptation, the losses, the outer step's statistics
         global_step += int(steps)
+        pre = returns[0].mean().item()
+        post = returns[-1].mean().item()
+        writer.add_scalar("meta/pre_adapt_return", pre, global_step)
+        for j in range(1, len(returns) - 1):
+            writer.add_scalar(f"meta/return_after_{j}_steps", returns[j].mean().item(), global_step)
+        writer.add_scalar("meta/post_adapt_return", post, global_step)
+        writer.add_scalar("charts/episodic_return", post, global_step)
+        writer.add_scalar("charts/episodic_length", tasks_data[0]["val"]["masks"].sum(0).mean().item(), global_step)
+        writer.add_scalar("losses/inner_loss", inner_l, global_step)
+        writer.add_scalar("losses/outer_loss", stats["outer_loss"], global_step)
+        writer.add_scalar("losses/approx_kl", stats["approx_kl"], global_step)
+        writer.add_scalar("losses/value_loss", v_loss, global_step)
+        writer.add_scalar("losses/dynamics_loss", d_loss, global_step)
+        writer.add_scalar("meta/line_search_steps", stats["line_search_steps"], global_step)
+        writer.add_scalar("meta/step_accepted", stats["accepted"], global_step)
         buffer_size = 0
         if buffer is not None:
             buffer_size = len(buffer)
-        scalars = iteration_scalars(args, returns, tasks_data, inner_l, stats, v_loss, d_loss, buffer_size)
+        writer.add_scalar("meta/buffer_size", buffer_size, global_step)
+        if args.outer_optimizer == "adam":
+            writer.add_scalar("charts/learning_rate", args.outer_lr, global_step)
         dt = time.time() - it_start
         sps = int(global_step / (time.time() - start_time))
-        for tag, value in {**scalars, "meta/iteration_time": dt, "charts/SPS": sps}.items():
-            writer.add_scalar(tag, float(value), global_step)
+        writer.add_scalar("meta/iteration_time", dt, global_step)
+        writer.add_scalar("charts/SPS", sps, global_step)
         if it % args.log_every == 0 or it == 1 or it == args.outer_steps:
-            print_progress(it, args, global_step, sps, scalars, dt, time.time() - start_time)
+            print_progress(it, args, global_step, sps, pre, post, stats, dt, time.time() - start_time)
         out_of_budget = args.cpu_budget > 0 and time.process_time() - start_cpu >= args.cpu_budget
         if args.ckpt_dir and (it % args.ckpt_every == 0 or it == args.outer_steps or out_of_budget):
             from cleanrl_astral_utils.maml import training_state
@@ -1721,43 +1738,14 @@ def print_param_counts(model, args, env_cls):
     )
 
 
-def print_progress(it, args, global_step, sps, scalars, dt, elapsed):
+def print_progress(it, args, global_step, sps, pre, post, stats, dt, elapsed):
     """One progress line. The time left assumes all --outer-steps run; a --cpu-budget can end the run sooner."""
     print(
-        f"iter {it}/{args.outer_steps} step {global_step} SPS {sps} "
-        f"pre {scalars['meta/pre_adapt_return']:.2f} post {scalars['meta/post_adapt_return']:.2f} "
-        f"kl {scalars['losses/approx_kl']:.4f} ls {scalars['meta/line_search_steps']} {dt:.2f}s/it "
+        f"iter {it}/{args.outer_steps} step {global_step} SPS {sps} pre {pre:.2f} post {post:.2f} "
+        f"kl {stats['approx_kl']:.4f} ls {stats['line_search_steps']} {dt:.2f}s/it "
         f"elapsed {elapsed:.0f}s, {elapsed / it * (args.outer_steps - it) / 60:.1f} min left",
         flush=True,
     )
-
-
-def iteration_scalars(args, returns, tasks_data, inner_l, stats, v_loss, d_loss, buffer_size):
-    """What an iteration logs: returns before, during and after adaptation, the losses, the outer step's statistics."""
-    post = returns[-1].mean().item()
-    scalars = {
-        "meta/pre_adapt_return": returns[0].mean().item(),
-        "meta/post_adapt_return": post,
-    }
-    for j in range(1, len(returns) - 1):
-        scalars[f"meta/return_after_{j}_steps"] = returns[j].mean().item()
-    scalars.update(
-        {
-            "charts/episodic_return": post,
-            "charts/episodic_length": tasks_data[0]["val"]["masks"].sum(0).mean().item(),
-            "losses/inner_loss": inner_l,
-            "losses/outer_loss": stats["outer_loss"],
-            "losses/approx_kl": stats["approx_kl"],
-            "losses/value_loss": v_loss,
-            "losses/dynamics_loss": d_loss,
-            "meta/line_search_steps": stats["line_search_steps"],
-            "meta/step_accepted": stats["accepted"],
-            "meta/buffer_size": buffer_size,
-        }
-    )
-    if args.outer_optimizer == "adam":
-        scalars["charts/learning_rate"] = args.outer_lr
-    return scalars
 
 
 def log_scalars(writer, scalars, step):

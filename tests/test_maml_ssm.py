@@ -875,9 +875,8 @@ def test_a_default_train_run_imports_nothing_from_the_helper_package(tmp_path):
 
 def test_the_progress_line_gives_the_time_left_from_the_mean_iteration_time(capsys):
     # 4 of 10 outer steps in 120 s: 6 more at 30 s each take 3 minutes
-    scalars = {"meta/pre_adapt_return": -1.0, "meta/post_adapt_return": -0.5, "losses/approx_kl": 0.01}
-    scalars["meta/line_search_steps"] = 1
-    maml_ssm.print_progress(4, types.SimpleNamespace(outer_steps=10), 400, 3, scalars, 30.0, 120.0)
+    stats = {"approx_kl": 0.01, "line_search_steps": 1}
+    maml_ssm.print_progress(4, types.SimpleNamespace(outer_steps=10), 400, 3, -1.0, -0.5, stats, 30.0, 120.0)
     line = capsys.readouterr().out.strip()
     assert line.startswith("iter 4/10 step 400 SPS 3 pre -1.00 post -0.50")
     assert line.endswith("elapsed 120s, 3.0 min left")
