@@ -1479,16 +1479,15 @@ class StandardAdapter:
     def loss(self, batch, replay=None):
         """loss_current, the objective on the task's episodes; with a replayed batch (hybrid), plus experience_weight x
         loss_experience, the same objective on the checkpoint's training transitions."""
-        loss_current = self.strategy_loss(batch)
+        # the registered strategy shapes each term (none; tent adds the policy's entropy)
+        strategy = STRATEGIES[self.aargs.strategy]
+        loss, out = objective_loss(self.model, self.params, batch, self.objective, self.aargs.max_importance_weight)
+        loss_current = strategy(loss, out, batch["masks"], self)
         if replay is None or self.aargs.experience_weight == 0:
             return loss_current
-        loss_experience = self.strategy_loss(replay)
+        loss, out = objective_loss(self.model, self.params, replay, self.objective, self.aargs.max_importance_weight)
+        loss_experience = strategy(loss, out, replay["masks"], self)
         return loss_current + self.aargs.experience_weight * loss_experience
-
-    def strategy_loss(self, batch):
-        """The objective on `batch`, as the registered strategy shapes it (none; tent adds the policy's entropy)."""
-        loss, out = objective_loss(self.model, self.params, batch, self.objective, self.aargs.max_importance_weight)
-        return STRATEGIES[self.aargs.strategy](loss, out, batch["masks"], self)
 
     def drift(self):
         """Distance from the meta-learned theta_0, which the trust region bounds."""
