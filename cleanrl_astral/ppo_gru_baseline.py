@@ -459,106 +459,6 @@ def agent_from_args(args, num_modes, spaces=None):
     return Agent(obs_dim, num_actions, num_modes, args.hidden_size, args.memory, args.oracle, args.design, args.prev_reward)
 
 
-# ROLLOUT
-def new_carry(envs, agent, seed, device):
-    """What one step hands to the next: the agent's next input, where an episode starts, its GRU state, the true mode and
-    the running episode totals. The first input has no previous action (-1) and no previous reward."""
-    obs, info = envs.reset(seed=seed)
-    n = envs.num_envs
-    return {
-        "x": agent.build_input(
-            torch.as_tensor(obs, device=device),
-            torch.as_tensor(np.full(n, -1), device=device),
-            torch.as_tensor(np.zeros(n), device=device),
-            torch.as_tensor(info["mode"], device=device),
-        ),
-        "start": np.ones(n, dtype=bool),
-        "state": torch.zeros(n, agent.hidden_size, device=device),
-        "mode": info["mode"],
-        "episode_mode": info["mode"].copy(),
-        "episode_return": np.zeros(n),
-        "episode_length": np.zeros(n, dtype=int),
-    }
-
-
-def env_step(agent, envs, carry, deterministic=False):
-    """One step of every environment, shared by the rollout, the evaluation and the video: the agent acts on the carried
-    input, the environments step, and the carry moves on. Returns what the batch keeps of the step (input, start flag,
-    action, log-prob, value, true mode), what the environments returned, and the episodes that ended (return, length, mode)."""
-    x = carry["x"]
-    start = torch.as_tensor(carry["start"], dtype=torch.float32, device=x.device)
-    with torch.no_grad():
-        action, logprob, _, value, carry["state"] = agent.get_action_and_value(
-            x[None], carry["state"], start[None], deterministic=deterministic
-        )
-    step = {
-        "inputs": x,
-        "starts": start,
-        "actions": action[0],
-        "logprobs": logprob[0],
-        "values": value[0],
-        "modes": torch.as_tensor(carry["mode"], device=x.device),
-    }
-    acted = action[0].cpu().numpy()
-    outcome = envs.step(acted)
-    obs, reward, terminated, truncated, info = outcome
-    done = terminated | truncated
-    carry["episode_return"] = carry["episode_return"] + reward
-    carry["episode_length"] = carry["episode_length"] + 1
-    episodes = []
-    for i in np.flatnonzero(done):
-        episodes.append((float(carry["episode_return"][i]), int(carry["episode_length"][i]), int(carry["episode_mode"][i])))
-    carry["episode_return"][done] = 0.0
-    carry["episode_length"][done] = 0
-    carry["episode_mode"][done] = info["mode"][done]
-    # same-step autoreset: where done, obs opens the next episode: no previous action / reward, and the state is zeroed
-    prev_action = np.where(done, -1, acted)
-    prev_reward = np.where(done, 0.0, reward)
-    carry["x"] = agent.build_input(
-        torch.as_tensor(obs, device=x.device),
-        torch.as_tensor(prev_action, device=x.device),
-        torch.as_tensor(prev_reward, device=x.device),
-        torch.as_tensor(info["mode"], device=x.device),
-    )
-    carry["start"] = done
-    carry["mode"] = info["mode"]
-    return step, outcome, episodes
-
-
-def collect_rollout(agent, envs, carry, num_steps, gamma, reward_scaler):
-    """Runs `num_steps` steps in every env. Returns the batch (tensors shaped (T, N, ...)), the GRU state it started
-    from, and the finished episodes as (return, length, mode, index of the rollout step it ended in)."""
-    initial_state = carry["state"].clone()
-    device = carry["state"].device
-    columns = {}
-    episodes = []
-    for t in range(num_steps):
-        step, (_, reward, terminated, truncated, info), ended = env_step(agent, envs, carry)
-        for episode in ended:
-            episodes.append((*episode, t))
-        if reward_scaler is not None:
-            scaled = reward_scaler(reward, terminated | truncated)
-        else:
-            scaled = reward.copy()
-        cut = np.flatnonzero(truncated & ~terminated)  # a time limit is no failure: bootstrap from the final observation
-        if len(cut):
-            final_x = agent.build_input(
-                torch.as_tensor(info["final_obs"][cut], device=device),
-                torch.as_tensor(step["actions"].cpu().numpy()[cut], device=device),
-                torch.as_tensor(reward[cut], device=device),
-                torch.as_tensor(info["final_mode"][cut], device=device),
-            )
-            with torch.no_grad():
-                final_value = agent.get_value(final_x[None], carry["state"][cut], torch.zeros(1, len(cut), device=device))[0]
-            scaled[cut] += gamma * final_value.cpu().numpy()
-        step["rewards"] = torch.as_tensor(scaled, dtype=torch.float32, device=device)
-        step["raw_rewards"] = torch.as_tensor(reward, dtype=torch.float32, device=device)
-        for key, value in step.items():
-            columns.setdefault(key, []).append(value)
-    batch = {key: torch.stack(column) for key, column in columns.items()}
-    return batch, initial_state, episodes
-
-
 # ADVANTAGES (GAE)
 def compute_gae(rewards, values, starts, next_value, next_start, gamma, gae_lambda):
     """GAE over (T, N) tensors. starts[t] = 1 where step t opens an episode, so step t-1 ended one and must not bootstrap
@@ -642,19 +542,6 @@ def ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args
 
 
 # LOGGING
-def log_episodes(writer, episodes, global_step, num_envs, recent, recent_by_mode):
-    """charts/episodic_return, _length and (for the modes in recent_by_mode, none for an env without modes) _mode{k} of
-    each finished episode, at the global step where it ended."""
-    for ep_return, ep_length, ep_mode, ep_end in episodes:
-        recent.append(ep_return)
-        end_step = global_step + (ep_end + 1) * num_envs
-        writer.add_scalar("charts/episodic_return", ep_return, end_step)
-        writer.add_scalar("charts/episodic_length", ep_length, end_step)
-        if ep_mode in recent_by_mode:
-            recent_by_mode[ep_mode].append(ep_return)
-            writer.add_scalar(f"charts/episodic_return_mode{ep_mode}", ep_return, end_step)
-
-
 def mmer_due(previous_step, global_step, final):
     """Whether MMER is sampled after the update that took the run from previous_step to global_step: it crossed a multiple
     of MMER_EVERY steps, or it is the run's last."""
@@ -722,8 +609,8 @@ def evaluate(model_path, episodes_per_mode=10, modes=None, deterministic=True, s
         returns[k] = np.array([episode_return for episode_return, _, _ in episodes])
         if video_dir is not None:
             env = NonStationaryCartPole(1, modes, train_args.hide_velocity, fixed_mode=k, mode_names=mode_names)
-            carry = new_carry(env, agent, seed, device)
-            cartpole.record_video(env, functools.partial(video_step, agent, env, carry), video_dir, f"mode{k}")
+            play = functools.partial(first_episodes, agent, env, seed, True)
+            cartpole.record_video(env, play, video_dir, f"mode{k}")
     probes = {}
     latent = ACTION_LATENT[train_args.modes_preset]
     if latent is not None:
@@ -732,28 +619,52 @@ def evaluate(model_path, episodes_per_mode=10, modes=None, deterministic=True, s
     return {"returns": returns, "probes": probes}
 
 
-def first_episodes(agent, envs, seed, deterministic):
+def first_episodes(agent, envs, seed, deterministic, before_step=None):
     """The first episode of every environment of `envs`, as (return, length, mode), and the GRU state after each of its
-    steps with the step's age in its episode ({"hidden": (T, N, H), "ages": (T, N), -1 once the first episode ended})."""
-    carry = new_carry(envs, agent, seed, next(agent.parameters()).device)
-    first = [None] * envs.num_envs
+    steps with the step's age in its episode ({"hidden": (T, N, H), "ages": (T, N), -1 once the first episode ended}).
+    `before_step()`, when given, runs before every step (the video draws a frame)."""
+    device = next(agent.parameters()).device
+    n = envs.num_envs
+    obs, info = envs.reset(seed=seed)
+    x = agent.build_input(
+        torch.as_tensor(obs, device=device),
+        torch.as_tensor(np.full(n, -1), device=device),
+        torch.as_tensor(np.zeros(n), device=device),
+        torch.as_tensor(info["mode"], device=device),
+    )
+    start = torch.ones(n, device=device)
+    state = torch.zeros(n, agent.hidden_size, device=device)
+    episode_mode = info["mode"].copy()
+    episode_return = np.zeros(n)
+    episode_length = np.zeros(n, dtype=int)
+    first = [None] * n
     hidden = []
     ages = []
     while any(episode is None for episode in first):
+        if before_step is not None:
+            before_step()
         running = np.array([episode is None for episode in first])
-        ages.append(np.where(running, carry["episode_length"], -1))
-        _, (_, _, terminated, truncated, _), ended = env_step(agent, envs, carry, deterministic)
-        hidden.append(carry["state"].cpu().numpy())
-        for i, episode in zip(np.flatnonzero(terminated | truncated), ended):
-            if first[i] is None:
-                first[i] = episode
+        ages.append(np.where(running, episode_length, -1))
+        with torch.no_grad():
+            action, _, _, _, state = agent.get_action_and_value(x[None], state, start[None], deterministic=deterministic)
+        hidden.append(state.cpu().numpy())
+        acted = action[0].cpu().numpy()
+        obs, reward, terminated, truncated, info = envs.step(acted)
+        done = terminated | truncated
+        episode_return = episode_return + reward
+        episode_length = episode_length + 1
+        for i in np.flatnonzero(done & running):
+            first[i] = (float(episode_return[i]), int(episode_length[i]), int(episode_mode[i]))
+        prev_action = np.where(done, -1, acted)
+        prev_reward = np.where(done, 0.0, reward)
+        x = agent.build_input(
+            torch.as_tensor(obs, device=device),
+            torch.as_tensor(prev_action, device=device),
+            torch.as_tensor(prev_reward, device=device),
+            torch.as_tensor(info["mode"], device=device),
+        )
+        start = torch.as_tensor(done, dtype=torch.float32, device=device)
     return first, {"hidden": np.stack(hidden), "ages": np.stack(ages)}
-
-
-def video_step(agent, env, carry):
-    """One deterministic step of the agent in `env`; the episodes that ended."""
-    _, _, ended = env_step(agent, env, carry, deterministic=True)
-    return ended
 
 
 def env_returns(agent, env_id, episodes, seed, deterministic):
@@ -913,31 +824,108 @@ if __name__ == "__main__":
     reward_scaler = None
     if args.norm_reward:
         reward_scaler = RewardScaler(args.num_envs, args.gamma)
-    carry = new_carry(envs, agent, args.seed, device)
     recent = deque(maxlen=100)
     recent_by_mode = {k: deque(maxlen=100) for k in range(len(modes))}
     mmer = float("-inf")
+
+    # storage of one rollout, (T, N, ...)
+    inputs = torch.zeros((args.num_steps, args.num_envs, agent.input_dim), device=device)
+    starts = torch.zeros((args.num_steps, args.num_envs), device=device)
+    actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
+    logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
+    rewards = torch.zeros((args.num_steps, args.num_envs), device=device)
+    values = torch.zeros((args.num_steps, args.num_envs), device=device)
+
     global_step = 0
     start_time = time.time()
+    next_obs, info = envs.reset(seed=args.seed)
+    # the agent's input: the observation, the previous action and reward (none, -1 and 0, where an episode starts)
+    next_x = agent.build_input(
+        torch.as_tensor(next_obs, device=device),
+        torch.as_tensor(np.full(args.num_envs, -1), device=device),
+        torch.as_tensor(np.zeros(args.num_envs), device=device),
+        torch.as_tensor(info["mode"], device=device),
+    )
+    next_start = torch.ones(args.num_envs, device=device)
+    next_state = torch.zeros(args.num_envs, args.hidden_size, device=device)
+    episode_mode = info["mode"].copy()
+    episode_return = np.zeros(args.num_envs)
+    episode_length = np.zeros(args.num_envs, dtype=int)
     for iteration in range(1, args.num_iterations + 1):
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / args.num_iterations
             optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
         # ROLLOUT
-        batch, initial_state, episodes = collect_rollout(agent, envs, carry, args.num_steps, args.gamma, reward_scaler)
-        log_episodes(writer, episodes, global_step, args.num_envs, recent, recent_by_mode)
-        global_step += args.batch_size
+        initial_state = next_state.clone()  # the update replays each sequence from it
+        for step in range(args.num_steps):
+            global_step += args.num_envs
+            inputs[step] = next_x
+            starts[step] = next_start
+            with torch.no_grad():
+                action, logprob, _, value, next_state = agent.get_action_and_value(next_x[None], next_state, next_start[None])
+            actions[step] = action[0]
+            logprobs[step] = logprob[0]
+            values[step] = value[0]
+            acted = action[0].cpu().numpy()
+            next_obs, reward, terminated, truncated, info = envs.step(acted)
+            done = terminated | truncated
+            if reward_scaler is not None:
+                scaled = reward_scaler(reward, done)
+            else:
+                scaled = reward.copy()
+            cut = np.flatnonzero(truncated & ~terminated)  # a time limit is no failure: bootstrap from the final observation
+            if len(cut):
+                final_x = agent.build_input(
+                    torch.as_tensor(info["final_obs"][cut], device=device),
+                    torch.as_tensor(acted[cut], device=device),
+                    torch.as_tensor(reward[cut], device=device),
+                    torch.as_tensor(info["final_mode"][cut], device=device),
+                )
+                with torch.no_grad():
+                    final_value = agent.get_value(final_x[None], next_state[cut], torch.zeros(1, len(cut), device=device))[0]
+                scaled[cut] += args.gamma * final_value.cpu().numpy()
+            rewards[step] = torch.as_tensor(scaled, dtype=torch.float32, device=device)
+
+            episode_return = episode_return + reward
+            episode_length = episode_length + 1
+            for i in np.flatnonzero(done):
+                ep_return = float(episode_return[i])
+                ep_mode = int(episode_mode[i])
+                recent.append(ep_return)
+                writer.add_scalar("charts/episodic_return", ep_return, global_step)
+                writer.add_scalar("charts/episodic_length", int(episode_length[i]), global_step)
+                if ep_mode in recent_by_mode:  # none for an env without modes
+                    recent_by_mode[ep_mode].append(ep_return)
+                    writer.add_scalar(f"charts/episodic_return_mode{ep_mode}", ep_return, global_step)
+            episode_return[done] = 0.0
+            episode_length[done] = 0
+            episode_mode[done] = info["mode"][done]
+            # same-step autoreset: where done, next_obs opens the next episode: no previous action / reward, a zeroed state
+            prev_action = np.where(done, -1, acted)
+            prev_reward = np.where(done, 0.0, reward)
+            next_x = agent.build_input(
+                torch.as_tensor(next_obs, device=device),
+                torch.as_tensor(prev_action, device=device),
+                torch.as_tensor(prev_reward, device=device),
+                torch.as_tensor(info["mode"], device=device),
+            )
+            next_start = torch.as_tensor(done, dtype=torch.float32, device=device)
 
         # ADVANTAGES (GAE)
         with torch.no_grad():
-            next_start = torch.as_tensor(carry["start"], dtype=torch.float32, device=device)
-            next_value = agent.get_value(carry["x"][None], carry["state"], next_start[None])[0]
-            advantages, returns = compute_gae(
-                batch["rewards"], batch["values"], batch["starts"], next_value, next_start, args.gamma, args.gae_lambda
-            )
+            next_value = agent.get_value(next_x[None], next_state, next_start[None])[0]
+            advantages, returns = compute_gae(rewards, values, starts, next_value, next_start, args.gamma, args.gae_lambda)
 
         # UPDATE
+        batch = {
+            "inputs": inputs,
+            "starts": starts,
+            "actions": actions,
+            "logprobs": logprobs,
+            "rewards": rewards,
+            "values": values,
+        }
         stats = ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args)
 
         # LOGGING

@@ -379,20 +379,21 @@ def plot_slot_heatmap(slot_weights, path, title, modes, held_out):
     plt.close(fig)
 
 
-def record_video(env, step, video_dir, name):
-    """One episode of the single, freshly reset env `env`, drawn by gymnasium's CartPole renderer into
-    video_dir/{name}-episode-0.mp4; `step()` advances the agent and env by one step and returns the ended episodes."""
+def record_video(env, play, video_dir, name):
+    """One episode of the single env `env`, drawn by gymnasium's CartPole renderer into video_dir/{name}-episode-0.mp4;
+    `play(before_step)` resets the env, plays its first episode and calls before_step() before every step."""
     import gymnasium as gym
     from gymnasium.utils.save_video import save_video
 
     renderer = gym.make("CartPole-v1", render_mode="rgb_array").unwrapped
-    renderer.length = env.half_length[env.mode[0]]
-    renderer.state = env.state[0]
     frames = []
-    ended = []
-    while not ended:
+
+    def draw():
+        renderer.length = env.half_length[env.mode[0]]
+        renderer.state = env.state[0]
         frames.append(renderer.render())
-        ended = step()
-        renderer.state = env.last_state[0]
+
+    play(draw)
+    renderer.state = env.last_state[0]  # the episode's last state: env.state already holds the next episode's first
     frames.append(renderer.render())
     save_video(frames, video_dir, fps=50, name_prefix=name)

@@ -12,6 +12,7 @@ import pytest
 import torch
 import tyro
 from helpers import assert_one_line_error, load_json, logged_scalars, only_run_dir, run_script
+from ppo_gru_main import given, run_main
 
 import cleanrl_astral.ppo_gru_astral as ppo_gru_astral
 import cleanrl_astral.ppo_gru_baseline as ppo_gru_baseline
@@ -33,19 +34,26 @@ TINY = [
 ]
 
 
-def rollout(memory="gru", oracle=False, num_envs=8, num_steps=64, seed=0, K=3, gumbel_tau=None):
-    """Two real rollouts with an untrained agent whose gate is sharpened, so slot weights differ clearly between states;
-    the second starts from a non-zero GRU state and crosses several episode boundaries."""
-    torch.manual_seed(seed)
-    modes = ppo_gru_astral.MODE_PRESETS["seed3"]
-    envs = ppo_gru_astral.NonStationaryCartPole(num_envs, modes)
-    agent = ppo_gru_astral.Agent(4, 2, len(modes), 32, memory, oracle, num_abstractions=K, slot_dim=8, gumbel_tau=gumbel_tau)
+def sharpened_agent(*args, **kwargs):
+    """The agent of agent_from_args with its gate sharpened, so slot weights differ clearly between states."""
+    agent = ppo_gru_astral.agent_from_args(*args, **kwargs)
     with torch.no_grad():
         agent.bank.gate[-1].weight.mul_(300.0)
-    carry = ppo_gru_astral.new_carry(envs, agent, seed, "cpu")
-    for _ in range(2):
-        batch, initial_state, episodes = ppo_gru_astral.collect_rollout(agent, envs, carry, num_steps, 0.99, None)
-    return agent, batch, initial_state, episodes
+    return agent
+
+
+def rollout(memory="gru", oracle=False, num_envs=8, num_steps=64, seed=0, K=3, gumbel_tau=None):
+    """The second rollout of a two-rollout training run with a sharpened gate, as its update received it, with the agent
+    that acted it (trained once): it starts from a non-zero GRU state and crosses several episode boundaries. Rewards
+    are not rescaled. A Rollout: (agent, batch, initial_state, episodes)."""
+    flags = ["--memory", memory, "--num-envs", num_envs, "--num-steps", num_steps, "--hidden-size", 32, "--seed", seed]
+    flags += ["--total-timesteps", 2 * num_envs * num_steps, "--num-minibatches", 2, "--update-epochs", 2, "--no-norm-reward"]
+    flags += ["--num-abstractions", K, "--slot-dim", 8]
+    if oracle:
+        flags.append("--oracle")
+    if gumbel_tau is not None:
+        flags += ["--hard-gate", "--gumbel-tau", gumbel_tau]
+    return run_main(ppo_gru_astral, *flags, agent_from_args=sharpened_agent).rollouts[-1]
 
 
 def update_args(**overrides):
@@ -381,10 +389,9 @@ def test_truncated_episodes_are_bootstrapped_and_logged():
     """With a 5-step limit no CartPole episode can fail, so every episode is a truncation: 2 envs x 12 steps finish 4
     episodes of return 5, at steps 4 and 9, whose last rewards are bootstrapped and whose envs restart right after."""
     envs = ppo_gru_astral.NonStationaryCartPole(2, [(9.8, 0.5, 1.0)], max_episode_steps=5)
-    torch.manual_seed(0)
-    agent = ppo_gru_astral.Agent(4, 2, 1, 16, num_abstractions=3, slot_dim=8)
-    carry = ppo_gru_astral.new_carry(envs, agent, 0, "cpu")
-    batch, _, episodes = ppo_gru_astral.collect_rollout(agent, envs, carry, 12, 0.99, None)
+    flags = ["--num-envs", 2, "--num-steps", 12, "--total-timesteps", 24, "--num-minibatches", 1, "--hidden-size", 16]
+    run = run_main(ppo_gru_astral, *flags, "--slot-dim", 8, "--no-norm-reward", NonStationaryCartPole=given(envs))
+    _, batch, _, episodes = run.rollouts[0]
     assert torch.all(batch["rewards"][[4, 9]] != 1.0) and torch.all(batch["starts"][[5, 10]] == 1.0)
     assert sorted(episodes) == [(5.0, 5, 0, 4)] * 2 + [(5.0, 5, 0, 9)] * 2
 

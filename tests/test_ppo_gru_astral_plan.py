@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn as nn
 from helpers import only_run_dir, run_script
+from ppo_gru_main import run_main
 
 import cleanrl_astral.ppo_gru_astral as ppo_gru_astral
 import cleanrl_astral.ppo_gru_baseline as ppo_gru_baseline
@@ -146,14 +147,10 @@ def test_plan_design_keeps_the_recurrent_replay_which_the_plans_zero_state_steps
     """The plan's update re-runs the GRU from a zero state on shuffled single steps; under --design plan the script still
     replays whole sequences from the rollout's saved state, so the first minibatch's ratio is 1 (to float rounding). The
     plan's procedure on the same batch gives other log-probabilities."""
-    torch.manual_seed(0)
-    modes = ppo_gru_astral.MODE_PRESETS["seed3"]
-    envs = ppo_gru_astral.NonStationaryCartPole(8, modes)
     args = ppo_gru_astral.Args(design="plan", **ppo_gru_astral.PLAN_CONFIG)
-    agent = ppo_gru_astral.agent_from_args(args, len(modes))
-    carry = ppo_gru_astral.new_carry(envs, agent, 0, "cpu")
-    for _ in range(2):  # the second rollout starts from a non-zero state
-        batch, initial_state, _ = ppo_gru_astral.collect_rollout(agent, envs, carry, 128, 0.99, None)
+    # the second rollout of a plan-design run starts from a non-zero state
+    run = run_main(ppo_gru_astral, "--design", "plan", "--num-envs", 8, "--total-timesteps", 2 * 8 * 128, "--seed", 0)
+    agent, batch, initial_state, _ = run.rollouts[-1]
     advantages, returns = ppo_gru_astral.compute_gae(
         batch["rewards"], batch["values"], batch["starts"], torch.zeros(8), torch.zeros(8), 0.99, 0.95
     )

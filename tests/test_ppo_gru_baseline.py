@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import SCRIPT_ENV, assert_one_line_error, load_json, logged_scalars, only_run_dir, run_script
+from ppo_gru_main import given, run_main
 
 import cleanrl_astral.ppo_gru_baseline as ppo_gru_baseline
 from cleanrl_astral_utils import cartpole
@@ -16,17 +17,17 @@ from cleanrl_astral_utils import cartpole
 TINY = ["--num-envs", "4", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "2", "--hidden-size", "16"]
 
 
-def rollout(memory="gru", oracle=False, hide_velocity=False, num_envs=8, num_steps=64, seed=0, envs=None):
-    """Two real rollouts with an untrained agent; the second starts from a non-zero GRU state and crosses several
-    episode boundaries (random CartPole episodes last ~20 steps)."""
-    torch.manual_seed(seed)
-    modes = ppo_gru_baseline.MODE_PRESETS["seed3"]
-    envs = envs or ppo_gru_baseline.NonStationaryCartPole(num_envs, modes, hide_velocity)
-    agent = ppo_gru_baseline.Agent(2 if hide_velocity else 4, 2, len(modes), 32, memory, oracle)
-    carry = ppo_gru_baseline.new_carry(envs, agent, seed, "cpu")
-    for _ in range(2):
-        batch, initial_state, episodes = ppo_gru_baseline.collect_rollout(agent, envs, carry, num_steps, 0.99, None)
-    return agent, batch, initial_state, episodes
+def rollout(memory="gru", oracle=False, hide_velocity=False, num_envs=8, num_steps=64, seed=0):
+    """The second rollout of a two-rollout training run, as its update received it, with the agent that acted it (trained
+    once): it starts from a non-zero GRU state and crosses several episode boundaries (random CartPole episodes last ~20
+    steps). Rewards are not rescaled. A Rollout: (agent, batch, initial_state, episodes)."""
+    flags = ["--memory", memory, "--num-envs", num_envs, "--num-steps", num_steps, "--hidden-size", 32, "--seed", seed]
+    flags += ["--total-timesteps", 2 * num_envs * num_steps, "--num-minibatches", 2, "--update-epochs", 2, "--no-norm-reward"]
+    if oracle:
+        flags.append("--oracle")
+    if hide_velocity:
+        flags.append("--hide-velocity")
+    return run_main(ppo_gru_baseline, *flags).rollouts[-1]
 
 
 def zero_state_step(agent, inputs):
@@ -161,14 +162,22 @@ def test_modes_are_drawn_per_episode_switched_by_switch_prob_and_pinned_by_fixed
 def test_balanced_share_gives_every_training_mode_the_same_share_of_steps():
     """--mode-share balanced pins env i to training mode i mod M, whatever the episode lengths: the inverted mode's
     ~20-step episodes get as many steps as the upright modes' 500-step ones; a held-out mode none."""
-    agent = ppo_gru_baseline.Agent(4, 2, 4, 16)
+
+    class StepModes(ppo_gru_baseline.NonStationaryCartPole):
+        """Keeps the mode that governs each step."""
+
+        def step(self, action):
+            self.step_modes.append(self.mode.copy())
+            return super().step(action)
+
+    flags = ["--modes-preset", "inverted4", "--num-envs", 12, "--num-steps", 64, "--total-timesteps", 12 * 64]
     for held_out, training in (((), [0, 1, 2, 3]), ((1,), [0, 2, 3])):
-        envs = ppo_gru_baseline.NonStationaryCartPole(
-            12, ppo_gru_baseline.MODE_PRESETS["inverted4"], held_out=held_out, mode_share="balanced"
+        envs = StepModes(12, ppo_gru_baseline.MODE_PRESETS["inverted4"], held_out=held_out, mode_share="balanced")
+        envs.step_modes = []
+        episodes = (
+            run_main(ppo_gru_baseline, *flags, "--hidden-size", 16, NonStationaryCartPole=given(envs)).rollouts[0].episodes
         )
-        carry = ppo_gru_baseline.new_carry(envs, agent, 0, "cpu")
-        batch, _, episodes = ppo_gru_baseline.collect_rollout(agent, envs, carry, 64, 0.99, None)
-        counts = np.bincount(batch["modes"].flatten().numpy(), minlength=4)
+        counts = np.bincount(np.concatenate(envs.step_modes), minlength=4)
         assert [k for k in range(4) if counts[k]] == training and len(set(counts[training])) == 1, counts
         assert counts.sum() == 12 * 64 and {mode for _, _, mode, _ in episodes} == set(training)
 
@@ -297,8 +306,9 @@ def test_unroll_equals_stepping_the_gru_module_with_resets():
 def test_no_autoreset_transition_enters_the_batch():
     agent, batch, _, episodes = rollout("gru")
     obs = batch["inputs"][..., :4]
-    # every stored transition is a real CartPole step: reward 1, and never a terminal observation
-    assert torch.all(batch["raw_rewards"] == 1.0)
+    # every stored transition is a real CartPole step: reward 1 (no reset step of reward 0; no time limit is reached in
+    # two rollouts, so nothing is bootstrapped), and never a terminal observation
+    assert torch.all(batch["rewards"] == 1.0)
     assert obs[..., 0].abs().max() <= 2.4 and obs[..., 2].abs().max() <= 0.2095
     # first observations are fresh resets (CartPole samples them in [-0.05, 0.05])
     assert obs[batch["starts"].bool()].abs().max() <= 0.05
@@ -321,11 +331,11 @@ def test_truncation_bootstraps_from_the_final_observation_and_is_logged():
     final observation recomputed independently on gymnasium's CartPole, and it reaches the episode log. With a 5-step
     limit, 2 envs x 12 steps finish 4 episodes of return 5, at steps 4 and 9."""
     envs = ppo_gru_baseline.NonStationaryCartPole(2, [(9.8, 0.5, 1.0)], max_episode_steps=5)
-    torch.manual_seed(0)
-    agent = ppo_gru_baseline.Agent(4, 2, 1, 16)
-    carry = ppo_gru_baseline.new_carry(envs, agent, 3, "cpu")
+    envs.reset(seed=3)  # as the run resets it
     start_state = envs.state[0].copy()
-    batch, initial_state, episodes = ppo_gru_baseline.collect_rollout(agent, envs, carry, 12, 0.99, None)
+    flags = ["--seed", 3, "--num-envs", 2, "--num-steps", 12, "--total-timesteps", 24, "--num-minibatches", 1]
+    run = run_main(ppo_gru_baseline, *flags, "--hidden-size", 16, "--no-norm-reward", NonStationaryCartPole=given(envs))
+    agent, batch, initial_state, episodes = run.rollouts[0]
     assert sorted(episodes) == [(5.0, 5, 0, 4)] * 2 + [(5.0, 5, 0, 9)] * 2
     assert torch.all(batch["rewards"][[0, 1, 2, 3, 5, 6, 7, 8]] == 1.0) and torch.all(batch["starts"][[5, 10]] == 1.0)
     reference = gym.make("CartPole-v1").unwrapped

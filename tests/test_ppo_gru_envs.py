@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import REPO, SCRIPT_ENV, assert_one_line_error, load_json, logged_scalars, only_run_dir, run_script
+from ppo_gru_main import run_main
 
 import cleanrl_astral.ppo_gru_astral as ppo_gru_astral
 import cleanrl_astral.ppo_gru_baseline as ppo_gru_baseline
@@ -139,22 +140,26 @@ def test_the_vector_env_autoresets_in_the_same_step_and_keeps_the_final_observat
 
 
 @pytest.mark.parametrize("name", list(SCRIPTS))
-def test_a_truncated_gymnasium_episode_bootstraps_from_its_final_observation(name, monkeypatch):
-    """The rollout on StepCounter with a value function that reads the observation: the truncating step's reward is
-    1 + gamma * V(final observation) = 1 + gamma * EPISODE_STEPS; every other step's is 1 (no reset step with reward 0
-    enters the batch), and the step after the truncation opens an episode whose input shows observation 0."""
+def test_a_truncated_gymnasium_episode_bootstraps_from_its_final_observation(name):
+    """The rollout of a training run on StepCounter with a value function that reads the observation: the truncating
+    step's reward is 1 + gamma * V(final observation) = 1 + gamma * EPISODE_STEPS; every other step's is 1 (no reset
+    step with reward 0 enters the batch), and the step after the truncation opens an episode whose input shows
+    observation 0."""
     module = SCRIPTS[name]
     gamma = 0.9
-    envs = module.GymVectorEnv("EnvIdTestStepCounter-v0", 2)
-    torch.manual_seed(0)
-    agent = module.agent_from_args(module.Args(hidden_size=8), 0, module.env_spaces("EnvIdTestStepCounter-v0"))
 
     def value_is_the_observation(x, state, starts):
         return x[..., 0]
 
-    monkeypatch.setattr(agent, "get_value", value_is_the_observation)
-    carry = module.new_carry(envs, agent, 0, "cpu")
-    batch, _, episodes = module.collect_rollout(agent, envs, carry, 2 * EPISODE_STEPS, gamma, None)
+    def agent_reading_the_observation(*args, **kwargs):
+        agent = module.agent_from_args(*args, **kwargs)
+        agent.get_value = value_is_the_observation
+        return agent
+
+    flags = ["--env-id", "EnvIdTestStepCounter-v0", "--num-envs", 2, "--num-steps", 2 * EPISODE_STEPS, "--gamma", gamma]
+    flags += ["--total-timesteps", 4 * EPISODE_STEPS, "--num-minibatches", 1, "--hidden-size", 8, "--no-norm-reward"]
+    run = run_main(module, *flags, agent_from_args=agent_reading_the_observation)
+    _, batch, _, episodes = run.rollouts[0]
     expected = np.ones((2 * EPISODE_STEPS, 2))
     expected[[EPISODE_STEPS - 1, 2 * EPISODE_STEPS - 1]] += gamma * EPISODE_STEPS
     np.testing.assert_allclose(batch["rewards"].numpy(), expected, rtol=1e-6)
@@ -250,12 +255,25 @@ def test_mmer_is_the_max_over_samples_of_the_mean_of_the_last_100_episodes():
 
 
 def test_the_scripts_share_the_env_code_as_one_text():
+    """The env code, and the rollout's reward bookkeeping (scaling, the time-limit bootstrap, the episode log and the next
+    input), are the same text in both scripts."""
     import inspect
 
-    for name in ("EnvSpaces", "make_gym_env", "env_spaces", "env_action", "GymVectorEnv", "log_episodes", "mmer_due"):
+    for name in ("EnvSpaces", "make_gym_env", "env_spaces", "env_action", "GymVectorEnv", "mmer_due"):
         assert inspect.getsource(getattr(ppo_gru_baseline, name)) == inspect.getsource(getattr(ppo_gru_astral, name)), name
     for name in ("log_mmer", "env_returns"):
         assert inspect.getsource(getattr(ppo_gru_baseline, name)) == inspect.getsource(getattr(ppo_gru_astral, name)), name
+
+    def rollout_text(module, start, end):
+        source = inspect.getsource(module)
+        first = source.index(start)
+        return source[first : source.index(end, first)]
+
+    for start, end in (
+        ("            if reward_scaler is not None:\n", "            rewards[step] = "),
+        ("            episode_return = episode_return + reward\n", "            next_start = "),
+    ):
+        assert rollout_text(ppo_gru_baseline, start, end) == rollout_text(ppo_gru_astral, start, end), start
 
 
 # --- runs on CartPole-v1 ---------------------------------------------------------------------------------------------
