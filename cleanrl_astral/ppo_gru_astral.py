@@ -484,40 +484,35 @@ class ActionAndValue(NamedTuple):
 
 
 class Agent(nn.Module):
-    def __init__(
-        self,
-        obs_dim,
-        num_actions,
-        num_modes,
-        hidden_size=128,
-        memory="gru",
-        oracle=False,
-        num_abstractions=3,
-        slot_dim=32,
-        tau=1.0,
-        bottleneck=False,
-        orthonormal=False,
-        gumbel_tau=None,
-        design="script",
-        prev_reward=True,
-    ):
+    """ASTRAL's agent as `args` sets it (the Args fields hidden_size, memory, oracle, prev_reward, num_abstractions,
+    slot_dim, tau, slot_init, hard_gate, gumbel_tau, bottleneck and design), for observations of obs_dim, num_actions
+    actions and num_modes modes (the oracle's one-hot)."""
+
+    def __init__(self, args, obs_dim, num_actions, num_modes):
         super().__init__()
+        hidden_size = args.hidden_size
         self.obs_dim = obs_dim
         self.num_actions = num_actions
         self.num_modes = num_modes
-        self.memory = memory
-        self.oracle = oracle
-        self.bottleneck = bottleneck
-        self.prev_reward = prev_reward
-        self.input_dim = obs_dim + num_actions + int(prev_reward)
-        if oracle:
+        self.memory = args.memory
+        self.oracle = args.oracle
+        self.bottleneck = args.bottleneck
+        self.prev_reward = args.prev_reward
+        self.input_dim = obs_dim + num_actions + int(args.prev_reward)
+        if args.oracle:
             self.input_dim += num_modes
         self.hidden_size = hidden_size
-        if design == "plan":  # the plan's network: ReLU layers of width d, PyTorch's default initialisation
+        gumbel_tau = None
+        if args.hard_gate:
+            gumbel_tau = args.gumbel_tau
+        orthonormal = args.slot_init == "orthonormal"
+        if args.design == "plan":  # the plan's network: ReLU layers of width d, PyTorch's default initialisation
             self.encoder = nn.Sequential(nn.Linear(self.input_dim, hidden_size), nn.ReLU())
             self.gru = nn.GRUCell(hidden_size, hidden_size)
-            self.bank = AbstractionBank(hidden_size, num_abstractions, slot_dim, tau, orthonormal, gumbel_tau, "plan")
-            self.film = PlanFiLM(slot_dim, hidden_size)
+            self.bank = AbstractionBank(
+                hidden_size, args.num_abstractions, args.slot_dim, args.tau, orthonormal, gumbel_tau, "plan"
+            )
+            self.film = PlanFiLM(args.slot_dim, hidden_size)
             self.actor = nn.Sequential(nn.Linear(hidden_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, num_actions))
             self.critic = nn.Sequential(nn.Linear(hidden_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, 1))
         else:  # the script's network: tanh layers, heads 64 wide, CleanRL's layer_init, an orthogonal GRU with zero biases
@@ -528,8 +523,8 @@ class Agent(nn.Module):
                     nn.init.constant_(param, 0)
                 else:
                     nn.init.orthogonal_(param, 1.0)
-            self.bank = AbstractionBank(hidden_size, num_abstractions, slot_dim, tau, orthonormal, gumbel_tau)
-            self.film = FiLM(slot_dim, hidden_size)
+            self.bank = AbstractionBank(hidden_size, args.num_abstractions, args.slot_dim, args.tau, orthonormal, gumbel_tau)
+            self.film = FiLM(args.slot_dim, hidden_size)
             self.actor = nn.Sequential(
                 layer_init(nn.Linear(hidden_size, 64)),
                 nn.Tanh(),
@@ -605,25 +600,7 @@ def agent_from_args(args, num_modes, spaces=None):
     if spaces is not None:
         obs_dim = spaces.obs_dim
         num_actions = spaces.num_actions
-    gumbel_tau = None
-    if args.hard_gate:
-        gumbel_tau = args.gumbel_tau
-    return Agent(
-        obs_dim,
-        num_actions,
-        num_modes,
-        args.hidden_size,
-        args.memory,
-        args.oracle,
-        args.num_abstractions,
-        args.slot_dim,
-        args.tau,
-        args.bottleneck,
-        args.slot_init == "orthonormal",
-        gumbel_tau,
-        args.design,
-        args.prev_reward,
-    )
+    return Agent(args, obs_dim, num_actions, num_modes)
 
 
 # SLOT REGULARISERS
@@ -871,28 +848,23 @@ def episode_slot_metrics(weights, labels, starts, ages, num_labels):
     return {"episode_nmi": mutual_information(counts)[1], "gate_stability": (stable.sum() / keep.sum()).item()}
 
 
-def slot_usage(weights):
-    """usage_w{k}: slot k's mean gate weight over the (T, N, K) `weights`; the slots/ scalars of an env without modes."""
-    usage = {}
-    for k, w in enumerate(weights.flatten(0, 1).mean(0).tolist()):
-        usage[f"usage_w{k}"] = w
-    return usage
-
-
 def batch_slot_metrics(batch, num_modes, num_slots, latent, latent_of_mode):
     """What the slots/ scalars of one update report about the acted gate: usage overall (usage_w{k}) and per true mode
     (mode{m}_w{k}), step-level MI and NMI with the mode, and episode-level NMI with the mode and with the action latent;
     the usage alone for an env without modes (num_modes 0)."""
-    if not num_modes:
-        return slot_usage(batch["weights"])
     weights = batch["weights"].flatten(0, 1)
+    usage = {}
+    for k, w in enumerate(weights.mean(0).tolist()):
+        usage[f"usage_w{k}"] = w
+    if not num_modes:
+        return usage
     step_modes = batch["modes"].flatten()
     slots = episode_slot_metrics(batch["weights"], batch["modes"], batch["starts"], batch["ages"], num_modes)
     if latent is not None:
         labels = latent_of_mode[batch["modes"].long()]
         by_latent = episode_slot_metrics(batch["weights"], labels, batch["starts"], batch["ages"], 2)
         slots[f"episode_nmi_{latent}"] = by_latent["episode_nmi"]
-    slots.update(slot_usage(batch["weights"]))
+    slots.update(usage)
     for mode in step_modes.unique().tolist():
         for k, w in enumerate(weights[step_modes == mode].mean(0).tolist()):
             slots[f"mode{mode}_w{k}"] = w
@@ -923,22 +895,6 @@ def log_mmer(writer, mmer, recent, global_step):
     mmer = max(mmer, float(np.mean(recent)))
     writer.add_scalar("charts/mmer", mmer, global_step)
     return mmer
-
-
-def log_update(writer, stats, slots, learning_rate, sps, global_step):
-    """The learning rate, the losses (and losses/grad_norm_ppo), the replay checks under debug/, the slot terms, their
-    gradient norms and the slot metrics under slots/, and SPS."""
-    writer.add_scalar("charts/learning_rate", learning_rate, global_step)
-    for key, value in stats.items():
-        group = "slots"
-        if key in LOSS_TAGS or key == "grad_norm_ppo":
-            group = "losses"
-        elif key.startswith("first_minibatch"):
-            group = "debug"
-        writer.add_scalar(f"{group}/{key}", value, global_step)
-    for key, value in slots.items():
-        writer.add_scalar(f"slots/{key}", value, global_step)
-    writer.add_scalar("charts/SPS", sps, global_step)
 
 
 def print_progress(iteration, num_iterations, global_step, sps, recent, recent_by_mode, slots, latent):
@@ -1424,7 +1380,17 @@ if __name__ == "__main__":
         # LOGGING
         sps = int(global_step / (time.time() - start_time))
         slots = batch_slot_metrics(batch, len(modes), args.num_abstractions, latent, latent_of_mode)
-        log_update(writer, stats, slots, optimizer.param_groups[0]["lr"], sps, global_step)
+        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+        for key, value in stats.items():
+            group = "slots"  # the slot terms and their gradient norms
+            if key in LOSS_TAGS or key == "grad_norm_ppo":
+                group = "losses"
+            elif key.startswith("first_minibatch"):
+                group = "debug"
+            writer.add_scalar(f"{group}/{key}", value, global_step)
+        for key, value in slots.items():
+            writer.add_scalar(f"slots/{key}", value, global_step)
+        writer.add_scalar("charts/SPS", sps, global_step)
         if mmer_due(global_step - args.batch_size, global_step, iteration == args.num_iterations):
             mmer = log_mmer(writer, mmer, recent, global_step)
         if iteration % max(1, args.num_iterations // 50) == 0 or iteration == args.num_iterations:

@@ -341,40 +341,35 @@ class ActionAndValue(NamedTuple):
 
 
 class Agent(nn.Module):
-    def __init__(
-        self,
-        obs_dim,
-        num_actions,
-        num_modes,
-        hidden_size=128,
-        memory="gru",
-        oracle=False,
-        num_abstractions=3,
-        slot_dim=32,
-        tau=1.0,
-        bottleneck=False,
-        orthonormal=False,
-        gumbel_tau=None,
-        design="script",
-        prev_reward=True,
-    ):
+    """ASTRAL's agent as `args` sets it (the Args fields hidden_size, memory, oracle, prev_reward, num_abstractions,
+    slot_dim, tau, slot_init, hard_gate, gumbel_tau, bottleneck and design), for observations of obs_dim, num_actions
+    actions and num_modes modes (the oracle's one-hot)."""
+
+    def __init__(self, args, obs_dim, num_actions, num_modes):
         super().__init__()
+        hidden_size = args.hidden_size
         self.obs_dim = obs_dim
         self.num_actions = num_actions
         self.num_modes = num_modes
-        self.memory = memory
-        self.oracle = oracle
-        self.bottleneck = bottleneck
-        self.prev_reward = prev_reward
-        self.input_dim = obs_dim + num_actions + int(prev_reward)
-        if oracle:
+        self.memory = args.memory
+        self.oracle = args.oracle
+        self.bottleneck = args.bottleneck
+        self.prev_reward = args.prev_reward
+        self.input_dim = obs_dim + num_actions + int(args.prev_reward)
+        if args.oracle:
             self.input_dim += num_modes
         self.hidden_size = hidden_size
-        if design == "plan":  # the plan's network: ReLU layers of width d, PyTorch's default initialisation
+        gumbel_tau = None
+        if args.hard_gate:
+            gumbel_tau = args.gumbel_tau
+        orthonormal = args.slot_init == "orthonormal"
+        if args.design == "plan":  # the plan's network: ReLU layers of width d, PyTorch's default initialisation
             self.encoder = nn.Sequential(nn.Linear(self.input_dim, hidden_size), nn.ReLU())
             self.gru = nn.GRUCell(hidden_size, hidden_size)
-            self.bank = AbstractionBank(hidden_size, num_abstractions, slot_dim, tau, orthonormal, gumbel_tau, "plan")
-            self.film = PlanFiLM(slot_dim, hidden_size)
+            self.bank = AbstractionBank(
+                hidden_size, args.num_abstractions, args.slot_dim, args.tau, orthonormal, gumbel_tau, "plan"
+            )
+            self.film = PlanFiLM(args.slot_dim, hidden_size)
             self.actor = nn.Sequential(nn.Linear(hidden_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, num_actions))
             self.critic = nn.Sequential(nn.Linear(hidden_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, 1))
         else:  # the script's network: tanh layers, heads 64 wide, CleanRL's layer_init, an orthogonal GRU with zero biases
@@ -385,8 +380,8 @@ class Agent(nn.Module):
                     nn.init.constant_(param, 0)
                 else:
                     nn.init.orthogonal_(param, 1.0)
-            self.bank = AbstractionBank(hidden_size, num_abstractions, slot_dim, tau, orthonormal, gumbel_tau)
-            self.film = FiLM(slot_dim, hidden_size)
+            self.bank = AbstractionBank(hidden_size, args.num_abstractions, args.slot_dim, args.tau, orthonormal, gumbel_tau)
+            self.film = FiLM(args.slot_dim, hidden_size)
             self.actor = nn.Sequential(
                 layer_init(nn.Linear(hidden_size, 64)),
                 nn.Tanh(),
@@ -462,25 +457,7 @@ def agent_from_args(args, num_modes, spaces=None):
     if spaces is not None:
         obs_dim = spaces.obs_dim
         num_actions = spaces.num_actions
-    gumbel_tau = None
-    if args.hard_gate:
-        gumbel_tau = args.gumbel_tau
-    return Agent(
-        obs_dim,
-        num_actions,
-        num_modes,
-        args.hidden_size,
-        args.memory,
-        args.oracle,
-        args.num_abstractions,
-        args.slot_dim,
-        args.tau,
-        args.bottleneck,
-        args.slot_init == "orthonormal",
-        gumbel_tau,
-        args.design,
-        args.prev_reward,
-    )
+    return Agent(args, obs_dim, num_actions, num_modes)
 
 
 # THE CONTEXT CONTROL: a learnable bias c on the gate's logits, p = softmax((g(h) + c) / τ), zero as loaded

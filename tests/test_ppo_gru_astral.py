@@ -97,7 +97,7 @@ def test_shapes_and_gradient_reaches_every_parameter():
 
 def test_slot_init_scale_and_uniform_initial_gate():
     torch.manual_seed(0)
-    agent = ppo_gru_astral.Agent(4, 2, 3, 128, num_abstractions=64, slot_dim=64)
+    agent = ppo_gru_astral.Agent(ppo_gru_astral.Args(num_abstractions=64, slot_dim=64), 4, 2, 3)
     assert agent.bank.slots.std().item() == pytest.approx(0.02, rel=0.1)
     _, weights, *_ = agent.bank(torch.randn(10, 128))
     assert torch.allclose(weights, torch.full_like(weights, 1 / 64), atol=2e-3)
@@ -105,7 +105,7 @@ def test_slot_init_scale_and_uniform_initial_gate():
 
 def test_heads_see_only_the_film_modulated_state():
     torch.manual_seed(0)
-    agent = ppo_gru_astral.Agent(4, 2, 3, 16, num_abstractions=3, slot_dim=8)
+    agent = ppo_gru_astral.Agent(ppo_gru_astral.Args(hidden_size=16, num_abstractions=3, slot_dim=8), 4, 2, 3)
     with torch.no_grad():
         agent.bank.slots.normal_()
     hidden = torch.randn(5, 16)
@@ -230,7 +230,7 @@ def test_unroll_equals_stepping_the_gru_module_with_resets():
     """unroll calls torch.gru_cell on the module's weights directly; it must equal nn.GRUCell step by step, with the
     state zeroed exactly where starts = 1 (random biases, so swapped ih/hh weights or biases would show)."""
     torch.manual_seed(0)
-    agent = ppo_gru_astral.Agent(4, 2, 3, 16)
+    agent = ppo_gru_astral.Agent(ppo_gru_astral.Args(hidden_size=16), 4, 2, 3)
     with torch.no_grad():
         for p in agent.gru.parameters():
             p.normal_()
@@ -604,7 +604,7 @@ def test_target_kl_stops_the_update_after_the_epoch_that_exceeds_it():
     target, the first epoch's second minibatch already sees a moved policy, so only that epoch's 2 Adam steps are
     taken (of 2 minibatches x 4 epochs = 8); without a target, or with a huge one, all 8 are."""
     torch.manual_seed(0)
-    agent = ppo_gru_astral.Agent(4, 2, 3, 16, num_abstractions=3, slot_dim=8)
+    agent = ppo_gru_astral.Agent(ppo_gru_astral.Args(hidden_size=16, num_abstractions=3, slot_dim=8), 4, 2, 3)
     batch, initial_state, adv, ret = synthetic_batch(agent)
     steps = {}
     for target_kl in (None, 1e-8, 1e3):
@@ -622,7 +622,7 @@ def test_the_gradient_norm_diagnostic_changes_nothing_but_what_is_logged():
     """--diagnostics-every skips the per-term gradient norms (one extra backward pass per term) on most updates: with or
     without them, the update takes the same steps to the same parameters and reports the same losses."""
     torch.manual_seed(0)
-    agent = ppo_gru_astral.Agent(4, 2, 3, 16, num_abstractions=3, slot_dim=8)
+    agent = ppo_gru_astral.Agent(ppo_gru_astral.Args(hidden_size=16, num_abstractions=3, slot_dim=8), 4, 2, 3)
     batch, initial_state, adv, ret = synthetic_batch(agent)
     trained = {}
     stats = {}
@@ -666,7 +666,7 @@ def test_slot_regularisers_enter_the_loss_with_their_sign_and_lambda(term, flag,
     batch["weights"] would each change that difference; and the logged grad norm of the term is the norm of exactly
     that difference."""
     torch.manual_seed(0)
-    agent = ppo_gru_astral.Agent(4, 2, 3, 16, num_abstractions=3, slot_dim=8, gumbel_tau=0.5 if hard_gate else None)
+    agent = ppo_gru_astral.Agent(ppo_gru_astral.Args(hidden_size=16, slot_dim=8, hard_gate=hard_gate, gumbel_tau=0.5), 4, 2, 3)
     with torch.no_grad():
         agent.bank.gate[-1].weight.mul_(30.0)  # a gate far from uniform, where the entropies have a gradient
         agent.bank.slots.normal_()  # slots far from orthogonal

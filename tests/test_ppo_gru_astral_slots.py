@@ -42,7 +42,7 @@ def test_bottleneck_lets_memory_reach_the_heads_only_through_the_gate():
     w = torch.eye(3)[[0, 1, 2, 0, 1]][None]
     states = torch.randn(5, 16), torch.randn(5, 16)
     for bottleneck in (True, False):
-        agent = ppo_gru_astral.Agent(4, 2, 3, 16, num_abstractions=3, slot_dim=8, bottleneck=bottleneck)
+        agent = ppo_gru_astral.Agent(ppo_gru_astral.Args(hidden_size=16, slot_dim=8, bottleneck=bottleneck), 4, 2, 3)
         with torch.no_grad():
             agent.bank.slots.normal_()
         out = [agent.get_action_and_value(x, s, starts, action=torch.zeros(1, 5, dtype=torch.long), weights=w) for s in states]
@@ -50,7 +50,7 @@ def test_bottleneck_lets_memory_reach_the_heads_only_through_the_gate():
         same = torch.allclose(out[0][1], out[1][1]) and torch.allclose(out[0][3], out[1][3])
         assert same == bottleneck
     state = torch.randn(5, 16, requires_grad=True)
-    agent = ppo_gru_astral.Agent(4, 2, 3, 16, num_abstractions=3, slot_dim=8, bottleneck=True)
+    agent = ppo_gru_astral.Agent(ppo_gru_astral.Args(hidden_size=16, slot_dim=8, bottleneck=True), 4, 2, 3)
     with torch.no_grad():
         agent.bank.slots.normal_()
     modulated, *_ = agent(x, state, starts)
@@ -113,7 +113,7 @@ def test_hard_gate_is_one_hot_and_only_the_chosen_slot_gets_gradient():
 
 def test_deterministic_acting_uses_the_noiseless_hard_gate():
     torch.manual_seed(0)
-    agent = ppo_gru_astral.Agent(4, 2, 3, 16, num_abstractions=3, slot_dim=8, gumbel_tau=1.0)
+    agent = ppo_gru_astral.Agent(ppo_gru_astral.Args(hidden_size=16, slot_dim=8, hard_gate=True, gumbel_tau=1.0), 4, 2, 3)
     x = torch.randn(1, 64, agent.input_dim)
     state = torch.randn(64, 16)
     starts = torch.zeros(1, 64)

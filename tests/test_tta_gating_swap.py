@@ -21,7 +21,7 @@ def toy_agent(policy_reads_gate, gate_reads_sign=True):
     the sign's modes on slot 0 (force +1) or slot 1 (force -1), z = w0 - w1 = the sign; its actor pushes towards the lean,
     times z when `policy_reads_gate` (balancing every mode with the learned gate), else times 1 (the gate never reaches the
     actor: only force +1 balances, whatever the gate). `gate_reads_sign=False` makes the gate uniform."""
-    agent = tta_gating.Agent(4, 2, 5, hidden_size=4, oracle=True, num_abstractions=2, slot_dim=1)
+    agent = tta_gating.Agent(ppo_gru_astral.Args(hidden_size=4, oracle=True, num_abstractions=2, slot_dim=1), 4, 2, 5)
     with torch.no_grad():
         for param in agent.parameters():
             param.zero_()
