@@ -569,7 +569,7 @@ def test_each_epoch_visits_every_env_exactly_once():
 
 
 def synthetic_batch(agent, T=6, N=4, seed=0):
-    """A batch as collect_rollout returns it, acted by `agent` on random inputs (episodes restart mid-rollout),
+    """A batch as the rollout stores it, acted by `agent` on random inputs (episodes restart mid-rollout),
     with random advantages and returns: (batch, initial_state, advantages, returns)."""
     gen = torch.Generator().manual_seed(seed)
     inputs = torch.randn(T, N, agent.input_dim, generator=gen)
