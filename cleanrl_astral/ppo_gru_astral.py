@@ -830,28 +830,12 @@ def mutual_information(counts):
     return mi, mi / h_mode
 
 
-def episode_slot_metrics(weights, labels, starts, ages, num_labels):
-    """Episode-level NMI (one sample per episode: its majority label, the true mode or the action latent, against the
-    argmax of its mean gate past burn-in) and gate stability (the share of those steps whose argmax slot is the
-    episode's)."""
-    means, episode, keep = episode_means(weights, starts, ages)
-    if not len(means):
-        return {"episode_nmi": float("nan"), "gate_stability": float("nan")}
-    one_hot = nn.functional.one_hot(labels.long(), num_labels).float()
-    episode_label = episode_means(one_hot, starts, ages)[0].argmax(-1)
-    slot = means.argmax(-1)
-    num_slots = weights.shape[-1]
-    stable = (weights.reshape(-1, num_slots)[keep].argmax(-1) == slot[episode]).float()
-    counts = np.histogram2d(
-        episode_label.cpu().numpy(), slot.cpu().numpy(), (num_labels, num_slots), ((0, num_labels), (0, num_slots))
-    )[0]
-    return {"episode_nmi": mutual_information(counts)[1], "gate_stability": (stable.sum() / keep.sum()).item()}
-
-
 def batch_slot_metrics(batch, num_modes, num_slots, latent, latent_of_mode):
     """What the slots/ scalars of one update report about the acted gate: usage overall (usage_w{k}) and per true mode
-    (mode{m}_w{k}), step-level MI and NMI with the mode, and episode-level NMI with the mode and with the action latent;
-    the usage alone for an env without modes (num_modes 0)."""
+    (mode{m}_w{k}), step-level MI and NMI with the mode, episode-level NMI with the mode (and with the action latent,
+    given its name and each mode's label) and gate stability; the usage alone for an env without modes (num_modes 0).
+    Episode level: one sample per episode, its majority label against the argmax of its mean gate past burn-in;
+    stability is the share of those steps whose argmax slot is the episode's (NaN where no episode is past burn-in)."""
     weights = batch["weights"].flatten(0, 1)
     usage = {}
     for k, w in enumerate(weights.mean(0).tolist()):
@@ -859,11 +843,25 @@ def batch_slot_metrics(batch, num_modes, num_slots, latent, latent_of_mode):
     if not num_modes:
         return usage
     step_modes = batch["modes"].flatten()
-    slots = episode_slot_metrics(batch["weights"], batch["modes"], batch["starts"], batch["ages"], num_modes)
+    labels_of = {"episode_nmi": (batch["modes"], num_modes)}
     if latent is not None:
-        labels = latent_of_mode[batch["modes"].long()]
-        by_latent = episode_slot_metrics(batch["weights"], labels, batch["starts"], batch["ages"], 2)
-        slots[f"episode_nmi_{latent}"] = by_latent["episode_nmi"]
+        labels_of[f"episode_nmi_{latent}"] = (latent_of_mode[batch["modes"].long()], 2)
+    means, episode, keep = episode_means(batch["weights"], batch["starts"], batch["ages"])
+    slot = means.argmax(-1)
+    slots = {}
+    for key, (labels, num_labels) in labels_of.items():
+        slots[key] = float("nan")
+        if len(means):
+            one_hot = nn.functional.one_hot(labels.long(), num_labels).float()
+            episode_label = episode_means(one_hot, batch["starts"], batch["ages"])[0].argmax(-1)
+            counts = np.histogram2d(
+                episode_label.cpu().numpy(), slot.cpu().numpy(), (num_labels, num_slots), ((0, num_labels), (0, num_slots))
+            )[0]
+            slots[key] = mutual_information(counts)[1]
+    slots["gate_stability"] = float("nan")
+    if len(means):
+        stable = (weights[keep].argmax(-1) == slot[episode]).float()
+        slots["gate_stability"] = (stable.sum() / keep.sum()).item()
     slots.update(usage)
     for mode in step_modes.unique().tolist():
         for k, w in enumerate(weights[step_modes == mode].mean(0).tolist()):
@@ -988,11 +986,13 @@ def evaluation_slot_metrics(steps, held_out, num_modes, latent, labels):
             padding_value = -1
         trained = [c[key] for k, c in enumerate(steps) if k not in held_out]
         batch[key] = nn.utils.rnn.pad_sequence(trained, padding_value=padding_value).flatten(1, 2)
-    metrics = episode_slot_metrics(batch["weights"], batch["modes"], batch["starts"], batch["ages"], num_modes)
+    latent_of_mode = None
     if latent is not None:
-        step_labels = torch.as_tensor(labels, device=batch["modes"].device)[batch["modes"].long()]
-        by_latent = episode_slot_metrics(batch["weights"], step_labels, batch["starts"], batch["ages"], 2)
-        metrics[f"episode_nmi_{latent}"] = by_latent["episode_nmi"]
+        latent_of_mode = torch.as_tensor(labels, device=batch["modes"].device)
+    slots = batch_slot_metrics(batch, num_modes, batch["weights"].shape[-1], latent, latent_of_mode)
+    metrics = {"episode_nmi": slots["episode_nmi"], "gate_stability": slots["gate_stability"]}
+    if latent is not None:
+        metrics[f"episode_nmi_{latent}"] = slots[f"episode_nmi_{latent}"]
     _, episode, keep = episode_means(batch["weights"], batch["starts"], batch["ages"])
     features = {
         "w": batch["weights"].flatten(0, 1)[keep].cpu().numpy(),

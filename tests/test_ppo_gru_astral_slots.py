@@ -165,22 +165,32 @@ def test_supervised_gate_loss_is_the_cross_entropy_to_the_true_mode_past_burn_in
 # --- episode-level metrics and probes ---------------------------------------------------------------------
 
 
+def episode_slot_metrics(probs, modes, starts, ages, num_modes, latent=None, latent_of_mode=None):
+    """The episode-level entries of batch_slot_metrics for one (T, 1) column."""
+    batch = {"weights": probs, "modes": modes, "starts": starts, "ages": ages}
+    slots = ppo_gru_astral.batch_slot_metrics(batch, num_modes, probs.shape[-1], latent, latent_of_mode)
+    return {key: value for key, value in slots.items() if key.startswith("episode_nmi") or key == "gate_stability"}
+
+
 def test_episode_nmi_and_stability():
     probs, starts, ages = episodes_batch([0, 1, 2, 0, 1, 2])
     modes = torch.tensor([0, 1, 2, 0, 1, 2]).repeat_interleave(B + 5)[:, None]
-    metrics = ppo_gru_astral.episode_slot_metrics(probs, modes, starts, ages, 3)
+    metrics = episode_slot_metrics(probs, modes, starts, ages, 3)
     assert metrics == {"episode_nmi": pytest.approx(1.0), "gate_stability": pytest.approx(1.0)}
     # burn-in steps are skipped: wrong slots there change nothing
     early = probs.clone()
     early[ages[:, 0] < B] = torch.eye(4)[3]
-    assert ppo_gru_astral.episode_slot_metrics(early, modes, starts, ages, 3) == metrics
+    assert episode_slot_metrics(early, modes, starts, ages, 3) == metrics
     # one slot for every mode: no information
-    same = ppo_gru_astral.episode_slot_metrics(episodes_batch([1] * 6)[0], modes, starts, ages, 3)
+    same = episode_slot_metrics(episodes_batch([1] * 6)[0], modes, starts, ages, 3)
     assert same["episode_nmi"] == pytest.approx(0.0, abs=1e-9) and same["gate_stability"] == pytest.approx(1.0)
     # one sample per episode whatever its length: a long episode weighs as much as a short one
     unstable = probs.clone()
     unstable[(ages[:, 0] >= B) & (ages[:, 0] % 2 == 0)] = torch.eye(4)[3]
-    assert ppo_gru_astral.episode_slot_metrics(unstable, modes, starts, ages, 3)["gate_stability"] < 0.7
+    assert episode_slot_metrics(unstable, modes, starts, ages, 3)["gate_stability"] < 0.7
+    # no episode past its burn-in: nothing to score
+    short = episode_slot_metrics(probs[: B - 1], modes[: B - 1], starts[: B - 1], ages[: B - 1], 3)
+    assert np.isnan(short["episode_nmi"]) and np.isnan(short["gate_stability"])
 
 
 def test_a_clean_sign_split_scores_sign_nmi_one_and_mode_nmi_exactly_one_half_on_mirror4():
@@ -194,15 +204,13 @@ def test_a_clean_sign_split_scores_sign_nmi_one_and_mode_nmi_exactly_one_half_on
     mode_of_step = torch.tensor(episode_modes).repeat_interleave(B + 5)[:, None]
     for slot_of_mode, mode_nmi in (([0, 1, 0, 1], 0.5), ([0, 1, 2, 3], 1.0)):
         probs, starts, ages = episodes_batch([slot_of_mode[k] for k in episode_modes])
-        by_mode = ppo_gru_astral.episode_slot_metrics(probs, mode_of_step, starts, ages, 5)
-        by_sign = ppo_gru_astral.episode_slot_metrics(probs, signs[mode_of_step], starts, ages, 2)
-        assert by_mode["episode_nmi"] == pytest.approx(mode_nmi, abs=1e-12)
-        assert by_sign["episode_nmi"] == pytest.approx(1.0, abs=1e-12)
+        metrics = episode_slot_metrics(probs, mode_of_step, starts, ages, 5, "force_sign", signs)
+        assert metrics["episode_nmi"] == pytest.approx(mode_nmi, abs=1e-12)
+        assert metrics["episode_nmi_force_sign"] == pytest.approx(1.0, abs=1e-12)
     # slots that ignore the sign (one slot for modes 0 and 1, another for 2 and 3) tell the physics, not the sign
     probs, starts, ages = episodes_batch([[0, 0, 1, 1][k] for k in episode_modes])
-    assert ppo_gru_astral.episode_slot_metrics(probs, signs[mode_of_step], starts, ages, 2)["episode_nmi"] == pytest.approx(
-        0.0, abs=1e-12
-    )
+    metrics = episode_slot_metrics(probs, mode_of_step, starts, ages, 5, "force_sign", signs)
+    assert metrics["episode_nmi_force_sign"] == pytest.approx(0.0, abs=1e-12)
 
 
 def test_the_logged_slot_metrics_report_the_action_latent_only_where_the_preset_has_one():
