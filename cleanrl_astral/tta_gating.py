@@ -653,8 +653,10 @@ class Adaptation(NamedTuple):
 
 
 def adaptation(ckpt, target, control, seed, args, reward_scale):
-    """A fresh copy of the checkpoint's agent adapted on `target` with `control`, --episodes episodes. The env and torch
-    seeds depend only on (target, seed): every control plays the same episodes until its parameters differ."""
+    """A fresh copy of the checkpoint's agent adapted on `target` with `control`: --episodes sampled episodes of one env,
+    each updated at its end (or every --online-every steps with --online); `none` acts identically but never updates.
+    The env and torch seeds depend only on (target, seed): every control plays the same episodes until its parameters
+    differ."""
     agent = agent_from_checkpoint(ckpt)
     anchor = copy.deepcopy(agent).requires_grad_(False)
     params = adapted_parameters(agent, control)
@@ -662,83 +664,73 @@ def adaptation(ckpt, target, control, seed, args, reward_scale):
     if params:
         optimizer = torch.optim.Adam(params, lr=args.adapt_lr)
     env = target_env(1, target, ckpt["args"]["hide_velocity"])
+    mode = np.full(1, target["index"])
     torch.manual_seed(seed)
     returns = []
     updates = 0
     for episode in range(args.episodes):
-        env_seed = 10_000 * seed + episode
-        episode_return, episode_updates = adaptation_episode(
-            agent, anchor, env, target["index"], env_seed, control, optimizer, args, reward_scale
-        )
-        returns.append(episode_return)
-        updates += episode_updates
-    return Adaptation(agent, returns, updates)
-
-
-def adaptation_episode(agent, anchor, env, mode, env_seed, control, optimizer, args, reward_scale):
-    """One sampled episode of the single env `env`, updating at its end (or every --online-every steps with --online).
-    `none` (optimizer None) acts identically but never updates. Returns the episode's return and update count."""
-    obs, _ = env.reset(seed=env_seed)
-    state = torch.zeros(1, agent.hidden_size)
-    anchor_state = torch.zeros(1, agent.hidden_size)
-    prev_action = np.full(1, -1)
-    prev_reward = np.zeros(1)
-    start = np.ones(1)
-    mode = np.full(1, mode)
-    segment = []
-    episode_return = 0.0
-    done = False
-    updates = 0
-    while not done:
-        # ROLLOUT
-        with torch.set_grad_enabled(optimizer is not None):
-            step = policy_step(agent, obs, prev_action, prev_reward, mode, state, start)
-        state = step.state
-        anchor_logits = None
-        if control == "tent":  # the anchor on the same inputs, its hard gate (if any) with the same draw
-            with torch.no_grad():
-                anchor_step = policy_step(anchor, obs, prev_action, prev_reward, mode, anchor_state, start, noise=step.noise)
-            anchor_state = anchor_step.state
-            anchor_logits = anchor_step.dist.logits
-        action = step.dist.sample()
-        obs, prev_reward, terminated, truncated, info = env.step(action.numpy())
-        prev_action = action.numpy()
-        start = np.zeros(1)
-        done = bool(terminated[0] or truncated[0])
-        reward = float(prev_reward[0])
-        segment.append((step.dist.log_prob(action), step.value, step.dist.logits, step.probs, anchor_logits, reward))
-        episode_return += reward
-        if optimizer is None:
-            continue
-        if not done and not (args.online and len(segment) == args.online_every):
-            continue
-
-        # UPDATE
-        logprobs, values, logits, gate_probs, anchor_logits, rewards = zip(*segment)
-        if control == "tent":
-            loss = tent_loss(torch.cat(logits), torch.cat(anchor_logits), torch.cat(gate_probs), args.tent_kl_coef)
-        elif args.online:
-            # a fallen pole has no future; a cut segment or a time-limit truncation continues: bootstrap from the value of
-            # the next observation (the ended episode's last one where the env already restarted)
-            bootstrap = 0.0
-            if not terminated[0]:
-                with torch.no_grad():
-                    bootstrap = float(
-                        policy_step(agent, info["final_obs"], prev_action, prev_reward, mode, state, start).value
-                    )
-            loss = actor_critic_loss(torch.cat(logprobs), torch.cat(values), rewards, bootstrap, args.gamma, reward_scale)
-        else:
-            loss = reinforce_loss(torch.cat(logprobs), rewards, args.gamma)
-        optimizer.zero_grad()
-        loss.backward()
-        nn.utils.clip_grad_norm_(optimizer.param_groups[0]["params"], args.max_grad_norm)
-        optimizer.step()
-        updates += 1
-        # truncated backpropagation: the next segment starts from a constant state
-        state = state.detach()
-        anchor_state = anchor_state.detach()
+        obs, _ = env.reset(seed=10_000 * seed + episode)
+        state = torch.zeros(1, agent.hidden_size)
+        anchor_state = torch.zeros(1, agent.hidden_size)
+        prev_action = np.full(1, -1)
+        prev_reward = np.zeros(1)
+        start = np.ones(1)
         segment = []
-    return episode_return, updates
+        episode_return = 0.0
+        done = False
+        while not done:
+            # ROLLOUT
+            with torch.set_grad_enabled(optimizer is not None):
+                step = policy_step(agent, obs, prev_action, prev_reward, mode, state, start)
+            state = step.state
+            anchor_logits = None
+            if control == "tent":  # the anchor on the same inputs, its hard gate (if any) with the same draw
+                with torch.no_grad():
+                    anchor_step = policy_step(
+                        anchor, obs, prev_action, prev_reward, mode, anchor_state, start, noise=step.noise
+                    )
+                anchor_state = anchor_step.state
+                anchor_logits = anchor_step.dist.logits
+            action = step.dist.sample()
+            obs, prev_reward, terminated, truncated, info = env.step(action.numpy())
+            prev_action = action.numpy()
+            start = np.zeros(1)
+            done = bool(terminated[0] or truncated[0])
+            reward = float(prev_reward[0])
+            segment.append((step.dist.log_prob(action), step.value, step.dist.logits, step.probs, anchor_logits, reward))
+            episode_return += reward
+            if optimizer is None:
+                continue
+            if not done and not (args.online and len(segment) == args.online_every):
+                continue
+
+            # UPDATE
+            logprobs, values, logits, gate_probs, anchor_logits, rewards = zip(*segment)
+            if control == "tent":
+                loss = tent_loss(torch.cat(logits), torch.cat(anchor_logits), torch.cat(gate_probs), args.tent_kl_coef)
+            elif args.online:
+                # a fallen pole has no future; a cut segment or a time-limit truncation continues: bootstrap from the value
+                # of the next observation (the ended episode's last one where the env already restarted)
+                bootstrap = 0.0
+                if not terminated[0]:
+                    with torch.no_grad():
+                        bootstrap = float(
+                            policy_step(agent, info["final_obs"], prev_action, prev_reward, mode, state, start).value
+                        )
+                loss = actor_critic_loss(torch.cat(logprobs), torch.cat(values), rewards, bootstrap, args.gamma, reward_scale)
+            else:
+                loss = reinforce_loss(torch.cat(logprobs), rewards, args.gamma)
+            optimizer.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(optimizer.param_groups[0]["params"], args.max_grad_norm)
+            optimizer.step()
+            updates += 1
+            # truncated backpropagation: the next segment starts from a constant state
+            state = state.detach()
+            anchor_state = anchor_state.detach()
+            segment = []
+        returns.append(episode_return)
+    return Adaptation(agent, returns, updates)
 
 
 # THE ADAPT SUBCOMMAND
@@ -780,7 +772,7 @@ def adapt(args, run, writer):
         for control in args.controls:
             entry = tta.new_control_entry()
             for i, (seed, eval_seed) in enumerate(zip(seeds, eval_seeds)):
-                # ROLLOUT and UPDATE: adaptation_episode, every episode
+                # ROLLOUT and UPDATE, every episode
                 adapted = adaptation(run.ckpt, target, control, seed, args, run.reward_scale)
                 after = gate_returns(
                     adapted.agent.eval(), target, hide_velocity, {"learned": None}, [eval_seed], args.eval_episodes

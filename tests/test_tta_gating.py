@@ -3,7 +3,6 @@ weights (both designs), every documented checkpoint loads, each control updates 
 losses of the right sign and bootstrap, the subcommands run end to end with the numbers their names say, and bad input
 fails with one line. The reports' arithmetic is tested in test_tta_reports.py."""
 
-import copy
 import dataclasses
 import glob
 import inspect
@@ -492,10 +491,10 @@ class OnlineEpisode(NamedTuple):
     """(action, reward, info) of each step"""
 
 
-def online_episode(checkpoint, monkeypatch, lr, env_seed, max_episode_steps=500):
-    """One --online --online-every 4 `gate` episode, its env and its actor-critic loss recorded."""
-    ckpt, agent = tta_gating.load_astral_checkpoint(checkpoint)
-    optimizer = torch.optim.Adam(tta_gating.adapted_parameters(agent, "gate"), lr=lr)
+def online_episode(checkpoint, monkeypatch, lr, max_episode_steps=500):
+    """One --online --online-every 4 `gate` adaptation episode (adaptation seed 0: env seed 0), its env and its
+    actor-critic loss recorded."""
+    ckpt, _ = tta_gating.load_astral_checkpoint(checkpoint)
     env = new_env(ckpt)
     env.max_episode_steps = max_episode_steps
     recorded = OnlineEpisode(0, [], [], [])
@@ -512,20 +511,22 @@ def online_episode(checkpoint, monkeypatch, lr, env_seed, max_episode_steps=500)
         recorded.calls.append((list(rewards), values.detach().clone(), bootstrap_value))
         return real_loss(logprobs, values, rewards, bootstrap_value, gamma, reward_scale)
 
+    def target_env(num_envs, target, hide_velocity):
+        return env
+
     monkeypatch.setattr(env, "step", step)
     monkeypatch.setattr(tta_gating, "actor_critic_loss", loss)
-    torch.manual_seed(0)
-    anchor = copy.deepcopy(agent).requires_grad_(False)
-    args = adapt_args(checkpoint, online=True, online_every=4)
-    _, updates = tta_gating.adaptation_episode(agent, anchor, env, 0, env_seed, "gate", optimizer, args, 1.0)
-    return recorded._replace(updates=updates)
+    monkeypatch.setattr(tta_gating, "target_env", target_env)
+    args = adapt_args(checkpoint, online=True, online_every=4, episodes=1, adapt_lr=lr)
+    adapted = tta_gating.adaptation(ckpt, target_of(ckpt), "gate", 0, args, 1.0)
+    return recorded._replace(updates=adapted.updates)
 
 
 def test_online_segments_have_online_every_steps_and_bootstrap_from_the_carried_state(checkpoint, monkeypatch):
     """Every segment but the last is --online-every steps, and its bootstrap is the critic's value of the next observation
     with the GRU state carried on: with lr 0 it equals the next segment's first value. If this failed, the cut were off by
     one, or the bootstrap came from a zeroed state (the value of a memoryless agent)."""
-    episode = online_episode(checkpoint, monkeypatch, 0.0, 3)
+    episode = online_episode(checkpoint, monkeypatch, 0.0)
     assert episode.updates == len(episode.calls) >= 3
     assert all(len(rewards) == 4 for rewards, _, _ in episode.calls[:-1])
     assert 1 <= len(episode.calls[-1][0]) <= 4
@@ -536,7 +537,7 @@ def test_online_segments_have_online_every_steps_and_bootstrap_from_the_carried_
 def test_online_does_not_bootstrap_past_the_pole_falling(checkpoint, monkeypatch):
     """A cut segment continues and bootstraps; the segment that ends with the pole falling has no future. If this failed,
     the last target added gamma * V(s_terminal), value that is never earned."""
-    episode = online_episode(checkpoint, monkeypatch, 0.05, 3)
+    episode = online_episode(checkpoint, monkeypatch, 0.05)
     assert episode.ends[-1] == (True, False), "the episode must end with the pole falling for this test to mean anything"
     assert episode.updates == len(episode.calls) >= 3
     assert all(bootstrap != 0.0 for _, _, bootstrap in episode.calls[:-1])
@@ -546,14 +547,15 @@ def test_online_does_not_bootstrap_past_the_pole_falling(checkpoint, monkeypatch
 def test_online_bootstraps_a_time_limit_truncation_from_the_final_observation(checkpoint, monkeypatch):
     """The env restarts in the step that truncates, so the returned observation opens the next episode; the bootstrap must
     be the critic's value of the ended episode's last observation (info["final_obs"]) with the GRU state carried on."""
-    episode = online_episode(checkpoint, monkeypatch, 0.0, 3, max_episode_steps=6)
+    episode = online_episode(checkpoint, monkeypatch, 0.0, max_episode_steps=6)
+    monkeypatch.undo()  # the replay below plays an env of its own
     assert episode.ends == [(False, False)] * 5 + [(False, True)]
     assert episode.updates == len(episode.calls) == 2
     assert len(episode.calls[-1][0]) == 2
     ckpt, agent = tta_gating.load_astral_checkpoint(checkpoint)
     env = new_env(ckpt)
     env.max_episode_steps = 6
-    obs, _ = env.reset(seed=3)
+    obs, _ = env.reset(seed=0)
     state = zeros_state(agent)
     prev_action = [-1]
     prev_reward = [0.0]
@@ -585,40 +587,46 @@ def recorded_tent_loss(monkeypatch):
     return calls
 
 
-def test_tent_anchor_is_the_unadapted_policy_on_the_same_inputs(checkpoint, monkeypatch):
-    """tent's KL anchor must be the unadapted agent fed the episode's observations, actions and rewards. If it were the
-    adapted agent itself, the KL term were 0 and entropy minimisation collapsed the policy unchecked."""
-    ckpt, anchor = tta_gating.load_astral_checkpoint(checkpoint)
-    anchor.requires_grad_(False)
-    agent = copy.deepcopy(anchor)
-    with torch.no_grad():  # an agent that has moved away from its anchor, as after some adaptation
-        for p in agent.actor.parameters():
-            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(0)))
-    optimizer = torch.optim.Adam(tta_gating.adapted_parameters(agent, "tent"), lr=0.05)
+def test_tent_anchor_is_the_unadapted_policy_on_the_same_inputs(checkpoint, tmp_path, monkeypatch):
+    """tent's KL anchor must be the unadapted agent fed the episode's observations, actions and rewards, checked in the
+    second adaptation episode, once the agent has moved away from it. If it were the adapted agent itself, the KL term
+    were 0 and entropy minimisation collapsed the policy unchecked."""
+    path = sharpened(checkpoint, tmp_path)
+    ckpt, unadapted = tta_gating.load_astral_checkpoint(path)
     env = new_env(ckpt)
     actions = []
     real_step = env.step
+    real_reset = env.reset
 
     def step(action):
         actions.append(int(action[0]))
         return real_step(action)
 
+    def reset(seed=None):
+        actions.clear()  # the last episode's actions only
+        return real_reset(seed)
+
+    def target_env(num_envs, target, hide_velocity):
+        return env
+
     monkeypatch.setattr(env, "step", step)
+    monkeypatch.setattr(env, "reset", reset)
+    monkeypatch.setattr(tta_gating, "target_env", target_env)
     calls = recorded_tent_loss(monkeypatch)
-    torch.manual_seed(0)
-    tta_gating.adaptation_episode(agent, anchor, env, 0, 5, "tent", optimizer, adapt_args(checkpoint), 1.0)
-    ((logits, anchor_logits, _),) = calls
+    tta_gating.adaptation(ckpt, target_of(ckpt), "tent", 1, adapt_args(path), 1.0)
+    (_, (logits, anchor_logits, _)) = calls
     assert len(actions) == len(anchor_logits) > 3
+    monkeypatch.undo()  # the replay plays an env of its own
     replay = new_env(ckpt)
-    obs, _ = replay.reset(seed=5)
-    state = zeros_state(anchor)
+    obs, _ = replay.reset(seed=10_000 * 1 + 1)  # adaptation seed 1, episode 1
+    state = zeros_state(unadapted)
     prev_action = -1
     prev_reward = 0.0
     start = 1.0
     expected = []
     with torch.no_grad():
         for action in actions:
-            step = tta_gating.policy_step(anchor, obs, [prev_action], [prev_reward], [0], state, [start])
+            step = tta_gating.policy_step(unadapted, obs, [prev_action], [prev_reward], [0], state, [start])
             state = step.state
             expected.append(step.dist.logits)
             obs, reward, _, _, _ = replay.step(np.array([action]))
@@ -626,8 +634,7 @@ def test_tent_anchor_is_the_unadapted_policy_on_the_same_inputs(checkpoint, monk
             prev_reward = float(reward[0])
             start = 0.0
     assert torch.allclose(anchor_logits, torch.cat(expected), atol=1e-6)
-    assert (logits - anchor_logits).abs().max() > 0.1  # the adapted policy is not its anchor
-    assert all(torch.equal(v, ckpt["state_dict"][k]) for k, v in anchor.state_dict().items() if k != "bank.context")
+    assert (logits - anchor_logits).abs().max() > 1e-3  # the adapted policy is not its anchor: 1000 times the tolerance
 
 
 def test_tent_anchor_stays_the_unadapted_policy_across_episodes(checkpoint, tmp_path, monkeypatch):
@@ -658,19 +665,22 @@ def test_adaptation_episodes_have_distinct_env_seeds_shared_by_every_control(che
     """Episode e of every control starts from the same env seed (the paired comparison), and a run's episodes differ.
     If this failed, every episode replayed one initial state, or the controls saw different episodes."""
     ckpt, _ = tta_gating.load_astral_checkpoint(checkpoint)
+    played = []
+    real_reset = tta_gating.NonStationaryCartPole.reset
+
+    def reset(env, seed=None):
+        played.append(seed)
+        return real_reset(env, seed)
+
+    monkeypatch.setattr(tta_gating.NonStationaryCartPole, "reset", reset)
     seeds = {}
-    real_episode = tta_gating.adaptation_episode
-
-    def episode(agent, anchor, env, mode, env_seed, control, *args):
-        seeds.setdefault(control, []).append(env_seed)
-        return real_episode(agent, anchor, env, mode, env_seed, control, *args)
-
-    monkeypatch.setattr(tta_gating, "adaptation_episode", episode)
     for control in tta_gating.CONTROLS:
+        first = len(played)
         tta_gating.adaptation(ckpt, target_of(ckpt, 1), control, 2, adapt_args(checkpoint, episodes=3), 1.0)
+        seeds[control] = played[first:]
     assert list(seeds) == list(tta_gating.CONTROLS)
     assert all(s == seeds["none"] for s in seeds.values())
-    assert len(set(seeds["none"])) == 3
+    assert len(set(seeds["none"])) == len(seeds["none"]) == 3
 
 
 # --- fixed gates -----------------------------------------------------------------------------------------------------
