@@ -459,6 +459,19 @@ def agent_from_args(args, num_modes, spaces=None):
     return Agent(obs_dim, num_actions, num_modes, args.hidden_size, args.memory, args.oracle, args.design, args.prev_reward)
 
 
+def next_input(agent, obs, action, reward, done, mode, device):
+    """The agent's input for the step after `action`. Same-step autoreset: where done, obs opens the next episode, so it
+    has no previous action (-1) and no previous reward (0)."""
+    prev_action = np.where(done, -1, action)
+    prev_reward = np.where(done, 0.0, reward)
+    return agent.build_input(
+        torch.as_tensor(obs, device=device),
+        torch.as_tensor(prev_action, device=device),
+        torch.as_tensor(prev_reward, device=device),
+        torch.as_tensor(mode, device=device),
+    )
+
+
 # ADVANTAGES (GAE)
 def compute_gae(rewards, values, starts, next_value, next_start, gamma, gae_lambda):
     """GAE over (T, N) tensors. starts[t] = 1 where step t opens an episode, so step t-1 ended one and must not bootstrap
@@ -655,14 +668,7 @@ def first_episodes(agent, envs, seed, deterministic, before_step=None):
         episode_length = episode_length + 1
         for i in np.flatnonzero(done & running):
             first[i] = (float(episode_return[i]), int(episode_length[i]), int(episode_mode[i]))
-        prev_action = np.where(done, -1, acted)
-        prev_reward = np.where(done, 0.0, reward)
-        x = agent.build_input(
-            torch.as_tensor(obs, device=device),
-            torch.as_tensor(prev_action, device=device),
-            torch.as_tensor(prev_reward, device=device),
-            torch.as_tensor(info["mode"], device=device),
-        )
+        x = next_input(agent, obs, acted, reward, done, info["mode"], device)
         start = torch.as_tensor(done, dtype=torch.float32, device=device)
     return first, {"hidden": np.stack(hidden), "ages": np.stack(ages)}
 
@@ -902,14 +908,7 @@ if __name__ == "__main__":
             episode_length[done] = 0
             episode_mode[done] = info["mode"][done]
             # same-step autoreset: where done, next_obs opens the next episode: no previous action / reward, a zeroed state
-            prev_action = np.where(done, -1, acted)
-            prev_reward = np.where(done, 0.0, reward)
-            next_x = agent.build_input(
-                torch.as_tensor(next_obs, device=device),
-                torch.as_tensor(prev_action, device=device),
-                torch.as_tensor(prev_reward, device=device),
-                torch.as_tensor(info["mode"], device=device),
-            )
+            next_x = next_input(agent, next_obs, acted, reward, done, info["mode"], device)
             next_start = torch.as_tensor(done, dtype=torch.float32, device=device)
 
         # ADVANTAGES (GAE)

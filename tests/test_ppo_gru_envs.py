@@ -261,7 +261,7 @@ def test_the_scripts_share_the_env_code_as_one_text():
 
     for name in ("EnvSpaces", "make_gym_env", "env_spaces", "env_action", "GymVectorEnv", "mmer_due"):
         assert inspect.getsource(getattr(ppo_gru_baseline, name)) == inspect.getsource(getattr(ppo_gru_astral, name)), name
-    for name in ("log_mmer", "env_returns"):
+    for name in ("log_mmer", "env_returns", "next_input"):
         assert inspect.getsource(getattr(ppo_gru_baseline, name)) == inspect.getsource(getattr(ppo_gru_astral, name)), name
 
     def rollout_text(module, start, end):
