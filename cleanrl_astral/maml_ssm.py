@@ -716,15 +716,14 @@ def inner_loss(model, params, batch):
     return -masked_mean(logp * batch["advantages"], batch["masks"])
 
 
-def policy_out(model, params, batch):
-    return functional_call(model, params, (batch["inputs"], batch["starts"], start_state(model, batch)))
-
-
-def start_state(model, batch):
-    """The state a batch's sequences start from: stored for replayed transitions, zero for fresh episodes."""
+def policy_out(model, params, batch, actions=None):
+    """The policy's output on a batch's sequences, from the state they start in: the stored one for replayed
+    transitions, zero for fresh episodes; next_obs only when `actions` are given."""
     if "state0" in batch:
-        return batch["state0"]
-    return model.initial_state(batch["masks"].shape[1])
+        state = batch["state0"]
+    else:
+        state = model.initial_state(batch["masks"].shape[1])
+    return functional_call(model, params, (batch["inputs"], batch["starts"], state), {"actions": actions})
 
 
 def masked_mean(x, masks):
@@ -937,105 +936,6 @@ def aux_update(model, tasks_data, args, aux_opt, monitor):
         d_losses.append(d_loss.item())
     aux_opt.step()
     return float(np.mean(v_losses)), float(np.mean(d_losses))
-
-
-class FeatureMonitor:
-    """EMA of training feature mean/variance; shift = mean |mu_test - mu_train| / sigma_train."""
-
-    def __init__(self, dim, decay=0.99, mean=None, var=None, count=0):
-        self.mean = mean
-        if mean is None:
-            self.mean = torch.zeros(dim)
-        self.var = var
-        if var is None:
-            self.var = torch.ones(dim)
-        self.decay = decay
-        self.count = count
-
-    def update(self, feats, masks):
-        f = feats[masks > 0].detach().float().cpu()
-        d = 0.0
-        if self.count:
-            d = self.decay
-        self.mean = d * self.mean + (1 - d) * f.mean(0)
-        self.var = d * self.var + (1 - d) * f.var(0, unbiased=False)
-        self.count += 1
-
-    def shift(self, feats, masks):
-        f = feats[masks > 0].detach().float().cpu()
-        return ((f.mean(0) - self.mean).abs() / torch.sqrt(self.var + 1e-6)).mean().item()
-
-
-# EXPERIENCE BUFFER
-class ExperienceBuffer:
-    """Ring buffer of meta-training transitions, with the policy input, advantage and recurrent state acted from;
-    saved with the checkpoint for `adapt --adaptation-mode hybrid`."""
-
-    FIELDS = ("obs", "inputs", "actions", "rewards", "next_obs", "dones", "advantages", "task_ids", "states")
-
-    def __init__(self, capacity, obs_dim, in_dim, act_dim, state_dim=0):
-        widths = dict(obs=(obs_dim,), inputs=(in_dim,), actions=(act_dim,), next_obs=(obs_dim,), states=(state_dim,))
-        dtypes = {"dones": torch.bool, "task_ids": torch.long}
-        self.data = {k: torch.zeros((capacity, *widths.get(k, ())), dtype=dtypes.get(k, torch.float32)) for k in self.FIELDS}
-        self.capacity = capacity
-        self.pos = 0
-        self.size = 0
-
-    def add(self, **items):
-        n = len(items["obs"])
-        # an oversized batch keeps its last `capacity` rows: repeated indices in an assignment have no defined winner
-        skip = max(n - self.capacity, 0)
-        idx = (self.pos + skip + torch.arange(n - skip)) % self.capacity
-        for k in self.FIELDS:
-            self.data[k][idx] = items[k][skip:].to(self.data[k].dtype)
-        self.pos = int((self.pos + n) % self.capacity)
-        self.size = min(self.size + n, self.capacity)
-
-    def __len__(self):
-        return self.size
-
-    def sample(self, batch_size, gen):
-        idx = torch.randint(0, self.size, (batch_size,), generator=gen)  # uniform; only the sampled rows are gathered
-        return take(self.data, idx)
-
-    def state_dict(self):
-        return {"capacity": self.capacity, "pos": self.pos, "size": self.size, "data": dict(self.data)}
-
-    @classmethod
-    def from_state_dict(cls, sd, state_dim):
-        d = sd["data"]
-        if "states" not in d or d["states"].shape[1] != state_dim:
-            raise ValueError(
-                f"the checkpoint's ExperienceBuffer does not store recurrent states of the model's width "
-                f"{state_dim}; retrain it to use hybrid"
-            )
-        buf = cls(sd["capacity"], d["obs"].shape[1], d["inputs"].shape[1], d["actions"].shape[1], state_dim)
-        buf.data = {k: d[k].clone() for k in cls.FIELDS}
-        buf.pos = sd["pos"]
-        buf.size = sd["size"]
-        return buf
-
-
-def make_buffer(args, model, env_cls):
-    """The ExperienceBuffer of this run's transitions (None with --buffer-size 0)."""
-    if args.buffer_size == 0:
-        return None
-    act_width = model.act_dim
-    if model.discrete:
-        act_width = 1
-    state_width = model.initial_state(1).shape[1]
-    return ExperienceBuffer(args.buffer_size, env_cls.obs_dim, model.encoder.in_features, act_width, state_width)
-
-
-def add_batch_to_buffer(buffer, batch, task_id):
-    """Valid steps of one task's episodes; done marks an episode's last step."""
-    m = batch["masks"] > 0
-    last = m & ~(torch.cat([batch["masks"][1:], torch.zeros_like(batch["masks"][:1])]) > 0)
-    buffer.add(
-        **{k: batch[k][m].cpu() for k in ("obs", "inputs", "actions", "rewards", "next_obs", "advantages", "states")},
-        dones=last[m].cpu(),
-        task_ids=torch.full((int(m.sum()),), task_id, dtype=torch.long),
-    )
 
 
 # META-TRAINING
@@ -1473,21 +1373,11 @@ class StandardAdapter:
             return self.ema
         return {k: v.detach() for k, v in self.params.items()}
 
-    def replay_batch(self):
-        return None
-
-    def loss(self, batch, replay=None):
-        """loss_current, the objective on the task's episodes; with a replayed batch (hybrid), plus experience_weight x
-        loss_experience, the same objective on the checkpoint's training transitions."""
-        # the registered strategy shapes each term (none; tent adds the policy's entropy)
-        strategy = STRATEGIES[self.aargs.strategy]
+    def loss(self, batch):
+        """loss_current: the objective on the task's own episodes, shaped by the registered strategy (none; tent adds
+        the policy's entropy)."""
         loss, out = objective_loss(self.model, self.params, batch, self.objective, self.aargs.max_importance_weight)
-        loss_current = strategy(loss, out, batch["masks"], self)
-        if replay is None or self.aargs.experience_weight == 0:
-            return loss_current
-        loss, out = objective_loss(self.model, self.params, replay, self.objective, self.aargs.max_importance_weight)
-        loss_experience = strategy(loss, out, replay["masks"], self)
-        return loss_current + self.aargs.experience_weight * loss_experience
+        return STRATEGIES[self.aargs.strategy](loss, out, batch["masks"], self)
 
     def drift(self):
         """Distance from the meta-learned theta_0, which the trust region bounds."""
@@ -1495,8 +1385,7 @@ class StandardAdapter:
 
     def step(self, batch):
         a = self.aargs
-        replay = self.replay_batch()  # hybrid: training transitions from the ExperienceBuffer; standard: none
-        loss = self.loss(batch, replay)
+        loss = self.loss(batch)
         leaves = [self.params[k] for k in self.names]
         grads = []
         for g, p in zip(torch.autograd.grad(loss, leaves, allow_unused=True), leaves):
@@ -1518,7 +1407,7 @@ class StandardAdapter:
                 for k in self.names:
                     self.ema[k] = a.ema_decay * self.ema[k] + (1 - a.ema_decay) * self.params[k].detach()
         with torch.enable_grad():
-            after = self.loss(batch, replay).item()
+            after = self.loss(batch).item()
         return {
             "loss_before": loss.item(),
             "loss_after": after,
@@ -1530,10 +1419,19 @@ class StandardAdapter:
 
 
 class HybridAdapter(StandardAdapter):
-    """Current-task loss + experience_weight x the same loss on replayed training transitions."""
+    """The standard adapter's guarded step on loss_current + experience_weight x loss_experience, loss_experience the
+    same objective on a batch of the checkpoint's training transitions, drawn once per step."""
 
-    def replay_batch(self):
-        return replay_as_batch(self.buffer.sample(self.aargs.experience_batch_size, self.replay_gen))
+    def step(self, batch):
+        self.replay = replay_as_batch(self.buffer.sample(self.aargs.experience_batch_size, self.replay_gen))
+        return super().step(batch)
+
+    def loss(self, batch):
+        loss_current = super().loss(batch)
+        if self.aargs.experience_weight == 0:
+            return loss_current
+        loss_experience = super().loss(self.replay)
+        return loss_current + self.aargs.experience_weight * loss_experience
 
 
 ADAPTERS = {"standard": StandardAdapter, "hybrid": HybridAdapter}
@@ -1551,10 +1449,10 @@ def objective_loss(model, params, batch, objective, max_importance_weight=10.0):
             log_ratio = torch.where(m > 0, logp.detach() - batch["behaviour_logp"], torch.zeros_like(logp))
             logp = logp * torch.exp(log_ratio).clamp(max=max_importance_weight)
         return -masked_mean(logp * batch["advantages"], m), out
-    inputs = batch["inputs"]
-    if objective == "dynamics" and model.in_context:
-        inputs = torch.cat([inputs[..., :-1], torch.zeros_like(inputs[..., -1:])], -1)
-    out = functional_call(model, params, (inputs, batch["starts"], start_state(model, batch)), {"actions": batch["actions"]})
+    if objective == "dynamics" and model.in_context:  # reward-free: the previous reward is zeroed in the input
+        inputs = batch["inputs"]
+        batch = {**batch, "inputs": torch.cat([inputs[..., :-1], torch.zeros_like(inputs[..., -1:])], -1)}
+    out = policy_out(model, params, batch, batch["actions"])
     if objective == "dynamics":
         return masked_mean(((out.next_obs - batch["next_obs"]) ** 2).mean(-1), m), out
     return masked_mean(entropy(out, model.discrete), m), out
@@ -1633,6 +1531,105 @@ def log_adaptation(writer, tag, step_logs, per_step, mon):
         log_scalars(writer, {tag + key: row[key] for key in keys}, i)
     for k, (r, row) in enumerate(zip(per_step, mon)):  # x axis: steps taken
         log_scalars(writer, {tag + key: v for key, v in {"return_after_steps": r.mean(), **row}.items()}, k)
+
+
+# PLUMBING: THE EXPERIENCE BUFFER AND THE FEATURE MONITOR THAT TRAIN FILLS
+class ExperienceBuffer:
+    """Ring buffer of meta-training transitions, with the policy input, advantage and recurrent state acted from;
+    saved with the checkpoint for `adapt --adaptation-mode hybrid`."""
+
+    FIELDS = ("obs", "inputs", "actions", "rewards", "next_obs", "dones", "advantages", "task_ids", "states")
+
+    def __init__(self, capacity, obs_dim, in_dim, act_dim, state_dim=0):
+        widths = dict(obs=(obs_dim,), inputs=(in_dim,), actions=(act_dim,), next_obs=(obs_dim,), states=(state_dim,))
+        dtypes = {"dones": torch.bool, "task_ids": torch.long}
+        self.data = {k: torch.zeros((capacity, *widths.get(k, ())), dtype=dtypes.get(k, torch.float32)) for k in self.FIELDS}
+        self.capacity = capacity
+        self.pos = 0
+        self.size = 0
+
+    def add(self, **items):
+        n = len(items["obs"])
+        # an oversized batch keeps its last `capacity` rows: repeated indices in an assignment have no defined winner
+        skip = max(n - self.capacity, 0)
+        idx = (self.pos + skip + torch.arange(n - skip)) % self.capacity
+        for k in self.FIELDS:
+            self.data[k][idx] = items[k][skip:].to(self.data[k].dtype)
+        self.pos = int((self.pos + n) % self.capacity)
+        self.size = min(self.size + n, self.capacity)
+
+    def __len__(self):
+        return self.size
+
+    def sample(self, batch_size, gen):
+        idx = torch.randint(0, self.size, (batch_size,), generator=gen)  # uniform; only the sampled rows are gathered
+        return take(self.data, idx)
+
+    def state_dict(self):
+        return {"capacity": self.capacity, "pos": self.pos, "size": self.size, "data": dict(self.data)}
+
+    @classmethod
+    def from_state_dict(cls, sd, state_dim):
+        d = sd["data"]
+        if "states" not in d or d["states"].shape[1] != state_dim:
+            raise ValueError(
+                f"the checkpoint's ExperienceBuffer does not store recurrent states of the model's width "
+                f"{state_dim}; retrain it to use hybrid"
+            )
+        buf = cls(sd["capacity"], d["obs"].shape[1], d["inputs"].shape[1], d["actions"].shape[1], state_dim)
+        buf.data = {k: d[k].clone() for k in cls.FIELDS}
+        buf.pos = sd["pos"]
+        buf.size = sd["size"]
+        return buf
+
+
+def make_buffer(args, model, env_cls):
+    """The ExperienceBuffer of this run's transitions (None with --buffer-size 0)."""
+    if args.buffer_size == 0:
+        return None
+    act_width = model.act_dim
+    if model.discrete:
+        act_width = 1
+    state_width = model.initial_state(1).shape[1]
+    return ExperienceBuffer(args.buffer_size, env_cls.obs_dim, model.encoder.in_features, act_width, state_width)
+
+
+def add_batch_to_buffer(buffer, batch, task_id):
+    """Valid steps of one task's episodes; done marks an episode's last step."""
+    m = batch["masks"] > 0
+    last = m & ~(torch.cat([batch["masks"][1:], torch.zeros_like(batch["masks"][:1])]) > 0)
+    buffer.add(
+        **{k: batch[k][m].cpu() for k in ("obs", "inputs", "actions", "rewards", "next_obs", "advantages", "states")},
+        dones=last[m].cpu(),
+        task_ids=torch.full((int(m.sum()),), task_id, dtype=torch.long),
+    )
+
+
+class FeatureMonitor:
+    """EMA of training feature mean/variance; shift = mean |mu_test - mu_train| / sigma_train."""
+
+    def __init__(self, dim, decay=0.99, mean=None, var=None, count=0):
+        self.mean = mean
+        if mean is None:
+            self.mean = torch.zeros(dim)
+        self.var = var
+        if var is None:
+            self.var = torch.ones(dim)
+        self.decay = decay
+        self.count = count
+
+    def update(self, feats, masks):
+        f = feats[masks > 0].detach().float().cpu()
+        d = 0.0
+        if self.count:
+            d = self.decay
+        self.mean = d * self.mean + (1 - d) * f.mean(0)
+        self.var = d * self.var + (1 - d) * f.var(0, unbiased=False)
+        self.count += 1
+
+    def shift(self, feats, masks):
+        f = feats[masks > 0].detach().float().cpu()
+        return ((f.mean(0) - self.mean).abs() / torch.sqrt(self.var + 1e-6)).mean().item()
 
 
 # PLUMBING: PARAMETER-COUNT MATCHING, THE RUN DIRECTORY, PROGRESS, CHECKPOINTS

@@ -702,15 +702,14 @@ def inner_loss(model, params, batch, estimator="reinforce"):
     return -masked_mean(torch.exp(logp - old_logp) * batch["advantages"], batch["masks"])
 
 
-def policy_out(model, params, batch):
-    return functional_call(model, params, (batch["inputs"], batch["starts"], start_state(model, batch)))
-
-
-def start_state(model, batch):
-    """The state a batch's sequences start from: stored for replayed transitions, zero for fresh episodes."""
+def policy_out(model, params, batch, actions=None):
+    """The policy's output on a batch's sequences, from the state they start in: the stored one for replayed
+    transitions, zero for fresh episodes; next_obs only when `actions` are given."""
     if "state0" in batch:
-        return batch["state0"]
-    return model.initial_state(batch["masks"].shape[1])
+        state = batch["state0"]
+    else:
+        state = model.initial_state(batch["masks"].shape[1])
+    return functional_call(model, params, (batch["inputs"], batch["starts"], state), {"actions": actions})
 
 
 def masked_mean(x, masks):
@@ -882,105 +881,6 @@ def aux_update(model, tasks_data, args, aux_opt, monitor):
         d_losses.append(d_loss.item())
     aux_opt.step()
     return float(np.mean(v_losses)), float(np.mean(d_losses))
-
-
-class FeatureMonitor:
-    """EMA of training feature mean/variance; shift = mean |mu_test - mu_train| / sigma_train."""
-
-    def __init__(self, dim, decay=0.99, mean=None, var=None, count=0):
-        self.mean = mean
-        if mean is None:
-            self.mean = torch.zeros(dim)
-        self.var = var
-        if var is None:
-            self.var = torch.ones(dim)
-        self.decay = decay
-        self.count = count
-
-    def update(self, feats, masks):
-        f = feats[masks > 0].detach().float().cpu()
-        d = 0.0
-        if self.count:
-            d = self.decay
-        self.mean = d * self.mean + (1 - d) * f.mean(0)
-        self.var = d * self.var + (1 - d) * f.var(0, unbiased=False)
-        self.count += 1
-
-    def shift(self, feats, masks):
-        f = feats[masks > 0].detach().float().cpu()
-        return ((f.mean(0) - self.mean).abs() / torch.sqrt(self.var + 1e-6)).mean().item()
-
-
-# EXPERIENCE BUFFER
-class ExperienceBuffer:
-    """Ring buffer of meta-training transitions, with the policy input, advantage and recurrent state acted from;
-    saved with the checkpoint for `adapt --adaptation-mode hybrid`."""
-
-    FIELDS = ("obs", "inputs", "actions", "rewards", "next_obs", "dones", "advantages", "task_ids", "states")
-
-    def __init__(self, capacity, obs_dim, in_dim, act_dim, state_dim=0):
-        widths = dict(obs=(obs_dim,), inputs=(in_dim,), actions=(act_dim,), next_obs=(obs_dim,), states=(state_dim,))
-        dtypes = {"dones": torch.bool, "task_ids": torch.long}
-        self.data = {k: torch.zeros((capacity, *widths.get(k, ())), dtype=dtypes.get(k, torch.float32)) for k in self.FIELDS}
-        self.capacity = capacity
-        self.pos = 0
-        self.size = 0
-
-    def add(self, **items):
-        n = len(items["obs"])
-        # an oversized batch keeps its last `capacity` rows: repeated indices in an assignment have no defined winner
-        skip = max(n - self.capacity, 0)
-        idx = (self.pos + skip + torch.arange(n - skip)) % self.capacity
-        for k in self.FIELDS:
-            self.data[k][idx] = items[k][skip:].to(self.data[k].dtype)
-        self.pos = int((self.pos + n) % self.capacity)
-        self.size = min(self.size + n, self.capacity)
-
-    def __len__(self):
-        return self.size
-
-    def sample(self, batch_size, gen):
-        idx = torch.randint(0, self.size, (batch_size,), generator=gen)  # uniform; only the sampled rows are gathered
-        return take(self.data, idx)
-
-    def state_dict(self):
-        return {"capacity": self.capacity, "pos": self.pos, "size": self.size, "data": dict(self.data)}
-
-    @classmethod
-    def from_state_dict(cls, sd, state_dim):
-        d = sd["data"]
-        if "states" not in d or d["states"].shape[1] != state_dim:
-            raise ValueError(
-                f"the checkpoint's ExperienceBuffer does not store recurrent states of the model's width "
-                f"{state_dim}; retrain it to use hybrid"
-            )
-        buf = cls(sd["capacity"], d["obs"].shape[1], d["inputs"].shape[1], d["actions"].shape[1], state_dim)
-        buf.data = {k: d[k].clone() for k in cls.FIELDS}
-        buf.pos = sd["pos"]
-        buf.size = sd["size"]
-        return buf
-
-
-def make_buffer(args, model, env_cls):
-    """The ExperienceBuffer of this run's transitions (None with --buffer-size 0)."""
-    if args.buffer_size == 0:
-        return None
-    act_width = model.act_dim
-    if model.discrete:
-        act_width = 1
-    state_width = model.initial_state(1).shape[1]
-    return ExperienceBuffer(args.buffer_size, env_cls.obs_dim, model.encoder.in_features, act_width, state_width)
-
-
-def add_batch_to_buffer(buffer, batch, task_id):
-    """Valid steps of one task's episodes; done marks an episode's last step."""
-    m = batch["masks"] > 0
-    last = m & ~(torch.cat([batch["masks"][1:], torch.zeros_like(batch["masks"][:1])]) > 0)
-    buffer.add(
-        **{k: batch[k][m].cpu() for k in ("obs", "inputs", "actions", "rewards", "next_obs", "advantages", "states")},
-        dones=last[m].cpu(),
-        task_ids=torch.full((int(m.sum()),), task_id, dtype=torch.long),
-    )
 
 
 # META-TRAINING
@@ -1197,6 +1097,105 @@ def load_checkpoint(path, also=()):
             f"{args.hidden_size}): {str(e).splitlines()[0]}"
         ) from e
     return model, args, ckpt
+
+
+# PLUMBING: THE EXPERIENCE BUFFER AND THE FEATURE MONITOR THAT TRAIN FILLS
+class ExperienceBuffer:
+    """Ring buffer of meta-training transitions, with the policy input, advantage and recurrent state acted from;
+    saved with the checkpoint for `adapt --adaptation-mode hybrid`."""
+
+    FIELDS = ("obs", "inputs", "actions", "rewards", "next_obs", "dones", "advantages", "task_ids", "states")
+
+    def __init__(self, capacity, obs_dim, in_dim, act_dim, state_dim=0):
+        widths = dict(obs=(obs_dim,), inputs=(in_dim,), actions=(act_dim,), next_obs=(obs_dim,), states=(state_dim,))
+        dtypes = {"dones": torch.bool, "task_ids": torch.long}
+        self.data = {k: torch.zeros((capacity, *widths.get(k, ())), dtype=dtypes.get(k, torch.float32)) for k in self.FIELDS}
+        self.capacity = capacity
+        self.pos = 0
+        self.size = 0
+
+    def add(self, **items):
+        n = len(items["obs"])
+        # an oversized batch keeps its last `capacity` rows: repeated indices in an assignment have no defined winner
+        skip = max(n - self.capacity, 0)
+        idx = (self.pos + skip + torch.arange(n - skip)) % self.capacity
+        for k in self.FIELDS:
+            self.data[k][idx] = items[k][skip:].to(self.data[k].dtype)
+        self.pos = int((self.pos + n) % self.capacity)
+        self.size = min(self.size + n, self.capacity)
+
+    def __len__(self):
+        return self.size
+
+    def sample(self, batch_size, gen):
+        idx = torch.randint(0, self.size, (batch_size,), generator=gen)  # uniform; only the sampled rows are gathered
+        return take(self.data, idx)
+
+    def state_dict(self):
+        return {"capacity": self.capacity, "pos": self.pos, "size": self.size, "data": dict(self.data)}
+
+    @classmethod
+    def from_state_dict(cls, sd, state_dim):
+        d = sd["data"]
+        if "states" not in d or d["states"].shape[1] != state_dim:
+            raise ValueError(
+                f"the checkpoint's ExperienceBuffer does not store recurrent states of the model's width "
+                f"{state_dim}; retrain it to use hybrid"
+            )
+        buf = cls(sd["capacity"], d["obs"].shape[1], d["inputs"].shape[1], d["actions"].shape[1], state_dim)
+        buf.data = {k: d[k].clone() for k in cls.FIELDS}
+        buf.pos = sd["pos"]
+        buf.size = sd["size"]
+        return buf
+
+
+def make_buffer(args, model, env_cls):
+    """The ExperienceBuffer of this run's transitions (None with --buffer-size 0)."""
+    if args.buffer_size == 0:
+        return None
+    act_width = model.act_dim
+    if model.discrete:
+        act_width = 1
+    state_width = model.initial_state(1).shape[1]
+    return ExperienceBuffer(args.buffer_size, env_cls.obs_dim, model.encoder.in_features, act_width, state_width)
+
+
+def add_batch_to_buffer(buffer, batch, task_id):
+    """Valid steps of one task's episodes; done marks an episode's last step."""
+    m = batch["masks"] > 0
+    last = m & ~(torch.cat([batch["masks"][1:], torch.zeros_like(batch["masks"][:1])]) > 0)
+    buffer.add(
+        **{k: batch[k][m].cpu() for k in ("obs", "inputs", "actions", "rewards", "next_obs", "advantages", "states")},
+        dones=last[m].cpu(),
+        task_ids=torch.full((int(m.sum()),), task_id, dtype=torch.long),
+    )
+
+
+class FeatureMonitor:
+    """EMA of training feature mean/variance; shift = mean |mu_test - mu_train| / sigma_train."""
+
+    def __init__(self, dim, decay=0.99, mean=None, var=None, count=0):
+        self.mean = mean
+        if mean is None:
+            self.mean = torch.zeros(dim)
+        self.var = var
+        if var is None:
+            self.var = torch.ones(dim)
+        self.decay = decay
+        self.count = count
+
+    def update(self, feats, masks):
+        f = feats[masks > 0].detach().float().cpu()
+        d = 0.0
+        if self.count:
+            d = self.decay
+        self.mean = d * self.mean + (1 - d) * f.mean(0)
+        self.var = d * self.var + (1 - d) * f.var(0, unbiased=False)
+        self.count += 1
+
+    def shift(self, feats, masks):
+        f = feats[masks > 0].detach().float().cpu()
+        return ((f.mean(0) - self.mean).abs() / torch.sqrt(self.var + 1e-6)).mean().item()
 
 
 # PLUMBING: PARAMETER-COUNT MATCHING, THE RUN DIRECTORY, PROGRESS, CHECKPOINTS

@@ -331,12 +331,14 @@ def test_hybrid_loss_is_current_plus_weighted_replay(objective):
     batch = data[0]["train"][0]
     std, _ = adapter(model, data, "standard", objective)
     hyb, _ = adapter(model, data, "hybrid", objective, experience_weight=0.3)
-    replay = hyb.replay_batch()
+    replay = maml_ssm.replay_as_batch(hyb.buffer.sample(hyb.aargs.experience_batch_size, hyb.replay_gen))
+    hyb.replay = replay
     cur, rep = std.loss(batch).item(), std.loss(replay).item()
-    assert hyb.loss(batch, replay).item() == pytest.approx(cur + 0.3 * rep, rel=1e-5)
+    assert hyb.loss(batch).item() == pytest.approx(cur + 0.3 * rep, rel=1e-5)
     assert abs(rep) > 1e-6
     zero, _ = adapter(model, data, "hybrid", objective, experience_weight=0.0)
-    assert zero.loss(batch, replay).item() == cur
+    zero.replay = replay
+    assert zero.loss(batch).item() == cur
 
 
 def test_hybrid_step_descends_the_current_plus_replayed_loss():
@@ -366,7 +368,8 @@ def test_hybrid_step_descends_the_current_plus_replayed_loss():
     diff = torch.cat([(hyb.params[k] - std.params[k]).detach().reshape(-1) for k in theta0])
     assert expected.norm() > 1e-3
     assert torch.allclose(diff, expected, atol=1e-5), (diff - expected).abs().max()
-    combined = hyb.loss(batch, replay).item()
+    assert all(torch.equal(hyb.replay[k], replay[k]) for k in replay)  # the batch the step drew
+    combined = hyb.loss(batch).item()
     assert info["loss_after"] == pytest.approx(combined, rel=1e-6)
     assert abs(combined - maml_ssm.StandardAdapter.loss(hyb, batch).item()) > 1e-4
 

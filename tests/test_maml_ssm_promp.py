@@ -59,7 +59,6 @@ SHARED = (
     "compute_advantages",
     "linear_baseline",
     "policy_out",
-    "start_state",
     "masked_mean",
     "detached_dist_params",
     "kl_divergence",
