@@ -1348,14 +1348,13 @@ def adapt_step(adapters, objective, args, step_logs, batch, online=False):
 
 
 class StandardAdapter:
-    """Guarded gradient steps on the task's objective from theta_0: clip, max step, trust region, optional EMA."""
+    """Guarded gradient steps on the task's objective from theta_0: clip, max step, trust region, optional EMA. It
+    replays nothing: `buffer` and `replay_gen` are the hybrid adapter's (every adapter is built with the same call)."""
 
     def __init__(self, model, theta0, aargs, objective, lr, buffer=None, replay_gen=None):
         self.model = model
         self.aargs = aargs
         self.objective = objective
-        self.buffer = buffer
-        self.replay_gen = replay_gen
         self.theta0 = clone_params(theta0)
         self.names = select_params(list(theta0), aargs.adapt_params)
         self.params = clone_params(theta0)
@@ -1421,6 +1420,11 @@ class StandardAdapter:
 class HybridAdapter(StandardAdapter):
     """The standard adapter's guarded step on loss_current + experience_weight x loss_experience, loss_experience the
     same objective on a batch of the checkpoint's training transitions, drawn once per step."""
+
+    def __init__(self, model, theta0, aargs, objective, lr, buffer=None, replay_gen=None):
+        super().__init__(model, theta0, aargs, objective, lr)
+        self.buffer = buffer
+        self.replay_gen = replay_gen
 
     def step(self, batch):
         self.replay = replay_as_batch(self.buffer.sample(self.aargs.experience_batch_size, self.replay_gen))
