@@ -1242,7 +1242,7 @@ def adapt_command(args: AdaptArgs):
 
 def run_adaptation(checkpoint, aargs, writer=None):
     """Returns on fresh test tasks after 0..K adaptation steps for every adapter x objective."""
-    from cleanrl_astral_utils.maml import mean_ci95_half_width, summarise
+    from cleanrl_astral_utils.maml import log_adaptation, mean_ci95_half_width, summarise
 
     model, args, ckpt = load_checkpoint(checkpoint, ADAPTS_CHECKPOINTS_OF)
     buffer = None
@@ -1527,14 +1527,6 @@ def monitor_stats(model, params, batch, monitor):
     if monitor is not None:
         stats["feature_shift"] = monitor.shift(out.feats, m)
     return stats
-
-
-def log_adaptation(writer, tag, step_logs, per_step, mon):
-    for i, row in enumerate(step_logs):  # x axis: adaptation step of any task
-        keys = ("loss_before", "loss_after", "grad_norm", "drift", "guard_fired")
-        log_scalars(writer, {tag + key: row[key] for key in keys}, i)
-    for k, (r, row) in enumerate(zip(per_step, mon)):  # x axis: steps taken
-        log_scalars(writer, {tag + key: v for key, v in {"return_after_steps": r.mean(), **row}.items()}, k)
 
 
 # PLUMBING: THE EXPERIENCE BUFFER AND THE FEATURE MONITOR THAT TRAIN FILLS

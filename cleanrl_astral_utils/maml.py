@@ -208,6 +208,17 @@ def write_adapt_report(result, stem):
     plot_returns(result["results"], stem + ".png", title, "adaptation steps", level=result["no_adaptation"]["return"])
 
 
+def log_adaptation(writer, tag, step_logs, per_step, mon):
+    """`adapt`'s TensorBoard scalars of one adapter x objective: each adaptation step's statistics (x axis: the step
+    of any task), then the return and monitor statistics after k steps (x axis: k)."""
+    for i, row in enumerate(step_logs):
+        for key in ("loss_before", "loss_after", "grad_norm", "drift", "guard_fired"):
+            writer.add_scalar(tag + key, float(row[key]), i)
+    for k, (r, row) in enumerate(zip(per_step, mon)):
+        for key, v in {"return_after_steps": r.mean(), **row}.items():
+            writer.add_scalar(tag + key, float(v), k)
+
+
 def plot_returns(curves, path, title, xlabel, level=None):
     """Mean return (95% CI) after 0..K steps, one line per entry of `curves`; `level` draws the no-adaptation line."""
     from matplotlib.figure import Figure  # no pyplot: no GUI backend and no global figure state
