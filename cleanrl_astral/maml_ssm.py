@@ -494,14 +494,11 @@ def sample_task_batches(model, params, task_params, args, gen, num_steps, inner_
     """Per task: fast batches sampled after 0..num_steps-1 inner steps, then the post-adaptation "val" batch."""
     K = len(task_params)
     env = make_env(args, task_params, args.fast_batch_size, gen)
-    # one copy of theta per task (a view), stacked along dim 0 as the adapted parameters are
-    task_p = {k: v.expand(K, *v.shape) for k, v in params.items()}
+    task_p = per_task(params, K)
     train_batches = [[] for _ in range(K)]
     returns = []
     for j in range(num_steps + 1):
-        batch = rollout(model, task_p, env, args.max_episode_steps)
-        per = batch["masks"].shape[1] // K  # rows grouped by task
-        parts = [{k: v[:, i * per : (i + 1) * per] for k, v in batch.items()} for i in range(K)]
+        parts = split_batch(rollout(model, task_p, env, args.max_episode_steps), K)  # rows grouped by task
         if args.fill_steps:
             parts = fill_to_steps(model, parts, task_p, task_params, args, gen)
         returns.append(torch.stack([(b["rewards"] * b["masks"]).sum(0).mean() for b in parts]))
@@ -517,10 +514,9 @@ def sample_task_batches(model, params, task_params, args, gen, num_steps, inner_
         adapted = []
         for i, b in enumerate(parts):
             train_batches[i].append(b)
-            theta_i = {k: v[i] for k, v in task_p.items()}
-            theta_prime = inner_update(model, theta_i, b, inner_lrs[j], False)
-            adapted.append({k: v.detach().clone() for k, v in theta_prime.items()})
-        task_p = {k: torch.stack([p[k] for p in adapted]) for k in adapted[0]}
+            theta_prime = inner_update(model, take(task_p, i), b, inner_lrs[j], False)
+            adapted.append(clone_params(theta_prime))
+        task_p = stack_params(adapted)
 
 
 @torch.no_grad()
@@ -550,7 +546,7 @@ def rollout(model, params, env, horizon, adapt_every=0, adapt_on=None):
         starts = torch.full((K, per), t == 0, device=device)
         x = inp.reshape(K, per, -1).to(device)
         if model.kind == "gru":  # the GRU's fused kernel cannot be vmapped: one task at a time
-            outs = [act({k: v[i] for k, v in params.items()}, x[i], starts[i], state[i]) for i in range(K)]
+            outs = [act(take(params, i), x[i], starts[i], state[i]) for i in range(K)]
             pi = torch.stack([o[0] for o in outs])
             state = torch.stack([o[1] for o in outs])
         else:
@@ -837,16 +833,21 @@ def fisher_graphs(model, tasks_data, args):
         chain = []
         p = dict(model.named_parameters())
         for b in td["train"]:
-            q = {k: v.detach().requires_grad_() for k, v in p.items()}
+            q = leaf_params(p)
             p = inner_update(model, q, b, args.inner_lr, not args.first_order)
             chain.append((q, p))
-        q = {k: v.detach().requires_grad_() for k, v in p.items()}
+        q = leaf_params(p)
         out = policy_out(model, q, td["val"])
         kl = masked_mean(kl_divergence(detached_dist_params(out), out, model.discrete), td["val"]["masks"])
         kl_grad = torch.autograd.grad(kl, list(q.values()), create_graph=True, allow_unused=True)
         chain.append((q, dict(zip(q, kl_grad))))
         stages.append(chain)
     return stages
+
+
+def leaf_params(params):
+    """Detached copies that require grad: the inputs of one stage of fisher_graphs."""
+    return {k: v.detach().requires_grad_() for k, v in params.items()}
 
 
 def fisher_product(stages, damping, v):
