@@ -10,7 +10,7 @@ import maml_fixtures
 import numpy as np
 import pytest
 import torch
-from helpers import sha256
+from helpers import logged_scalars, sha256
 from maml_fixtures import TINY, run_maml, tiny_setup, validation_error
 
 import cleanrl_astral.maml_ssm as maml_ssm
@@ -586,6 +586,32 @@ def test_adapt_passes_behaviour_log_probs_with_ema_and_online(trained_ckpt, monk
         assert b["masks"].shape[0] == 6 and (b["masks"][:3] > 0).all()
         assert torch.allclose(logp_under(theta0, b), b["behaviour_logp"][:3], atol=1e-4)
         assert (logp_under(params, b) - b["behaviour_logp"][:3]).abs().max() > 1e-3
+
+
+def test_adapt_writes_each_step_and_the_curve_to_tensorboard(trained_ckpt, tmp_path):
+    """adapt_tb holds, per adapter x objective, one row of step statistics for every adaptation step of every task (x
+    axis: that step's index), and the return and monitor statistics after 0..K steps, equal to adapt.json's."""
+    ckpt = str(tmp_path / "maml_ssm.cleanrl_model")
+    with open(trained_ckpt, "rb") as src, open(ckpt, "wb") as dst:
+        dst.write(src.read())
+    aargs = maml_ssm.AdaptArgs(ckpt, num_tasks=2, adapt_steps=2, episodes=2, adaptation_mode=("standard", "hybrid"))
+    maml_ssm.adapt_command(aargs)
+    written = json.load(open(tmp_path / "adapt.json"))["results"]
+    scalars = logged_scalars(str(tmp_path / "adapt_tb"))
+    for mode in ("standard", "hybrid"):
+        tag = f"tta/{mode}_pg/"
+        result = written[f"{mode}/pg"]
+        curve = scalars[tag + "return_after_steps"]
+        assert [k for k, _ in curve] == [0, 1, 2]
+        assert [v for _, v in curve] == pytest.approx([result["returns_after_steps"][str(k)] for k in range(3)], rel=1e-6)
+        for key in ("entropy", "confidence", "feature_shift"):
+            assert [v for _, v in scalars[tag + key]] == pytest.approx([row[key] for row in result["monitor"]], rel=1e-6)
+        for key in ("loss_before", "loss_after", "grad_norm", "drift", "guard_fired"):
+            assert [k for k, _ in scalars[tag + key]] == [0, 1, 2, 3], key  # 2 steps x 2 tasks
+        assert {v for _, v in scalars[tag + "guard_fired"]} <= {0.0, 1.0}
+    standard = [v for _, v in scalars["tta/standard_pg/loss_before"]]
+    hybrid = [v for _, v in scalars["tta/hybrid_pg/loss_before"]]
+    assert standard[0] != hybrid[0]  # the same first batch, plus the replayed term
 
 
 def test_adapt_online_and_bad_input(trained_ckpt):
