@@ -639,12 +639,7 @@ def first_episodes(agent, envs, seed, deterministic, before_step=None):
     device = next(agent.parameters()).device
     n = envs.num_envs
     obs, info = envs.reset(seed=seed)
-    x = agent.build_input(
-        torch.as_tensor(obs, device=device),
-        torch.as_tensor(np.full(n, -1), device=device),
-        torch.as_tensor(np.zeros(n), device=device),
-        torch.as_tensor(info["mode"], device=device),
-    )
+    x = next_input(agent, obs, -1, 0.0, np.ones(n, dtype=bool), info["mode"], device)  # every env starts an episode
     start = torch.ones(n, device=device)
     state = torch.zeros(n, agent.hidden_size, device=device)
     episode_mode = info["mode"].copy()
@@ -845,13 +840,9 @@ if __name__ == "__main__":
     global_step = 0
     start_time = time.time()
     next_obs, info = envs.reset(seed=args.seed)
-    # the agent's input: the observation, the previous action and reward (none, -1 and 0, where an episode starts)
-    next_x = agent.build_input(
-        torch.as_tensor(next_obs, device=device),
-        torch.as_tensor(np.full(args.num_envs, -1), device=device),
-        torch.as_tensor(np.zeros(args.num_envs), device=device),
-        torch.as_tensor(info["mode"], device=device),
-    )
+    # the agent's input: the observation, the previous action and reward (none, -1 and 0, where an episode starts, as
+    # every env does here)
+    next_x = next_input(agent, next_obs, -1, 0.0, np.ones(args.num_envs, dtype=bool), info["mode"], device)
     next_start = torch.ones(args.num_envs, device=device)
     next_state = torch.zeros(args.num_envs, args.hidden_size, device=device)
     episode_mode = info["mode"].copy()

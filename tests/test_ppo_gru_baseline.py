@@ -252,6 +252,29 @@ def test_replayed_log_probs_equal_the_acted_ones_and_wrong_state_handling_breaks
     assert (no_reset - batch["logprobs"]).abs().max() > 1e-4
 
 
+def test_a_run_and_an_evaluation_open_with_no_previous_action_or_reward():
+    """Every env starts an episode at the run's first step and at the evaluation's first: that input holds the
+    observation alone (no previous action, previous reward 0), starts[0] is 1 and the GRU state is zero; the next
+    step's input holds the action taken."""
+    flags = ["--num-envs", 4, "--num-steps", 8, "--hidden-size", 16, "--total-timesteps", 32, "--num-minibatches", 2]
+    _, batch, initial_state, _ = run_main(ppo_gru_baseline, *flags).rollouts[0]
+    assert torch.all(batch["starts"][0] == 1) and torch.all(initial_state == 0)
+    assert batch["inputs"][0, :, 4:].abs().sum() == 0
+    agent = ppo_gru_baseline.Agent(4, 2, 3, 16)
+    seen = []
+    act = agent.get_action_and_value
+
+    def spy(x, *rest, **kw):
+        seen.append(x.clone())
+        return act(x, *rest, **kw)
+
+    agent.get_action_and_value = spy
+    envs = ppo_gru_baseline.NonStationaryCartPole(3, ppo_gru_baseline.MODE_PRESETS["seed3"], max_episode_steps=5)
+    ppo_gru_baseline.first_episodes(agent, envs, seed=0, deterministic=True)
+    assert seen[0][0, :, 4:].abs().sum() == 0
+    assert torch.all(seen[1][0, :, 4:6].sum(-1) == 1)
+
+
 def test_hidden_state_and_prev_inputs_are_zero_at_episode_starts():
     agent, batch, initial_state, _ = rollout("gru")
     starts = batch["starts"].bool()
