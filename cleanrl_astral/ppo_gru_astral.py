@@ -861,18 +861,15 @@ def batch_slot_metrics(batch, num_modes, num_slots, latent, latent_of_mode):
         labels_of[f"episode_nmi_{latent}"] = (latent_of_mode[batch["modes"].long()], 2)
     means, episode, keep = episode_means(batch["weights"], batch["starts"], batch["ages"])
     slot = means.argmax(-1)
-    slots = {}
-    for key, (labels, num_labels) in labels_of.items():
-        slots[key] = float("nan")
-        if len(means):
+    slots = {key: float("nan") for key in [*labels_of, "gate_stability"]}  # NaN while no episode is past burn-in
+    if len(means):
+        for key, (labels, num_labels) in labels_of.items():
             one_hot = nn.functional.one_hot(labels.long(), num_labels).float()
             episode_label = episode_means(one_hot, batch["starts"], batch["ages"])[0].argmax(-1)
             counts = np.histogram2d(
                 episode_label.cpu().numpy(), slot.cpu().numpy(), (num_labels, num_slots), ((0, num_labels), (0, num_slots))
             )[0]
             slots[key] = mutual_information(counts)[1]
-    slots["gate_stability"] = float("nan")
-    if len(means):
         stable = (weights[keep].argmax(-1) == slot[episode]).float()
         slots["gate_stability"] = (stable.sum() / keep.sum()).item()
     slots.update(usage)
