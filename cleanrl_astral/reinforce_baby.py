@@ -1180,7 +1180,7 @@ def evaluate_run(args: Args, run_dir: str, writer, agent: Agent, eval_levels: di
         pathlib.Path(run_dir, "videos", "eval_transcript.txt").write_text("\n".join(transcript))
     for k in ("success_rate", "world_model_mse", "policy_entropy"):
         writer.add_scalar(f"eval/{k}", result[k], args.total_timesteps)
-    write_text_atomically(os.path.join(run_dir, "eval.json"), json.dumps(out, indent=2))
+    write_atomically(os.path.join(run_dir, "eval.json"), json.dumps(out, indent=2))
     print(f"eval.json written to {run_dir}")
     return out
 
@@ -1245,10 +1245,14 @@ def representation_analysis(
     return probes
 
 
-def write_text_atomically(path: str, text: str):
-    """A temporary file, then a rename: a run killed while writing never leaves a half-written file behind."""
+def write_atomically(path: str, data: str | dict):
+    """Text, or a dict in torch.save's format, to a temporary file beside `path`, then a rename: a run killed while
+    writing never leaves a half-written file behind."""
     tmp = f"{path}.tmp.{os.getpid()}"
-    pathlib.Path(tmp).write_text(text)
+    if isinstance(data, str):
+        pathlib.Path(tmp).write_text(data)
+    else:
+        torch.save(data, tmp)
     os.replace(tmp, path)
 
 
@@ -1316,12 +1320,10 @@ def validate(args: Args):
         raise ValueError("--num-envs * --max-episode-steps must be divisible by --num-minibatches")
     if args.checkpoint_every < 0:
         raise ValueError(f"--checkpoint-every {args.checkpoint_every} must be >= 0 (0: no checkpoints)")
-    if args.checkpoint_every and importlib.util.find_spec("cleanrl_astral_utils") is None:  # it writes the checkpoint
-        raise ValueError("--checkpoint-every needs the cleanrl_astral_utils package: pip install -e . in the repository")
-    if args.save_model and importlib.util.find_spec("cleanrl_astral_utils") is None:  # it writes the checkpoint
-        raise ValueError("--save-model needs the cleanrl_astral_utils package: pip install -e . in the repository")
-    if args.parent == "llm" and importlib.util.find_spec("cleanrl_astral_utils") is None:  # it holds the LLM client
-        raise ValueError("--parent llm needs the cleanrl_astral_utils package: pip install -e . in the repository")
+    if args.checkpoint_every:  # the package writes the training state
+        require_helper_package("--checkpoint-every")
+    if args.parent == "llm":  # the package holds the LLM client
+        require_helper_package("--parent llm")
     if args.parent == "llm" and importlib.util.find_spec("openai") is None:
         raise ValueError("--parent llm needs the openai client: pip install -r requirements-llm.txt")
     if args.conditional_rule == "plan" and args.task not in ("conditional", "all"):
@@ -1351,6 +1353,15 @@ def validate(args: Args):
         if embeddings >= n_params / 2:
             fix = f"reduce --max-episode-steps or --num-actions ({embeddings:,} of them are in the state embedding)"
         raise ValueError(f"the model would have {n_params:,} parameters; the baby model must stay under 1M: {fix}")
+
+
+def require_helper_package(option: str):
+    """Raises ValueError (one line) when the helper package, which `option` needs, cannot be imported (the script was
+    copied alone)."""
+    try:
+        import cleanrl_astral_utils  # noqa: F401
+    except ImportError as e:
+        raise ValueError(f"{option} needs the cleanrl_astral_utils package: pip install -e . in the repository") from e
 
 
 def fail(message: str):
@@ -1396,9 +1407,8 @@ if __name__ == "__main__":
     args = tyro.cli(Args)
     resumed = None
     try:
-        if args.resume is not None and importlib.util.find_spec("cleanrl_astral_utils") is None:  # it reads the checkpoint
-            raise ValueError("--resume needs the cleanrl_astral_utils package: pip install -e . in the repository")
         if args.resume is not None:
+            require_helper_package("--resume")
             from cleanrl_astral_utils.baby import resumed_args
 
             args, resumed = resumed_args(args, Args, SCRIPT)
@@ -1448,8 +1458,6 @@ if __name__ == "__main__":
     train_time = time.time() - t0
     agent.eval()
     if args.save_model:
-        from cleanrl_astral_utils.files import atomic_torch_save
-
         model_path = os.path.join(run_dir, f"{args.exp_name}.cleanrl_model")
         saved = {
             "state_dict": agent.state_dict(),
@@ -1457,7 +1465,7 @@ if __name__ == "__main__":
             "script": SCRIPT,
             "eval_levels": eval_levels,
         }
-        atomic_torch_save(saved, model_path)
+        write_atomically(model_path, saved)
         print(f"model saved to {model_path}")
     evaluate_run(args, run_dir, writer, agent, eval_levels, parent, check, train_time)
     writer.close()

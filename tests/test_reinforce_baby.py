@@ -784,23 +784,103 @@ def test_smoke_per_task_and_algorithm(tmp_path, task, algorithm, extra):
     assert steps == list(range(batch, 64 // batch * batch + 1, batch))  # logged against environment steps
 
 
-def test_a_default_run_needs_only_its_own_file(tmp_path):
-    """A run with the rule parent imports nothing from this repository: the script copied alone into an empty
-    directory, with the helper package and the script's own package made unimportable, trains, evaluates, runs the
-    representation analysis (on by default) and writes eval.json."""
+# Each job the page documents that needs no report, plot, resume or LLM, at a tiny budget: (name, flags). The first
+# runs the default analysis and saves the model that evaluate() reads back.
+ALONE_JOBS = [
+    ("mvp", ["--task", "pattern-echo", *TINY[:-1], "--analysis-samples", "40", "--save-model", "--capture-video"]),
+    ("plan_reinforce", [*TINY, "--learning-rate", "1e-3", "--ent-coef", "0.01", "--world-model-coef", "1.0",
+                        "--no-norm-adv", "--baseline-decay", "0.99", "--baseline-update", "before", "--adam-eps", "1e-8",
+                        "--max-grad-norm", "0"]),
+    ("curriculum_ppo", [*TINY, "--task", "all", "--curriculum", "--algorithm", "ppo", "--save-model"]),
+    ("rl_only", [*TINY, "--task", "all", "--curriculum", "--world-model-coef", "0", "--pred-reward-weight", "0"]),
+    ("kl_distill", [*TINY, "--task", "all", "--curriculum", "--kl-coef", "1.0"]),
+    ("plan_rules", [*[f if f != "8" else "16" for f in TINY], "--task", "conditional", "--conditional-rule", "plan",
+                    "--curriculum", "--curriculum-rule", "plan"]),
+    ("ppo_bootstrap", [*TINY, "--algorithm", "ppo", "--bootstrap-time-limit", "--max-episode-steps", "2"]),
+]  # fmt: skip
+# the options that need the helper package: refused in one line before any work
+PACKAGE_OPTIONS = [
+    ("--resume", ["--resume", "checkpoint.pt"]),
+    ("--checkpoint-every", [*TINY, "--checkpoint-every", "16"]),
+    ("--parent llm", ["--parent", "llm", "--llm-base-url", "http://127.0.0.1:9/v1"]),
+]
+# runs each job of argv[1] (a JSON list of [name, argv]) in this interpreter, then evaluate() on the file that argv[2]
+# matches; prints {"jobs": {name: [exit code, stderr]}, "evaluate": its result or None}
+ALONE_DRIVER = """
+import contextlib, glob, io, json, runpy, sys, traceback
+jobs = json.loads(sys.argv[1])
+model_glob = sys.argv[2]
+results = {}
+for name, argv in jobs:
+    sys.argv = argv
+    err = io.StringIO()
+    code = 0
+    try:
+        with contextlib.redirect_stderr(err):
+            runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as e:
+        code = e.code
+    except Exception:
+        code = "raised"
+        err.write(traceback.format_exc())
+    results[name] = [code, err.getvalue()]
+evaluated = None
+for path in glob.glob(model_glob):
+    evaluated = runpy.run_path(jobs[0][1][0])["evaluate"](path)
+print(json.dumps({"jobs": results, "evaluate": evaluated}))
+"""
+
+
+def test_the_script_copied_alone_runs_every_documented_job_and_refuses_the_package_options_in_one_line(tmp_path):
+    """The script copied into an empty folder, where cleanrl_astral_utils is a package whose import fails (first on
+    PYTHONPATH, so the editable install cannot leak in): each documented training job writes eval.json, --save-model
+    its checkpoint (atomically), the default analysis its t-SNE, --capture-video its transcript, and evaluate() reads
+    the checkpoint back to the run's own evaluation; --resume, --checkpoint-every and --parent llm each say in one line
+    that they need the package, before any work."""
     alone = tmp_path / "alone"
     alone.mkdir()
-    script = alone / os.path.basename(reinforce_baby.__file__)
-    script.write_text(open(reinforce_baby.__file__).read())
-    blocked = "import runpy, sys; sys.modules['cleanrl_astral_utils'] = sys.modules['cleanrl_astral'] = None; "
-    flags = [f for f in TINY if f != "--no-analysis"] + ["--analysis-samples", "40"]
-    argv = [str(script), "--task", "pattern-echo", *flags, "--runs-dir", str(tmp_path / "runs")]
-    code = blocked + f"sys.argv = {argv!r}; runpy.run_path(sys.argv[0], run_name='__main__')"
-    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, env=SCRIPT_ENV, cwd=alone)
-    run_dir = only_run_dir(tmp_path / "runs")
-    with open(os.path.join(run_dir, "eval.json")) as f:
-        assert "probe_accuracy" in json.load(f)
-    assert os.path.isfile(os.path.join(run_dir, "tsne.png"))
+    script = str(alone / os.path.basename(reinforce_baby.__file__))
+    with open(reinforce_baby.__file__) as f:
+        open(script, "w").write(f.read())
+    stub = tmp_path / "blocked" / "cleanrl_astral_utils"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text("raise ImportError('blocked: the script must run without this package')\n")
+    runs = str(tmp_path / "runs")
+    jobs = [(name, [script, *flags, "--runs-dir", f"{runs}/{name}"]) for name, flags in ALONE_JOBS]
+    jobs += [(option, [script, *flags, "--runs-dir", f"{runs}/refused"]) for option, flags in PACKAGE_OPTIONS]
+    mvp_model = f"{runs}/mvp/*/reinforce_baby.cleanrl_model"
+    env = {**SCRIPT_ENV, "PYTHONPATH": str(tmp_path / "blocked")}
+    r = subprocess.run(
+        [sys.executable, "-c", ALONE_DRIVER, json.dumps(jobs), mvp_model],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=alone,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.splitlines()[-1])
+    for name, _ in ALONE_JOBS:
+        assert out["jobs"][name][0] in (0, None), (name, out["jobs"][name][1][-2000:])
+        assert os.path.isfile(os.path.join(only_run_dir(f"{runs}/{name}"), "eval.json")), name
+    for name in ("mvp", "curriculum_ppo"):
+        run_dir = only_run_dir(f"{runs}/{name}")
+        saved = torch.load(os.path.join(run_dir, "reinforce_baby.cleanrl_model"), weights_only=False)
+        assert saved["script"] == "reinforce_baby"
+        reinforce_baby.build_agent(reinforce_baby.Args(**saved["args"])).load_state_dict(saved["state_dict"])
+        assert not [f for f in os.listdir(run_dir) if ".tmp." in f]
+    mvp = only_run_dir(f"{runs}/mvp")
+    assert os.path.isfile(os.path.join(mvp, "tsne.png"))
+    assert os.path.isfile(os.path.join(mvp, "videos", "eval_transcript.txt"))
+    with open(os.path.join(mvp, "eval.json")) as f:
+        ev = json.load(f)
+    assert "probe_accuracy" in ev
+    assert out["evaluate"]["per_difficulty_success"] == ev["per_difficulty_success"]
+    for option, _ in PACKAGE_OPTIONS:
+        code, stderr = out["jobs"][option]
+        assert code == 2 and stderr.count("\n") == 1, (option, stderr)
+        assert f"error: {option} needs the cleanrl_astral_utils package" in stderr, stderr
+    assert not os.path.exists(f"{runs}/refused")
 
 
 def test_runs_started_in_the_same_second_get_directories_of_their_own(tmp_path, occupied_run_names):

@@ -112,15 +112,6 @@ def test_a_bad_resume_path_is_a_one_line_error(tmp_path, kind):
     assert not [p for p in os.listdir(tmp_path) if p != "checkpoint.pt"]
 
 
-def test_resume_without_the_helper_package_is_a_one_line_error(tmp_path):
-    """Checkpoints are read by cleanrl_astral_utils: the script copied alone refuses --resume in one line."""
-    blocked = "import runpy, sys; sys.modules['cleanrl_astral_utils'] = None; "
-    argv = [script_path("reinforce_baby"), "--resume", str(tmp_path / "checkpoint.pt")]
-    code = blocked + f"sys.argv = {argv!r}; runpy.run_path(sys.argv[0], run_name='__main__')"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=SCRIPT_ENV, cwd=tmp_path)
-    assert_refused(result, "--resume needs the cleanrl_astral_utils package")
-
-
 def test_a_negative_checkpoint_interval_is_refused(tmp_path):
     assert_refused(run_script("reinforce_baby", *TINY, "--checkpoint-every", "-1", "--runs-dir", str(tmp_path)), "-1")
 
