@@ -23,7 +23,7 @@ import cleanrl_astral.reinforce_baby as reinforce_baby  # noqa: E402
 
 
 def state_lines(s):
-    return "\n".join(f"{a}: {v}" for a, v in s.as_dict().items())
+    return "\n".join(f"{a}: {v}" for a, v in zip(reinforce_baby.ATTRIBUTES, s.as_list()))
 
 
 def next_state_prompt(parent, s, action, examples):
@@ -71,7 +71,7 @@ def main(argv=None):
         )
         latency_ms = 1000 * (time.perf_counter() - t0)
         got = dict(re.findall(r"^(\w+): (-?\d+)$", reply["choices"][0]["text"], re.M))
-        want = parent.transition(s, action, parent.judge(s, action)).as_dict()
+        want = dict(zip(reinforce_baby.ATTRIBUTES, parent.transition(s, action, parent.judge(s, action)).as_list()))
         wrong = sorted(a for a in want if got.get(a) != str(want[a]))
         rows.append({"task": s.task_name, "keys_ok": set(got) == set(want), "wrong": wrong, "latency_ms": latency_ms})
         print(f"query {i} {s.task_name}: wrong attributes {wrong} ({latency_ms:.0f} ms)", flush=True)

@@ -298,22 +298,6 @@ class State:
     def as_list(self) -> list[int]:
         return [self.task, self.level, *self.values, *self.flags, self.last_action, self.last_correct, self.step]
 
-    def as_dict(self) -> dict:
-        return dict(zip(ATTRIBUTES, self.as_list()))
-
-    @staticmethod
-    def from_list(v: list[int], num_actions: int) -> "State":
-        return State(
-            int(v[0]),
-            int(v[1]),
-            tuple(int(x) for x in v[2:5]),
-            tuple(int(x) for x in v[5:8]),
-            int(v[8]),
-            int(v[9]),
-            int(v[10]),
-            num_actions,
-        )
-
     def rule_text(self) -> str:
         """The task's rule in plain words."""
         if self.task_name == "conditional":
@@ -330,10 +314,6 @@ class State:
         shown = [f"f{i} = {f}" for i, f in enumerate(self.flags) if f != FLAG_PAD]
         shown += [f"v{i} = {v}" for i, v in enumerate(self.values) if v != pad]
         return ", ".join(shown)
-
-    def to_prompt(self) -> str:
-        """The rule and the attributes it reads (the judge role's prompt)."""
-        return f"Rule: {self.rule_text()}\n{self.shown_attributes()}"
 
 
 # PARENT: task instances, transitions and rewards by rule (--parent llm: an LLM, the rule as its fallback)
@@ -390,29 +370,6 @@ class DeterministicParent:
     def rule_text(self, s: State) -> str:
         """The task's rule in plain words (evaluation transcripts)."""
         return s.rule_text()
-
-    def in_level(self, s: State) -> bool:
-        """Whether new_instance can draw s at its task and level (how a proposed instance is checked)."""
-        cfg = DIFFICULTY_CONFIGS[s.task_name][s.level]
-        pad = self.num_actions
-        n = cfg["num_symbols"]
-        if (s.last_action, s.last_correct, s.step) != (pad, FLAG_PAD, 0):
-            return False
-        if s.task_name == "pattern-echo":
-            return 0 <= s.values[0] < cfg["target_range"] and s.values[1:] == (pad, pad) and s.flags == (FLAG_PAD,) * 3
-        if s.task_name == "sequence-next":
-            items = [v for v in s.values if v != pad]
-            if s.flags != (FLAG_PAD,) * 3 or list(s.values[: len(items)]) != items or len(items) not in cfg["lengths"]:
-                return False
-            d = items[1] - items[0]
-            answer = items[-1] + d
-            steps_ok = all(b - a == d for a, b in zip(items, items[1:]))
-            return d in cfg["steps"] and steps_ok and all(0 <= v < n for v in [*items, answer])
-        used = {"if": 2, "elif": 3, "nested": 3}[cfg["form"]]
-        c = cfg["conditions"]
-        values_ok = all(0 <= v < n for v in s.values[:used]) and all(v == pad for v in s.values[used:])
-        flags_ok = all(f in (0, 1) for f in s.flags[:c]) and all(f == FLAG_PAD for f in s.flags[c:])
-        return values_ok and flags_ok
 
     def judge(self, s: State, action: int) -> float:
         return float(action == self.oracle_action(s))
@@ -475,7 +432,7 @@ def make_parent(args: Args):
         examples = LLM_ANSWER_EXAMPLES
     if examples is None:
         examples = 0
-    symbols = PromptSymbols(State, TASKS, DIFFICULTY_CONFIGS, FLAG_PAD)
+    symbols = PromptSymbols(State, TASKS, DIFFICULTY_CONFIGS, FLAG_PAD, ATTRIBUTES)
     prompt = ParentPrompt(rule, playable(TASKS, args.num_actions), examples, args.llm_next_state, symbols)
     vocab = attribute_vocab(args.num_actions, args.max_episode_steps)
     return LLMParent(rule, prompt, args, TASKS, ATTRIBUTES, vocab)

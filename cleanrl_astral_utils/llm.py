@@ -32,7 +32,7 @@ EXTRA_FIELDS = ("grammar",)
 
 
 # THE PROMPTS: the LLM parent's requests word for word. The script's State, rule and level definitions, which they read,
-# are passed in (PromptSymbols); State.to_prompt, the judge's view of a state, is the script's.
+# are passed in (PromptSymbols).
 LLM_SYSTEM_PROMPT = (
     'You check a child\'s answer against a rule. Reply with JSON only: {"reward": 1} if the answer '
     'follows the rule, {"reward": 0} if it does not.'
@@ -64,12 +64,53 @@ def level_text(task: str, cfg: dict) -> str:
 
 
 class PromptSymbols(NamedTuple):
-    """What the prompts read of the script: its State class, task names, difficulty configs and absent-flag value."""
+    """What the prompts read of the script: its State class, task names, difficulty configs, absent-flag value and
+    attribute names."""
 
     state_type: type
     tasks: list[str]
     configs: dict
     flag_pad: int
+    attributes: list[str]
+
+
+def state_from_list(state_type: type, v: list[int], num_actions: int):
+    """The script's State (`state_type`) whose as_list() is v."""
+    return state_type(
+        int(v[0]),
+        int(v[1]),
+        tuple(int(x) for x in v[2:5]),
+        tuple(int(x) for x in v[5:8]),
+        int(v[8]),
+        int(v[9]),
+        int(v[10]),
+        num_actions,
+    )
+
+
+def in_level(s, symbols: PromptSymbols, num_actions: int) -> bool:
+    """Whether the rule parent's new_instance can draw s at its task and level (how a proposed instance is checked)."""
+    cfg = symbols.configs[s.task_name][s.level]
+    pad = num_actions
+    flag_pad = symbols.flag_pad
+    n = cfg["num_symbols"]
+    if (s.last_action, s.last_correct, s.step) != (pad, flag_pad, 0):
+        return False
+    if s.task_name == "pattern-echo":
+        return 0 <= s.values[0] < cfg["target_range"] and s.values[1:] == (pad, pad) and s.flags == (flag_pad,) * 3
+    if s.task_name == "sequence-next":
+        items = [v for v in s.values if v != pad]
+        if s.flags != (flag_pad,) * 3 or list(s.values[: len(items)]) != items or len(items) not in cfg["lengths"]:
+            return False
+        d = items[1] - items[0]
+        answer = items[-1] + d
+        steps_ok = all(b - a == d for a, b in zip(items, items[1:]))
+        return d in cfg["steps"] and steps_ok and all(0 <= v < n for v in [*items, answer])
+    used = {"if": 2, "elif": 3, "nested": 3}[cfg["form"]]
+    c = cfg["conditions"]
+    values_ok = all(0 <= v < n for v in s.values[:used]) and all(v == pad for v in s.values[used:])
+    flags_ok = all(f in (0, 1) for f in s.flags[:c]) and all(f == flag_pad for f in s.flags[c:])
+    return values_ok and flags_ok
 
 
 class ParentPrompt:
@@ -111,11 +152,16 @@ class ParentPrompt:
         blocks.append(f"{s.shown_attributes()}\nanswer =")
         return "\n\n".join(blocks)
 
+    def attribute_values(self, s) -> dict:
+        """A state's attributes by name (the judge's view of a next state)."""
+        return dict(zip(self.symbols.attributes, s.as_list()))
+
     def user_message(self, s, action: int) -> str:
-        message = f"{s.to_prompt()}\nanswer = {int(action)}"
+        """The rule and the attributes it reads, then the answer (the judge role's question)."""
+        message = f"Rule: {s.rule_text()}\n{s.shown_attributes()}\nanswer = {int(action)}"
         if self.next_state:
             message += (
-                f"\nstate = {json.dumps(s.as_dict())}\nAlso give next_state: this state with step + 1, "
+                f"\nstate = {json.dumps(self.attribute_values(s))}\nAlso give next_state: this state with step + 1, "
                 "last_action = the answer and last_correct = your reward."
             )
         return message
@@ -166,7 +212,7 @@ class ParentPrompt:
                     target = values
                 target[int(match.group(2))] = int(match.group(3))
         s = self.symbols.state_type(self.symbols.tasks.index(task), level, tuple(values), tuple(flags), pad, flag_pad, 0, pad)
-        if not self.rule.in_level(s):
+        if not in_level(s, self.symbols, pad):
             return None
         return s
 
@@ -181,7 +227,7 @@ class ParentPrompt:
             r = self.rule.judge(e, a)
             verdict = {"reward": int(r)}
             if self.next_state:
-                verdict["next_state"] = self.rule.transition(e, a, r).as_dict()
+                verdict["next_state"] = self.attribute_values(self.rule.transition(e, a, r))
             shots.append({"role": "user", "content": self.user_message(e, a)})
             shots.append({"role": "assistant", "content": json.dumps(verdict)})
         return [
@@ -423,7 +469,7 @@ class LLMParent:
             return None
         if not all(isinstance(ns[a], int) and 0 <= ns[a] < k for a, k in zip(self.attributes, self.vocab)):
             return None
-        nxt = type(s).from_list([ns[a] for a in self.attributes], self.num_actions)
+        nxt = state_from_list(type(s), [ns[a] for a in self.attributes], self.num_actions)
         # the LLM may set the verdict (last_correct), never a new task instance: that would move the goalposts
         kept = dataclasses.replace(s, last_action=int(action), step=s.step + 1, last_correct=nxt.last_correct)
         if nxt != kept:
@@ -571,7 +617,7 @@ class LLMParent:
         self.pools = {}
         for (task, level), pool in state["pools"].items():
             state_class = type(self.rule.new_instance(task, level, np.random.default_rng(0)))  # the script's State
-            self.pools[(task, level)] = [state_class.from_list(v, self.num_actions) for v in pool]
+            self.pools[(task, level)] = [state_from_list(state_class, v, self.num_actions) for v in pool]
         self.task_stats = dict(state["task_stats"])
 
     # what it reports

@@ -142,7 +142,7 @@ def test_a_correct_answer_before_the_time_limit_is_not_a_success():
         assert not info["success"].any(), t
 
 
-def test_state_tensor_prompt_and_round_trip():
+def test_state_tensor_rule_text_and_shown_attributes():
     parent = reinforce_baby.DeterministicParent(16)
     rng = np.random.default_rng(0)
     vocab = reinforce_baby.attribute_vocab(16, 1)
@@ -151,14 +151,16 @@ def test_state_tensor_prompt_and_round_trip():
         x = reinforce_baby.states_to_tensor([s])[0]
         assert x.shape == (reinforce_baby.STATE_DIM,) and x.dtype == torch.long
         assert all(0 <= int(v) < k for v, k in zip(x, vocab))
-        assert reinforce_baby.State.from_list(x.tolist(), 16) == s
-    # the prompt states the rule in plain words and only the attributes the rule reads
+        assert x.tolist() == s.as_list()
+    # the rule in plain words and only the attributes the rule reads (the transcripts' and the LLM prompts' words)
     echo = parent.new_instance("pattern-echo", 2, rng)
-    assert echo.to_prompt() == f"Rule: {reinforce_baby.LLM_RULES['pattern-echo']}\ncue = {echo.values[0]}"
+    assert (
+        echo.rule_text() == reinforce_baby.LLM_RULES["pattern-echo"] and echo.shown_attributes() == f"cue = {echo.values[0]}"
+    )
     seq = reinforce_baby.State(1, 0, (3, 4, 16), (2, 2, 2), 16, 2, 0, 16)
-    assert seq.to_prompt().endswith("\nsequence = 3, 4")
+    assert seq.shown_attributes() == "sequence = 3, 4"
     cond = reinforce_baby.State(2, 0, (5, 6, 16), (1, 2, 2), 16, 2, 0, 16)  # level 0: if f0 then v0 else v1
-    assert cond.to_prompt() == f"Rule: {reinforce_baby.LLM_RULES['if']}\nf0 = 1, v0 = 5, v1 = 6"
+    assert cond.rule_text() == reinforce_baby.LLM_RULES["if"] and cond.shown_attributes() == "f0 = 1, v0 = 5, v1 = 6"
 
 
 def test_reward_vector_and_consistency():

@@ -177,7 +177,9 @@ def test_llm_parent_valid_answers_are_used_and_cached(llm_server, tmp_path, monk
     assert replies[1][1].last_action == wrong and replies[1][1].last_correct == 1
     assert llm_server.count == 2 and llm_server.last_auth == "Bearer sk-test"  # the key from $OPENAI_API_KEY
     assert llm_server.last_body["model"] == "test-model" and llm_server.last_body["temperature"] == 0
-    assert llm_server.last_body["messages"][-1]["content"] in {f"{s.to_prompt()}\nanswer = {a}" for a in (right, wrong)}
+    assert llm_server.last_body["messages"][-1]["content"] in {
+        f"Rule: {s.rule_text()}\n{s.shown_attributes()}\nanswer = {a}" for a in (right, wrong)
+    }
     stats = parent.summary()
     assert stats["agreement"] == 0.5 and stats["fallbacks"] == 0 and stats["latency_ms"] > 0
     assert parent.respond([s], [wrong])[0][0] == 1.0
@@ -447,7 +449,7 @@ def test_the_requests_for_fixed_states_are_the_stored_ones_byte_for_byte(tmp_pat
             llm_cache=str(tmp_path / "cache.sqlite"),
         )
         parent = reinforce_baby.make_parent(args)
-        s = reinforce_baby.State.from_list(ref["state"], 8)
+        s = llm.state_from_list(reinforce_baby.State, ref["state"], 8)
         assert json.dumps(parent.body(s, ref["action"])) == json.dumps(ref["body"])
         assert parent.cache_key(s, ref["action"]) == ref["cache_key"]
 
@@ -490,7 +492,7 @@ def test_a_request_asks_for_the_schema_and_shows_worked_examples(llm_server, tmp
         "schema": {"type": "object", "properties": {"reward": {"type": "integer", "enum": [0, 1]}}, "required": ["reward"]},
     }
     assert [m["role"] for m in body["messages"]] == ["system", "user", "assistant", "user", "assistant", "user"]
-    assert body["messages"][-1]["content"] == f"{s.to_prompt()}\nanswer = {wrong}"
+    assert body["messages"][-1]["content"] == f"Rule: {s.rule_text()}\n{s.shown_attributes()}\nanswer = {wrong}"
     shots = body["messages"][1:-1]
     for question, answer in zip(shots[::2], shots[1::2]):
         cue, given = (int(question["content"].split(f"{k} = ")[1].split()[0]) for k in ("cue", "answer"))
@@ -805,7 +807,7 @@ def test_a_real_model_constrained_by_the_grammar_answers_every_state_its_free_an
     (0 of 11 measured), so the assertion on the grammar fails without it."""
     url, _ = real_server
     with open(os.path.join(os.path.dirname(__file__), "data", "reinforce_baby_llm_unparsed_states.json")) as f:
-        measured = [reinforce_baby.State.from_list(v, 8) for v in json.load(f)]
+        measured = [llm.state_from_list(reinforce_baby.State, v, 8) for v in json.load(f)]
     assert len(measured) == 11
     states = measured[::2]
     parents = {}
@@ -970,7 +972,11 @@ def test_the_llm_report_sets_the_parents_accuracy_beside_the_babys_success_per_t
 
 RULE = reinforce_baby.DeterministicParent(8)
 SYMBOLS = llm.PromptSymbols(
-    reinforce_baby.State, reinforce_baby.TASKS, reinforce_baby.DIFFICULTY_CONFIGS, reinforce_baby.FLAG_PAD
+    reinforce_baby.State,
+    reinforce_baby.TASKS,
+    reinforce_baby.DIFFICULTY_CONFIGS,
+    reinforce_baby.FLAG_PAD,
+    reinforce_baby.ATTRIBUTES,
 )
 PROMPT = llm.ParentPrompt(RULE, reinforce_baby.playable(reinforce_baby.TASKS, 8), 8, False, SYMBOLS)
 
@@ -980,11 +986,11 @@ def test_every_instance_the_rule_draws_is_in_its_level_and_is_read_back_from_its
     for task, level in reinforce_baby.playable(reinforce_baby.TASKS, 8):
         for _ in range(200):
             s = RULE.new_instance(task, level, rng)
-            assert RULE.in_level(s), s
+            assert llm.in_level(s, SYMBOLS, 8), s
             assert PROMPT.read_instance(task, level, s.shown_attributes()) == s
     # after a step, an instance is no longer a new one
     s = RULE.new_instance("pattern-echo", 0, rng)
-    assert not RULE.in_level(RULE.transition(s, 0, 1.0))
+    assert not llm.in_level(RULE.transition(s, 0, 1.0), SYMBOLS, 8)
 
 
 @pytest.mark.parametrize(
@@ -1016,7 +1022,7 @@ def test_a_proposed_line_is_an_instance_only_if_the_level_could_draw_it(task, le
     s = PROMPT.read_instance(task, level, line)
     assert (s is not None) == valid
     if valid:
-        assert s.shown_attributes() == line and RULE.in_level(s)
+        assert s.shown_attributes() == line and llm.in_level(s, SYMBOLS, 8)
 
 
 def make_parent(srv, tmp_path, **kw):
@@ -1033,7 +1039,7 @@ def test_the_pool_keeps_valid_proposals_and_replaces_the_others_by_the_rules(llm
     s = parent.new_instance("pattern-echo", 0, np.random.default_rng(0))
     pool = parent.pools[("pattern-echo", 0)]
     assert len(llm_server.task_bodies) == 8 and len(pool) == 8 and s in pool
-    assert all(RULE.in_level(x) for x in pool)
+    assert all(llm.in_level(x, SYMBOLS, 8) for x in pool)
     replies = [llm_server.proposals[b["seed"] % 5] for b in llm_server.task_bodies]  # in order: one request at a time
     cues = [int(r) for r in replies if r in (" 0", " 1")]
     assert 0 < len(cues) < 8  # the seeds give a mix
