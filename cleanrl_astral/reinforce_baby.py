@@ -80,16 +80,13 @@ class Args:
     review_prob: float = 0.2
     """with --curriculum: probability that an episode replays a random already-mastered level (against forgetting)"""
     conditional_rule: Literal["flags", "plan"] = "flags"
-    """conditional task: flags (flag-selected values, the levels below) or plan (the plan's shape/colour rule read literally,
-    16 actions; rule parent only)"""
+    """conditional task: flags (values picked by flags) or plan (the plan's shape/colour rule; 16 actions, rule parent)"""
     curriculum_rule: Literal["mastery", "plan"] = "mastery"
-    """mastery: the rule's verdict, --mastery-threshold over --mastery-window, review; plan: the plan's CurriculumManager
-    (the parent's reward > 0.5, 0.8 over 100 episodes, no review)"""
+    """mastery (the rule's verdict, --mastery-* flags, review) or plan (the parent's reward > 0.5, 0.8 of 100, no review)"""
     parent: Literal["deterministic", "llm"] = "deterministic"
     """who gives the goal reward: the deterministic rule or an LLM behind an OpenAI-compatible endpoint"""
     llm_role: Literal["answer", "judge"] = "answer"
-    """answer: the LLM states the right action (completions endpoint) and the reward is 1 where the action equals it;
-    judge: the LLM judges each (state, action) with a JSON verdict (chat-completions endpoint)"""
+    """answer (the LLM states the right action, reward 1 where the action equals it) or judge (a JSON verdict per action)"""
     llm_base_url: str | None = None
     """base URL of an OpenAI-compatible API, e.g. http://127.0.0.1:8000/v1 (required with --parent llm)"""
     llm_model: str = "gpt-4o-mini"
@@ -111,15 +108,13 @@ class Args:
     llm_response_format: Literal["json-object", "json-schema", "none"] = "json-object"
     """judge's structured output: llama.cpp's {"type": "json_object", "schema": ...}, the OpenAI API's json_schema, or none"""
     llm_answer_format: Literal["grammar", "free"] = "grammar"
-    """answer role: grammar (the reply is constrained to one of the actions' numbers by a GBNF grammar, llama.cpp's
-    `grammar` field) or free (unconstrained text; the first integer is read)"""
+    """answer role: grammar (llama.cpp's GBNF `grammar` admits only an action's number) or free (the first integer read)"""
     task_source: Literal["rule", "parent"] = "rule"
     """who draws the task instances: the rule, or (with --parent llm) the LLM, into a pool per task and level"""
     task_pool_size: int = 32
     """--task-source parent: instances per task and level, one request each (the run's budget: size x levels visited)"""
     llm_check_pairs: int = 0
-    """before training, the LLM rewards this many seeded (state, action) pairs per task and level, half answered right
-    (the agreement table)"""
+    """before training, the LLM rewards this many seeded (state, action) pairs per task and level, half of them right"""
 
     # Model
     hidden_dim: int = 64
@@ -1028,13 +1023,8 @@ class TrainingLog:
             "reward/total": rewards.sum(0).mean().item(),
             **{f"curriculum/level_{t}": curriculum.levels[t] for t in self.tasks},
         }
-        if hasattr(parent, "summary"):  # an LLM parent: its running totals, and the validity and diversity of its tasks
-            summary = parent.summary()
-            numbers = {k: v for k, v in summary.items() if isinstance(v, int | float)}
-            scalars.update({f"parent/{k}": v for k, v in numbers.items()})
-            for where, row in summary.get("task_generation", {}).items():
-                for k in ("valid_share", "distinct", "target_entropy_bits"):
-                    scalars[f"tasks/{where}/{k}"] = row[k]
+        if hasattr(parent, "scalars"):  # an LLM parent: its running totals, and the validity and diversity of its tasks
+            scalars.update(parent.scalars())
         for k, v in scalars.items():
             self.writer.add_scalar(k, v, global_step)
         if iteration % 25 == 0 or iteration == args.num_iterations:
@@ -1101,17 +1091,7 @@ def evaluate_run(args: Args, run_dir: str, writer, agent: Agent, eval_levels: di
         out["llm_agreement_check"] = check
     if args.analysis:
         png = os.path.join(run_dir, "tsne.png")
-        out["probe_accuracy"] = representation_analysis(
-            agent,
-            task_list(args.task),
-            eval_levels,
-            args.num_actions,
-            args.max_episode_steps,
-            args.analysis_samples,
-            args.seed,
-            png,
-            args.conditional_rule,
-        )
+        out["probe_accuracy"] = representation_analysis(agent, args, eval_levels, png)
         print("linear-probe accuracy: " + " ".join(f"{k}={v:.2f}" for k, v in out["probe_accuracy"].items()))
         print(f"t-SNE written to {png}")
     if transcript is not None:
@@ -1125,18 +1105,9 @@ def evaluate_run(args: Args, run_dir: str, writer, agent: Agent, eval_levels: di
 
 
 @torch.no_grad()
-def representation_analysis(
-    agent: Agent,
-    tasks: list[str],
-    levels: dict,
-    num_actions: int,
-    T: int,
-    samples: int,
-    seed: int,
-    png_path: str,
-    conditional_rule: str = "flags",
-) -> dict:
-    """Linear-probe accuracy of each attribute from h, and a t-SNE PNG coloured by the oracle action."""
+def representation_analysis(agent: Agent, args: Args, levels: dict, png_path: str) -> dict:
+    """Linear-probe accuracy of each attribute from h, and a t-SNE PNG coloured by the oracle action, on
+    --analysis-samples states of the evaluation levels."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -1145,13 +1116,16 @@ def representation_analysis(
     from sklearn.manifold import TSNE
     from sklearn.model_selection import train_test_split
 
-    parent = rule_parent(num_actions, conditional_rule)
+    tasks = task_list(args.task)
+    num_actions = args.num_actions
+    seed = args.seed
+    parent = rule_parent(num_actions, args.conditional_rule)
     rng = np.random.default_rng(seed)
     states = []
-    for i in range(samples):
+    for i in range(args.analysis_samples):
         task = tasks[i % len(tasks)]
         s = parent.new_instance(task, levels[task], rng)
-        for _ in range(int(rng.integers(0, T))):  # later steps too, so last_action/last_correct/step vary
+        for _ in range(int(rng.integers(0, args.max_episode_steps))):  # later steps too, so last_action/last_correct/step vary
             a = int(rng.integers(num_actions))
             s = parent.transition(s, a, parent.judge(s, a))
         states.append(s)
@@ -1300,19 +1274,6 @@ def seed_everything(seed: int):
     torch.manual_seed(seed)
 
 
-def start_parent(args: Args):
-    """The run's parent. With --parent llm the cache is opened and the endpoint probed here: an unusable one fails (a
-    ValueError) before any work and leaves no cache file behind."""
-    parent = make_parent(args)
-    if args.parent == "llm":
-        try:
-            parent.probe()
-        except ValueError:
-            parent.discard()
-            raise
-    return parent
-
-
 def claim_run_dir(runs_dir, run_name):
     """Creates runs_dir/run_name, or run_name__2, __3, ... when another run holds the name (mkdir is atomic): (name, dir)."""
     name = run_name
@@ -1343,7 +1304,9 @@ if __name__ == "__main__":
     args.batch_size = args.num_envs * args.max_episode_steps
     args.num_iterations = max(1, args.total_timesteps // args.batch_size)
     try:
-        parent = start_parent(args)
+        parent = make_parent(args)
+        if args.parent == "llm":  # the endpoint is probed: an unusable one stops the run here, its cache removed
+            parent.start()
         if resumed is None:
             run_name, run_dir = claim_run_dir(args.runs_dir, f"{args.task}__{args.exp_name}__{args.seed}__{int(time.time())}")
     except ValueError as e:

@@ -654,6 +654,25 @@ class LLMParent:
             out["per_level"][w] = row
         return out
 
+    def scalars(self) -> dict:
+        """What the script logs of the parent at every update: its running totals (parent/...) and the validity and
+        diversity of the tasks it drew (tasks/...)."""
+        summary = self.summary()
+        out = {f"parent/{k}": v for k, v in summary.items() if isinstance(v, int | float)}
+        for where, row in summary.get("task_generation", {}).items():
+            for k in ("valid_share", "distinct", "target_entropy_bits"):
+                out[f"tasks/{where}/{k}"] = row[k]
+        return out
+
+    def start(self):
+        """probe(): an unusable endpoint raises ValueError (one line) before any work, and the cache this parent opened
+        is removed again (discard)."""
+        try:
+            self.probe()
+        except ValueError:
+            self.discard()
+            raise
+
     def discard(self):
         """Closes the cache and removes the file and directories opening it created: a run that fails to start leaves
         nothing behind."""
