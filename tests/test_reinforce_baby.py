@@ -4,6 +4,7 @@ evaluation, runs and bad input. The LLM parent's tests are in test_reinforce_bab
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -752,7 +753,8 @@ def test_smoke_per_task_and_algorithm(tmp_path, task, algorithm, extra):
 # Each job the page documents that needs no report, plot, resume or LLM, at a tiny budget: (name, flags). The first
 # runs the default analysis and saves the model that evaluate() reads back.
 ALONE_JOBS = [
-    ("mvp", ["--task", "pattern-echo", *TINY[:-1], "--analysis-samples", "40", "--save-model", "--capture-video"]),
+    ("mvp", ["--task", "pattern-echo", *[f for f in TINY if f != "--no-analysis"], "--analysis-samples", "40",
+             "--save-model", "--capture-video"]),
     ("plan_reinforce", [*TINY, "--learning-rate", "1e-3", "--ent-coef", "0.01", "--world-model-coef", "1.0",
                         "--no-norm-adv", "--baseline-decay", "0.99", "--baseline-update", "before", "--adam-eps", "1e-8",
                         "--max-grad-norm", "0"]),
@@ -797,19 +799,18 @@ print(json.dumps({"jobs": results, "evaluate": evaluated}))
 
 
 def test_the_script_copied_alone_runs_every_documented_job_and_refuses_the_package_options_in_one_line(tmp_path):
-    """The script copied into an empty folder, where cleanrl_astral_utils is a package whose import fails (first on
-    PYTHONPATH, so the editable install cannot leak in): each documented training job writes eval.json, --save-model
-    its checkpoint (atomically), the default analysis its t-SNE, --capture-video its transcript, and evaluate() reads
-    the checkpoint back to the run's own evaluation; --resume, --checkpoint-every and --parent llm each say in one line
-    that they need the package, before any work."""
+    """The script copied into an empty folder, where cleanrl_astral_utils and cleanrl_astral are packages whose import
+    fails (first on PYTHONPATH, so the editable install cannot leak in): each documented training job writes eval.json,
+    --save-model its checkpoint (atomically), the default analysis its t-SNE, --capture-video its transcript, and
+    evaluate() reads the checkpoint back to the run's own evaluation; --resume, --checkpoint-every and --parent llm each
+    say in one line that they need the package, before any work."""
     alone = tmp_path / "alone"
     alone.mkdir()
-    script = str(alone / os.path.basename(reinforce_baby.__file__))
-    with open(reinforce_baby.__file__) as f:
-        open(script, "w").write(f.read())
-    stub = tmp_path / "blocked" / "cleanrl_astral_utils"
-    stub.mkdir(parents=True)
-    (stub / "__init__.py").write_text("raise ImportError('blocked: the script must run without this package')\n")
+    script = shutil.copy(reinforce_baby.__file__, alone)
+    for package in ("cleanrl_astral_utils", "cleanrl_astral"):
+        stub = tmp_path / "blocked" / package
+        stub.mkdir(parents=True)
+        (stub / "__init__.py").write_text("raise ImportError('blocked: the script must run without this package')\n")
     runs = str(tmp_path / "runs")
     jobs = [(name, [script, *flags, "--runs-dir", f"{runs}/{name}"]) for name, flags in ALONE_JOBS]
     jobs += [(option, [script, *flags, "--runs-dir", f"{runs}/refused"]) for option, flags in PACKAGE_OPTIONS]
@@ -840,6 +841,7 @@ def test_the_script_copied_alone_runs_every_documented_job_and_refuses_the_packa
     with open(os.path.join(mvp, "eval.json")) as f:
         ev = json.load(f)
     assert "probe_accuracy" in ev
+    assert out["evaluate"]["success_rate"] == ev["success_rate"]
     assert out["evaluate"]["per_difficulty_success"] == ev["per_difficulty_success"]
     for option, _ in PACKAGE_OPTIONS:
         code, stderr = out["jobs"][option]
