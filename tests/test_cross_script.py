@@ -56,7 +56,6 @@ NEEDS_HELPER_PACKAGE = [
     ("ppo_gru_astral", ["--save-model"], "--save-model needs"),
     ("maml_ssm", ["train", "--save-model"], "--save-model needs"),
     ("maml_ssm_promp", ["train", "--save-model"], "--save-model needs"),
-    ("reinforce_baby", ["--save-model"], "--save-model needs"),
     ("reinforce_baby", ["--parent", "llm", "--llm-base-url", "http://127.0.0.1:9/v1"], "--parent llm needs"),
 ]
 
