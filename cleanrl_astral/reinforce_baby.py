@@ -981,6 +981,10 @@ class Evaluator:
 def evaluate(model_path: str, episodes: int | None = None, seed: int | None = None) -> dict:
     """Evaluates a saved model; by default on the run's own episodes, so it reproduces the run's eval.json."""
     ckpt = torch.load(model_path, map_location="cpu", weights_only=False)
+    if not isinstance(ckpt, dict) or ckpt.get("script") != SCRIPT:
+        raise ValueError(f"{model_path!r} was not written by {SCRIPT}.py")
+    if set(ckpt["args"]) != {field.name for field in dataclasses.fields(Args)}:
+        raise ValueError(f"{model_path!r} holds another format of {SCRIPT}.py's checkpoint; commit 95652a5 reads it")
     saved = Args(**ckpt["args"])
     agent = build_agent(saved)
     agent.load_state_dict(ckpt["state_dict"])

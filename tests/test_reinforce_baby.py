@@ -899,6 +899,12 @@ def test_full_run_saves_evaluates_baselines_and_analysis(tmp_path):
     assert again["success_rate"] == ev["success_rate"]
     assert again["per_difficulty_success"] == ev["per_difficulty_success"]
     assert again == reinforce_baby.evaluate(model, episodes=8, seed=4 + reinforce_baby.EVAL_SEED_OFFSET)
+    # a checkpoint whose Args differ from this file's (another commit's format) is refused in one line
+    saved["args"]["an_older_flag"] = 1
+    other = str(tmp_path / "other.cleanrl_model")
+    torch.save(saved, other)
+    with pytest.raises(ValueError, match="another format of reinforce_baby.py's checkpoint; commit 95652a5 reads it"):
+        reinforce_baby.evaluate(other)
 
 
 def test_the_benchmark_trains_the_baselines_as_runs_of_their_own_and_tables_them(tmp_path):
