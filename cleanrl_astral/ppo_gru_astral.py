@@ -11,7 +11,6 @@ Usage: python cleanrl_astral/ppo_gru_astral.py --modes-preset mirror4 --mode-sha
 
 import dataclasses
 import functools
-import importlib.util
 import itertools
 import math
 import os
@@ -930,9 +929,9 @@ def evaluate(model_path, episodes_per_mode=10, modes=None, deterministic=True, s
     counts, "mode_slot_mi", "mode_slot_nmi": step-level, "slots": episode-level metrics and probe accuracies against the
     mode and the preset's action latent, "held_out_routing", "action_latent"}; the metrics over the trained modes (all of
     `modes` when given). A checkpoint of another --env-id: {"returns": {0: the returns of `episodes_per_mode` episodes}}."""
-    from cleanrl_astral_utils import cartpole
+    from cleanrl_astral_utils import cartpole  # the evaluation's probes and video
 
-    checkpoint = cartpole.load_checkpoint(model_path, SCRIPT, CHECKPOINT_FORMAT)
+    checkpoint = load_checkpoint(model_path)
     train_args = checkpoint_args(checkpoint)
     train_modes = [tuple(mode) for mode in checkpoint["modes"]]
     held_out = []
@@ -1072,7 +1071,45 @@ def checkpoint_args(checkpoint):
     return Args(**saved)
 
 
-# PLUMBING: VALIDATION AND THE RUN DIRECTORY
+# PLUMBING: CHECKPOINTS, VALIDATION AND THE RUN DIRECTORY
+def save_checkpoint(path, args, modes, run_name, agent, reward_scaler):
+    """Writes {"script", "format", "args", "modes", "run_name", "state_dict", "reward_scaler"} to path atomically (a
+    temporary file beside it, then os.replace: a killed run leaves no half-written model). The reward normaliser's state
+    is kept because the value head is in its units (tta_gating --online bootstraps with it)."""
+    scaler = None
+    if reward_scaler is not None:
+        scaler = {key: float(getattr(reward_scaler.return_rms, key)) for key in ("mean", "var", "count")}
+    checkpoint = {
+        "script": SCRIPT,
+        "format": CHECKPOINT_FORMAT,
+        "args": dataclasses.asdict(args),
+        "modes": modes,
+        "run_name": run_name,
+        "state_dict": agent.state_dict(),
+        "reward_scaler": scaler,
+    }
+    tmp = f"{path}.tmp.{os.getpid()}"
+    torch.save(checkpoint, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path):
+    """The checkpoint dict at path, or ValueError (one line) when this file's save_checkpoint did not write it."""
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(checkpoint, dict) or checkpoint.get("script") != SCRIPT or checkpoint.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"{path!r} was not written by {SCRIPT}.py (format {CHECKPOINT_FORMAT})")
+    return checkpoint
+
+
+def have_helper_package():
+    """Whether cleanrl_astral_utils (reports, plots, video, resume) can be imported: a script copied alone runs without it."""
+    try:
+        import cleanrl_astral_utils  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def validate(args):
     """Refuses, in one line (ValueError), the settings that would crash late or train wrong in silence."""
     for field in dataclasses.fields(args):
@@ -1146,10 +1183,10 @@ def validate(args):
         )
     if args.capture_video and not args.save_model:
         raise ValueError("--capture-video records evaluation episodes; add --save-model")
+    if args.capture_video and not have_helper_package():
+        raise ValueError("--capture-video needs the cleanrl_astral_utils package (pip install -e . in the repository)")
     if args.env_id != DEFAULT_ENV_ID and args.lambda_supervised > 0:
         raise ValueError(f"--lambda-supervised supervises the gate with the true mode; --env-id {args.env_id} has none")
-    if args.save_model and importlib.util.find_spec("cleanrl_astral_utils") is None:  # it saves and evaluates the agent
-        raise ValueError("--save-model needs the cleanrl_astral_utils package: pip install -e . in the repository")
     if args.slot_init == "orthonormal" and args.num_abstractions > args.slot_dim:
         raise ValueError(
             f"--slot-init orthonormal needs --num-abstractions {args.num_abstractions} <= --slot-dim {args.slot_dim} "
@@ -1384,11 +1421,16 @@ if __name__ == "__main__":
             print_progress(iteration, args.num_iterations, global_step, sps, recent, recent_by_mode, slots, latent)
 
     if args.save_model:
+        model_path = os.path.join(run_dir, f"{args.exp_name}.cleanrl_model")
+        save_checkpoint(model_path, args, modes, run_name, agent, reward_scaler)
+        print(f"model saved to {model_path}")
+    if args.save_model and not have_helper_package():
+        print(
+            "evaluation report skipped: eval.json needs the cleanrl_astral_utils package (pip install -e . in the repository)"
+        )
+    elif args.save_model:
         from cleanrl_astral_utils import cartpole
 
-        model_path = os.path.join(run_dir, f"{args.exp_name}.cleanrl_model")
-        cartpole.save_checkpoint(model_path, SCRIPT, CHECKPOINT_FORMAT, args, modes, run_name, agent, reward_scaler)
-        print(f"model saved to {model_path}")
         run = cartpole.Run(SCRIPT, args, modes, held_out, run_name, run_dir, writer, global_step, mmer)
         cartpole.report_evaluation(run, evaluate, model_path, device=device)
 

@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import glob
 import itertools
+import json
 import math
 import os
 import sys
@@ -743,8 +744,11 @@ class Outcome(NamedTuple):
 
 def adapt(args, run, writer):
     """The adapt subcommand: per target, the evaluation before, the ceiling, then every control and seed adapted on the
-    same episodes and evaluated after; tta.json is written after every target."""
-    from cleanrl_astral_utils import tta  # reports, analysis, results files, plots, resuming
+    same episodes and evaluated after; tta.json is written after every target. With the helper package, each target's
+    statistics, their TensorBoard scalars, the adaptation curves and eval.json's headline numbers (else Outcome's None)."""
+    reports = have_helper_package()
+    if reports:
+        from cleanrl_astral_utils import tta  # statistics, the workload's estimate, plots, resuming
 
     report = run.report
     hide_velocity = run.ckpt["args"]["hide_velocity"]
@@ -757,9 +761,12 @@ def adapt(args, run, writer):
     report.setdefault("results", {})
     results_path = os.path.join(run.run_dir, "tta.json")
     model_file = os.path.join(run.run_dir, f"{args.exp_name}.cleanrl_model")
-    saved = tta.saved_adapted(model_file, args.save_model)
-    workload = tta.adapt_workload(args, len(run.targets) - len(report["results"]), len(settings))
-    print(tta.describe_workload(workload, run.agent, policy_step, hide_velocity, results_path, run.run_dir), flush=True)
+    saved = []
+    if args.resume is not None:
+        saved = tta.saved_adapted(model_file, args.save_model)
+    if reports:
+        workload = tta.adapt_workload(args, len(run.targets) - len(report["results"]), len(settings))
+        print(tta.describe_workload(workload, run.agent, policy_step, hide_velocity, results_path, run.run_dir), flush=True)
     for position, target in enumerate(run.targets):
         if target["name"] in report["results"]:
             continue  # finished by the stopped run this one resumes
@@ -770,14 +777,14 @@ def adapt(args, run, writer):
         if settings:
             result["ceiling"] = ceiling(run.agent, target, hide_velocity, settings, eval_seeds, args.eval_episodes)
         for control in args.controls:
-            entry = tta.new_control_entry()
+            entry = new_control_entry()
             for i, (seed, eval_seed) in enumerate(zip(seeds, eval_seeds)):
                 # ROLLOUT and UPDATE, every episode
                 adapted = adaptation(run.ckpt, target, control, seed, args, run.reward_scale)
                 after = gate_returns(
                     adapted.agent.eval(), target, hide_velocity, {"learned": None}, [eval_seed], args.eval_episodes
                 )
-                tta.add_seed(entry, after.means["learned"], after.runs["learned"], adapted.returns, adapted.updates)
+                add_seed(entry, after.means["learned"], after.runs["learned"], adapted.returns, adapted.updates)
                 if args.save_model:
                     saved.append(
                         {"target": target["name"], "seed": seed, "control": control, "state_dict": adapted.agent.state_dict()}
@@ -789,14 +796,19 @@ def adapt(args, run, writer):
                     flush=True,
                 )
             result["controls"][control] = entry
-        result = tta.summarise_target(result)
+        if reports:
+            result = tta.summarise_target(result)
 
-        # LOGGING
-        tta.log_adapt_target(writer, target["name"], result, args.episodes)
+            # LOGGING
+            tta.log_adapt_target(writer, target["name"], result, args.episodes)
         report["results"][target["name"]] = result
         if args.save_model:  # before the results: a target found in tta.json has its agents saved
-            tta.save_adapted(saved, report, run.ckpt, SCRIPT, model_file)
-        tta.write_results(report, results_path)  # per finished target: a stopped run keeps it
+            save_adapted(saved, report, run.ckpt, model_file)
+        write_json(report, results_path)  # per finished target: a stopped run keeps it
+    report["finished"] = True
+    write_json(report, results_path)
+    if not reports:
+        return Outcome(results_path, None, None)
     figure = os.path.join(run.run_dir, "adaptation_curves.png")
     mode_of_update = "per-episode"
     if args.online:
@@ -808,16 +820,13 @@ def adapt(args, run, writer):
         figure,
         f"{run.run_name}\nadaptation on {run.ckpt['run_name']} ({args.num_seeds} seeds, {mode_of_update} updates)",
     )
-    report["finished"] = True
-    tta.write_results(report, results_path)
     return Outcome(results_path, figure, tta.adapt_headline(report))
 
 
 # INTERVENTIONS: the clamp and the gate swap, subcommands of their own
 def clamp(args, run, writer):
-    """The clamp subcommand: every target with the gate clamped to each slot, to uniform and learned; clamp.json."""
-    from cleanrl_astral_utils import tta  # reports, analysis, results files, plots, resuming
-
+    """The clamp subcommand: every target with the gate clamped to each slot, to uniform and learned; clamp.json. With the
+    helper package, the return matrix, the clamp specificity, the heatmap and eval.json's headline numbers."""
     settings = gate_settings(run.ckpt["args"]["num_abstractions"], 1)
     settings["learned"] = None
     runs = {}
@@ -826,16 +835,23 @@ def clamp(args, run, writer):
         runs[target["name"]] = gate_returns(
             run.agent, target, run.ckpt["args"]["hide_velocity"], settings, [eval_seed], args.eval_episodes
         ).runs
-    report = tta.clamp_report(run.report, runs, run.targets, list(settings), run.ckpt["args"]["num_abstractions"])
+    report = run.report
+    report.update(columns=list(settings), results={})
+    for target in run.targets:
+        report["results"][target["name"]] = cells(runs[target["name"]])
+        learned = runs[target["name"]]["learned"]["deterministic"][0]
+        report["results"][target["name"]]["learned_slot_weights"] = learned.slot_weights.tolist()
 
     # LOGGING
-    tta.log_cells(writer, "clamp", report, run.targets)
-    for kind in KINDS:
-        specificity = report["specificity"][kind]
-        if specificity["score"] is not None:
-            writer.add_scalar(f"tta/clamp_specificity_{kind}", specificity["score"], 0)
-        print(f"clamp specificity, {kind}: {specificity['score']}, matching {specificity['matching']}")
+    log_cells(writer, "clamp", report, run.targets)
     results_path = os.path.join(run.run_dir, "clamp.json")
+    if not have_helper_package():
+        write_json(report, results_path)
+        return Outcome(results_path, None, None)
+    from cleanrl_astral_utils import tta  # the analysis and the plot
+
+    tta.add_clamp_analysis(report, run.targets, run.ckpt["args"]["num_abstractions"])
+    tta.log_clamp_specificity(writer, report)
     figure = os.path.join(run.run_dir, "clamp_heatmap.png")
     tta.plot_heatmap(
         tta.return_matrix(report["results"], run.targets, list(settings)),
@@ -844,19 +860,17 @@ def clamp(args, run, writer):
         figure,
         f"{run.run_name}\nreturn with the gate clamped, {args.eval_episodes} episodes per cell ({run.ckpt['run_name']})",
     )
-    tta.write_results(report, results_path)
+    write_json(report, results_path)
     return Outcome(results_path, figure, tta.clamp_headline(report))
 
 
 def swap_gates(mean_gates, targets):
     """The swap's fixed gates: `sign+1` / `sign-1`, the mean of the mean learned gates of that force sign's training
     modes (each mode weighs the same), then `mode{k}`, each training mode's own mean learned gate."""
-    from cleanrl_astral_utils import tta  # reports, analysis, results files, plots, resuming
-
     training = [t for t in targets if not t["held_out"]]
     gates = {}
     for sign in sorted({t["physics"][2] for t in training}, reverse=True):
-        gates[tta.sign_name(sign)] = np.mean([mean_gates[t["name"]] for t in training if t["physics"][2] == sign], 0)
+        gates[f"sign{sign:+g}"] = np.mean([mean_gates[t["name"]] for t in training if t["physics"][2] == sign], 0)
     for t in training:
         gates[t["name"]] = np.asarray(mean_gates[t["name"]])
     return {name: torch.as_tensor(w, dtype=torch.float32) for name, w in gates.items()}
@@ -865,8 +879,10 @@ def swap_gates(mean_gates, targets):
 class Swap(NamedTuple):
     gates: dict
     """{name: (K,) fixed gate}: `sign+1`, `sign-1`, then `mode{k}` for each training mode"""
-    routing: dict
-    """gate_routing of the learned gate's deterministic episodes"""
+    mean_gates: dict
+    """{target: (K,) mean gate of the learned gate's deterministic episodes}"""
+    episode_gates: dict
+    """{target: (episodes, K) each of those episodes' mean gate}"""
     runs: dict
     """{target: {column: {kind: [Evaluation]}}}, the columns the gates and `learned`"""
 
@@ -875,8 +891,6 @@ def gate_swap(agent, targets, hide_velocity, episodes, seed):
     """The swap intervention: the learned gate's episodes in every target (env and torch seed 100000 + seed + 1000 ·
     position, as clamp's), their mean gates grouped by force sign and by mode, then every target with the gate fixed to
     each group's mean gate, on the same episodes."""
-    from cleanrl_astral_utils import tta  # reports, analysis, results files, plots, resuming
-
     eval_seeds = [100_000 + seed + 1000 * position for position in range(len(targets))]
     learned = {}
     for target, eval_seed in zip(targets, eval_seeds):
@@ -888,31 +902,34 @@ def gate_swap(agent, targets, hide_velocity, episodes, seed):
     for target, eval_seed in zip(targets, eval_seeds):
         runs[target["name"]] = gate_returns(agent, target, hide_velocity, gates, [eval_seed], episodes).runs
         runs[target["name"]]["learned"] = learned[target["name"]]["learned"]
-    return Swap(gates, tta.gate_routing(episode_gates, mean_gates, targets), runs)
+    return Swap(gates, mean_gates, episode_gates, runs)
 
 
 def swap(args, run, writer):
-    """The swap subcommand: the learned gate's routing, then every target with the gate fixed to each group's mean
-    learned gate; swap.json."""
-    from cleanrl_astral_utils import tta  # reports, analysis, results files, plots, resuming
+    """The swap subcommand: every target with the gate fixed to each group's mean learned gate; swap.json. With the
+    helper package, the learned gate's routing, the return matrix, the swap effects, the heatmap and eval.json's headline
+    numbers."""
+    reports = have_helper_package()
+    if reports:
+        from cleanrl_astral_utils import tta  # the analysis and the plot
 
     swapped = gate_swap(run.agent, run.targets, run.ckpt["args"]["hide_velocity"], args.eval_episodes, args.seed)
-    report = tta.swap_report(run.report, swapped.gates, swapped.routing, swapped.runs, run.targets)
-    columns = report["columns"]
+    columns = [*swapped.gates, "learned"]
+    report = run.report
+    report.update(columns=columns, mean_gates={name: w.tolist() for name, w in swapped.gates.items()})
+    if reports:
+        report["routing"] = tta.gate_routing(swapped.episode_gates, swapped.mean_gates, run.targets)
+    report["results"] = {target["name"]: cells(swapped.runs[target["name"]]) for target in run.targets}
 
     # LOGGING
-    tta.log_cells(writer, "swap", report, run.targets)
-    for kind in KINDS:
-        for grouping, effect in report["swap_effect"][kind].items():
-            if effect["value"] is not None:
-                writer.add_scalar(f"tta/swap_effect_{grouping}_{kind}", effect["value"], 0)
-    writer.add_scalar("tta/gate_episode_nmi_mode", swapped.routing["episode_nmi_mode"], 0)
-    writer.add_scalar("tta/gate_episode_nmi_sign", swapped.routing["episode_nmi_sign"], 0)
-    for name, entry in swapped.routing["held_out"].items():
-        if entry["to_sign_slot"] is not None:
-            writer.add_scalar(f"tta/held_out_to_sign_slot_{name}", float(entry["to_sign_slot"]), 0)
-    print(tta.describe_swap(report))
+    log_cells(writer, "swap", report, run.targets)
     results_path = os.path.join(run.run_dir, "swap.json")
+    if not reports:
+        write_json(report, results_path)
+        return Outcome(results_path, None, None)
+    tta.add_swap_analysis(report, run.targets)
+    tta.log_swap(writer, report)
+    print(tta.describe_swap(report))
     figure = os.path.join(run.run_dir, "swap_heatmap.png")
     tta.plot_heatmap(
         tta.return_matrix(report["results"], run.targets, columns),
@@ -922,8 +939,108 @@ def swap(args, run, writer):
         f"{run.run_name}\nreturn with the gate fixed to a group's mean learned gate, {args.eval_episodes} episodes per "
         f"cell ({run.ckpt['run_name']})",
     )
-    tta.write_results(report, results_path)
+    write_json(report, results_path)
     return Outcome(results_path, figure, tta.swap_headline(report))
+
+
+# RESULTS FILES: the measurements; the helper package adds their statistics where it is installed
+def new_report(args, model_path, ckpt, targets):
+    """The fields every results file (tta.json, clamp.json, swap.json) starts with."""
+    return {
+        "script": SCRIPT,
+        "subcommand": args.subcommand,
+        "checkpoint": os.path.abspath(model_path),
+        "checkpoint_run": ckpt["run_name"],
+        "checkpoint_args": ckpt["args"],
+        "eval_episodes": args.eval_episodes,
+        "args": vars(args),
+        "targets": [
+            {
+                "name": t["name"],
+                "gravity": t["physics"][0],
+                "half_length": t["physics"][1],
+                "force_sign": t["physics"][2],
+                "held_out": t["held_out"],
+            }
+            for t in targets
+        ],
+    }
+
+
+def new_control_entry():
+    """An adapt control's per-seed measurements, filled seed by seed (add_seed)."""
+    return {
+        "during_per_seed": [],
+        "after_per_seed": {kind: [] for kind in KINDS},
+        "slot_weights_after_per_seed": [],
+        "updates": 0,
+    }
+
+
+def add_seed(entry, after_means, after_runs, returns, updates):
+    """Adds one adaptation seed to a control's entry: its mean return after ({kind: [mean]}), the mean gate of its
+    deterministic evaluation after ({kind: [Evaluation]}), the return of each adaptation episode and its update count."""
+    for kind, (value,) in after_means.items():
+        entry["after_per_seed"][kind].append(value)
+    entry["slot_weights_after_per_seed"].append(after_runs["deterministic"][0].slot_weights.tolist())
+    entry["during_per_seed"].append(returns)
+    entry["updates"] += updates
+
+
+def cells(runs):
+    """{column: {kind: [Evaluation]}} of one evaluation seed -> {column: {kind: {"mean", "std", "returns"}}}."""
+    out = {}
+    for column, by_kind in runs.items():
+        out[column] = {}
+        for kind, (evaluation,) in by_kind.items():
+            r = evaluation.returns
+            out[column][kind] = {"mean": float(r.mean()), "std": float(r.std()), "returns": r.tolist()}
+    return out
+
+
+def log_cells(writer, subcommand, report, targets):
+    """TensorBoard scalars tta/{subcommand}_return_{target}_{column}_{kind} of a clamp or swap report's cells, and one
+    line per target of its deterministic returns."""
+    for target in targets:
+        cells = report["results"][target["name"]]
+        for column in report["columns"]:
+            for kind in KINDS:
+                writer.add_scalar(f"tta/{subcommand}_return_{target['name']}_{column}_{kind}", cells[column][kind]["mean"], 0)
+        returns = " ".join(f"{c} {cells[c]['deterministic']['mean']:.0f}" for c in report["columns"])
+        print(f"{target['label']}: {returns}", flush=True)
+
+
+def write_json(obj, path):
+    """A results file, atomically (a temporary file beside it, then os.replace): a killed run leaves the previous
+    version, never a half-written one."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(tmp, path)
+
+
+def save_adapted(saved, report, ckpt, path):
+    """Every adapted state dict so far, with what it was adapted from, atomically."""
+    adapted = {
+        "script": SCRIPT,
+        "format": 1,
+        "source_checkpoint": report["checkpoint"],
+        "source_args": ckpt["args"],
+        "modes": ckpt["modes"],
+        "adapted": saved,
+    }
+    tmp = f"{path}.tmp.{os.getpid()}"
+    torch.save(adapted, tmp)
+    os.replace(tmp, path)
+
+
+def have_helper_package():
+    """Whether cleanrl_astral_utils (reports, plots, video, resume) can be imported: a script copied alone runs without it."""
+    try:
+        import cleanrl_astral_utils  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 # CHECKPOINT AND TARGETS
@@ -1116,6 +1233,8 @@ def validate(args):
         raise ValueError("--adapt-lr and --max-grad-norm must be positive, --gamma in [0, 1], --tent-kl-coef non-negative")
     if args.reward_scale is not None and not args.reward_scale > 0:
         raise ValueError(f"--reward-scale {args.reward_scale} must be positive")
+    if args.resume is not None and not have_helper_package():
+        raise ValueError("--resume needs the cleanrl_astral_utils package (pip install -e . in the repository)")
     if args.resume is not None and not os.path.isfile(os.path.join(args.resume, "tta.json")):
         raise ValueError(f"--resume {args.resume!r} holds no tta.json; pass the run directory of a stopped adapt run")
 
@@ -1176,23 +1295,23 @@ class Run(NamedTuple):
     reward_scale: float | None
     """--online's critic reward scale (critic_reward_scale)"""
     report: dict
-    """the results file's fields so far (tta.new_report, or the stopped run's with --resume)"""
+    """the results file's fields so far (new_report, or the stopped run's with --resume)"""
     run_name: str
     run_dir: str
 
 
 def prepare(args):
     """Checks the flags and the checkpoint, and claims the run directory (or takes the stopped run's): a Run."""
-    from cleanrl_astral_utils import tta  # reports, analysis, results files, plots, resuming
-
     validate(args)
     model_path = find_checkpoint(args)
     ckpt, agent = load_astral_checkpoint(model_path)
     targets = resolve_targets(args.mode_indices, args.modes, ckpt)
     validate_against_checkpoint(args, ckpt, targets)
     reward_scale = critic_reward_scale(args, ckpt)
-    report = tta.new_report(SCRIPT, args, model_path, ckpt, targets)
+    report = new_report(args, model_path, ckpt, targets)
     if args.subcommand == "adapt" and args.resume is not None:
+        from cleanrl_astral_utils import tta  # resuming
+
         report = tta.resumed_report(args.resume, report)
         run_dir = args.resume
         run_name = os.path.basename(os.path.normpath(run_dir))
@@ -1233,12 +1352,14 @@ if __name__ == "__main__":
         outcome = clamp(args, run, writer)
     else:
         outcome = swap(args, run, writer)
-    from cleanrl_astral_utils import tta
-
-    # eval.json: headline numbers averaged over the targets, for benchmark/report.py's tables (per target: results_path)
-    tta.write_results(
-        {"script": SCRIPT, "subcommand": args.subcommand, "targets": [t["name"] for t in run.targets], **outcome.headline},
-        os.path.join(run.run_dir, "eval.json"),
-    )
-    print(f"results in {outcome.results_path} and {outcome.figure}")
+    if outcome.headline is None:
+        print(
+            f"results in {outcome.results_path}; statistics, eval.json and figures skipped: they need the "
+            "cleanrl_astral_utils package (pip install -e . in the repository)"
+        )
+    else:
+        # eval.json: headline numbers averaged over the targets, for benchmark/report.py's tables (per target: results_path)
+        headline = {"script": SCRIPT, "subcommand": args.subcommand, "targets": [t["name"] for t in run.targets]}
+        write_json({**headline, **outcome.headline}, os.path.join(run.run_dir, "eval.json"))
+        print(f"results in {outcome.results_path} and {outcome.figure}")
     writer.close()

@@ -1,51 +1,19 @@
-"""What the CartPole scripts (ppo_gru_baseline.py, ppo_gru_astral.py, tta_gating.py) do around their method: checkpoints
-written atomically and refused when another program wrote them, the evaluation's analysis (the gate per mode, linear
-probes, the held-out modes' routing), the evaluation report (eval.json, its TensorBoard scalars and printed lines), the
-slot heatmap and the evaluation videos.
+"""What the CartPole training scripts (ppo_gru_baseline.py, ppo_gru_astral.py) do around their method: the evaluation's
+analysis (the gate per mode, linear probes, the held-out modes' routing), the post-training evaluation report (eval.json,
+its TensorBoard scalars and printed lines), the slot heatmap and the evaluation videos.
 
-The scripts import it only where a run needs it (a --save-model run, or evaluate()), as CleanRL imports cleanrl_utils."""
+The scripts import it only where a run asks for it (the report after --save-model, evaluate(), --capture-video), as
+CleanRL imports cleanrl_utils; without it they still train and save their checkpoints."""
 
-import dataclasses
 import os
 from typing import NamedTuple
 
 import numpy as np
-import torch
 
-from cleanrl_astral_utils.files import atomic_torch_save, atomic_write_json
+from cleanrl_astral_utils.files import atomic_write_json
 
 KINDS = ("deterministic", "sampled")  # the evaluation's actions: the policy's argmax, and draws from it
 PROBE_BURN_IN = 10  # the steps an episode's memory may take to infer the mode: probes skip them, as ASTRAL's metrics do
-
-
-# CHECKPOINTS
-def save_checkpoint(path, script, checkpoint_format, args, modes, run_name, agent, reward_scaler):
-    """Writes `{"script", "format", "args", "modes", "run_name", "state_dict", "reward_scaler"}` to path, atomically (a
-    killed run leaves no half-written model). The reward normaliser's state is kept because the value head is in its
-    units (tta_gating --online bootstraps with it)."""
-    scaler = None
-    if reward_scaler is not None:
-        scaler = {key: float(getattr(reward_scaler.return_rms, key)) for key in ("mean", "var", "count")}
-    checkpoint = {
-        "script": script,
-        "format": checkpoint_format,
-        "args": dataclasses.asdict(args),
-        "modes": modes,
-        "run_name": run_name,
-        "state_dict": agent.state_dict(),
-        "reward_scaler": scaler,
-    }
-    atomic_torch_save(checkpoint, path)
-
-
-def load_checkpoint(path, script, checkpoint_format):
-    """The checkpoint dict at path, or ValueError when `script`.py (format `checkpoint_format`) did not write it."""
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(checkpoint, dict):
-        raise ValueError(f"{path!r} was not written by {script}.py (format {checkpoint_format})")
-    if checkpoint.get("script") != script or checkpoint.get("format") != checkpoint_format:
-        raise ValueError(f"{path!r} was not written by {script}.py (format {checkpoint_format})")
-    return checkpoint
 
 
 # EVALUATION REPORT

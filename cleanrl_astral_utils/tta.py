@@ -1,6 +1,6 @@
-"""What tta_gating.py writes around its measurements: the reports (statistics, paired gains over `none`, headline numbers
-for eval.json), results files written atomically after every finished target so that a stopped `adapt` run keeps them
-and `--resume` continues it, the planned workload, and the plots."""
+"""What tta_gating.py adds to its measurements where this package is installed: the statistics (95% CIs, paired gains over
+`none`, the ceiling's headroom, the clamp specificity, the swap effects and the learned gate's routing), their TensorBoard
+scalars, eval.json's headline numbers, `--resume` of a stopped `adapt` run, the planned workload, and the plots."""
 
 import copy
 import os
@@ -15,7 +15,6 @@ import numpy as np
 import torch
 
 from cleanrl_astral_utils.cartpole import KINDS, mutual_information
-from cleanrl_astral_utils.files import atomic_torch_save, atomic_write_json
 from cleanrl_astral_utils.stats import mean_t_ci95
 
 # flags that do not change a single number: a resumed run may differ from the stopped one in these
@@ -27,49 +26,6 @@ mean_ci = mean_t_ci95  # the mean and its 95% Student-t CI, {"mean", "ci95", "n"
 
 
 # REPORTS
-def new_report(script, args, model_path, ckpt, targets):
-    """The fields every results file (tta.json, clamp.json, swap.json) starts with."""
-    return {
-        "script": script,
-        "subcommand": args.subcommand,
-        "checkpoint": os.path.abspath(model_path),
-        "checkpoint_run": ckpt["run_name"],
-        "checkpoint_args": ckpt["args"],
-        "eval_episodes": args.eval_episodes,
-        "args": vars(args),
-        "targets": [
-            {
-                "name": t["name"],
-                "gravity": t["physics"][0],
-                "half_length": t["physics"][1],
-                "force_sign": t["physics"][2],
-                "held_out": t["held_out"],
-            }
-            for t in targets
-        ],
-    }
-
-
-def new_control_entry():
-    """An adapt control's per-seed measurements, filled seed by seed (add_seed)."""
-    return {
-        "during_per_seed": [],
-        "after_per_seed": {kind: [] for kind in KINDS},
-        "slot_weights_after_per_seed": [],
-        "updates": 0,
-    }
-
-
-def add_seed(entry, after_means, after_runs, returns, updates):
-    """Adds one adaptation seed to a control's entry: its mean return after ({kind: [mean]}), the mean gate of its
-    deterministic evaluation after ({kind: [Evaluation]}), the return of each adaptation episode and its update count."""
-    for kind, (value,) in after_means.items():
-        entry["after_per_seed"][kind].append(value)
-    entry["slot_weights_after_per_seed"].append(after_runs["deterministic"][0].slot_weights.tolist())
-    entry["during_per_seed"].append(returns)
-    entry["updates"] += updates
-
-
 def summarise_target(result):
     """One target's tta.json entry from its per-seed measurements: means and 95% CIs, the ceiling's statistics, the
     gains over `none` paired by seed, and the gain as a fraction of the ceiling's headroom (ceiling − before)."""
@@ -136,18 +92,6 @@ def log_adapt_target(writer, name, result, episodes):
                 writer.add_scalar(f"tta/{key}_{name}_{control}", stat["mean"], episodes)
 
 
-def log_cells(writer, subcommand, report, targets):
-    """TensorBoard scalars tta/{subcommand}_return_{target}_{column}_{kind} of a clamp or swap report's cells, and one
-    line per target of its deterministic returns."""
-    for target in targets:
-        cells = report["results"][target["name"]]
-        for column in report["columns"]:
-            for kind in KINDS:
-                writer.add_scalar(f"tta/{subcommand}_return_{target['name']}_{column}_{kind}", cells[column][kind]["mean"], 0)
-        returns = " ".join(f"{c} {cells[c]['deterministic']['mean']:.0f}" for c in report["columns"])
-        print(f"{target['label']}: {returns}", flush=True)
-
-
 def averaged(summary):
     """{key: [values]} or {key: {column: [values]}} -> the same with each list replaced by its mean."""
     headline = {}
@@ -173,17 +117,6 @@ def adapt_headline(report):
                 if stat:
                     summary.setdefault(key, {}).setdefault(control, []).append(stat["mean"])
     return averaged(summary)
-
-
-def cells(runs):
-    """{column: {kind: [Evaluation]}} of one evaluation seed -> {column: {kind: {"mean", "std", "returns"}}}."""
-    out = {}
-    for column, by_kind in runs.items():
-        out[column] = {}
-        for kind, (evaluation,) in by_kind.items():
-            r = evaluation.returns
-            out[column][kind] = {"mean": float(r.mean()), "std": float(r.std()), "returns": r.tolist()}
-    return out
 
 
 def return_matrix(results, targets, columns):
@@ -291,16 +224,10 @@ def gate_routing(episode_gates, mean_gates, targets):
     }
 
 
-def clamp_report(report, runs, targets, columns, num_slots):
-    """clamp.json: `report` with each target's cells ({column: {kind: [Evaluation]}} -> means, stds, returns) and its
-    learned mean gate, the target × column return matrix, and the clamp specificity of its slot columns."""
-    report.update(columns=columns, results={})
-    for target in targets:
-        report["results"][target["name"]] = cells(runs[target["name"]])
-        report["results"][target["name"]]["learned_slot_weights"] = runs[target["name"]]["learned"]["deterministic"][
-            0
-        ].slot_weights.tolist()
-    matrix = return_matrix(report["results"], targets, columns)
+def add_clamp_analysis(report, targets, num_slots):
+    """Adds to clamp.json's `report` (its columns and each target's cells) the target × column return matrix and the clamp
+    specificity of its slot columns."""
+    matrix = return_matrix(report["results"], targets, report["columns"])
     report["matrix"] = {kind: m.tolist() for kind, m in matrix.items()}
     report["specificity"] = {}
     for kind in KINDS:
@@ -310,18 +237,36 @@ def clamp_report(report, runs, targets, columns, num_slots):
     return report
 
 
-def swap_report(report, gates, routing, runs, targets):
-    """swap.json: `report` with the swapped gates, the learned gate's routing, each target's cells ({column: {kind:
-    [Evaluation]}} -> means, stds, returns) for the gates and `learned`, the return matrix and the swap effects."""
-    columns = [*gates, "learned"]
-    report.update(columns=columns, mean_gates={name: w.tolist() for name, w in gates.items()}, routing=routing)
-    report["results"] = {}
-    for target in targets:
-        report["results"][target["name"]] = cells(runs[target["name"]])
-    matrix = return_matrix(report["results"], targets, columns)
+def add_swap_analysis(report, targets):
+    """Adds to swap.json's `report` (its columns, the learned gate's routing and each target's cells) the target × column
+    return matrix and the swap effects."""
+    matrix = return_matrix(report["results"], targets, report["columns"])
     report["matrix"] = {kind: m.tolist() for kind, m in matrix.items()}
-    report["swap_effect"] = {kind: swap_effect(matrix[kind], targets, columns) for kind in KINDS}
+    report["swap_effect"] = {kind: swap_effect(matrix[kind], targets, report["columns"]) for kind in KINDS}
     return report
+
+
+def log_clamp_specificity(writer, report):
+    """TensorBoard tta/clamp_specificity_{kind} and one printed line per kind."""
+    for kind in KINDS:
+        specificity = report["specificity"][kind]
+        if specificity["score"] is not None:
+            writer.add_scalar(f"tta/clamp_specificity_{kind}", specificity["score"], 0)
+        print(f"clamp specificity, {kind}: {specificity['score']}, matching {specificity['matching']}")
+
+
+def log_swap(writer, report):
+    """TensorBoard scalars of a swap report's effects and of the learned gate's routing."""
+    for kind in KINDS:
+        for grouping, effect in report["swap_effect"][kind].items():
+            if effect["value"] is not None:
+                writer.add_scalar(f"tta/swap_effect_{grouping}_{kind}", effect["value"], 0)
+    routing = report["routing"]
+    writer.add_scalar("tta/gate_episode_nmi_mode", routing["episode_nmi_mode"], 0)
+    writer.add_scalar("tta/gate_episode_nmi_sign", routing["episode_nmi_sign"], 0)
+    for name, entry in routing["held_out"].items():
+        if entry["to_sign_slot"] is not None:
+            writer.add_scalar(f"tta/held_out_to_sign_slot_{name}", float(entry["to_sign_slot"]), 0)
 
 
 def clamp_headline(report):
@@ -385,12 +330,7 @@ def describe_swap(report):
     return "\n".join(lines)
 
 
-# RESULTS FILES AND RESUMING
-def write_results(obj, path):
-    """A results file, atomically: a killed run leaves the previous version, never a half-written one."""
-    atomic_write_json(obj, path, indent=1)
-
-
+# RESUMING
 def resumed_report(run_dir, report):
     """The tta.json of the stopped run in `run_dir`, its finished targets kept, if it was run with the same flags and
     checkpoint as `report` (the new run's); ValueError otherwise."""
@@ -418,21 +358,6 @@ def saved_adapted(path, save_model):
     if not save_model or not os.path.isfile(path):
         return []
     return torch.load(path, map_location="cpu", weights_only=True)["adapted"]
-
-
-def save_adapted(saved, report, ckpt, script, path):
-    """Every adapted state dict so far, with what it was adapted from, atomically."""
-    atomic_torch_save(
-        {
-            "script": script,
-            "format": 1,
-            "source_checkpoint": report["checkpoint"],
-            "source_args": ckpt["args"],
-            "modes": ckpt["modes"],
-            "adapted": saved,
-        },
-        path,
-    )
 
 
 # WORKLOAD

@@ -1150,14 +1150,15 @@ def test_swap_writes_the_swapped_gates_their_returns_and_the_routing(mirror4_che
 # --- a stopped adapt run resumed -------------------------------------------------------------------------------------
 
 KILL_AFTER_FIRST_TARGET = """
-import os, runpy, signal, sys
-from cleanrl_astral_utils import tta
-write_results = tta.write_results
-def write_then_die(obj, path):
-    write_results(obj, path)
-    if path.endswith("tta.json") and len(obj["results"]) == 1:
-        os.kill(os.getpid(), signal.SIGKILL)
-tta.write_results = write_then_die
+import json, os, runpy, signal, sys
+replace = os.replace
+def replace_then_die(src, dst):
+    replace(src, dst)
+    if dst.endswith("tta.json"):
+        with open(dst) as f:
+            if len(json.load(f)["results"]) == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+os.replace = replace_then_die
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """

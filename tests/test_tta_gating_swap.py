@@ -71,7 +71,9 @@ class ToySwap(NamedTuple):
 def swap_of(agent, episodes=3):
     targets = mirror4_targets()
     swap = tta_gating.gate_swap(agent, targets, False, episodes, 1)
-    report = tta.swap_report({}, swap.gates, swap.routing, swap.runs, targets)
+    report = {"columns": [*swap.gates, "learned"], "routing": tta.gate_routing(swap.episode_gates, swap.mean_gates, targets)}
+    report["results"] = {target["name"]: tta_gating.cells(swap.runs[target["name"]]) for target in targets}
+    tta.add_swap_analysis(report, targets)
     return ToySwap(swap, {kind: np.asarray(m) for kind, m in report["matrix"].items()}, report)
 
 
@@ -115,14 +117,14 @@ def test_swap_effect_is_zero_when_the_policy_ignores_the_gate(toy_swaps):
         assert toy.report["swap_effect"][kind]["mode"]["value"] == 0.0
     assert (toy.matrix["deterministic"][[0, 2]] > 60).all()
     assert (toy.matrix["deterministic"][[1, 3, 4]] < 30).all()
-    assert toy.swap.routing["episode_nmi_sign"] == pytest.approx(1.0)
+    assert toy.report["routing"]["episode_nmi_sign"] == pytest.approx(1.0)
 
 
 def test_gate_routing_reads_the_sign_split_and_the_held_out_modes_slot(toy_swaps):
     """A gate that splits episodes exactly by sign scores episode NMI 1 against the sign and exactly log 2 / log 4 = 0.5
     against four equally played modes; the held-out force -1 mode goes to the force -1 slot. A uniform gate scores 0
     and has no sign slot to route to."""
-    routing = toy_swaps["reads_gate"].swap.routing
+    routing = toy_swaps["reads_gate"].report["routing"]
     assert routing["episode_nmi_sign"] == pytest.approx(1.0)
     assert routing["episode_nmi_mode"] == pytest.approx(0.5)
     assert routing["episodes"] == 12
@@ -136,7 +138,7 @@ def test_gate_routing_reads_the_sign_split_and_the_held_out_modes_slot(toy_swaps
         "to_sign_slot": True,
         "episode_share_on_sign_slots": 1.0,
     }
-    uniform = toy_swaps["uniform_gate"].swap.routing
+    uniform = toy_swaps["uniform_gate"].report["routing"]
     assert uniform["episode_nmi_sign"] == 0.0
     assert uniform["episode_nmi_mode"] == 0.0
     assert not uniform["sign_split"]

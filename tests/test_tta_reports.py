@@ -4,6 +4,7 @@ ceiling's headroom, the clamp specificity, the learned gate's routing and episod
 import numpy as np
 import pytest
 
+import cleanrl_astral.tta_gating as tta_gating
 from cleanrl_astral_utils import tta
 
 
@@ -21,7 +22,7 @@ def measured(ceiling_best):
     `none` after 10 / 20 and `gate` after 25 / 27 (sampled), with `ceiling_best` as the ceiling."""
     controls = {}
     for control, after in (("none", [10.0, 20.0]), ("gate", [25.0, 27.0])):
-        entry = tta.new_control_entry()
+        entry = tta_gating.new_control_entry()
         entry["after_per_seed"] = {"deterministic": [0.0, 0.0], "sampled": after}
         entry["during_per_seed"] = [[1.0, 3.0], [2.0, 2.0]]
         if control == "gate":
