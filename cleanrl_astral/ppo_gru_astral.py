@@ -32,7 +32,7 @@ from torch.distributions.categorical import Categorical
 from torch.utils.tensorboard import SummaryWriter
 
 SCRIPT = os.path.basename(__file__)[: -len(".py")]
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 2
 
 
 @dataclass
@@ -932,7 +932,7 @@ def evaluate(model_path, episodes_per_mode=10, modes=None, deterministic=True, s
     from cleanrl_astral_utils import cartpole  # the evaluation's probes and video
 
     checkpoint = load_checkpoint(model_path)
-    train_args = checkpoint_args(checkpoint)
+    train_args = Args(**checkpoint["args"])
     train_modes = [tuple(mode) for mode in checkpoint["modes"]]
     held_out = []
     mode_names = None
@@ -1058,19 +1058,6 @@ def env_returns(agent, env_id, episodes, seed, deterministic):
     return np.array([episode_return for episode_return, _, _ in first])
 
 
-def checkpoint_args(checkpoint):
-    """The Args a checkpoint was trained with; one saved without `sharpen_gate` trained with the sharpening gate entropy.
-    A checkpoint of commit 9ecf7db holds the one-change study's --film-design, --gate-design and --init: None is the
-    design's own network; another value is one of that study's networks, which only that commit builds."""
-    saved = {"sharpen_gate": True, **checkpoint["args"]}
-    for name in ("film_design", "gate_design", "init"):
-        value = saved.pop(name, None)
-        if value is not None:
-            flag = name.replace("_", "-")
-            raise ValueError(f"the checkpoint was trained with --{flag} {value}; its network is built at commit 9ecf7db")
-    return Args(**saved)
-
-
 # PLUMBING: CHECKPOINTS, VALIDATION AND THE RUN DIRECTORY
 def save_checkpoint(path, args, modes, run_name, agent, reward_scaler):
     """Writes {"script", "format", "args", "modes", "run_name", "state_dict", "reward_scaler"} to path atomically (a
@@ -1094,10 +1081,14 @@ def save_checkpoint(path, args, modes, run_name, agent, reward_scaler):
 
 
 def load_checkpoint(path):
-    """The checkpoint dict at path, or ValueError (one line) when this file's save_checkpoint did not write it."""
+    """The checkpoint dict at path, or ValueError (one line) when this file's save_checkpoint did not write it: another
+    program's, or another commit's format (its Args differ), which that commit reads."""
     checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(checkpoint, dict) or checkpoint.get("script") != SCRIPT or checkpoint.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"{path!r} was not written by {SCRIPT}.py (format {CHECKPOINT_FORMAT})")
+    if not isinstance(checkpoint, dict) or checkpoint.get("script") != SCRIPT:
+        raise ValueError(f"{path!r} was not written by {SCRIPT}.py")
+    fields = {field.name for field in dataclasses.fields(Args)}
+    if checkpoint.get("format") != CHECKPOINT_FORMAT or set(checkpoint["args"]) != fields:
+        raise ValueError(f"{path!r} holds another format of {SCRIPT}.py's checkpoint; commit 95652a5 reads it")
     return checkpoint
 
 

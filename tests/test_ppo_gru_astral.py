@@ -774,7 +774,11 @@ def test_smoke_save_evaluate_json_and_heatmap(tmp_path):
     model = os.path.join(run_dir, "ppo_gru_astral.cleanrl_model")
     # what tta_gating reads from a saved model
     ckpt = torch.load(model, weights_only=True)
-    assert ckpt["script"] == "ppo_gru_astral" and ckpt["format"] == 1 and ckpt["state_dict"]["bank.slots"].shape == (5, 8)
+    assert (
+        ckpt["script"] == "ppo_gru_astral"
+        and ckpt["format"] == ppo_gru_astral.CHECKPOINT_FORMAT
+        and ckpt["state_dict"]["bank.slots"].shape == (5, 8)
+    )
     assert (
         {"hide_velocity", "hidden_size", "memory", "oracle", "num_abstractions", "slot_dim", "tau", "norm_reward", "gamma"}
         <= set(ckpt["args"])
@@ -796,16 +800,21 @@ PHASE_C_FROZEN = os.path.join(
 )
 
 
-def test_a_checkpoint_saved_without_sharpen_gate_loads_as_the_sharpening_variant():
-    """The study's checkpoints trained with the sharpening gate entropy and saved no `sharpen_gate`: they load with
-    sharpen_gate=True (a documented Phase C checkpoint among them); a checkpoint that saved the field keeps it."""
-    checkpoint = torch.load(PHASE_C_FROZEN, map_location="cpu", weights_only=True)
-    assert "sharpen_gate" not in checkpoint["args"]
-    assert ppo_gru_astral.checkpoint_args(checkpoint).sharpen_gate is True
-    for saved in (False, True):
-        checkpoint["args"]["sharpen_gate"] = saved
-        assert ppo_gru_astral.checkpoint_args(checkpoint).sharpen_gate is saved
-    assert ppo_gru_astral.Args().sharpen_gate is False  # a new run maximises the gate entropy, as the plan does
+def test_a_checkpoint_of_another_format_is_refused_naming_the_commit_that_reads_it(tmp_path):
+    """A documented Phase C checkpoint (format 1, saved without `sharpen_gate`) is read at commit 95652a5; a checkpoint
+    whose Args differ from this file's is refused the same way, not built with defaults for what it lacks."""
+    with pytest.raises(ValueError, match="another format of ppo_gru_astral.py's checkpoint; commit 95652a5 reads it"):
+        ppo_gru_astral.evaluate(PHASE_C_FROZEN)
+    args = ppo_gru_astral.Args()
+    agent = ppo_gru_astral.agent_from_args(args, 3)
+    path = str(tmp_path / "ok.cleanrl_model")
+    ppo_gru_astral.save_checkpoint(path, args, ppo_gru_astral.MODE_PRESETS["seed3"], "run", agent, None)
+    checkpoint = ppo_gru_astral.load_checkpoint(path)
+    assert checkpoint["format"] == ppo_gru_astral.CHECKPOINT_FORMAT
+    del checkpoint["args"]["sharpen_gate"]
+    torch.save(checkpoint, path)
+    with pytest.raises(ValueError, match="commit 95652a5 reads it"):
+        ppo_gru_astral.load_checkpoint(path)
 
 
 def test_runs_started_in_the_same_second_get_directories_of_their_own(tmp_path, occupied_run_names):

@@ -1,7 +1,6 @@
 """The plan's design (--design plan) of ppo_gru_astral.py and ppo_gru_baseline.py: its network, where FiLM's gamma and beta
 enter, its Config as the defaults, and the script's recurrent replay kept under it."""
 
-import dataclasses
 import sys
 
 import numpy as np
@@ -236,21 +235,3 @@ def test_each_design_is_its_own_network():
     assert [type(m) for m in plan.bank.gate] == [nn.Linear, nn.ReLU, nn.Linear]
     assert plan.bank.gate[2].bias.abs().max() > 0
     assert isinstance(plan.film, ppo_gru_astral.PlanFiLM) and plan.film.net[2].bias.abs().max() > 0
-
-
-def test_a_checkpoint_with_a_one_change_switch_is_refused_naming_its_commit():
-    """Commit 9ecf7db saved --film-design, --gate-design and --init with every checkpoint: None (its design's own
-    network) loads as that design; a switched part is refused in one line naming the commit, not built as another agent."""
-    torch.manual_seed(0)
-    args = ppo_gru_astral.Args(design="plan", **ppo_gru_astral.PLAN_CONFIG)
-    trained = ppo_gru_astral.agent_from_args(args, 3)
-    saved = {**dataclasses.asdict(args), "film_design": None, "gate_design": None, "init": None}
-    ckpt = {"args": saved, "state_dict": trained.state_dict()}
-    loaded = ppo_gru_astral.agent_from_args(ppo_gru_astral.checkpoint_args(ckpt), 3)
-    loaded.load_state_dict(ckpt["state_dict"])
-    assert repr(loaded) == repr(trained)
-    for name, value in (("film_design", "script"), ("gate_design", "script"), ("init", "orthogonal")):
-        switched = {"args": {**saved, name: value}, "state_dict": trained.state_dict()}
-        flag = name.replace("_", "-")
-        with pytest.raises(ValueError, match=f"--{flag} {value}.*9ecf7db"):
-            ppo_gru_astral.checkpoint_args(switched)

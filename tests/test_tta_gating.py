@@ -1,9 +1,8 @@
 """Tests for cleanrl_astral/tta_gating.py: its agent and environment are ppo_gru_astral.py's and act alike on the same
-weights (both designs), every documented checkpoint loads, each control updates exactly the parameters it promises with
+weights (both designs), a checkpoint of another format is refused, each control updates exactly the parameters it promises with
 losses of the right sign and bootstrap, the subcommands run end to end with the numbers their names say, and bad input
 fails with one line. The reports' arithmetic is tested in test_tta_reports.py."""
 
-import dataclasses
 import glob
 import inspect
 import math
@@ -42,7 +41,7 @@ GATE_KEYS = {"bank.gate.0.weight", "bank.gate.0.bias", "bank.gate.2.weight", "ba
 MIRROR4 = ["--modes-preset", "mirror4", "--mode-share", "balanced"]
 # the plan's design at a tiny width: slots of d_model
 PLAN = ["--design", "plan", "--hidden-size", "16", "--slot-dim", "16"]
-# one checkpoint of each vintage the documented results were made with (their saved args differ)
+# checkpoints the documented results were made with, of another format
 DOCUMENTED_CHECKPOINTS = [
     "benchmark/out/cartpole_main/runs/c1__g0_modes-preset_seed3__s1/*/ppo_gru_astral.cleanrl_model",
     "benchmark/out/astral_study/phase_C/runs/c0__g0_base__s6/*/frozen.cleanrl_model",
@@ -176,7 +175,7 @@ def test_agent_gives_the_training_agents_outputs_for_its_state_dict(option_check
     (sampled with the same torch seed, and deterministic), the bottleneck, the oracle input, the plan's design, and a
     clamped gate; the loaded agent's only other parameter is the zero context."""
     ckpt, agent = tta_gating.load_astral_checkpoint(option_checkpoint)
-    reference = ppo_gru_astral.agent_from_args(ppo_gru_astral.checkpoint_args(ckpt), len(ckpt["modes"]))
+    reference = ppo_gru_astral.agent_from_args(ppo_gru_astral.Args(**ckpt["args"]), len(ckpt["modes"]))
     reference.load_state_dict(ckpt["state_dict"])
     assert set(agent.state_dict()) == set(reference.state_dict()) | {"bank.context"}
     assert torch.equal(agent.bank.context, torch.zeros(ckpt["args"]["num_abstractions"]))
@@ -229,61 +228,19 @@ def test_evaluation_reproduces_the_training_scripts_evaluate(option_checkpoint, 
     assert not np.array_equal(evaluation.returns, other.returns)
 
 
-# --- checkpoints of every vintage ------------------------------------------------------------------------------------
-
-
-def test_every_training_option_is_a_checkpoint_argument():
-    """A ppo_gru_astral.py option missing from CHECKPOINT_ARGS makes its checkpoints refused: this fails first, so the
-    copy of the agent is brought up to date in the same change."""
-    assert {f.name for f in dataclasses.fields(ppo_gru_astral.Args)} <= tta_gating.CHECKPOINT_ARGS
+# --- checkpoints of another format ----------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("pattern", DOCUMENTED_CHECKPOINTS)
-def test_documented_checkpoints_load_as_the_sharpening_script_design(pattern):
-    """Each vintage of the documented results loads, its state dict fits the agent, and a checkpoint saved before the
-    gate-entropy sign was an option reads as the sharpening variant it was trained with (as ppo_gru_astral.py reads it)."""
+def test_a_checkpoint_of_another_format_is_refused_naming_the_commit_that_reads_it(pattern, tmp_path):
+    """The documented results' checkpoints (format 1) are read at commit 95652a5: refused in one line before any work."""
     (path,) = glob.glob(os.path.join(REPO, pattern))
-    ckpt, agent = tta_gating.load_astral_checkpoint(path)
-    saved = torch.load(path, weights_only=True)
-    assert "sharpen_gate" not in saved["args"]
-    assert "design" not in saved["args"]
-    assert ckpt["args"]["sharpen_gate"] is True
-    assert ckpt["args"]["design"] == "script"
-    assert all(torch.equal(agent.state_dict()[k], v) for k, v in saved["state_dict"].items())
-    target = target_of(ckpt)
-    returns = tta_gating.evaluate_target(agent, target, ckpt["args"]["hide_velocity"], 2, True, 0).returns
-    assert returns.min() >= 1
-
-
-def test_a_checkpoint_with_the_gate_entropy_sign_keeps_it(checkpoint, tmp_path):
-    """The field, where saved, is read as saved: the default (the plan's entropy bonus) stays False."""
-    assert torch.load(checkpoint, weights_only=True)["args"]["sharpen_gate"] is False
-    assert tta_gating.load_astral_checkpoint(checkpoint)[0]["args"]["sharpen_gate"] is False
-    sharpening = edited_checkpoint(checkpoint, tmp_path / "sharpening.cleanrl_model", sharpen_gate=True)
-    assert tta_gating.load_astral_checkpoint(sharpening)[0]["args"]["sharpen_gate"] is True
-
-
-def test_a_checkpoint_holding_the_one_change_switches_loads_as_its_design_or_is_refused(checkpoint, tmp_path):
-    """A plan-design checkpoint of commit 9ecf7db holds --film-design, --gate-design and --init as None: it loads as the
-    plan's network, its weights in place. One trained with a switched part (that commit's one-change study) is refused,
-    not built as another agent."""
-    base = torch.load(checkpoint, weights_only=True)
-    args = ppo_gru_astral.Args(design="plan", **ppo_gru_astral.PLAN_CONFIG)
-    torch.manual_seed(0)
-    trained = ppo_gru_astral.agent_from_args(args, 3)
-    saved = {**dataclasses.asdict(args), "film_design": None, "gate_design": None, "init": None}
-    path = tmp_path / "plan.cleanrl_model"
-    torch.save({**base, "args": saved, "state_dict": trained.state_dict()}, path)
-    _, agent = tta_gating.load_astral_checkpoint(str(path))
-    assert repr(agent.film) == repr(trained.film) and repr(agent.bank.gate) == repr(trained.bank.gate)
-    assert all(torch.equal(agent.state_dict()[k], v) for k, v in trained.state_dict().items())
-    assert isinstance(agent.film, tta_gating.PlanFiLM) and isinstance(agent.bank.gate[1], torch.nn.ReLU)
-    for name, value in (("film_design", "script"), ("gate_design", "script"), ("init", "orthogonal")):
-        switched = tmp_path / f"{name}.cleanrl_model"
-        torch.save({**base, "args": {**saved, name: value}, "state_dict": trained.state_dict()}, switched)
-        flag = name.replace("_", "-")
-        with pytest.raises(ValueError, match=f"--{flag} {value}"):
-            tta_gating.load_astral_checkpoint(str(switched))
+    assert torch.load(path, weights_only=True)["format"] == 1
+    with pytest.raises(ValueError, match="holds another format of ppo_gru_astral.py's checkpoint; commit 95652a5 reads it"):
+        tta_gating.load_astral_checkpoint(path)
+    result = run_script("tta_gating", "clamp", "--checkpoint", path, "--runs-dir", tmp_path)
+    assert_one_line_error(result, "commit 95652a5 reads it")
+    assert os.listdir(tmp_path) == []
 
 
 # --- the gate, the clamp and the context -----------------------------------------------------------------------------
@@ -1010,13 +967,15 @@ def baseline_checkpoint(tmp_path_factory):
         ("baseline", "written by ppo_gru_baseline"),
         ("mode_index", "--mode-indices 7 is out of range"),
         ("runs_dir_is_a_file", "--runs-dir"),
-        ("unknown_option", "trained with --gate-input obs, which tta_gating.py's copy of the agent does not implement"),
+        ("format_1", "holds another format of ppo_gru_astral.py's checkpoint; commit 95652a5 reads it"),
     ],
 )
 def test_bad_input_fails_with_one_line_before_any_work(case, expected, checkpoint, baseline_checkpoint, tmp_path):
     path = {"missing": str(tmp_path / "nope.cleanrl_model"), "baseline": baseline_checkpoint}.get(case, checkpoint)
-    if case == "unknown_option":  # an option of the agent this copy does not have: refused, never acted as the plain agent
-        path = edited_checkpoint(checkpoint, tmp_path / "unknown.cleanrl_model", gate_input="obs")
+    if case == "format_1":  # another commit's format: refused, never acted as this file's agent
+        ckpt = torch.load(checkpoint, weights_only=True)
+        path = str(tmp_path / "format_1.cleanrl_model")
+        torch.save({**ckpt, "format": 1}, path)
     runs = tmp_path / "runs"
     if case == "runs_dir_is_a_file":
         runs.write_text("")
@@ -1065,17 +1024,6 @@ def test_custom_modes_read_gravity_half_length_and_an_optional_force_sign():
     assert tta_gating.parse_modes("9.8,0.5 7.5,0.7,-1") == [(9.8, 0.5, 1.0), (7.5, 0.7, -1.0)]
 
 
-def test_validate_rejects_checkpoints_that_do_not_fit_their_args(checkpoint, tmp_path):
-    for name, args in (("bad_k", {"num_abstractions": 4}), ("bad_h", {"hidden_size": 32})):
-        path = edited_checkpoint(checkpoint, tmp_path / f"{name}.cleanrl_model", **args)
-        with pytest.raises(ValueError, match="does not fit the agent its args describe"):
-            prepared(tta_gating.ClampArgs(checkpoint=path))
-    for args, flag in (({"memory": "lstm"}, "--memory lstm"), ({"modes_preset": "mirror8"}, "--modes-preset mirror8")):
-        path = edited_checkpoint(checkpoint, tmp_path / "unknown.cleanrl_model", **args)
-        with pytest.raises(ValueError, match=f"trained with {flag}, which"):
-            prepared(tta_gating.ClampArgs(checkpoint=path))
-
-
 def test_checkpoint_pattern_picks_the_seeds_file(checkpoint):
     pattern = os.path.join(os.path.dirname(os.path.dirname(checkpoint)), "*", "ppo_gru_astral.cleanrl_model")
     assert prepared(tta_gating.ClampArgs(checkpoint=pattern))[0] == checkpoint
@@ -1086,21 +1034,15 @@ def test_checkpoint_pattern_picks_the_seeds_file(checkpoint):
 
 def test_online_reads_the_critics_reward_scale_from_the_model_or_refuses(checkpoint, tmp_path):
     """--online bootstraps with the critic, in the units of the run's reward normaliser; `gate`, `context` and `all` need
-    it, `tent` alone does not. A model without the normaliser is refused unless --reward-scale is given."""
+    it, `tent` alone does not; --reward-scale overrides the model's."""
     scaler = torch.load(checkpoint, weights_only=True)["reward_scaler"]
     expected = float(np.sqrt(scaler["var"] + 1e-8))
     assert expected != 1.0
     for controls in (["none", "gate"], ["none", "context"], ["none", "all"]):
         assert prepared(adapt_args(checkpoint, online=True, controls=controls))[1] == expected
     assert prepared(adapt_args(checkpoint, online=True, controls=["none", "tent"]))[1] is None
-    model = tmp_path / "no_scaler.cleanrl_model"
-    older = torch.load(checkpoint, weights_only=True)
-    del older["reward_scaler"]
-    torch.save(older, model)
-    with pytest.raises(ValueError, match="--online needs the reward scale"):
-        prepared(adapt_args(str(model), online=True))
-    assert prepared(adapt_args(str(model), online=True, reward_scale=30.0))[1] == 30.0
-    unnormalised = edited_checkpoint(str(model), tmp_path / "unnormalised.cleanrl_model", norm_reward=False)
+    assert prepared(adapt_args(checkpoint, online=True, reward_scale=30.0))[1] == 30.0
+    unnormalised = edited_checkpoint(checkpoint, tmp_path / "unnormalised.cleanrl_model", norm_reward=False)
     assert prepared(adapt_args(unnormalised, online=True))[1] == 1.0  # raw rewards: σ = 1
 
 

@@ -1,7 +1,8 @@
 """How much can the gate move the policy? For each ASTRAL checkpoint of training seeds 1-2, replay 3 deterministic
 learned-gate episodes per training mode and, at every visited state, compare the action probabilities under each
 one-hot slot clamp (z = A_k) with those under the learned gate: max |Δp| and the fraction of steps whose greedy action
-changes. Run from the repository root: PYTHONPATH=. python docs/results/tta_gating/leverage.py"""
+changes. Run from the repository root: PYTHONPATH=. python docs/results/tta_gating/leverage.py, at commit 95652a5, which
+reads these checkpoints (format 1)."""
 
 import glob
 
