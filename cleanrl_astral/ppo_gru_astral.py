@@ -153,9 +153,10 @@ class Args:
     """weight of the episode-consistency bonus I(episode; slot) of the episode-mean gates past their first 10 steps"""
     lambda_supervised: float = 0.0
     """diagnostic ceiling, not the method: weight of a cross-entropy from the gate to the true mode (K >= training modes)"""
-    diagnostics_every: int = 10
-    """log each loss term's gradient norm (slots/grad_norm_*, losses/grad_norm_ppo) every N updates, 0 never: it costs
-    one extra backward pass per term"""
+    diagnostics_every: int = 0
+    """a diagnostic for when learning fails, off at 0: every N updates each loss term's gradient norm (slots/grad_norm_*,
+    losses/grad_norm_ppo; one extra backward pass per term), and on every update the episode-consistency term at
+    --lambda-consistency 0"""
 
     batch_size: int = 0
     """the batch size (computed at runtime)"""
@@ -673,7 +674,8 @@ class SlotTerms(NamedTuple):
     weight_entropy: torch.Tensor
     load_balance_entropy: torch.Tensor
     orthogonality: torch.Tensor
-    episode_consistency: torch.Tensor
+    episode_consistency: torch.Tensor | None
+    """None at --lambda-consistency 0 without --diagnostics-every"""
     supervised_ce: torch.Tensor | None
     """None unless --lambda-supervised > 0 (the diagnostic ceiling)"""
 
@@ -748,7 +750,9 @@ def ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args
             w_ent = weight_entropy(out.probs)
             load_balance = load_balance_entropy(out.probs)
             orthogonality = orthogonality_penalty(agent.bank.slots)
-            consistency = episode_consistency(out.probs, batch["starts"][:, mb], batch["ages"][:, mb])
+            consistency = None
+            if args.lambda_consistency > 0 or args.diagnostics_every > 0:
+                consistency = episode_consistency(out.probs, batch["starts"][:, mb], batch["ages"][:, mb])
             supervised_ce = None
             if args.lambda_supervised > 0:
                 supervised_ce = supervised_gate_loss(out.probs, batch["modes"][:, mb], batch["ages"][:, mb])
@@ -763,8 +767,9 @@ def ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args
                 w_ent_sign * args.lambda_w_ent * terms.weight_entropy
                 - args.lambda_lb * terms.load_balance_entropy
                 + args.lambda_orth * terms.orthogonality
-                - args.lambda_consistency * terms.episode_consistency
             )
+            if terms.episode_consistency is not None:
+                slot_loss = slot_loss - args.lambda_consistency * terms.episode_consistency
             if terms.supervised_ce is not None:
                 slot_loss = slot_loss + args.lambda_supervised * terms.supervised_ce
             loss = ppo_loss + slot_loss

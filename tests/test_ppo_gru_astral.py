@@ -664,6 +664,27 @@ def test_the_gradient_norm_diagnostic_changes_nothing_but_what_is_logged():
         assert torch.equal(p, q), name
 
 
+def test_the_episode_consistency_at_weight_0_is_computed_only_as_a_diagnostic():
+    """At --lambda-consistency 0 the term is computed (and logged) only with --diagnostics-every; computed or not, the
+    update takes the same steps to the same parameters."""
+    torch.manual_seed(0)
+    agent = ppo_gru_astral.Agent(ppo_gru_astral.Args(hidden_size=16, num_abstractions=3, slot_dim=8), 4, 2, 3)
+    batch, initial_state, adv, ret = synthetic_batch(agent)
+    trained = {}
+    stats = {}
+    for every in (0, 10):
+        trained[every] = copy.deepcopy(agent)
+        optimizer = torch.optim.Adam(trained[every].parameters(), lr=1e-2)
+        np.random.seed(0)
+        args = update_args(diagnostics_every=every)
+        stats[every] = ppo_gru_astral.ppo_update(trained[every], optimizer, batch, initial_state, adv, ret, args, False)
+    assert ppo_gru_astral.Args().diagnostics_every == 0 and ppo_gru_astral.Args().lambda_consistency == 0
+    assert "episode_consistency" not in stats[0] and "episode_consistency" in stats[10]
+    assert {key: v for key, v in stats[10].items() if key != "episode_consistency"} == stats[0]
+    for (name, p), q in zip(trained[10].named_parameters(), trained[0].parameters()):
+        assert torch.equal(p, q), name
+
+
 SLOT_LAMBDAS = ("lambda_w_ent", "lambda_lb", "lambda_orth", "lambda_consistency", "lambda_supervised")
 
 
@@ -771,6 +792,8 @@ def test_smoke_save_evaluate_json_and_heatmap(tmp_path):
     assert any(logged_scalars(run_dir).get(f"charts/episodic_return_mode{k}", []) for k in range(4))
     assert max(v for _, v in logged_scalars(run_dir).get("debug/first_minibatch_ratio_error", [])) < 1e-5
     assert max(v for _, v in logged_scalars(run_dir).get("debug/first_minibatch_gate_error", [])) < 1e-5
+    diagnostics = [tag for tag in logged_scalars(run_dir) if "grad_norm" in tag or tag == "slots/episode_consistency"]
+    assert diagnostics == []  # off by default (--diagnostics-every)
     model = os.path.join(run_dir, "ppo_gru_astral.cleanrl_model")
     # what tta_gating reads from a saved model
     ckpt = torch.load(model, weights_only=True)
