@@ -4,7 +4,8 @@ An `AbstractionBank` of K slots A ∈ R^{K×d} and a gate w_t = softmax(g(h_t)/�
 h'_t = γ(z_t) ⊙ h_t + β(z_t), all the heads read. Slot regularisers join the PPO loss through the gate replayed in the
 update. A bottleneck, orthonormal slots, a hard gate and an episode-consistency bonus give slots a reason and a way to
 specialise; a gate supervised by the true mode is the diagnostic ceiling. Environment, flags and logs: the baseline's.
-It follows the ASTRAL plan (astral_plan.txt); `--design plan` trains the plan's own network and Config.
+It follows the ASTRAL plan (docs/plans.md#astral: the plan and where this file departs from it); `--design plan` trains
+the plan's own network and Config.
 
 Usage: python cleanrl_astral/ppo_gru_astral.py --modes-preset mirror4 --mode-share balanced --hide-velocity --save-model
 """
@@ -166,7 +167,7 @@ class Args:
     """the number of iterations (computed at runtime)"""
 
 
-# the plan's Config (astral_plan.txt, training): the defaults of --design plan; the rest of its Config is this file's
+# the ASTRAL plan's Config (docs/plans.md#astral): the defaults of --design plan; the rest of its Config is this file's
 PLAN_CONFIG = {
     "hidden_size": 64,  # d_model
     "num_envs": 8,
@@ -1180,7 +1181,7 @@ def validate(args):
     if args.capture_video and not args.save_model:
         raise ValueError("--capture-video records evaluation episodes; add --save-model")
     if args.capture_video and not have_helper_package():
-        raise ValueError("--capture-video needs the cleanrl_astral_utils package (pip install -e . in the repository)")
+        raise ValueError("--capture-video needs the cleanrl_astral_utils package: pip install -e . in the repository")
     if args.env_id != DEFAULT_ENV_ID and args.lambda_supervised > 0:
         raise ValueError(f"--lambda-supervised supervises the gate with the true mode; --env-id {args.env_id} has none")
     if args.slot_init == "orthonormal" and args.num_abstractions > args.slot_dim:

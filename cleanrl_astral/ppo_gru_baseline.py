@@ -4,7 +4,8 @@ One file holds the environment (CartPole whose hidden physics mode is resampled 
 RL²-style GRU agent that sees (observation, previous action, previous reward), and PPO with the recurrent-PPO
 details: orthogonal GRU init, zero initial state, state reset exactly where an episode restarts, minibatches of
 whole environment sequences, and the state replayed during the update from the one saved at the rollout's start.
-It follows CleanRL's ppo_atari_lstm.py; `--design plan` trains the ASTRAL plan's baseline network and Config.
+It follows CleanRL's ppo_atari_lstm.py; `--design plan` trains the ASTRAL plan's baseline network and Config (the plan
+and where this file departs from it: docs/plans.md#astral).
 
 Usage: python cleanrl_astral/ppo_gru_baseline.py --modes-preset seed3 --hide-velocity --save-model
 """
@@ -135,7 +136,7 @@ class Args:
     """the number of iterations (computed at runtime)"""
 
 
-# the plan's Config (astral_plan.txt, training): the defaults of --design plan; the rest of its Config is this file's
+# the ASTRAL plan's Config (docs/plans.md#astral): the defaults of --design plan; the rest of its Config is this file's
 PLAN_CONFIG = {
     "hidden_size": 64,  # d_model
     "num_envs": 8,
@@ -781,7 +782,7 @@ def validate(args):
     if args.capture_video and not args.save_model:
         raise ValueError("--capture-video records evaluation episodes; add --save-model")
     if args.capture_video and not have_helper_package():
-        raise ValueError("--capture-video needs the cleanrl_astral_utils package (pip install -e . in the repository)")
+        raise ValueError("--capture-video needs the cleanrl_astral_utils package: pip install -e . in the repository")
 
 
 def parse_args():

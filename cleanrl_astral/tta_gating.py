@@ -1,10 +1,11 @@
-"""Test-time adaptation of the ASTRAL gate, and interventions on it, with controls (the ASTRAL plan's phases 5 and 6).
+"""Test-time adaptation of the ASTRAL gate, and interventions on it, with controls (the ASTRAL plan's phases 5 and 6;
+the plan and where this file departs from it: docs/plans.md#astral).
 
 Reads an agent trained by ppo_gru_astral.py (its `.cleanrl_model`, never modified) and asks of its AbstractionBank:
 - `adapt`: on a fixed target mode, does updating only the gate with REINFORCE raise the return? Controls on the same
   episodes: `none`, `gate` (the method), `context` (a gate-logit bias), `all` (every parameter), `tent` (reward-free);
-  a gain also reads as a fraction of the headroom up to the ceiling, the best fixed gate. `adapt-full` is the same with
-  the study's workload, `adapt-plan` with the plan's setting (the gate only, Adam lr 1e-4, 20 episodes per mode).
+  a gain also reads as a fraction of the headroom up to the ceiling, the best fixed gate. `adapt-plan` is the same with
+  the plan's setting (the gate only, Adam lr 1e-4, 20 episodes per mode).
 - `clamp`: the gate forced to each one-hot (z = A_k) in every mode; slots matched to modes give the clamp specificity.
 - `swap`: the gate fixed to the mean learned gate of each force sign's training modes, and of each training mode, in
   every mode; whether the own group's gate beats the other's says whether a constant gate carries the behaviour.
@@ -102,22 +103,6 @@ class AdaptArgs(Args):
 
 
 @dataclass(kw_only=True)
-class AdaptFullArgs(AdaptArgs):
-    """`adapt` with the study's workload of docs/tta_gating.md: all five controls, 3 seeds × 30 episodes."""
-
-    controls: list[Control] = dataclasses.field(default_factory=lambda: list(CONTROLS))
-    """which of none, gate, context, all, tent to run, all with the same episodes and seeds"""
-    episodes: int = 30
-    """adaptation episodes per target mode, seed and control"""
-    num_seeds: int = 3
-    """adaptation seeds per target mode, the 95% CI is over these"""
-    eval_episodes: int = 10
-    """episodes per evaluation, each for deterministic and for sampled actions"""
-    ceiling_resolution: int = 2
-    """the ceiling's fixed gates: every mixture in multiples of 1/N, plus uniform (1: one-hots; 0: none)"""
-
-
-@dataclass(kw_only=True)
 class AdaptPlanArgs(AdaptArgs):
     """`adapt` at the ASTRAL plan's setting: REINFORCE on the gate only, Adam lr 1e-4, 20 episodes per mode, 3 seeds."""
 
@@ -151,7 +136,6 @@ class SwapArgs(Args):
 
 SUBCOMMANDS = {
     "adapt": AdaptArgs,
-    "adapt-full": AdaptFullArgs,
     "adapt-plan": AdaptPlanArgs,
     "clamp": ClampArgs,
     "swap": SwapArgs,
@@ -1191,7 +1175,7 @@ def validate(args):
     if args.reward_scale is not None and not args.reward_scale > 0:
         raise ValueError(f"--reward-scale {args.reward_scale} must be positive")
     if args.resume is not None and not have_helper_package():
-        raise ValueError("--resume needs the cleanrl_astral_utils package (pip install -e . in the repository)")
+        raise ValueError("--resume needs the cleanrl_astral_utils package: pip install -e . in the repository")
     if args.resume is not None and not os.path.isfile(os.path.join(args.resume, "tta.json")):
         raise ValueError(f"--resume {args.resume!r} holds no tta.json; pass the run directory of a stopped adapt run")
 
@@ -1298,7 +1282,7 @@ if __name__ == "__main__":
         "hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
     )
     torch.set_num_threads(1)  # fastest for this small network; every evaluation and adaptation seeds torch and its envs
-    if args.subcommand == "adapt":  # adapt-full and adapt-plan too: their Args are AdaptArgs with other defaults
+    if args.subcommand == "adapt":  # adapt-plan too: its Args are AdaptArgs with other defaults
         outcome = adapt(args, run, writer)
     elif args.subcommand == "clamp":
         outcome = clamp(args, run, writer)

@@ -678,10 +678,11 @@ def test_ceiling_is_the_fixed_gate_with_the_best_mean_sampled_return(checkpoint,
 # --- adapt end to end -----------------------------------------------------------------------------------------------
 
 
-def test_adapt_full_runs_every_control_and_the_ceilings_mixtures(checkpoint, tmp_path):
+def test_adapt_runs_every_control_and_the_ceilings_mixtures(checkpoint, tmp_path):
     digest = sha256(checkpoint)
     flags = ["--mode-indices", "0", "2", "--episodes", "2", "--num-seeds", "2", "--eval-episodes", "2", "--save-model"]
-    run_dir = run_tta("adapt-full", checkpoint, tmp_path, *flags).run_dir
+    flags += ["--controls", *tta_gating.CONTROLS, "--ceiling-resolution", "2"]
+    run_dir = run_tta("adapt", checkpoint, tmp_path, *flags).run_dir
     assert sha256(checkpoint) == digest
     assert os.path.basename(run_dir).startswith("NonStationaryCartPole__tta_gating_adapt__1__")
     report = load_json(os.path.join(run_dir, "tta.json"))
@@ -802,26 +803,25 @@ def test_held_out_mode_is_a_target_of_adapt_and_clamp(mirror4_checkpoint, tmp_pa
 
 
 def test_subcommands_hold_the_documented_workloads():
-    """adapt (minutes), adapt-full (the study's) and adapt-plan (the plan's setting: REINFORCE on the gate only, Adam lr
-    1e-4, 20 episodes per mode) are all the adapt subcommand with their own defaults; flags given override them."""
+    """adapt (minutes) and adapt-plan (the plan's setting: REINFORCE on the gate only, Adam lr 1e-4, 20 episodes per
+    mode) are both the adapt subcommand with their own defaults; flags given override them. The study's preset
+    adapt-full is no subcommand."""
     parsed = {}
-    for name in ("adapt", "adapt-full", "adapt-plan"):
+    for name in ("adapt", "adapt-plan"):
         parsed[name] = tyro.extras.subcommand_cli_from_dict(tta_gating.SUBCOMMANDS, args=[name, "--checkpoint", "x"])
         assert parsed[name].subcommand == "adapt"
         assert parsed[name].exp_name == "tta_gating_adapt"
     assert parsed["adapt"].controls == ["none", "gate"]
     assert (parsed["adapt"].episodes, parsed["adapt"].num_seeds, parsed["adapt"].eval_episodes) == (10, 2, 5)
-    assert parsed["adapt-full"].controls == list(tta_gating.CONTROLS)
-    assert (parsed["adapt-full"].episodes, parsed["adapt-full"].num_seeds, parsed["adapt-full"].eval_episodes) == (30, 3, 10)
-    assert parsed["adapt-full"].ceiling_resolution == 2
     plan = parsed["adapt-plan"]
     assert plan.controls == ["none", "gate"]
     assert (plan.adapt_lr, plan.episodes, plan.num_seeds, plan.online) == (1e-4, 20, 3, False)
     overridden = tyro.extras.subcommand_cli_from_dict(
-        tta_gating.SUBCOMMANDS, args=["adapt-full", "--checkpoint", "x", "--episodes", "4"]
+        tta_gating.SUBCOMMANDS, args=["adapt-plan", "--checkpoint", "x", "--episodes", "4"]
     )
     assert overridden.episodes == 4
     assert overridden.num_seeds == 3
+    assert "adapt-full" not in tta_gating.SUBCOMMANDS
     clamp = tyro.extras.subcommand_cli_from_dict(tta_gating.SUBCOMMANDS, args=["clamp", "--checkpoint", "x"])
     assert clamp.eval_episodes == 10
     assert clamp.exp_name == "tta_gating_clamp"
