@@ -41,6 +41,11 @@ while [ $# -gt 0 ]; do
     shift
 done
 
+if [ "$study" = 1 ] || [ "$swap" = 1 ]; then
+    echo "tta_gating.sh: --study and --swap read the ASTRAL study's Phase C checkpoints, which commit 95652a5 reads: git checkout 95652a5, then run this script" >&2
+    exit 2
+fi
+
 if [ "$swap" = 1 ]; then
     # an analysis of the Phase C checkpoints found after looking at them; --seed {seed} replays each one's own evaluation
     P=${train:-benchmark/out/astral_study/phase_C}/runs out=${out:-benchmark/out/tta_gating} status=0

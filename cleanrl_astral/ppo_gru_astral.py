@@ -2,8 +2,8 @@
 
 An `AbstractionBank` of K slots A ∈ R^{K×d} and a gate w_t = softmax(g(h_t)/τ) give z_t = w_tᵀA; `FiLM` makes
 h'_t = γ(z_t) ⊙ h_t + β(z_t), all the heads read. Slot regularisers join the PPO loss through the gate replayed in the
-update. A bottleneck, orthonormal slots, a hard gate and an episode-consistency bonus give slots a reason and a way to
-specialise; a gate supervised by the true mode is the diagnostic ceiling. Environment, flags and logs: the baseline's.
+update. Orthonormal slots and an episode-consistency bonus give slots a reason and a way to specialise. Environment,
+flags and logs: the baseline's.
 It follows the ASTRAL plan (docs/plans.md#astral: the plan and where this file departs from it); `--design plan` trains
 the plan's own network and Config.
 
@@ -144,16 +144,8 @@ class Args:
     """weight of the load-balancing bonus: entropy of the batch-mean gate weights (all slots used)"""
     lambda_orth: float = 0.0001
     """weight of the slot orthogonality penalty ||ÂÂᵀ - I||²_F on row-normalised slots"""
-    bottleneck: bool = False
-    """FiLM the current input's features (not h) by z, so memory reaches the heads only through the gate"""
-    hard_gate: bool = False
-    """straight-through Gumbel-softmax gate: one slot per step in the forward pass, and only it gets gradient"""
-    gumbel_tau: float = 1.0
-    """temperature of the hard gate's Gumbel-softmax (its backward pass)"""
     lambda_consistency: float = 0.0
     """weight of the episode-consistency bonus I(episode; slot) of the episode-mean gates past their first 10 steps"""
-    lambda_supervised: float = 0.0
-    """diagnostic ceiling, not the method: weight of a cross-entropy from the gate to the true mode (K >= training modes)"""
     diagnostics_every: int = 0
     """a diagnostic for when learning fails, off at 0: every N updates each loss term's gradient norm (slots/grad_norm_*,
     losses/grad_norm_ppo; one extra backward pass per term), and on every update the episode-consistency term at
@@ -403,14 +395,12 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
 
 
 class AbstractionBank(nn.Module):
-    """K learnable slots A and a gate p = softmax(g(h) / τ): z = wᵀA with w = p or, given `gumbel_tau`, the hard gate's
-    straight-through Gumbel-softmax one-hot of argmax(g(h)/τ + noise), so only the chosen slot's row gets gradient."""
+    """K learnable slots A and a gate p = softmax(g(h) / τ): z = wᵀA with w = p."""
 
-    def __init__(self, hidden_size, num_abstractions, slot_dim, tau, orthonormal=False, gumbel_tau=None, design="script"):
+    def __init__(self, hidden_size, num_abstractions, slot_dim, tau, orthonormal=False, design="script"):
         super().__init__()
         self.slots = nn.Parameter(torch.randn(num_abstractions, slot_dim) * 0.02)
         self.tau = tau
-        self.gumbel_tau = gumbel_tau
         if orthonormal:  # unit-norm, mutually orthogonal rows: no two slots start alike (needs K <= d)
             nn.init.orthogonal_(self.slots)
         if design == "plan":  # g = Linear(d, d) - ReLU - Linear(d, K), PyTorch's default initialisation
@@ -420,19 +410,13 @@ class AbstractionBank(nn.Module):
                 layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, num_abstractions), std=0.01)
             )
 
-    def forward(self, h, weights=None, noise=None):
-        """(z, w, p, noise); `weights` overrides w (a one-hot clamps a slot), `noise` the hard gate's draw (the replay's)."""
+    def forward(self, h, weights=None):
+        """(z, w, p); `weights` overrides w (a one-hot clamps a slot)."""
         logits = self.gate(h) / self.tau
         probs = torch.softmax(logits, dim=-1)
-        if weights is None and self.gumbel_tau is not None:
-            if noise is None:
-                noise = -torch.empty_like(logits).exponential_().log()  # as F.gumbel_softmax draws it
-            soft = torch.softmax((logits + noise) / self.gumbel_tau, dim=-1)
-            hard = torch.zeros_like(soft).scatter_(-1, soft.argmax(-1, keepdim=True), 1.0)
-            weights = hard - soft.detach() + soft
         if weights is None:
             weights = probs
-        return weights @ self.slots, weights, probs, noise
+        return weights @ self.slots, weights, probs
 
 
 class FiLM(nn.Module):
@@ -467,7 +451,6 @@ class Modulated(NamedTuple):
     state: torch.Tensor
     weights: torch.Tensor
     probs: torch.Tensor
-    noise: torch.Tensor | None
 
 
 class ActionAndValue(NamedTuple):
@@ -477,16 +460,14 @@ class ActionAndValue(NamedTuple):
     value: torch.Tensor
     state: torch.Tensor
     weights: torch.Tensor
-    """the gate weights w that made z (the hard gate's one-hot)"""
+    """the gate weights w that made z"""
     probs: torch.Tensor
     """the gate probabilities p"""
-    noise: torch.Tensor | None
-    """the hard gate's Gumbel noise (zero when deterministic), None for the soft gate"""
 
 
 class Agent(nn.Module):
     """ASTRAL's agent as `args` sets it (the Args fields hidden_size, memory, oracle, prev_reward, num_abstractions,
-    slot_dim, tau, slot_init, hard_gate, gumbel_tau, bottleneck and design), for observations of obs_dim, num_actions
+    slot_dim, tau, slot_init and design), for observations of obs_dim, num_actions
     actions and num_modes modes (the oracle's one-hot)."""
 
     def __init__(self, args, obs_dim, num_actions, num_modes):
@@ -497,22 +478,16 @@ class Agent(nn.Module):
         self.num_modes = num_modes
         self.memory = args.memory
         self.oracle = args.oracle
-        self.bottleneck = args.bottleneck
         self.prev_reward = args.prev_reward
         self.input_dim = obs_dim + num_actions + int(args.prev_reward)
         if args.oracle:
             self.input_dim += num_modes
         self.hidden_size = hidden_size
-        gumbel_tau = None
-        if args.hard_gate:
-            gumbel_tau = args.gumbel_tau
         orthonormal = args.slot_init == "orthonormal"
         if args.design == "plan":  # the plan's network: ReLU layers of width d, PyTorch's default initialisation
             self.encoder = nn.Sequential(nn.Linear(self.input_dim, hidden_size), nn.ReLU())
             self.gru = nn.GRUCell(hidden_size, hidden_size)
-            self.bank = AbstractionBank(
-                hidden_size, args.num_abstractions, args.slot_dim, args.tau, orthonormal, gumbel_tau, "plan"
-            )
+            self.bank = AbstractionBank(hidden_size, args.num_abstractions, args.slot_dim, args.tau, orthonormal, "plan")
             self.film = PlanFiLM(args.slot_dim, hidden_size)
             self.actor = nn.Sequential(nn.Linear(hidden_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, num_actions))
             self.critic = nn.Sequential(nn.Linear(hidden_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, 1))
@@ -524,7 +499,7 @@ class Agent(nn.Module):
                     nn.init.constant_(param, 0)
                 else:
                     nn.init.orthogonal_(param, 1.0)
-            self.bank = AbstractionBank(hidden_size, args.num_abstractions, args.slot_dim, args.tau, orthonormal, gumbel_tau)
+            self.bank = AbstractionBank(hidden_size, args.num_abstractions, args.slot_dim, args.tau, orthonormal)
             self.film = FiLM(args.slot_dim, hidden_size)
             self.actor = nn.Sequential(
                 layer_init(nn.Linear(hidden_size, 64)),
@@ -549,7 +524,7 @@ class Agent(nn.Module):
 
     def unroll(self, x, state, starts):
         """x (T, B, input_dim), state (B, H) before x[0], starts (T, B) = 1 where x[t] opens an episode.
-        Returns the input features (T, B, H), the GRU states h (T, B, H) and the state after x[T-1]."""
+        Returns the GRU states h (T, B, H) and the state after x[T-1]."""
         features = self.encoder(x)
         keep = 1.0 - starts
         if self.memory == "none":
@@ -562,24 +537,19 @@ class Agent(nn.Module):
             # zero the state where the episode restarted: x[t] is a first step
             state = torch.gru_cell(feature_t, state * keep_t.unsqueeze(-1), *gru_weights)
             hidden.append(state)
-        return features, torch.stack(hidden), state
+        return torch.stack(hidden), state
 
-    def forward(self, x, state, starts, weights=None, noise=None):
-        """The gate reads h; h' = FiLM(h; z), or FiLM(x_t's features; z) with the bottleneck."""
-        features, hidden, state = self.unroll(x, state, starts)
-        z, weights, probs, noise = self.bank(hidden, weights, noise)
-        film_input = hidden
-        if self.bottleneck:  # memory reaches the heads only through the gate
-            film_input = features
-        return Modulated(self.film(film_input, z), state, weights, probs, noise)
+    def forward(self, x, state, starts, weights=None):
+        """The gate reads h; h' = FiLM(h; z)."""
+        hidden, state = self.unroll(x, state, starts)
+        z, weights, probs = self.bank(hidden, weights)
+        return Modulated(self.film(hidden, z), state, weights, probs)
 
     def get_value(self, x, state, starts):
         return self.critic(self(x, state, starts).hidden).squeeze(-1)
 
-    def get_action_and_value(self, x, state, starts, action=None, deterministic=False, weights=None, noise=None):
-        if deterministic and noise is None and self.bank.gumbel_tau is not None:
-            noise = torch.zeros(*x.shape[:-1], len(self.bank.slots), device=x.device)
-        out = self(x, state, starts, weights, noise)
+    def get_action_and_value(self, x, state, starts, action=None, deterministic=False, weights=None):
+        out = self(x, state, starts, weights)
         logits = self.actor(out.hidden)
         probs = Categorical(logits=logits)
         if action is None and deterministic:
@@ -587,9 +557,7 @@ class Agent(nn.Module):
         elif action is None:
             action = probs.sample()
         value = self.critic(out.hidden).squeeze(-1)
-        return ActionAndValue(
-            action, probs.log_prob(action), probs.entropy(), value, out.state, out.weights, out.probs, out.noise
-        )
+        return ActionAndValue(action, probs.log_prob(action), probs.entropy(), value, out.state, out.weights, out.probs)
 
 
 def agent_from_args(args, num_modes, spaces=None):
@@ -661,14 +629,6 @@ def episode_consistency(probs, starts, ages):
     return weight_entropy(means.mean(0)) - weight_entropy(means)
 
 
-def supervised_gate_loss(probs, modes, ages):
-    """The diagnostic ceiling, not the method: cross-entropy from the gate to slot k in true mode k, past burn-in."""
-    keep = ages.flatten() >= BURN_IN
-    if not keep.any():  # a mean over no step would be NaN
-        return probs.sum() * 0.0
-    return nn.functional.nll_loss(torch.log(probs.reshape(-1, probs.shape[-1])[keep] + 1e-8), modes.flatten()[keep].long())
-
-
 class SlotTerms(NamedTuple):
     """The slot regularisers' values on one minibatch, before their weights and signs (see the loss in ppo_update)."""
 
@@ -677,8 +637,6 @@ class SlotTerms(NamedTuple):
     orthogonality: torch.Tensor
     episode_consistency: torch.Tensor | None
     """None at --lambda-consistency 0 without --diagnostics-every"""
-    supervised_ce: torch.Tensor | None
-    """None unless --lambda-supervised > 0 (the diagnostic ceiling)"""
 
 
 # ADVANTAGES (GAE)
@@ -697,8 +655,8 @@ def compute_gae(rewards, values, starts, next_value, next_start, gamma, gae_lamb
 
 # UPDATE
 def ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args, diagnostics=True):
-    """PPO epochs over minibatches of whole environments, replayed from the state saved at the start of the rollout (the
-    hard gate with its acted noise): log-probs and gate are as acted, and the slot terms get the gate's gradient. With
+    """PPO epochs over minibatches of whole environments, replayed from the state saved at the start of the rollout:
+    log-probs and gate are as acted, and the slot terms get the gate's gradient. With
     `diagnostics`, the first minibatch also measures each loss term's gradient norm (one backward pass per term)."""
     num_envs = batch["inputs"].shape[1]
     envs_per_minibatch = num_envs // args.num_minibatches
@@ -709,11 +667,8 @@ def ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args
         np.random.shuffle(env_indices)
         for start in range(0, num_envs, envs_per_minibatch):
             mb = env_indices[start : start + envs_per_minibatch]
-            noise = None
-            if "gate_noise" in batch:
-                noise = batch["gate_noise"][:, mb]
             out = agent.get_action_and_value(
-                batch["inputs"][:, mb], initial_state[mb], batch["starts"][:, mb], batch["actions"][:, mb], noise=noise
+                batch["inputs"][:, mb], initial_state[mb], batch["starts"][:, mb], batch["actions"][:, mb]
             )
             logratio = out.logprob - batch["logprobs"][:, mb]
             ratio = logratio.exp()
@@ -754,16 +709,13 @@ def ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args
             consistency = None
             if args.lambda_consistency > 0 or args.diagnostics_every > 0:
                 consistency = episode_consistency(out.probs, batch["starts"][:, mb], batch["ages"][:, mb])
-            supervised_ce = None
-            if args.lambda_supervised > 0:
-                supervised_ce = supervised_gate_loss(out.probs, batch["modes"][:, mb], batch["ages"][:, mb])
-            terms = SlotTerms(w_ent, load_balance, orthogonality, consistency, supervised_ce)
+            terms = SlotTerms(w_ent, load_balance, orthogonality, consistency)
             # the plan's per-step gate entropy is a bonus (spread gates); --sharpen-gate makes it a penalty (sharp gates)
             w_ent_sign = -1.0
             if args.sharpen_gate:
                 w_ent_sign = 1.0
             # ASTRAL's slot regularisers: per-step gate entropy, load balance (all slots used), orthogonal slots,
-            # episodes that keep one slot, and the diagnostic ceiling's gate supervised by the true mode
+            # and episodes that keep one slot
             slot_loss = (
                 w_ent_sign * args.lambda_w_ent * terms.weight_entropy
                 - args.lambda_lb * terms.load_balance_entropy
@@ -771,8 +723,6 @@ def ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args
             )
             if terms.episode_consistency is not None:
                 slot_loss = slot_loss - args.lambda_consistency * terms.episode_consistency
-            if terms.supervised_ce is not None:
-                slot_loss = slot_loss + args.lambda_supervised * terms.supervised_ce
             loss = ppo_loss + slot_loss
             if diagnostics and epoch == 0 and start == 0:
                 stats.update(term_gradient_norms(agent, ppo_loss, terms, args))
@@ -812,7 +762,6 @@ def term_gradient_norms(agent, ppo_loss, terms, args):
         "load_balance_entropy": args.lambda_lb,
         "orthogonality": args.lambda_orth,
         "episode_consistency": args.lambda_consistency,
-        "supervised_ce": args.lambda_supervised,
     }
     norms = {"grad_norm_ppo": gradient_norm(agent, ppo_loss, 1.0)}
     for name, value in terms._asdict().items():
@@ -1113,11 +1062,11 @@ def validate(args):
         value = getattr(args, field.name)
         if isinstance(value, float) and not math.isfinite(value):  # NaN passes any <, >
             raise ValueError(f"--{field.name.replace('_', '-')} {value} must be a finite number")
-    for name in ("learning_rate", "adam_eps", "clip_coef", "max_grad_norm", "target_kl", "tau", "gumbel_tau"):
+    for name in ("learning_rate", "adam_eps", "clip_coef", "max_grad_norm", "target_kl", "tau"):
         value = getattr(args, name)
         if value is not None and value <= 0:
             raise ValueError(f"--{name.replace('_', '-')} {value} must be positive")
-    for name in ("ent_coef", "vf_coef", "lambda_w_ent", "lambda_lb", "lambda_orth", "lambda_consistency", "lambda_supervised"):
+    for name in ("ent_coef", "vf_coef", "lambda_w_ent", "lambda_lb", "lambda_orth", "lambda_consistency"):
         value = getattr(args, name)
         if value < 0:
             raise ValueError(f"--{name.replace('_', '-')} {value} must be non-negative")
@@ -1182,17 +1131,10 @@ def validate(args):
         raise ValueError("--capture-video records evaluation episodes; add --save-model")
     if args.capture_video and not have_helper_package():
         raise ValueError("--capture-video needs the cleanrl_astral_utils package: pip install -e . in the repository")
-    if args.env_id != DEFAULT_ENV_ID and args.lambda_supervised > 0:
-        raise ValueError(f"--lambda-supervised supervises the gate with the true mode; --env-id {args.env_id} has none")
     if args.slot_init == "orthonormal" and args.num_abstractions > args.slot_dim:
         raise ValueError(
             f"--slot-init orthonormal needs --num-abstractions {args.num_abstractions} <= --slot-dim {args.slot_dim} "
             "(at most d orthogonal directions)"
-        )
-    if args.lambda_supervised > 0 and args.num_abstractions < num_train:
-        raise ValueError(
-            f"--lambda-supervised needs --num-abstractions {args.num_abstractions} >= the {num_train} training modes "
-            "(slot k is trained to mean mode k)"
         )
     if args.diagnostics_every < 0:
         raise ValueError(f"--diagnostics-every {args.diagnostics_every} must be non-negative (0: never)")
@@ -1299,9 +1241,6 @@ if __name__ == "__main__":
     gate_weights = torch.zeros((args.num_steps, args.num_envs, args.num_abstractions), device=device)
     step_modes = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
     ages = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
-    gate_noise = None
-    if args.hard_gate:  # the update replays the hard gate with the noise it acted with
-        gate_noise = torch.zeros((args.num_steps, args.num_envs, args.num_abstractions), device=device)
 
     global_step = 0
     start_time = time.time()
@@ -1335,8 +1274,6 @@ if __name__ == "__main__":
             logprobs[step] = out.logprob[0]
             values[step] = out.value[0]
             gate_weights[step] = out.weights[0]
-            if gate_noise is not None:
-                gate_noise[step] = out.noise[0]
             acted = out.action[0].cpu().numpy()
             next_obs, reward, terminated, truncated, info = envs.step(acted)
             done = terminated | truncated
@@ -1393,8 +1330,6 @@ if __name__ == "__main__":
             "modes": step_modes,
             "ages": ages,
         }
-        if gate_noise is not None:
-            batch["gate_noise"] = gate_noise
         diagnostics = args.diagnostics_every > 0 and (iteration - 1) % args.diagnostics_every == 0
         stats = ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args, diagnostics)
 

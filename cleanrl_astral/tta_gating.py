@@ -244,14 +244,12 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
 
 
 class AbstractionBank(nn.Module):
-    """K learnable slots A and a gate p = softmax(g(h) / τ): z = wᵀA with w = p or, given `gumbel_tau`, the hard gate's
-    straight-through Gumbel-softmax one-hot of argmax(g(h)/τ + noise), so only the chosen slot's row gets gradient."""
+    """K learnable slots A and a gate p = softmax(g(h) / τ): z = wᵀA with w = p."""
 
-    def __init__(self, hidden_size, num_abstractions, slot_dim, tau, orthonormal=False, gumbel_tau=None, design="script"):
+    def __init__(self, hidden_size, num_abstractions, slot_dim, tau, orthonormal=False, design="script"):
         super().__init__()
         self.slots = nn.Parameter(torch.randn(num_abstractions, slot_dim) * 0.02)
         self.tau = tau
-        self.gumbel_tau = gumbel_tau
         if orthonormal:  # unit-norm, mutually orthogonal rows: no two slots start alike (needs K <= d)
             nn.init.orthogonal_(self.slots)
         if design == "plan":  # g = Linear(d, d) - ReLU - Linear(d, K), PyTorch's default initialisation
@@ -261,19 +259,13 @@ class AbstractionBank(nn.Module):
                 layer_init(nn.Linear(hidden_size, 64)), nn.Tanh(), layer_init(nn.Linear(64, num_abstractions), std=0.01)
             )
 
-    def forward(self, h, weights=None, noise=None):
-        """(z, w, p, noise); `weights` overrides w (a one-hot clamps a slot), `noise` the hard gate's draw (the replay's)."""
+    def forward(self, h, weights=None):
+        """(z, w, p); `weights` overrides w (a one-hot clamps a slot)."""
         logits = self.gate(h) / self.tau
         probs = torch.softmax(logits, dim=-1)
-        if weights is None and self.gumbel_tau is not None:
-            if noise is None:
-                noise = -torch.empty_like(logits).exponential_().log()  # as F.gumbel_softmax draws it
-            soft = torch.softmax((logits + noise) / self.gumbel_tau, dim=-1)
-            hard = torch.zeros_like(soft).scatter_(-1, soft.argmax(-1, keepdim=True), 1.0)
-            weights = hard - soft.detach() + soft
         if weights is None:
             weights = probs
-        return weights @ self.slots, weights, probs, noise
+        return weights @ self.slots, weights, probs
 
 
 class FiLM(nn.Module):
@@ -308,7 +300,6 @@ class Modulated(NamedTuple):
     state: torch.Tensor
     weights: torch.Tensor
     probs: torch.Tensor
-    noise: torch.Tensor | None
 
 
 class ActionAndValue(NamedTuple):
@@ -318,16 +309,14 @@ class ActionAndValue(NamedTuple):
     value: torch.Tensor
     state: torch.Tensor
     weights: torch.Tensor
-    """the gate weights w that made z (the hard gate's one-hot)"""
+    """the gate weights w that made z"""
     probs: torch.Tensor
     """the gate probabilities p"""
-    noise: torch.Tensor | None
-    """the hard gate's Gumbel noise (zero when deterministic), None for the soft gate"""
 
 
 class Agent(nn.Module):
     """ASTRAL's agent as `args` sets it (the Args fields hidden_size, memory, oracle, prev_reward, num_abstractions,
-    slot_dim, tau, slot_init, hard_gate, gumbel_tau, bottleneck and design), for observations of obs_dim, num_actions
+    slot_dim, tau, slot_init and design), for observations of obs_dim, num_actions
     actions and num_modes modes (the oracle's one-hot)."""
 
     def __init__(self, args, obs_dim, num_actions, num_modes):
@@ -338,22 +327,16 @@ class Agent(nn.Module):
         self.num_modes = num_modes
         self.memory = args.memory
         self.oracle = args.oracle
-        self.bottleneck = args.bottleneck
         self.prev_reward = args.prev_reward
         self.input_dim = obs_dim + num_actions + int(args.prev_reward)
         if args.oracle:
             self.input_dim += num_modes
         self.hidden_size = hidden_size
-        gumbel_tau = None
-        if args.hard_gate:
-            gumbel_tau = args.gumbel_tau
         orthonormal = args.slot_init == "orthonormal"
         if args.design == "plan":  # the plan's network: ReLU layers of width d, PyTorch's default initialisation
             self.encoder = nn.Sequential(nn.Linear(self.input_dim, hidden_size), nn.ReLU())
             self.gru = nn.GRUCell(hidden_size, hidden_size)
-            self.bank = AbstractionBank(
-                hidden_size, args.num_abstractions, args.slot_dim, args.tau, orthonormal, gumbel_tau, "plan"
-            )
+            self.bank = AbstractionBank(hidden_size, args.num_abstractions, args.slot_dim, args.tau, orthonormal, "plan")
             self.film = PlanFiLM(args.slot_dim, hidden_size)
             self.actor = nn.Sequential(nn.Linear(hidden_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, num_actions))
             self.critic = nn.Sequential(nn.Linear(hidden_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, 1))
@@ -365,7 +348,7 @@ class Agent(nn.Module):
                     nn.init.constant_(param, 0)
                 else:
                     nn.init.orthogonal_(param, 1.0)
-            self.bank = AbstractionBank(hidden_size, args.num_abstractions, args.slot_dim, args.tau, orthonormal, gumbel_tau)
+            self.bank = AbstractionBank(hidden_size, args.num_abstractions, args.slot_dim, args.tau, orthonormal)
             self.film = FiLM(args.slot_dim, hidden_size)
             self.actor = nn.Sequential(
                 layer_init(nn.Linear(hidden_size, 64)),
@@ -390,7 +373,7 @@ class Agent(nn.Module):
 
     def unroll(self, x, state, starts):
         """x (T, B, input_dim), state (B, H) before x[0], starts (T, B) = 1 where x[t] opens an episode.
-        Returns the input features (T, B, H), the GRU states h (T, B, H) and the state after x[T-1]."""
+        Returns the GRU states h (T, B, H) and the state after x[T-1]."""
         features = self.encoder(x)
         keep = 1.0 - starts
         if self.memory == "none":
@@ -403,24 +386,19 @@ class Agent(nn.Module):
             # zero the state where the episode restarted: x[t] is a first step
             state = torch.gru_cell(feature_t, state * keep_t.unsqueeze(-1), *gru_weights)
             hidden.append(state)
-        return features, torch.stack(hidden), state
+        return torch.stack(hidden), state
 
-    def forward(self, x, state, starts, weights=None, noise=None):
-        """The gate reads h; h' = FiLM(h; z), or FiLM(x_t's features; z) with the bottleneck."""
-        features, hidden, state = self.unroll(x, state, starts)
-        z, weights, probs, noise = self.bank(hidden, weights, noise)
-        film_input = hidden
-        if self.bottleneck:  # memory reaches the heads only through the gate
-            film_input = features
-        return Modulated(self.film(film_input, z), state, weights, probs, noise)
+    def forward(self, x, state, starts, weights=None):
+        """The gate reads h; h' = FiLM(h; z)."""
+        hidden, state = self.unroll(x, state, starts)
+        z, weights, probs = self.bank(hidden, weights)
+        return Modulated(self.film(hidden, z), state, weights, probs)
 
     def get_value(self, x, state, starts):
         return self.critic(self(x, state, starts).hidden).squeeze(-1)
 
-    def get_action_and_value(self, x, state, starts, action=None, deterministic=False, weights=None, noise=None):
-        if deterministic and noise is None and self.bank.gumbel_tau is not None:
-            noise = torch.zeros(*x.shape[:-1], len(self.bank.slots), device=x.device)
-        out = self(x, state, starts, weights, noise)
+    def get_action_and_value(self, x, state, starts, action=None, deterministic=False, weights=None):
+        out = self(x, state, starts, weights)
         logits = self.actor(out.hidden)
         probs = Categorical(logits=logits)
         if action is None and deterministic:
@@ -428,9 +406,7 @@ class Agent(nn.Module):
         elif action is None:
             action = probs.sample()
         value = self.critic(out.hidden).squeeze(-1)
-        return ActionAndValue(
-            action, probs.log_prob(action), probs.entropy(), value, out.state, out.weights, out.probs, out.noise
-        )
+        return ActionAndValue(action, probs.log_prob(action), probs.entropy(), value, out.state, out.weights, out.probs)
 
 
 def agent_from_args(args, num_modes, spaces=None):
@@ -463,23 +439,20 @@ class Step(NamedTuple):
     state: torch.Tensor
     weights: torch.Tensor
     probs: torch.Tensor
-    noise: torch.Tensor | None
 
 
-def policy_step(agent, obs, prev_action, prev_reward, mode, state, start, weights=None, deterministic=False, noise=None):
+def policy_step(agent, obs, prev_action, prev_reward, mode, state, start, weights=None):
     """One step of B envs, the input built as in ppo_gru_astral.py's rollout (start = 1 zeroes the state); `weights` (K,)
-    clamps the gate; `deterministic`: the hard gate's argmax slot. Returns a Step, with graph."""
+    clamps the gate. Returns a Step, with graph."""
     inputs = [torch.as_tensor(np.asarray(v)) for v in (obs, prev_action, prev_reward, mode)]
     x = agent.build_input(*inputs)[None]
-    if deterministic and agent.bank.gumbel_tau is not None:
-        noise = torch.zeros(*x.shape[:-1], len(agent.bank.slots))
     if weights is not None:
         weights = weights.expand(*x.shape[:-1], -1)
     starts = torch.as_tensor(np.asarray(start), dtype=torch.float32)[None]
-    out = agent(x, state, starts, weights, noise)
+    out = agent(x, state, starts, weights)
     dist = Categorical(logits=agent.actor(out.hidden[0]))
     value = agent.critic(out.hidden[0]).squeeze(-1)
-    return Step(dist, value, out.state, out.weights[0], out.probs[0], out.noise)
+    return Step(dist, value, out.state, out.weights[0], out.probs[0])
 
 
 def target_env(num_envs, target, hide_velocity):
@@ -515,7 +488,7 @@ def evaluate_target(agent, target, hide_velocity, episodes, deterministic, seed,
     episode_steps = np.zeros(episodes)
     while not finished.all():
         with torch.no_grad():
-            step = policy_step(agent, obs, prev_action, prev_reward, mode, state, start, weights, deterministic)
+            step = policy_step(agent, obs, prev_action, prev_reward, mode, state, start, weights)
         state = step.state
         if deterministic:
             action = step.dist.logits.argmax(-1).numpy()
@@ -607,8 +580,8 @@ def actor_critic_loss(logprobs, values, rewards, bootstrap_value, gamma, reward_
 
 
 def tent_loss(logits, anchor_logits, gate_probs, kl_coef):
-    """Reward-free: H(p) + H(π) + kl_coef · KL(π || π_unadapted), averaged over steps (p the gate's probabilities: under the
-    hard gate w is one-hot). Without the anchor, entropy minimisation collapses the policy onto its preferred action."""
+    """Reward-free: H(p) + H(π) + kl_coef · KL(π || π_unadapted), averaged over steps (p the gate's probabilities).
+    Without the anchor, entropy minimisation collapses the policy onto its preferred action."""
     gate_entropy = -(gate_probs * torch.log(gate_probs + 1e-8)).sum(-1).mean()
     log_p = torch.log_softmax(logits, -1)
     log_q = torch.log_softmax(anchor_logits, -1)
@@ -669,11 +642,9 @@ def adaptation(ckpt, target, control, seed, args, reward_scale):
                 step = policy_step(agent, obs, prev_action, prev_reward, mode, state, start)
             state = step.state
             anchor_logits = None
-            if control == "tent":  # the anchor on the same inputs, its hard gate (if any) with the same draw
+            if control == "tent":  # the anchor on the same inputs
                 with torch.no_grad():
-                    anchor_step = policy_step(
-                        anchor, obs, prev_action, prev_reward, mode, anchor_state, start, noise=step.noise
-                    )
+                    anchor_step = policy_step(anchor, obs, prev_action, prev_reward, mode, anchor_state, start)
                 anchor_state = anchor_step.state
                 anchor_logits = anchor_step.dist.logits
             action = step.dist.sample()

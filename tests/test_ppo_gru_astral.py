@@ -42,7 +42,7 @@ def sharpened_agent(*args, **kwargs):
     return agent
 
 
-def rollout(memory="gru", oracle=False, num_envs=8, num_steps=64, seed=0, K=3, gumbel_tau=None):
+def rollout(memory="gru", oracle=False, num_envs=8, num_steps=64, seed=0, K=3):
     """The second rollout of a two-rollout training run with a sharpened gate, as its update received it, with the agent
     that acted it (trained once): it starts from a non-zero GRU state and crosses several episode boundaries. Rewards
     are not rescaled. A Rollout: (agent, batch, initial_state, episodes)."""
@@ -51,8 +51,6 @@ def rollout(memory="gru", oracle=False, num_envs=8, num_steps=64, seed=0, K=3, g
     flags += ["--num-abstractions", K, "--slot-dim", 8]
     if oracle:
         flags.append("--oracle")
-    if gumbel_tau is not None:
-        flags += ["--hard-gate", "--gumbel-tau", gumbel_tau]
     return run_main(ppo_gru_astral, *flags, agent_from_args=sharpened_agent).rollouts[-1]
 
 
@@ -74,10 +72,10 @@ def counts(modes, slots, num_modes, num_slots):
 
 def test_shapes_and_gradient_reaches_every_parameter():
     agent, batch, initial_state, _ = rollout()
-    _, logprob, entropy, value, state, weights, probs, noise = agent.get_action_and_value(
+    _, logprob, entropy, value, state, weights, probs = agent.get_action_and_value(
         batch["inputs"], initial_state, batch["starts"], batch["actions"]
     )
-    assert torch.equal(weights, probs) and noise is None  # the soft gate acts with its probabilities
+    assert torch.equal(weights, probs)  # the gate acts with its probabilities
     assert logprob.shape == value.shape == (64, 8) and state.shape == (8, 32) and weights.shape == (64, 8, 3)
     assert torch.allclose(weights.sum(-1), torch.ones(64, 8))
     assert agent.bank.slots.shape == (3, 8)
@@ -173,14 +171,9 @@ def test_mutual_information_metric():
 # --- recurrent PPO with the gate --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "memory,oracle,gumbel_tau",
-    [("gru", False, None), ("none", False, None), ("gru", True, None), ("gru", False, 1.0), ("none", False, 0.5)],
-)
-def test_first_minibatch_ratio_and_gate_are_reproduced(memory, oracle, gumbel_tau):
-    """Also for the hard gate, whose replay reuses the acted Gumbel noise: a fresh draw would pick other slots."""
-    agent, batch, initial_state, _ = rollout(memory, oracle, gumbel_tau=gumbel_tau)
-    assert ("gate_noise" in batch) == (gumbel_tau is not None)
+@pytest.mark.parametrize("memory,oracle", [("gru", False), ("none", False), ("gru", True)])
+def test_first_minibatch_ratio_and_gate_are_reproduced(memory, oracle):
+    agent, batch, initial_state, _ = rollout(memory, oracle)
     assert initial_state.abs().sum() > 0 and batch["starts"][1:].sum() > 0
     adv, ret = ppo_gru_astral.compute_gae(
         batch["rewards"], batch["values"], batch["starts"], torch.zeros(8), torch.zeros(8), 0.99, 0.95
@@ -198,10 +191,10 @@ def test_replay_from_a_zero_state_or_without_resets_would_differ():
     zeroes it at episode starts."""
     agent, batch, initial_state, _ = rollout()
     with torch.no_grad():
-        _, right_logp, *_, right, _, _ = agent.get_action_and_value(
+        _, right_logp, *_, right, _ = agent.get_action_and_value(
             batch["inputs"], initial_state, batch["starts"], batch["actions"]
         )
-        _, zero_logp, *_, wrong, _, _ = agent.get_action_and_value(
+        _, zero_logp, *_, wrong, _ = agent.get_action_and_value(
             batch["inputs"], torch.zeros_like(initial_state), batch["starts"], batch["actions"]
         )
         _, no_reset_logp, *_ = agent.get_action_and_value(
@@ -242,7 +235,7 @@ def test_hidden_state_and_prev_inputs_are_zero_at_episode_starts():
     assert starts[1:].sum() > 0
     assert inputs[..., 4:7][starts].abs().sum() == 0 and torch.all(inputs[..., 6][~starts] == 1.0)
     with torch.no_grad():
-        _, hidden, _ = agent.unroll(inputs, initial_state, batch["starts"])
+        hidden, _ = agent.unroll(inputs, initial_state, batch["starts"])
         features = agent.encoder(inputs)
         fresh = agent.gru(features.reshape(-1, 32), torch.zeros(features[..., 0].numel(), 32)).reshape(features.shape)
     assert torch.allclose(hidden[starts], fresh[starts], atol=1e-6)
@@ -261,8 +254,7 @@ def test_unroll_equals_stepping_the_gru_module_with_resets():
     state = torch.randn(3, 16)
     starts = torch.zeros(7, 3)
     starts[0, 1] = starts[3, 0] = starts[5, 2] = 1.0
-    features, hidden, last = agent.unroll(x, state, starts)
-    torch.testing.assert_close(features, agent.encoder(x))
+    hidden, last = agent.unroll(x, state, starts)
     h = state
     expected = []
     for t in range(7):
@@ -474,13 +466,13 @@ class ScriptedAgent(torch.nn.Module):
         self.bank.slots = torch.nn.Parameter(torch.eye(num_abstractions))
         self.minibatches = []
 
-    def get_action_and_value(self, x, state, starts, action=None, noise=None):
+    def get_action_and_value(self, x, state, starts, action=None):
         mb = x[0, :, 0].long()
         assert torch.all(x[..., 0] == x[:1, :, 0]) and torch.equal(state[:, 0].long(), mb)  # inputs and state agree
         self.minibatches.append(mb.tolist())
         weights = torch.full((*x.shape[:2], len(self.bank.slots)), 1.0 / len(self.bank.slots))
         return ppo_gru_astral.ActionAndValue(
-            action, self.logprob[:, mb], self.entropy[:, mb], self.value[:, mb], state, weights, weights, None
+            action, self.logprob[:, mb], self.entropy[:, mb], self.value[:, mb], state, weights, weights
         )
 
 
@@ -602,7 +594,7 @@ def synthetic_batch(agent, T=6, N=4, seed=0):
     initial_state = torch.zeros(N, agent.hidden_size)
     actions = torch.randint(0, 2, (T, N), generator=gen)
     with torch.no_grad():
-        _, logprobs, _, values, _, weights, _, noise = agent.get_action_and_value(inputs, initial_state, starts, actions)
+        _, logprobs, _, values, _, weights, _ = agent.get_action_and_value(inputs, initial_state, starts, actions)
     ages = torch.zeros(T, N)  # steps since the episode's start: the first episode is BURN_IN old when the batch opens
     for t in range(T):
         ages[t] = 0 if t == 0 else (ages[t - 1] + 1) * (1 - starts[t])
@@ -617,8 +609,6 @@ def synthetic_batch(agent, T=6, N=4, seed=0):
         "ages": ages,
         "modes": torch.arange(N).expand(T, N) % 2,
     }
-    if noise is not None:
-        batch["gate_noise"] = noise
     return batch, initial_state, torch.randn(T, N, generator=gen), torch.randn(T, N, generator=gen)
 
 
@@ -653,7 +643,7 @@ def test_the_gradient_norm_diagnostic_changes_nothing_but_what_is_logged():
         trained[diagnostics] = copy.deepcopy(agent)
         optimizer = torch.optim.Adam(trained[diagnostics].parameters(), lr=1e-2)
         np.random.seed(0)
-        args = update_args(lambda_consistency=0.1, lambda_supervised=0.1)
+        args = update_args(lambda_consistency=0.1)
         stats[diagnostics] = ppo_gru_astral.ppo_update(
             trained[diagnostics], optimizer, batch, initial_state, adv, ret, args, diagnostics
         )
@@ -685,10 +675,9 @@ def test_the_episode_consistency_at_weight_0_is_computed_only_as_a_diagnostic():
         assert torch.equal(p, q), name
 
 
-SLOT_LAMBDAS = ("lambda_w_ent", "lambda_lb", "lambda_orth", "lambda_consistency", "lambda_supervised")
+SLOT_LAMBDAS = ("lambda_w_ent", "lambda_lb", "lambda_orth", "lambda_consistency")
 
 
-@pytest.mark.parametrize("hard_gate", [False, True])
 @pytest.mark.parametrize(
     "term,flag,sign,sharpen_gate",
     [
@@ -697,20 +686,18 @@ SLOT_LAMBDAS = ("lambda_w_ent", "lambda_lb", "lambda_orth", "lambda_consistency"
         ("load_balance_entropy", "lambda_lb", -1.0, False),
         ("orthogonality", "lambda_orth", 1.0, False),
         ("episode_consistency", "lambda_consistency", -1.0, False),
-        ("supervised_ce", "lambda_supervised", 1.0, False),
     ],
 )
-def test_slot_regularisers_enter_the_loss_with_their_sign_and_lambda(term, flag, sign, sharpen_gate, hard_gate):
+def test_slot_regularisers_enter_the_loss_with_their_sign_and_lambda(term, flag, sign, sharpen_gate):
     """The update minimises ... - lambda_w_ent * H(p) (the plan's sign; + with --sharpen-gate) - lambda_lb * H(mean p)
-    + lambda_orth * ||AA^T - I||^2 - lambda_consistency * I(episode; slot) + lambda_supervised * CE(p, mode)
-    (docs/ppo_gru_astral.md), p the gate probabilities replayed with gradient in the update (with the acted noise for
-    the hard gate). So raising one lambda by 0.5 adds 0.5 * sign * (the gradient of its term, computed here from a fresh
-    replay) to every parameter's gradient, and the gate terms reach the gate's parameters. A flipped sign (either
-    default of the gate entropy), a lambda that does not scale its term, or the acted (detached) weights
-    batch["weights"] would each change that difference; and the logged grad norm of the term is the norm of exactly
-    that difference."""
+    + lambda_orth * ||AA^T - I||^2 - lambda_consistency * I(episode; slot) (docs/ppo_gru_astral.md), p the gate
+    probabilities replayed with gradient in the update. So raising one lambda by 0.5 adds 0.5 * sign * (the gradient of
+    its term, computed here from a fresh replay) to every parameter's gradient, and the gate terms reach the gate's
+    parameters. A flipped sign (either default of the gate entropy), a lambda that does not scale its term, or the acted
+    (detached) weights batch["weights"] would each change that difference; and the logged grad norm of the term is the
+    norm of exactly that difference."""
     torch.manual_seed(0)
-    agent = ppo_gru_astral.Agent(ppo_gru_astral.Args(hidden_size=16, slot_dim=8, hard_gate=hard_gate, gumbel_tau=0.5), 4, 2, 3)
+    agent = ppo_gru_astral.Agent(ppo_gru_astral.Args(hidden_size=16, slot_dim=8), 4, 2, 3)
     with torch.no_grad():
         agent.bank.gate[-1].weight.mul_(30.0)  # a gate far from uniform, where the entropies have a gradient
         agent.bank.slots.normal_()  # slots far from orthogonal
@@ -729,15 +716,12 @@ def test_slot_regularisers_enter_the_loss_with_their_sign_and_lambda(term, flag,
 
     without, _ = gradients(0.0)
     with_term, stats = gradients(0.5)
-    probs = agent.get_action_and_value(
-        batch["inputs"], initial_state, batch["starts"], batch["actions"], noise=batch.get("gate_noise")
-    )[6]
+    probs = agent.get_action_and_value(batch["inputs"], initial_state, batch["starts"], batch["actions"])[6]
     value = {
         "weight_entropy": lambda: ppo_gru_astral.weight_entropy(probs),
         "load_balance_entropy": lambda: ppo_gru_astral.load_balance_entropy(probs),
         "orthogonality": lambda: ppo_gru_astral.orthogonality_penalty(agent.bank.slots),
         "episode_consistency": lambda: ppo_gru_astral.episode_consistency(probs, batch["starts"], batch["ages"]),
-        "supervised_ce": lambda: ppo_gru_astral.supervised_gate_loss(probs, batch["modes"], batch["ages"]),
     }[term]()
     names, params = zip(*agent.named_parameters())
     expected = torch.autograd.grad(value, params, allow_unused=True)
@@ -893,15 +877,9 @@ BAD_INPUTS = [
         "multiple of the 4 training modes",
     ),
     (["--modes-preset", "mirror4", "--fixed-mode", "7"], "--fixed-mode 7 is out of range"),
-    (["--hard-gate", "--gumbel-tau", "0"], "--gumbel-tau 0.0 must be positive"),
-    (["--gumbel-tau", "-0.5"], "--gumbel-tau -0.5 must be positive"),
     (
         ["--slot-init", "orthonormal", "--num-abstractions", "9", "--slot-dim", "8"],
         "--slot-init orthonormal needs --num-abstractions 9 <= --slot-dim 8",
-    ),
-    (
-        ["--modes-preset", "mirror4", "--lambda-supervised", "1", "--num-abstractions", "3"],
-        "--lambda-supervised needs --num-abstractions 3 >= the 4",
     ),
     (["--lambda-consistency", "-1"], "--lambda-consistency -1.0 must be non-negative"),
 ]

@@ -1,5 +1,5 @@
-"""Tests for the slot-specialisation options of cleanrl_astral/ppo_gru_astral.py (bottleneck, orthonormal slots,
-hard gate, episode consistency, supervised gate), its episode-level slot metrics against the mode and the action latent,
+"""Tests for the slot-specialisation options of cleanrl_astral/ppo_gru_astral.py (orthonormal slots, episode
+consistency), its episode-level slot metrics against the mode and the action latent,
 and what a run reports of them; each fails if its mechanism is wrong."""
 
 import math
@@ -30,34 +30,7 @@ def episodes_batch(slots_per_episode, length=B + 5, K=4):
     return torch.stack(probs)[:, None], torch.tensor(starts)[:, None], torch.tensor(ages)[:, None]
 
 
-# --- bottleneck and symmetry breaking ---------------------------------------------------------------------
-
-
-def test_bottleneck_lets_memory_reach_the_heads_only_through_the_gate():
-    """With the bottleneck, two different GRU states under the same gate weights give the same policy and value;
-    without it they do not. And the gradient of the logits reaches the GRU only through the gate."""
-    torch.manual_seed(0)
-    x = torch.randn(1, 5, 7)
-    starts = torch.zeros(1, 5)
-    w = torch.eye(3)[[0, 1, 2, 0, 1]][None]
-    states = torch.randn(5, 16), torch.randn(5, 16)
-    for bottleneck in (True, False):
-        agent = ppo_gru_astral.Agent(ppo_gru_astral.Args(hidden_size=16, slot_dim=8, bottleneck=bottleneck), 4, 2, 3)
-        with torch.no_grad():
-            agent.bank.slots.normal_()
-        out = [agent.get_action_and_value(x, s, starts, action=torch.zeros(1, 5, dtype=torch.long), weights=w) for s in states]
-        assert not torch.allclose(out[0][4], out[1][4])  # the GRU states differ
-        same = torch.allclose(out[0][1], out[1][1]) and torch.allclose(out[0][3], out[1][3])
-        assert same == bottleneck
-    state = torch.randn(5, 16, requires_grad=True)
-    agent = ppo_gru_astral.Agent(ppo_gru_astral.Args(hidden_size=16, slot_dim=8, bottleneck=True), 4, 2, 3)
-    with torch.no_grad():
-        agent.bank.slots.normal_()
-    modulated, *_ = agent(x, state, starts)
-    (grad_free,) = torch.autograd.grad(agent.actor(modulated).sum(), state)
-    modulated, *_ = agent(x, state, starts, weights=w)
-    (grad_clamped,) = torch.autograd.grad(agent.actor(modulated).sum(), state, allow_unused=True)
-    assert grad_free.abs().max() > 1e-6 and (grad_clamped is None or grad_clamped.abs().max() == 0)
+# --- symmetry breaking -----------------------------------------------------------------------------------
 
 
 def test_orthonormal_slot_init():
@@ -72,58 +45,7 @@ def test_orthonormal_slot_init():
     torch.testing.assert_close(slots @ slots.T, torch.eye(4), atol=1e-5, rtol=0)
 
 
-# --- hard gate --------------------------------------------------------------------------------------------
-
-
-def test_hard_gate_is_torchs_straight_through_gumbel_softmax():
-    torch.manual_seed(0)
-    bank = ppo_gru_astral.AbstractionBank(16, 5, 8, 0.7, gumbel_tau=0.5)
-    h = torch.randn(6, 16)
-    torch.manual_seed(1)
-    _, weights, probs, noise = bank(h)
-    torch.manual_seed(1)
-    expected = torch.nn.functional.gumbel_softmax(bank.gate(h) / 0.7, tau=0.5, hard=True)
-    torch.testing.assert_close(weights, expected)
-    torch.testing.assert_close(probs, torch.softmax(bank.gate(h) / 0.7, -1))
-    assert torch.equal(bank(h, noise=noise)[1], weights)  # the same noise, the same slot
-    assert torch.equal(bank(h, noise=torch.zeros_like(noise))[1].argmax(-1), probs.argmax(-1))  # no noise: the likeliest slot
-
-
-def test_hard_gate_is_one_hot_and_only_the_chosen_slot_gets_gradient():
-    torch.manual_seed(0)
-    bank = ppo_gru_astral.AbstractionBank(16, 4, 8, 1.0, gumbel_tau=1.0)
-    for _ in range(8):
-        z, weights, _, _ = bank(torch.randn(1, 16))
-        chosen = weights.argmax(-1).item()
-        assert (
-            torch.equal(weights.detach().round(), torch.eye(4)[[chosen]])
-            and (weights - torch.eye(4)[chosen]).abs().max() < 1e-6
-        )
-        (grad,) = torch.autograd.grad((z * torch.randn_like(z)).sum(), bank.slots)
-        others = [k for k in range(4) if k != chosen]
-        assert grad[chosen].abs().max() > 0 and torch.all(grad[others] == 0)
-        # while the gate itself still learns through the straight-through estimator
-        assert (
-            torch.autograd.grad((bank(torch.randn(1, 16), noise=torch.zeros(1, 4))[0] ** 2).sum(), bank.gate[-1].weight)[0]
-            .abs()
-            .max()
-            > 0
-        )
-
-
-def test_deterministic_acting_uses_the_noiseless_hard_gate():
-    torch.manual_seed(0)
-    agent = ppo_gru_astral.Agent(ppo_gru_astral.Args(hidden_size=16, slot_dim=8, hard_gate=True, gumbel_tau=1.0), 4, 2, 3)
-    x = torch.randn(1, 64, agent.input_dim)
-    state = torch.randn(64, 16)
-    starts = torch.zeros(1, 64)
-    *_, weights, probs, noise = agent.get_action_and_value(x, state, starts, deterministic=True)
-    assert torch.equal(noise, torch.zeros_like(noise)) and torch.equal(weights.argmax(-1), probs.argmax(-1))
-    *_, sampled, _, noise = agent.get_action_and_value(x, state, starts)
-    assert noise.abs().sum() > 0 and not torch.equal(sampled.argmax(-1), probs.argmax(-1))
-
-
-# --- episode consistency and the supervised ceiling -------------------------------------------------------
+# --- episode consistency -----------------------------------------------------------------------------------
 
 
 def test_episode_consistency_on_hand_made_gates():
@@ -150,15 +72,10 @@ def test_episode_consistency_on_hand_made_gates():
     ).item() == pytest.approx(math.log(2), abs=1e-5)
 
 
-def test_supervised_gate_loss_is_the_cross_entropy_to_the_true_mode_past_burn_in():
+def test_episode_consistency_of_young_episodes_only_is_zero():
+    """A minibatch of young episodes only: zero, not NaN (which would poison every parameter)."""
     probs = torch.softmax(torch.randn(30, 2, 4), -1)
-    modes = torch.randint(0, 4, (30, 2))
     ages = torch.arange(30)[:, None].expand(30, 2)
-    expected = -torch.log(probs.gather(-1, modes[..., None])[..., 0])[B:].mean()
-    torch.testing.assert_close(ppo_gru_astral.supervised_gate_loss(probs, modes, ages), expected, atol=1e-6, rtol=1e-5)
-    # a minibatch of young episodes only: zero, not NaN (which would poison every parameter)
-    young = ppo_gru_astral.supervised_gate_loss(probs.requires_grad_(), modes, ages.clamp(max=B - 1))
-    assert young.item() == 0.0 and torch.autograd.grad(young, probs)[0].abs().max() == 0
     assert ppo_gru_astral.episode_consistency(probs, torch.zeros(30, 2), ages.clamp(max=B - 1)).item() == 0.0
 
 
@@ -288,8 +205,8 @@ def test_smoke_all_mechanisms_on_mirror4_log_and_report(tmp_path):
         "ppo_gru_astral",
         *["--num-envs", "8", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "2"],
         *["--hidden-size", "16", "--slot-dim", "8", "--total-timesteps", "768"],
-        *["--modes-preset", "mirror4", "--mode-share", "balanced", "--num-abstractions", "4", "--bottleneck"],
-        *["--slot-init", "orthonormal", "--hard-gate", "--lambda-consistency", "0.1", "--lambda-supervised", "0.1"],
+        *["--modes-preset", "mirror4", "--mode-share", "balanced", "--num-abstractions", "4"],
+        *["--slot-init", "orthonormal", "--lambda-consistency", "0.1"],
         *["--diagnostics-every", "2", "--save-model", "--eval-episodes", "2", "--runs-dir", tmp_path],
     )
     assert result.returncode == 0, result.stderr
@@ -301,7 +218,6 @@ def test_smoke_all_mechanisms_on_mirror4_log_and_report(tmp_path):
         "slots/episode_nmi_force_sign",
         "slots/gate_stability",
         "slots/episode_consistency",
-        "slots/supervised_ce",
         "slots/eval_episode_nmi_deterministic",
         "slots/eval_episode_nmi_force_sign_deterministic",
         "slots/eval_probe_acc_w_deterministic",
@@ -312,8 +228,8 @@ def test_smoke_all_mechanisms_on_mirror4_log_and_report(tmp_path):
     assert max(v for _, v in scalars["debug/first_minibatch_ratio_error"]) < 1e-5
     assert max(v for _, v in scalars["debug/first_minibatch_gate_error"]) < 1e-5
     # the gradient-norm diagnostic runs on updates 1 and 3 of 3 (--diagnostics-every 2), the losses on every update
-    assert [step for step, _ in scalars["slots/grad_norm_supervised_ce"]] == [256, 768]
-    assert min(v for _, v in scalars["slots/grad_norm_supervised_ce"]) > 0
+    assert [step for step, _ in scalars["slots/grad_norm_episode_consistency"]] == [256, 768]
+    assert min(v for _, v in scalars["slots/grad_norm_episode_consistency"]) > 0
     assert [step for step, _ in scalars["losses/value_loss"]] == [256, 512, 768]
     report = load_json(os.path.join(run_dir, "eval.json"))
     assert report["held_out_modes"] == [4] and set(report["per_mode"]) == {"0", "1", "2", "3", "4"}
@@ -340,4 +256,4 @@ def test_smoke_all_mechanisms_on_mirror4_log_and_report(tmp_path):
     assert f"episode NMI vs mode {nmi['episode_nmi']:.3f}, vs force sign {nmi['episode_nmi_force_sign']:.3f}" in last
     assert f"held-out mode 4 -> slot {route['slot']} ({route['verdict']})" in last
     ckpt = torch.load(os.path.join(run_dir, "ppo_gru_astral.cleanrl_model"), weights_only=True)
-    assert ckpt["args"]["hard_gate"] and ckpt["args"]["bottleneck"] and len(ckpt["modes"]) == 5
+    assert ckpt["args"]["slot_init"] == "orthonormal" and len(ckpt["modes"]) == 5

@@ -1,4 +1,4 @@
-"""Tests for benchmark/astral_study.sh (which runs each phase expands to, refused phases) and its criterion report
+"""Tests for benchmark/astral_study.sh (refused: the study runs at commit 95652a5) and its criterion report
 benchmark/astral_study_report.py (on a hand-made sweep whose verdicts are known)."""
 
 import json
@@ -30,34 +30,23 @@ def commands(result):
     return [line for line in result.stdout.splitlines() if line.startswith("python cleanrl_astral/")]
 
 
-def test_phases_expand_to_the_protocols_runs():
-    a = commands(study("A"))
-    assert len(a) == 30 and sum("--hide-velocity" in c for c in a) == 15
-    assert {re.search(r"--seed (\d+)", c).group(1) for c in a} == {"1", "2", "3", "4", "5"}
-    assert all("--modes-preset mirror4 --mode-share balanced" in c and "ppo_gru_baseline.py" in c for c in a)
-    assert sum("--oracle" in c for c in a) == 10 and sum("--memory none" in c for c in a) == 10
-    b1 = commands(study("B", ASTRAL_OBS="--hide-velocity"))
-    assert len(b1) == 21 and {re.search(r"--seed (\d+)", c).group(1) for c in b1} == {"1", "2", "3"}
-    assert sum("--lambda-supervised" in c for c in b1) == 3 and all("--hide-velocity" in c for c in b1)
-    b2 = commands(study("B", "2", ASTRAL_OBS=""))
-    assert "phase_B_round2" in b2[0]  # round 2 must not share round 1's run keys: benchmark.py would rerun over them
-    assert len(b2) == 18 and {re.search(r"--num-abstractions (\d)", c).group(1) for c in b2} == {"2", "4", "8"}
-    assert {re.findall(r"--lambda-consistency (\S+)", c)[-1] for c in b2} == {"0.01", "0.1"}
-    assert all(len(re.findall("--lambda-consistency", c)) == 1 for c in b2)
-    c = commands(study("C", ASTRAL_OBS="", ASTRAL_FROZEN="--hard-gate --num-abstractions 8"))
-    assert len(c) == 30 and {int(re.search(r"--seed (\d+)", x).group(1)) for x in c} == set(range(6, 16))
-    assert sum("--hard-gate --num-abstractions 8 --exp-name frozen" in x for x in c) == 10
-    # the ceiling is the frozen configuration with the supervised gate
-    assert sum("--hard-gate --num-abstractions 8 --lambda-supervised 1.0 --exp-name ceiling" in x for x in c) == 10
-    one = commands(study("--one-seed", "17", ASTRAL_OBS="", ASTRAL_FROZEN="--hard-gate"))
-    assert len(one) == 2 and all("--seed 17" in x for x in one) and sum("ppo_gru_baseline.py" in x for x in one) == 1
-
-
-@pytest.mark.parametrize("args,env", [(["C"], {"ASTRAL_OBS": ""}), (["B"], {}), (["--one-seed", "3"], {"ASTRAL_OBS": ""})])
-def test_phases_that_need_an_earlier_phases_choice_are_refused(args, env):
-    result = study(*args, **env)
-    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1 and "before this phase" in result.stderr
+@pytest.mark.parametrize("args", [["A"], ["B", "1"], ["C"], ["report"], ["--one-seed", "3"], ["--quick"]])
+def test_the_study_is_refused_naming_the_commit_where_it_runs(args):
+    """The study's runs use switches only it used and read checkpoints of another format: every phase is refused in one
+    line naming commit 95652a5, with nothing run."""
+    result = study(*args)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "runs at commit 95652a5" in result.stderr
     assert not commands(result)
+
+
+@pytest.mark.parametrize("flag", ["--study", "--swap"])
+def test_the_tta_study_sweeps_on_the_phase_c_checkpoints_are_refused_naming_the_commit(flag):
+    result = subprocess.run(
+        ["bash", "benchmark/tta_gating.sh", flag, "--dry-run"], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "commit 95652a5" in result.stderr and result.stdout == ""
 
 
 def write_run(sweep, key, exp_name, seed, returns, nmi=None, wall=100.0, hide=True):

@@ -197,11 +197,6 @@ def test_a_box_action_space_is_one_line_at_the_command_line(name, tmp_path):
     assert_one_line_error(result, "--env-id Pendulum-v1 has a Box action space; only Discrete and MultiDiscrete")
 
 
-def test_astral_refuses_the_mode_supervised_gate_for_another_env():
-    with pytest.raises(ValueError, match="--lambda-supervised supervises the gate with the true mode"):
-        ppo_gru_astral.validate(ppo_gru_astral.Args(env_id="CartPole-v1", lambda_supervised=0.1))
-
-
 @pytest.mark.parametrize("name", list(SCRIPTS))
 def test_no_prev_reward_drops_the_reward_channel(name):
     module = SCRIPTS[name]
