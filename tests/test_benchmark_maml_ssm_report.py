@@ -199,3 +199,48 @@ def test_every_study_table_is_written_beside_its_json(tmp_path):
     assert text == "| a |\n| b |\n"
     assert (tmp_path / "speed_table.md").read_text() == text
     assert json.loads((tmp_path / "speed.json").read_text()) == {"ratios": [1.5]}
+
+
+def test_speed_ratio_pairs_mlp_and_ssm_of_each_commit_and_optimizer_at_the_paper_config(tmp_path):
+    """benchmark/maml_ssm_speed_ratio.py --dry-run: the first round's commands, per commit and outer optimizer an MLP run
+    and an SSM run back to back, from the commit's own copy of the script, --config paper on point-nav-2d, seed 1."""
+    speed_ratio = load_benchmark_script("maml_ssm_speed_ratio")
+    run = subprocess.run(
+        [
+            "python",
+            "benchmark/maml_ssm_speed_ratio.py",
+            "--commit",
+            "HEAD",
+            "--commit",
+            "HEAD~1",
+            "--iterations",
+            "4",
+            "--dry-run",
+        ],
+        cwd=REPO,
+        env=SCRIPT_ENV,
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert len(lines) == 8
+    folders = [line.split()[1].rsplit("/", 1) for line in lines]
+    assert [f[1] for f in folders] == ["maml_ssm.py"] * 2 + ["maml_ssm_promp.py"] * 2 + ["maml_ssm.py"] * 2 + [
+        "maml_ssm_promp.py"
+    ] * 2
+    assert len({f[0] for f in folders[:4]}) == 1 and folders[0][0] != folders[4][0]  # one folder per commit
+    assert [line.split("--policy ")[1].split()[0] for line in lines] == ["mlp", "ssm"] * 4
+    for line in lines:
+        for flag in (" train ", "--task point-nav-2d", "--config paper", "--seed 1", "--outer-steps 4", "--num-threads 1"):
+            assert flag in line
+    # the time of a run: the median logged iteration time without the first (warm-up) iteration
+    d = tmp_path / "runs" / "run"
+    writer = SummaryWriter(str(d))
+    for step, value in enumerate([50.0, 2.0, 4.0, 3.0]):
+        writer.add_scalar("meta/iteration_time", value, step)
+    writer.close()
+    assert speed_ratio.seconds_per_iteration(str(tmp_path / "runs")) == 3.0
+    speed_ratio.export_scripts("HEAD", str(tmp_path))
+    shown = subprocess.run(["git", "show", "HEAD:cleanrl_astral/maml_ssm_promp.py"], cwd=REPO, capture_output=True, text=True)
+    assert (tmp_path / "maml_ssm_promp.py").read_text() == shown.stdout
