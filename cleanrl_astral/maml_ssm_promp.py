@@ -316,44 +316,36 @@ class LRU(nn.Module):
         return -(torch.exp(self.nu_log) + self.DELTA_MIN), torch.exp(self.theta_log)
 
     def scan(self, u, x0, starts):
-        """Whole sequence as one masked Toeplitz contraction x_t = sum_s lambda^(t-s) b_s; returns (y, final state)."""
-        T = u.shape[0]
+        """The recurrence over a sequence u (T, B, d_model) from the state x0 (B, 2 d_state), zeroed where an episode
+        starts (starts (T, B)); returns (y, final state)."""
         log_r, phase = self.lam()
         gamma = torch.sqrt(1 - torch.exp(2 * log_r))  # keeps the state's scale as |lambda| -> 1
-        b_re = (u @ self.B_re.T) * gamma
-        b_im = (u @ self.B_im.T) * gamma
-        lag = torch.arange(T, device=u.device)[:, None] - torch.arange(T, device=u.device)[None, :]  # t - s
-        causal = (lag >= 0).to(u.dtype)
-        # lambda^k for k = 0..T-1, gathered into the (N, T, S) Toeplitz matrix lambda^(t-s)
-        pow_re, pow_im = lambda_power(log_r, phase, torch.arange(T, dtype=u.dtype, device=u.device)[:, None])
-        L_re = pow_re.T[:, lag.clamp(min=0)] * causal
-        L_im = pow_im.T[:, lag.clamp(min=0)] * causal
-        seg = torch.cumsum(starts.long(), 0)  # (T, B): episode segment index; a reset starts a new segment
-        same = None
-        if T > 1 and starts[1:].any():  # decided by the shape at T = 1, so acting runs under vmap
-            same = (seg.T[:, :, None] == seg.T[:, None, :]).to(u.dtype)  # (B, T, S)
-        x_re = toeplitz_conv(L_re, b_re, same) - toeplitz_conv(L_im, b_im, same)
-        x_im = toeplitz_conv(L_re, b_im, same) + toeplitz_conv(L_im, b_re, same)
-        # carry of x0: lambda^(t+1) x0 while no reset has happened yet
-        p_re, p_im = lambda_power(log_r, phase, torch.arange(1, T + 1, dtype=u.dtype, device=u.device)[:, None])
-        c0 = (seg == 0).to(u.dtype)[..., None]
+        lam = torch.complex(torch.exp(log_r) * torch.cos(phase), torch.exp(log_r) * torch.sin(phase))
+        b = torch.complex(u @ self.B_re.T, u @ self.B_im.T) * gamma
+        keep = ~starts[..., None]  # (T, B, 1): the state carries over into step t
         x0_re, x0_im = x0.chunk(2, -1)
-        x_re = x_re + c0 * (p_re[:, None] * x0_re - p_im[:, None] * x0_im)
-        x_im = x_im + c0 * (p_im[:, None] * x0_re + p_re[:, None] * x0_im)
-        y = x_re @ self.C_re.T - x_im @ self.C_im.T + self.D * u
-        return y, torch.cat([x_re[-1], x_im[-1]], -1)
+        b = torch.cat([b[:1] + keep[:1] * lam * torch.complex(x0_re, x0_im), b[1:]])  # x_{-1} = x0 enters at t = 0
+        x = diagonal_scan(lam, keep, b)
+        y = x.real @ self.C_re.T - x.imag @ self.C_im.T + self.D * u
+        return y, torch.cat([x[-1].real, x[-1].imag], -1)
 
 
-def lambda_power(log_r, phase, k):
-    """(Re, Im) of lambda^k."""
-    return torch.exp(k * log_r) * torch.cos(k * phase), torch.exp(k * log_r) * torch.sin(k * phase)
-
-
-def toeplitz_conv(L, v, same=None):
-    """sum_s L[t - s] v_s per state dimension; `same` (B, T, S) masks out pairs in different episodes."""
-    if same is None:
-        return torch.einsum("nts,sbn->tbn", L, v)
-    return torch.einsum("nts,bts,sbn->tbn", L, same, v)
+def diagonal_scan(lam, keep, b):
+    """x_t = keep_t lam x_{t-1} + b_t from x_{-1} = 0 along dim 0 (lam (N,), keep (T, B, 1) bool, b (T, B, N) complex),
+    in O(T) work and log2(T) levels: steps 2i and 2i + 1 fold into one step of lam^2, whose scan gives the odd steps,
+    then each even step is one step from the odd one before it."""
+    T = len(b)
+    if T == 1:
+        return b
+    if T % 2:  # one more step, cut off at the end
+        b = torch.cat([b, torch.zeros_like(b[:1])])
+        keep = torch.cat([keep, torch.ones_like(keep[:1])])
+    b_even, b_odd = b.unflatten(0, (-1, 2)).unbind(1)
+    keep_even, keep_odd = keep.unflatten(0, (-1, 2)).unbind(1)
+    x_odd = diagonal_scan(lam * lam, keep_odd & keep_even, keep_odd * lam * b_even + b_odd)
+    x_before = torch.cat([torch.zeros_like(x_odd[:1]), x_odd[:-1]])  # x_{2i-1}
+    x_even = keep_even * lam * x_before + b_even
+    return torch.stack([x_even, x_odd], 1).flatten(0, 1)[:T]
 
 
 class AgentOutput(NamedTuple):

@@ -159,6 +159,66 @@ def test_lru_matches_the_normalised_complex_recurrence():
     assert expected_x.abs().max() > 0.1
 
 
+def lru_loop(lru, u, x0, starts):
+    """The LRU step by step in complex arithmetic: x_t = lambda x_{t-1} + gamma (B u_t), the state zeroed where an
+    episode starts, y_t = Re(C x_t) + D u_t; differentiable in the parameters, u and x0."""
+    log_r, phase = lru.lam()
+    lam = torch.polar(torch.exp(log_r), phase)
+    gamma = torch.sqrt(1 - torch.exp(2 * log_r))
+    B = torch.complex(lru.B_re, lru.B_im)
+    C = torch.complex(lru.C_re, lru.C_im)
+    x_re, x_im = x0.chunk(2, -1)
+    x = torch.complex(x_re, x_im)
+    ys = []
+    for t in range(u.shape[0]):
+        x = torch.where(starts[t, :, None], torch.zeros_like(x), lam * x) + gamma * (u[t].to(x.dtype) @ B.T)
+        ys.append((x @ C.T).real + lru.D * u[t])
+    return torch.stack(ys), torch.cat([x.real, x.imag], -1)
+
+
+@pytest.mark.parametrize("T", [1, 2, 7, 16, 23])
+@pytest.mark.parametrize("restarts", [False, True])
+def test_lru_scan_equals_the_step_by_step_loop_in_value_and_first_and_second_derivatives(T, restarts):
+    """LRU.scan against lru_loop on random parameters, inputs and a nonzero initial state, with no episode start (x0
+    carries through the whole sequence) or with starts anywhere (each step starts one with probability 0.3): the outputs
+    and final state, their gradient in every parameter, the input and x0, and a Hessian-vector product of a scalar of
+    them (float64)."""
+    torch.manual_seed(T + 100 * restarts)
+    lru = maml_ssm.LRU(5, 4).double()
+    with torch.no_grad():
+        for p in lru.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    Bn = 3
+    u = torch.randn(T, Bn, 5, dtype=torch.float64, requires_grad=True)
+    x0 = torch.randn(Bn, 8, dtype=torch.float64, requires_grad=True)
+    starts = torch.zeros(T, Bn, dtype=torch.bool)
+    if restarts:
+        starts = torch.rand(T, Bn) < 0.3
+        starts[0, 0] = False  # one row carries x0 into the sequence
+        starts[T // 2, 1] = True
+    leaves = [*lru.parameters(), u, x0]
+    wy = torch.randn(T, Bn, 5, dtype=torch.float64)
+    wx = torch.randn(Bn, 8, dtype=torch.float64)
+    vs = [torch.randn_like(p) for p in leaves]
+
+    def derivatives(scan):
+        y, x = scan(lru, u, x0, starts)
+        f = (wy * y).sum() + (wx * x).sum() + (y**2).sum() + (x**3).sum()  # nonlinear: a nonzero Hessian in y and x
+        g = torch.autograd.grad(f, leaves, create_graph=True)
+        hv = torch.autograd.grad(sum((gi * vi).sum() for gi, vi in zip(g, vs)), leaves)
+        return y, x, g, hv
+
+    y, x, g, hv = derivatives(maml_ssm.LRU.scan)
+    y_ref, x_ref, g_ref, hv_ref = derivatives(lru_loop)
+    assert torch.allclose(y, y_ref, atol=1e-12, rtol=1e-10) and torch.allclose(x, x_ref, atol=1e-12, rtol=1e-10)
+    for name, a, b in zip([n for n, _ in lru.named_parameters()] + ["u", "x0"], g, g_ref):
+        assert torch.allclose(a, b, atol=1e-10, rtol=1e-9), ("grad", name, (a - b).abs().max())
+    for name, a, b in zip([n for n, _ in lru.named_parameters()] + ["u", "x0"], hv, hv_ref):
+        assert torch.allclose(a, b, atol=1e-9, rtol=1e-8), ("hvp", name, (a - b).abs().max())
+    # the state carries x0 into the sequence (row 0 does not start at t = 0)
+    assert g[-1][0].abs().max() > 1e-3 and x_ref.abs().max() > 0.1
+
+
 @pytest.mark.parametrize("kind", ["ssm", "gru", "mlp"])
 def test_step_by_step_equals_sequence_scan(kind):
     """Acting runs the policy one step at a time, carrying the state; training runs it over the whole sequence."""
