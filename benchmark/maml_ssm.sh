@@ -41,6 +41,13 @@
 #                                      maml_ssm_hybrid (HYBRID_OUT), docs/results/maml_ssm/hybrid_benchmark (HYBRID_REPORT);
 #                                      ~55-62 CPU-minutes, ~40 min wall on an idle box; add --tiny for a ~1 CPU-minute
 #                                      run of the same pipeline
+#   benchmark/maml_ssm.sh --equal-cpu-study  the pre-registered SSM-against-MLP comparison at equal CPU
+#                                      (docs/results/maml_ssm/equal_cpu_study/PROTOCOL.md): point-nav-2d, --config paper,
+#                                      MLP and SSM, seeds 1-3, each stopped by --cpu-budget 900 and evaluated on 40 test
+#                                      tasks, first under TRPO (maml_ssm.py), then under ProMP (maml_ssm_promp.py) ->
+#                                      benchmark/out/maml_ssm_equal_cpu, docs/results/maml_ssm/equal_cpu_study
+#                                      (equal_cpu_study_table.md with the verdicts); 12 runs, 180 CPU-minutes plus
+#                                      evaluation, ~100 min wall with 2 workers on an idle box
 #   add --report-only to rebuild the tables/PNGs from finished runs without running anything (the report is
 #   benchmark/maml_ssm_report.py); other flags (e.g. --dry-run) go to benchmark/benchmark.py, and --dry-run also
 #   skips adapt and the report
@@ -68,6 +75,7 @@ for arg in "$@"; do
         --speed) mode=speed ;;
         --promp-study) mode=promp_study ;;
         --hybrid-benchmark) mode=hybrid ;;
+        --equal-cpu-study) mode=equal_cpu ;;
         --tiny) tiny=1 ;;
         --report-only) report_only=1 ;;
         --dry-run) dry=1; extra+=("$arg") ;;
@@ -87,6 +95,8 @@ case "$mode" in
     speed)  out=benchmark/out/maml_ssm_speed report=docs/results/maml_ssm/speed steps=0 ssm_seeds=0 other_seeds=0
             cp_seeds=0 cp_steps=0 hc_seeds=0 hc_steps=0 trpo_seeds=0 trpo_budget=0 workers=1 ;;
     promp_study) out=benchmark/out/maml_ssm_promp_study report=docs/results/maml_ssm/promp_study steps=0 ssm_seeds=0
+            other_seeds=0 cp_seeds=0 cp_steps=0 hc_seeds=0 hc_steps=0 trpo_seeds=3 trpo_budget=900 workers=2 ;;
+    equal_cpu) out=benchmark/out/maml_ssm_equal_cpu report=docs/results/maml_ssm/equal_cpu_study steps=0 ssm_seeds=0
             other_seeds=0 cp_seeds=0 cp_steps=0 hc_seeds=0 hc_steps=0 trpo_seeds=3 trpo_budget=900 workers=2 ;;
     hybrid) out=${HYBRID_OUT:-benchmark/out/maml_ssm_hybrid} report=${HYBRID_REPORT:-docs/results/maml_ssm/hybrid_benchmark}
             steps=0 ssm_seeds=0 other_seeds=0 cp_seeds=0 cp_steps=0 hc_seeds=0 hc_steps=0 trpo_seeds=0 trpo_budget=0
@@ -118,6 +128,9 @@ PROTO="nice -n 15 python cleanrl_astral/maml_ssm.py train --buffer-size 50000 --
 # ProMP's reference configuration on the paper preset's task rules and evaluation, stopped by --cpu-budget
 PROMP="nice -n 15 python cleanrl_astral/maml_ssm_promp.py train --buffer-size 50000 --task point-nav-2d --save-model --config paper --eval-tasks 40 \
 --eval-steps 3 --outer-steps 100000 --cpu-budget $trpo_budget"
+# the equal-CPU study's TRPO arm: PROMP's flags on the TRPO script
+STUDY_TRPO="nice -n 15 python cleanrl_astral/maml_ssm.py train --buffer-size 50000 --task point-nav-2d --save-model --config paper \
+--eval-tasks 40 --eval-steps 3 --outer-steps 100000 --cpu-budget $trpo_budget"
 ADAPT_EXTRA=""
 if [ "$mode" = quick ]; then
     TRPO="$TRPO --tasks-per-batch 2 --fast-batch-size 2 --eval-tasks 3 --eval-episodes 2"
@@ -185,6 +198,15 @@ if [ "$mode" = promp_study ]; then
     [ "$report_only" = 0 ] && sweep promp_study 3 "--policy mlp | --policy ssm" "$PROMP"
     [ "$dry" = 1 ] && exit "$status"
     python benchmark/maml_ssm_report.py --promp-study --out "$out" --report "$report" || status=$?
+    exit "$status"
+fi
+if [ "$mode" = equal_cpu ]; then
+    if [ "$report_only" = 0 ]; then
+        sweep equal_cpu_trpo 3 "--policy mlp | --policy ssm" "$STUDY_TRPO"
+        sweep equal_cpu_promp 3 "--policy mlp | --policy ssm" "$PROMP"
+    fi
+    [ "$dry" = 1 ] && exit "$status"
+    python benchmark/maml_ssm_report.py --equal-cpu-study --out "$out" --report "$report" || status=$?
     exit "$status"
 fi
 # the pre-registered standard-vs-hybrid study (docs/results/maml_ssm/hybrid_benchmark/PREREGISTRATION.md): SSM on

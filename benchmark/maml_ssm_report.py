@@ -5,12 +5,15 @@ cartpole-physics / halfcheetah-vel, then the `adapt` tables), the JSON behind th
 point_nav_training.png and the adapt figures.
 
 With --speed it tables the cost of a meta-iteration instead (benchmark/maml_ssm.sh --speed), with --promp-study the
-pre-registered ProMP comparison and its verdicts (benchmark/maml_ssm.sh --promp-study).
+pre-registered ProMP comparison and its verdicts (benchmark/maml_ssm.sh --promp-study), with --equal-cpu-study the
+pre-registered SSM-against-MLP comparison under TRPO and ProMP (benchmark/maml_ssm.sh --equal-cpu-study).
 
 Usage: python benchmark/maml_ssm_report.py --out benchmark/out/maml_ssm_full --report docs/results/maml_ssm
        python benchmark/maml_ssm_report.py --speed --out benchmark/out/maml_ssm_speed --report docs/results/maml_ssm/speed
        python benchmark/maml_ssm_report.py --promp-study --out benchmark/out/maml_ssm_promp_study \
            --report docs/results/maml_ssm/promp_study
+       python benchmark/maml_ssm_report.py --equal-cpu-study --out benchmark/out/maml_ssm_equal_cpu \
+           --report docs/results/maml_ssm/equal_cpu_study
 """
 
 import argparse
@@ -495,6 +498,67 @@ def promp_study(runs, report):
     return write_table_and_json(report, "promp_study", lines, summary)
 
 
+def equal_cpu_study(runs, report):
+    """The pre-registered equal-CPU comparison (docs/results/maml_ssm/equal_cpu_study/PROTOCOL.md): per outer optimizer
+    (TRPO: maml_ssm.py, ProMP: maml_ssm_promp.py) and policy, the returns after 0..3 steps over seeds with 95% Student-t
+    CIs, and per optimizer the verdict of the criterion (the SSM's mean return after 1, 2 and 3 steps each at least the
+    MLP's); equal_cpu_study_table.md, equal_cpu_study.json and a copy of every run's eval.json
+    (eval_{optimizer}_{policy}_s{seed}.json)."""
+    rows = {}
+    for ckpt, c, ev in runs:
+        a = c["args"]
+        optimizer = a.get("outer_optimizer", "trpo")
+        if c.get("script") == "maml_ssm_promp":
+            optimizer = "promp"
+        if a["task"] != "point-nav-2d" or optimizer not in ("trpo", "promp"):
+            continue
+        name = f"eval_{optimizer}_{a['policy']}_s{a['seed']}.json"
+        shutil.copy(os.path.join(os.path.dirname(ckpt), "eval.json"), os.path.join(report, name))
+        returns = [ev["returns_after_steps"][k] for k in "0123"]
+        its = c.get("outer_steps_done", a["outer_steps"])
+        rows.setdefault(optimizer, {}).setdefault(a["policy"], []).append((a["seed"], returns, its))
+    for optimizer in ("trpo", "promp"):
+        found = rows.get(optimizer, {})
+        if set(found) != {"mlp", "ssm"} or min(len(r) for r in found.values()) < 2:
+            raise ValueError(f"the study needs {optimizer} runs of MLP and SSM of >= 2 seeds each; found {sorted(found)}")
+    summary = {}
+    lines = [
+        "| outer optimizer | policy | seeds | iterations, mean (range) | 0 steps | 1 step | 2 steps | 3 steps |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for optimizer in ("trpo", "promp"):
+        summary[optimizer] = {}
+        for policy in ("mlp", "ssm"):
+            rs = sorted(rows[optimizer][policy])
+            R = np.array([r[1] for r in rs])
+            its = [r[2] for r in rs]
+            half = t_ci95_half_width(R, axis=0)
+            summary[optimizer][policy] = {
+                "seeds": [r[0] for r in rs],
+                "per_seed": R.tolist(),
+                "mean": R.mean(0).tolist(),
+                "ci95": half.tolist(),
+                "iterations": its,
+            }
+            lines.append(
+                f"| {optimizer.upper()} | {policy.upper()} | {len(rs)} | {np.mean(its):.0f} ({min(its)}–{max(its)}) | "
+                + " | ".join(f"{m:.2f} ± {h:.2f}" for m, h in zip(R.mean(0), half))
+                + " |"
+            )
+    lines += ["", "± is the 95% Student-t CI over seeds of the per-seed mean over 40 test tasks.", ""]
+    for optimizer in ("trpo", "promp"):
+        mlp = np.array(summary[optimizer]["mlp"]["mean"])
+        ssm = np.array(summary[optimizer]["ssm"]["mean"])
+        ok = bool(all(ssm[k] >= mlp[k] for k in (1, 2, 3)))
+        summary[optimizer]["criterion"] = {"ssm_minus_mlp": (ssm - mlp)[1:].tolist(), "pass": ok}
+        lines.append(
+            f"- {optimizer.upper()}: the SSM's return after 1–3 steps at least the MLP's at equal CPU: SSM − MLP = "
+            + " / ".join(f"{d:.2f}" for d in (ssm - mlp)[1:])
+            + f" after 1 / 2 / 3 steps: **{'pass' if ok else 'fail'}**."
+        )
+    return write_table_and_json(report, "equal_cpu_study", lines, summary)
+
+
 HYBRID_TASKS = {"hybrid_halfcheetah": "halfcheetah-vel", "hybrid_cartpole": "cartpole-physics"}
 HYBRID_STEPS = 5  # the pre-registered comparison is after 5 adaptation steps
 
@@ -612,17 +676,21 @@ def main(argv=None):
     p.add_argument("--speed", action="store_true", help="table the cost runs of benchmark/maml_ssm.sh --speed")
     p.add_argument("--promp-study", action="store_true", help="table the runs of benchmark/maml_ssm.sh --promp-study")
     p.add_argument("--hybrid-benchmark", action="store_true", help="table benchmark/maml_ssm.sh --hybrid-benchmark")
+    p.add_argument("--equal-cpu-study", action="store_true", help="table benchmark/maml_ssm.sh --equal-cpu-study")
     p.add_argument("--objective", default="pg", help="--hybrid-benchmark: the adapt objective to table (pg, dynamics)")
     args = p.parse_args(argv)
     if not os.path.isdir(args.out):
         print(f"maml_ssm_report: --out {args.out!r} is not a directory; run benchmark/maml_ssm.sh first", file=sys.stderr)
         return 2
-    if args.speed or args.promp_study or args.hybrid_benchmark:
+    if args.speed or args.promp_study or args.hybrid_benchmark or args.equal_cpu_study:
         try:
             if args.speed:
                 text = speed(args.out, args.report)
             elif args.hybrid_benchmark:
                 text = hybrid_benchmark(args.out, args.report, args.objective)
+            elif args.equal_cpu_study:
+                os.makedirs(args.report, exist_ok=True)
+                text = equal_cpu_study(load_runs(args.out), args.report)
             else:
                 os.makedirs(args.report, exist_ok=True)
                 text = promp_study(load_runs(args.out), args.report)

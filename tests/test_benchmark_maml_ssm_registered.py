@@ -1,9 +1,11 @@
 """Tests of the pre-registered maml_ssm studies' tools: benchmark/maml_ssm_online_report.py on hand-made runs, the
-commands of benchmark/maml_ssm_online_adapt.sh and benchmark/maml_ssm_hybrid_dynamics.sh, and the `--objective` of
-benchmark/maml_ssm_report.py --hybrid-benchmark."""
+commands of benchmark/maml_ssm_online_adapt.sh, benchmark/maml_ssm_hybrid_dynamics.sh and benchmark/maml_ssm.sh
+--equal-cpu-study, the `--objective` of benchmark/maml_ssm_report.py --hybrid-benchmark and its --equal-cpu-study
+verdicts."""
 
 import json
 import os
+import shutil
 import subprocess
 
 import pytest
@@ -88,8 +90,14 @@ def test_hybrid_report_tables_the_objective_it_is_given(tmp_path):
 
 
 def dry_run(script):
+    """The lines benchmark/<script> (a file name, then any flags) prints with --dry-run."""
+    name, *flags = script.split()
     run = subprocess.run(
-        ["bash", os.path.join("benchmark", script), "--dry-run"], cwd=REPO, env=SCRIPT_ENV, capture_output=True, text=True
+        ["bash", os.path.join("benchmark", name), *flags, "--dry-run"],
+        cwd=REPO,
+        env=SCRIPT_ENV,
+        capture_output=True,
+        text=True,
     )
     assert run.returncode == 0, run.stderr
     return run.stdout.splitlines()
@@ -115,3 +123,76 @@ def test_dynamics_arm_runs_the_plans_loss_at_the_plans_settings():
     (adapt,) = [line for line in lines if line.startswith("then on each checkpoint")]
     for flag in ("--adapt-objective dynamics pg", "--experience-batch-size 32", "--experience-weight 0.1", "--adapt-steps 5"):
         assert flag in adapt
+
+
+def test_equal_cpu_study_runs_the_registered_twelve_runs_in_order():
+    """benchmark/maml_ssm.sh --equal-cpu-study: what docs/results/maml_ssm/equal_cpu_study/PROTOCOL.md registers, TRPO's
+    six runs (maml_ssm.py) before ProMP's six (maml_ssm_promp.py), MLP and SSM, seeds 1-3, --config paper on point-nav-2d,
+    900 CPU-seconds each, evaluated on 40 test tasks after 0-3 steps; no other setting."""
+    train = [line for line in dry_run("maml_ssm.sh --equal-cpu-study") if " train " in line]
+    assert len(train) == 12
+    scripts = ["maml_ssm_promp.py" if "maml_ssm_promp.py" in line else "maml_ssm.py" for line in train]
+    assert scripts == ["maml_ssm.py"] * 6 + ["maml_ssm_promp.py"] * 6
+    for half in (train[:6], train[6:]):
+        arms = sorted((line.split("--policy ")[1].split()[0], line.split("--seed ")[1].split()[0]) for line in half)
+        assert arms == [(p, s) for p in ("mlp", "ssm") for s in ("1", "2", "3")]
+    for line in train:
+        for flag in (
+            "--task point-nav-2d",
+            "--config paper",
+            "--cpu-budget 900",
+            "--save-model",
+            "--eval-tasks 40",
+            "--eval-steps 3",
+        ):
+            assert flag in line, (flag, line)
+        assert "--tasks-per-batch" not in line and "--fast-batch-size" not in line and "--outer-optimizer" not in line
+    protocol = open(os.path.join(REPO, "docs", "results", "maml_ssm", "equal_cpu_study", "PROTOCOL.md")).read()
+    assert "bash benchmark/maml_ssm.sh --equal-cpu-study" in protocol and "--cpu-budget 900" in protocol
+
+
+def fake_study_run(out, sweep, script, policy, seed, returns):
+    """A finished --equal-cpu-study run as benchmark/maml_ssm_report.py finds it: checkpoint dict and eval.json."""
+    d = out / sweep / "runs" / f"c0__{policy}__s{seed}" / f"run{seed}"
+    d.mkdir(parents=True)
+    args = {"task": "point-nav-2d", "policy": policy, "seed": seed, "outer_steps": 100000, "outer_optimizer": "trpo"}
+    ckpt = {"args": args, "outer_steps_done": 10 * seed, "task_version": 2}
+    if script == "maml_ssm_promp":
+        ckpt["script"] = "maml_ssm_promp"
+        args.pop("outer_optimizer")
+    torch.save(ckpt, d / f"{script}.cleanrl_model")
+    (d / "eval.json").write_text(json.dumps({"returns_after_steps": {str(k): r for k, r in enumerate(returns)}}))
+
+
+@pytest.mark.parametrize("ssm_after_two, verdicts", [(0.5, ("pass", "fail")), (-0.5, ("fail", "fail"))])
+def test_equal_cpu_study_report_judges_the_criterion_under_each_optimizer(ssm_after_two, verdicts, tmp_path):
+    """Under TRPO the SSM is 1.0 above the MLP after 1 and 3 steps and ssm_after_two after 2; under ProMP it is 1.0 below
+    after 1 step: the criterion passes only where all of 1, 2 and 3 steps hold."""
+    out = tmp_path / "out"
+    for seed in (1, 2, 3):
+        mlp = [-20.0 - seed, -8.0 - seed, -6.0 - seed, -5.0 - seed]
+        fake_study_run(out, "equal_cpu_trpo", "maml_ssm", "mlp", seed, mlp)
+        ssm = [mlp[0], mlp[1] + 1.0, mlp[2] + ssm_after_two, mlp[3] + 1.0]
+        fake_study_run(out, "equal_cpu_trpo", "maml_ssm", "ssm", seed, ssm)
+        fake_study_run(out, "equal_cpu_promp", "maml_ssm_promp", "mlp", seed, mlp)
+        fake_study_run(out, "equal_cpu_promp", "maml_ssm_promp", "ssm", seed, [mlp[0], mlp[1] - 1.0, mlp[2], mlp[3]])
+    report = tmp_path / "report"
+    assert maml_ssm_report.main(["--equal-cpu-study", "--out", str(out), "--report", str(report)]) == 0
+    summary = json.loads((report / "equal_cpu_study.json").read_text())
+    assert (summary["trpo"]["criterion"]["pass"], summary["promp"]["criterion"]["pass"]) == (verdicts[0] == "pass", False)
+    assert summary["trpo"]["criterion"]["ssm_minus_mlp"] == pytest.approx([1.0, ssm_after_two, 1.0])
+    assert summary["promp"]["ssm"]["iterations"] == [10, 20, 30]
+    assert summary["trpo"]["mlp"]["mean"] == pytest.approx([-22.0, -10.0, -8.0, -7.0])
+    table = (report / "equal_cpu_study_table.md").read_text()
+    assert (
+        f"- TRPO: the SSM's return after 1–3 steps at least the MLP's at equal CPU: SSM − MLP = 1.00 / {ssm_after_two:.2f}"
+        in table
+    )
+    assert table.count(f"**{verdicts[0]}**") >= 1 and "- PROMP:" in table and table.rstrip().endswith("**fail**.")
+    assert sorted(p.name for p in report.glob("eval_*.json")) == sorted(
+        f"eval_{o}_{p}_s{s}.json" for o in ("trpo", "promp") for p in ("mlp", "ssm") for s in (1, 2, 3)
+    )
+    # an optimizer with one policy missing gives no verdict: a one-line error
+    for d in (out / "equal_cpu_promp" / "runs").glob("c0__ssm__s*"):
+        shutil.rmtree(d)
+    assert maml_ssm_report.main(["--equal-cpu-study", "--out", str(out), "--report", str(report)]) == 2
