@@ -321,12 +321,14 @@ class LRU(nn.Module):
         log_r, phase = self.lam()
         gamma = torch.sqrt(1 - torch.exp(2 * log_r))  # keeps the state's scale as |lambda| -> 1
         lam = torch.complex(torch.exp(log_r) * torch.cos(phase), torch.exp(log_r) * torch.sin(phase))
-        b = torch.complex(u @ self.B_re.T, u @ self.B_im.T) * gamma
+        B = (torch.stack([self.B_re, self.B_im], 1) * gamma[:, None, None]).flatten(0, 1)  # rows Re, Im of gamma_n B_n
+        b = torch.view_as_complex((u @ B.T).unflatten(-1, (-1, 2)))  # one matmul for Re and Im
         keep = ~starts[..., None]  # (T, B, 1): the state carries over into step t
         x0_re, x0_im = x0.chunk(2, -1)
         b = torch.cat([b[:1] + keep[:1] * lam * torch.complex(x0_re, x0_im), b[1:]])  # x_{-1} = x0 enters at t = 0
         x = diagonal_scan(lam, keep, b)
-        y = x.real @ self.C_re.T - x.imag @ self.C_im.T + self.D * u
+        C = torch.stack([self.C_re, -self.C_im], -1).flatten(1)  # columns Re C_n, -Im C_n: Re(C x) in one matmul
+        y = torch.view_as_real(x).flatten(-2) @ C.T + self.D * u
         return y, torch.cat([x[-1].real, x[-1].imag], -1)
 
 
