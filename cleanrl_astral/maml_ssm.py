@@ -940,7 +940,7 @@ def train(args: Args):
     if args.resume:
         from cleanrl_astral_utils.maml import read_resume_state
 
-        saved = read_resume_state(args.resume, args, SCRIPT)
+        saved = read_resume_state(read_checkpoint(args.resume, SCRIPT, Args), args, args.resume)
     run_dir, writer = start_run(args, saved)
     gen = torch.Generator().manual_seed(args.seed)
     train_rng, _ = task_streams(args.seed)
@@ -1027,8 +1027,6 @@ def train(args: Args):
             print_progress(it, args, global_step, sps, pre, post, stats, dt, time.time() - start_time)
         out_of_budget = args.cpu_budget > 0 and time.process_time() - start_cpu >= args.cpu_budget
         if args.ckpt_dir and (it % args.ckpt_every == 0 or it == args.outer_steps or out_of_budget):
-            from cleanrl_astral_utils.maml import training_state
-
             times = run_times(start_time, start_cpu, train_tasks)
             training = training_state(aux_opt, outer_opt, gen, train_rng, global_step, run_dir)
             save_model_checkpoint(model, args, train_tasks, buffer, monitor, times, training)
@@ -1096,8 +1094,6 @@ def evaluate(
     write=True,
 ):
     """Returns on fresh test tasks after 0..num_steps inner steps; None takes the checkpoint's setting."""
-    from cleanrl_astral_utils.maml import summarise, write_eval_report
-
     model, args, ckpt = load_checkpoint(checkpoint)
     if num_tasks is None:
         num_tasks = args.eval_tasks
@@ -1124,15 +1120,14 @@ def evaluate(
     _, returns = sample_task_batches(model, theta, tasks, args, gen, num_steps, lrs)
     result = {"task": args.task, **summarise([r.numpy() for r in returns]), "num_tasks": num_tasks}
     if write:
-        write_eval_report(result, checkpoint, args.policy)
+        path = os.path.join(os.path.dirname(os.path.abspath(checkpoint)), "eval.json")
+        write_results(result, path, "plot_eval", args.policy)
     return result
 
 
 def load_checkpoint(path, also=()):
     """(model, args, ckpt) of a checkpoint this script (or a script of `also`) wrote, or a ValueError with a one-line
     reason."""
-    from cleanrl_astral_utils.maml import check_task_split, read_checkpoint
-
     ckpt = read_checkpoint(path, SCRIPT, Args, also)
     args = Args(**ckpt["args"])
     try:
@@ -1220,8 +1215,6 @@ def adapt_command(args: AdaptArgs):
     torch.set_num_threads(1)
     from torch.utils.tensorboard import SummaryWriter
 
-    from cleanrl_astral_utils.maml import write_adapt_report
-
     stem = "adapt"
     if args.online:
         stem = "adapt_online"
@@ -1231,14 +1224,12 @@ def adapt_command(args: AdaptArgs):
     writer = SummaryWriter(stem + "_tb")
     res = run_adaptation(args.checkpoint, args, writer)
     writer.close()
-    write_adapt_report(res, stem)
+    write_results(res, stem + ".json", "plot_adapt")
     print(f"wrote {stem}.json")
 
 
 def run_adaptation(checkpoint, aargs, writer=None):
     """Returns on fresh test tasks after 0..K adaptation steps for every adapter x objective."""
-    from cleanrl_astral_utils.maml import log_adaptation, mean_ci95_half_width, summarise
-
     model, args, ckpt = load_checkpoint(checkpoint, ADAPTS_CHECKPOINTS_OF)
     buffer = None
     if ckpt.get("buffer"):
@@ -1315,6 +1306,17 @@ def run_adaptation(checkpoint, aargs, writer=None):
         "no_adaptation": {"return": float(base.mean()), "ci95": mean_ci95_half_width(base)},
         "results": results,
     }
+
+
+def log_adaptation(writer, tag, step_logs, per_step, mon):
+    """`adapt`'s TensorBoard scalars of one adapter x objective: each adaptation step's statistics (x axis: the step
+    of any task), then the return and monitor statistics after k steps (x axis: k)."""
+    for i, row in enumerate(step_logs):
+        for key in ("loss_before", "loss_after", "grad_norm", "drift", "guard_fired"):
+            writer.add_scalar(tag + key, float(row[key]), i)
+    for k, (r, row) in enumerate(zip(per_step, mon)):
+        for key, v in {"return_after_steps": r.mean(), **row}.items():
+            writer.add_scalar(tag + key, float(v), k)
 
 
 def seeded_env(args, tasks, n_eps, seed):
@@ -1751,8 +1753,6 @@ def run_times(start_time, start_cpu, train_tasks):
 def save_model_checkpoint(model, args, train_tasks, buffer, monitor, times, training, run_dir=None):
     """The checkpoint: at run_dir/{exp_name}.cleanrl_model (--save-model), or with the training state to
     --ckpt-dir's step_N and latest files. Returns the (last) path written."""
-    from cleanrl_astral_utils.maml import save_checkpoint
-
     cartpole = args.task == "cartpole-physics"
     seen = np.zeros((0, 1))
     if train_tasks:
@@ -1787,6 +1787,155 @@ def evaluate_saved_model(path, writer):
     for k, v in res["returns_after_steps"].items():  # x axis: inner updates
         writer.add_scalar("eval/return_after_steps", v, int(k))
     print(f"eval: {json.dumps(res)}")
+
+
+# PLUMBING: WRITING AND READING CHECKPOINTS, THE RESULTS FILE
+def atomic_torch_save(obj, path):
+    """torch.save(obj, path), atomically: to a temp file in the same directory, then os.replace."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def atomic_write_json(obj, path):
+    """json.dump(obj, indent=2) to path, atomically."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=2)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def save_checkpoint(path, model, args, task_split, task_version, extra=None, script="maml_ssm"):
+    """The model's weights, its full config, the task split and version, and `extra`, written atomically; `script`
+    names the script that wrote it."""
+    ckpt = {
+        "state_dict": model.state_dict(),
+        "args": dataclasses.asdict(args),
+        "script": script,
+        "task_split": task_split,
+        "param_count": sum(p.numel() for p in model.parameters()),
+        "task_version": task_version,
+    }
+    if extra:
+        ckpt.update(extra)
+    atomic_torch_save(ckpt, path)
+
+
+# per script, config fields that its older checkpoints carry and its Args do not: `adapt`'s settings live in its own
+# Args, video capture does not exist for batched tensor tasks, and ProMP with its LVC inner estimator is maml_ssm_promp.py
+RETIRED_FIELDS = {
+    "maml_ssm": ("adapt_steps", "adapt_lr", "capture_video", "inner_estimator", "promp_steps", "clip_coef", "inner_kl_coef"),
+    "maml_ssm_promp": (),
+}
+
+
+def read_checkpoint(path, script, args_cls, also=()):
+    """The checkpoint dict written by `script` or a script of `also` (its config without the fields `args_cls` lacks
+    that RETIRED_FIELDS[script] lists), or a ValueError with a one-line reason."""
+    if not os.path.isfile(path):
+        raise ValueError(f"checkpoint {path!r} does not exist")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # corrupted or not a torch file
+        raise ValueError(f"cannot read checkpoint {path!r}: {type(e).__name__}") from e
+    if not isinstance(ckpt, dict):
+        raise ValueError(f"{path!r} is not a {script} checkpoint")
+    config = ckpt.get("args", {})
+    # ProMP and its LVC inner estimator are cleanrl_astral/maml_ssm_promp.py's, whose checkpoints carry its own config
+    if ckpt.get("script") == "maml_ssm" and config.get("outer_optimizer") == "promp":
+        raise ValueError(f"{path!r} was trained with ProMP by maml_ssm.py: retrain it with cleanrl_astral/maml_ssm_promp.py")
+    if ckpt.get("script") == "maml_ssm" and config.get("inner_estimator", "reinforce") != "reinforce":
+        raise ValueError(
+            f"{path!r} was trained with the LVC inner estimator: retrain it with cleanrl_astral/maml_ssm_promp.py"
+        )
+    if ckpt.get("script") in RETIRED_FIELDS and ckpt.get("script") not in (script, *also):
+        raise ValueError(f"{path!r} is a {ckpt['script']} checkpoint: run cleanrl_astral/{ckpt['script']}.py on it")
+    if ckpt.get("script") not in (script, *also):
+        raise ValueError(f"{path!r} is not a {script} checkpoint")
+    missing = [k for k in ("state_dict", "args", "task_split") if k not in ckpt]
+    fields = {f.name for f in dataclasses.fields(args_cls)}
+    config = {k: v for k, v in config.items() if k in fields or k not in RETIRED_FIELDS[script]}
+    unknown = set(config) - fields
+    if missing or unknown:
+        raise ValueError(f"checkpoint {path!r} lacks {missing} or has unknown config fields {sorted(unknown)}")
+    ckpt["args"] = config
+    return ckpt
+
+
+def check_task_split(ckpt, task, task_version, check_ranges, ranges):
+    """A ValueError with a one-line reason when the checkpoint's tasks are not the ones this script runs: another task
+    in its split than in its config, other train/test ranges (`ranges`: {split key: ranges}), another task version."""
+    split = ckpt["task_split"]
+    version = ckpt.get("task_version", 1)
+    if split.get("task") != task:
+        raise ValueError(f"checkpoint task split is for {split.get('task')!r} but its config says {task!r}")
+    if check_ranges:
+        for key, expected in ranges.items():
+            if json.dumps(split.get(key)) != json.dumps(expected):
+                raise ValueError(
+                    f"the checkpoint's cartpole {key.replace('_', ' ')} {split.get(key)} are not this script's "
+                    f"{[list(r) for r in expected]} (gravity, pole length); retrain it with this script"
+                )
+    if version != task_version:
+        raise ValueError(
+            f"checkpoint was trained on version {version} of {task}, this script runs version {task_version} "
+            "(see TASK_VERSIONS); retrain it"
+        )
+
+
+def training_state(aux_opt, outer_opt, gen, train_rng, global_step, run_dir):
+    """What --resume restores besides the model, buffer and feature statistics: optimizers, every RNG, the step."""
+    outer = None
+    if outer_opt is not None:
+        outer = outer_opt.state_dict()
+    return {
+        "aux_opt": aux_opt.state_dict(),
+        "outer_opt": outer,
+        "gen": gen.get_state(),
+        "torch_rng": torch.get_rng_state(),
+        "numpy_rng": np.random.get_state(),
+        "python_rng": random.getstate(),
+        "train_rng": train_rng.bit_generator.state,
+        "global_step": global_step,
+        "run_dir": run_dir,
+    }
+
+
+def mean_ci95_half_width(x):
+    """Half-width of the normal 95% confidence interval of the mean: 1.96 sample sd / sqrt(n) (0 for one value)."""
+    x = np.asarray(x, dtype=np.float64)
+    if len(x) < 2:
+        return 0.0
+    return float(1.96 * x.std(ddof=1) / math.sqrt(len(x)))
+
+
+def summarise(per_step):
+    """{"returns_after_steps": mean over tasks, "ci95": its 95% CI half-width}, keyed by the step as a string."""
+    return {
+        "returns_after_steps": {str(k): float(r.mean()) for k, r in enumerate(per_step)},
+        "ci95": {str(k): mean_ci95_half_width(r) for k, r in enumerate(per_step)},
+    }
+
+
+def write_results(result, path, plot, *plot_args):
+    """The results file (eval.json, adapt.json) at path, and its plot beside it (the same name, .png) when the helper
+    package is installed; without it, one line says the plot was skipped. `plot` names the helper's plotting function,
+    called with the result, the plot's path and `plot_args`."""
+    atomic_write_json(result, path)
+    if importlib.util.find_spec("cleanrl_astral_utils") is None:
+        print(f"{path[: -len('.json')]}.png skipped: plots need the cleanrl_astral_utils package (pip install -e .)")
+        return
+    from cleanrl_astral_utils import maml
+
+    getattr(maml, plot)(result, path[: -len(".json")] + ".png", *plot_args)
 
 
 # VALIDATION
@@ -1874,11 +2023,9 @@ def validate(args):
         raise ValueError(f"--cg-subsample must be in (0, 1], got {args.cg_subsample}")
     if not (0 < args.gamma <= 1 and 0 <= args.gae_lambda <= 1):
         raise ValueError("--gamma must be in (0, 1] and --gae-lambda in [0, 1]")
-    # saving, checkpointing and resuming use the helper package
-    for name in ("save_model", "ckpt_dir", "resume"):
-        if getattr(args, name) and importlib.util.find_spec("cleanrl_astral_utils") is None:
-            flag = "--" + name.replace("_", "-")
-            raise ValueError(f"{flag} needs the cleanrl_astral_utils package: pip install -e . in the repository")
+    # resuming uses the helper package
+    if args.resume and importlib.util.find_spec("cleanrl_astral_utils") is None:
+        raise ValueError("--resume needs the cleanrl_astral_utils package: pip install -e . in the repository")
     if args.save_model and args.eval_tasks < 2:
         raise ValueError(f"--eval-tasks {args.eval_tasks}: the evaluation after --save-model needs >= 2 tasks for its 95% CI")
     if args.goal_box and args.task != "point-nav-2d":
@@ -1979,7 +2126,7 @@ def train_defaults(argv) -> Args:
     if resume is not None:
         from cleanrl_astral_utils.maml import resumed_args
 
-        return resumed_args(resume, Args, SCRIPT)
+        return resumed_args(read_checkpoint(resume, SCRIPT, Args), Args, resume)
     config = flag_value(argv, "--config")
     if config is None:
         config = "none"

@@ -1,76 +1,14 @@
-"""What maml_ssm.py and maml_ssm_promp.py need besides the method: writing and refusing checkpoints, the state `train
---resume` restores, the evaluation and adaptation reports (eval.json, adapt.json, their 95% CIs and plots). The scripts
-import it only where a run saves, resumes or evaluates a model."""
+"""What maml_ssm.py and maml_ssm_promp.py leave to the helper package: `train --resume` (checking and restoring the state
+a --ckpt-dir checkpoint holds) and the plots beside eval.json and adapt.json. The scripts write and read their own
+checkpoints and results files."""
 
 import dataclasses
-import json
-import os
 import random
 
 import numpy as np
 import torch
 
-from cleanrl_astral_utils.files import atomic_torch_save, atomic_write_json
 from cleanrl_astral_utils.stats import normal_ci95_half_width
-
-
-# ------------------------------------------------------------------------------------------------ CHECKPOINTS
-def save_checkpoint(path, model, args, task_split, task_version, extra=None, script="maml_ssm"):
-    """The model's weights, its full config, the task split and version, and `extra`, written atomically; `script`
-    names the script that wrote it."""
-    ckpt = {
-        "state_dict": model.state_dict(),
-        "args": dataclasses.asdict(args),
-        "script": script,
-        "task_split": task_split,
-        "param_count": sum(p.numel() for p in model.parameters()),
-        "task_version": task_version,
-    }
-    if extra:
-        ckpt.update(extra)
-    atomic_torch_save(ckpt, path)
-
-
-# per script, config fields that its older checkpoints carry and its Args do not: `adapt`'s settings live in its own
-# Args, video capture does not exist for batched tensor tasks, and ProMP with its LVC inner estimator is maml_ssm_promp.py
-RETIRED_FIELDS = {
-    "maml_ssm": ("adapt_steps", "adapt_lr", "capture_video", "inner_estimator", "promp_steps", "clip_coef", "inner_kl_coef"),
-    "maml_ssm_promp": (),
-}
-
-
-def read_checkpoint(path, script, args_cls, also=()):
-    """The checkpoint dict written by `script` or a script of `also` (its config without the fields `args_cls` lacks
-    that RETIRED_FIELDS[script] lists), or a ValueError with a one-line reason."""
-    if not os.path.isfile(path):
-        raise ValueError(f"checkpoint {path!r} does not exist")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:  # corrupted or not a torch file
-        raise ValueError(f"cannot read checkpoint {path!r}: {type(e).__name__}") from e
-    if not isinstance(ckpt, dict):
-        raise ValueError(f"{path!r} is not a {script} checkpoint")
-    config = ckpt.get("args", {})
-    # ProMP and its LVC inner estimator are cleanrl_astral/maml_ssm_promp.py's, whose checkpoints carry its own config
-    if ckpt.get("script") == "maml_ssm" and config.get("outer_optimizer") == "promp":
-        raise ValueError(f"{path!r} was trained with ProMP by maml_ssm.py: retrain it with cleanrl_astral/maml_ssm_promp.py")
-    if ckpt.get("script") == "maml_ssm" and config.get("inner_estimator", "reinforce") != "reinforce":
-        raise ValueError(
-            f"{path!r} was trained with the LVC inner estimator: retrain it with cleanrl_astral/maml_ssm_promp.py"
-        )
-    if ckpt.get("script") in RETIRED_FIELDS and ckpt.get("script") not in (script, *also):
-        raise ValueError(f"{path!r} is a {ckpt['script']} checkpoint: run cleanrl_astral/{ckpt['script']}.py on it")
-    if ckpt.get("script") not in (script, *also):
-        raise ValueError(f"{path!r} is not a {script} checkpoint")
-    missing = [k for k in ("state_dict", "args", "task_split") if k not in ckpt]
-    fields = {f.name for f in dataclasses.fields(args_cls)}
-    config = {k: v for k, v in config.items() if k in fields or k not in RETIRED_FIELDS[script]}
-    unknown = set(config) - fields
-    if missing or unknown:
-        raise ValueError(f"checkpoint {path!r} lacks {missing} or has unknown config fields {sorted(unknown)}")
-    ckpt["args"] = config
-    return ckpt
-
 
 # ------------------------------------------------------------------------------------------------ RESUME
 # `train --resume` may change these; any other flag that differs from the checkpoint's is refused
@@ -94,17 +32,15 @@ RESUMABLE_FIELDS = (
 )
 
 
-def resumed_args(path, args_cls, script):
-    """The Args of the run a --ckpt-dir checkpoint holds, with `resume` set to it: the defaults `train --resume` parses
-    its flags over."""
-    ckpt = read_checkpoint(path, script, args_cls)
+def resumed_args(ckpt, args_cls, path):
+    """The Args of the run a --ckpt-dir checkpoint (read from path) holds, with `resume` set to it: the defaults
+    `train --resume` parses its flags over."""
     return args_cls(**{**ckpt["args"], "resume": path})
 
 
-def read_resume_state(path, args, script):
-    """The checkpoint `train --resume` continues, or a ValueError with a one-line reason: it holds no training state,
-    or a flag outside RESUMABLE_FIELDS differs from the run's own."""
-    ckpt = read_checkpoint(path, script, type(args))
+def read_resume_state(ckpt, args, path):
+    """The checkpoint (read from path) `train --resume` continues, or a ValueError with a one-line reason: it holds no
+    training state, or a flag outside RESUMABLE_FIELDS differs from the run's own."""
     if "training" not in ckpt:
         raise ValueError(f"--resume {path!r} holds no training state: resume from a checkpoint of train --ckpt-dir")
     for field in dataclasses.fields(args):
@@ -113,24 +49,6 @@ def read_resume_state(path, args, script):
             flag = "--" + field.name.replace("_", "-")
             raise ValueError(f"--resume keeps the run's settings: {flag} {getattr(args, field.name)} differs from its {saved}")
     return ckpt
-
-
-def training_state(aux_opt, outer_opt, gen, train_rng, global_step, run_dir):
-    """What --resume restores besides the model, buffer and feature statistics: optimizers, every RNG, the step."""
-    outer = None
-    if outer_opt is not None:
-        outer = outer_opt.state_dict()
-    return {
-        "aux_opt": aux_opt.state_dict(),
-        "outer_opt": outer,
-        "gen": gen.get_state(),
-        "torch_rng": torch.get_rng_state(),
-        "numpy_rng": np.random.get_state(),
-        "python_rng": random.getstate(),
-        "train_rng": train_rng.bit_generator.state,
-        "global_step": global_step,
-        "run_dir": run_dir,
-    }
 
 
 def restore_training(saved, model, aux_opt, outer_opt, buffer, monitor, gen, train_rng):
@@ -157,66 +75,21 @@ def restore_training(saved, model, aux_opt, outer_opt, buffer, monitor, gen, tra
     return train_tasks, t["global_step"], spent
 
 
-# ------------------------------------------------------------------------------------------------ TASK SPLIT
-def check_task_split(ckpt, task, task_version, check_ranges, ranges):
-    """A ValueError with a one-line reason when the checkpoint's tasks are not the ones this script runs: another task
-    in its split than in its config, other train/test ranges (`ranges`: {split key: ranges}), another task version."""
-    split = ckpt["task_split"]
-    version = ckpt.get("task_version", 1)
-    if split.get("task") != task:
-        raise ValueError(f"checkpoint task split is for {split.get('task')!r} but its config says {task!r}")
-    if check_ranges:
-        for key, expected in ranges.items():
-            if json.dumps(split.get(key)) != json.dumps(expected):
-                raise ValueError(
-                    f"the checkpoint's cartpole {key.replace('_', ' ')} {split.get(key)} are not this script's "
-                    f"{[list(r) for r in expected]} (gravity, pole length); retrain it with this script"
-                )
-    if version != task_version:
-        raise ValueError(
-            f"checkpoint was trained on version {version} of {task}, this script runs version {task_version} "
-            "(see TASK_VERSIONS); retrain it"
-        )
+# ------------------------------------------------------------------------------------------------ PLOTS
+mean_ci95_half_width = normal_ci95_half_width  # the scripts' mean_ci95_half_width (cleanrl_astral_utils.stats)
 
 
-# ------------------------------------------------------------------------------------------------ REPORTS
-mean_ci95_half_width = normal_ci95_half_width  # 1.96 sample sd / sqrt(n) over tasks (cleanrl_astral_utils.stats)
+def plot_eval(result, path, policy):
+    """eval.png: the returns of eval.json after 0..K inner steps."""
+    plot_returns({policy: result}, path, f"{result['task']} / {policy}", "inner gradient steps")
 
 
-def summarise(per_step):
-    """{"returns_after_steps": mean over tasks, "ci95": its 95% CI half-width}, keyed by the step as a string."""
-    return {
-        "returns_after_steps": {str(k): float(r.mean()) for k, r in enumerate(per_step)},
-        "ci95": {str(k): mean_ci95_half_width(r) for k, r in enumerate(per_step)},
-    }
-
-
-def write_eval_report(result, checkpoint, policy):
-    """eval.json and eval.png beside the checkpoint."""
-    out_dir = os.path.dirname(os.path.abspath(checkpoint))
-    atomic_write_json(result, os.path.join(out_dir, "eval.json"))
-    plot_returns({policy: result}, os.path.join(out_dir, "eval.png"), f"{result['task']} / {policy}", "inner gradient steps")
-
-
-def write_adapt_report(result, stem):
-    """{stem}.json and {stem}.png: returns after 0..K adaptation steps per adapter/objective, with the no-adaptation
-    level."""
-    atomic_write_json(result, stem + ".json")
+def plot_adapt(result, path):
+    """adapt.png: returns after 0..K adaptation steps per adapter/objective, with the no-adaptation level."""
     title = f"{result['task']}: test-time adaptation"
     if result["online"]:
         title += " (online)"
-    plot_returns(result["results"], stem + ".png", title, "adaptation steps", level=result["no_adaptation"]["return"])
-
-
-def log_adaptation(writer, tag, step_logs, per_step, mon):
-    """`adapt`'s TensorBoard scalars of one adapter x objective: each adaptation step's statistics (x axis: the step
-    of any task), then the return and monitor statistics after k steps (x axis: k)."""
-    for i, row in enumerate(step_logs):
-        for key in ("loss_before", "loss_after", "grad_norm", "drift", "guard_fired"):
-            writer.add_scalar(tag + key, float(row[key]), i)
-    for k, (r, row) in enumerate(zip(per_step, mon)):
-        for key, v in {"return_after_steps": r.mean(), **row}.items():
-            writer.add_scalar(tag + key, float(v), k)
+    plot_returns(result["results"], path, title, "adaptation steps", level=result["no_adaptation"]["return"])
 
 
 def plot_returns(curves, path, title, xlabel, level=None):

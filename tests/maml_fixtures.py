@@ -2,10 +2,14 @@
 command line run as a user would."""
 
 import glob
+import os
+import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
-from helpers import REPO, run_script
+from helpers import REPO, SCRIPT_ENV, run_script, script_path
 
 import cleanrl_astral.maml_ssm as maml_ssm
 
@@ -137,3 +141,15 @@ def parsed_train_args(argv, script=maml_ssm):
         patch.setattr(script, "train", capture)
         script.main(argv)
     return seen[0]
+
+
+def run_copied_alone(script, folder, *argv):
+    """Runs cleanrl_astral/{script}.py copied alone into folder, with the helper package unimportable; the process."""
+    path = os.path.join(folder, f"{script}.py")
+    if not os.path.exists(path):
+        shutil.copy(script_path(script), path)
+    blocked = "import runpy, sys; sys.modules['cleanrl_astral_utils'] = None; "
+    code = blocked + f"sys.argv = {[path, *map(str, argv)]!r}; runpy.run_path(sys.argv[0], run_name='__main__')"
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=SCRIPT_ENV, cwd=folder, timeout=600
+    )

@@ -27,7 +27,6 @@ from maml_fixtures import (
 )
 
 import cleanrl_astral.maml_ssm as maml_ssm
-from cleanrl_astral_utils import files, maml
 
 # the checkpoints the tests share (module-scoped fixtures of tests/maml_fixtures.py)
 trained_ckpt = maml_fixtures.trained_ckpt
@@ -618,7 +617,7 @@ def test_cpu_budget_counts_process_time_not_wall_time(tmp_path, monkeypatch, cap
 def test_atomic_save_keeps_old_file_when_writing_fails(tmp_path, monkeypatch):
     model, args, _ = tiny_setup(dtype=torch.float32)
     path = str(tmp_path / "x.cleanrl_model")
-    maml.save_checkpoint(path, model, args, {"task": args.task, "train_tasks": []}, maml_ssm.TASK_VERSIONS[args.task])
+    maml_ssm.save_checkpoint(path, model, args, {"task": args.task, "train_tasks": []}, maml_ssm.TASK_VERSIONS[args.task])
     digest = sha256(path)
 
     def boom(obj, f):
@@ -628,7 +627,7 @@ def test_atomic_save_keeps_old_file_when_writing_fails(tmp_path, monkeypatch):
 
     monkeypatch.setattr(maml_ssm.torch, "save", boom)
     with pytest.raises(OSError):
-        maml.save_checkpoint(path, model, args, {"task": args.task, "train_tasks": []}, maml_ssm.TASK_VERSIONS[args.task])
+        maml_ssm.save_checkpoint(path, model, args, {"task": args.task, "train_tasks": []}, maml_ssm.TASK_VERSIONS[args.task])
     assert sha256(path) == digest and os.listdir(tmp_path) == ["x.cleanrl_model"]
 
 
@@ -642,10 +641,10 @@ def test_save_checkpoint_writes_its_temp_file_beside_the_checkpoint(tmp_path, mo
     (tmp_path / "cwd").mkdir()
     monkeypatch.chdir(tmp_path / "cwd")
     replaced = []
-    real_replace = files.os.replace
-    monkeypatch.setattr(files.os, "replace", lambda src, dst: (replaced.append((src, dst)), real_replace(src, dst))[1])
+    real_replace = maml_ssm.os.replace
+    monkeypatch.setattr(maml_ssm.os, "replace", lambda src, dst: (replaced.append((src, dst)), real_replace(src, dst))[1])
     path = str(tmp_path / "ckpt" / "a.cleanrl_model")
-    maml.save_checkpoint(path, model, args, {"task": args.task, "train_tasks": []}, maml_ssm.TASK_VERSIONS[args.task])
+    maml_ssm.save_checkpoint(path, model, args, {"task": args.task, "train_tasks": []}, maml_ssm.TASK_VERSIONS[args.task])
     assert len(replaced) == 1
     src, dst = replaced[0]
     assert dst == path and os.path.dirname(os.path.abspath(src)) == str(tmp_path / "ckpt")
@@ -778,9 +777,9 @@ def test_mean_ci95_half_width_is_1_96_sample_sd_over_sqrt_n():
     n, mean = len(x), sum(x) / len(x)
     s = (sum((v - mean) ** 2 for v in x) / (n - 1)) ** 0.5
     expected = 1.96 * s / n**0.5
-    assert maml.mean_ci95_half_width(x) == pytest.approx(expected, rel=1e-12)
-    assert maml.mean_ci95_half_width(np.array(x, dtype=np.float32)) == pytest.approx(expected, rel=1e-6)
-    assert maml.mean_ci95_half_width([4.0]) == 0.0 and expected > 1.0
+    assert maml_ssm.mean_ci95_half_width(x) == pytest.approx(expected, rel=1e-12)
+    assert maml_ssm.mean_ci95_half_width(np.array(x, dtype=np.float32)) == pytest.approx(expected, rel=1e-6)
+    assert maml_ssm.mean_ci95_half_width([4.0]) == 0.0 and expected > 1.0
 
 
 def test_evaluate_reports_ci95_of_the_per_task_returns(tmp_path, monkeypatch):
@@ -790,7 +789,7 @@ def test_evaluate_reports_ci95_of_the_per_task_returns(tmp_path, monkeypatch):
     args = maml_ssm.Args(policy="mlp", hidden_size=4, max_episode_steps=3, fast_batch_size=1)
     model = maml_ssm.build_agent(args, maml_ssm.PointNav2D)
     path = str(tmp_path / "tiny.cleanrl_model")
-    maml.save_checkpoint(path, model, args, {"task": args.task, "train_tasks": []}, maml_ssm.TASK_VERSIONS[args.task])
+    maml_ssm.save_checkpoint(path, model, args, {"task": args.task, "train_tasks": []}, maml_ssm.TASK_VERSIONS[args.task])
     known = [torch.tensor([1.0, 3.0, -2.0, 6.0]), torch.tensor([0.0, 0.0, 4.0, 10.0])]
     monkeypatch.setattr(maml_ssm, "sample_task_batches", lambda *a, **kw: (None, known))
     res = maml_ssm.evaluate(path, num_tasks=4, num_steps=1, write=False)
@@ -911,8 +910,8 @@ def test_a_runs_dir_that_is_a_file_is_a_one_line_error(tmp_path):
 
 
 def test_a_default_train_run_imports_nothing_from_the_helper_package(tmp_path):
-    """`train` without --save-model needs only its own file: cleanrl_astral_utils (checkpoints, reports, plots) is
-    imported by runs that save or evaluate a model, and then it is."""
+    """`train` without --save-model needs only its own file; with it, the script writes the checkpoint and eval.json, and
+    cleanrl_astral_utils, when installed, draws eval.png."""
     code = (
         "import runpy, sys\n"
         "sys.argv = sys.argv[1:]\n"

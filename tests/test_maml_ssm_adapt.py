@@ -14,7 +14,6 @@ from helpers import logged_scalars, sha256
 from maml_fixtures import TINY, run_maml, tiny_setup, validation_error
 
 import cleanrl_astral.maml_ssm as maml_ssm
-from cleanrl_astral_utils import maml
 
 # the checkpoints the tests share (module-scoped fixtures of tests/maml_fixtures.py)
 trained_ckpt = maml_fixtures.trained_ckpt
@@ -459,7 +458,7 @@ def test_adapt_draws_test_tasks_and_gives_every_task_its_own_adapter(tmp_path, m
     args = maml_ssm.Args(policy="mlp", hidden_size=6, max_episode_steps=5, fast_batch_size=2, seed=4)
     model = maml_ssm.build_agent(args, maml_ssm.PointNav2D)
     path = str(tmp_path / "tiny.cleanrl_model")
-    maml.save_checkpoint(
+    maml_ssm.save_checkpoint(
         path, model, args, {"task": args.task, "train_tasks": []}, maml_ssm.TASK_VERSIONS[args.task], {"buffer": None}
     )
     env_tasks, made, steps = [], [], {}

@@ -4,14 +4,12 @@
 import glob
 import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
-from helpers import SCRIPT_ENV, assert_one_line_error, load_json, logged_scalars, only_run_dir, script_path, sha256
-from maml_fixtures import parsed_train_args, run_maml
+from helpers import assert_one_line_error, load_json, logged_scalars, only_run_dir, sha256
+from maml_fixtures import TINY, parsed_train_args, run_copied_alone, run_maml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import cleanrl_astral.maml_ssm as maml_ssm
@@ -290,13 +288,33 @@ def test_adapt_episodes_sets_the_episodes_per_task_and_step(tmp_path, monkeypatc
     assert seen == [3, 3, 2, 2]  # the no-adaptation rollout and the one adapter/objective pair, per call
 
 
-@pytest.mark.parametrize("flags", [["--ckpt-dir", "ck"], ["--resume", "ck/latest.cleanrl_model"]])
-def test_ckpt_dir_and_resume_without_the_helper_package_are_one_line_before_training(flags, tmp_path):
-    """A default run needs only the script; --ckpt-dir and --resume go through cleanrl_astral_utils, so without it
-    they are refused before any work."""
-    blocked = "import runpy, sys; sys.modules['cleanrl_astral_utils'] = None; "
-    argv = [script_path("maml_ssm"), "train", *flags, "--runs-dir", str(tmp_path / "runs")]
-    code = blocked + f"sys.argv = {argv!r}; runpy.run_path(sys.argv[0], run_name='__main__')"
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=SCRIPT_ENV, cwd=tmp_path, timeout=120)
-    assert_one_line_error(r, f"{flags[0]} needs the cleanrl_astral_utils package: pip install -e . in the repository")
-    assert not (tmp_path / "runs").exists() and not (tmp_path / "ck").exists()
+def test_resume_without_the_helper_package_is_one_line_before_training(tmp_path):
+    """--resume goes through cleanrl_astral_utils, so without it the flag is refused before any work."""
+    r = run_copied_alone("maml_ssm", tmp_path, "train", "--resume", "ck/latest.cleanrl_model", "--runs-dir", "runs")
+    assert_one_line_error(r, "--resume needs the cleanrl_astral_utils package: pip install -e . in the repository")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_copied_alone_the_script_runs_the_plans_workflow(tmp_path):
+    """maml_ssm.py alone in a folder, without the helper package: train with --ckpt-dir and --save-model (checkpoints
+    and eval.json), eval of a --ckpt-dir checkpoint, adapt standard and hybrid, and adapt --online, each writing its
+    results file; each plot the package would draw is skipped in one line."""
+    r = run_copied_alone("maml_ssm", tmp_path, "train", "--save-model", "--ckpt-dir", "ck", "--runs-dir", "runs", *TINY)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "eval.png skipped: plots need the cleanrl_astral_utils package" in r.stdout
+    run_dir = only_run_dir(str(tmp_path / "runs"))
+    assert sorted(os.listdir(tmp_path / "ck")) == ["latest.cleanrl_model", "step_2.cleanrl_model"]
+    assert load_json(os.path.join(run_dir, "eval.json"))["num_tasks"] == 3
+    assert not os.path.exists(os.path.join(run_dir, "eval.png"))
+    r = run_copied_alone("maml_ssm", tmp_path, "eval", "--checkpoint", "ck/latest.cleanrl_model", "--num-tasks", "2")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert load_json(str(tmp_path / "ck" / "eval.json"))["num_tasks"] == 2
+    ckpt = os.path.join(run_dir, "maml_ssm.cleanrl_model")
+    adapt = ["adapt", "--checkpoint", ckpt, "--num-tasks", "2", "--adapt-steps", "1", "--episodes", "2"]
+    r = run_copied_alone("maml_ssm", tmp_path, *adapt, "--adaptation-mode", "standard", "hybrid")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert sorted(load_json(os.path.join(run_dir, "adapt.json"))["results"]) == ["hybrid/pg", "standard/pg"]
+    r = run_copied_alone("maml_ssm", tmp_path, *adapt, "--online", "--online-every", "4")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert load_json(os.path.join(run_dir, "adapt_online.json"))["online"]
+    assert "adapt_online.png skipped" in r.stdout and not os.path.exists(os.path.join(run_dir, "adapt_online.png"))

@@ -14,7 +14,16 @@ import numpy as np
 import pytest
 import torch
 from helpers import REPO, SCRIPT_ENV, assert_one_line_error, load_json, logged_scalars, only_run_dir
-from maml_fixtures import TINY, TINY_PROMP, parsed_train_args, run_maml, run_promp, tiny_setup, validation_error
+from maml_fixtures import (
+    TINY,
+    TINY_PROMP,
+    parsed_train_args,
+    run_copied_alone,
+    run_maml,
+    run_promp,
+    tiny_setup,
+    validation_error,
+)
 
 import cleanrl_astral.maml_ssm as maml_ssm
 import cleanrl_astral.maml_ssm_promp as maml_ssm_promp
@@ -81,6 +90,16 @@ SHARED = (
     "run_times",
     "save_model_checkpoint",
     "evaluate_saved_model",
+    "atomic_torch_save",
+    "atomic_write_json",
+    "save_checkpoint",
+    "RETIRED_FIELDS",
+    "read_checkpoint",
+    "check_task_split",
+    "training_state",
+    "mean_ci95_half_width",
+    "summarise",
+    "write_results",
     "check_config",
     "mujoco_available",
     "flag_value",
@@ -122,7 +141,8 @@ def test_promp_is_refused_by_maml_ssm_in_one_line_naming_its_file(tmp_path):
 
 
 def test_a_default_promp_train_run_imports_nothing_from_the_helper_package(tmp_path):
-    """`train` without --save-model needs only its own file; with it, the helper package writes the checkpoint."""
+    """`train` without --save-model needs only its own file; with it, the script writes the checkpoint and eval.json, and
+    the helper package, when installed, draws eval.png."""
     code = (
         "import runpy, sys\n"
         "sys.argv = sys.argv[1:]\n"
@@ -141,6 +161,22 @@ def test_a_default_promp_train_run_imports_nothing_from_the_helper_package(tmp_p
             check=True,
         )
         assert f"helper imported: {imported}" in out.stdout, out.stdout[-2000:]
+
+
+def test_copied_alone_train_and_eval_run_without_the_helper_package(tmp_path):
+    """maml_ssm_promp.py alone in a folder, without the helper package: train with --ckpt-dir and --save-model writes
+    the checkpoints and eval.json, and eval of a --ckpt-dir checkpoint writes its eval.json."""
+    r = run_copied_alone(
+        "maml_ssm_promp", tmp_path, "train", "--save-model", "--ckpt-dir", "ck", "--runs-dir", "runs", *TINY_PROMP
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "eval.png skipped: plots need the cleanrl_astral_utils package" in r.stdout
+    assert sorted(os.listdir(tmp_path / "ck")) == ["latest.cleanrl_model", "step_2.cleanrl_model"]
+    run_dir = only_run_dir(str(tmp_path / "runs"))
+    assert json.load(open(os.path.join(run_dir, "eval.json")))["num_tasks"] == 3
+    r = run_copied_alone("maml_ssm_promp", tmp_path, "eval", "--checkpoint", "ck/latest.cleanrl_model", "--num-tasks", "2")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.load(open(tmp_path / "ck" / "eval.json"))["num_tasks"] == 2
 
 
 @pytest.fixture(scope="module")
@@ -165,12 +201,10 @@ def test_maml_ssm_adapts_a_promp_checkpoint_and_refuses_to_evaluate_it_in_one_li
 def test_a_maml_ssm_checkpoint_with_promps_settings_loads_unless_it_trained_with_promp(tmp_path):
     """maml_ssm.py's checkpoints carry ProMP's fields at their defaults: they still load. One that trained with ProMP
     (or the LVC inner estimator) is refused in one line that names maml_ssm_promp.py."""
-    from cleanrl_astral_utils import maml
-
     model, args, _ = tiny_setup(policy="mlp", dtype=torch.float32)
     path = str(tmp_path / "old.cleanrl_model")
     split = {"task": args.task, "train_tasks": []}
-    maml.save_checkpoint(path, model, args, split, maml_ssm.TASK_VERSIONS[args.task])
+    maml_ssm.save_checkpoint(path, model, args, split, maml_ssm.TASK_VERSIONS[args.task])
     ckpt = torch.load(path, weights_only=False)
     promp_fields = {"inner_estimator": "reinforce", "promp_steps": 5, "clip_coef": 0.3, "inner_kl_coef": 5e-4}
     for extra, refusal in (
