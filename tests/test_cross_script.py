@@ -55,8 +55,8 @@ NEEDS_HELPER_PACKAGE = [
     ("ppo_gru_baseline", ["--save-model", "--capture-video"], "--capture-video needs"),
     ("ppo_gru_astral", ["--save-model", "--capture-video"], "--capture-video needs"),
     ("tta_gating", ["adapt", "--checkpoint", "missing.cleanrl_model", "--resume", "stopped_run"], "--resume needs"),
-    ("maml_ssm", ["train", "--save-model"], "--save-model needs"),
-    ("maml_ssm_promp", ["train", "--save-model"], "--save-model needs"),
+    ("maml_ssm", ["train", "--resume", "latest.cleanrl_model"], "--resume needs"),
+    ("maml_ssm_promp", ["train", "--resume", "latest.cleanrl_model"], "--resume needs"),
     ("reinforce_baby", ["--parent", "llm", "--llm-base-url", "http://127.0.0.1:9/v1"], "--parent llm needs"),
 ]
 
@@ -64,7 +64,7 @@ NEEDS_HELPER_PACKAGE = [
 @pytest.mark.parametrize("name,flags,needle", NEEDS_HELPER_PACKAGE)
 def test_a_flag_that_needs_the_missing_helper_package_is_one_line_before_training(name, flags, needle, tmp_path):
     """A script copied alone runs its documented jobs without the helper package; a flag whose work needs it (a video, a
-    report, resuming, the LLM, and where a script's checkpoint goes through it, --save-model) would fail only after the
+    report, resuming, the LLM) would fail only after the
     work: with the package unimportable, the flag is refused before any work."""
     blocked = "import runpy, sys; sys.modules['cleanrl_astral_utils'] = None; "
     argv = [script_path(name), *flags, "--runs-dir", str(tmp_path / "runs")]
