@@ -64,8 +64,8 @@ NEEDS_HELPER_PACKAGE = [
 @pytest.mark.parametrize("name,flags,needle", NEEDS_HELPER_PACKAGE)
 def test_a_flag_that_needs_the_missing_helper_package_is_one_line_before_training(name, flags, needle, tmp_path):
     """A script copied alone runs its documented jobs without the helper package; a flag whose work needs it (a video, a
-    report, resuming, the LLM) would fail only after the
-    work: with the package unimportable, the flag is refused before any work."""
+    report, resuming, the LLM) would fail only after the work: with the package unimportable, the flag is refused before
+    any work."""
     blocked = "import runpy, sys; sys.modules['cleanrl_astral_utils'] = None; "
     argv = [script_path(name), *flags, "--runs-dir", str(tmp_path / "runs")]
     code = blocked + f"sys.argv = {argv!r}; runpy.run_path(sys.argv[0], run_name='__main__')"
