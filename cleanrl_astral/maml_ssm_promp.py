@@ -295,7 +295,8 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
 
 
 class LRU(nn.Module):
-    """x_t = lambda x_{t-1} + gamma B u_t, y_t = Re(C x_t) + D u_t in real arithmetic; |lambda| < 1 by construction."""
+    """x_t = lambda x_{t-1} + gamma B u_t, y_t = Re(C x_t) + D u_t: real parameters, a complex state carried as [Re x, Im x];
+    |lambda| < 1 by construction."""
 
     DELTA_MIN = 1e-4
 
