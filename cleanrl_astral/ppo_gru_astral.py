@@ -1037,13 +1037,16 @@ def save_checkpoint(path, args, modes, run_name, agent, reward_scaler):
 
 def load_checkpoint(path):
     """The checkpoint dict at path, or ValueError (one line) when this file's save_checkpoint did not write it: another
-    program's, or another commit's format (its Args differ), which that commit reads."""
+    program's, or another commit's format, which that commit reads: an older format, or this format with other Args
+    (the ASTRAL study's switches)."""
     checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(checkpoint, dict) or checkpoint.get("script") != SCRIPT:
         raise ValueError(f"{path!r} was not written by {SCRIPT}.py")
-    fields = {field.name for field in dataclasses.fields(Args)}
-    if checkpoint.get("format") != CHECKPOINT_FORMAT or set(checkpoint["args"]) != fields:
+    if checkpoint.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"{path!r} holds another format of {SCRIPT}.py's checkpoint; commit 95652a5 reads it")
+    fields = {field.name for field in dataclasses.fields(Args)}
+    if set(checkpoint["args"]) != fields:
+        raise ValueError(f"{path!r} holds another format of {SCRIPT}.py's checkpoint; commit 31fadaa reads it")
     return checkpoint
 
 

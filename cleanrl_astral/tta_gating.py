@@ -37,6 +37,16 @@ from torch.utils.tensorboard import SummaryWriter
 SCRIPT = os.path.basename(__file__)[: -len(".py")]
 ASTRAL_SCRIPT = "ppo_gru_astral"
 ASTRAL_FORMAT = 2
+# the Args fields ppo_gru_astral.py writes into its checkpoint: a checkpoint of this format holding other fields is
+# another commit's (the ASTRAL study's bottleneck, hard_gate, gumbel_tau and lambda_supervised), read at commit 31fadaa
+ASTRAL_ARGS = (
+    "exp_name seed torch_deterministic cuda track wandb_project_name wandb_entity capture_video save_model runs_dir "
+    "eval_episodes env_id modes_preset mode_share hide_velocity fixed_mode switch_prob memory oracle prev_reward design "
+    "total_timesteps learning_rate adam_eps num_envs num_steps anneal_lr gamma gae_lambda num_minibatches update_epochs "
+    "norm_adv clip_coef clip_vloss ent_coef vf_coef max_grad_norm target_kl norm_reward hidden_size num_abstractions "
+    "slot_dim slot_init tau lambda_w_ent sharpen_gate lambda_lb lambda_orth lambda_consistency diagnostics_every "
+    "batch_size minibatch_size num_iterations"
+).split()
 # the two ways an evaluation acts: greedy, or sampled from the policy
 KINDS = ("deterministic", "sampled")
 Control = Literal["none", "gate", "context", "all", "tent"]
@@ -1040,6 +1050,10 @@ def load_astral_checkpoint(path):
     if ckpt.get("format") != ASTRAL_FORMAT:
         raise ValueError(
             f"checkpoint {path!r} holds another format of {ASTRAL_SCRIPT}.py's checkpoint; commit 95652a5 reads it"
+        )
+    if set(ckpt["args"]) != set(ASTRAL_ARGS):
+        raise ValueError(
+            f"checkpoint {path!r} holds another format of {ASTRAL_SCRIPT}.py's checkpoint; commit 31fadaa reads it"
         )
     if ckpt["args"]["env_id"] != "NonStationaryCartPole":
         raise ValueError(

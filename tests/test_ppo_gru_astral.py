@@ -808,8 +808,9 @@ PHASE_C_FROZEN = os.path.join(
 
 
 def test_a_checkpoint_of_another_format_is_refused_naming_the_commit_that_reads_it(tmp_path):
-    """A documented Phase C checkpoint (format 1, saved without `sharpen_gate`) is read at commit 95652a5; a checkpoint
-    whose Args differ from this file's is refused the same way, not built with defaults for what it lacks."""
+    """A documented Phase C checkpoint (format 1, saved without `sharpen_gate`) is read at commit 95652a5; one of this
+    format holding the ASTRAL study's switches among its Args is read at commit 31fadaa, and one lacking a field is
+    refused too, not built with defaults for what it lacks."""
     with pytest.raises(ValueError, match="another format of ppo_gru_astral.py's checkpoint; commit 95652a5 reads it"):
         ppo_gru_astral.evaluate(PHASE_C_FROZEN)
     args = ppo_gru_astral.Args()
@@ -818,9 +819,13 @@ def test_a_checkpoint_of_another_format_is_refused_naming_the_commit_that_reads_
     ppo_gru_astral.save_checkpoint(path, args, ppo_gru_astral.MODE_PRESETS["seed3"], "run", agent, None)
     checkpoint = ppo_gru_astral.load_checkpoint(path)
     assert checkpoint["format"] == ppo_gru_astral.CHECKPOINT_FORMAT
+    study_args = {"bottleneck": False, "hard_gate": False, "gumbel_tau": 1.0, "lambda_supervised": 0.0}
+    torch.save({**checkpoint, "args": {**checkpoint["args"], **study_args}}, path)
+    with pytest.raises(ValueError, match="another format of ppo_gru_astral.py's checkpoint; commit 31fadaa reads it"):
+        ppo_gru_astral.load_checkpoint(path)
     del checkpoint["args"]["sharpen_gate"]
     torch.save(checkpoint, path)
-    with pytest.raises(ValueError, match="commit 95652a5 reads it"):
+    with pytest.raises(ValueError, match="another format of ppo_gru_astral.py's checkpoint; commit"):
         ppo_gru_astral.load_checkpoint(path)
 
 

@@ -3,6 +3,7 @@ weights (both designs), a checkpoint of another format is refused, each control 
 losses of the right sign and bootstrap, the subcommands run end to end with the numbers their names say, and bad input
 fails with one line. The reports' arithmetic is tested in test_tta_reports.py."""
 
+import dataclasses
 import glob
 import inspect
 import math
@@ -224,6 +225,12 @@ def test_evaluation_reproduces_the_training_scripts_evaluate(option_checkpoint, 
 
 
 # --- checkpoints of another format ----------------------------------------------------------------------------------
+
+
+def test_the_checkpoint_args_tta_gating_reads_are_the_ones_ppo_gru_astral_writes():
+    """A checkpoint whose Args differ from ASTRAL_ARGS is refused, so the list is exactly ppo_gru_astral.py's Args."""
+    fields = [field.name for field in dataclasses.fields(ppo_gru_astral.Args)]
+    assert tta_gating.ASTRAL_ARGS == fields
 
 
 @pytest.mark.parametrize("pattern", DOCUMENTED_CHECKPOINTS)
@@ -928,6 +935,7 @@ def baseline_checkpoint(tmp_path_factory):
         ("mode_index", "--mode-indices 7 is out of range"),
         ("runs_dir_is_a_file", "--runs-dir"),
         ("format_1", "holds another format of ppo_gru_astral.py's checkpoint; commit 95652a5 reads it"),
+        ("study_args", "holds another format of ppo_gru_astral.py's checkpoint; commit 31fadaa reads it"),
     ],
 )
 def test_bad_input_fails_with_one_line_before_any_work(case, expected, checkpoint, baseline_checkpoint, tmp_path):
@@ -936,6 +944,11 @@ def test_bad_input_fails_with_one_line_before_any_work(case, expected, checkpoin
         ckpt = torch.load(checkpoint, weights_only=True)
         path = str(tmp_path / "format_1.cleanrl_model")
         torch.save({**ckpt, "format": 1}, path)
+    if case == "study_args":  # this format with the ASTRAL study's switches among its Args: another commit's
+        ckpt = torch.load(checkpoint, weights_only=True)
+        path = str(tmp_path / "study_args.cleanrl_model")
+        study_args = {"bottleneck": False, "hard_gate": False, "gumbel_tau": 1.0, "lambda_supervised": 0.0}
+        torch.save({**ckpt, "args": {**ckpt["args"], **study_args}}, path)
     runs = tmp_path / "runs"
     if case == "runs_dir_is_a_file":
         runs.write_text("")
