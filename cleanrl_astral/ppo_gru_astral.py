@@ -630,7 +630,7 @@ def episode_consistency(probs, starts, ages):
 
 
 class SlotTerms(NamedTuple):
-    """The slot regularisers' values on one minibatch, before their weights and signs (see the loss in ppo_update)."""
+    """The slot regularisers' values on one minibatch, before their weights and signs (the loss under the loop's UPDATE)."""
 
     weight_entropy: torch.Tensor
     load_balance_entropy: torch.Tensor
@@ -639,123 +639,9 @@ class SlotTerms(NamedTuple):
     """None at --lambda-consistency 0 without --diagnostics-every"""
 
 
-# ADVANTAGES (GAE)
-def compute_gae(rewards, values, starts, next_value, next_start, gamma, gae_lambda):
-    """GAE over (T, N) tensors. starts[t] = 1 where step t opens an episode, so step t-1 ended one and must
-    not bootstrap from step t (truncations were already bootstrapped into their reward)."""
-    nextnonterminal = 1.0 - torch.cat([starts[1:], next_start[None]])
-    deltas = rewards + gamma * torch.cat([values[1:], next_value[None]]) * nextnonterminal - values
-    advantages = torch.zeros_like(rewards)
-    lastgaelam = torch.zeros_like(next_value)
-    for t in reversed(range(len(rewards))):
-        lastgaelam = deltas[t] + gamma * gae_lambda * nextnonterminal[t] * lastgaelam
-        advantages[t] = lastgaelam
-    return advantages, advantages + values
-
-
-# UPDATE
-def ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args, diagnostics=True):
-    """PPO epochs over minibatches of whole environments, replayed from the state saved at the start of the rollout:
-    log-probs and gate are as acted, and the slot terms get the gate's gradient. With
-    `diagnostics`, the first minibatch also measures each loss term's gradient norm (one backward pass per term)."""
-    num_envs = batch["inputs"].shape[1]
-    envs_per_minibatch = num_envs // args.num_minibatches
-    env_indices = np.arange(num_envs)
-    clipfracs = []
-    stats = {}
-    for epoch in range(args.update_epochs):
-        np.random.shuffle(env_indices)
-        for start in range(0, num_envs, envs_per_minibatch):
-            mb = env_indices[start : start + envs_per_minibatch]
-            out = agent.get_action_and_value(
-                batch["inputs"][:, mb], initial_state[mb], batch["starts"][:, mb], batch["actions"][:, mb]
-            )
-            logratio = out.logprob - batch["logprobs"][:, mb]
-            ratio = logratio.exp()
-            if epoch == 0 and start == 0:
-                # exactly 1 (and the acted gate weights) unless the recurrent replay differs from what was acted
-                stats["first_minibatch_ratio_error"] = (ratio - 1).abs().max().item()
-                stats["first_minibatch_gate_error"] = (out.weights - batch["weights"][:, mb]).abs().max().item()
-            with torch.no_grad():
-                old_approx_kl = (-logratio).mean()
-                approx_kl = ((ratio - 1) - logratio).mean()
-                clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean().item())
-
-            mb_advantages = advantages[:, mb]
-            if args.norm_adv:
-                mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-            pg_loss1 = -mb_advantages * ratio
-            pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
-            pg_loss = torch.max(pg_loss1, pg_loss2).mean()
-
-            newvalue = out.value
-            if args.clip_vloss:
-                v_loss_unclipped = (newvalue - returns[:, mb]) ** 2
-                v_clipped = batch["values"][:, mb] + torch.clamp(
-                    newvalue - batch["values"][:, mb], -args.clip_coef, args.clip_coef
-                )
-                v_loss_clipped = (v_clipped - returns[:, mb]) ** 2
-                v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
-            else:
-                v_loss = 0.5 * ((newvalue - returns[:, mb]) ** 2).mean()
-
-            entropy_loss = out.entropy.mean()
-            ppo_loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-            # the slot terms on the replayed gate, in this order: autograd sums the terms' gradients into the gate in the
-            # order the terms were built
-            w_ent = weight_entropy(out.probs)
-            load_balance = load_balance_entropy(out.probs)
-            orthogonality = orthogonality_penalty(agent.bank.slots)
-            consistency = None
-            if args.lambda_consistency > 0 or args.diagnostics_every > 0:
-                consistency = episode_consistency(out.probs, batch["starts"][:, mb], batch["ages"][:, mb])
-            terms = SlotTerms(w_ent, load_balance, orthogonality, consistency)
-            # the plan's per-step gate entropy is a bonus (spread gates); --sharpen-gate makes it a penalty (sharp gates)
-            w_ent_sign = -1.0
-            if args.sharpen_gate:
-                w_ent_sign = 1.0
-            # ASTRAL's slot regularisers: per-step gate entropy, load balance (all slots used), orthogonal slots,
-            # and episodes that keep one slot
-            slot_loss = (
-                w_ent_sign * args.lambda_w_ent * terms.weight_entropy
-                - args.lambda_lb * terms.load_balance_entropy
-                + args.lambda_orth * terms.orthogonality
-            )
-            if terms.episode_consistency is not None:
-                slot_loss = slot_loss - args.lambda_consistency * terms.episode_consistency
-            loss = ppo_loss + slot_loss
-            if diagnostics and epoch == 0 and start == 0:
-                stats.update(term_gradient_norms(agent, ppo_loss, terms, args))
-            optimizer.zero_grad()
-            loss.backward()
-            nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-            optimizer.step()
-
-        if args.target_kl is not None and approx_kl > args.target_kl:
-            break
-
-    y_pred = batch["values"].flatten().cpu().numpy()
-    y_true = returns.flatten().cpu().numpy()
-    var_y = np.var(y_true)
-    explained_var = float("nan")
-    if var_y != 0:
-        explained_var = float(1 - np.var(y_true - y_pred) / var_y)
-    stats["value_loss"] = v_loss.item()
-    stats["policy_loss"] = pg_loss.item()
-    stats["entropy"] = entropy_loss.item()
-    stats["old_approx_kl"] = old_approx_kl.item()
-    stats["approx_kl"] = approx_kl.item()
-    stats["clipfrac"] = float(np.mean(clipfracs))
-    stats["explained_variance"] = explained_var
-    stats["slot_loss"] = slot_loss.item()
-    for name, value in terms._asdict().items():
-        if value is not None:
-            stats[name] = value.item()
-    return stats
-
-
+# DIAGNOSTICS: what each slot term adds to the gradient (--diagnostics-every)
 def term_gradient_norms(agent, ppo_loss, terms, args):
-    """What each term adds to the gradient, beside the PPO loss's, before the clip: {grad_norm_{term}: norm}, 0 for a term
+    """What each term adds to the gradient, beside the PPO loss's, before the clip: {tag: norm}, 0 for a term
     whose lambda is 0. A term's sign flips its gradient, not the norm. A diagnostic: one extra backward pass per term."""
     lambdas = {
         "weight_entropy": args.lambda_w_ent,
@@ -763,10 +649,10 @@ def term_gradient_norms(agent, ppo_loss, terms, args):
         "orthogonality": args.lambda_orth,
         "episode_consistency": args.lambda_consistency,
     }
-    norms = {"grad_norm_ppo": gradient_norm(agent, ppo_loss, 1.0)}
+    norms = {"losses/grad_norm_ppo": gradient_norm(agent, ppo_loss, 1.0)}
     for name, value in terms._asdict().items():
         if value is not None:
-            norms[f"grad_norm_{name}"] = gradient_norm(agent, value, lambdas[name])
+            norms[f"slots/grad_norm_{name}"] = gradient_norm(agent, value, lambdas[name])
     return norms
 
 
@@ -797,29 +683,28 @@ def mutual_information(counts):
     return mi, mi / h_mode
 
 
-def batch_slot_metrics(batch, num_modes, num_slots, latent, latent_of_mode):
+def batch_slot_metrics(gate_weights, step_modes, starts, ages, num_modes, num_slots, latent, latent_of_mode):
     """What the slots/ scalars of one update report about the acted gate: usage overall (usage_w{k}) and per true mode
     (mode{m}_w{k}), step-level MI and NMI with the mode, episode-level NMI with the mode (and with the action latent,
     given its name and each mode's label) and gate stability; the usage alone for an env without modes (num_modes 0).
     Episode level: one sample per episode, its majority label against the argmax of its mean gate past burn-in;
     stability is the share of those steps whose argmax slot is the episode's (NaN where no episode is past burn-in)."""
-    weights = batch["weights"].flatten(0, 1)
+    weights = gate_weights.flatten(0, 1)
     usage = {}
     for k, w in enumerate(weights.mean(0).tolist()):
         usage[f"usage_w{k}"] = w
     if not num_modes:
         return usage
-    step_modes = batch["modes"].flatten()
-    labels_of = {"episode_nmi": (batch["modes"], num_modes)}
+    labels_of = {"episode_nmi": (step_modes, num_modes)}
     if latent is not None:
-        labels_of[f"episode_nmi_{latent}"] = (latent_of_mode[batch["modes"].long()], 2)
-    means, episode, keep = episode_means(batch["weights"], batch["starts"], batch["ages"])
+        labels_of[f"episode_nmi_{latent}"] = (latent_of_mode[step_modes.long()], 2)
+    means, episode, keep = episode_means(gate_weights, starts, ages)
     slot = means.argmax(-1)
     slots = {key: float("nan") for key in [*labels_of, "gate_stability"]}  # NaN while no episode is past burn-in
     if len(means):
         for key, (labels, num_labels) in labels_of.items():
             one_hot = nn.functional.one_hot(labels.long(), num_labels).float()
-            episode_label = episode_means(one_hot, batch["starts"], batch["ages"])[0].argmax(-1)
+            episode_label = episode_means(one_hot, starts, ages)[0].argmax(-1)
             counts = np.histogram2d(
                 episode_label.cpu().numpy(), slot.cpu().numpy(), (num_labels, num_slots), ((0, num_labels), (0, num_slots))
             )[0]
@@ -827,11 +712,12 @@ def batch_slot_metrics(batch, num_modes, num_slots, latent, latent_of_mode):
         stable = (weights[keep].argmax(-1) == slot[episode]).float()
         slots["gate_stability"] = (stable.sum() / keep.sum()).item()
     slots.update(usage)
-    for mode in step_modes.unique().tolist():
-        for k, w in enumerate(weights[step_modes == mode].mean(0).tolist()):
+    modes = step_modes.flatten()
+    for mode in modes.unique().tolist():
+        for k, w in enumerate(weights[modes == mode].mean(0).tolist()):
             slots[f"mode{mode}_w{k}"] = w
     counts = np.histogram2d(  # (true mode, argmax slot) counts
-        step_modes.cpu().numpy(), weights.argmax(-1).cpu().numpy(), (num_modes, num_slots), ((0, num_modes), (0, num_slots))
+        modes.cpu().numpy(), weights.argmax(-1).cpu().numpy(), (num_modes, num_slots), ((0, num_modes), (0, num_slots))
     )[0]
     mode_slot_mi, mode_slot_nmi = mutual_information(counts)
     slots["mode_slot_mi"] = mode_slot_mi
@@ -840,7 +726,6 @@ def batch_slot_metrics(batch, num_modes, num_slots, latent, latent_of_mode):
 
 
 # LOGGING
-LOSS_TAGS = ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "explained_variance")
 
 
 def mmer_due(previous_step, global_step, final):
@@ -953,7 +838,10 @@ def evaluation_slot_metrics(steps, held_out, num_modes, latent, labels):
     latent_of_mode = None
     if latent is not None:
         latent_of_mode = torch.as_tensor(labels, device=batch["modes"].device)
-    slots = batch_slot_metrics(batch, num_modes, batch["weights"].shape[-1], latent, latent_of_mode)
+    num_slots = batch["weights"].shape[-1]
+    slots = batch_slot_metrics(
+        batch["weights"], batch["modes"], batch["starts"], batch["ages"], num_modes, num_slots, latent, latent_of_mode
+    )
     metrics = {"episode_nmi": slots["episode_nmi"], "gate_stability": slots["gate_stability"]}
     if latent is not None:
         metrics[f"episode_nmi_{latent}"] = slots[f"episode_nmi_{latent}"]
@@ -1317,36 +1205,127 @@ if __name__ == "__main__":
             next_mode = info["mode"]
 
         # ADVANTAGES (GAE)
+        # starts[t] = 1 where step t opens an episode: step t-1 ended one and does not bootstrap from step t (a truncation
+        # was already bootstrapped into its reward)
         with torch.no_grad():
             next_value = agent.get_value(next_x[None], next_state, next_start[None])[0]
-            advantages, returns = compute_gae(rewards, values, starts, next_value, next_start, args.gamma, args.gae_lambda)
+            advantages = torch.zeros_like(rewards)
+            lastgaelam = torch.zeros_like(next_value)
+            for t in reversed(range(args.num_steps)):
+                if t == args.num_steps - 1:
+                    nextnonterminal = 1.0 - next_start
+                    nextvalues = next_value
+                else:
+                    nextnonterminal = 1.0 - starts[t + 1]
+                    nextvalues = values[t + 1]
+                delta = rewards[t] + args.gamma * nextvalues * nextnonterminal - values[t]
+                lastgaelam = delta + args.gamma * args.gae_lambda * nextnonterminal * lastgaelam
+                advantages[t] = lastgaelam
+            returns = advantages + values
 
         # UPDATE
-        batch = {
-            "inputs": inputs,
-            "starts": starts,
-            "actions": actions,
-            "logprobs": logprobs,
-            "rewards": rewards,
-            "values": values,
-            "weights": gate_weights,
-            "modes": step_modes,
-            "ages": ages,
-        }
+        # minibatches of whole environments, each replayed from the state saved at the start of the rollout: log-probs and
+        # gate are as acted, and the slot terms get the gate's gradient
         diagnostics = args.diagnostics_every > 0 and (iteration - 1) % args.diagnostics_every == 0
-        stats = ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args, diagnostics)
+        grad_norms = {}
+        envs_per_minibatch = args.num_envs // args.num_minibatches
+        env_indices = np.arange(args.num_envs)
+        clipfracs = []
+        for epoch in range(args.update_epochs):
+            np.random.shuffle(env_indices)
+            for start in range(0, args.num_envs, envs_per_minibatch):
+                mb = env_indices[start : start + envs_per_minibatch]
+                out = agent.get_action_and_value(inputs[:, mb], initial_state[mb], starts[:, mb], actions[:, mb])
+                logratio = out.logprob - logprobs[:, mb]
+                ratio = logratio.exp()
+                if epoch == 0 and start == 0:
+                    # exactly 1 (and the acted gate weights) unless the recurrent replay differs from what was acted
+                    first_minibatch_ratio_error = (ratio - 1).abs().max().item()
+                    first_minibatch_gate_error = (out.weights - gate_weights[:, mb]).abs().max().item()
+                with torch.no_grad():
+                    old_approx_kl = (-logratio).mean()
+                    approx_kl = ((ratio - 1) - logratio).mean()
+                    clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean().item())
+
+                mb_advantages = advantages[:, mb]
+                if args.norm_adv:
+                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+                pg_loss1 = -mb_advantages * ratio
+                pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+                pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+                newvalue = out.value
+                if args.clip_vloss:
+                    v_loss_unclipped = (newvalue - returns[:, mb]) ** 2
+                    v_clipped = values[:, mb] + torch.clamp(newvalue - values[:, mb], -args.clip_coef, args.clip_coef)
+                    v_loss_clipped = (v_clipped - returns[:, mb]) ** 2
+                    v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+                else:
+                    v_loss = 0.5 * ((newvalue - returns[:, mb]) ** 2).mean()
+
+                entropy_loss = out.entropy.mean()
+                ppo_loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+                # the slot terms on the replayed gate, in this order: autograd sums the terms' gradients into the gate in
+                # the order the terms were built
+                w_ent = weight_entropy(out.probs)
+                load_balance = load_balance_entropy(out.probs)
+                orthogonality = orthogonality_penalty(agent.bank.slots)
+                consistency = None
+                if args.lambda_consistency > 0 or args.diagnostics_every > 0:
+                    consistency = episode_consistency(out.probs, starts[:, mb], ages[:, mb])
+                terms = SlotTerms(w_ent, load_balance, orthogonality, consistency)
+                # the plan's per-step gate entropy is a bonus (spread gates); --sharpen-gate makes it a penalty (sharp gates)
+                w_ent_sign = -1.0
+                if args.sharpen_gate:
+                    w_ent_sign = 1.0
+                # ASTRAL's slot regularisers: per-step gate entropy, load balance (all slots used), orthogonal slots,
+                # and episodes that keep one slot
+                slot_loss = (
+                    w_ent_sign * args.lambda_w_ent * terms.weight_entropy
+                    - args.lambda_lb * terms.load_balance_entropy
+                    + args.lambda_orth * terms.orthogonality
+                )
+                if terms.episode_consistency is not None:
+                    slot_loss = slot_loss - args.lambda_consistency * terms.episode_consistency
+                loss = ppo_loss + slot_loss
+                if diagnostics and epoch == 0 and start == 0:
+                    grad_norms = term_gradient_norms(agent, ppo_loss, terms, args)
+                optimizer.zero_grad()
+                loss.backward()
+                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                optimizer.step()
+
+            if args.target_kl is not None and approx_kl > args.target_kl:
+                break
+
+        y_pred = values.flatten().cpu().numpy()
+        y_true = returns.flatten().cpu().numpy()
+        var_y = np.var(y_true)
+        explained_var = float("nan")
+        if var_y != 0:
+            explained_var = float(1 - np.var(y_true - y_pred) / var_y)
 
         # LOGGING
         sps = int(global_step / (time.time() - start_time))
-        slots = batch_slot_metrics(batch, len(modes), args.num_abstractions, latent, latent_of_mode)
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-        for key, value in stats.items():
-            group = "slots"  # the slot terms and their gradient norms
-            if key in LOSS_TAGS or key == "grad_norm_ppo":
-                group = "losses"
-            elif key.startswith("first_minibatch"):
-                group = "debug"
-            writer.add_scalar(f"{group}/{key}", value, global_step)
+        writer.add_scalar("losses/value_loss", v_loss.item(), global_step)
+        writer.add_scalar("losses/policy_loss", pg_loss.item(), global_step)
+        writer.add_scalar("losses/entropy", entropy_loss.item(), global_step)
+        writer.add_scalar("losses/old_approx_kl", old_approx_kl.item(), global_step)
+        writer.add_scalar("losses/approx_kl", approx_kl.item(), global_step)
+        writer.add_scalar("losses/clipfrac", float(np.mean(clipfracs)), global_step)
+        writer.add_scalar("losses/explained_variance", explained_var, global_step)
+        writer.add_scalar("debug/first_minibatch_ratio_error", first_minibatch_ratio_error, global_step)
+        writer.add_scalar("debug/first_minibatch_gate_error", first_minibatch_gate_error, global_step)
+        writer.add_scalar("slots/slot_loss", slot_loss.item(), global_step)
+        for name, value in terms._asdict().items():
+            if value is not None:
+                writer.add_scalar(f"slots/{name}", value.item(), global_step)
+        for tag, value in grad_norms.items():
+            writer.add_scalar(tag, value, global_step)
+        slots = batch_slot_metrics(
+            gate_weights, step_modes, starts, ages, len(modes), args.num_abstractions, latent, latent_of_mode
+        )
         for key, value in slots.items():
             writer.add_scalar(f"slots/{key}", value, global_step)
         writer.add_scalar("charts/SPS", sps, global_step)

@@ -472,88 +472,6 @@ def next_input(agent, obs, action, reward, done, mode, device):
     )
 
 
-# ADVANTAGES (GAE)
-def compute_gae(rewards, values, starts, next_value, next_start, gamma, gae_lambda):
-    """GAE over (T, N) tensors. starts[t] = 1 where step t opens an episode, so step t-1 ended one and must not bootstrap
-    from step t (truncations were already bootstrapped into their reward)."""
-    nextnonterminal = 1.0 - torch.cat([starts[1:], next_start[None]])
-    deltas = rewards + gamma * torch.cat([values[1:], next_value[None]]) * nextnonterminal - values
-    advantages = torch.zeros_like(rewards)
-    lastgaelam = torch.zeros_like(next_value)
-    for t in reversed(range(len(rewards))):
-        lastgaelam = deltas[t] + gamma * gae_lambda * nextnonterminal[t] * lastgaelam
-        advantages[t] = lastgaelam
-    return advantages, advantages + values
-
-
-# UPDATE
-def ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args):
-    """PPO epochs over minibatches of whole environments. Each minibatch replays its sequences from the
-    state saved at the start of the rollout, so log-probs are re-computed exactly as they were acted."""
-    num_envs = batch["inputs"].shape[1]
-    envs_per_minibatch = num_envs // args.num_minibatches
-    env_indices = np.arange(num_envs)
-    clipfracs = []
-    stats = {}
-    for epoch in range(args.update_epochs):
-        np.random.shuffle(env_indices)
-        for start in range(0, num_envs, envs_per_minibatch):
-            mb = env_indices[start : start + envs_per_minibatch]
-            _, newlogprob, entropy, newvalue, _ = agent.get_action_and_value(
-                batch["inputs"][:, mb], initial_state[mb], batch["starts"][:, mb], batch["actions"][:, mb]
-            )
-            logratio = newlogprob - batch["logprobs"][:, mb]
-            ratio = logratio.exp()
-            if epoch == 0 and start == 0:  # exactly 1 unless the recurrent replay differs from what was acted
-                stats["first_minibatch_ratio_error"] = (ratio - 1).abs().max().item()
-            with torch.no_grad():
-                old_approx_kl = (-logratio).mean()
-                approx_kl = ((ratio - 1) - logratio).mean()
-                clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean().item())
-
-            mb_advantages = advantages[:, mb]
-            if args.norm_adv:
-                mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-            pg_loss1 = -mb_advantages * ratio
-            pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
-            pg_loss = torch.max(pg_loss1, pg_loss2).mean()
-
-            if args.clip_vloss:
-                v_loss_unclipped = (newvalue - returns[:, mb]) ** 2
-                v_clipped = batch["values"][:, mb] + torch.clamp(
-                    newvalue - batch["values"][:, mb], -args.clip_coef, args.clip_coef
-                )
-                v_loss_clipped = (v_clipped - returns[:, mb]) ** 2
-                v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
-            else:
-                v_loss = 0.5 * ((newvalue - returns[:, mb]) ** 2).mean()
-
-            entropy_loss = entropy.mean()
-            loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-            optimizer.zero_grad()
-            loss.backward()
-            nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-            optimizer.step()
-
-        if args.target_kl is not None and approx_kl > args.target_kl:
-            break
-
-    y_pred = batch["values"].flatten().cpu().numpy()
-    y_true = returns.flatten().cpu().numpy()
-    var_y = np.var(y_true)
-    explained_var = float("nan")
-    if var_y != 0:
-        explained_var = float(1 - np.var(y_true - y_pred) / var_y)
-    stats["value_loss"] = v_loss.item()
-    stats["policy_loss"] = pg_loss.item()
-    stats["entropy"] = entropy_loss.item()
-    stats["old_approx_kl"] = old_approx_kl.item()
-    stats["approx_kl"] = approx_kl.item()
-    stats["clipfrac"] = float(np.mean(clipfracs))
-    stats["explained_variance"] = explained_var
-    return stats
-
-
 # LOGGING
 def mmer_due(previous_step, global_step, final):
     """Whether MMER is sampled after the update that took the run from previous_step to global_step: it crossed a multiple
@@ -945,27 +863,89 @@ if __name__ == "__main__":
             next_start = torch.as_tensor(done, dtype=torch.float32, device=device)
 
         # ADVANTAGES (GAE)
+        # starts[t] = 1 where step t opens an episode: step t-1 ended one and does not bootstrap from step t (a truncation
+        # was already bootstrapped into its reward)
         with torch.no_grad():
             next_value = agent.get_value(next_x[None], next_state, next_start[None])[0]
-            advantages, returns = compute_gae(rewards, values, starts, next_value, next_start, args.gamma, args.gae_lambda)
+            advantages = torch.zeros_like(rewards)
+            lastgaelam = torch.zeros_like(next_value)
+            for t in reversed(range(args.num_steps)):
+                if t == args.num_steps - 1:
+                    nextnonterminal = 1.0 - next_start
+                    nextvalues = next_value
+                else:
+                    nextnonterminal = 1.0 - starts[t + 1]
+                    nextvalues = values[t + 1]
+                delta = rewards[t] + args.gamma * nextvalues * nextnonterminal - values[t]
+                lastgaelam = delta + args.gamma * args.gae_lambda * nextnonterminal * lastgaelam
+                advantages[t] = lastgaelam
+            returns = advantages + values
 
         # UPDATE
-        batch = {
-            "inputs": inputs,
-            "starts": starts,
-            "actions": actions,
-            "logprobs": logprobs,
-            "rewards": rewards,
-            "values": values,
-        }
-        stats = ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args)
+        # minibatches of whole environments, each replayed from the state saved at the start of the rollout, so the
+        # log-probs are re-computed exactly as they were acted
+        envs_per_minibatch = args.num_envs // args.num_minibatches
+        env_indices = np.arange(args.num_envs)
+        clipfracs = []
+        for epoch in range(args.update_epochs):
+            np.random.shuffle(env_indices)
+            for start in range(0, args.num_envs, envs_per_minibatch):
+                mb = env_indices[start : start + envs_per_minibatch]
+                _, newlogprob, entropy, newvalue, _ = agent.get_action_and_value(
+                    inputs[:, mb], initial_state[mb], starts[:, mb], actions[:, mb]
+                )
+                logratio = newlogprob - logprobs[:, mb]
+                ratio = logratio.exp()
+                if epoch == 0 and start == 0:  # exactly 1 unless the recurrent replay differs from what was acted
+                    first_minibatch_ratio_error = (ratio - 1).abs().max().item()
+                with torch.no_grad():
+                    old_approx_kl = (-logratio).mean()
+                    approx_kl = ((ratio - 1) - logratio).mean()
+                    clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean().item())
+
+                mb_advantages = advantages[:, mb]
+                if args.norm_adv:
+                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+                pg_loss1 = -mb_advantages * ratio
+                pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+                pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+                if args.clip_vloss:
+                    v_loss_unclipped = (newvalue - returns[:, mb]) ** 2
+                    v_clipped = values[:, mb] + torch.clamp(newvalue - values[:, mb], -args.clip_coef, args.clip_coef)
+                    v_loss_clipped = (v_clipped - returns[:, mb]) ** 2
+                    v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+                else:
+                    v_loss = 0.5 * ((newvalue - returns[:, mb]) ** 2).mean()
+
+                entropy_loss = entropy.mean()
+                loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+                optimizer.zero_grad()
+                loss.backward()
+                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                optimizer.step()
+
+            if args.target_kl is not None and approx_kl > args.target_kl:
+                break
+
+        y_pred = values.flatten().cpu().numpy()
+        y_true = returns.flatten().cpu().numpy()
+        var_y = np.var(y_true)
+        explained_var = float("nan")
+        if var_y != 0:
+            explained_var = float(1 - np.var(y_true - y_pred) / var_y)
 
         # LOGGING
         sps = int(global_step / (time.time() - start_time))
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-        for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac", "explained_variance"):
-            writer.add_scalar(f"losses/{key}", stats[key], global_step)
-        writer.add_scalar("debug/first_minibatch_ratio_error", stats["first_minibatch_ratio_error"], global_step)
+        writer.add_scalar("losses/value_loss", v_loss.item(), global_step)
+        writer.add_scalar("losses/policy_loss", pg_loss.item(), global_step)
+        writer.add_scalar("losses/entropy", entropy_loss.item(), global_step)
+        writer.add_scalar("losses/old_approx_kl", old_approx_kl.item(), global_step)
+        writer.add_scalar("losses/approx_kl", approx_kl.item(), global_step)
+        writer.add_scalar("losses/clipfrac", float(np.mean(clipfracs)), global_step)
+        writer.add_scalar("losses/explained_variance", explained_var, global_step)
+        writer.add_scalar("debug/first_minibatch_ratio_error", first_minibatch_ratio_error, global_step)
         writer.add_scalar("charts/SPS", sps, global_step)
         if mmer_due(global_step - args.batch_size, global_step, iteration == args.num_iterations):
             mmer = log_mmer(writer, mmer, recent, global_step)

@@ -12,7 +12,7 @@ import pytest
 import torch
 import tyro
 from helpers import assert_one_line_error, load_json, logged_scalars, only_run_dir, run_script
-from ppo_gru_main import given, run_main
+from ppo_gru_main import gae, given, run_main, update
 
 import cleanrl_astral.ppo_gru_astral as ppo_gru_astral
 import cleanrl_astral.ppo_gru_baseline as ppo_gru_baseline
@@ -45,7 +45,7 @@ def sharpened_agent(*args, **kwargs):
 def rollout(memory="gru", oracle=False, num_envs=8, num_steps=64, seed=0, K=3):
     """The second rollout of a two-rollout training run with a sharpened gate, as its update received it, with the agent
     that acted it (trained once): it starts from a non-zero GRU state and crosses several episode boundaries. Rewards
-    are not rescaled. A Rollout: (agent, batch, initial_state, episodes)."""
+    are not rescaled. A Rollout: (agent, batch, initial_state, episodes, advantages, returns, next_value)."""
     flags = ["--memory", memory, "--num-envs", num_envs, "--num-steps", num_steps, "--hidden-size", 32, "--seed", seed]
     flags += ["--total-timesteps", 2 * num_envs * num_steps, "--num-minibatches", 2, "--update-epochs", 2, "--no-norm-reward"]
     flags += ["--num-abstractions", K, "--slot-dim", 8]
@@ -71,7 +71,7 @@ def counts(modes, slots, num_modes, num_slots):
 
 
 def test_shapes_and_gradient_reaches_every_parameter():
-    agent, batch, initial_state, _ = rollout()
+    agent, batch, initial_state, *_ = rollout()
     _, logprob, entropy, value, state, weights, probs = agent.get_action_and_value(
         batch["inputs"], initial_state, batch["starts"], batch["actions"]
     )
@@ -173,14 +173,12 @@ def test_mutual_information_metric():
 
 @pytest.mark.parametrize("memory,oracle", [("gru", False), ("none", False), ("gru", True)])
 def test_first_minibatch_ratio_and_gate_are_reproduced(memory, oracle):
-    agent, batch, initial_state, _ = rollout(memory, oracle)
+    """The loop's update, on a rollout that starts from a non-zero state and crosses episode starts, replays its first
+    minibatch with the acted log-probs (ratio 1) and gate weights."""
+    agent, batch, initial_state, _, adv, ret, _ = rollout(memory, oracle)
     assert initial_state.abs().sum() > 0 and batch["starts"][1:].sum() > 0
-    adv, ret = ppo_gru_astral.compute_gae(
-        batch["rewards"], batch["values"], batch["starts"], torch.zeros(8), torch.zeros(8), 0.99, 0.95
-    )
-    stats = ppo_gru_astral.ppo_update(
-        agent, torch.optim.Adam(agent.parameters(), lr=1e-3), batch, initial_state, adv, ret, update_args()
-    )
+    optimizer = torch.optim.Adam(agent.parameters(), lr=1e-3)
+    stats = update(ppo_gru_astral, agent, optimizer, batch, initial_state, adv, ret, update_args())
     assert stats["first_minibatch_ratio_error"] < 1e-5 and stats["first_minibatch_gate_error"] < 1e-5
     # the gate really varies along the batch, so reproducing it is not trivial
     assert batch["weights"].std(dim=(0, 1)).max() > 0.05
@@ -189,7 +187,7 @@ def test_first_minibatch_ratio_and_gate_are_reproduced(memory, oracle):
 def test_replay_from_a_zero_state_or_without_resets_would_differ():
     """Replayed log-probs and gate weights equal the acted ones only when the replay starts from the saved state and
     zeroes it at episode starts."""
-    agent, batch, initial_state, _ = rollout()
+    agent, batch, initial_state, *_ = rollout()
     with torch.no_grad():
         _, right_logp, *_, right, _ = agent.get_action_and_value(
             batch["inputs"], initial_state, batch["starts"], batch["actions"]
@@ -210,7 +208,7 @@ def test_a_run_and_an_evaluation_open_with_no_previous_action_or_reward():
     observation alone (no previous action, previous reward 0), starts[0] is 1 and the GRU state is zero; the next
     step's input holds the action taken."""
     flags = ["--num-envs", 4, "--num-steps", 8, "--hidden-size", 16, "--total-timesteps", 32, "--num-minibatches", 2]
-    _, batch, initial_state, _ = run_main(ppo_gru_astral, *flags).rollouts[0]
+    _, batch, initial_state, *_ = run_main(ppo_gru_astral, *flags).rollouts[0]
     assert torch.all(batch["starts"][0] == 1) and torch.all(initial_state == 0)
     assert batch["inputs"][0, :, 4:].abs().sum() == 0
     agent = ppo_gru_astral.Agent(ppo_gru_astral.Args(hidden_size=16, slot_dim=8), 4, 2, 3)
@@ -229,7 +227,7 @@ def test_a_run_and_an_evaluation_open_with_no_previous_action_or_reward():
 
 
 def test_hidden_state_and_prev_inputs_are_zero_at_episode_starts():
-    agent, batch, initial_state, _ = rollout()
+    agent, batch, initial_state, *_ = rollout()
     starts = batch["starts"].bool()
     inputs = batch["inputs"]
     assert starts[1:].sum() > 0
@@ -406,7 +404,7 @@ def test_truncated_episodes_are_bootstrapped_and_logged():
     envs = ppo_gru_astral.NonStationaryCartPole(2, [(9.8, 0.5, 1.0)], max_episode_steps=5)
     flags = ["--num-envs", 2, "--num-steps", 12, "--total-timesteps", 24, "--num-minibatches", 1, "--hidden-size", 16]
     run = run_main(ppo_gru_astral, *flags, "--slot-dim", 8, "--no-norm-reward", NonStationaryCartPole=given(envs))
-    _, batch, _, episodes = run.rollouts[0]
+    _, batch, _, episodes, *_ = run.rollouts[0]
     assert torch.all(batch["rewards"][[4, 9]] != 1.0) and torch.all(batch["starts"][[5, 10]] == 1.0)
     assert sorted(episodes) == [(5.0, 5, 0, 4)] * 2 + [(5.0, 5, 0, 9)] * 2
 
@@ -420,12 +418,30 @@ def test_gae_matches_its_definition_with_discounting_and_bootstrapping(forward_g
     starts = torch.tensor([[1.0, 1.0], [0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 0.0]])
     next_value = torch.tensor([50.0, -7.0])
     next_start_t = torch.tensor([next_start, 0.0])
-    adv, ret = ppo_gru_astral.compute_gae(rewards, values, starts, next_value, next_start_t, gamma, lam)
+    adv, ret = gae(ppo_gru_astral, rewards, values, starts, next_value, next_start_t, gamma, lam)
     for n in range(2):
         continues = [1.0 - starts[t + 1, n].item() for t in range(4)] + [1.0 - next_start_t[n].item()]
         expected = forward_gae(rewards[:, n].tolist(), values[:, n].tolist() + [next_value[n].item()], continues, gamma, lam)
         assert adv[:, n].tolist() == pytest.approx(expected, rel=1e-6)
     assert torch.allclose(ret, adv + values)
+
+
+def test_the_advantages_a_run_updates_with_are_gae_of_its_rollout(forward_gae):
+    """The loop's GAE, in a run: the advantages the first update received are GAE of the rollout it acted, summed forwards
+    with the run's gamma and lambda, episodes cut where the next step opens one, the last step bootstrapping from the
+    value after the rollout unless the next rollout opens with a new episode; the returns are advantages + values."""
+    flags = ["--num-envs", 4, "--num-steps", 32, "--hidden-size", 16, "--total-timesteps", 2 * 4 * 32, "--no-norm-reward"]
+    run = run_main(ppo_gru_astral, *flags, "--slot-dim", 8)
+    _, batch, _, _, advantages, returns, next_value = run.rollouts[0]
+    next_start = run.rollouts[1].batch["starts"][0]
+    args = ppo_gru_astral.Args()
+    assert batch["starts"][1:].sum() > 0
+    for n in range(4):
+        continues = (1.0 - torch.cat([batch["starts"][1:, n], next_start[n : n + 1]])).tolist()
+        values = batch["values"][:, n].tolist() + [next_value[n].item()]
+        expected = forward_gae(batch["rewards"][:, n].tolist(), values, continues, args.gamma, args.gae_lambda)
+        assert advantages[:, n].tolist() == pytest.approx(expected, rel=1e-5, abs=1e-4)
+    assert torch.equal(returns, advantages + batch["values"])
 
 
 def test_reward_scaler_is_the_baselines():
@@ -454,7 +470,7 @@ def test_defaults_are_the_baselines_but_the_rollout_shape():
 
 
 class ScriptedAgent(torch.nn.Module):
-    """Stands in for the agent in ppo_update: the log-prob, entropy and value of every (step, env) are free
+    """Stands in for the agent in the loop's update: the log-prob, entropy and value of every (step, env) are free
     parameters, so the gradient the update's loss sends to them is the loss' derivative with respect to each output.
     inputs[..., 0] and initial_state[:, 0] hold the env index, so each call records which envs its minibatch holds.
     Its gate weights are uniform constants and its slots orthonormal: the slot regularisers add nothing here."""
@@ -478,7 +494,7 @@ class ScriptedAgent(torch.nn.Module):
 
 class GradSpy:
     """An optimizer that never moves the parameters: each step() records the gradients (by parameter name), so a
-    test reads the derivatives of the loss ppo_update minimised, and every minibatch and run sees the same agent."""
+    test reads the derivatives of the loss the update minimised, and every minibatch and run sees the same agent."""
 
     def __init__(self, module):
         self.named = list(module.named_parameters())
@@ -493,7 +509,7 @@ class GradSpy:
 
 
 def scripted_update(advantages, returns, old_values, new_values=None, **overrides):
-    """ppo_update on a ScriptedAgent whose log-probs equal the acted ones (ratio 1), without gradient clipping:
+    """The loop's update on a ScriptedAgent whose log-probs equal the acted ones (ratio 1), without gradient clipping:
     returns (agent, spy, stats)."""
     T, N = advantages.shape
     env_index = torch.arange(N, dtype=torch.float32)
@@ -510,7 +526,7 @@ def scripted_update(advantages, returns, old_values, new_values=None, **override
     agent = ScriptedAgent(batch["logprobs"], new_values, torch.full((T, N), 0.6))
     spy = GradSpy(agent)
     args = update_args(max_grad_norm=1e9, **overrides)
-    stats = ppo_gru_astral.ppo_update(agent, spy, batch, env_index[:, None], advantages, returns, args)
+    stats = update(ppo_gru_astral, agent, spy, batch, env_index[:, None], advantages, returns, args)
     return agent, spy, stats
 
 
@@ -624,7 +640,7 @@ def test_target_kl_stops_the_update_after_the_epoch_that_exceeds_it():
         trained = copy.deepcopy(agent)
         optimizer = torch.optim.Adam(trained.parameters(), lr=1e-2)
         args = update_args(num_minibatches=2, update_epochs=4, target_kl=target_kl)
-        stats = ppo_gru_astral.ppo_update(trained, optimizer, batch, initial_state, adv, ret, args)
+        stats = update(ppo_gru_astral, trained, optimizer, batch, initial_state, adv, ret, args)
         steps[target_kl] = int(optimizer.state[trained.actor[-1].weight]["step"])
         if target_kl == 1e-8:
             assert stats["approx_kl"] > target_kl
@@ -643,9 +659,12 @@ def test_the_gradient_norm_diagnostic_changes_nothing_but_what_is_logged():
         trained[diagnostics] = copy.deepcopy(agent)
         optimizer = torch.optim.Adam(trained[diagnostics].parameters(), lr=1e-2)
         np.random.seed(0)
-        args = update_args(lambda_consistency=0.1)
-        stats[diagnostics] = ppo_gru_astral.ppo_update(
-            trained[diagnostics], optimizer, batch, initial_state, adv, ret, args, diagnostics
+        args = update_args(lambda_consistency=0.1, diagnostics_every=2)
+        iteration = 2  # --diagnostics-every 2: the norms on updates 1, 3, ...
+        if diagnostics:
+            iteration = 3
+        stats[diagnostics] = update(
+            ppo_gru_astral, trained[diagnostics], optimizer, batch, initial_state, adv, ret, args, iteration
         )
     norms = {key for key in stats[True] if key.startswith("grad_norm_")}
     assert norms == {"grad_norm_ppo", *(f"grad_norm_{term}" for term in ppo_gru_astral.SlotTerms._fields)}
@@ -667,7 +686,8 @@ def test_the_episode_consistency_at_weight_0_is_computed_only_as_a_diagnostic():
         optimizer = torch.optim.Adam(trained[every].parameters(), lr=1e-2)
         np.random.seed(0)
         args = update_args(diagnostics_every=every)
-        stats[every] = ppo_gru_astral.ppo_update(trained[every], optimizer, batch, initial_state, adv, ret, args, False)
+        # the second update: without the gradient norms, which --diagnostics-every 10 takes on updates 1, 11, ...
+        stats[every] = update(ppo_gru_astral, trained[every], optimizer, batch, initial_state, adv, ret, args, iteration=2)
     assert ppo_gru_astral.Args().diagnostics_every == 0 and ppo_gru_astral.Args().lambda_consistency == 0
     assert "episode_consistency" not in stats[0] and "episode_consistency" in stats[10]
     assert {key: v for key, v in stats[10].items() if key != "episode_consistency"} == stats[0]
@@ -706,11 +726,14 @@ def test_slot_regularisers_enter_the_loss_with_their_sign_and_lambda(term, flag,
     def gradients(lam):
         np.random.seed(0)  # the same shuffle in both runs
         spy = GradSpy(agent)
-        args = update_args(num_minibatches=1, update_epochs=1, max_grad_norm=1e9, sharpen_gate=sharpen_gate)
+        # --diagnostics-every 1: the update also logs each term's gradient norm
+        args = update_args(
+            num_minibatches=1, update_epochs=1, max_grad_norm=1e9, sharpen_gate=sharpen_gate, diagnostics_every=1
+        )
         for name in SLOT_LAMBDAS:
             setattr(args, name, 0.0)
         setattr(args, flag, lam)
-        stats = ppo_gru_astral.ppo_update(agent, spy, batch, initial_state, adv, ret, args)
+        stats = update(ppo_gru_astral, agent, spy, batch, initial_state, adv, ret, args)
         (grads,) = spy.grads
         return grads, stats
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn as nn
 from helpers import only_run_dir, run_script
-from ppo_gru_main import run_main
+from ppo_gru_main import run_main, update
 
 import cleanrl_astral.ppo_gru_astral as ppo_gru_astral
 import cleanrl_astral.ppo_gru_baseline as ppo_gru_baseline
@@ -149,14 +149,11 @@ def test_plan_design_keeps_the_recurrent_replay_which_the_plans_zero_state_steps
     args = ppo_gru_astral.Args(design="plan", **ppo_gru_astral.PLAN_CONFIG)
     # the second rollout of a plan-design run starts from a non-zero state
     run = run_main(ppo_gru_astral, "--design", "plan", "--num-envs", 8, "--total-timesteps", 2 * 8 * 128, "--seed", 0)
-    agent, batch, initial_state, _ = run.rollouts[-1]
-    advantages, returns = ppo_gru_astral.compute_gae(
-        batch["rewards"], batch["values"], batch["starts"], torch.zeros(8), torch.zeros(8), 0.99, 0.95
-    )
+    agent, batch, initial_state, _, advantages, returns, _ = run.rollouts[-1]
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps)
     np.random.seed(0)
     before = {name: p.detach().clone() for name, p in agent.named_parameters()}
-    stats = ppo_gru_astral.ppo_update(agent, optimizer, batch, initial_state, advantages, returns, args)
+    stats = update(ppo_gru_astral, agent, optimizer, batch, initial_state, advantages, returns, args)
     assert stats["first_minibatch_ratio_error"] < 1e-5 and stats["first_minibatch_gate_error"] < 1e-5
     agent.load_state_dict(before)
     flat_inputs = batch["inputs"].flatten(0, 1)[None]

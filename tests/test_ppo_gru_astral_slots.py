@@ -84,8 +84,7 @@ def test_episode_consistency_of_young_episodes_only_is_zero():
 
 def episode_slot_metrics(probs, modes, starts, ages, num_modes, latent=None, latent_of_mode=None):
     """The episode-level entries of batch_slot_metrics for one (T, 1) column."""
-    batch = {"weights": probs, "modes": modes, "starts": starts, "ages": ages}
-    slots = ppo_gru_astral.batch_slot_metrics(batch, num_modes, probs.shape[-1], latent, latent_of_mode)
+    slots = ppo_gru_astral.batch_slot_metrics(probs, modes, starts, ages, num_modes, probs.shape[-1], latent, latent_of_mode)
     return {key: value for key, value in slots.items() if key.startswith("episode_nmi") or key == "gate_stability"}
 
 
@@ -133,13 +132,12 @@ def test_a_clean_sign_split_scores_sign_nmi_one_and_mode_nmi_exactly_one_half_on
 def test_the_logged_slot_metrics_report_the_action_latent_only_where_the_preset_has_one():
     probs, starts, ages = episodes_batch([0, 1, 0, 1])
     modes = torch.tensor([0, 1, 2, 3]).repeat_interleave(B + 5)[:, None]
-    batch = {"weights": probs, "modes": modes, "starts": starts, "ages": ages}
     for preset in ("seed3", "inverted4", "mirror4"):
         latent = ppo_gru_astral.ACTION_LATENT[preset]
         latent_of_mode = None
         if latent is not None:
             latent_of_mode = torch.as_tensor(ppo_gru_astral.latent_labels(ppo_gru_astral.MODE_PRESETS["mirror4"], latent))
-        slots = ppo_gru_astral.batch_slot_metrics(batch, 5, 4, latent, latent_of_mode)
+        slots = ppo_gru_astral.batch_slot_metrics(probs, modes, starts, ages, 5, 4, latent, latent_of_mode)
         assert ("episode_nmi_force_sign" in slots) == (preset != "seed3"), preset
         assert slots["episode_nmi"] == pytest.approx(0.5)
         if latent is not None:

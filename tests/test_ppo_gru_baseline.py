@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import SCRIPT_ENV, assert_one_line_error, load_json, logged_scalars, only_run_dir, run_script
-from ppo_gru_main import given, run_main
+from ppo_gru_main import gae, given, run_main, update
 
 import cleanrl_astral.ppo_gru_baseline as ppo_gru_baseline
 from cleanrl_astral_utils import cartpole
@@ -20,7 +20,7 @@ TINY = ["--num-envs", "4", "--num-steps", "16", "--num-minibatches", "2", "--upd
 def rollout(memory="gru", oracle=False, hide_velocity=False, num_envs=8, num_steps=64, seed=0):
     """The second rollout of a two-rollout training run, as its update received it, with the agent that acted it (trained
     once): it starts from a non-zero GRU state and crosses several episode boundaries (random CartPole episodes last ~20
-    steps). Rewards are not rescaled. A Rollout: (agent, batch, initial_state, episodes)."""
+    steps). Rewards are not rescaled. A Rollout: (agent, batch, initial_state, episodes, advantages, returns, next_value)."""
     flags = ["--memory", memory, "--num-envs", num_envs, "--num-steps", num_steps, "--hidden-size", 32, "--seed", seed]
     flags += ["--total-timesteps", 2 * num_envs * num_steps, "--num-minibatches", 2, "--update-epochs", 2, "--no-norm-reward"]
     if oracle:
@@ -225,20 +225,19 @@ def test_held_out_mode_is_never_drawn_in_training_and_is_evaluated(tmp_path):
 
 @pytest.mark.parametrize("memory,oracle", [("gru", False), ("none", False), ("gru", True)])
 def test_first_minibatch_ratio_is_one(memory, oracle):
-    agent, batch, initial_state, _ = rollout(memory, oracle)
+    """The loop's update, on a rollout that starts from a non-zero state and crosses episode starts, replays its first
+    minibatch with the acted log-probs: ratio 1."""
+    agent, batch, initial_state, _, adv, ret, _ = rollout(memory, oracle)
     assert initial_state.abs().sum() > 0 and batch["starts"][1:].sum() > 0
-    adv, ret = ppo_gru_baseline.compute_gae(
-        batch["rewards"], batch["values"], batch["starts"], torch.zeros(8), torch.zeros(8), 0.99, 0.95
-    )
     optimizer = torch.optim.Adam(agent.parameters(), lr=1e-3)
-    stats = ppo_gru_baseline.ppo_update(agent, optimizer, batch, initial_state, adv, ret, update_args())
+    stats = update(ppo_gru_baseline, agent, optimizer, batch, initial_state, adv, ret, update_args())
     assert stats["first_minibatch_ratio_error"] < 1e-5
 
 
 def test_replayed_log_probs_equal_the_acted_ones_and_wrong_state_handling_breaks_them():
     """Replaying from the saved initial state with the episode starts reproduces the acted log-probs; replaying from a
     zero state, or ignoring episode starts, does not (so the ratio check above is sensitive)."""
-    agent, batch, initial_state, _ = rollout("gru")
+    agent, batch, initial_state, *_ = rollout("gru")
     with torch.no_grad():
         _, right, _, _, _ = agent.get_action_and_value(batch["inputs"], initial_state, batch["starts"], batch["actions"])
         _, zero_state, _, _, _ = agent.get_action_and_value(
@@ -257,7 +256,7 @@ def test_a_run_and_an_evaluation_open_with_no_previous_action_or_reward():
     observation alone (no previous action, previous reward 0), starts[0] is 1 and the GRU state is zero; the next
     step's input holds the action taken."""
     flags = ["--num-envs", 4, "--num-steps", 8, "--hidden-size", 16, "--total-timesteps", 32, "--num-minibatches", 2]
-    _, batch, initial_state, _ = run_main(ppo_gru_baseline, *flags).rollouts[0]
+    _, batch, initial_state, *_ = run_main(ppo_gru_baseline, *flags).rollouts[0]
     assert torch.all(batch["starts"][0] == 1) and torch.all(initial_state == 0)
     assert batch["inputs"][0, :, 4:].abs().sum() == 0
     agent = ppo_gru_baseline.Agent(4, 2, 3, 16)
@@ -276,7 +275,7 @@ def test_a_run_and_an_evaluation_open_with_no_previous_action_or_reward():
 
 
 def test_hidden_state_and_prev_inputs_are_zero_at_episode_starts():
-    agent, batch, initial_state, _ = rollout("gru")
+    agent, batch, initial_state, *_ = rollout("gru")
     starts = batch["starts"].bool()
     inputs = batch["inputs"]
     prev_action = inputs[..., 4:6]
@@ -297,7 +296,7 @@ def test_hidden_state_and_prev_inputs_are_zero_at_episode_starts():
 
 
 def test_memory_none_zeroes_state_every_step():
-    agent, batch, initial_state, _ = rollout("none")
+    agent, batch, initial_state, *_ = rollout("none")
     with torch.no_grad():
         hidden, _ = agent.unroll(batch["inputs"], initial_state, batch["starts"])
         fresh = zero_state_step(agent, batch["inputs"])
@@ -327,7 +326,7 @@ def test_unroll_equals_stepping_the_gru_module_with_resets():
 
 
 def test_no_autoreset_transition_enters_the_batch():
-    agent, batch, _, episodes = rollout("gru")
+    agent, batch, _, episodes, *_ = rollout("gru")
     obs = batch["inputs"][..., :4]
     # every stored transition is a real CartPole step: reward 1 (no reset step of reward 0; no time limit is reached in
     # two rollouts, so nothing is bootstrapped), and never a terminal observation
@@ -358,7 +357,7 @@ def test_truncation_bootstraps_from_the_final_observation_and_is_logged():
     start_state = envs.state[0].copy()
     flags = ["--seed", 3, "--num-envs", 2, "--num-steps", 12, "--total-timesteps", 24, "--num-minibatches", 1]
     run = run_main(ppo_gru_baseline, *flags, "--hidden-size", 16, "--no-norm-reward", NonStationaryCartPole=given(envs))
-    agent, batch, initial_state, episodes = run.rollouts[0]
+    agent, batch, initial_state, episodes, *_ = run.rollouts[0]
     assert sorted(episodes) == [(5.0, 5, 0, 4)] * 2 + [(5.0, 5, 0, 9)] * 2
     assert torch.all(batch["rewards"][[0, 1, 2, 3, 5, 6, 7, 8]] == 1.0) and torch.all(batch["starts"][[5, 10]] == 1.0)
     reference = gym.make("CartPole-v1").unwrapped
@@ -377,7 +376,7 @@ def test_gae_does_not_bootstrap_across_episode_boundaries():
     rewards = torch.tensor([[1.0], [2.0], [3.0], [4.0]])
     values = torch.tensor([[10.0], [20.0], [30.0], [40.0]])
     starts = torch.tensor([[0.0], [0.0], [1.0], [0.0]])
-    adv, ret = ppo_gru_baseline.compute_gae(rewards, values, starts, torch.tensor([50.0]), torch.tensor([1.0]), 0.5, 1.0)
+    adv, ret = gae(ppo_gru_baseline, rewards, values, starts, torch.tensor([50.0]), torch.tensor([1.0]), 0.5, 1.0)
     # step 3 and step 1 end episodes: their deltas are r - V, with nothing from the next step
     assert adv[3, 0] == pytest.approx(4.0 - 40.0)
     assert adv[1, 0] == pytest.approx(2.0 - 20.0)
@@ -397,12 +396,30 @@ def test_gae_matches_its_definition_with_discounting_and_bootstrapping(forward_g
     starts = torch.tensor([[1.0, 1.0], [0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 0.0]])
     next_value = torch.tensor([50.0, -7.0])
     next_start_t = torch.tensor([next_start, 0.0])
-    adv, ret = ppo_gru_baseline.compute_gae(rewards, values, starts, next_value, next_start_t, gamma, lam)
+    adv, ret = gae(ppo_gru_baseline, rewards, values, starts, next_value, next_start_t, gamma, lam)
     for n in range(2):
         continues = [1.0 - starts[t + 1, n].item() for t in range(4)] + [1.0 - next_start_t[n].item()]
         expected = forward_gae(rewards[:, n].tolist(), values[:, n].tolist() + [next_value[n].item()], continues, gamma, lam)
         assert adv[:, n].tolist() == pytest.approx(expected, rel=1e-6)
     assert torch.allclose(ret, adv + values)
+
+
+def test_the_advantages_a_run_updates_with_are_gae_of_its_rollout(forward_gae):
+    """The loop's GAE, in a run: the advantages the first update received are GAE of the rollout it acted, summed forwards
+    with the run's gamma and lambda, episodes cut where the next step opens one, the last step bootstrapping from the
+    value after the rollout unless the next rollout opens with a new episode; the returns are advantages + values."""
+    flags = ["--num-envs", 4, "--num-steps", 32, "--hidden-size", 16, "--total-timesteps", 2 * 4 * 32, "--no-norm-reward"]
+    run = run_main(ppo_gru_baseline, *flags)
+    _, batch, _, _, advantages, returns, next_value = run.rollouts[0]
+    next_start = run.rollouts[1].batch["starts"][0]
+    args = ppo_gru_baseline.Args()
+    assert batch["starts"][1:].sum() > 0
+    for n in range(4):
+        continues = (1.0 - torch.cat([batch["starts"][1:, n], next_start[n : n + 1]])).tolist()
+        values = batch["values"][:, n].tolist() + [next_value[n].item()]
+        expected = forward_gae(batch["rewards"][:, n].tolist(), values, continues, args.gamma, args.gae_lambda)
+        assert advantages[:, n].tolist() == pytest.approx(expected, rel=1e-5, abs=1e-4)
+    assert torch.equal(returns, advantages + batch["values"])
 
 
 def test_reward_scaler_divides_by_running_std_of_discounted_return():
@@ -432,7 +449,7 @@ def test_reward_scaler_divides_by_running_std_of_discounted_return():
 
 
 class ScriptedAgent(torch.nn.Module):
-    """Stands in for the agent in ppo_update: the log-prob, entropy and value of every (step, env) are free
+    """Stands in for the agent in the loop's update: the log-prob, entropy and value of every (step, env) are free
     parameters, so the gradient the update's loss sends to them is the loss' derivative with respect to each output.
     inputs[..., 0] and initial_state[:, 0] hold the env index, so each call records which envs its minibatch holds."""
 
@@ -450,7 +467,7 @@ class ScriptedAgent(torch.nn.Module):
 
 class GradSpy:
     """An optimizer that never moves the parameters: each step() records the gradients (by parameter name), so a
-    test reads the derivatives of the loss ppo_update minimised, and every minibatch and run sees the same agent."""
+    test reads the derivatives of the loss the update minimised, and every minibatch and run sees the same agent."""
 
     def __init__(self, module):
         self.named = list(module.named_parameters())
@@ -465,7 +482,7 @@ class GradSpy:
 
 
 def scripted_update(advantages, returns, old_values, new_values=None, **overrides):
-    """ppo_update on a ScriptedAgent whose log-probs equal the acted ones (ratio 1), without gradient clipping:
+    """The loop's update on a ScriptedAgent whose log-probs equal the acted ones (ratio 1), without gradient clipping:
     returns (agent, spy, stats)."""
     T, N = advantages.shape
     env_index = torch.arange(N, dtype=torch.float32)
@@ -479,8 +496,15 @@ def scripted_update(advantages, returns, old_values, new_values=None, **override
     new_values = old_values if new_values is None else new_values
     agent = ScriptedAgent(batch["logprobs"], new_values, torch.full((T, N), 0.6))
     spy = GradSpy(agent)
-    stats = ppo_gru_baseline.ppo_update(
-        agent, spy, batch, env_index[:, None], advantages, returns, update_args(max_grad_norm=1e9, **overrides)
+    stats = update(
+        ppo_gru_baseline,
+        agent,
+        spy,
+        batch,
+        env_index[:, None],
+        advantages,
+        returns,
+        update_args(max_grad_norm=1e9, **overrides),
     )
     return agent, spy, stats
 
@@ -578,8 +602,15 @@ def test_target_kl_stops_the_update_after_the_epoch_that_exceeds_it():
     for target_kl in (None, 1e-8, 1e3):
         trained = copy.deepcopy(agent)
         optimizer = torch.optim.Adam(trained.parameters(), lr=1e-2)
-        stats = ppo_gru_baseline.ppo_update(
-            trained, optimizer, batch, initial_state, adv, ret, update_args(update_epochs=4, target_kl=target_kl)
+        stats = update(
+            ppo_gru_baseline,
+            trained,
+            optimizer,
+            batch,
+            initial_state,
+            adv,
+            ret,
+            update_args(update_epochs=4, target_kl=target_kl),
         )
         steps[target_kl] = int(optimizer.state[trained.actor[-1].weight]["step"])
         if target_kl == 1e-8:

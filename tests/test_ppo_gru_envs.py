@@ -159,7 +159,7 @@ def test_a_truncated_gymnasium_episode_bootstraps_from_its_final_observation(nam
     flags = ["--env-id", "EnvIdTestStepCounter-v0", "--num-envs", 2, "--num-steps", 2 * EPISODE_STEPS, "--gamma", gamma]
     flags += ["--total-timesteps", 4 * EPISODE_STEPS, "--num-minibatches", 1, "--hidden-size", 8, "--no-norm-reward"]
     run = run_main(module, *flags, agent_from_args=agent_reading_the_observation)
-    _, batch, _, episodes = run.rollouts[0]
+    _, batch, _, episodes, *_ = run.rollouts[0]
     expected = np.ones((2 * EPISODE_STEPS, 2))
     expected[[EPISODE_STEPS - 1, 2 * EPISODE_STEPS - 1]] += gamma * EPISODE_STEPS
     np.testing.assert_allclose(batch["rewards"].numpy(), expected, rtol=1e-6)
