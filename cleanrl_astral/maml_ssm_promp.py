@@ -502,9 +502,8 @@ def sample_task_batches(model, params, task_params, args, gen, num_steps, inner_
 
 
 @torch.no_grad()
-def rollout(model, params, env, horizon, adapt_every=0, adapt_on=None):
-    """env.n episodes, rows grouped by task, task k acting with params[.][k]; time-major (T, n, ...) tensors.
-    Online: every `adapt_every` steps, `adapt_on(episodes so far)` returns new stacked parameters."""
+def rollout(model, params, env, horizon):
+    """env.n episodes, rows grouped by task, task k acting with params[.][k]; time-major (T, n, ...) tensors."""
     K = len(next(iter(params.values())))
     n = env.n
     per = n // K
@@ -521,8 +520,6 @@ def rollout(model, params, env, horizon, adapt_every=0, adapt_on=None):
         return out.pi, out.state
 
     for t in range(horizon):
-        if adapt_every and t > 0 and t % adapt_every == 0:
-            params = adapt_on(stack_steps(buf))
         inp = model.make_input(obs, prev_a, prev_r)
         state_in = state.reshape(n, -1).cpu()  # the recurrent state this step starts from (stored for replay)
         starts = torch.full((K, per), t == 0, device=device)

@@ -29,7 +29,8 @@ import cleanrl_astral.maml_ssm as maml_ssm
 import cleanrl_astral.maml_ssm_promp as maml_ssm_promp
 
 # what maml_ssm_promp.py shares with maml_ssm.py, as identical text: the tasks, the policies, the rollout and GAE,
-# the auxiliary heads and the ExperienceBuffer, evaluation and the run's plumbing
+# the auxiliary heads and the ExperienceBuffer, evaluation and the run's plumbing; `rollout` differs only in
+# maml_ssm.py's online-adaptation hooks, which `adapt --online` alone calls
 SHARED = (
     "TASKS",
     "POLICIES",
@@ -56,7 +57,6 @@ SHARED = (
     "policy_width",
     "agent_param_count",
     "count_params",
-    "rollout",
     "stack_steps",
     "split_batch",
     "fill_to_steps",
@@ -130,6 +130,18 @@ def test_the_shared_definitions_are_identical_text_in_both_files():
     for name in SHARED:
         assert name in mine and name in theirs, name
         assert mine[name] == theirs[name], f"{name} differs between maml_ssm.py and maml_ssm_promp.py"
+
+
+def test_the_promp_rollout_is_maml_ssm_s_without_its_online_adaptation_hooks():
+    """Line by line, ProMP's rollout is maml_ssm.py's; the lines only maml_ssm.py has are its online hooks."""
+    mine = top_level_sources(maml_ssm_promp)["rollout"].splitlines()
+    theirs = top_level_sources(maml_ssm)["rollout"].splitlines()
+    assert mine[0] == "def rollout(model, params, env, horizon):"
+    assert theirs[0] == "def rollout(model, params, env, horizon, adapt_every=0, adapt_on=None):"
+    assert mine[1] == theirs[1] + '"""'  # the one docstring line, closed
+    assert [line for line in theirs[2:] if line in mine] == mine[2:]
+    hooks = [line for line in theirs[2:] if line not in mine]
+    assert len(hooks) == 3 and all("adapt_every" in line or "adapt_on" in line for line in hooks)
 
 
 def test_promp_is_refused_by_maml_ssm_in_one_line_naming_its_file(tmp_path):
