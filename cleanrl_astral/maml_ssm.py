@@ -1821,6 +1821,7 @@ def save_checkpoint(path, model, args, task_split, task_version, extra=None, scr
         "state_dict": model.state_dict(),
         "args": dataclasses.asdict(args),
         "script": script,
+        "format": CHECKPOINT_FORMAT,
         "task_split": task_split,
         "param_count": sum(p.numel() for p in model.parameters()),
         "task_version": task_version,
@@ -1830,44 +1831,30 @@ def save_checkpoint(path, model, args, task_split, task_version, extra=None, scr
     atomic_torch_save(ckpt, path)
 
 
-# per script, config fields that its older checkpoints carry and its Args do not: `adapt`'s settings live in its own
-# Args, video capture does not exist for batched tensor tasks, and ProMP with its LVC inner estimator is maml_ssm_promp.py
-RETIRED_FIELDS = {
-    "maml_ssm": ("adapt_steps", "adapt_lr", "capture_video", "inner_estimator", "promp_steps", "clip_coef", "inner_kl_coef"),
-    "maml_ssm_promp": (),
-}
+# what read_checkpoint accepts; a checkpoint of another format is another commit's, which it names
+CHECKPOINT_FORMAT = 1
 
 
 def read_checkpoint(path, script, args_cls, also=()):
-    """The checkpoint dict written by `script` or a script of `also` (its config without the fields `args_cls` lacks
-    that RETIRED_FIELDS[script] lists), or a ValueError with a one-line reason."""
+    """The checkpoint dict written by this commit's `script`, or by a script of `also` (its config then without the
+    fields `args_cls` lacks), or a ValueError with a one-line reason."""
     if not os.path.isfile(path):
         raise ValueError(f"checkpoint {path!r} does not exist")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # corrupted or not a torch file
         raise ValueError(f"cannot read checkpoint {path!r}: {type(e).__name__}") from e
-    if not isinstance(ckpt, dict):
+    writer = None
+    if isinstance(ckpt, dict):
+        writer = ckpt.get("script")
+    if writer in ("maml_ssm", "maml_ssm_promp") and writer not in (script, *also):
+        raise ValueError(f"{path!r} is a {writer} checkpoint: run cleanrl_astral/{writer}.py on it")
+    if writer not in (script, *also):
         raise ValueError(f"{path!r} is not a {script} checkpoint")
-    config = ckpt.get("args", {})
-    # ProMP and its LVC inner estimator are cleanrl_astral/maml_ssm_promp.py's, whose checkpoints carry its own config
-    if ckpt.get("script") == "maml_ssm" and config.get("outer_optimizer") == "promp":
-        raise ValueError(f"{path!r} was trained with ProMP by maml_ssm.py: retrain it with cleanrl_astral/maml_ssm_promp.py")
-    if ckpt.get("script") == "maml_ssm" and config.get("inner_estimator", "reinforce") != "reinforce":
-        raise ValueError(
-            f"{path!r} was trained with the LVC inner estimator: retrain it with cleanrl_astral/maml_ssm_promp.py"
-        )
-    if ckpt.get("script") in RETIRED_FIELDS and ckpt.get("script") not in (script, *also):
-        raise ValueError(f"{path!r} is a {ckpt['script']} checkpoint: run cleanrl_astral/{ckpt['script']}.py on it")
-    if ckpt.get("script") not in (script, *also):
-        raise ValueError(f"{path!r} is not a {script} checkpoint")
-    missing = [k for k in ("state_dict", "args", "task_split") if k not in ckpt]
     fields = {f.name for f in dataclasses.fields(args_cls)}
-    config = {k: v for k, v in config.items() if k in fields or k not in RETIRED_FIELDS[script]}
-    unknown = set(config) - fields
-    if missing or unknown:
-        raise ValueError(f"checkpoint {path!r} lacks {missing} or has unknown config fields {sorted(unknown)}")
-    ckpt["args"] = config
+    if ckpt.get("format") != CHECKPOINT_FORMAT or (writer == script and set(ckpt["args"]) != fields):
+        raise ValueError(f"{path!r} holds another format of {writer}.py's checkpoint; commit 95652a5 reads it")
+    ckpt["args"] = {k: v for k, v in ckpt["args"].items() if k in fields}
     return ckpt
 
 
@@ -1875,7 +1862,7 @@ def check_task_split(ckpt, task, task_version, check_ranges, ranges):
     """A ValueError with a one-line reason when the checkpoint's tasks are not the ones this script runs: another task
     in its split than in its config, other train/test ranges (`ranges`: {split key: ranges}), another task version."""
     split = ckpt["task_split"]
-    version = ckpt.get("task_version", 1)
+    version = ckpt["task_version"]
     if split.get("task") != task:
         raise ValueError(f"checkpoint task split is for {split.get('task')!r} but its config says {task!r}")
     if check_ranges:

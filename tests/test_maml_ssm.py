@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import REPO, SCRIPT_ENV, sha256
+from helpers import REPO, SCRIPT_ENV, assert_one_line_error, sha256
 from maml_fixtures import (
     TINY,
     TINY_ARGS,
@@ -373,10 +373,8 @@ def test_goal_box_follows_the_config_into_training_and_eval(trained_ckpt, monkey
 
     monkeypatch.setattr(maml_ssm, "PointNav2D", Spy)
     ckpt = torch.load(trained_ckpt, weights_only=False)
-    del ckpt["args"]["goal_box"]  # a checkpoint from before the flag existed was trained on the Euclidean rule
-    old = str(tmp_path / "old.cleanrl_model")
-    torch.save(ckpt, old)
-    maml_ssm.evaluate(old, 2, 1, write=False)
+    assert ckpt["args"]["goal_box"] is False
+    maml_ssm.evaluate(trained_ckpt, 2, 1, write=False)
     ckpt["args"]["goal_box"] = True
     box = str(tmp_path / "box.cleanrl_model")
     torch.save(ckpt, box)
@@ -720,10 +718,28 @@ def test_checkpoint_from_another_config_is_rejected(trained_ckpt, tmp_path):
         maml_ssm.load_checkpoint(bad)
 
 
+def test_a_checkpoint_of_another_format_is_refused_in_one_line_naming_the_commit_that_reads_it(trained_ckpt, tmp_path):
+    """Another format (no format entry, another one, or other Args fields) is another commit's checkpoint."""
+    ckpt = torch.load(trained_ckpt, weights_only=False)
+    assert ckpt["format"] == maml_ssm.CHECKPOINT_FORMAT
+    no_format = {k: v for k, v in ckpt.items() if k != "format"}
+    other_fields = {**ckpt, "args": {**ckpt["args"], "adapt_steps": 3}}
+    fewer_fields = {**ckpt, "args": {k: v for k, v in ckpt["args"].items() if k != "goal_box"}}
+    for i, old in enumerate((no_format, {**ckpt, "format": 0}, other_fields, fewer_fields)):
+        path = str(tmp_path / f"old{i}.cleanrl_model")
+        torch.save(old, path)
+        refusal = f"{path!r} holds another format of maml_ssm.py's checkpoint; commit 95652a5 reads it"
+        with pytest.raises(ValueError) as e:
+            maml_ssm.load_checkpoint(path)
+        assert str(e.value) == refusal
+    for command in ("eval", "adapt"):
+        assert_one_line_error(run_maml([command, "--checkpoint", path], check=False), refusal)
+
+
 def test_checkpoint_of_an_older_task_version_is_refused(trained_ckpt, tmp_path):
     ckpt = torch.load(trained_ckpt, weights_only=False)
     assert ckpt["task_version"] == maml_ssm.TASK_VERSIONS["point-nav-2d"] == 2
-    del ckpt["task_version"]  # written before point-nav-2d scaled its actions: version 1
+    ckpt["task_version"] = 1  # point-nav-2d before it scaled its actions
     old = str(tmp_path / "old.cleanrl_model")
     torch.save(ckpt, old)
     res = run_maml(["eval", "--checkpoint", old], check=False)

@@ -253,22 +253,6 @@ def test_cuda_trains_the_policy_on_the_device(tmp_path):
     run_maml(["eval", "--checkpoint", ck / "latest.cleanrl_model"])
 
 
-def test_checkpoints_carrying_adapts_settings_in_their_config_still_load(tmp_path):
-    """Older checkpoints hold adapt_steps, adapt_lr and capture_video in their training config; eval and adapt read
-    them (those fields are ignored: adapt's settings are AdaptArgs')."""
-    ck = tmp_path / "ck"
-    run_maml(["train", *SMALL, "--outer-steps", "1", "--ckpt-dir", ck, "--runs-dir", tmp_path / "runs"])
-    ckpt = load(ck / "latest.cleanrl_model")
-    ckpt["args"].update(adapt_steps=3, adapt_lr=0.1, capture_video=False)
-    old = tmp_path / "old.cleanrl_model"
-    torch.save(ckpt, old)
-    _, args, _ = maml_ssm.load_checkpoint(str(old))
-    assert args.hidden_size == 8
-    run_maml(["eval", "--checkpoint", old, "--num-tasks", "2"])
-    run_maml(["adapt", "--checkpoint", old, "--num-tasks", "2", "--adapt-steps", "1"])
-    assert load_json(tmp_path / "adapt.json")["adapt_steps"] == 1
-
-
 def test_adapt_episodes_sets_the_episodes_per_task_and_step(tmp_path, monkeypatch):
     """adapt --episodes N runs N episodes per test task at every step; without it, the checkpoint's fast_batch_size."""
     ck = tmp_path / "ck"

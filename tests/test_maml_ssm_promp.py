@@ -93,7 +93,7 @@ SHARED = (
     "atomic_torch_save",
     "atomic_write_json",
     "save_checkpoint",
-    "RETIRED_FIELDS",
+    "CHECKPOINT_FORMAT",
     "read_checkpoint",
     "check_task_split",
     "training_state",
@@ -210,32 +210,25 @@ def test_maml_ssm_adapts_a_promp_checkpoint_and_refuses_to_evaluate_it_in_one_li
     assert json.loads(r.stdout.strip().splitlines()[-1])["num_tasks"] == 2
 
 
-def test_a_maml_ssm_checkpoint_with_promps_settings_loads_unless_it_trained_with_promp(tmp_path):
-    """maml_ssm.py's checkpoints carry ProMP's fields at their defaults: they still load. One that trained with ProMP
-    (or the LVC inner estimator) is refused in one line that names maml_ssm_promp.py."""
+def test_a_checkpoint_of_another_format_from_either_script_is_refused_naming_the_commit_that_reads_it(promp_ckpt, tmp_path):
+    """A maml_ssm.py checkpoint carrying ProMP's fields (as maml_ssm.py's ProMP wrote them) and a ProMP checkpoint without
+    the format entry are other commits' formats: refused in one line by the scripts that read them."""
     model, args, _ = tiny_setup(policy="mlp", dtype=torch.float32)
     path = str(tmp_path / "old.cleanrl_model")
-    split = {"task": args.task, "train_tasks": []}
-    maml_ssm.save_checkpoint(path, model, args, split, maml_ssm.TASK_VERSIONS[args.task])
+    maml_ssm.save_checkpoint(path, model, args, {"task": args.task, "train_tasks": []}, maml_ssm.TASK_VERSIONS[args.task])
     ckpt = torch.load(path, weights_only=False)
-    promp_fields = {"inner_estimator": "reinforce", "promp_steps": 5, "clip_coef": 0.3, "inner_kl_coef": 5e-4}
-    for extra, refusal in (
-        ({}, None),
-        (
-            {"outer_optimizer": "promp"},
-            "was trained with ProMP by maml_ssm.py: retrain it with cleanrl_astral/maml_ssm_promp.py",
-        ),
-        ({"inner_estimator": "lvc"}, "was trained with the LVC inner estimator"),
-    ):
-        torch.save({**ckpt, "args": {**ckpt["args"], **promp_fields, **extra}}, path)
-        if refusal is None:
-            loaded, loaded_args, _ = maml_ssm.load_checkpoint(path)
-            assert loaded_args.policy == "mlp" and not hasattr(loaded_args, "promp_steps")
-            continue
-        for script in (maml_ssm, maml_ssm_promp):  # maml_ssm_promp.py cannot take it either: its config is another
-            with pytest.raises(ValueError, match=refusal) as e:
-                script.load_checkpoint(path)
-            assert "\n" not in str(e.value)
+    torch.save({**ckpt, "args": {**ckpt["args"], "outer_optimizer": "promp", "inner_estimator": "lvc"}}, path)
+    with pytest.raises(ValueError) as e:
+        maml_ssm.load_checkpoint(path)
+    assert str(e.value) == f"{path!r} holds another format of maml_ssm.py's checkpoint; commit 95652a5 reads it"
+    promp = torch.load(promp_ckpt, weights_only=False)
+    old = str(tmp_path / "old_promp.cleanrl_model")
+    torch.save({k: v for k, v in promp.items() if k != "format"}, old)
+    refusal = f"{old!r} holds another format of maml_ssm_promp.py's checkpoint; commit 95652a5 reads it"
+    for script, also in ((maml_ssm, maml_ssm.ADAPTS_CHECKPOINTS_OF), (maml_ssm_promp, ())):
+        with pytest.raises(ValueError) as e:
+            script.load_checkpoint(old, also)
+        assert str(e.value) == refusal
 
 
 def test_resume_continues_a_promp_run_bit_for_bit(tmp_path):
