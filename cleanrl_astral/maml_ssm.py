@@ -1197,12 +1197,8 @@ class AdaptArgs:
     max_importance_weight: float = 10.0
     """truncation (>= 1) of the weight pi_theta / pi_acting of pg on episodes acted by other parameters (EMA, online)"""
     online: bool = False
-    """adapt during the rollout every --online-every env steps; --online-mode says whether the --adapt-steps steps
-    between episode batches run too"""
-    online_mode: str = "plan"
-    """with --online: plan (the pipeline plan's: the --adapt-steps steps run between batches before the last rollout,
-    as without --online, then the last rollout, the one after K steps, adapts online during it) | during-only (no
-    step between batches: each of the K + 1 rollouts adapts online, from where the previous one left off)"""
+    """the pipeline plan's online adaptation: the --adapt-steps steps run between batches, as without --online, then
+    the last rollout, the one after K steps, adapts online during it every --online-every env steps"""
     online_every: int = 20
     """online mode: env steps between adaptation steps"""
 
@@ -1219,8 +1215,6 @@ def adapt_command(args: AdaptArgs):
     stem = "adapt"
     if args.online:
         stem = "adapt_online"
-        if args.online_mode == "during-only":
-            stem = "adapt_online_during_only"
     stem = os.path.join(os.path.dirname(os.path.abspath(args.checkpoint)), stem)
     writer = SummaryWriter(stem + "_tb")
     res = run_adaptation(args.checkpoint, args, writer)
@@ -1248,9 +1242,6 @@ def run_adaptation(checkpoint, aargs, writer=None):
         seed = args.seed
     tasks = sample_tasks(args.task, task_streams(seed)[1], aargs.num_tasks, "test")
     theta0 = clone_params(dict(model.named_parameters()))
-    # --online: plan adapts online in the rollout after the K steps only; during-only in every rollout, with no step
-    # between batches
-    during_only = aargs.online and aargs.online_mode == "during-only"
 
     # the no-adaptation level: theta_0 on the episodes every run starts with
     batch = rollout(model, per_task(theta0, len(tasks)), seeded_env(args, tasks, n_eps, seed), args.max_episode_steps)
@@ -1270,7 +1261,7 @@ def run_adaptation(checkpoint, aargs, writer=None):
             for k in range(K + 1):
                 acting = stack_params([ad.acting_params() for ad in adapters])
                 online_every = 0
-                if aargs.online and (during_only or k == K):
+                if aargs.online and k == K:  # --online adapts online in the rollout after the K steps
                     online_every = aargs.online_every
                 batch = rollout(model, acting, env, args.max_episode_steps, online_every, adapt_online)
                 per_step.append(task_returns(batch, len(tasks)))
@@ -1279,7 +1270,7 @@ def run_adaptation(checkpoint, aargs, writer=None):
                     stats.append(monitor_stats(model, ad.acting_params(), part, monitor))
                 mon.append({key: float(np.mean([st[key] for st in stats])) for key in stats[0]})
                 # every task's adapter takes one step on its own rows of the batch
-                if k < K and not during_only:
+                if k < K:
                     adapt_step(adapters, objective, args, step_logs, batch)
             name = f"{mode}/{objective}"
             guard_fired_frac = 0.0
@@ -1299,7 +1290,7 @@ def run_adaptation(checkpoint, aargs, writer=None):
         "task": args.task,
         "num_tasks": len(tasks),
         "online": aargs.online,
-        "online_mode": aargs.online_mode if aargs.online else None,
+        "online_mode": "plan" if aargs.online else None,
         "adapt_steps": K,
         "adapt_lr": aargs.adapt_lr,
         "experience_weight": aargs.experience_weight,
@@ -1496,8 +1487,6 @@ def register_adaptation_strategy(name):
 
 PARAM_GROUPS = {"all": ("",), "ssm": ("core.",), "heads": ("pi.", "log_std", "value_head.", "dyn_head."), "norm": ("norm.",)}
 OBJECTIVES = ("pg", "dynamics", "entropy")
-# with --online: the pipeline plan's (K steps between batches, then online in the last rollout) | online steps only
-ONLINE_MODES = ("plan", "during-only")
 
 
 def select_params(names, which):
@@ -1965,7 +1954,7 @@ def validate(args):
         if not args.adaptation_mode or not args.adapt_objective:
             raise ValueError("--adaptation-mode and --adapt-objective each need at least one value")
         choices = {"adaptation_mode": ADAPTERS, "adapt_objective": OBJECTIVES, "strategy": STRATEGIES}
-        choices = {**choices, "adapt_params": PARAM_GROUPS, "adapt_optimizer": ("sgd", "adam"), "online_mode": ONLINE_MODES}
+        choices = {**choices, "adapt_params": PARAM_GROUPS, "adapt_optimizer": ("sgd", "adam")}
         for name, allowed in choices.items():
             values = getattr(args, name)
             if not isinstance(values, tuple):  # the multi-valued flags give tuples, the others one value
@@ -1975,8 +1964,6 @@ def validate(args):
                     raise ValueError(f"unknown --{name.replace('_', '-')} {value!r}; choose one of {', '.join(allowed)}")
         if args.ema_decay >= 1:
             raise ValueError(f"--ema-decay must be in [0, 1), got {args.ema_decay}")
-        if args.online_mode == "during-only" and not args.online:
-            raise ValueError("--online-mode during-only needs --online")
         return
     # `train`'s Args
     if not 0 <= args.seed < 2**32:

@@ -1,5 +1,5 @@
 """Tests of the pre-registered maml_ssm studies' tools: benchmark/maml_ssm_online_report.py on hand-made runs, the
-commands of benchmark/maml_ssm_online_adapt.sh, benchmark/maml_ssm_hybrid_dynamics.sh and benchmark/maml_ssm.sh
+refusal of benchmark/maml_ssm_online_adapt.sh, the commands of benchmark/maml_ssm_hybrid_dynamics.sh and benchmark/maml_ssm.sh
 --equal-cpu-study, the `--objective` of benchmark/maml_ssm_report.py --hybrid-benchmark and its --equal-cpu-study
 verdicts."""
 
@@ -103,16 +103,16 @@ def dry_run(script):
     return run.stdout.splitlines()
 
 
-def test_online_study_trains_the_full_flavours_ssm_checkpoints_and_adapts_three_ways():
-    lines = dry_run("maml_ssm_online_adapt.sh")
-    train = [line for line in lines if "maml_ssm.py train" in line]
-    assert len(train) == 6 and all("--policy ssm" in line for line in train)
-    assert sum("--task point-nav-2d" in line and "--outer-steps 150" in line for line in train) == 3
-    assert sum("--task cartpole-physics" in line and "--outer-steps 50" in line for line in train) == 3
-    adapt = [line.split("adapt ", 1)[1] for line in lines if line.startswith("then on each checkpoint")]
-    assert len(adapt) == 3 and all("--adapt-steps 3 --adapt-lr 0.1 --adaptation-mode standard" in a for a in adapt)
-    assert ["--online " in a for a in adapt] == [False, True, True]  # not --online-every
-    assert ["--online-mode during-only" in a for a in adapt] == [False, False, True]
+def test_the_finished_online_study_is_refused_in_one_line_naming_the_commit_where_it_runs():
+    for flags in ([], ["--dry-run"], ["--tiny"], ["--report-only"]):
+        run = subprocess.run(
+            ["bash", "benchmark/maml_ssm_online_adapt.sh", *flags], cwd=REPO, env=SCRIPT_ENV, capture_output=True, text=True
+        )
+        assert run.returncode == 2 and run.stdout == "", run.stdout
+        assert run.stderr.splitlines() == [
+            "maml_ssm_online_adapt.sh: the online-adaptation study runs at commit a2ecf64: git checkout a2ecf64, then run "
+            "this script"
+        ]
 
 
 def test_dynamics_arm_runs_the_plans_loss_at_the_plans_settings():

@@ -700,35 +700,19 @@ def adaptation_events(ckpt, monkeypatch, **kw):
 
 def test_online_plan_runs_the_k_steps_then_adapts_during_the_last_rollout(trained_ckpt, monkeypatch):
     """--online (the pipeline plan's): the --adapt-steps gradient steps run between batches as without --online, then
-    the rollout after them adapts online; --online-mode during-only takes no step between batches and adapts online in
-    every rollout. Entries 0..K-1 of the plan's run are the between-batch run's; entry K adds the online updates."""
+    the rollout after them adapts online. Entries 0..K-1 of the plan's run are the between-batch run's; entry K adds the
+    online updates."""
     kw = dict(adapt_steps=2, adapt_lr=0.5, online_every=2)
     plan, plan_res = adaptation_events(trained_ckpt, monkeypatch, online=True, **kw)
     assert [r["between"] for r in plan] == [1, 1, 0], plan
     assert [r["online"] > 0 for r in plan] == [False, False, True], plan
-    during, during_res = adaptation_events(trained_ckpt, monkeypatch, online=True, online_mode="during-only", **kw)
-    assert [r["between"] for r in during] == [0, 0, 0], during
-    assert all(r["online"] > 0 for r in during), during
     offline, offline_res = adaptation_events(trained_ckpt, monkeypatch, **kw)
     assert offline == [{"online": 0, "between": 1}, {"online": 0, "between": 1}, {"online": 0, "between": 0}]
-    assert (plan_res["online_mode"], during_res["online_mode"], offline_res["online_mode"]) == ("plan", "during-only", None)
+    assert (plan_res["online_mode"], offline_res["online_mode"]) == ("plan", None)
     plan_curve = plan_res["results"]["standard/pg"]["returns_after_steps"]
     offline_curve = offline_res["results"]["standard/pg"]["returns_after_steps"]
     assert [plan_curve[k] for k in "01"] == [offline_curve[k] for k in "01"]
     assert plan_curve["2"] != offline_curve["2"]
-
-
-def test_online_mode_is_validated_and_names_its_report(trained_ckpt):
-    assert "--online-mode during-only needs --online" in validation_error(
-        maml_ssm.validate, maml_ssm.AdaptArgs(trained_ckpt, online_mode="during-only")
-    )
-    assert "unknown --online-mode" in validation_error(
-        maml_ssm.validate, maml_ssm.AdaptArgs(trained_ckpt, online=True, online_mode="before")
-    )
-    flags = ["--num-tasks", "2", "--adapt-steps", "1", "--online", "--online-every", "2", "--online-mode", "during-only"]
-    run_maml(["adapt", "--checkpoint", trained_ckpt, *flags])
-    res = json.load(open(os.path.join(os.path.dirname(trained_ckpt), "adapt_online_during_only.json")))
-    assert res["online"] and res["online_mode"] == "during-only"
 
 
 def test_hybrid_refuses_a_checkpoint_without_a_buffer(trained_ckpt):
