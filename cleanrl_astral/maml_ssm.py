@@ -9,6 +9,8 @@ The file reads in CleanRL's order: Args, tasks, model, the rollout and GAE, the 
 step (or one Adam step), then `train`, whose loop reads ROLLOUT, UPDATE, LOGGING, then `eval` and `adapt`; the plumbing
 a default run needs comes after the method. ProMP is maml_ssm_promp.py, beside this file.
 
+The plans it implements, and how it reads them: docs/plans.md.
+
 Usage: python cleanrl_astral/maml_ssm.py train --config basic --outer-steps 100 --tasks-per-batch 8 --ckpt-dir ckpts
        python cleanrl_astral/maml_ssm.py eval --checkpoint ckpts/latest.cleanrl_model --episodes 50
        python cleanrl_astral/maml_ssm.py adapt --checkpoint ckpts/latest.cleanrl_model --adaptation-mode standard hybrid
@@ -149,6 +151,8 @@ class Args:
     """episodes per test task and inner step in that evaluation (default: fast_batch_size; paper: 40)"""
     log_every: int = 10
     """print a progress line every this many iterations"""
+    diagnostics: bool = False
+    """log losses/inner_loss, the inner loss of the parameters that sampled the batch (one more forward pass per task)"""
     num_threads: int = 1
     """torch CPU threads (the networks are tiny: extra threads mostly add contention)"""
 
@@ -986,7 +990,7 @@ def train(args: Args):
             for b in td["train"] + [td["val"]]:
                 steps += b["masks"].sum().item()
         inner_l = float("nan")
-        if args.num_inner_steps:
+        if args.diagnostics and args.num_inner_steps:
             with torch.no_grad():  # before the outer step, which updates theta's storage in place
                 inner_l = np.mean([inner_loss(model, theta, td["train"][0]).item() for td in tasks_data])
 
@@ -1007,7 +1011,8 @@ def train(args: Args):
         writer.add_scalar("meta/post_adapt_return", post, global_step)
         writer.add_scalar("charts/episodic_return", post, global_step)
         writer.add_scalar("charts/episodic_length", tasks_data[0]["val"]["masks"].sum(0).mean().item(), global_step)
-        writer.add_scalar("losses/inner_loss", inner_l, global_step)
+        if args.diagnostics:
+            writer.add_scalar("losses/inner_loss", inner_l, global_step)
         writer.add_scalar("losses/outer_loss", stats["outer_loss"], global_step)
         writer.add_scalar("losses/approx_kl", stats["approx_kl"], global_step)
         writer.add_scalar("losses/value_loss", v_loss, global_step)
@@ -1984,8 +1989,6 @@ def validate(args):
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     if args.cpu_budget < 0:
         raise ValueError(f"--cpu-budget must be >= 0, got {args.cpu_budget}")
-    if args.outer_optimizer == "promp":
-        raise ValueError("--outer-optimizer promp: ProMP trains with cleanrl_astral/maml_ssm_promp.py")
     choices = {"task": TASKS, "policy": POLICIES, "outer_optimizer": OUTER_OPTIMIZERS}
     for name, allowed in {**choices, "config": tuple(PRESETS)}.items():
         if getattr(args, name) not in allowed:
@@ -1998,9 +2001,6 @@ def validate(args):
         raise ValueError(f"--cg-subsample must be in (0, 1], got {args.cg_subsample}")
     if not (0 < args.gamma <= 1 and 0 <= args.gae_lambda <= 1):
         raise ValueError("--gamma must be in (0, 1] and --gae-lambda in [0, 1]")
-    # resuming uses the helper package
-    if args.resume and importlib.util.find_spec("cleanrl_astral_utils") is None:
-        raise ValueError("--resume needs the cleanrl_astral_utils package: pip install -e . in the repository")
     if args.save_model and args.eval_tasks < 2:
         raise ValueError(f"--eval-tasks {args.eval_tasks}: the evaluation after --save-model needs >= 2 tasks for its 95% CI")
     if args.goal_box and args.task != "point-nav-2d":
@@ -2105,8 +2105,6 @@ def train_defaults(argv) -> Args:
     config = flag_value(argv, "--config")
     if config is None:
         config = "none"
-    if config == "promp":
-        raise ValueError("--config promp: ProMP trains with cleanrl_astral/maml_ssm_promp.py")
     if config not in PRESETS:
         raise ValueError(f"unknown --config {config!r}; choose one of {', '.join(PRESETS)}")
     return Args(config=config, **PRESETS[config])

@@ -9,6 +9,8 @@ file's checkpoints.
 The file reads in CleanRL's order: Args, tasks, model, the rollout and GAE, the inner step, ProMP's objective and step,
 then `train` (ROLLOUT, UPDATE, LOGGING) and `eval`; the plumbing a default run needs comes after the method.
 
+The plans it implements, and how it reads them: docs/plans.md.
+
 Usage: python cleanrl_astral/maml_ssm_promp.py train --config paper --outer-steps 100 --save-model
        python cleanrl_astral/maml_ssm_promp.py eval --checkpoint runs/RUN/maml_ssm_promp.cleanrl_model --episodes 40
 """
@@ -141,6 +143,8 @@ class Args:
     """episodes per test task and inner step in that evaluation (default: fast_batch_size; paper: 40)"""
     log_every: int = 10
     """print a progress line every this many iterations"""
+    diagnostics: bool = False
+    """log losses/inner_loss, the inner loss of the parameters that sampled the batch (one more forward pass per task)"""
     num_threads: int = 1
     """torch CPU threads (the networks are tiny: extra threads mostly add contention)"""
 
@@ -930,7 +934,7 @@ def train(args: Args):
             for b in td["train"] + [td["val"]]:
                 steps += b["masks"].sum().item()
         inner_l = float("nan")
-        if args.num_inner_steps:
+        if args.diagnostics and args.num_inner_steps:
             with torch.no_grad():  # before the outer step, which updates theta's storage in place
                 inner_l = np.mean([inner_loss(model, theta, td["train"][0]).item() for td in tasks_data])
 
@@ -948,7 +952,8 @@ def train(args: Args):
         writer.add_scalar("meta/post_adapt_return", post, global_step)
         writer.add_scalar("charts/episodic_return", post, global_step)
         writer.add_scalar("charts/episodic_length", tasks_data[0]["val"]["masks"].sum(0).mean().item(), global_step)
-        writer.add_scalar("losses/inner_loss", inner_l, global_step)
+        if args.diagnostics:
+            writer.add_scalar("losses/inner_loss", inner_l, global_step)
         writer.add_scalar("losses/outer_loss", stats["outer_loss"], global_step)
         writer.add_scalar("losses/approx_kl", stats["approx_kl"], global_step)
         writer.add_scalar("losses/value_loss", v_loss, global_step)
@@ -1541,9 +1546,6 @@ def validate(args):
         raise ValueError(f"--clip-coef must be in (0, 1), got {args.clip_coef}")
     if not (0 < args.gamma <= 1 and 0 <= args.gae_lambda <= 1):
         raise ValueError("--gamma must be in (0, 1] and --gae-lambda in [0, 1]")
-    # resuming uses the helper package
-    if args.resume and importlib.util.find_spec("cleanrl_astral_utils") is None:
-        raise ValueError("--resume needs the cleanrl_astral_utils package: pip install -e . in the repository")
     if args.save_model and args.eval_tasks < 2:
         raise ValueError(f"--eval-tasks {args.eval_tasks}: the evaluation after --save-model needs >= 2 tasks for its 95% CI")
     if args.goal_box and args.task != "point-nav-2d":

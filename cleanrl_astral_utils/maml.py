@@ -21,6 +21,7 @@ RESUMABLE_FIELDS = (
     "save_model",
     "runs_dir",
     "log_every",
+    "diagnostics",
     "num_threads",
     "track",
     "wandb_project_name",

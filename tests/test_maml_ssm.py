@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import REPO, SCRIPT_ENV, assert_one_line_error, sha256
+from helpers import REPO, SCRIPT_ENV, assert_one_line_error, logged_scalars, sha256
 from maml_fixtures import (
     TINY,
     TINY_ARGS,
@@ -495,9 +495,13 @@ def test_logged_inner_loss_is_that_of_the_parameters_that_sampled_the_batch(tmp_
         return real(model, params, batch)
 
     monkeypatch.setattr(maml_ssm, "inner_loss", spy)
-    model, before, _ = train_in_process(tmp_path, monkeypatch, outer_optimizer="adam", outer_lr=0.01)
+    model, before, run_dir = train_in_process(tmp_path, monkeypatch, outer_optimizer="adam", outer_lr=0.01, diagnostics=True)
     assert seen and all(torch.equal(s["encoder.weight"], before["encoder.weight"]) for s in seen)
     assert not torch.equal(model.encoder.weight.detach(), before["encoder.weight"])  # the outer step did move it
+    assert len(logged_scalars(run_dir)["losses/inner_loss"]) == TINY_ARGS["outer_steps"]
+    seen.clear()  # without --diagnostics: no logging call, no tag
+    _, _, run_dir = train_in_process(tmp_path, monkeypatch, outer_optimizer="adam", outer_lr=0.01)
+    assert seen == [] and "losses/inner_loss" not in logged_scalars(run_dir)
 
 
 @pytest.mark.parametrize("layer_norm", [False, True])

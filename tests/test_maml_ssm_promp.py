@@ -144,12 +144,14 @@ def test_the_promp_rollout_is_maml_ssm_s_without_its_online_adaptation_hooks():
     assert len(hooks) == 3 and all("adapt_every" in line or "adapt_on" in line for line in hooks)
 
 
-def test_promp_is_refused_by_maml_ssm_in_one_line_naming_its_file(tmp_path):
-    for flags in (["--outer-optimizer", "promp"], ["--config", "promp"]):
+def test_promp_is_neither_an_outer_optimizer_nor_a_preset_of_maml_ssm(tmp_path):
+    for flags, refusal in (
+        (["--outer-optimizer", "promp"], "unknown --outer-optimizer 'promp'; choose one of trpo, adam"),
+        (["--config", "promp"], "unknown --config 'promp'; choose one of none, basic, paper"),
+    ):
         r = run_maml(["train", *flags, *TINY, "--runs-dir", str(tmp_path / "runs")], check=False)
-        assert_one_line_error(r, "cleanrl_astral/maml_ssm_promp.py")
+        assert_one_line_error(r, refusal)
         assert not (tmp_path / "runs").exists()
-    assert "maml_ssm_promp.py" in validation_error(maml_ssm.validate, maml_ssm.Args(outer_optimizer="promp"))
 
 
 def test_a_default_promp_train_run_imports_nothing_from_the_helper_package(tmp_path):
@@ -463,11 +465,14 @@ def test_promp_trains_and_evaluates_every_policy(policy, task, tmp_path):
     flags = ["--config", "paper", "--tasks-per-batch", "2", "--fast-batch-size", "3", "--max-episode-steps", "12"]
     if task != "point-nav-2d":
         flags.append("--no-goal-box")
+    if policy == "gru":  # the inner loss is logged with --diagnostics only
+        flags.append("--diagnostics")
     runs = tmp_path / "runs"
     run_promp(["train", *flags, *TINY_PROMP, "--task", task, "--policy", policy, "--save-model", "--runs-dir", str(runs)])
     scalars = logged_scalars(only_run_dir(runs))
     for tag in ("losses/inner_kl", "losses/clipfrac", "losses/approx_kl", "charts/learning_rate"):
         assert len(scalars[tag]) == 2 and all(np.isfinite(v) for _, v in scalars[tag]), tag
+    assert ("losses/inner_loss" in scalars) == (policy == "gru")
     assert scalars["losses/approx_kl"][0][1] > 0
     assert sorted(load_json(os.path.join(only_run_dir(runs), "eval.json"))["returns_after_steps"]) == ["0", "1", "2"]
 

@@ -805,7 +805,20 @@ def test_trpo_reproduces_the_recorded_tiny_run(policy, tmp_path):
         recordings = json.load(f)["recordings"]
     runs = tmp_path / "runs"
     run_maml(
-        ["train", "--task", "point-nav-2d", "--policy", policy, "--save-model", "--seed", "1", "--runs-dir", str(runs), *TINY],
+        [
+            "train",
+            "--task",
+            "point-nav-2d",
+            "--policy",
+            policy,
+            "--save-model",
+            "--seed",
+            "1",
+            "--runs-dir",
+            str(runs),
+            "--diagnostics",
+            *TINY,
+        ],
         env={**SCRIPT_ENV, **PINNED_ARITHMETIC},
     )
     run_dir = only_run_dir(runs)
