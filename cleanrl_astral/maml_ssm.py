@@ -1097,7 +1097,6 @@ def evaluate(
     later_lr_scale=None,
     episodes=None,
     eval_seed=None,
-    write=True,
 ):
     """Returns on fresh test tasks after 0..num_steps inner steps; None takes the checkpoint's setting."""
     model, args, ckpt = load_checkpoint(checkpoint)
@@ -1125,9 +1124,8 @@ def evaluate(
     lrs = [inner_lr] + [inner_lr * later_lr_scale] * max(num_steps - 1, 0)
     _, returns = sample_task_batches(model, theta, tasks, args, gen, num_steps, lrs)
     result = {"task": args.task, **summarise([r.numpy() for r in returns]), "num_tasks": num_tasks}
-    if write:
-        path = os.path.join(os.path.dirname(os.path.abspath(checkpoint)), "eval.json")
-        write_results(result, path, "plot_eval", args.policy)
+    path = os.path.join(os.path.dirname(os.path.abspath(checkpoint)), "eval.json")
+    write_results(result, path, "plot_eval", args.policy)
     return result
 
 

@@ -374,11 +374,13 @@ def test_goal_box_follows_the_config_into_training_and_eval(trained_ckpt, monkey
     monkeypatch.setattr(maml_ssm, "PointNav2D", Spy)
     ckpt = torch.load(trained_ckpt, weights_only=False)
     assert ckpt["args"]["goal_box"] is False
-    maml_ssm.evaluate(trained_ckpt, 2, 1, write=False)
+    plain = str(tmp_path / "plain.cleanrl_model")  # evaluate writes eval.json beside the checkpoint
+    torch.save(ckpt, plain)
+    maml_ssm.evaluate(plain, 2, 1)
     ckpt["args"]["goal_box"] = True
     box = str(tmp_path / "box.cleanrl_model")
     torch.save(ckpt, box)
-    maml_ssm.evaluate(box, 2, 1, write=False)
+    maml_ssm.evaluate(box, 2, 1)
     assert seen == [False, True]
 
 
@@ -666,7 +668,7 @@ def test_eval_leaves_checkpoint_bit_identical_and_writes_eval_json(trained_ckpt)
     assert os.path.isfile(os.path.join(os.path.dirname(trained_ckpt), "eval.png"))
     assert json.loads(out.stdout.strip().splitlines()[-1]) == res
     # evaluation starts every task from the checkpoint's theta: the same seed gives the same numbers
-    assert maml_ssm.evaluate(trained_ckpt, 3, 3, write=False) == res
+    assert maml_ssm.evaluate(trained_ckpt, 3, 3) == res
     # NaN passed eval's `<= 0` checks and crashed inside the first adaptation step; a bad seed failed in numpy
     for flags, needle in (
         (["--inner-lr", "nan"], "--inner-lr nan must be a finite number"),
@@ -683,13 +685,10 @@ def test_eval_defaults_are_the_checkpoints_own_evaluation(tmp_path):
     --eval-later-lr-scale, not fixed defaults (40 tasks, 3 steps, 0.5)."""
     ckpt = train_tiny(tmp_path, "--eval-later-lr-scale=0.25")
     trained = json.load(open(os.path.join(os.path.dirname(ckpt), "eval.json")))
-    default = maml_ssm.evaluate(ckpt, write=False)
+    default = maml_ssm.evaluate(ckpt)
     assert default == trained and default["num_tasks"] == 3 and list(default["returns_after_steps"]) == ["0", "1", "2"]
-    assert default == maml_ssm.evaluate(ckpt, 3, 2, later_lr_scale=0.25, write=False)
-    assert (
-        default["returns_after_steps"]["2"]
-        != maml_ssm.evaluate(ckpt, 3, 2, later_lr_scale=0.5, write=False)["returns_after_steps"]["2"]
-    )
+    assert default == maml_ssm.evaluate(ckpt, 3, 2, later_lr_scale=0.25)
+    assert default["returns_after_steps"]["2"] != maml_ssm.evaluate(ckpt, 3, 2, later_lr_scale=0.5)["returns_after_steps"]["2"]
     out = run_maml(["eval", "--checkpoint", ckpt])
     assert json.loads(out.stdout.strip().splitlines()[-1]) == trained
     res = run_maml(["eval", "--checkpoint", ckpt, "--num-tasks", "1"], check=False)
@@ -778,12 +777,14 @@ def test_eval_episodes_sets_the_evaluation_batch(trained_ckpt, monkeypatch, tmp_
         lambda model, p, tasks, args, *a: seen.append(args.fast_batch_size) or real(model, p, tasks, args, *a),
     )
     ckpt = torch.load(trained_ckpt, weights_only=False)
-    maml_ssm.evaluate(trained_ckpt, 2, 1, write=False)
-    maml_ssm.evaluate(trained_ckpt, 2, 1, episodes=3, write=False)
+    plain = str(tmp_path / "plain.cleanrl_model")  # evaluate writes eval.json beside the checkpoint
+    torch.save(ckpt, plain)
+    maml_ssm.evaluate(plain, 2, 1)
+    maml_ssm.evaluate(plain, 2, 1, episodes=3)
     ckpt["args"]["eval_episodes"] = 5
     with_default = str(tmp_path / "eval5.cleanrl_model")
     torch.save(ckpt, with_default)
-    maml_ssm.evaluate(with_default, 2, 1, write=False)
+    maml_ssm.evaluate(with_default, 2, 1)
     assert seen == [ckpt["args"]["fast_batch_size"], 3, 5]
     assert parsed_train_args(["train", "--config", "paper"]).eval_episodes == 40
     assert "--eval-episodes must be >= 1" in validation_error(maml_ssm.validate, maml_ssm.Args(eval_episodes=0))
@@ -812,7 +813,7 @@ def test_evaluate_reports_ci95_of_the_per_task_returns(tmp_path, monkeypatch):
     maml_ssm.save_checkpoint(path, model, args, {"task": args.task, "train_tasks": []}, maml_ssm.TASK_VERSIONS[args.task])
     known = [torch.tensor([1.0, 3.0, -2.0, 6.0]), torch.tensor([0.0, 0.0, 4.0, 10.0])]
     monkeypatch.setattr(maml_ssm, "sample_task_batches", lambda *a, **kw: (None, known))
-    res = maml_ssm.evaluate(path, num_tasks=4, num_steps=1, write=False)
+    res = maml_ssm.evaluate(path, num_tasks=4, num_steps=1)
     for k, r in enumerate(known):
         v = r.double().tolist()
         mean = sum(v) / 4
