@@ -1480,12 +1480,21 @@ def summarise(per_step):
     }
 
 
+def have_helper_package():
+    """Whether cleanrl_astral_utils (reports, plots, video, resume) can be imported: a script copied alone runs without it."""
+    try:
+        import cleanrl_astral_utils  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def write_results(result, path, plot, *plot_args):
     """The results file (eval.json, adapt.json) at path, and its plot beside it (the same name, .png) when the helper
     package is installed; without it, one line says the plot was skipped. `plot` names the helper's plotting function,
     called with the result, the plot's path and `plot_args`."""
     atomic_write_json(result, path)
-    if importlib.util.find_spec("cleanrl_astral_utils") is None:
+    if not have_helper_package():
         print(f"{path[: -len('.json')]}.png skipped: plots need the cleanrl_astral_utils package (pip install -e .)")
         return
     from cleanrl_astral_utils import maml
@@ -1604,7 +1613,7 @@ def flag_value(argv, name):
 def train_defaults(argv) -> Args:
     """What `train`'s flags override: the --config preset, or with --resume the checkpoint's own Args."""
     resume = flag_value(argv, "--resume")
-    if resume is not None and importlib.util.find_spec("cleanrl_astral_utils") is None:
+    if resume is not None and not have_helper_package():
         raise ValueError("--resume needs the cleanrl_astral_utils package: pip install -e . in the repository")
     if resume is not None:
         from cleanrl_astral_utils.maml import resumed_args

@@ -148,8 +148,12 @@ def run_copied_alone(script, folder, *argv):
     path = os.path.join(folder, f"{script}.py")
     if not os.path.exists(path):
         shutil.copy(script_path(script), path)
-    blocked = "import runpy, sys; sys.modules['cleanrl_astral_utils'] = None; "
-    code = blocked + f"sys.argv = {[path, *map(str, argv)]!r}; runpy.run_path(sys.argv[0], run_name='__main__')"
+    # a stub in front of the editable install: the package is found, but importing it fails, as a broken install would
+    stub = os.path.join(folder, "blocked", "cleanrl_astral_utils")
+    os.makedirs(stub, exist_ok=True)
+    with open(os.path.join(stub, "__init__.py"), "w") as f:
+        f.write('raise ImportError("cleanrl_astral_utils is not installed here")\n')
+    env = {**SCRIPT_ENV, "PYTHONPATH": os.path.dirname(stub)}
     return subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=SCRIPT_ENV, cwd=folder, timeout=600
+        [sys.executable, path, *map(str, argv)], capture_output=True, text=True, env=env, cwd=folder, timeout=600
     )
