@@ -498,11 +498,14 @@ def promp_study(runs, report):
     return write_table_and_json(report, "promp_study", lines, summary)
 
 
+OPTIMIZER_NAMES = {"trpo": "TRPO", "promp": "ProMP"}
+
+
 def equal_cpu_study(runs, report):
     """The pre-registered equal-CPU comparison (docs/results/maml_ssm/equal_cpu_study/PROTOCOL.md): per outer optimizer
     (TRPO: maml_ssm.py, ProMP: maml_ssm_promp.py) and policy, the returns after 0..3 steps over seeds with 95% Student-t
     CIs, and per optimizer the verdict of the criterion (the SSM's mean return after 1, 2 and 3 steps each at least the
-    MLP's); equal_cpu_study_table.md, equal_cpu_study.json and a copy of every run's eval.json
+    MLP's); equal_cpu_study_table.md, equal_cpu_study.json, equal_cpu_study.png and a copy of every run's eval.json
     (eval_{optimizer}_{policy}_s{seed}.json)."""
     rows = {}
     for ckpt, c, ev in runs:
@@ -546,6 +549,16 @@ def equal_cpu_study(runs, report):
                 + " |"
             )
     lines += ["", "± is the 95% Student-t CI over seeds of the per-seed mean over 40 test tasks.", ""]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=True)
+    for ax, optimizer in zip(axes, ("trpo", "promp")):
+        for policy in ("mlp", "ssm"):
+            entry = summary[optimizer][policy]
+            label = f"{policy.upper()} ({np.mean(entry['iterations']):.0f} iterations)"
+            ax.errorbar(range(4), entry["mean"], yerr=entry["ci95"], marker="o", capsize=3, label=label)
+        ax.set(xticks=range(4), xlabel="inner gradient steps on the test task", title=f"{OPTIMIZER_NAMES[optimizer]}, 15 CPU-minutes")
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("return (95% CI over seeds)")
+    save_figure(fig, os.path.join(report, "equal_cpu_study.png"))
     for optimizer in ("trpo", "promp"):
         mlp = np.array(summary[optimizer]["mlp"]["mean"])
         ssm = np.array(summary[optimizer]["ssm"]["mean"])

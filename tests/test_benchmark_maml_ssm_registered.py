@@ -192,6 +192,7 @@ def test_equal_cpu_study_report_judges_the_criterion_under_each_optimizer(ssm_af
     assert sorted(p.name for p in report.glob("eval_*.json")) == sorted(
         f"eval_{o}_{p}_s{s}.json" for o in ("trpo", "promp") for p in ("mlp", "ssm") for s in (1, 2, 3)
     )
+    assert (report / "equal_cpu_study.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # an optimizer with one policy missing gives no verdict: a one-line error
     for d in (out / "equal_cpu_promp" / "runs").glob("c0__ssm__s*"):
         shutil.rmtree(d)
