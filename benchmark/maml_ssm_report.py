@@ -555,7 +555,8 @@ def equal_cpu_study(runs, report):
             entry = summary[optimizer][policy]
             label = f"{policy.upper()} ({np.mean(entry['iterations']):.0f} iterations)"
             ax.errorbar(range(4), entry["mean"], yerr=entry["ci95"], marker="o", capsize=3, label=label)
-        ax.set(xticks=range(4), xlabel="inner gradient steps on the test task", title=f"{OPTIMIZER_NAMES[optimizer]}, 15 CPU-minutes")
+        title = f"{OPTIMIZER_NAMES[optimizer]}, 15 CPU-minutes"
+        ax.set(xticks=range(4), xlabel="inner gradient steps on the test task", title=title)
         ax.legend(fontsize=7)
     axes[0].set_ylabel("return (95% CI over seeds)")
     save_figure(fig, os.path.join(report, "equal_cpu_study.png"))
