@@ -242,6 +242,32 @@ def check_maml_promp(results, work, monkeypatch, capsys):
     assert read_json(os.path.join(out, "promp_study.json")) == committed
 
 
+def check_maml_equal_cpu(results, work, monkeypatch, capsys):
+    report = load_benchmark_script("maml_ssm_report")
+    folder = os.path.join(results, "maml_ssm", "equal_cpu_study")
+    committed = read_json(os.path.join(folder, "equal_cpu_study.json"))
+    runs = []
+    for path in sorted(glob.glob(os.path.join(folder, "eval_*_*_s*.json"))):
+        optimizer, policy, seed = os.path.basename(path)[len("eval_") : -len(".json")].split("_")
+        seed = int(seed[1:])
+        run_dir = os.path.join(work, f"{optimizer}_{policy}_{seed}")
+        os.makedirs(run_dir)
+        with open(os.path.join(run_dir, "eval.json"), "w") as f:
+            f.write(read(path))
+        # the iteration count is a column of the table only; the checkpoints that held it were not committed
+        entry = committed[optimizer][policy]
+        iterations = dict(zip(entry["seeds"], entry["iterations"]))[seed]
+        script = "maml_ssm_promp" if optimizer == "promp" else "maml_ssm"
+        args = {"task": "point-nav-2d", "policy": policy, "seed": seed, "outer_steps": 100000}
+        checkpoint = {"script": script, "args": args, "outer_steps_done": iterations}
+        runs.append((os.path.join(run_dir, f"{script}.cleanrl_model"), checkpoint, read_json(path)))
+    out = os.path.join(work, "report")
+    os.makedirs(out)
+    text = report.equal_cpu_study(runs, out)
+    assert text == read(os.path.join(folder, "equal_cpu_study_table.md"))
+    assert read_json(os.path.join(out, "equal_cpu_study.json")) == committed
+
+
 def check_maml_hybrid(results, work, monkeypatch, capsys, folder, objective):
     report = load_benchmark_script("maml_ssm_report")
     path = os.path.join(results, "maml_ssm", folder)
@@ -347,6 +373,12 @@ def test_maml_promp_study_recomputes_from_each_runs_eval_json(tmp_path, monkeypa
     check_maml_promp(RESULTS, str(tmp_path), monkeypatch, capsys)
     committed = read_json(os.path.join(RESULTS, "maml_ssm", "promp_study", "promp_study.json"))
     assert committed["criterion_1"]["pass"] is False and committed["criterion_2"]["pass"] is False
+
+
+def test_maml_equal_cpu_study_recomputes_from_each_runs_eval_json(tmp_path, monkeypatch, capsys):
+    check_maml_equal_cpu(RESULTS, str(tmp_path), monkeypatch, capsys)
+    committed = read_json(os.path.join(RESULTS, "maml_ssm", "equal_cpu_study", "equal_cpu_study.json"))
+    assert committed["trpo"]["criterion"]["pass"] is False and committed["promp"]["criterion"]["pass"] is False
 
 
 @pytest.mark.parametrize(
@@ -486,6 +518,22 @@ WRONG_VERDICTS = [
         "(95% Welch t-interval): **fail**",
         "(95% Welch t-interval): **pass**",
         id="promp",
+    ),
+    pytest.param(
+        check_maml_equal_cpu,
+        {},
+        os.path.join("maml_ssm", "equal_cpu_study", "equal_cpu_study_table.md"),
+        "-1.53 / -14.19 / -16.86 after 1 / 2 / 3 steps: **fail**",
+        "-1.53 / -14.19 / -16.86 after 1 / 2 / 3 steps: **pass**",
+        id="equal-cpu-table",
+    ),
+    pytest.param(
+        check_maml_equal_cpu,
+        {},
+        os.path.join("maml_ssm", "equal_cpu_study", "eval_promp_ssm_s2.json"),
+        '"1": -17.82625961303711',
+        '"1": 100.0',
+        id="equal-cpu-one-run",
     ),
     pytest.param(
         check_maml_hybrid,
