@@ -100,6 +100,26 @@ def mean_cells(R, cis):
     return [f"{m:.2f} ± {c:.2f}" for m, c in zip(R[0], cis[0])]
 
 
+def arm_summary(rs, below_two=float("nan")):
+    """One arm's runs [(seed, returns after 0..3 steps, iterations)] in seed order: its JSON entry (the per-seed returns,
+    their mean and 95% Student-t half-widths over seeds, the iterations) and its table cells from the seed count on."""
+    rs = sorted(rs)
+    R = np.array([r[1] for r in rs])
+    its = [r[2] for r in rs]
+    half = t_ci95_half_width(R, axis=0, below_two=below_two)
+    entry = {
+        "seeds": [r[0] for r in rs],
+        "per_seed": R.tolist(),
+        "mean": R.mean(0).tolist(),
+        "ci95": half.tolist(),
+        "iterations": its,
+    }
+    cells = f"{len(rs)} | {np.mean(its):.0f} ({min(its)}–{max(its)}) | " + " | ".join(
+        f"{m:.2f} ± {h:.2f}" for m, h in zip(R.mean(0), half)
+    )
+    return entry, cells
+
+
 def point_nav(runs, report):
     arms = {}
     for _ckpt, c, ev in runs:
@@ -262,20 +282,11 @@ def protocol(runs, report):
     summary = {}
     for ax, task in zip(axes[0], sorted(rows)):
         for policy, rs in sorted(rows[task].items()):
-            R, its = np.array([r[1] for r in rs]), [r[2] for r in rs]
-            half = t_ci95_half_width(R, axis=0, below_two=0.0)
-            summary.setdefault(task, {})[policy] = {
-                "seeds": sorted(r[0] for r in rs),
-                "mean": R.mean(0).tolist(),
-                "ci95": half.tolist(),
-                "iterations": its,
-            }
-            lines.append(
-                f"| {task} | {policy} | {len(rs)} | {np.mean(its):.0f} ({min(its)}–{max(its)}) | "
-                + " | ".join(f"{m:.2f} ± {h:.2f}" for m, h in zip(R.mean(0), half))
-                + " |"
-            )
-            ax.errorbar(range(4), R.mean(0), yerr=half, marker="o", capsize=3, label=f"{policy} ({np.mean(its):.0f} it.)")
+            entry, cells = arm_summary(rs, below_two=0.0)
+            summary.setdefault(task, {})[policy] = entry
+            lines.append(f"| {task} | {policy} | {cells} |")
+            label = f"{policy} ({np.mean(entry['iterations']):.0f} it.)"
+            ax.errorbar(range(4), entry["mean"], yerr=entry["ci95"], marker="o", capsize=3, label=label)
         ax.set(
             title=task, xticks=range(4), xlabel="inner gradient steps on the test task", ylabel="return (95% CI over seeds)"
         )
@@ -453,23 +464,10 @@ def promp_study(runs, report):
     ]
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     for policy in ("mlp", "ssm"):
-        rs = sorted(rows[policy])
-        R = np.array([r[1] for r in rs])
-        its = [r[2] for r in rs]
-        half = t_ci95_half_width(R, axis=0)
-        summary[policy] = {
-            "seeds": [r[0] for r in rs],
-            "per_seed": R.tolist(),
-            "mean": R.mean(0).tolist(),
-            "ci95": half.tolist(),
-        }
-        summary[policy]["iterations"] = its
-        lines.append(
-            f"| {policy.upper()} | {len(rs)} | {np.mean(its):.0f} ({min(its)}–{max(its)}) | "
-            + " | ".join(f"{m:.2f} ± {h:.2f}" for m, h in zip(R.mean(0), half))
-            + " |"
-        )
-        ax.errorbar(range(4), R.mean(0), yerr=half, marker="o", capsize=3, label=f"{policy.upper()}, ProMP")
+        summary[policy], cells = arm_summary(rows[policy])
+        lines.append(f"| {policy.upper()} | {cells} |")
+        entry = summary[policy]
+        ax.errorbar(range(4), entry["mean"], yerr=entry["ci95"], marker="o", capsize=3, label=f"{policy.upper()}, ProMP")
     trpo = np.array(TRPO_MLP_STEP1)
     trpo_half = t_ci95_half_width(trpo)
     lines.append(f"| MLP, TRPO (documented rows) | {len(trpo)} | | | {trpo.mean():.2f} ± {trpo_half:.2f} | | |")
@@ -532,22 +530,8 @@ def equal_cpu_study(runs, report):
     for optimizer in ("trpo", "promp"):
         summary[optimizer] = {}
         for policy in ("mlp", "ssm"):
-            rs = sorted(rows[optimizer][policy])
-            R = np.array([r[1] for r in rs])
-            its = [r[2] for r in rs]
-            half = t_ci95_half_width(R, axis=0)
-            summary[optimizer][policy] = {
-                "seeds": [r[0] for r in rs],
-                "per_seed": R.tolist(),
-                "mean": R.mean(0).tolist(),
-                "ci95": half.tolist(),
-                "iterations": its,
-            }
-            lines.append(
-                f"| {optimizer.upper()} | {policy.upper()} | {len(rs)} | {np.mean(its):.0f} ({min(its)}–{max(its)}) | "
-                + " | ".join(f"{m:.2f} ± {h:.2f}" for m, h in zip(R.mean(0), half))
-                + " |"
-            )
+            summary[optimizer][policy], cells = arm_summary(rows[optimizer][policy])
+            lines.append(f"| {optimizer.upper()} | {policy.upper()} | {cells} |")
     lines += ["", "± is the 95% Student-t CI over seeds of the per-seed mean over 40 test tasks.", ""]
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=True)
     for ax, optimizer in zip(axes, ("trpo", "promp")):

@@ -217,6 +217,22 @@ def check_recurrentppo(results, work, monkeypatch, capsys):
     assert [line for line in report.splitlines() if line.startswith("- ")] == lines
 
 
+def run_from_eval_json(work, path, script, args, iterations):
+    """(checkpoint path, checkpoint, eval.json) of one run rebuilt from its committed eval.json copy: the report reads
+    eval.json beside the checkpoint; the iteration count, a column of the table only, comes from the committed JSON
+    (the checkpoints that held it were not committed)."""
+    run_dir = os.path.join(work, os.path.basename(path)[: -len(".json")])
+    os.makedirs(run_dir)
+    with open(os.path.join(run_dir, "eval.json"), "w") as f:
+        f.write(read(path))
+    checkpoint = {"script": script, "args": args, "outer_steps_done": iterations}
+    return os.path.join(run_dir, f"{script}.cleanrl_model"), checkpoint, read_json(path)
+
+
+def iterations_of(entry, seed):
+    return dict(zip(entry["seeds"], entry["iterations"]))[seed]
+
+
 def check_maml_promp(results, work, monkeypatch, capsys):
     report = load_benchmark_script("maml_ssm_report")
     folder = os.path.join(results, "maml_ssm", "promp_study")
@@ -225,16 +241,9 @@ def check_maml_promp(results, work, monkeypatch, capsys):
     for path in sorted(glob.glob(os.path.join(folder, "eval_*_s*.json"))):
         policy, seed = os.path.basename(path)[len("eval_") : -len(".json")].split("_s")
         seed = int(seed)
-        run_dir = os.path.join(work, f"{policy}_{seed}")
-        os.makedirs(run_dir)
-        with open(os.path.join(run_dir, "eval.json"), "w") as f:
-            f.write(read(path))
-        # the iteration count is a column of the table only; the checkpoints that held it were not committed
-        iterations = dict(zip(committed[policy]["seeds"], committed[policy]["iterations"]))[seed]
-        args = {"outer_optimizer": "promp", "task": "point-nav-2d", "policy": policy, "seed": seed, "outer_steps": iterations}
-        runs.append(
-            (os.path.join(run_dir, "maml_ssm.cleanrl_model"), {"args": args, "outer_steps_done": iterations}, read_json(path))
-        )
+        iterations = iterations_of(committed[policy], seed)
+        args = {"task": "point-nav-2d", "policy": policy, "seed": seed, "outer_steps": iterations}
+        runs.append(run_from_eval_json(work, path, "maml_ssm_promp", args, iterations))
     out = os.path.join(work, "report")
     os.makedirs(out)
     text = report.promp_study(runs, out)
@@ -250,17 +259,10 @@ def check_maml_equal_cpu(results, work, monkeypatch, capsys):
     for path in sorted(glob.glob(os.path.join(folder, "eval_*_*_s*.json"))):
         optimizer, policy, seed = os.path.basename(path)[len("eval_") : -len(".json")].split("_")
         seed = int(seed[1:])
-        run_dir = os.path.join(work, f"{optimizer}_{policy}_{seed}")
-        os.makedirs(run_dir)
-        with open(os.path.join(run_dir, "eval.json"), "w") as f:
-            f.write(read(path))
-        # the iteration count is a column of the table only; the checkpoints that held it were not committed
-        entry = committed[optimizer][policy]
-        iterations = dict(zip(entry["seeds"], entry["iterations"]))[seed]
+        iterations = iterations_of(committed[optimizer][policy], seed)
         script = "maml_ssm_promp" if optimizer == "promp" else "maml_ssm"
         args = {"task": "point-nav-2d", "policy": policy, "seed": seed, "outer_steps": 100000}
-        checkpoint = {"script": script, "args": args, "outer_steps_done": iterations}
-        runs.append((os.path.join(run_dir, f"{script}.cleanrl_model"), checkpoint, read_json(path)))
+        runs.append(run_from_eval_json(work, path, script, args, iterations))
     out = os.path.join(work, "report")
     os.makedirs(out)
     text = report.equal_cpu_study(runs, out)
